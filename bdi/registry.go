@@ -1,0 +1,199 @@
+package bdi
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"flusherd/inode"
+)
+
+// Options configure a Registry.
+type Options struct {
+	Config Config
+	// StatsDir is the root of the stats files (<StatsDir>/bdi/<name>/stats);
+	// empty means no stats files.
+	StatsDir string
+	// StatsEvery bounds how often a busy device's stats file is rewritten.
+	StatsEvery time.Duration
+	// Resolve names the bdi of st_dev dev, given a path on that filesystem
+	// (sysfs.FS.BdiName).
+	Resolve func(dev uint64, path string) (string, error)
+	// Thresholds returns nr_dirty_threshold and
+	// nr_dirty_background_threshold in pages; may be nil.
+	Thresholds func() (dirty, background uint64, err error)
+	Opener     inode.Opener
+	Log        *zap.Logger
+}
+
+// Registry holds the devices' writeback goroutines, created on the first
+// dirty inode of each device (bdi_register plus the on-demand flusher of
+// old kernels). Safe for concurrent use.
+type Registry struct {
+	opt   Options
+	epoch time.Time
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+
+	mu     sync.Mutex
+	byDev  map[uint64]*Writeback
+	byName map[string]*Writeback
+}
+
+// NewRegistry returns an empty registry whose goroutines run until
+// Shutdown. Its clock starts now.
+func NewRegistry(opt Options) *Registry {
+	if opt.Log == nil {
+		opt.Log = zap.NewNop()
+	}
+	if opt.Opener == nil {
+		opt.Opener = inode.OS{}
+	}
+	if opt.StatsEvery <= 0 {
+		opt.StatsEvery = time.Second
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Registry{opt: opt, epoch: time.Now(), ctx: ctx, stop: stop, byDev: map[uint64]*Writeback{}, byName: map[string]*Writeback{}}
+}
+
+// Now is the daemon's monotonic clock: time since the registry was made.
+func (r *Registry) Now() time.Duration { return time.Since(r.epoch) }
+
+// Device returns the writeback state of st_dev dev, starting it if new.
+// path is any path on that filesystem, used to name the bdi.
+func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if wb := r.byDev[dev]; wb != nil {
+		return wb, nil
+	}
+	if r.ctx.Err() != nil {
+		return nil, fmt.Errorf("bdi: shutting down")
+	}
+	name, err := r.opt.Resolve(dev, path)
+	if err != nil {
+		return nil, fmt.Errorf("bdi: naming the device of %s: %w", path, err)
+	}
+	wb := r.byName[name]
+	if wb == nil {
+		var sw *statsWriter
+		if r.opt.StatsDir != "" {
+			sw = NewStatsWriter(r.opt.StatsDir, name, r.opt.StatsEvery, r.opt.Thresholds, r.opt.Log)
+		}
+		wb = New(name, r.opt.Config, r.Now, r.opt.Opener, r.opt.Log, sw)
+		r.byName[name] = wb
+		r.wg.Go(func() { wb.Run(r.ctx) })
+		r.opt.Log.Info("writeback started for device", zap.String("bdi", name))
+	}
+	r.byDev[dev] = wb
+	return wb, nil
+}
+
+// MarkInodeDirty marks the inode key at path dirty on its device
+// (__mark_inode_dirty).
+func (r *Registry) MarkInodeDirty(path string, key inode.Key, t Tree) error {
+	wb, err := r.Device(key.Dev, path)
+	if err != nil {
+		return err
+	}
+	wb.MarkInodeDirty(key, path, t)
+	return nil
+}
+
+// Devices returns the devices, sorted by name.
+func (r *Registry) Devices() []*Writeback {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*Writeback, 0, len(r.byName))
+	for _, wb := range r.byName {
+		out = append(out, wb)
+	}
+	slices.SortFunc(out, func(a, b *Writeback) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Drain writes back every tracked inode of the device, repeating until
+// none is tracked (each is clean: no dirty and no writeback pages) or ctx
+// ends, and returns ctx's error in the latter case. Integrity trees get
+// fdatasync, the others sync_file_range.
+func (wb *Writeback) Drain(ctx context.Context, reason string) error {
+	pause := max(wb.cfg.MinPause, time.Millisecond)
+	for {
+		w := &Work{NrPages: math.MaxInt64, All: true, Reason: reason}
+		wb.Queue(w)
+		select {
+		case <-w.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wb.stopped:
+			return fmt.Errorf("bdi %s: writeback stopped", wb.Name)
+		}
+		if wb.Tracked() == 0 {
+			return nil
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		pause = min(pause*2, 100*time.Millisecond)
+	}
+}
+
+// TrackedPaths returns the paths of the tracked inodes, sorted.
+func (wb *Writeback) TrackedPaths() []string {
+	wb.mu.Lock()
+	out := make([]string, 0, len(wb.inodes))
+	for _, in := range wb.inodes {
+		out = append(out, in.Path)
+	}
+	wb.mu.Unlock()
+	slices.Sort(out)
+	return out
+}
+
+// Shutdown drains every device (Drain) within ctx, stops the goroutines,
+// and returns the paths still tracked, by device name, when ctx ended
+// first.
+func (r *Registry) Shutdown(ctx context.Context) map[string][]string {
+	left := map[string][]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, wb := range r.Devices() {
+		wg.Go(func() {
+			if err := wb.Drain(ctx, "shutdown"); err != nil {
+				mu.Lock()
+				left[wb.Name] = wb.TrackedPaths()
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	r.Stop()
+	return left
+}
+
+// Stop ends the goroutines without writing anything back and waits for
+// them.
+func (r *Registry) Stop() {
+	r.mu.Lock()
+	r.stop()
+	r.mu.Unlock()
+	r.wg.Wait()
+}

@@ -1,0 +1,190 @@
+package bdi
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Stats is a device's statistics, the fields of the kernel's
+// /sys/kernel/debug/bdi/<dev>/stats (mm/backing-dev.c bdi_debug_stats_show)
+// followed by flusherd's own. Page counts are in pages; Format prints kB.
+type Stats struct {
+	BdiWriteback      uint64 // pages under writeback in tracked inodes, as last seen by cachestat
+	BdiReclaimable    uint64 // dirty pages in tracked inodes, as last seen by cachestat
+	BdiDirtyThresh    uint64 // pages; no per-bdi share in user space: DirtyThresh
+	DirtyThresh       uint64 // pages, /proc/vmstat nr_dirty_threshold
+	BackgroundThresh  uint64 // pages, /proc/vmstat nr_dirty_background_threshold
+	BdiDirtied        uint64 // pages: BdiWritten plus BdiReclaimable
+	BdiWritten        uint64 // pages written back by flusherd
+	BdiWriteBandwidth uint64 // kB/s, smoothed over plug batches
+	BDirty            int
+	BIO               int // includes inodes under an attempt
+	BMoreIO           int
+	BMoreIOWait       int
+	BDirtyTime        int // always 0: lazytime timestamps are not tracked
+	BdiList           int // 1 while the writeback goroutine runs
+	State             uint64
+
+	PlugRequests, PlugMerges, PlugBatches uint64
+	RetryPauseMs                          int64
+	WritebackErrors                       uint64
+}
+
+// The bits of State, as enum wb_state (include/linux/backing-dev-defs.h).
+const (
+	WBRegistered       = 1 << 0
+	WBWritebackRunning = 1 << 1
+	WBHasDirtyIO       = 1 << 2
+)
+
+// Format writes s in the kernel's layout: the same names, order, padding
+// ("%-20s%10d") and kB units, with b_more_io_wait after b_more_io and
+// flusherd's fields after state. pageSize is in bytes.
+func (s *Stats) Format(w io.Writer, pageSize int) error {
+	k := func(pages uint64) uint64 { return pages * uint64(pageSize) / 1024 }
+	_, err := fmt.Fprintf(w,
+		"BdiWriteback:       %10d kB\n"+
+			"BdiReclaimable:     %10d kB\n"+
+			"BdiDirtyThresh:     %10d kB\n"+
+			"DirtyThresh:        %10d kB\n"+
+			"BackgroundThresh:   %10d kB\n"+
+			"BdiDirtied:         %10d kB\n"+
+			"BdiWritten:         %10d kB\n"+
+			"BdiWriteBandwidth:  %10d kBps\n"+
+			"b_dirty:            %10d\n"+
+			"b_io:               %10d\n"+
+			"b_more_io:          %10d\n"+
+			"b_more_io_wait:     %10d\n"+
+			"b_dirty_time:       %10d\n"+
+			"bdi_list:           %10d\n"+
+			"state:              %10x\n"+
+			"plug_requests:      %10d\n"+
+			"plug_merges:        %10d\n"+
+			"plug_batches:       %10d\n"+
+			"retry_pause_ms:     %10d\n"+
+			"writeback_errors:   %10d\n",
+		k(s.BdiWriteback), k(s.BdiReclaimable), k(s.BdiDirtyThresh), k(s.DirtyThresh), k(s.BackgroundThresh),
+		k(s.BdiDirtied), k(s.BdiWritten), s.BdiWriteBandwidth,
+		s.BDirty, s.BIO, s.BMoreIO, s.BMoreIOWait, s.BDirtyTime, s.BdiList, s.State,
+		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors)
+	return err
+}
+
+// Snapshot returns the device's statistics now. It walks the lists and the
+// tracked inodes under the list lock (as bdi_debug_stats_show does) and
+// makes no system calls; thresholds are left zero.
+func (wb *Writeback) Snapshot() Stats {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	var s Stats
+	for _, in := range wb.inodes {
+		s.BdiReclaimable += uint64(in.DirtyPages)
+		s.BdiWriteback += uint64(in.WritebackPages)
+	}
+	s.BdiWritten = wb.written
+	s.BdiDirtied = wb.written + s.BdiReclaimable
+	s.BdiWriteBandwidth = wb.bandwidth
+	s.BDirty = wb.bDirty.len()
+	s.BIO = wb.BIO.Len() + wb.inflight.Len()
+	s.BMoreIO = wb.BMoreIO.Len()
+	s.BMoreIOWait = wb.BMoreIOWait.Len()
+	if wb.running {
+		s.BdiList = 1
+		s.State |= WBRegistered
+	}
+	if !wb.inflight.Empty() {
+		s.State |= WBWritebackRunning
+	}
+	if wb.hasDirtyIOLocked() {
+		s.State |= WBHasDirtyIO
+	}
+	s.RetryPauseMs = wb.pause.Milliseconds()
+	s.WritebackErrors = wb.nerrors
+	return s
+}
+
+// statsWriter keeps a device's stats file, <dir>/bdi/<name>/stats.
+type statsWriter struct {
+	path       string
+	thresholds func() (dirty, background uint64, err error) // pages
+	log        *zap.Logger
+	every      time.Duration
+	lastGen    uint64
+	last       time.Duration
+	written    bool
+}
+
+// NewStatsWriter returns a writer for <dir>/bdi/<name>/stats; thresholds
+// supplies DirtyThresh and BackgroundThresh in pages (sysfs
+// DirtyThresholds). The file is rewritten at most every `every` while
+// something changes.
+func NewStatsWriter(dir, name string, every time.Duration, thresholds func() (uint64, uint64, error), log *zap.Logger) *statsWriter {
+	return &statsWriter{path: filepath.Join(dir, "bdi", name, "stats"), thresholds: thresholds, every: every, log: log}
+}
+
+// writeStats rewrites the stats file if something changed since the last
+// write and the last write is at least `every` old, or force is set, or
+// nothing is dirty any more (so the drained state is always visible).
+func (wb *Writeback) writeStats(force bool) {
+	sw := wb.stats
+	if sw == nil {
+		return
+	}
+	now := wb.now()
+	wb.mu.Lock()
+	gen, idle := wb.gen, !wb.hasDirtyIOLocked()
+	wb.mu.Unlock()
+	if sw.written && !force && (gen == sw.lastGen || (!idle && now-sw.last < sw.every)) {
+		return
+	}
+	s := wb.Snapshot()
+	s.PlugRequests, s.PlugMerges, s.PlugBatches = wb.plug.Requests, wb.plug.Merges, wb.plug.Batches
+	if sw.thresholds != nil {
+		if d, b, err := sw.thresholds(); err == nil {
+			s.DirtyThresh, s.BackgroundThresh, s.BdiDirtyThresh = d, b, d
+		}
+	}
+	if err := WriteFileAtomic(sw.path, func(w io.Writer) error { return s.Format(w, os.Getpagesize()) }); err != nil {
+		if !sw.written || gen%1000 == 0 {
+			sw.log.Warn("cannot write stats file", zap.Error(err))
+		}
+		return
+	}
+	sw.lastGen, sw.last, sw.written = gen, now, true
+}
+
+// WriteFileAtomic replaces path with what write produces: it writes a
+// temporary file in the same directory, fsyncs nothing (the file is
+// runtime state), and renames it over path, so that a reader sees either
+// the old or the new file, never a part. Missing directories are created
+// with mode 0755.
+func WriteFileAtomic(path string, write func(io.Writer) error) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".stats-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	err = write(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}

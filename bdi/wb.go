@@ -1,0 +1,706 @@
+// Package bdi is flusherd's per-device writeback: one goroutine per backing
+// device ("bdi", named as in /sys/class/bdi) owns that device's lists of
+// dirty inodes, b_dirty, b_io, b_more_io and b_more_io_wait, takes work
+// items, runs kupdate-style passes and issues writeback through a plug.
+//
+// It models fs/fs-writeback.c (wb_workfn, wb_do_writeback,
+// wb_check_old_data_flush, wb_writeback, queue_io, move_expired_inodes,
+// writeback_sb_inodes, __writeback_single_inode, requeue_inode,
+// __mark_inode_dirty) as changed by the series "writeback: avoid touching
+// dirtied_when on blocked inodes", and block/blk-core.c's plug.
+//
+// Lock order: Registry.mu, then Writeback.mu (the list lock). Writeback.mu
+// guards the lists, the inode map, every tracked Inode's fields except
+// WBIndex (goroutine-owned) and the work list. No I/O is done under it.
+package bdi
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
+	"flusherd/lists"
+	"flusherd/policy"
+)
+
+// timeSlice bounds a pass once something was written (writeback_sb_inodes
+// stops after HZ/10).
+const timeSlice = 100 * time.Millisecond
+
+// Config holds a device's tunables. Durations are time.Duration
+// (nanoseconds); WriteChunk is in bytes.
+type Config struct {
+	DirtyWritebackInterval time.Duration // kupdate period
+	MinPause, MaxPause     time.Duration // b_more_io_wait backoff
+	WriteChunk             int64         // most bytes written per inode per attempt
+	Requeue                policy.RequeueBlocked
+	PlugEnabled            bool
+	MaxPending             int // plug requests before a forced flush
+	QueueDepth             int // requests in flight during a flush
+}
+
+// Tree is what a watched tree contributes to its inodes.
+type Tree struct {
+	Expire    time.Duration // dirty_expire_interval for its inodes
+	Integrity bool          // fdatasync instead of sync_file_range
+}
+
+// SyncMode is the work's writeback_sync_modes.
+type SyncMode uint8
+
+const (
+	SyncNone SyncMode = iota // WB_SYNC_NONE: start writeback
+	SyncAll                  // WB_SYNC_ALL: data integrity, fdatasync
+)
+
+// Work is a writeback work item, struct wb_writeback_work.
+type Work struct {
+	NrPages       int64 // pages to write before the work ends
+	SyncMode      SyncMode
+	ForKupdate    bool
+	ForBackground bool
+	// All queues every dirty inode dirtied before the work started, not
+	// only expired ones (sync and shutdown work).
+	All    bool
+	Reason string
+
+	start       time.Duration
+	waitSpliced bool
+	progress    bool
+	done        chan struct{}
+}
+
+// Done is closed when the work has run.
+func (w *Work) Done() <-chan struct{} { return w.done }
+
+// Writeback is one device's writeback state and goroutine, struct
+// bdi_writeback.
+type Writeback struct {
+	Name string
+
+	cfg    Config
+	now    func() time.Duration
+	open   inode.Opener
+	log    *zap.Logger
+	errLog *zap.Logger // rate-limited
+	stats  *statsWriter
+
+	mu          sync.Mutex // the list lock
+	inodes      map[inode.Key]*inode.Inode
+	bDirty      dirtyList
+	BIO         lists.List[*inode.Inode]
+	BMoreIO     lists.List[*inode.Inode]
+	BMoreIOWait lists.List[*inode.Inode]
+	inflight    lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
+	work        []*Work
+	gen         uint64 // bumped on every change, for the stats writer
+	written     uint64 // pages written back (BdiWritten)
+	nerrors     uint64 // failed attempts (writeback_errors)
+	gone        uint64 // inodes dropped because their file went away
+	bandwidth   uint64 // kB/s, smoothed
+	pause       time.Duration
+	running     bool
+
+	wake    chan struct{}
+	stopped chan struct{}
+
+	// Owned by the writeback goroutine.
+	plug         Plug
+	backoff      policy.Backoff
+	lastOldFlush time.Duration
+	waitRetryAt  time.Duration
+	pass         passCounters
+	probed       map[uint64]bool // dev -> sync_file_range probed
+	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
+	lastBusyLog  time.Duration
+}
+
+type passCounters struct {
+	pages, cleaned uint64
+}
+
+func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
+
+// New returns a device's writeback state; Run starts its goroutine. now is
+// the daemon's monotonic clock; stats may be nil (no stats file).
+func New(name string, cfg Config, now func() time.Duration, open inode.Opener, log *zap.Logger, stats *statsWriter) *Writeback {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	log = log.With(zap.String("bdi", name))
+	wb := &Writeback{
+		Name:     name,
+		cfg:      cfg,
+		now:      now,
+		open:     open,
+		log:      log,
+		errLog:   log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0) })),
+		stats:    stats,
+		inodes:   make(map[inode.Key]*inode.Inode),
+		wake:     make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
+		backoff:  policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
+		probed:   make(map[uint64]bool),
+		fallback: make(map[uint64]bool),
+	}
+	wb.plug = Plug{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
+	return wb
+}
+
+func (wb *Writeback) kick() {
+	select {
+	case wb.wake <- struct{}{}:
+	default:
+	}
+}
+
+// hasDirtyIOLocked is wb_has_dirty_io. Preconditions: wb.mu held.
+func (wb *Writeback) hasDirtyIOLocked() bool {
+	return !wb.bDirty.empty() || !wb.BIO.Empty() || !wb.BMoreIO.Empty() || !wb.BMoreIOWait.Empty() || !wb.inflight.Empty()
+}
+
+// MarkInodeDirty is __mark_inode_dirty for a write seen on the file key at
+// path: the first time an inode is dirtied it gets dirtiedWhen = now and
+// goes onto b_dirty; an inode that is already dirty keeps its dirtiedWhen
+// and its place; one under a writeback attempt is flagged redirtied and the
+// attempt's requeue decides its list. path replaces the recorded path (a
+// rename). Safe for concurrent use.
+func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, t Tree) {
+	now := wb.now()
+	wb.mu.Lock()
+	in := wb.inodes[key]
+	if in == nil {
+		in = &inode.Inode{Key: key, Path: path, Expire: t.Expire}
+		if t.Integrity {
+			in.State |= inode.Integrity
+		}
+		wb.inodes[key] = in
+	} else if in.Path != path {
+		in.Path = path
+	}
+	wasIdle := false
+	switch {
+	case in.Has(inode.Sync):
+		in.State |= inode.Dirty | inode.Redirtied
+	case in.Has(inode.Dirty):
+		// Already dirty: dirtiedWhen is not changed.
+	default:
+		wasIdle = !wb.hasDirtyIOLocked()
+		in.State |= inode.Dirty
+		in.DirtiedWhen = now
+		wb.bDirty.pushBack(in)
+	}
+	wb.gen++
+	wb.mu.Unlock()
+	if wasIdle {
+		wb.kick()
+	}
+}
+
+// Tracked returns the number of tracked (dirty) inodes.
+func (wb *Writeback) Tracked() int {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return len(wb.inodes)
+}
+
+// Queue adds work for the goroutine (wb_queue_work) and wakes it.
+func (wb *Writeback) Queue(w *Work) {
+	w.done = make(chan struct{})
+	wb.mu.Lock()
+	wb.work = append(wb.work, w)
+	wb.mu.Unlock()
+	wb.kick()
+}
+
+func (wb *Writeback) dequeue() *Work {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	if len(wb.work) == 0 {
+		return nil
+	}
+	w := wb.work[0]
+	wb.work[0] = nil
+	wb.work = wb.work[1:]
+	return w
+}
+
+func (wb *Writeback) workQueued() bool {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return len(wb.work) > 0
+}
+
+// Run is the writeback goroutine, wb_workfn: it runs queued work and
+// kupdate passes, then sleeps. Sleep rules: while b_more_io_wait is
+// non-empty, the backoff pause (kupdate then runs early); with other dirty
+// io, until the next dirty_writeback_interval tick; with nothing dirty, no
+// timer at all until MarkInodeDirty or Queue wakes it. Run returns when ctx
+// is done.
+func (wb *Writeback) Run(ctx context.Context) {
+	defer close(wb.stopped)
+	wb.mu.Lock()
+	wb.running = true
+	wb.mu.Unlock()
+	var timer *time.Timer
+	for {
+		wb.doWriteback()
+		wb.writeStats(false)
+		d, arm := wb.sleepFor()
+		if arm && d <= 0 {
+			continue
+		}
+		var tc <-chan time.Time
+		if arm {
+			if timer == nil {
+				timer = time.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
+			tc = timer.C
+		}
+		select {
+		case <-wb.wake:
+		case <-tc:
+		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
+			wb.mu.Lock()
+			wb.running = false
+			wb.mu.Unlock()
+			wb.writeStats(true)
+			return
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// Stopped is closed when Run has returned.
+func (wb *Writeback) Stopped() <-chan struct{} { return wb.stopped }
+
+// sleepFor returns how long to sleep, and whether to arm a timer at all.
+func (wb *Writeback) sleepFor() (time.Duration, bool) {
+	now := wb.now()
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	if len(wb.work) > 0 {
+		return 0, true
+	}
+	tick := wb.lastOldFlush + wb.cfg.DirtyWritebackInterval - now
+	if !wb.BMoreIOWait.Empty() {
+		return min(wb.waitRetryAt-now, tick), true
+	}
+	if wb.hasDirtyIOLocked() {
+		return tick, true
+	}
+	return 0, false
+}
+
+// doWriteback is wb_do_writeback: queued work first, then kupdate.
+func (wb *Writeback) doWriteback() {
+	for w := wb.dequeue(); w != nil; w = wb.dequeue() {
+		wb.wbWriteback(w)
+		close(w.done)
+	}
+	wb.checkOldDataFlush()
+}
+
+// checkOldDataFlush is wb_check_old_data_flush: a kupdate pass every
+// dirty_writeback_interval, and early once the backoff pause of
+// b_more_io_wait has passed.
+func (wb *Writeback) checkOldDataFlush() {
+	now := wb.now()
+	wb.mu.Lock()
+	has := wb.hasDirtyIOLocked()
+	waiting := !wb.BMoreIOWait.Empty()
+	wb.mu.Unlock()
+	if !has {
+		return
+	}
+	due := now >= wb.lastOldFlush+wb.cfg.DirtyWritebackInterval
+	early := waiting && now >= wb.waitRetryAt
+	if !due && !early {
+		return
+	}
+	if due {
+		wb.lastOldFlush = now
+	}
+	wb.wbWriteback(&Work{NrPages: math.MaxInt64, ForKupdate: true, Reason: "periodic"})
+}
+
+// wbWriteback is wb_writeback: it refills b_io with queueIO and writes it
+// under a plug until the work's pages are used up, other work is queued
+// (kupdate and background work yield), or a pass makes no progress. It
+// leaves when b_more_io is empty even if b_more_io_wait is not: those wait
+// for the backoff pause instead of being busy-retried.
+func (wb *Writeback) wbWriteback(w *Work) {
+	w.start = wb.now()
+	for w.NrPages > 0 {
+		if (w.ForKupdate || w.ForBackground) && wb.workQueued() {
+			break
+		}
+		now := wb.now()
+		wb.mu.Lock()
+		if wb.BIO.Empty() {
+			wb.queueIOLocked(w, now)
+		}
+		empty := wb.BIO.Empty()
+		wb.mu.Unlock()
+		if empty {
+			break
+		}
+		wb.pass = passCounters{}
+		wb.plug.Start()
+		wb.writebackSBInodes(w)
+		wb.plug.Finish()
+		if wb.pass.progress() {
+			w.progress = true
+			continue
+		}
+		wb.mu.Lock()
+		moreIO := !wb.BMoreIO.Empty()
+		wb.mu.Unlock()
+		if !moreIO {
+			break
+		}
+		// No progress although b_more_io is not empty: looping again
+		// would spin.
+		if now-wb.lastBusyLog >= time.Minute || wb.lastBusyLog == 0 {
+			wb.lastBusyLog = now
+			wb.log.Warn("possible busy loop: a writeback pass made no progress with b_more_io non-empty", zap.String("reason", w.Reason))
+		}
+		break
+	}
+	wb.mu.Lock()
+	if wb.BMoreIOWait.Empty() {
+		wb.backoff.Reset()
+	} else {
+		wb.waitRetryAt = wb.now() + wb.backoff.Next(w.progress)
+	}
+	wb.pause = wb.backoff.Pause
+	wb.gen++
+	wb.mu.Unlock()
+}
+
+// queueIOLocked is queue_io: b_more_io, then b_more_io_wait (once per work,
+// and only once its pause has passed, or for sync work), then the expired
+// part of b_dirty, oldest first, go to b_io. Preconditions: wb.mu held.
+func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
+	wb.BIO.SpliceBackInit(&wb.BMoreIO)
+	if !w.waitSpliced && (w.All || w.SyncMode == SyncAll || now >= wb.waitRetryAt) {
+		wb.BIO.SpliceBackInit(&wb.BMoreIOWait)
+		w.waitSpliced = true
+	}
+	if w.All || w.SyncMode == SyncAll {
+		wb.bDirty.moveExpired(&wb.BIO, w.start, true)
+	} else {
+		wb.bDirty.moveExpired(&wb.BIO, now, false)
+	}
+}
+
+// writebackSBInodes is writeback_sb_inodes: it takes inodes off b_io one by
+// one and queues their writeback in the plug, until b_io is empty, the
+// work's pages are used up, or the time slice has passed after some were
+// queued.
+func (wb *Writeback) writebackSBInodes(w *Work) {
+	start := wb.now()
+	for {
+		wb.mu.Lock()
+		in := wb.BIO.Front()
+		if in == nil {
+			wb.mu.Unlock()
+			return
+		}
+		wb.inflight.MoveToBack(in)
+		in.State |= inode.Sync
+		in.State &^= inode.Redirtied
+		integrity := w.SyncMode == SyncAll || in.Has(inode.Integrity)
+		path, key := in.Path, in.Key
+		wb.mu.Unlock()
+
+		queued := wb.writebackSingleInode(in, path, key, integrity)
+		w.NrPages -= queued
+		if w.NrPages <= 0 {
+			return
+		}
+		if queued > 0 && w.SyncMode == SyncNone && wb.now()-start >= timeSlice {
+			return
+		}
+	}
+}
+
+// attempt is one writeback attempt on one inode, from open to requeue.
+type attempt struct {
+	in                    *inode.Inode
+	f                     inode.File
+	err                   error
+	dirtyBefore, wbBefore uint64
+	pre                   policy.Outcome // when nothing was written
+	wrote, chunkUsed      bool
+	remaining             int // requests not yet finished
+}
+
+// writebackSingleInode is __writeback_single_inode under an inner plug: it
+// opens the file safely, reads its page-cache state with cachestat, and
+// queues at most write_chunk of its dirty data (all of it for integrity
+// work, which is one fdatasync). It returns the dirty pages queued.
+// Attempts that need no write are completed at once.
+func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool) int64 {
+	wb.plug.Start()
+	defer wb.plug.Finish()
+	att := &attempt{in: in}
+	f, err := wb.open.Open(path, key)
+	if err != nil {
+		att.err = err
+		wb.complete(att)
+		return 0
+	}
+	att.f = f
+	dirty, wbp, err := f.Cachestat(0, 0)
+	if err != nil {
+		att.err = err
+		wb.complete(att)
+		return 0
+	}
+	att.dirtyBefore, att.wbBefore = dirty, wbp
+	o, write := policy.BeforeWrite(dirty, wbp, integrity)
+	if !write {
+		att.pre = o
+		wb.complete(att)
+		return 0
+	}
+	att.wrote = true
+	reqs, queued, err := wb.ranges(att, key, integrity)
+	if err != nil {
+		att.err = err
+		wb.complete(att)
+		return 0
+	}
+	att.remaining = len(reqs)
+	for _, r := range reqs {
+		wb.plug.Add(r)
+	}
+	return queued
+}
+
+// ranges chooses what to write of an attempt's file: everything in one
+// request when it is integrity work or its dirty data fits in write_chunk,
+// else write_chunk-sized windows from the inode's writeback index onwards
+// (wrapping at the end, like writeback_index) that cachestat shows dirty,
+// until write_chunk of dirty pages are queued.
+func (wb *Writeback) ranges(att *attempt, key inode.Key, integrity bool) ([]*Request, int64, error) {
+	page := int64(os.Getpagesize())
+	chunk := wb.cfg.WriteChunk
+	whole := &Request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, att: att}
+	if integrity || int64(att.dirtyBefore)*page <= chunk {
+		return []*Request{whole}, int64(att.dirtyBefore), nil
+	}
+	size := att.f.Size()
+	in := att.in
+	off := in.WBIndex
+	if off >= size || off < 0 {
+		off = 0
+	}
+	budget := chunk / page
+	var reqs []*Request
+	queued := int64(0)
+	scanned := int64(0)
+	for scanned < size && budget > 0 {
+		n := min(chunk, size-off)
+		d, _, err := att.f.Cachestat(off, n)
+		if err != nil {
+			return nil, 0, err
+		}
+		if d > 0 {
+			reqs = append(reqs, &Request{Dev: key.Dev, Ino: key.Ino, Off: off, Len: n, att: att})
+			budget -= int64(d)
+			queued += int64(d)
+		}
+		off += n
+		scanned += n
+		if off >= size {
+			off = 0
+		}
+	}
+	in.WBIndex = off
+	att.chunkUsed = scanned < size
+	if len(reqs) == 0 {
+		// Dirty pages beyond the size seen at open (an append): write
+		// from the old end onwards.
+		reqs = append(reqs, whole)
+	}
+	return reqs, queued, nil
+}
+
+// submit is the plug's Submit: it learns once per filesystem whether
+// sync_file_range works, runs the batch with at most QueueDepth requests in
+// flight, waits for all of it, and completes the attempts whose requests
+// have all finished.
+func (wb *Writeback) submit(batch []*Request) {
+	began := time.Now()
+	rest := batch[:0:0]
+	for _, r := range batch {
+		if !r.Integrity && !wb.probed[r.Dev] {
+			// The first start-writeback request of a new filesystem
+			// runs alone and tells whether the rest may use
+			// sync_file_range.
+			wb.probed[r.Dev] = true
+			wb.do(r)
+			if isUnsupported(r.err) {
+				wb.fallback[r.Dev] = true
+				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.err))
+				wb.do(r)
+			}
+			continue
+		}
+		rest = append(rest, r)
+	}
+	runBatch(rest, wb.cfg.QueueDepth, wb.do)
+	var pages uint64
+	for _, r := range batch {
+		att := r.att
+		if r.err != nil && att.err == nil {
+			att.err = r.err
+		}
+		att.remaining -= 1
+		if att.remaining == 0 {
+			before := wb.pass.pages
+			wb.complete(att)
+			pages += wb.pass.pages - before
+		}
+	}
+	if el := time.Since(began); pages > 0 && el > time.Millisecond {
+		kbps := pages * uint64(os.Getpagesize()) / 1024 * uint64(time.Second) / uint64(el)
+		wb.mu.Lock()
+		if wb.bandwidth == 0 {
+			wb.bandwidth = kbps
+		} else {
+			wb.bandwidth = (3*wb.bandwidth + kbps) / 4
+		}
+		wb.mu.Unlock()
+	}
+}
+
+func isUnsupported(err error) bool {
+	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ESPIPE) || errors.Is(err, unix.EOPNOTSUPP)
+}
+
+// do runs one request's system call.
+func (wb *Writeback) do(r *Request) {
+	f := r.att.f
+	if r.Integrity || wb.fallback[r.Dev] {
+		r.err = f.DataSync()
+		return
+	}
+	r.err = f.StartWriteback(r.Off, r.Len)
+}
+
+// complete ends an attempt: it reads the file's state after the write,
+// closes it, classifies the outcome and requeues the inode
+// (requeue_inode).
+func (wb *Writeback) complete(att *attempt) {
+	var dirty, wbp uint64
+	err := att.err
+	if att.f != nil {
+		if err == nil && att.wrote {
+			dirty, wbp, err = att.f.Cachestat(0, 0)
+		} else {
+			dirty, wbp = att.dirtyBefore, att.wbBefore
+		}
+		att.f.Close()
+	}
+	now := wb.now()
+	in := att.in
+	wb.mu.Lock()
+	redirtied := in.Has(inode.Redirtied)
+	in.State &^= inode.Sync | inode.Redirtied
+	var o policy.Outcome
+	switch {
+	case err != nil:
+		o = classify(err)
+	case !att.wrote:
+		o = att.pre
+		if redirtied {
+			o = policy.Redirtied
+		}
+	default:
+		o = policy.AfterWrite(dirty, wbp, redirtied, att.chunkUsed)
+	}
+	if att.wrote && err == nil && att.dirtyBefore > dirty {
+		n := att.dirtyBefore - dirty
+		wb.pass.pages += n
+		wb.written += n
+	}
+	in.DirtyPages, in.WritebackPages = uint32(min(dirty, math.MaxUint32)), uint32(min(wbp, math.MaxUint32))
+	in.Retries = satInc(in.Retries)
+	newErr := false
+	if err != nil && o != policy.Gone {
+		in.Errors = satInc(in.Errors)
+		wb.nerrors++
+		if e := errnoOf(err); e != in.LastErr {
+			in.LastErr = e
+			newErr = true
+		}
+	}
+	dest := policy.Requeue(o, wb.cfg.Requeue)
+	switch dest {
+	case policy.Forget, policy.Drop:
+		lists.Remove(in)
+		delete(wb.inodes, in.Key)
+		in.State = 0
+		wb.pass.cleaned++
+		if dest == policy.Drop {
+			wb.gone++
+		}
+	case policy.MoreIO:
+		wb.BMoreIO.MoveToBack(in)
+	case policy.MoreIOWait:
+		wb.BMoreIOWait.MoveToBack(in)
+	case policy.RedirtyTail:
+		lists.Remove(in)
+		in.DirtiedWhen = now
+		wb.bDirty.pushBack(in)
+	}
+	path := in.Path
+	wb.gen++
+	wb.mu.Unlock()
+	if newErr {
+		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
+			zap.String("path", path), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))
+	} else if o == policy.Gone {
+		wb.log.Debug("file gone; dropped", zap.String("path", path), zap.Error(err))
+	}
+}
+
+func classify(err error) policy.Outcome {
+	if errors.Is(err, inode.ErrNotRegular) {
+		return policy.Gone
+	}
+	return policy.ClassifyErr(err)
+}
+
+func errnoOf(err error) uint16 {
+	var e unix.Errno
+	if errors.As(err, &e) {
+		return uint16(e)
+	}
+	return math.MaxUint16
+}
+
+func satInc(v uint16) uint16 {
+	if v == math.MaxUint16 {
+		return v
+	}
+	return v + 1
+}

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
+
+	"flusherd/bdi"
+	"flusherd/config"
+	"flusherd/inode"
+	"flusherd/policy"
+	"flusherd/sysfs"
+	"flusherd/watch"
+)
+
+func cmdRun(args []string, stdout, stderr io.Writer) int {
+	fset := newFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]",
+		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stderr)
+	var c commonFlags
+	c.register(fset)
+	var watches multiFlag
+	fset.Var(&watches, "watch", "directory tree to watch, recursively, in writeback mode (repeatable; added to the config's [[watch]] entries)")
+	if code, stop := parseFlags(fset, args); stop {
+		return code
+	}
+	cfg, err := loadConfig(c, watches)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "flusherd run: %v\n", err)
+		return exitUsage
+	}
+	log, err := newLogger(cfg.Log.Level, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "flusherd run: %v\n", err)
+		return exitUsage
+	}
+	defer log.Sync()
+	if err := run(cfg, log); err != nil {
+		log.Error("flusherd failed", zap.Error(err))
+		return exitFailed
+	}
+	return exitOK
+}
+
+// newLogger logs to w at level; under systemd (JOURNAL_STREAM set) without
+// timestamps, since the journal adds its own.
+func newLogger(level string, w io.Writer) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	ec := zap.NewProductionEncoderConfig()
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	ec.EncodeLevel = zapcore.CapitalLevelEncoder
+	if os.Getenv("JOURNAL_STREAM") != "" {
+		ec.TimeKey = ""
+	}
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(ec), zapcore.Lock(zapcore.AddSync(w)), lvl)
+	return zap.New(core), nil
+}
+
+// bdiConfig maps the [writeback] and [plug] tables to a device's tunables.
+func bdiConfig(cfg *config.Config) bdi.Config {
+	req := policy.IOWait
+	if cfg.Writeback.RequeueBlocked == config.RequeueRedirtyTail {
+		req = policy.LegacyRedirtyTail
+	}
+	return bdi.Config{
+		DirtyWritebackInterval: cfg.Writeback.DirtyWritebackInterval,
+		MinPause:               cfg.Writeback.MinPause,
+		MaxPause:               cfg.Writeback.MaxPause,
+		WriteChunk:             cfg.Writeback.WriteChunk,
+		Requeue:                req,
+		PlugEnabled:            cfg.Plug.Enabled,
+		MaxPending:             cfg.Plug.MaxPending,
+		QueueDepth:             cfg.Plug.QueueDepth,
+	}
+}
+
+// resolveBdi names the bdi of st_dev dev, opening path O_PATH for the
+// filesystems (btrfs) whose name needs a descriptor.
+func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
+	return func(dev uint64, path string) (string, error) {
+		fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return sys.BdiName(dev, -1)
+		}
+		defer unix.Close(fd)
+		return sys.BdiName(dev, fd)
+	}
+}
+
+func run(cfg *config.Config, log *zap.Logger) error {
+	sys := sysfs.Default()
+	reg := bdi.NewRegistry(bdi.Options{
+		Config:     bdiConfig(cfg),
+		StatsDir:   cfg.Stats.Dir,
+		StatsEvery: min(time.Second, cfg.Writeback.DirtyWritebackInterval),
+		Resolve:    resolveBdi(sys),
+		Thresholds: sys.DirtyThresholds,
+		Opener:     inode.OS{},
+		Log:        log,
+	})
+	trees := make([]watch.Tree, 0, len(cfg.Watch))
+	for _, w := range cfg.Watch {
+		root, err := filepath.EvalSymlinks(w.Path)
+		if err != nil {
+			return fmt.Errorf("watch %s: %w", w.Path, err)
+		}
+		trees = append(trees, watch.Tree{Root: root, Recursive: w.Recursive,
+			Tree: bdi.Tree{Expire: w.Expire, Integrity: w.Mode == config.ModeIntegrity}})
+		log.Info("watching", zap.String("root", root), zap.Bool("recursive", w.Recursive),
+			zap.String("mode", w.Mode), zap.Duration("expire", w.Expire))
+	}
+	wat, err := watch.New(trees, reg, log)
+	if err != nil {
+		return fmt.Errorf("inotify: %w", err)
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	// Events are read while the initial scan runs, so the queue cannot
+	// overflow during a long scan.
+	go func() { defer close(done); wat.Run(ctx) }()
+	if err := wat.Start(); err != nil {
+		wat.Close()
+		reg.Stop()
+		return err
+	}
+	log.Info("initial scan done; ready", zap.Int("devices", len(reg.Devices())))
+	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		log.Warn("sd_notify READY failed", zap.Error(err))
+	}
+
+	for sig := range sigs {
+		if sig == syscall.SIGHUP {
+			log.Info("SIGHUP: configuration reload is not implemented yet; the running configuration is unchanged")
+			continue
+		}
+		log.Info("signal received; writing back every tracked file before exit",
+			zap.String("signal", sig.String()), zap.Duration("timeout", cfg.Writeback.ShutdownTimeout))
+		break
+	}
+	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	cancel()
+	wat.Close()
+	<-done
+	sctx, scancel := context.WithTimeout(context.Background(), cfg.Writeback.ShutdownTimeout)
+	defer scancel()
+	left := reg.Shutdown(sctx)
+	if len(left) == 0 {
+		log.Info("every tracked file is clean; exiting")
+		return nil
+	}
+	for dev, paths := range left {
+		shown := paths
+		if len(shown) > 20 {
+			shown = shown[:20]
+		}
+		log.Error("shutdown timeout: files still dirty or under writeback (the kernel will still write them)",
+			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", shown))
+	}
+	return nil
+}

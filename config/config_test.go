@@ -1,0 +1,652 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// ignoreSrc ignores the unexported position information in Config.
+var ignoreSrc = cmpopts.IgnoreUnexported(Config{})
+
+func TestDefault(t *testing.T) {
+	want := &Config{
+		Writeback: Writeback{
+			DirtyWritebackInterval: 5 * time.Second,
+			DirtyExpireInterval:    30 * time.Second,
+			MinPause:               10 * time.Millisecond,
+			MaxPause:               5 * time.Second,
+			WriteChunk:             4 << 20,
+			RequeueBlocked:         RequeueIOWait,
+			AttemptTimeout:         10 * time.Second,
+			ShutdownTimeout:        30 * time.Second,
+		},
+		Plug:  Plug{Enabled: true, MaxPending: 256, QueueDepth: 8},
+		Stats: Stats{Dir: "/run/flusherd"},
+		Log:   Log{Level: "info"},
+	}
+	if diff := cmp.Diff(want, Default(), ignoreSrc); diff != "" {
+		t.Errorf("Default() mismatch (-want +got):\n%s", diff)
+	}
+	// Parsing an empty file gives the defaults.
+	got, err := Parse("empty.toml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, ignoreSrc); diff != "" {
+		t.Errorf("Parse(empty) mismatch (-want +got):\n%s", diff)
+	}
+	// Defaults are valid apart from having no watch.
+	err = Default().Validate()
+	if e := asError(t, err); e.Key != "watch" || e.Line != 0 || e.File != "" {
+		t.Errorf("Default().Validate() = %v, want only the missing watch", err)
+	}
+}
+
+func TestParse(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	tests := []struct {
+		name string
+		src  string
+		want func(c *Config) // applied to Default()
+	}{
+		{
+			name: "full",
+			src: `
+[writeback]
+dirty_writeback_interval = "2s"
+dirty_expire_interval = "1m"
+min_pause = "5ms"
+max_pause = "1s"
+write_chunk = "8MiB"
+requeue_blocked = "redirty_tail"
+attempt_timeout = "1500ms"
+shutdown_timeout = "1m30s"
+
+[plug]
+enabled = false
+max_pending = 64
+queue_depth = 4
+
+[stats]
+dir = "/var/lib/flusherd"
+
+[log]
+level = "debug"
+
+[[watch]]
+path = "/srv/data/"
+recursive = false
+mode = "integrity"
+expire = "10s"
+
+[[watch]]
+path = "rel/../tree"
+`,
+			want: func(c *Config) {
+				c.Writeback = Writeback{
+					DirtyWritebackInterval: 2 * time.Second,
+					DirtyExpireInterval:    time.Minute,
+					MinPause:               5 * time.Millisecond,
+					MaxPause:               time.Second,
+					WriteChunk:             8 << 20,
+					RequeueBlocked:         RequeueRedirtyTail,
+					AttemptTimeout:         1500 * time.Millisecond,
+					ShutdownTimeout:        90 * time.Second,
+				}
+				c.Plug = Plug{Enabled: false, MaxPending: 64, QueueDepth: 4}
+				c.Stats.Dir = "/var/lib/flusherd"
+				c.Log.Level = "debug"
+				c.Watch = []Watch{
+					{Path: "/srv/data", Recursive: false, Mode: ModeIntegrity, Expire: 10 * time.Second},
+					{Path: filepath.Join(dir, "tree"), Recursive: true, Mode: ModeWriteback, Expire: time.Minute},
+				}
+			},
+		},
+		{
+			name: "max_pause follows dirty_writeback_interval",
+			src:  "[writeback]\ndirty_writeback_interval = \"3s\"\n",
+			want: func(c *Config) {
+				c.Writeback.DirtyWritebackInterval = 3 * time.Second
+				c.Writeback.MaxPause = 3 * time.Second
+			},
+		},
+		{
+			name: "watch expire follows dirty_expire_interval",
+			src:  "[writeback]\ndirty_expire_interval = \"45s\"\n[[watch]]\npath = \"/a\"\n",
+			want: func(c *Config) {
+				c.Writeback.DirtyExpireInterval = 45 * time.Second
+				c.Watch = []Watch{{Path: "/a", Recursive: true, Mode: ModeWriteback, Expire: 45 * time.Second}}
+			},
+		},
+		{
+			name: "sizes",
+			src:  "[writeback]\nwrite_chunk = 65536\n",
+			want: func(c *Config) { c.Writeback.WriteChunk = 65536 },
+		},
+		{
+			name: "size without unit is bytes",
+			src:  "[writeback]\nwrite_chunk = \"8192\"\n",
+			want: func(c *Config) { c.Writeback.WriteChunk = 8192 },
+		},
+		{
+			name: "dotted keys, quoted keys, inline tables",
+			src: `writeback.min_pause = "1ms"
+"log" = { "level" = 'warn' }
+watch = [ { path = "/x", mode = "integrity" },
+          { path = '/y', recursive = false } ]
+`,
+			want: func(c *Config) {
+				c.Writeback.MinPause = time.Millisecond
+				c.Log.Level = "warn"
+				c.Watch = []Watch{
+					{Path: "/x", Recursive: true, Mode: ModeIntegrity, Expire: 30 * time.Second},
+					{Path: "/y", Recursive: false, Mode: ModeWriteback, Expire: 30 * time.Second},
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse("flusherd.toml", []byte(tt.src))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			want := Default()
+			tt.want(want)
+			if diff := cmp.Diff(want, got, ignoreSrc); diff != "" {
+				t.Errorf("Parse mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseExample(t *testing.T) {
+	data, err := os.ReadFile("testdata/flusherd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Parse("testdata/flusherd.toml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	want.Watch = []Watch{
+		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second},
+		{Path: "/srv/db", Recursive: false, Mode: ModeIntegrity, Expire: 5 * time.Second},
+	}
+	if diff := cmp.Diff(want, got, ignoreSrc); diff != "" {
+		t.Errorf("Parse mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func asError(t *testing.T, err error) *Error {
+	t.Helper()
+	if err == nil {
+		t.Fatal("got no error")
+	}
+	e, ok := errors.AsType[*Error](err)
+	if !ok {
+		t.Fatalf("error %v (%T) is not an *Error", err, err)
+	}
+	return e
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		key  string
+		line int
+		msg  string // substring of Error()
+	}{
+		// Syntax.
+		{"syntax unterminated string", "[writeback]\n\nmin_pause = \"1s\n", "writeback.min_pause", 3, "strings cannot contain newlines"},
+		{"syntax duplicate key", "[log]\nlevel = \"info\"\nlevel = \"warn\"\n", "log.level", 3, "already been defined"},
+		{"syntax bad value", "[plug]\nenabled = yes\nmax_pending = 1\n", "plug.enabled", 2, "flusherd.toml:2: plug.enabled: "},
+		{"syntax bad header", "[plug]\nenabled = true\n\n[writeback\nmin_pause = \"1s\"\n", "plug", 4, "to end table name"},
+
+		// Unknown keys.
+		{"unknown top-level key", "[log]\nlevel = \"info\"\n\nfoo = 1\n", "log.foo", 4, "unknown key"},
+		{"unknown top-level table", "\n[logging]\nlevel = \"info\"\n", "logging", 2, "unknown key, want one of log, plug, stats, watch, writeback"},
+		{"unknown bare top-level key", "verbose = true\n[log]\n", "verbose", 1, "unknown key"},
+		{"unknown key in table", "[writeback]\nmin_pause = \"1ms\"\n  min_paus = \"1ms\"\n", "writeback.min_paus", 3, "unknown key, want one of attempt_timeout,"},
+		{"unknown quoted key", "[writeback]\n\"min pause\" = \"1ms\"\n", `writeback."min pause"`, 2, "unknown key"},
+		{"unknown sub-table", "[writeback]\n[writeback.extra]\nx = 1\n", "writeback.extra", 2, "unknown key"},
+		{"unknown key in second watch", "[[watch]]\npath = \"/a\"\n[[watch]]\npath = \"/b\"\nrecurse = false\n", "watch[1].recurse", 5, "unknown key, want one of expire, mode, path, recursive"},
+		{"unknown key in inline watch", "watch = [{path = \"/a\"},\n  {path = \"/b\", x = 1}]\n", "watch[1].x", 2, "unknown key"},
+
+		// Durations.
+		{"bad duration", "[writeback]\nmin_pause = \"10 msec\"\n", "writeback.min_pause", 2, `bad duration "10 msec": want a number with a unit`},
+		{"bare integer duration", "[writeback]\n\nmax_pause = 5\n", "writeback.max_pause", 3, `bad duration 5: a duration must be a string with a unit, e.g. "5s"`},
+		{"float duration", "[writeback]\nattempt_timeout = 1.5\n", "writeback.attempt_timeout", 2, "bad duration 1.5"},
+		{"unit-less duration", "[writeback]\ndirty_writeback_interval = \"5s\"\n\nmin_pause = \"10\"\n", "writeback.min_pause", 4, `writeback.min_pause: bad duration "10": a duration needs a unit, e.g. "10ms"`},
+		{"boolean duration", "[writeback]\nshutdown_timeout = true\n", "writeback.shutdown_timeout", 2, "got boolean true"},
+		{"watch expire unit-less", "[[watch]]\npath = \"/a\"\nexpire = \"30\"\n", "watch[0].expire", 3, "needs a unit"},
+
+		// Sizes.
+		{"size decimal unit", "[writeback]\nwrite_chunk = \"4MB\"\n", "writeback.write_chunk", 2, `bad size "4MB": unknown unit "MB"`},
+		{"size garbage", "[writeback]\nwrite_chunk = \"lots\"\n", "writeback.write_chunk", 2, `bad size "lots"`},
+		{"size fraction", "[writeback]\nwrite_chunk = \"1.5MiB\"\n", "writeback.write_chunk", 2, `unknown unit ".5MiB"`},
+		{"size float", "[writeback]\nwrite_chunk = 4096.0\n", "writeback.write_chunk", 2, "got float 4096"},
+		{"size overflow", "[writeback]\nwrite_chunk = \"9999999999999GiB\"\n", "writeback.write_chunk", 2, "too large"},
+		{"size too small", "[writeback]\nwrite_chunk = \"2KiB\"\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
+		{"size zero", "[writeback]\nwrite_chunk = 0\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
+		{"size negative", "[writeback]\nwrite_chunk = -4096\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
+
+		// Non-positive values.
+		{"zero interval", "[writeback]\ndirty_writeback_interval = \"0s\"\n", "writeback.dirty_writeback_interval", 2, `must be positive, got "0s"`},
+		{"negative pause", "[writeback]\nmax_pause = \"1s\"\nmin_pause = \"-1ms\"\n", "writeback.min_pause", 3, `must be positive, got "-1ms"`},
+		{"zero expire", "[writeback]\ndirty_expire_interval = \"0s\"\n", "writeback.dirty_expire_interval", 2, "must be positive"},
+		{"zero watch expire", "[[watch]]\npath = \"/a\"\nexpire = \"0s\"\n", "watch[0].expire", 3, "must be positive"},
+		{"zero max_pending", "[plug]\nmax_pending = 0\n", "plug.max_pending", 2, "must be positive, got 0"},
+		{"negative queue_depth", "[plug]\nenabled = false\nqueue_depth = -1\n", "plug.queue_depth", 3, "must be positive, got -1"},
+
+		// min_pause > max_pause.
+		{"min_pause > max_pause", "[writeback]\nmax_pause = \"1s\"\nmin_pause = \"2s\"\n", "writeback.min_pause", 3, "min_pause 2s is greater than max_pause 1s"},
+		{"min_pause > max_pause, max last", "[writeback]\nmin_pause = \"2s\"\nmax_pause = \"1s\"\n", "writeback.max_pause", 3, "min_pause 2s is greater than max_pause 1s"},
+		{"min_pause > default max_pause", "[writeback]\nmin_pause = \"6s\"\n", "writeback.min_pause", 2, "max_pause 5s (max_pause defaults to dirty_writeback_interval)"},
+		{"interval below min_pause", "[writeback]\ndirty_writeback_interval = \"5ms\"\n", "writeback.dirty_writeback_interval", 2, "min_pause 10ms is greater than max_pause 5ms"},
+
+		// Enums and other types.
+		{"bad requeue_blocked", "[writeback]\nrequeue_blocked = \"later\"\n", "writeback.requeue_blocked", 2, `unknown value "later", want "io_wait" or "redirty_tail"`},
+		{"bad log level", "[log]\nlevel = \"verbose\"\n", "log.level", 2, `unknown value "verbose", want "debug", "info", "warn" or "error"`},
+		{"bad watch mode", "[[watch]]\npath = \"/a\"\n[[watch]]\npath = \"/b\"\nmode = \"sync\"\n", "watch[1].mode", 5, `want "writeback" or "integrity"`},
+		{"string boolean", "[plug]\nenabled = \"yes\"\n", "plug.enabled", 2, `want true or false, got string "yes"`},
+		{"string integer", "[plug]\nmax_pending = \"256\"\n", "plug.max_pending", 2, `want an integer, got string "256"`},
+		{"integer level", "[log]\nlevel = 1\n", "log.level", 2, "want a string, got integer 1"},
+		{"table is a value", "writeback = 5\n", "writeback", 1, "want a table, got integer 5"},
+		{"watch is a table", "[watch]\npath = \"/a\"\n", "watch", 1, "want an array of tables"},
+		{"watch element not a table", "watch = [\"/a\"]\n", "watch[0]", 1, "want a table"},
+		{"empty stats dir", "[stats]\ndir = \"\"\n", "stats.dir", 2, "must not be empty"},
+
+		// Watch paths (no file system access in Parse).
+		{"watch without path", "[[watch]]\npath = \"/a\"\n\n[[watch]]\nmode = \"integrity\"\n", "watch[1].path", 4, "missing: every [[watch]] needs a path"},
+		{"watch empty path", "[[watch]]\npath = \"\"\n", "watch[0].path", 2, "must not be empty"},
+		{"watch path not a string", "[[watch]]\npath = 1\n", "watch[0].path", 2, "want a string"},
+		{"duplicate watch", "[[watch]]\npath = \"/srv/a\"\n[[watch]]\npath = \"/srv/b\"\n[[watch]]\npath = \"/srv//a/\"\n", "watch[2].path", 6, `"/srv/a" is already watched by watch[0] (line 2)`},
+
+		// The first problem in file order is reported.
+		{"decode error before earlier value errors", "[writeback]\nshutdown_timeout = \"-1s\"\n[plug]\nmax_pending = 0\n[writeback.x]\n", "writeback.x", 5, "unknown key"},
+		{"first decode error in file order", "[writeback]\nmin_pause = 3\nbogus = 1\n", "writeback.min_pause", 2, "bad duration 3"},
+		{"first value error in file order", "[plug]\nmax_pending = 0\n[writeback]\nattempt_timeout = \"0s\"\n", "plug.max_pending", 2, "must be positive"},
+		{"first value error in file order 2", "[writeback]\nshutdown_timeout = \"-1s\"\n[plug]\nmax_pending = 0\n", "writeback.shutdown_timeout", 2, "must be positive"},
+		{"decode errors before value errors", "[plug]\nmax_pending = 0\n[writeback]\nmin_pause = 3\n", "writeback.min_pause", 4, "bad duration 3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("flusherd.toml", []byte(tt.src))
+			if c != nil {
+				t.Errorf("Parse returned a config with error %v", err)
+			}
+			e := asError(t, err)
+			if e.File != "flusherd.toml" || e.Key != tt.key || e.Line != tt.line {
+				t.Errorf("got File %q Key %q Line %d, want flusherd.toml, %q, %d (error: %v)", e.File, e.Key, e.Line, tt.key, tt.line, err)
+			}
+			if !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("error %q does not contain %q", err, tt.msg)
+			}
+		})
+	}
+}
+
+func TestErrorString(t *testing.T) {
+	tests := []struct {
+		e    Error
+		want string
+	}{
+		{Error{File: "flusherd.toml", Line: 3, Key: "writeback.min_pause", Msg: "bad"}, "flusherd.toml:3: writeback.min_pause: bad"},
+		{Error{File: "flusherd.toml", Key: "watch", Msg: "none"}, "flusherd.toml: watch: none"},
+		{Error{Line: 2, Key: "log.level", Msg: "bad"}, "line 2: log.level: bad"},
+		{Error{Key: "watch[0].path", Msg: "bad"}, "watch[0].path: bad"},
+		{Error{File: "f", Line: 1, Msg: "syntax"}, "f:1: syntax"},
+	}
+	for _, tt := range tests {
+		if got := tt.e.Error(); got != tt.want {
+			t.Errorf("Error() = %q, want %q", got, tt.want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a")
+	b := filepath.Join(dir, "b")
+	file := filepath.Join(dir, "file")
+	missing := filepath.Join(dir, "missing")
+	for _, d := range []string{a, b} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	watch := func(p string) Watch {
+		return Watch{Path: p, Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}
+	}
+	tests := []struct {
+		name     string
+		modify   func(c *Config)
+		key, msg string
+		notExist bool
+	}{
+		{name: "valid", modify: func(c *Config) { c.Watch = []Watch{watch(a), watch(b)} }},
+		{"no watches", func(c *Config) {}, "watch", "at least one directory", false},
+		{"missing path", func(c *Config) { c.Watch = []Watch{watch(a), watch(missing)} }, "watch[1].path", "does not exist", true},
+		{"path is a file", func(c *Config) { c.Watch = []Watch{watch(file)} }, "watch[0].path", "is not a directory", false},
+		{"below a file", func(c *Config) { c.Watch = []Watch{watch(filepath.Join(file, "x"))} }, "watch[0].path", "not a directory", false},
+		{"duplicate", func(c *Config) { c.Watch = []Watch{watch(a), watch(b), watch(a + "/")} }, "watch[2].path", "already watched by watch[0]", false},
+		{"relative", func(c *Config) { c.Watch = []Watch{watch("a")} }, "watch[0].path", "not an absolute path", false},
+		{"empty path", func(c *Config) { c.Watch = []Watch{watch("")} }, "watch[0].path", "must not be empty", false},
+		{"zero expire", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Watch[0].Expire = 0 }, "watch[0].expire", "must be positive", false},
+		{"bad mode", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Watch[0].Mode = "" }, "watch[0].mode", "unknown value", false},
+		{"zero interval", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Writeback.DirtyWritebackInterval = 0 }, "writeback.dirty_writeback_interval", "must be positive", false},
+		{"min > max", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Writeback.MinPause = time.Minute }, "writeback.min_pause", "greater than max_pause", false},
+		{"small chunk", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Writeback.WriteChunk = 4095 }, "writeback.write_chunk", "at least 4096", false},
+		{"bad requeue", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Writeback.RequeueBlocked = "x" }, "writeback.requeue_blocked", "unknown value", false},
+		{"bad level", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Log.Level = "INFO" }, "log.level", "unknown value", false},
+		{"zero queue depth", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Plug.QueueDepth = 0 }, "plug.queue_depth", "must be positive", false},
+		{"no stats dir", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Stats.Dir = "" }, "stats.dir", "must not be empty", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			tt.modify(c)
+			err := c.Validate()
+			if tt.key == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			e := asError(t, err)
+			if e.Key != tt.key || e.Line != 0 || e.File != "" {
+				t.Errorf("got File %q Key %q Line %d, want no file, %q, 0 (error: %v)", e.File, e.Key, e.Line, tt.key, err)
+			}
+			if !strings.Contains(e.Msg, tt.msg) {
+				t.Errorf("error %q does not contain %q", err, tt.msg)
+			}
+			if got := errors.Is(err, fs.ErrNotExist); got != tt.notExist {
+				t.Errorf("errors.Is(err, fs.ErrNotExist) = %v, want %v", got, tt.notExist)
+			}
+		})
+	}
+}
+
+// Errors found by Validate on a parsed config carry the file and line.
+func TestValidatePositions(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		src      string
+		key      string
+		line     int
+		msg      string
+		notExist bool
+	}{
+		{"missing", "[[watch]]\npath = \"a\"\n\n[[watch]]\n  path = \"nope\"\n", "watch[1].path", 5, `nope" does not exist`, true},
+		{"file", "[log]\nlevel = \"warn\"\n[[watch]]\npath = 'f'\n", "watch[0].path", 4, `f" is not a directory`, false},
+		{"no watches", "[log]\nlevel = \"warn\"\n", "watch", 0, "at least one", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Chdir(dir)
+			c, err := Parse("cfg.toml", []byte(tt.src))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			e := asError(t, c.Validate())
+			if e.File != "cfg.toml" || e.Key != tt.key || e.Line != tt.line || !strings.Contains(e.Msg, tt.msg) {
+				t.Errorf("Validate() = %+v, want cfg.toml:%d, key %q, msg containing %q", e, tt.line, tt.key, tt.msg)
+			}
+			if got := errors.Is(e, fs.ErrNotExist); got != tt.notExist {
+				t.Errorf("errors.Is(err, fs.ErrNotExist) = %v, want %v", got, tt.notExist)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, src string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	t.Run("missing file", func(t *testing.T) {
+		_, err := Load(filepath.Join(dir, "nope.toml"))
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Load(missing) = %v, want an error wrapping fs.ErrNotExist", err)
+		}
+	})
+	t.Run("valid", func(t *testing.T) {
+		p := write("ok.toml", "[log]\nlevel = \"error\"\n[[watch]]\npath = \""+data+"\"\n")
+		c, err := Load(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Default()
+		want.Log.Level = "error"
+		want.Watch = []Watch{{Path: data, Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}}
+		if diff := cmp.Diff(want, c, ignoreSrc); diff != "" {
+			t.Errorf("Load mismatch (-want +got):\n%s", diff)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("Validate: %v", err)
+		}
+	})
+	t.Run("no watches is left to Validate", func(t *testing.T) {
+		c, err := Load(write("empty.toml", ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := asError(t, c.Validate()); e.Key != "watch" {
+			t.Errorf("Validate() = %v, want the missing watch", e)
+		}
+	})
+	t.Run("watch path checked", func(t *testing.T) {
+		p := write("bad.toml", "[[watch]]\npath = \""+data+"\"\n[[watch]]\npath = \""+data+"/missing\"\n")
+		_, err := Load(p)
+		e := asError(t, err)
+		if e.File != p || e.Line != 4 || e.Key != "watch[1].path" || !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Load() = %v, want %s:4: watch[1].path wrapping fs.ErrNotExist", err, p)
+		}
+	})
+	t.Run("parse error", func(t *testing.T) {
+		p := write("syntax.toml", "[plug]\nmax_pending = \n")
+		e := asError(t, func() error { _, err := Load(p); return err }())
+		if e.File != p || e.Line != 2 {
+			t.Errorf("Load() = %v, want %s:2", e, p)
+		}
+	})
+}
+
+func TestEncodeRoundTrip(t *testing.T) {
+	full := Default()
+	full.Writeback = Writeback{
+		DirtyWritebackInterval: 1500 * time.Millisecond,
+		DirtyExpireInterval:    2*time.Hour + 3*time.Minute,
+		MinPause:               250 * time.Microsecond,
+		MaxPause:               7 * time.Second,
+		WriteChunk:             3 << 30,
+		RequeueBlocked:         RequeueRedirtyTail,
+		AttemptTimeout:         time.Nanosecond,
+		ShutdownTimeout:        time.Minute,
+	}
+	full.Plug = Plug{Enabled: false, MaxPending: 1, QueueDepth: 1000}
+	full.Stats.Dir = `/run/flusherd "quoted" \ dir`
+	full.Log.Level = "warn"
+	full.Watch = []Watch{
+		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second},
+		{Path: "/srv/weird name/ü", Recursive: false, Mode: ModeIntegrity, Expire: 10 * time.Millisecond},
+	}
+	odd := Default()
+	odd.Writeback.WriteChunk = 4097 // not a multiple of any unit
+	odd.Writeback.MaxPause = time.Second
+	odd.Watch = []Watch{{Path: "/x", Recursive: true, Mode: ModeWriteback, Expire: time.Second}}
+
+	for name, c := range map[string]*Config{"default": Default(), "full": full, "odd": odd} {
+		t.Run(name, func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := c.Encode(&buf); err != nil {
+				t.Fatal(err)
+			}
+			got, err := Parse("encoded.toml", buf.Bytes())
+			if err != nil {
+				t.Fatalf("Parse(Encode()): %v\n%s", err, buf.String())
+			}
+			if diff := cmp.Diff(c, got, ignoreSrc); diff != "" {
+				t.Errorf("round trip mismatch (-want +got):\n%s\n%s", diff, buf.String())
+			}
+		})
+	}
+}
+
+func TestEncodeDefault(t *testing.T) {
+	var buf bytes.Buffer
+	if err := Default().Encode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	text := buf.String()
+	for _, want := range []string{
+		"[writeback]\n", `dirty_writeback_interval = "5s"`, `min_pause = "10ms"`,
+		`write_chunk = "4MiB"`, `requeue_blocked = "io_wait"`, "[plug]\n", "max_pending = 256",
+		"[stats]\n", `dir = "/run/flusherd"`, "[log]\n", `level = "info"`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("Encode(Default()) lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "watch") {
+		t.Errorf("Encode(Default()) has a watch:\n%s", text)
+	}
+
+	text += "\n[[watch]]\npath = \"/srv/data\"\n"
+	got, err := Parse("default.toml", []byte(text))
+	if err != nil {
+		t.Fatalf("Parse: %v\n%s", err, text)
+	}
+	want := Default()
+	want.Watch = []Watch{{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}}
+	if diff := cmp.Diff(want, got, ignoreSrc); diff != "" {
+		t.Errorf("mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestSize(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"4096", 4096, true},
+		{"4096B", 4096, true},
+		{"512KiB", 512 << 10, true},
+		{"512K", 512 << 10, true},
+		{"4MiB", 4 << 20, true},
+		{" 4 MiB ", 4 << 20, true},
+		{"4M", 4 << 20, true},
+		{"1GiB", 1 << 30, true},
+		{"1G", 1 << 30, true},
+		{"1kib", 0, false},
+		{"1KB", 0, false},
+		{"1TiB", 0, false},
+		{"MiB", 0, false},
+		{"-1MiB", 0, false},
+		{"", 0, false},
+		{"8589934592GiB", 0, false},
+	} {
+		got, err := parseSize(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d, ok %v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+	for _, tt := range []struct {
+		in   int64
+		want string
+	}{
+		{4 << 20, "4MiB"}, {3 << 30, "3GiB"}, {1536 << 10, "1536KiB"}, {4097, "4097B"}, {0, "0B"},
+	} {
+		if got := formatSize(tt.in); got != tt.want {
+			t.Errorf("formatSize(%d) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestScanLines(t *testing.T) {
+	src := `# comment with [fake] header and key = "x"
+top = 1
+str = """
+not_a_key = "inside a multi-line string"
+[not_a_table]
+"""
+lit = '''
+[[nor_this]]
+'''
+"quoted key" = 'x' # comment
+a . "b.c" . d = 2
+
+[tbl] # comment
+x = [
+  1, # comment
+  2,
+]
+inline = { k1 = 1, k2 = { deep = "}" } }
+
+[[arr]]
+v = 1
+[arr.sub]
+w = 2
+[[arr]]
+  v = "[[x]]"
+[[arr.items]]
+i = 1
+[[arr.items]]
+i = 2
+`
+	want := map[string]int{
+		"top": 2, "str": 3, "lit": 7, `"quoted key"`: 10,
+		"a": 11, `a."b.c"`: 11, `a."b.c".d`: 11,
+		"tbl": 13, "tbl.x": 14, "tbl.x[0]": 15, "tbl.x[1]": 16,
+		"tbl.inline": 18, "tbl.inline.k1": 18, "tbl.inline.k2.deep": 18,
+		"arr": 20, "arr[0]": 20, "arr[0].v": 21, "arr[0].sub": 22, "arr[0].sub.w": 23,
+		"arr[1]": 24, "arr[1].v": 25,
+		"arr[1].items": 26, "arr[1].items[0]": 26, "arr[1].items[0].i": 27,
+		"arr[1].items[1]": 28, "arr[1].items[1].i": 29,
+	}
+	got := scanLines(src)
+	for k, l := range want {
+		if got[k] != l {
+			t.Errorf("line of %s = %d, want %d", k, got[k], l)
+		}
+	}
+	for _, k := range []string{"not_a_key", "not_a_table", "nor_this", "x", "fake"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("scanLines found key %q inside a string or comment", k)
+		}
+	}
+}

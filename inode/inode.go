@@ -1,0 +1,75 @@
+// Package inode is one tracked file: its identity, its writeback state, and
+// the system calls that open it safely and write its dirty page-cache data
+// back.
+//
+// An Inode models the part of the kernel's struct inode that fs/fs-writeback.c
+// uses: i_state (I_DIRTY, I_SYNC), dirtied_when and i_io_list (the bdi list it
+// is on). Identity is (st_dev, st_ino), so hard links are tracked once.
+//
+// The state fields are guarded by the owning bdi's list lock; this package
+// does not lock.
+package inode
+
+import (
+	"time"
+
+	"flusherd/lists"
+)
+
+// Key identifies an inode: stat(2)'s st_dev and st_ino.
+type Key struct {
+	Dev uint64
+	Ino uint64
+}
+
+// State is a set of flags, like i_state.
+type State uint8
+
+const (
+	// Dirty: the inode has dirty data flusherd has not yet written (I_DIRTY_PAGES).
+	Dirty State = 1 << iota
+	// Sync: a writeback attempt for it is in flight (I_SYNC).
+	Sync
+	// Redirtied: it was marked dirty while Sync was set.
+	Redirtied
+	// ChunkUsed: the attempt in flight stopped at write_chunk with more left.
+	ChunkUsed
+	// Integrity: its tree is in "integrity" mode; writeback uses fdatasync.
+	Integrity
+)
+
+// Inode is one tracked file. Keep it small: a daemon may track millions.
+type Inode struct {
+	lists.Entry[*Inode]
+
+	Key  Key
+	Path string // absolute path at which it was last seen
+
+	// DirtiedWhen is when the inode went from clean to dirty, on the
+	// daemon's monotonic clock (nanoseconds since its epoch). A re-dirty
+	// never moves it (__mark_inode_dirty).
+	DirtiedWhen time.Duration
+	// Expire is the dirty_expire_interval of the tree it belongs to.
+	Expire time.Duration
+	// WBIndex is the byte offset the next chunked attempt starts at
+	// (mapping->writeback_index).
+	WBIndex int64
+
+	// DirtyPages and WritebackPages are cachestat(2)'s counts as last seen,
+	// for statistics.
+	DirtyPages, WritebackPages uint32
+	// Retries counts attempts since the inode was last clean; Errors counts
+	// failed ones. LastErr is the last error's errno (0 for none).
+	Retries, Errors uint16
+	LastErr         uint16
+
+	State State
+	// Class is the index of its expire class in the bdi's b_dirty.
+	Class uint8
+}
+
+// Link returns the list entry (lists.Linker).
+func (in *Inode) Link() *lists.Entry[*Inode] { return &in.Entry }
+
+// Has reports whether all of flags are set.
+func (in *Inode) Has(flags State) bool { return in.State&flags == flags }

@@ -1,0 +1,382 @@
+// Package testfs gives tests a real, loop-mounted filesystem (ext4 or xfs)
+// and always tears it down again.
+//
+// Mount needs root. It creates a sparse image file in t.TempDir(), runs
+// mkfs on it, attaches it to a free loop device with
+// "losetup --find --show" (find+attach is atomic in util-linux, so parallel
+// tests do not collide) and mounts it with mount(2). A t.Cleanup registered
+// before anything is attached undoes exactly those steps in reverse order,
+// even if the test fails or Mount itself fails half-way.
+package testfs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Options selects the filesystem to create.
+type Options struct {
+	Type     string // "ext4" (default) or "xfs"
+	SizeMB   int    // image size, default 256 (300 for xfs, the mkfs.xfs minimum)
+	DirectIO bool   // losetup --direct-io=on (so "written back" reaches the image file, not only the host page cache)
+}
+
+// FS is a mounted test filesystem.
+type FS struct {
+	Dir    string // mount point
+	Device string // e.g. /dev/loop3
+	Image  string // backing file path
+	Dev    uint64 // st_dev of the mounted root (unix.Mkdev form, as in Stat_t.Dev)
+	MajMin string // "7:3"
+
+	fstype string
+}
+
+const (
+	defaultSizeMB    = 256
+	defaultXFSSizeMB = 300 // mkfs.xfs >= 5.19 refuses anything smaller
+
+	// How long cleanup keeps retrying a umount that fails with EBUSY
+	// before falling back to a lazy (MNT_DETACH) umount.
+	umountRetryBudget = time.Second
+	// How long cleanup waits for a detached loop device to let go of the image.
+	detachWait = 2 * time.Second
+)
+
+// teardown records what Mount has done so far, so cleanup undoes exactly that.
+type teardown struct {
+	image       string
+	dir         string
+	attachTried bool   // losetup was run (it may have attached even if it failed)
+	device      string // loop device we attached, once known
+	mounted     bool   // mount(2) succeeded
+	lazy        bool   // cleanup had to fall back to MNT_DETACH
+}
+
+// Mount creates an image in t.TempDir(), makes the filesystem, attaches a
+// loop device and mounts it. It skips the test when not running as root or
+// when the needed tools (mkfs.<type>, losetup) are missing, or when
+// DirectIO was requested but the loop driver would not enable it.
+func Mount(t testing.TB, opt Options) *FS {
+	t.Helper()
+
+	if euid := os.Geteuid(); euid != 0 {
+		t.Skipf("testfs: needs root to attach loop devices and mount (euid=%d)", euid)
+	}
+	typ := opt.Type
+	if typ == "" {
+		typ = "ext4"
+	}
+	var mkfsArgs []string
+	size := opt.SizeMB
+	switch typ {
+	case "ext4":
+		// Initialise inode tables and the journal now, so that the
+		// ext4lazyinit thread does not write in the background during tests.
+		mkfsArgs = []string{"-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"}
+		if size == 0 {
+			size = defaultSizeMB
+		}
+	case "xfs":
+		mkfsArgs = []string{"-q", "-f"}
+		if size == 0 {
+			size = defaultXFSSizeMB
+		}
+	default:
+		t.Fatalf("testfs: unsupported filesystem type %q (want \"ext4\" or \"xfs\")", typ)
+	}
+	if size < 0 {
+		t.Fatalf("testfs: negative SizeMB %d", size)
+	}
+	mkfs, err := exec.LookPath("mkfs." + typ)
+	if err != nil {
+		t.Skipf("testfs: cannot make a %s filesystem: mkfs.%s not found (%v)", typ, typ, err)
+	}
+	losetup, err := exec.LookPath("losetup")
+	if err != nil {
+		t.Skipf("testfs: losetup (util-linux) not found: %v", err)
+	}
+
+	// TempDir registers its RemoveAll cleanup before ours, so it runs after
+	// the umount/detach below (cleanups run last-in, first-out).
+	base := t.TempDir()
+	td := &teardown{
+		image: filepath.Join(base, typ+".img"),
+		dir:   filepath.Join(base, "mnt"),
+	}
+	t.Cleanup(func() { td.run(t) })
+
+	img, err := os.OpenFile(td.image, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatalf("testfs: create image: %v", err)
+	}
+	err = img.Truncate(int64(size) << 20)
+	if cerr := img.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatalf("testfs: size image %s to %d MiB: %v", td.image, size, err)
+	}
+
+	if out, err := exec.Command(mkfs, append(mkfsArgs, td.image)...).CombinedOutput(); err != nil {
+		t.Fatalf("testfs: %s %s %s: %v\n%s", mkfs, strings.Join(mkfsArgs, " "), td.image, err, out)
+	}
+
+	loArgs := []string{"--find", "--show"}
+	if opt.DirectIO {
+		loArgs = append(loArgs, "--direct-io=on")
+	}
+	loArgs = append(loArgs, td.image)
+	td.attachTried = true
+	var stderr bytes.Buffer
+	cmd := exec.Command(losetup, loArgs...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	dev := strings.TrimSpace(string(out))
+	if err != nil || !strings.HasPrefix(dev, "/dev/loop") || strings.ContainsAny(dev, " \n") {
+		t.Fatalf("testfs: losetup %s: err=%v stdout=%q stderr=%q", strings.Join(loArgs, " "), err, out, stderr.String())
+	}
+	td.device = dev
+	if s := strings.TrimSpace(stderr.String()); s != "" {
+		t.Logf("testfs: losetup: %s", s)
+	}
+	if got, err := backingFile(dev); err != nil || got != td.image {
+		t.Fatalf("testfs: %s: backing file %q (err %v), want %q", dev, got, err, td.image)
+	}
+	if opt.DirectIO {
+		dio, err := os.ReadFile(filepath.Join(sysLoopDir(dev), "dio"))
+		if err != nil {
+			t.Fatalf("testfs: %s: reading dio state: %v", dev, err)
+		}
+		if strings.TrimSpace(string(dio)) != "1" {
+			t.Skipf("testfs: %s: direct I/O requested but the loop driver did not enable it (backing filesystem of %s lacks O_DIRECT support?)", dev, td.image)
+		}
+	}
+
+	if err := os.Mkdir(td.dir, 0o755); err != nil {
+		t.Fatalf("testfs: mkdir mount point: %v", err)
+	}
+	if err := unix.Mount(dev, td.dir, typ, 0, ""); err != nil {
+		t.Fatalf("testfs: mount -t %s %s %s: %v", typ, dev, td.dir, err)
+	}
+	td.mounted = true
+
+	var st unix.Stat_t
+	if err := unix.Stat(td.dir, &st); err != nil {
+		t.Fatalf("testfs: stat %s: %v", td.dir, err)
+	}
+	var dst unix.Stat_t
+	if err := unix.Stat(dev, &dst); err != nil {
+		t.Fatalf("testfs: stat %s: %v", dev, err)
+	}
+	if uint64(st.Dev) != uint64(dst.Rdev) {
+		t.Fatalf("testfs: %s: st_dev %d:%d of mounted root is not the loop device %s (%d:%d)",
+			td.dir, unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev)),
+			dev, unix.Major(uint64(dst.Rdev)), unix.Minor(uint64(dst.Rdev)))
+	}
+
+	return &FS{
+		Dir:    td.dir,
+		Device: dev,
+		Image:  td.image,
+		Dev:    uint64(st.Dev),
+		MajMin: fmt.Sprintf("%d:%d", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev))),
+		fstype: typ,
+	}
+}
+
+// RemountRO remounts the filesystem read-only (mount -o remount,ro).
+// It fails the test if the kernel refuses, e.g. with EBUSY while a file is
+// open for writing.
+func (f *FS) RemountRO(t testing.TB) {
+	t.Helper()
+	if err := unix.Mount(f.Device, f.Dir, f.fstype, unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("testfs: remount,ro %s: %v", f.Dir, err)
+	}
+}
+
+// RemountRW remounts the filesystem read-write (mount -o remount,rw).
+func (f *FS) RemountRW(t testing.TB) {
+	t.Helper()
+	if err := unix.Mount(f.Device, f.Dir, f.fstype, unix.MS_REMOUNT, ""); err != nil {
+		t.Fatalf("testfs: remount,rw %s: %v", f.Dir, err)
+	}
+}
+
+// DropCaches syncs this filesystem (syncfs(2)) and then writes 3 to
+// /proc/sys/vm/drop_caches, dropping clean page cache, dentries and inodes
+// system-wide. Meant for benchmarks that want cold-cache runs. It skips the
+// test if /proc/sys/vm/drop_caches is not writable (e.g. in a container).
+func (f *FS) DropCaches(t testing.TB) {
+	t.Helper()
+	fd, err := unix.Open(f.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("testfs: open %s: %v", f.Dir, err)
+	}
+	err = unix.Syncfs(fd)
+	unix.Close(fd)
+	if err != nil {
+		t.Fatalf("testfs: syncfs %s: %v", f.Dir, err)
+	}
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
+		if errors.Is(err, unix.EROFS) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+			t.Skipf("testfs: cannot drop caches: %v", err)
+		}
+		t.Fatalf("testfs: drop caches: %v", err)
+	}
+}
+
+// run undoes what Mount did: umount, then detach the loop device.
+func (td *teardown) run(t testing.TB) {
+	t.Helper()
+	if td.mounted {
+		td.unmount(t)
+	}
+	if td.attachTried {
+		td.detach(t)
+	}
+}
+
+func (td *teardown) unmount(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(umountRetryBudget)
+	delay := 5 * time.Millisecond
+	var err error
+	for {
+		err = unix.Unmount(td.dir, 0)
+		if err == nil {
+			return
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err != unix.EBUSY || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(delay)
+		if delay < 200*time.Millisecond {
+			delay *= 2
+		}
+	}
+	if err == unix.EINVAL {
+		// Not a mount point any more: the test unmounted it itself.
+		t.Logf("testfs: %s was no longer mounted at cleanup", td.dir)
+		return
+	}
+	if lerr := unix.Unmount(td.dir, unix.MNT_DETACH); lerr != nil {
+		t.Errorf("testfs: umount %s: %v; lazy umount failed too: %v", td.dir, err, lerr)
+		return
+	}
+	td.lazy = true
+	t.Errorf("testfs: umount %s: %v (still busy after %v: a test left a file, cwd or process open on it); "+
+		"fell back to lazy umount (MNT_DETACH), the filesystem lives on until its last user goes away",
+		td.dir, err, umountRetryBudget)
+}
+
+func (td *teardown) detach(t testing.TB) {
+	t.Helper()
+	devs := []string{td.device}
+	if td.device == "" {
+		// losetup failed or its output was unusable, yet it may have attached
+		// the image. The image path is unique to this test, so any device
+		// backed by it is ours.
+		devs = devicesFor(t, td.image)
+	}
+	for _, dev := range devs {
+		if err := detachIfOurs(dev, td.image); err != nil {
+			t.Errorf("testfs: detach %s (%s): %v", dev, td.image, err)
+			continue
+		}
+		// LOOP_CLR_FD on a device that is still open (e.g. by a lazily
+		// unmounted filesystem) only sets autoclear; check it really let go.
+		if td.lazy {
+			if bf, err := backingFile(dev); err == nil && bf == td.image {
+				t.Logf("testfs: %s stays attached to %s (marked autoclear) until the lazily unmounted filesystem is released", dev, td.image)
+			}
+			continue
+		}
+		deadline := time.Now().Add(detachWait)
+		for {
+			bf, err := backingFile(dev)
+			if err != nil || bf != td.image {
+				break // detached (and maybe already reused by someone else)
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("testfs: %s is still attached to %s after detach; "+
+					"it is marked autoclear and goes away once its last user closes it", dev, td.image)
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// detachIfOurs detaches dev (LOOP_CLR_FD) if, and only if, it is backed by
+// image. A device that is no longer bound, or bound to some other file
+// (reused by a parallel test), is left alone.
+func detachIfOurs(dev, image string) error {
+	var ist unix.Stat_t
+	if err := unix.Stat(image, &ist); err != nil {
+		return fmt.Errorf("stat image: %w", err)
+	}
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err == unix.ENXIO {
+		return nil // not bound any more
+	}
+	if err != nil {
+		return fmt.Errorf("LOOP_GET_STATUS64: %w", err)
+	}
+	if info.Inode != ist.Ino || info.Device != uint64(ist.Dev) {
+		return nil // bound to somebody else's file
+	}
+	for i := 0; ; i++ {
+		err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+		if err == nil || err == unix.ENXIO {
+			return nil
+		}
+		if (err != unix.EBUSY && err != unix.EAGAIN) || i >= 20 {
+			return fmt.Errorf("LOOP_CLR_FD: %w", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// devicesFor lists the loop devices backed by image, via losetup -j.
+func devicesFor(t testing.TB, image string) []string {
+	t.Helper()
+	out, err := exec.Command("losetup", "-n", "-O", "NAME", "-j", image).Output()
+	if err != nil {
+		t.Errorf("testfs: losetup -j %s: %v", image, err)
+		return nil
+	}
+	return strings.Fields(string(out))
+}
+
+func sysLoopDir(dev string) string {
+	return filepath.Join("/sys/block", filepath.Base(dev), "loop")
+}
+
+// backingFile returns the backing file of an attached loop device, or an
+// error if it is not attached.
+func backingFile(dev string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(sysLoopDir(dev), "backing_file"))
+	if err != nil {
+		return "", err
+	}
+	// The kernel appends " (deleted)" once the image has been unlinked.
+	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), " (deleted)"), nil
+}

@@ -1,0 +1,249 @@
+package testfs
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestExt4(t *testing.T) { testType(t, "ext4", unix.EXT4_SUPER_MAGIC) }
+func TestXFS(t *testing.T)  { testType(t, "xfs", unix.XFS_SUPER_MAGIC) }
+
+func testType(t *testing.T, typ string, magic int64) {
+	for _, dio := range []bool{false, true} {
+		var fs *FS
+		name := fmt.Sprintf("dio=%v", dio)
+		t.Run(name, func(t *testing.T) {
+			fs = Mount(t, Options{Type: typ, DirectIO: dio})
+			checkMounted(t, fs, magic)
+
+			p := filepath.Join(fs.Dir, "hello")
+			if err := os.WriteFile(p, []byte("hello\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			fs.RemountRO(t)
+			err := os.WriteFile(filepath.Join(fs.Dir, "nope"), nil, 0o644)
+			if !errors.Is(err, unix.EROFS) {
+				t.Errorf("create on read-only remount: got %v, want EROFS", err)
+			}
+			fs.RemountRW(t)
+			if err := os.WriteFile(p, []byte("again\n"), 0o644); err != nil {
+				t.Fatalf("write after remount,rw: %v", err)
+			}
+			if dio {
+				fs.DropCaches(t)
+				b, err := os.ReadFile(p)
+				if err != nil || string(b) != "again\n" {
+					t.Fatalf("read after drop caches: %q, %v", b, err)
+				}
+			}
+		})
+		if fs == nil {
+			continue // skipped
+		}
+		checkGone(t, fs)
+	}
+}
+
+// recTB records Errorf calls instead of failing the test.
+type recTB struct {
+	testing.TB
+	mu   sync.Mutex
+	errs []string
+}
+
+func (r *recTB) Errorf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+	r.TB.Logf("(recorded) "+format, args...)
+}
+
+// A test that leaves a file open: cleanup must retry, fall back to a lazy
+// umount, say so, and the loop device must go away once the file is closed.
+func TestBusyAtCleanup(t *testing.T) {
+	var fs *FS
+	var f *os.File
+	rec := &recTB{}
+	t.Run("inner", func(t *testing.T) {
+		rec.TB = t
+		fs = Mount(rec, Options{})
+		var err error
+		f, err = os.Create(filepath.Join(fs.Dir, "held-open"))
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	if fs == nil {
+		return
+	}
+	defer f.Close()
+	if len(rec.errs) == 0 || !strings.Contains(strings.Join(rec.errs, "\n"), "lazy umount") {
+		t.Errorf("cleanup did not report the lazy umount; errors: %q", rec.errs)
+	}
+	if isMounted(t, fs.Dir) {
+		t.Errorf("%s still mounted after lazy umount", fs.Dir)
+	}
+	if bf, err := backingFile(fs.Device); err != nil || bf != fs.Image {
+		t.Errorf("%s: backing file %q (err %v); expected it still held (autoclear pending) while a file is open", fs.Device, bf, err)
+	}
+	if _, err := f.WriteString("still works\n"); err != nil {
+		t.Errorf("write to file on lazily unmounted fs: %v", err)
+	}
+	f.Close()
+	// The last reference to the detached mount is gone; the superblock is
+	// released and the autoclear loop device detaches. Both may be slightly
+	// asynchronous, so poll.
+	waitDetached(t, fs)
+}
+
+func TestParallel(t *testing.T) {
+	// More than the 8 loop devices that usually pre-exist, all mounted at
+	// the same time.
+	const n = 12
+	var mu sync.Mutex
+	var all []*FS
+	var mounted sync.WaitGroup
+	mounted.Add(n)
+	allMounted := make(chan struct{})
+	go func() { mounted.Wait(); close(allMounted) }()
+	t.Run("group", func(t *testing.T) {
+		for i := range n {
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				t.Parallel()
+				var once sync.Once
+				done := func() { once.Do(mounted.Done) }
+				defer done() // also on skip or failure
+				fs := Mount(t, Options{SizeMB: 32})
+				checkMounted(t, fs, unix.EXT4_SUPER_MAGIC)
+				mu.Lock()
+				all = append(all, fs)
+				mu.Unlock()
+				done()
+				<-allMounted
+			})
+		}
+	})
+	seen := map[string]bool{}
+	for _, fs := range all {
+		if seen[fs.Device] {
+			t.Errorf("device %s handed out twice", fs.Device)
+		}
+		seen[fs.Device] = true
+		checkGone(t, fs)
+	}
+}
+
+func checkMounted(t *testing.T, fs *FS, magic int64) {
+	t.Helper()
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(fs.Dir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if int64(sfs.Type) != magic {
+		t.Errorf("statfs(%s).Type = %#x, want %#x", fs.Dir, sfs.Type, magic)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/class/bdi", fs.MajMin)); err != nil {
+		t.Errorf("bdi for %s: %v", fs.MajMin, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(fs.Dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if uint64(st.Dev) != fs.Dev || fs.MajMin != fmt.Sprintf("%d:%d", unix.Major(fs.Dev), unix.Minor(fs.Dev)) {
+		t.Errorf("Dev=%d MajMin=%s, stat says %d", fs.Dev, fs.MajMin, st.Dev)
+	}
+	if !isMounted(t, fs.Dir) {
+		t.Errorf("%s not in mountinfo", fs.Dir)
+	}
+	if devs := losetupJ(t, fs.Image); len(devs) != 1 || devs[0] != fs.Device {
+		t.Errorf("losetup -j %s = %q, want [%s]", fs.Image, devs, fs.Device)
+	}
+}
+
+func checkGone(t *testing.T, fs *FS) {
+	t.Helper()
+	if isMounted(t, fs.Dir) {
+		t.Errorf("%s still mounted after cleanup", fs.Dir)
+	}
+	if bf, err := backingFile(fs.Device); err == nil && bf == fs.Image {
+		t.Errorf("%s still backed by %s after cleanup", fs.Device, fs.Image)
+	}
+	if devs := losetupJ(t, fs.Image); len(devs) != 0 {
+		t.Errorf("losetup -j %s after cleanup = %q, want none", fs.Image, devs)
+	}
+	if _, err := os.Stat(fs.Image); err == nil {
+		// TempDir removal runs after our cleanup; the image should be gone.
+		t.Errorf("image %s still exists", fs.Image)
+	}
+}
+
+func waitDetached(t *testing.T, fs *FS) {
+	t.Helper()
+	for range 200 {
+		if bf, err := backingFile(fs.Device); err != nil || bf != fs.Image {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Errorf("%s still backed by %s", fs.Device, fs.Image)
+}
+
+// isMounted reports whether dir is a mount point in /proc/self/mountinfo.
+func isMounted(t *testing.T, dir string) bool {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && unescapeMountinfo(fields[4]) == dir {
+			return true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return false
+}
+
+// unescapeMountinfo undoes the octal escaping (\040 etc.) used in mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var c byte
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &c); err == nil {
+				b.WriteByte(c)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func losetupJ(t *testing.T, image string) []string {
+	t.Helper()
+	out, err := exec.Command("losetup", "-n", "-O", "NAME", "-j", image).Output()
+	if err != nil {
+		t.Fatalf("losetup -j: %v", err)
+	}
+	return strings.Fields(string(out))
+}

@@ -1,0 +1,152 @@
+package policy
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestExpired(t *testing.T) {
+	s := time.Second
+	tests := []struct {
+		now, dirtied, expire time.Duration
+		want                 bool
+	}{
+		{10 * s, 0, 30 * s, false},
+		{30 * s, 0, 30 * s, true},
+		{31 * s, 0, 30 * s, true},
+		{31 * s, 2 * s, 30 * s, false},
+		{5 * s, 4 * s, time.Second, true},
+		{5 * s, 4*s + 1, time.Second, false},
+	}
+	for _, tc := range tests {
+		if got := Expired(tc.now, tc.dirtied, tc.expire); got != tc.want {
+			t.Errorf("Expired(now=%v, dirtied=%v, expire=%v) = %v, want %v", tc.now, tc.dirtied, tc.expire, got, tc.want)
+		}
+	}
+}
+
+func TestRequeue(t *testing.T) {
+	tests := []struct {
+		o            Outcome
+		ioWait, tail Dest
+	}{
+		{Clean, Forget, Forget},
+		{ChunkUsed, MoreIO, MoreIO},
+		{Redirtied, MoreIOWait, RedirtyTail},
+		{Skipped, MoreIOWait, RedirtyTail},
+		{Blocked, MoreIOWait, RedirtyTail},
+		{FSUnavailable, MoreIOWait, RedirtyTail},
+		{UnderWriteback, MoreIOWait, RedirtyTail},
+		{IOError, MoreIOWait, RedirtyTail},
+		{Gone, Drop, Drop},
+	}
+	if len(tests) != int(numOutcomes) {
+		t.Fatalf("table covers %d outcomes, want %d", len(tests), numOutcomes)
+	}
+	for _, tc := range tests {
+		if got := Requeue(tc.o, IOWait); got != tc.ioWait {
+			t.Errorf("Requeue(%v, io_wait) = %v, want %v", tc.o, got, tc.ioWait)
+		}
+		if got := Requeue(tc.o, LegacyRedirtyTail); got != tc.tail {
+			t.Errorf("Requeue(%v, redirty_tail) = %v, want %v", tc.o, got, tc.tail)
+		}
+	}
+}
+
+func TestClassifyErr(t *testing.T) {
+	tests := []struct {
+		err  error
+		want Outcome
+	}{
+		{nil, Clean},
+		{syscall.EAGAIN, Blocked},
+		{syscall.EINTR, Blocked},
+		{syscall.EBUSY, Blocked},
+		{syscall.EMFILE, Blocked},
+		{syscall.ENFILE, Blocked},
+		{syscall.EROFS, FSUnavailable},
+		{syscall.ENOENT, Gone},
+		{syscall.ESTALE, Gone},
+		{syscall.EIO, IOError},
+		{syscall.ENOSPC, IOError},
+		{syscall.EDQUOT, IOError},
+		{fmt.Errorf("sync_file_range /x: %w", syscall.EAGAIN), Blocked},
+		{fmt.Errorf("plain"), IOError},
+	}
+	for _, tc := range tests {
+		if got := ClassifyErr(tc.err); got != tc.want {
+			t.Errorf("ClassifyErr(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestBeforeAfterWrite(t *testing.T) {
+	before := []struct {
+		dirty, wb uint64
+		integrity bool
+		o         Outcome
+		write     bool
+	}{
+		{0, 0, false, Clean, false},
+		{3, 0, false, Clean, true},
+		{0, 2, false, UnderWriteback, false},
+		{0, 2, true, Clean, true},
+		{0, 0, true, Clean, true},
+	}
+	for _, tc := range before {
+		o, w := BeforeWrite(tc.dirty, tc.wb, tc.integrity)
+		if o != tc.o || w != tc.write {
+			t.Errorf("BeforeWrite(%d,%d,%v) = %v,%v want %v,%v", tc.dirty, tc.wb, tc.integrity, o, w, tc.o, tc.write)
+		}
+	}
+	after := []struct {
+		dirty, wb      uint64
+		redirty, chunk bool
+		want           Outcome
+	}{
+		{0, 0, false, false, Clean},
+		{0, 4, false, false, UnderWriteback},
+		{0, 0, true, true, Redirtied},
+		{1, 0, true, false, Redirtied},
+		{1, 0, true, true, Redirtied},
+		{1, 0, false, true, ChunkUsed},
+		{1, 0, false, false, Skipped},
+		{1, 3, false, false, Skipped},
+	}
+	for _, tc := range after {
+		if got := AfterWrite(tc.dirty, tc.wb, tc.redirty, tc.chunk); got != tc.want {
+			t.Errorf("AfterWrite(%d,%d,%v,%v) = %v want %v", tc.dirty, tc.wb, tc.redirty, tc.chunk, got, tc.want)
+		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	ms := time.Millisecond
+	b := Backoff{Min: 10 * ms, Max: 80 * ms}
+	steps := []struct {
+		progress bool
+		want     time.Duration
+	}{
+		{false, 10 * ms}, // first pause is Min
+		{false, 20 * ms},
+		{false, 40 * ms},
+		{false, 80 * ms},
+		{false, 80 * ms}, // clamped
+		{true, 10 * ms},  // progress resets
+		{false, 20 * ms},
+	}
+	for i, s := range steps {
+		if got := b.Next(s.progress); got != s.want {
+			t.Fatalf("step %d: Next(%v) = %v, want %v", i, s.progress, got, s.want)
+		}
+	}
+	b.Reset()
+	if b.Pause != 0 {
+		t.Fatalf("Reset left pause %v", b.Pause)
+	}
+	if got := b.Next(false); got != 10*ms {
+		t.Fatalf("after Reset, Next = %v want %v", got, 10*ms)
+	}
+}
