@@ -15,7 +15,7 @@ import (
 // moveExpired only looks at FIFO heads: it never scans inodes that are not
 // due. Classes are few (one per distinct expire in the config).
 type dirtyList struct {
-	classes []dirtyClass
+	classes []*dirtyClass
 }
 
 type dirtyClass struct {
@@ -33,7 +33,7 @@ func (d *dirtyList) class(expire time.Duration) uint8 {
 	if len(d.classes) == 255 {
 		panic("bdi: more than 255 distinct expire intervals")
 	}
-	d.classes = append(d.classes, dirtyClass{expire: expire})
+	d.classes = append(d.classes, &dirtyClass{expire: expire})
 	return uint8(len(d.classes) - 1)
 }
 

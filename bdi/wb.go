@@ -20,6 +20,7 @@ import (
 	"math"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -111,6 +112,9 @@ type Writeback struct {
 
 	wake    chan struct{}
 	stopped chan struct{}
+
+	// Loops counts iterations of the writeback loop (wakeups).
+	Loops atomic.Uint64
 
 	// Owned by the writeback goroutine.
 	plug         Plug
@@ -252,6 +256,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.mu.Unlock()
 	var timer *time.Timer
 	for {
+		wb.Loops.Add(1)
 		wb.doWriteback()
 		wb.writeStats(false)
 		d, arm := wb.sleepFor()

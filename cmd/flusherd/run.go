@@ -122,7 +122,7 @@ func run(cfg *config.Config, log *zap.Logger) error {
 		trees = append(trees, watch.Tree{Root: root, Recursive: w.Recursive,
 			Tree: bdi.Tree{Expire: w.Expire, Integrity: w.Mode == config.ModeIntegrity}})
 		log.Info("watching", zap.String("root", root), zap.Bool("recursive", w.Recursive),
-			zap.String("mode", w.Mode), zap.Duration("expire", w.Expire))
+			zap.String("mode", w.Mode), zap.Stringer("expire", w.Expire))
 	}
 	wat, err := watch.New(trees, reg, log)
 	if err != nil {
@@ -154,7 +154,7 @@ func run(cfg *config.Config, log *zap.Logger) error {
 			continue
 		}
 		log.Info("signal received; writing back every tracked file before exit",
-			zap.String("signal", sig.String()), zap.Duration("timeout", cfg.Writeback.ShutdownTimeout))
+			zap.String("signal", sig.String()), zap.Stringer("timeout", cfg.Writeback.ShutdownTimeout))
 		break
 	}
 	daemon.SdNotify(false, daemon.SdNotifyStopping)

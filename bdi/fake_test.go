@@ -1,0 +1,229 @@
+package bdi
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"flusherd/inode"
+	"flusherd/lists"
+	"flusherd/policy"
+)
+
+// fakeFS is a fake inode.Opener: files with dirty and writeback page
+// counts, scripted errors, and a record of every system call.
+type fakeFS struct {
+	mu    sync.Mutex
+	files map[string]*fakeFile
+	calls []call
+	now   func() time.Duration
+}
+
+type call struct {
+	at   time.Duration
+	op   string
+	path string
+	off  int64
+	n    int64
+}
+
+type fakeFile struct {
+	fs        *fakeFS
+	path      string
+	key       inode.Key
+	size      int64
+	dirty     map[int64]bool // page index -> dirty
+	writeback int            // pages under writeback; they complete at the next Cachestat
+	openErr   error
+	writeErr  error
+	onWrite   func() // runs during StartWriteback/DataSync, without fs.mu
+}
+
+func newFakeFS(now func() time.Duration) *fakeFS {
+	return &fakeFS{files: map[string]*fakeFile{}, now: now}
+}
+
+const pg = 4096
+
+// add makes a file of size bytes with pages [0, dirtyPages) dirty.
+func (fs *fakeFS) add(path string, ino uint64, size int64, dirtyPages int) *fakeFile {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	f := &fakeFile{fs: fs, path: path, key: inode.Key{Dev: 7, Ino: ino}, size: size, dirty: map[int64]bool{}}
+	for i := range dirtyPages {
+		f.dirty[int64(i)] = true
+	}
+	fs.files[path] = f
+	return f
+}
+
+func (fs *fakeFS) record(op, path string, off, n int64) {
+	fs.calls = append(fs.calls, call{at: fs.now(), op: op, path: path, off: off, n: n})
+}
+
+func (fs *fakeFS) callsOf(op, path string) []call {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	var out []call
+	for _, c := range fs.calls {
+		if c.op == op && (path == "" || c.path == path) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (fs *fakeFS) Open(path string, key inode.Key) (inode.File, error) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.record("open", path, 0, 0)
+	f := fs.files[path]
+	if f == nil {
+		return nil, syscall.ENOENT
+	}
+	if f.openErr != nil {
+		return nil, f.openErr
+	}
+	return &fakeHandle{f}, nil
+}
+
+type fakeHandle struct{ f *fakeFile }
+
+func (h *fakeHandle) Size() int64 { return h.f.size }
+func (h *fakeHandle) Close() error { return nil }
+
+func (h *fakeHandle) Cachestat(off, n int64) (uint64, uint64, error) {
+	f := h.f
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	end := int64(1 << 62)
+	if n > 0 {
+		end = off + n
+	}
+	var d uint64
+	for p := range f.dirty {
+		if p*pg >= off && p*pg < end {
+			d++
+		}
+	}
+	wb := uint64(f.writeback)
+	if n == 0 && off == 0 {
+		f.writeback = 0 // the device completes what was in flight
+	}
+	return d, wb, nil
+}
+
+func (h *fakeHandle) write(op string, off, n int64) error {
+	f := h.f
+	f.fs.mu.Lock()
+	f.fs.record(op, f.path, off, n)
+	hook, err := f.onWrite, f.writeErr
+	f.fs.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	if err != nil {
+		return err
+	}
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	end := int64(1 << 62)
+	if n > 0 {
+		end = off + n
+	}
+	for p := range f.dirty {
+		if p*pg >= off && p*pg < end {
+			delete(f.dirty, p)
+			if op == "sync_file_range" {
+				f.writeback++
+			}
+		}
+	}
+	return nil
+}
+
+func (h *fakeHandle) StartWriteback(off, n int64) error { return h.write("sync_file_range", off, n) }
+func (h *fakeHandle) DataSync() error                   { return h.write("fdatasync", 0, 0) }
+
+// redirty marks page p dirty again (a new write).
+func (f *fakeFile) redirty(p int64) {
+	f.fs.mu.Lock()
+	f.dirty[p] = true
+	f.fs.mu.Unlock()
+}
+
+func testConfig() Config {
+	return Config{
+		DirtyWritebackInterval: 5 * time.Second,
+		MinPause:               10 * time.Millisecond,
+		MaxPause:               time.Second,
+		WriteChunk:             4 << 20,
+		Requeue:                policy.IOWait,
+		PlugEnabled:            true,
+		MaxPending:             256,
+		QueueDepth:             4,
+	}
+}
+
+// harness runs one Writeback over a fakeFS inside a synctest bubble.
+type harness struct {
+	t     *testing.T
+	wb    *Writeback
+	fs    *fakeFS
+	epoch time.Time
+}
+
+func (h *harness) now() time.Duration { return time.Since(h.epoch) }
+
+// withWB runs f in a synctest bubble with a running Writeback.
+func withWB(t *testing.T, cfg Config, f func(h *harness)) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &harness{t: t, epoch: time.Now()}
+		h.fs = newFakeFS(h.now)
+		h.wb = New("7:0", cfg, h.now, h.fs, nil, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		go h.wb.Run(ctx)
+		t.Cleanup(func() { cancel(); <-h.wb.Stopped() })
+		f(h)
+	})
+}
+
+func (h *harness) mark(f *fakeFile, expire time.Duration) {
+	h.wb.MarkInodeDirty(f.key, f.path, Tree{Expire: expire})
+}
+
+// lists returns the list each tracked inode is on, by path.
+func (h *harness) lists() map[string]string {
+	wb := h.wb
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	out := map[string]string{}
+	for _, c := range wb.bDirty.classes {
+		for in := range c.list.All {
+			out[in.Path] = "b_dirty"
+		}
+	}
+	for name, l := range map[string]*listT{"b_io": &wb.BIO, "b_more_io": &wb.BMoreIO, "b_more_io_wait": &wb.BMoreIOWait, "inflight": &wb.inflight} {
+		for in := range l.All {
+			out[in.Path] = name
+		}
+	}
+	return out
+}
+
+func (h *harness) inode(path string) *inode.Inode {
+	h.wb.mu.Lock()
+	defer h.wb.mu.Unlock()
+	for _, in := range h.wb.inodes {
+		if in.Path == path {
+			c := *in
+			return &c
+		}
+	}
+	return nil
+}
+
+type listT = lists.List[*inode.Inode]

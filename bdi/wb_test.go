@@ -1,0 +1,321 @@
+package bdi
+
+import (
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"flusherd/policy"
+)
+
+// TestKupdateExpiry: an inode dirtied at t0 is written at the first kupdate
+// tick at or after t0 + expire, and forgotten once cachestat shows it clean.
+func TestKupdateExpiry(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		time.Sleep(2 * time.Second) // t0 away from the tick grid
+		f := h.fs.add("/a", 1, 64*pg, 16)
+		h.mark(f, 30*time.Second)
+		time.Sleep(29 * time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("sync_file_range", "/a")); n != 0 {
+			t.Fatalf("written %d times before it expired", n)
+		}
+		if got := h.lists()["/a"]; got != "b_dirty" {
+			t.Fatalf("before expiry on %q, want b_dirty", got)
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		w := h.fs.callsOf("sync_file_range", "/a")
+		if len(w) != 1 {
+			t.Fatalf("sync_file_range calls = %d, want 1", len(w))
+		}
+		if at := w[0].at; at < 32*time.Second || at > 32*time.Second+5*time.Second {
+			t.Errorf("written at %v, want within [expire, expire+interval] of dirtying at 2s", at)
+		}
+		if h.inode("/a") != nil {
+			t.Errorf("clean inode still tracked on %q", h.lists()["/a"])
+		}
+	})
+}
+
+// TestRedirtyKeepsDirtiedWhen: __mark_inode_dirty on an inode that is
+// already dirty does not move dirtiedWhen.
+func TestRedirtyKeepsDirtiedWhen(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		f := h.fs.add("/a", 1, pg, 1)
+		h.mark(f, 30*time.Second)
+		first := h.inode("/a").DirtiedWhen
+		time.Sleep(7 * time.Second)
+		h.mark(f, 30*time.Second)
+		if got := h.inode("/a").DirtiedWhen; got != first {
+			t.Fatalf("dirtiedWhen moved from %v to %v", first, got)
+		}
+	})
+}
+
+// TestIdleArmsNoTimer: with nothing dirty the goroutine never wakes.
+func TestIdleArmsNoTimer(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		synctest.Wait()
+		before := h.wb.Loops.Load()
+		time.Sleep(24 * time.Hour)
+		synctest.Wait()
+		if after := h.wb.Loops.Load(); after != before {
+			t.Fatalf("idle writeback woke %d times in a day", after-before)
+		}
+		// And after the last dirty inode is written, it goes idle again.
+		f := h.fs.add("/a", 1, pg, 1)
+		h.mark(f, time.Second)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if h.wb.Tracked() != 0 {
+			t.Fatal("inode not written")
+		}
+		before = h.wb.Loops.Load()
+		time.Sleep(24 * time.Hour)
+		synctest.Wait()
+		if after := h.wb.Loops.Load(); after != before {
+			t.Fatalf("writeback woke %d times after going idle", after-before)
+		}
+	})
+}
+
+// TestBlockedBackoff: an inode whose writeback fails with EAGAIN goes to
+// b_more_io_wait, keeps dirtiedWhen, and is retried after pauses that
+// double from min_pause to max_pause, earlier than the kupdate interval;
+// progress resets the pause.
+func TestBlockedBackoff(t *testing.T) {
+	cfg := testConfig()
+	cfg.MinPause = 100 * time.Millisecond
+	cfg.MaxPause = 800 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/a", 1, pg, 1)
+		f.writeErr = syscall.EAGAIN
+		h.mark(f, 0)
+		dirtied := h.inode("/a").DirtiedWhen
+		// The first kupdate tick is at 5s; the retries follow the pause,
+		// not the 5s interval.
+		time.Sleep(9 * time.Second)
+		synctest.Wait()
+		if got := h.lists()["/a"]; got != "b_more_io_wait" {
+			t.Fatalf("blocked inode on %q, want b_more_io_wait", got)
+		}
+		if got := h.inode("/a").DirtiedWhen; got != dirtied {
+			t.Errorf("dirtiedWhen changed from %v to %v", dirtied, got)
+		}
+		w := h.fs.callsOf("sync_file_range", "/a")
+		if len(w) < 6 {
+			t.Fatalf("only %d attempts in 6s", len(w))
+		}
+		var gaps []time.Duration
+		for i := 1; i < len(w); i++ {
+			gaps = append(gaps, w[i].at-w[i-1].at)
+		}
+		want := []time.Duration{100, 200, 400, 800, 800}
+		for i, g := range want {
+			if gaps[i] != g*time.Millisecond {
+				t.Fatalf("retry gaps = %v, want %v ms then 800ms", gaps, want)
+			}
+		}
+		// Unblock: the next retry cleans it, and the pause resets.
+		f.fs.mu.Lock()
+		f.writeErr = nil
+		f.fs.mu.Unlock()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if h.inode("/a") != nil {
+			t.Fatalf("unblocked inode still tracked on %q", h.lists()["/a"])
+		}
+		h.wb.mu.Lock()
+		pause := h.wb.pause
+		h.wb.mu.Unlock()
+		if pause != 0 {
+			t.Errorf("pause = %v after b_more_io_wait drained, want 0", pause)
+		}
+	})
+}
+
+// TestRedirtiedDuringWriteback: an event during the attempt sends the
+// inode to b_more_io_wait with its dirtiedWhen kept.
+func TestRedirtiedDuringWriteback(t *testing.T) {
+	cfg := testConfig()
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/log", 1, 4*pg, 4)
+		h.mark(f, 0)
+		dirtied := h.inode("/log").DirtiedWhen
+		f.onWrite = func() {
+			f.redirty(5)
+			h.mark(f, 0)
+		}
+		time.Sleep(5*time.Second + 5*time.Millisecond)
+		synctest.Wait()
+		in := h.inode("/log")
+		if in == nil {
+			t.Fatal("redirtied inode was forgotten")
+		}
+		if got := h.lists()["/log"]; got != "b_more_io_wait" {
+			t.Fatalf("on %q, want b_more_io_wait", got)
+		}
+		if in.DirtiedWhen != dirtied {
+			t.Errorf("dirtiedWhen moved from %v to %v", dirtied, in.DirtiedWhen)
+		}
+	})
+}
+
+// TestChunkUsed: an inode with more dirty data than write_chunk gets one
+// chunk per attempt, goes to b_more_io, and is written completely within
+// the same work.
+func TestChunkUsed(t *testing.T) {
+	cfg := testConfig()
+	cfg.WriteChunk = 16 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/big", 1, 70*pg, 70)
+		h.mark(f, 0)
+		time.Sleep(5*time.Second + time.Millisecond)
+		synctest.Wait()
+		w := h.fs.callsOf("sync_file_range", "/big")
+		// Four write_chunk windows, then the 6 pages left fit in one
+		// chunk and go as one whole-file request.
+		if len(w) != 5 || w[4].off != 0 || w[4].n != 0 {
+			t.Fatalf("sync_file_range calls %v, want 4 chunks then the rest", w)
+		}
+		for i, c := range w[:4] {
+			if c.off != int64(i)*16*pg || c.n != 16*pg {
+				t.Errorf("chunk %d = [%d,+%d), want [%d,+%d)", i, c.off, c.n, i*16*pg, 16*pg)
+			}
+		}
+	})
+}
+
+// TestRequeueOutcomes checks the list each outcome leads to, with the
+// series' policy and with redirty_tail.
+func TestRequeueOutcomes(t *testing.T) {
+	tests := []struct {
+		name   string
+		setup  func(f *fakeFile)
+		io     string // list with io_wait, "" = forgotten
+		legacy string
+	}{
+		{"clean", func(f *fakeFile) {}, "", ""},
+		{"eagain", func(f *fakeFile) { f.writeErr = syscall.EAGAIN }, "b_more_io_wait", "b_dirty"},
+		{"open emfile", func(f *fakeFile) { f.openErr = syscall.EMFILE }, "b_more_io_wait", "b_dirty"},
+		{"erofs", func(f *fakeFile) { f.writeErr = syscall.EROFS }, "b_more_io_wait", "b_dirty"},
+		{"eio", func(f *fakeFile) { f.writeErr = syscall.EIO }, "b_more_io_wait", "b_dirty"},
+		{"enospc", func(f *fakeFile) { f.writeErr = syscall.ENOSPC }, "b_more_io_wait", "b_dirty"},
+		{"gone", func(f *fakeFile) { f.openErr = syscall.ENOENT }, "", ""},
+	}
+	for _, tc := range tests {
+		for _, legacy := range []bool{false, true} {
+			name := tc.name + "/io_wait"
+			want := tc.io
+			cfg := testConfig()
+			if legacy {
+				name = tc.name + "/redirty_tail"
+				want = tc.legacy
+				cfg.Requeue = policy.LegacyRedirtyTail
+			}
+			t.Run(name, func(t *testing.T) {
+				withWB(t, cfg, func(h *harness) {
+		t := h.t
+					f := h.fs.add("/f", 1, pg, 1)
+					tc.setup(f)
+					h.mark(f, 0)
+					time.Sleep(5*time.Second + 100*time.Millisecond)
+					synctest.Wait()
+					got := h.lists()["/f"]
+					if got != want {
+						t.Fatalf("on %q, want %q", got, want)
+					}
+					if got == "b_dirty" {
+						if dw := h.inode("/f").DirtiedWhen; dw == 0 {
+							t.Errorf("redirty_tail kept dirtiedWhen 0, want it reset to now")
+						}
+					}
+				})
+			})
+		}
+	}
+	// Gone inodes are counted.
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		f := h.fs.add("/g", 1, pg, 1)
+		f.openErr = syscall.ESTALE
+		h.mark(f, 0)
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		h.wb.mu.Lock()
+		gone := h.wb.gone
+		h.wb.mu.Unlock()
+		if gone != 1 {
+			t.Fatalf("gone = %d, want 1", gone)
+		}
+	})
+}
+
+// TestIntegrityUsesFdatasync: a tree in integrity mode is written with
+// fdatasync, never sync_file_range.
+func TestIntegrityUsesFdatasync(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		f := h.fs.add("/db", 1, 8*pg, 8)
+		h.wb.MarkInodeDirty(f.key, f.path, Tree{Expire: 0, Integrity: true})
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("fdatasync", "/db")); n != 1 {
+			t.Errorf("fdatasync calls = %d, want 1", n)
+		}
+		if n := len(h.fs.callsOf("sync_file_range", "/db")); n != 0 {
+			t.Errorf("sync_file_range calls = %d, want 0", n)
+		}
+		if h.inode("/db") != nil {
+			t.Error("still tracked after fdatasync")
+		}
+	})
+}
+
+// TestPerTreeExpire: inodes of one device with different expire intervals
+// are written when each is due, not in dirtying order.
+func TestPerTreeExpire(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		slow := h.fs.add("/slow", 1, pg, 1)
+		fast := h.fs.add("/fast", 2, pg, 1)
+		h.mark(slow, 30*time.Second)
+		time.Sleep(time.Second)
+		h.mark(fast, 2*time.Second)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if h.inode("/fast") != nil {
+			t.Errorf("/fast (expire 2s) not written after 5s")
+		}
+		if h.inode("/slow") == nil {
+			t.Errorf("/slow (expire 30s) written early")
+		}
+	})
+}
+
+// TestDrain writes everything back regardless of age.
+func TestDrain(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		for i := range 10 {
+			f := h.fs.add("/f"+string(rune('a'+i)), uint64(i+1), pg, 1)
+			h.mark(f, time.Hour)
+		}
+		if err := h.wb.Drain(t.Context(), "shutdown"); err != nil {
+			t.Fatal(err)
+		}
+		if n := h.wb.Tracked(); n != 0 {
+			t.Fatalf("%d inodes still tracked after Drain", n)
+		}
+	})
+}
