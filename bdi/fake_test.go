@@ -92,7 +92,7 @@ func (fs *fakeFS) Open(path string, key inode.Key) (inode.File, error) {
 
 type fakeHandle struct{ f *fakeFile }
 
-func (h *fakeHandle) Size() int64 { return h.f.size }
+func (h *fakeHandle) Size() int64  { return h.f.size }
 func (h *fakeHandle) Close() error { return nil }
 
 func (h *fakeHandle) Cachestat(off, n int64) (uint64, uint64, error) {

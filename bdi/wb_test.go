@@ -223,7 +223,7 @@ func TestRequeueOutcomes(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				withWB(t, cfg, func(h *harness) {
-		t := h.t
+					t := h.t
 					f := h.fs.add("/f", 1, pg, 1)
 					tc.setup(f)
 					h.mark(f, 0)
