@@ -1,0 +1,405 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
+)
+
+// binary is the flusherd built for the end-to-end tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "flusherd-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "flusherd")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building flusherd: %v\n%s", err, out)
+		os.Exit(2)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// flusherdProc is a running flusherd.
+type flusherdProc struct {
+	cmd      *exec.Cmd
+	statsDir string
+	log      *syncBuffer
+	done     chan struct{}
+	err      error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startDaemon runs flusherd with the config text, waits for it to log
+// that it is ready, and stops it (SIGTERM) at cleanup if the test did not.
+func startDaemon(t *testing.T, configText string) *flusherdProc {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "flusherd.toml")
+	statsDir := filepath.Join(dir, "run")
+	if err := os.WriteFile(cfgPath, []byte(configText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &flusherdProc{statsDir: statsDir, log: &syncBuffer{}, done: make(chan struct{})}
+	d.cmd = exec.Command(binary, "run", "--config", cfgPath, "--stats-dir", statsDir)
+	d.cmd.Stdout = d.log
+	d.cmd.Stderr = d.log
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.err = d.cmd.Wait(); close(d.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			d.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-d.done:
+			case <-time.After(30 * time.Second):
+				d.cmd.Process.Kill()
+				<-d.done
+			}
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.log.String())
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(d.log.String(), "ready") {
+		select {
+		case <-d.done:
+			t.Fatalf("flusherd exited early: %v\n%s", d.err, d.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("flusherd not ready after 30s:\n%s", d.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return d
+}
+
+// stop sends SIGTERM and waits for the exit status.
+func (d *flusherdProc) stop(t *testing.T) {
+	t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("flusherd did not exit within 60s of SIGTERM")
+	}
+	if d.err != nil {
+		t.Fatalf("flusherd exited with %v", d.err)
+	}
+}
+
+// readStats parses the device's stats file.
+func readStats(t *testing.T, path string) map[string]int64 {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	out := map[string]int64{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			t.Fatalf("malformed stats line %q", sc.Text())
+		}
+		f := strings.Fields(v)
+		base := 10
+		if k == "state" {
+			base = 16
+		}
+		n, err := strconv.ParseInt(f[0], base, 64)
+		if err != nil {
+			t.Fatalf("stats line %q: %v", sc.Text(), err)
+		}
+		out[k] = n
+	}
+	return out
+}
+
+// cachestat returns the dirty and writeback pages of [off, off+n) of path.
+func cachestat(path string, off, n int64) (dirty, wb uint64, err error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unix.Close(fd)
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(fd), &unix.CachestatRange{Off: uint64(off), Len: uint64(n)}, &cs, 0); err != nil {
+		return 0, 0, err
+	}
+	return cs.Dirty, cs.Writeback, nil
+}
+
+// written is data written at a time, to be seen clean by a deadline.
+type written struct {
+	path string
+	at   time.Time
+	end  int64 // bytes [0, end) of the file; 0 = the whole file
+}
+
+// copyTree copies src into dst, recording when each file's data was
+// written.
+func copyTree(t *testing.T, src, dst string, rec func(written)) {
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		in, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		out, err := os.Create(target)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(out, in); err != nil {
+			out.Close()
+			return err
+		}
+		if err := out.Close(); err != nil {
+			return err
+		}
+		rec(written{path: target, at: time.Now()})
+		return nil
+	})
+	if err != nil {
+		t.Errorf("copying %s: %v", src, err)
+	}
+}
+
+// TestEndToEnd runs the daemon on a loop-mounted ext4 with
+// dirty_expire_interval=1s and dirty_writeback_interval=500ms while a tree
+// is copied in and a log is appended every 100 ms, and checks with cachestat
+// that data written at t is clean by t + expire + interval + 1.5s. The
+// kernel's own flusher would take 30s (vm.dirty_expire_centisecs), so the
+// bound holds only if flusherd does the work. FLUSHERD_E2E_SRC replaces the
+// copied tree (default $GOROOT/src/net).
+func TestEndToEnd(t *testing.T) {
+	src := os.Getenv("FLUSHERD_E2E_SRC")
+	if src == "" {
+		src = filepath.Join(runtime.GOROOT(), "src", "net")
+	}
+	if _, err := os.Stat(src); err != nil {
+		t.Skipf("no source tree to copy: %v", err)
+	}
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 1024, DirectIO: true})
+	data := filepath.Join(mnt.Dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const (
+		expire   = time.Second
+		interval = 500 * time.Millisecond
+		slack    = 1500 * time.Millisecond
+	)
+	bound := expire + interval + slack
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+[[watch]]
+path = %q
+`, data))
+	statsPath := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+
+	var mu sync.Mutex
+	var pending []written
+	rec := func(w written) { mu.Lock(); pending = append(pending, w); mu.Unlock() }
+
+	stop := make(chan struct{})
+	copyDone := make(chan struct{})
+	logDone := make(chan struct{})
+	go func() {
+		defer close(copyDone)
+		copyTree(t, src, filepath.Join(data, "tree"), rec)
+	}()
+	go func() {
+		defer close(logDone)
+		logPath := filepath.Join(data, "app.log")
+		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer f.Close()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		var size int64
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			// About 512 bytes a line: a page fills every 0.8s.
+			line := fmt.Sprintf("%s request served in %dus %s\n", time.Now().Format(time.RFC3339Nano), size%997, strings.Repeat("x", 450))
+			n, err := f.WriteString(line)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			size += int64(n)
+			// Whole pages only: the partial last page is dirtied
+			// again by the next line.
+			if full := size / 4096 * 4096; full > 0 {
+				rec(written{path: logPath, at: time.Now(), end: full})
+			}
+		}
+	}()
+
+	// The checker: every pending write must be seen clean by its deadline.
+	var worst time.Duration
+	var midStats, midKernel []byte
+	checked := 0
+	check := func() {
+		mu.Lock()
+		ws := pending
+		pending = nil
+		mu.Unlock()
+		var keep []written
+		now := time.Now()
+		for _, w := range ws {
+			dirty, wb, err := cachestat(w.path, 0, w.end)
+			if err != nil {
+				t.Errorf("cachestat %s: %v", w.path, err)
+				continue
+			}
+			age := now.Sub(w.at)
+			if dirty == 0 && wb == 0 {
+				worst = max(worst, age)
+				checked++
+				continue
+			}
+			if age > bound {
+				t.Errorf("%s [0,%d): %d dirty + %d writeback pages %v after the write (bound %v)", w.path, w.end, dirty, wb, age.Round(time.Millisecond), bound)
+				continue
+			}
+			keep = append(keep, w)
+		}
+		mu.Lock()
+		pending = append(keep, pending...)
+		mu.Unlock()
+	}
+	start := time.Now()
+	go func() {
+		// One stats file from mid-run, next to the kernel's own.
+		time.Sleep(1300 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		midStats, _ = os.ReadFile(statsPath)
+		midKernel, _ = os.ReadFile(filepath.Join("/sys/kernel/debug/bdi", mnt.MajMin, "stats"))
+	}()
+	var stopLogAt time.Time
+	stopped := false
+	for {
+		check()
+		select {
+		case <-copyDone:
+			if stopLogAt.IsZero() {
+				// The log goes on for 3s after the copy.
+				stopLogAt = time.Now().Add(3 * time.Second)
+			}
+		default:
+		}
+		if !stopped && !stopLogAt.IsZero() && time.Now().After(stopLogAt) {
+			close(stop)
+			<-logDone
+			stopped = true
+		}
+		if stopped {
+			mu.Lock()
+			n := len(pending)
+			mu.Unlock()
+			if n == 0 {
+				break
+			}
+		}
+		if time.Since(start) > 15*time.Minute {
+			t.Fatal("workload did not finish in 15 minutes")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("%d writes checked; the longest any stayed dirty, as seen by a 100 ms cachestat poll: %v (bound %v)", checked, worst.Round(time.Millisecond), bound)
+	if checked == 0 {
+		t.Fatal("nothing was checked")
+	}
+
+	// The lists drain to zero after the writers stop.
+	deadline := time.Now().Add(bound + 5*time.Second)
+	for {
+		s := readStats(t, statsPath)
+		if s != nil && s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0 {
+			if s["BdiWritten"] == 0 || s["plug_requests"] == 0 {
+				t.Errorf("stats show no writeback by flusherd: %v", s)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lists did not drain: %v", s)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if midStats != nil {
+		t.Logf("mid-run flusherd stats (%s):\n%s\nkernel debugfs stats, same moment:\n%s", statsPath, midStats, midKernel)
+	}
+	d.stop(t)
+	if ru, ok := d.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		t.Logf("daemon: peak RSS %d KiB, CPU %v (user %v, sys %v), wall %v", ru.Maxrss, cpu.Round(time.Millisecond),
+			time.Duration(ru.Utime.Nano()).Round(time.Millisecond), time.Duration(ru.Stime.Nano()).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	}
+}
+
