@@ -61,20 +61,6 @@ func (d *dirtyList) len() int {
 	return n
 }
 
-// nextDue returns the earliest due time of any inode on b_dirty.
-func (d *dirtyList) nextDue() (time.Duration, bool) {
-	var due time.Duration
-	ok := false
-	for i := range d.classes {
-		if in := d.classes[i].list.Front(); in != nil {
-			if t := policy.Due(in.DirtiedWhen, in.Expire); !ok || t < due {
-				due, ok = t, true
-			}
-		}
-	}
-	return due, ok
-}
-
 // moveExpired moves inodes from b_dirty to the tail of dst, oldest
 // dirtiedWhen first, as fs/fs-writeback.c move_expired_inodes() does: when
 // all is false those expired at now, else every inode dirtied at or before

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -228,7 +227,11 @@ func copyTree(t *testing.T, src, dst string, rec func(written)) {
 func TestEndToEnd(t *testing.T) {
 	src := os.Getenv("FLUSHERD_E2E_SRC")
 	if src == "" {
-		src = filepath.Join(runtime.GOROOT(), "src", "net")
+		out, err := exec.Command("go", "env", "GOROOT").Output()
+		if err != nil {
+			t.Fatalf("go env GOROOT: %v", err)
+		}
+		src = filepath.Join(strings.TrimSpace(string(out)), "src", "net")
 	}
 	if _, err := os.Stat(src); err != nil {
 		t.Skipf("no source tree to copy: %v", err)
