@@ -170,6 +170,16 @@ func Mount(t testing.TB, opt Options) *FS {
 	}
 	td.mounted = true
 
+	// Now that the filesystem holds the device open, mark it autoclear, so
+	// that the kernel detaches it by itself as soon as the filesystem is
+	// released. This covers what t.Cleanup cannot: if the test binary dies
+	// (test timeout panic, SIGKILL) the mount is left behind, but unmounting
+	// it by hand then also frees the loop device. Cleanup still detaches
+	// explicitly and checks.
+	if err := setAutoclear(dev); err != nil {
+		t.Fatalf("testfs: %s: set autoclear: %v", dev, err)
+	}
+
 	var st unix.Stat_t
 	if err := unix.Stat(td.dir, &st); err != nil {
 		t.Fatalf("testfs: stat %s: %v", td.dir, err)
@@ -353,6 +363,23 @@ func detachIfOurs(dev, image string) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func setAutoclear(dev string) error {
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err != nil {
+		return fmt.Errorf("LOOP_GET_STATUS64: %w", err)
+	}
+	info.Flags |= unix.LO_FLAGS_AUTOCLEAR
+	if err := unix.IoctlLoopSetStatus64(fd, info); err != nil {
+		return fmt.Errorf("LOOP_SET_STATUS64: %w", err)
+	}
+	return nil
 }
 
 // devicesFor lists the loop devices backed by image, via losetup -j.

@@ -25,6 +25,10 @@ func testType(t *testing.T, typ string, magic int64) {
 		t.Run(name, func(t *testing.T) {
 			fs = Mount(t, Options{Type: typ, DirectIO: dio})
 			checkMounted(t, fs, magic)
+			want := map[bool]string{false: "0", true: "1"}[dio]
+			if got := sysLoop(t, fs.Device, "dio"); got != want {
+				t.Errorf("%s dio = %q, want %s", fs.Device, got, want)
+			}
 
 			p := filepath.Join(fs.Dir, "hello")
 			if err := os.WriteFile(p, []byte("hello\n"), 0o644); err != nil {
@@ -107,44 +111,47 @@ func TestBusyAtCleanup(t *testing.T) {
 }
 
 func TestParallel(t *testing.T) {
-	// More than the 8 loop devices that usually pre-exist, all mounted at
-	// the same time.
-	const n = 12
+	// Parallel tests must each get their own device; checkMounted verifies
+	// that the device it got is backed by its own image. Also use more
+	// devices than the 8 that usually pre-exist, all at the same time.
 	var mu sync.Mutex
 	var all []*FS
-	var mounted sync.WaitGroup
-	mounted.Add(n)
-	allMounted := make(chan struct{})
-	go func() { mounted.Wait(); close(allMounted) }()
 	t.Run("group", func(t *testing.T) {
-		for i := range n {
+		for i := range 6 {
 			t.Run(fmt.Sprint(i), func(t *testing.T) {
 				t.Parallel()
-				var once sync.Once
-				done := func() { once.Do(mounted.Done) }
-				defer done() // also on skip or failure
-				fs := Mount(t, Options{SizeMB: 32})
-				checkMounted(t, fs, unix.EXT4_SUPER_MAGIC)
-				mu.Lock()
-				all = append(all, fs)
-				mu.Unlock()
-				done()
-				<-allMounted
+				for range 2 {
+					fs := Mount(t, Options{SizeMB: 32})
+					checkMounted(t, fs, unix.EXT4_SUPER_MAGIC)
+					mu.Lock()
+					all = append(all, fs)
+					mu.Unlock()
+				}
 			})
 		}
 	})
-	seen := map[string]bool{}
-	for _, fs := range all {
-		if seen[fs.Device] {
-			t.Errorf("device %s handed out twice", fs.Device)
+	t.Run("many", func(t *testing.T) {
+		var devs []string
+		for range 10 {
+			fs := Mount(t, Options{SizeMB: 32})
+			checkMounted(t, fs, unix.EXT4_SUPER_MAGIC)
+			devs = append(devs, fs.Device)
+			mu.Lock()
+			all = append(all, fs)
+			mu.Unlock()
 		}
-		seen[fs.Device] = true
+		t.Logf("devices: %v", devs)
+	})
+	for _, fs := range all {
 		checkGone(t, fs)
 	}
 }
 
 func checkMounted(t *testing.T, fs *FS, magic int64) {
 	t.Helper()
+	if got := sysLoop(t, fs.Device, "autoclear"); got != "1" {
+		t.Errorf("%s autoclear = %q, want 1", fs.Device, got)
+	}
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(fs.Dir, &sfs); err != nil {
 		t.Fatal(err)
@@ -246,4 +253,13 @@ func losetupJ(t *testing.T, image string) []string {
 		t.Fatalf("losetup -j: %v", err)
 	}
 	return strings.Fields(string(out))
+}
+
+func sysLoop(t *testing.T, dev, attr string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(sysLoopDir(dev), attr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
