@@ -33,6 +33,7 @@ type Stats struct {
 	PlugRequests, PlugMerges, PlugBatches uint64
 	RetryPauseMs                          int64
 	WritebackErrors                       uint64
+	InodesGone                            uint64 // dropped: the file was deleted or replaced
 }
 
 // The bits of State, as enum wb_state (include/linux/backing-dev-defs.h).
@@ -67,11 +68,12 @@ func (s *Stats) Format(w io.Writer, pageSize int) error {
 			"plug_merges:        %10d\n"+
 			"plug_batches:       %10d\n"+
 			"retry_pause_ms:     %10d\n"+
-			"writeback_errors:   %10d\n",
+			"writeback_errors:   %10d\n"+
+			"inodes_gone:        %10d\n",
 		k(s.BdiWriteback), k(s.BdiReclaimable), k(s.BdiDirtyThresh), k(s.DirtyThresh), k(s.BackgroundThresh),
 		k(s.BdiDirtied), k(s.BdiWritten), s.BdiWriteBandwidth,
 		s.BDirty, s.BIO, s.BMoreIO, s.BMoreIOWait, s.BDirtyTime, s.BdiList, s.State,
-		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors)
+		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone)
 	return err
 }
 
@@ -105,6 +107,7 @@ func (wb *Writeback) Snapshot() Stats {
 	}
 	s.RetryPauseMs = wb.pause.Milliseconds()
 	s.WritebackErrors = wb.nerrors
+	s.InodesGone = wb.gone
 	return s
 }
 

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
+)
+
+// writeDirty writes n bytes to path without syncing, so they stay dirty.
+func writeDirty(t *testing.T, path string, n int) {
+	t.Helper()
+	if err := os.WriteFile(path, make([]byte, n), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitClean polls cachestat until path has no dirty or writeback pages, and
+// returns how long that took; it fails the test after limit.
+func waitClean(t *testing.T, path string, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		d, wb, err := cachestat(path, 0, 0)
+		if err != nil {
+			t.Fatalf("cachestat %q: %v", path, err)
+		}
+		if d == 0 && wb == 0 {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			t.Fatalf("%q still has %d dirty, %d writeback pages after %v", path, d, wb, limit)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestHostileTree: a watched tree holding a FIFO (with no reader or writer),
+// a unix socket, a device node, a symlink to a dirty file outside the tree
+// and a file name that is not UTF-8. The daemon must not hang, open or
+// follow any of them, and still write back the regular files; the file
+// outside the tree stays dirty. A file deleted while queued is dropped and
+// counted.
+func TestHostileTree(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+	tree := filepath.Join(mnt.Dir, "tree")
+	outside := filepath.Join(mnt.Dir, "outside")
+	for _, d := range []string{tree, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Present before the daemon starts, so the start-up scan meets them.
+	if err := unix.Mkfifo(filepath.Join(tree, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(tree, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := unix.Mknod(filepath.Join(tree, "null"), unix.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(outside, "secret")
+	writeDirty(t, secret, 64<<10)
+	if err := os.Symlink(secret, filepath.Join(tree, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(tree, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	badName := filepath.Join(tree, "bad-\xff\xfe-name\n.bin")
+	writeDirty(t, badName, 32<<10)
+
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "500ms"
+[[watch]]
+path = %q
+`, tree))
+	bound := 500*time.Millisecond + 200*time.Millisecond + 1500*time.Millisecond
+
+	// Created while running: a second symlink, a new FIFO with a writer
+	// blocked in open, and writes through the first symlink.
+	if err := os.Symlink(secret, filepath.Join(tree, "link2")); err != nil {
+		t.Fatal(err)
+	}
+	fifo2 := filepath.Join(tree, "fifo2")
+	if err := unix.Mkfifo(fifo2, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writerDone := make(chan error, 1)
+	go func() {
+		// Blocks until a reader opens the FIFO; flusherd must not be
+		// that reader.
+		f, err := os.OpenFile(fifo2, os.O_WRONLY, 0)
+		if err == nil {
+			f.Close()
+		}
+		writerDone <- err
+	}()
+	// Append (not truncate: ext4's auto_da_alloc starts writeback of a
+	// file truncated to zero and rewritten, on close).
+	lf, err := os.OpenFile(filepath.Join(tree, "link"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lf.WriteString("through the link"); err != nil {
+		t.Fatal(err)
+	}
+	lf.Close()
+	linkWritten := time.Now()
+	regular := filepath.Join(tree, "sub", "regular")
+	if err := os.Mkdir(filepath.Dir(regular), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeDirty(t, regular, 128<<10)
+	doomed := filepath.Join(tree, "doomed")
+	writeDirty(t, doomed, 16<<10)
+	if err := os.Remove(doomed); err != nil {
+		t.Fatal(err)
+	}
+
+	took := waitClean(t, regular, bound)
+	t.Logf("regular file clean after %v", took)
+	waitClean(t, badName, bound)
+
+	// Give flusherd every chance to (wrongly) write the outside file.
+	time.Sleep(time.Until(linkWritten.Add(bound)))
+	// The outside file is not flusherd's: it is still dirty (the kernel's
+	// own flusher waits vm.dirty_expire_centisecs, 30s by default).
+	if dirty, _, err := cachestat(secret, 0, 0); err != nil || dirty == 0 {
+		t.Errorf("file outside the tree was written back (dirty=%d, err=%v): a symlink was followed", dirty, err)
+	}
+	select {
+	case err := <-writerDone:
+		t.Errorf("the FIFO's writer was released (err=%v): something opened it for reading", err)
+	default:
+	}
+
+	statsPath := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := readStats(t, statsPath)
+		if s != nil && s["inodes_gone"] >= 1 && s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("want the deleted file counted in inodes_gone and the lists drained: %v", s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	d.stop(t)
+	// Release the FIFO writer.
+	if f, err := os.OpenFile(fifo2, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+		<-writerDone
+		f.Close()
+	}
+}
