@@ -405,4 +405,3 @@ path = %q
 			time.Duration(ru.Utime.Nano()).Round(time.Millisecond), time.Duration(ru.Stime.Nano()).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	}
 }
-
