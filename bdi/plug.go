@@ -3,7 +3,7 @@ package bdi
 import (
 	"cmp"
 	"slices"
-	"sync"
+	"sync/atomic"
 )
 
 // Request is one pending writeback request in a plug: a byte range of one
@@ -16,8 +16,9 @@ type Request struct {
 	// Merged counts the requests folded into this one by a flush.
 	Merged int
 
-	att *attempt
-	err error
+	att   *attempt
+	err   error
+	state atomic.Int32 // reqRunning, reqDone or reqTimedOut
 }
 
 func (r *Request) end() int64 {
@@ -130,30 +131,4 @@ func SortAndMerge(reqs []*Request) []*Request {
 	}
 	clear(reqs[len(out):])
 	return out
-}
-
-// runBatch calls do for every request with at most depth in flight and
-// returns when all are done.
-func runBatch(batch []*Request, depth int, do func(*Request)) {
-	if depth <= 1 || len(batch) == 1 {
-		for _, r := range batch {
-			do(r)
-		}
-		return
-	}
-	depth = min(depth, len(batch))
-	var wg sync.WaitGroup
-	next := make(chan *Request)
-	for range depth {
-		wg.Go(func() {
-			for r := range next {
-				do(r)
-			}
-		})
-	}
-	for _, r := range batch {
-		next <- r
-	}
-	close(next)
-	wg.Wait()
 }

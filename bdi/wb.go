@@ -17,8 +17,10 @@ package bdi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +48,10 @@ type Config struct {
 	PlugEnabled            bool
 	MaxPending             int // plug requests before a forced flush
 	QueueDepth             int // requests in flight during a flush
+	// AttemptTimeout bounds one writeback system call; one that takes
+	// longer counts as blocked (ETIMEDOUT) and its inode stays Busy until
+	// the call returns. 0: no bound.
+	AttemptTimeout time.Duration
 }
 
 // Tree is what a watched tree contributes to its inodes.
@@ -427,6 +433,13 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 			wb.mu.Unlock()
 			return
 		}
+		if in.Has(inode.Busy) || (in.NextRetry > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < in.NextRetry) {
+			// A call for it is still stuck, or it failed with an I/O
+			// error and waits for max_pause: not now.
+			wb.BMoreIOWait.MoveToBack(in)
+			wb.mu.Unlock()
+			continue
+		}
 		wb.inflight.MoveToBack(in)
 		in.State |= inode.Sync
 		in.State &^= inode.Redirtied
@@ -454,6 +467,22 @@ type attempt struct {
 	pre                   policy.Outcome // when nothing was written
 	wrote, chunkUsed      bool
 	remaining             int // requests not yet finished
+	// refs counts holders of f: the attempt itself and each request whose
+	// system call is running; the last to let go closes it.
+	refs atomic.Int32
+	// stuck counts timed-out requests whose call has not returned.
+	// Guarded by the list lock.
+	stuck int
+}
+
+// hold takes a reference on the attempt's file.
+func (a *attempt) hold() { a.refs.Add(1) }
+
+// release drops a reference and closes the file with the last one.
+func (a *attempt) release() {
+	if a.refs.Add(-1) == 0 && a.f != nil {
+		a.f.Close()
+	}
 }
 
 // writebackSingleInode is __writeback_single_inode under an inner plug: it
@@ -465,6 +494,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	wb.plug.Start()
 	defer wb.plug.Finish()
 	att := &attempt{in: in}
+	att.refs.Store(1)
 	f, err := wb.open.Open(path, key)
 	if err != nil {
 		att.err = err
@@ -550,8 +580,9 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key, integrity bool) ([]*Req
 
 // submit is the plug's Submit: it learns once per filesystem whether
 // sync_file_range works, runs the batch with at most QueueDepth requests in
-// flight, waits for all of it, and completes the attempts whose requests
-// have all finished.
+// flight, waits for all of it (a request that exceeds AttemptTimeout is
+// given up on as blocked), and completes the attempts whose requests have
+// all finished.
 func (wb *Writeback) submit(batch []*Request) {
 	began := time.Now()
 	rest := batch[:0:0]
@@ -561,17 +592,18 @@ func (wb *Writeback) submit(batch []*Request) {
 			// runs alone and tells whether the rest may use
 			// sync_file_range.
 			wb.probed[r.Dev] = true
-			wb.do(r)
+			wb.runTimed([]*Request{r})
 			if isUnsupported(r.err) {
 				wb.fallback[r.Dev] = true
 				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.err))
-				wb.do(r)
+				r.state.Store(0)
+				wb.runTimed([]*Request{r})
 			}
 			continue
 		}
 		rest = append(rest, r)
 	}
-	runBatch(rest, wb.cfg.QueueDepth, wb.do)
+	wb.runTimed(rest)
 	var pages uint64
 	for _, r := range batch {
 		att := r.att
@@ -597,18 +629,139 @@ func (wb *Writeback) submit(batch []*Request) {
 	}
 }
 
+// ErrAttemptTimeout is the error of a writeback system call that did not
+// return within writeback.attempt_timeout. It wraps ETIMEDOUT, which
+// policy.ClassifyErr counts as blocked.
+var ErrAttemptTimeout = fmt.Errorf("writeback call exceeded attempt_timeout: %w", unix.ETIMEDOUT)
+
+// Request states.
+const (
+	reqRunning = iota
+	reqDone
+	reqTimedOut
+)
+
+type reqResult struct {
+	r   *Request
+	err error
+}
+
+// runTimed runs the requests' system calls, each in its own goroutine, at
+// most QueueDepth at a time, and returns when each has returned or has
+// exceeded AttemptTimeout. A timed-out call cannot be cancelled: its
+// request gets ErrAttemptTimeout, its inode is marked Busy, and when the
+// call finally returns its goroutine clears Busy, lets go of the file and
+// wakes the writeback goroutine.
+func (wb *Writeback) runTimed(reqs []*Request) {
+	if len(reqs) == 0 {
+		return
+	}
+	depth := max(1, wb.cfg.QueueDepth)
+	timeout := wb.cfg.AttemptTimeout
+	results := make(chan reqResult, len(reqs))
+	type running struct {
+		r        *Request
+		deadline time.Time
+	}
+	var inflight []running
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	next, finished := 0, 0
+	for finished < len(reqs) {
+		for len(inflight) < depth && next < len(reqs) {
+			r := reqs[next]
+			next++
+			r.att.hold()
+			inflight = append(inflight, running{r, time.Now().Add(timeout)})
+			go wb.call(r, results)
+		}
+		var tc <-chan time.Time
+		if timeout > 0 {
+			earliest := inflight[0].deadline
+			for _, x := range inflight[1:] {
+				if x.deadline.Before(earliest) {
+					earliest = x.deadline
+				}
+			}
+			d := time.Until(earliest)
+			if timer == nil {
+				timer = time.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
+			tc = timer.C
+		}
+		select {
+		case res := <-results:
+			res.r.err = res.err
+			inflight = slices.DeleteFunc(inflight, func(x running) bool { return x.r == res.r })
+			finished++
+		case <-tc:
+			now := time.Now()
+			keep := inflight[:0]
+			for _, x := range inflight {
+				if now.Before(x.deadline) {
+					keep = append(keep, x)
+					continue
+				}
+				wb.mu.Lock()
+				if x.r.state.CompareAndSwap(reqRunning, reqTimedOut) {
+					x.r.err = ErrAttemptTimeout
+					x.r.att.stuck++
+					x.r.att.in.State |= inode.Busy
+					finished++
+					wb.mu.Unlock()
+					wb.errLog.Warn("writeback call exceeded attempt_timeout; the file is marked busy until it returns",
+						zap.String("path", x.r.att.in.Path), zap.Stringer("attempt_timeout", timeout))
+					continue
+				}
+				wb.mu.Unlock()
+				keep = append(keep, x) // its result is on the way
+			}
+			inflight = keep
+		}
+	}
+}
+
+// call runs one request's system call and reports it (see runTimed).
+func (wb *Writeback) call(r *Request, results chan<- reqResult) {
+	err := wb.do(r)
+	wb.mu.Lock()
+	if r.state.CompareAndSwap(reqRunning, reqDone) {
+		wb.mu.Unlock()
+		results <- reqResult{r, err}
+		r.att.release()
+		return
+	}
+	// Timed out earlier: the attempt was already completed as blocked.
+	att := r.att
+	att.stuck--
+	if att.stuck == 0 {
+		att.in.State &^= inode.Busy
+	}
+	wb.gen++
+	wb.mu.Unlock()
+	att.release()
+	wb.log.Info("a timed-out writeback call returned", zap.String("path", att.in.Path), zap.Error(err))
+	wb.kick()
+}
+
 func isUnsupported(err error) bool {
 	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ESPIPE) || errors.Is(err, unix.EOPNOTSUPP)
 }
 
-// do runs one request's system call.
-func (wb *Writeback) do(r *Request) {
+// do runs one request's system call. It reads wb.fallback, which only the
+// writeback goroutine writes, before any request of a batch starts.
+func (wb *Writeback) do(r *Request) error {
 	f := r.att.f
 	if r.Integrity || wb.fallback[r.Dev] {
-		r.err = f.DataSync()
-		return
+		return f.DataSync()
 	}
-	r.err = f.StartWriteback(r.Off, r.Len)
+	return f.StartWriteback(r.Off, r.Len)
 }
 
 // complete ends an attempt: it reads the file's state after the write,
@@ -623,8 +776,8 @@ func (wb *Writeback) complete(att *attempt) {
 		} else {
 			dirty, wbp = att.dirtyBefore, att.wbBefore
 		}
-		att.f.Close()
 	}
+	att.release()
 	now := wb.now()
 	in := att.in
 	wb.mu.Lock()
@@ -657,6 +810,11 @@ func (wb *Writeback) complete(att *attempt) {
 			in.LastErr = e
 			newErr = true
 		}
+	}
+	if o == policy.IOError {
+		in.NextRetry = now + wb.cfg.MaxPause
+	} else {
+		in.NextRetry = 0
 	}
 	dest := policy.Requeue(o, wb.cfg.Requeue)
 	switch dest {

@@ -6,6 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"flusherd/inode"
 	"flusherd/policy"
 )
 
@@ -316,6 +317,90 @@ func TestDrain(t *testing.T) {
 		}
 		if n := h.wb.Tracked(); n != 0 {
 			t.Fatalf("%d inodes still tracked after Drain", n)
+		}
+	})
+}
+
+// TestAttemptTimeout: a writeback call that does not return within
+// attempt_timeout makes the attempt blocked (b_more_io_wait, dirtiedWhen
+// kept); the inode is Busy and not attempted again until the call returns,
+// and then it is written back.
+func TestAttemptTimeout(t *testing.T) {
+	cfg := testConfig()
+	cfg.AttemptTimeout = time.Second
+	cfg.MaxPause = 200 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/frozen", 1, pg, 1)
+		g := h.fs.add("/ok", 2, pg, 1)
+		unfreeze := make(chan struct{})
+		first := true
+		f.onWrite = func() {
+			if first {
+				first = false
+				<-unfreeze
+			}
+		}
+		h.mark(f, 0)
+		h.mark(g, 0)
+		dirtied := h.inode("/frozen").DirtiedWhen
+		time.Sleep(5*time.Second + 1100*time.Millisecond)
+		synctest.Wait()
+		in := h.inode("/frozen")
+		if in == nil || h.lists()["/frozen"] != "b_more_io_wait" || in.State&inode.Busy == 0 {
+			t.Fatalf("timed-out inode: %+v on %q, want Busy on b_more_io_wait", in, h.lists()["/frozen"])
+		}
+		if in.DirtiedWhen != dirtied {
+			t.Errorf("dirtiedWhen moved")
+		}
+		if h.inode("/ok") != nil {
+			t.Errorf("the other file was held up by the stuck call")
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("sync_file_range", "/frozen")); n != 1 {
+			t.Fatalf("%d calls while the first was stuck, want 1", n)
+		}
+		close(unfreeze)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if h.inode("/frozen") != nil {
+			t.Fatalf("still tracked after the stuck call returned: on %q", h.lists()["/frozen"])
+		}
+	})
+}
+
+// TestIOErrorRetriedAtMaxPause: a file failing with EIO stays tracked and
+// is retried at max_pause even while other files make progress (which
+// resets the device's pause to min_pause).
+func TestIOErrorRetriedAtMaxPause(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 500 * time.Millisecond
+	cfg.MaxPause = 2 * time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		bad := h.fs.add("/bad", 1, pg, 1)
+		bad.writeErr = syscall.EIO
+		h.mark(bad, 0)
+		// A stream of other files keeps the device making progress.
+		for i := range 40 {
+			f := h.fs.add("/ok"+string(rune('A'+i)), uint64(10+i), pg, 1)
+			h.mark(f, 0)
+			time.Sleep(250 * time.Millisecond)
+		}
+		synctest.Wait()
+		w := h.fs.callsOf("sync_file_range", "/bad")
+		if len(w) < 3 {
+			t.Fatalf("only %d attempts in 10s", len(w))
+		}
+		for i := 1; i < len(w); i++ {
+			if gap := w[i].at - w[i-1].at; gap < cfg.MaxPause {
+				t.Fatalf("retry %d came %v after the previous, want >= max_pause %v", i, gap, cfg.MaxPause)
+			}
+		}
+		in := h.inode("/bad")
+		if in == nil || in.Errors < 3 || in.LastErr != uint16(syscall.EIO) {
+			t.Fatalf("failing inode %+v: want tracked, errors counted, last error EIO", in)
 		}
 	})
 }

@@ -32,8 +32,10 @@ const (
 	Sync
 	// Redirtied: it was marked dirty while Sync was set.
 	Redirtied
-	// ChunkUsed: the attempt in flight stopped at write_chunk with more left.
-	ChunkUsed
+	// Busy: a writeback system call for it exceeded the attempt timeout
+	// and has not returned yet (it cannot be cancelled); no new attempt is
+	// made until it does.
+	Busy
 	// Integrity: its tree is in "integrity" mode; writeback uses fdatasync.
 	Integrity
 )
@@ -54,6 +56,10 @@ type Inode struct {
 	// WBIndex is the byte offset the next chunked attempt starts at
 	// (mapping->writeback_index).
 	WBIndex int64
+	// NextRetry is the earliest time of the next attempt after an I/O
+	// error (monotonic clock, nanoseconds): such a file is retried at
+	// max_pause, not at every pass.
+	NextRetry time.Duration
 
 	// DirtyPages and WritebackPages are cachestat(2)'s counts as last seen,
 	// for statistics.

@@ -86,6 +86,7 @@ func bdiConfig(cfg *config.Config) bdi.Config {
 		PlugEnabled:            cfg.Plug.Enabled,
 		MaxPending:             cfg.Plug.MaxPending,
 		QueueDepth:             cfg.Plug.QueueDepth,
+		AttemptTimeout:         cfg.Writeback.AttemptTimeout,
 	}
 }
 
