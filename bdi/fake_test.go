@@ -148,6 +148,13 @@ func (h *fakeHandle) write(op string, off, n int64) error {
 func (h *fakeHandle) StartWriteback(off, n int64) error { return h.write("sync_file_range", off, n) }
 func (h *fakeHandle) DataSync() error                   { return h.write("fdatasync", 0, 0) }
 
+// set changes the file's script under the fake's lock.
+func (f *fakeFile) set(change func(f *fakeFile)) {
+	f.fs.mu.Lock()
+	change(f)
+	f.fs.mu.Unlock()
+}
+
 // redirty marks page p dirty again (a new write).
 func (f *fakeFile) redirty(p int64) {
 	f.fs.mu.Lock()

@@ -1,6 +1,7 @@
 package bdi
 
 import (
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -124,9 +125,7 @@ func TestBlockedBackoff(t *testing.T) {
 			}
 		}
 		// Unblock: the next retry cleans it, and the pause resets.
-		f.fs.mu.Lock()
-		f.writeErr = nil
-		f.fs.mu.Unlock()
+		f.set(func(f *fakeFile) { f.writeErr = nil })
 		time.Sleep(2 * time.Second)
 		synctest.Wait()
 		if h.inode("/a") != nil {
@@ -150,10 +149,12 @@ func TestRedirtiedDuringWriteback(t *testing.T) {
 		f := h.fs.add("/log", 1, 4*pg, 4)
 		h.mark(f, 0)
 		dirtied := h.inode("/log").DirtiedWhen
-		f.onWrite = func() {
-			f.redirty(5)
-			h.mark(f, 0)
-		}
+		f.set(func(f *fakeFile) {
+			f.onWrite = func() {
+				f.redirty(5)
+				h.mark(f, 0)
+			}
+		})
 		time.Sleep(5*time.Second + 5*time.Millisecond)
 		synctest.Wait()
 		in := h.inode("/log")
@@ -334,13 +335,14 @@ func TestAttemptTimeout(t *testing.T) {
 		f := h.fs.add("/frozen", 1, pg, 1)
 		g := h.fs.add("/ok", 2, pg, 1)
 		unfreeze := make(chan struct{})
-		first := true
-		f.onWrite = func() {
-			if first {
-				first = false
-				<-unfreeze
+		var calls atomic.Int32
+		f.set(func(f *fakeFile) {
+			f.onWrite = func() {
+				if calls.Add(1) == 1 {
+					<-unfreeze
+				}
 			}
-		}
+		})
 		h.mark(f, 0)
 		h.mark(g, 0)
 		dirtied := h.inode("/frozen").DirtiedWhen
