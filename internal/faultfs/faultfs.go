@@ -1,0 +1,168 @@
+// Package faultfs is a FUSE passthrough filesystem (github.com/hanwen/go-fuse
+// loopback) that can make opens and fsyncs fail or stall on demand. It is
+// mounted with the kernel's writeback cache (FUSE_WRITEBACK_CACHE), so writes
+// through it leave dirty pages in the page cache exactly as on a disk
+// filesystem, and flusherd's writeback of them is real: sync_file_range and
+// fdatasync turn into FUSE WRITE and FSYNC requests served here.
+//
+// It is for tests and benchmarks of flusherd's handling of blocked and
+// failing files. Mounting needs root (mount(2) of /dev/fuse).
+package faultfs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Faults says what to do to the operations that reach the filesystem. The
+// zero value injects nothing.
+type Faults struct {
+	OpenErr    syscall.Errno // returned by OPEN (e.g. EAGAIN, EMFILE)
+	OpenDelay  time.Duration // OPEN sleeps this long first
+	FsyncErr   syscall.Errno // returned by FSYNC (e.g. EAGAIN, EIO)
+	FsyncDelay time.Duration // FSYNC sleeps this long first
+}
+
+// FS is a mounted faultfs.
+type FS struct {
+	Dir     string // mount point
+	Backing string // directory the files really live in
+	server  *fuse.Server
+
+	mu     sync.Mutex
+	faults Faults
+	// Counts of operations seen, by name.
+	counts map[string]int
+}
+
+// Set replaces the faults.
+func (f *FS) Set(fl Faults) {
+	f.mu.Lock()
+	f.faults = fl
+	f.mu.Unlock()
+}
+
+func (f *FS) get(op string) Faults {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.counts[op]++
+	return f.faults
+}
+
+// Count returns how many operations op ("open", "fsync") were served.
+func (f *FS) Count(op string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.counts[op]
+}
+
+// Mount mounts a faultfs at dir over the directory backing. Unmount it with
+// Unmount.
+func Mount(dir, backing string) (*FS, error) {
+	f := &FS{Dir: dir, Backing: backing, counts: map[string]int{}}
+	lroot, err := fs.NewLoopbackRoot(backing)
+	if err != nil {
+		return nil, err
+	}
+	ln := lroot.(*fs.LoopbackNode)
+	rootNode := &node{LoopbackNode: ln, fs: f}
+	ln.RootData.RootNode = rootNode
+	zero := time.Duration(0)
+	server, err := fs.Mount(dir, rootNode, &fs.Options{
+		MountOptions: fuse.MountOptions{
+			FsName:            "faultfs",
+			Name:              "faultfs",
+			DirectMountStrict: true,
+			ExtraCapabilities: fuse.CAP_WRITEBACK_CACHE,
+		},
+		EntryTimeout: &zero,
+		AttrTimeout:  &zero,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("faultfs: mount %s: %w", dir, err)
+	}
+	if err := server.WaitMount(); err != nil {
+		server.Unmount()
+		return nil, err
+	}
+	f.server = server
+	return f, nil
+}
+
+// Unmount unmounts the filesystem, retrying briefly while it is busy.
+func (f *FS) Unmount() error {
+	f.Set(Faults{})
+	var err error
+	for range 50 {
+		if err = f.server.Unmount(); err == nil {
+			f.server.Wait()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Last resort: detach lazily so the test run can go on.
+	if derr := syscall.Unmount(f.Dir, syscall.MNT_DETACH); derr == nil {
+		return fmt.Errorf("faultfs: %s was busy; detached lazily: %w", f.Dir, err)
+	}
+	return err
+}
+
+type node struct {
+	*fs.LoopbackNode
+	fs *FS
+}
+
+// WrapChild makes every node of the tree a faulting one.
+func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	return &node{LoopbackNode: ops.(*fs.LoopbackNode), fs: n.fs}
+}
+
+var (
+	_ fs.NodeOpener      = (*node)(nil)
+	_ fs.NodeFsyncer     = (*node)(nil)
+	_ fs.NodeWrapChilder = (*node)(nil)
+)
+
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	fl := n.fs.get("open")
+	if fl.OpenDelay > 0 {
+		time.Sleep(fl.OpenDelay)
+	}
+	if fl.OpenErr != 0 {
+		return nil, 0, fl.OpenErr
+	}
+	return n.LoopbackNode.Open(ctx, flags)
+}
+
+func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
+	fl := n.fs.get("fsync")
+	if fl.FsyncDelay > 0 {
+		time.Sleep(fl.FsyncDelay)
+	}
+	if fl.FsyncErr != 0 {
+		return fl.FsyncErr
+	}
+	if fsy, ok := f.(fs.FileFsyncer); ok {
+		return fsy.Fsync(ctx, flags)
+	}
+	return 0
+}
+
+// Available reports whether a faultfs can be mounted here: root and
+// /dev/fuse.
+func Available() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("faultfs needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return fmt.Errorf("faultfs needs /dev/fuse: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,72 @@
+package faultfs
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func mount(t *testing.T) *FS {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	dir, backing := t.TempDir(), t.TempDir()
+	f, err := Mount(dir, backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	return f
+}
+
+// TestDirtyPagesAndFaults: writes through the mount leave dirty pages
+// (writeback cache), sync_file_range cleans them, and injected faults reach
+// open(2) and fdatasync(2) as errnos.
+func TestDirtyPagesAndFaults(t *testing.T) {
+	f := mount(t)
+	p := filepath.Join(f.Dir, "a")
+	w, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write(make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(w.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
+		t.Fatal(err)
+	}
+	if cs.Dirty == 0 {
+		t.Fatalf("no dirty pages after a write through the mount: %+v (writeback cache off?)", cs)
+	}
+	f.Set(Faults{OpenErr: syscall.EAGAIN, FsyncErr: syscall.EIO})
+	if _, err := os.Open(p); !errors.Is(err, syscall.EAGAIN) {
+		t.Errorf("open with OpenErr=EAGAIN: %v", err)
+	}
+	if err := unix.Fdatasync(int(w.Fd())); !errors.Is(err, syscall.EIO) {
+		t.Errorf("fdatasync with FsyncErr=EIO: %v", err)
+	}
+	f.Set(Faults{})
+	if err := unix.SyncFileRange(int(w.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Cachestat(uint(w.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
+		t.Fatal(err)
+	}
+	if cs.Dirty != 0 || cs.Writeback != 0 {
+		t.Errorf("after sync_file_range: %+v", cs)
+	}
+	if f.Count("open") == 0 || f.Count("fsync") == 0 {
+		t.Errorf("counts: open %d fsync %d", f.Count("open"), f.Count("fsync"))
+	}
+}
