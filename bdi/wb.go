@@ -121,6 +121,11 @@ type Writeback struct {
 
 	// Loops counts iterations of the writeback loop (wakeups).
 	Loops atomic.Uint64
+	// Trace, if set before Run, is called after each attempt with the
+	// file's path, the attempt's outcome and where the inode went (like
+	// the kernel's writeback_single_inode tracepoint). It runs on the
+	// writeback goroutine, without locks held.
+	Trace func(path string, o policy.Outcome, d policy.Dest, err error)
 
 	// Owned by the writeback goroutine.
 	plug         Plug
@@ -131,6 +136,8 @@ type Writeback struct {
 	probed       map[uint64]bool // dev -> sync_file_range probed
 	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
 	lastBusyLog  time.Duration
+	bwPages      uint64        // pages written in the current bandwidth period
+	bwTime       time.Duration // submission time in the current period
 }
 
 type passCounters struct {
@@ -394,9 +401,13 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		break
 	}
 	wb.mu.Lock()
-	if wb.BMoreIOWait.Empty() {
+	switch {
+	case wb.BMoreIOWait.Empty():
 		wb.backoff.Reset()
-	} else {
+	case w.waitSpliced || wb.backoff.Pause == 0:
+		// The pause advances only when the waiting inodes were
+		// retried (or have just started waiting): a kupdate tick
+		// that did not reach them must not postpone them.
 		wb.waitRetryAt = wb.now() + wb.backoff.Next(w.progress)
 	}
 	wb.pause = wb.backoff.Pause
@@ -495,7 +506,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	defer wb.plug.Finish()
 	att := &attempt{in: in}
 	att.refs.Store(1)
-	f, err := wb.open.Open(path, key)
+	f, err := wb.openTimed(in, path, key)
 	if err != nil {
 		att.err = err
 		wb.complete(att)
@@ -527,6 +538,58 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		wb.plug.Add(r)
 	}
 	return queued
+}
+
+// openTimed opens the inode's file, giving up after AttemptTimeout: an open
+// can hang as long as a write (a frozen or unresponsive filesystem). A
+// timed-out open returns ErrAttemptTimeout and leaves the inode Busy until
+// the open(2) returns; the file it then yields is closed at once.
+func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key) (inode.File, error) {
+	timeout := wb.cfg.AttemptTimeout
+	if timeout <= 0 {
+		return wb.open.Open(path, key)
+	}
+	type result struct {
+		f   inode.File
+		err error
+	}
+	ch := make(chan result, 1)
+	var state atomic.Int32
+	go func() {
+		f, err := wb.open.Open(path, key)
+		wb.mu.Lock()
+		if state.CompareAndSwap(reqRunning, reqDone) {
+			wb.mu.Unlock()
+			ch <- result{f, err}
+			return
+		}
+		in.State &^= inode.Busy
+		wb.gen++
+		wb.mu.Unlock()
+		if f != nil {
+			f.Close()
+		}
+		wb.log.Info("a timed-out open returned", zap.String("path", path), zap.Error(err))
+		wb.kick()
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.f, r.err
+	case <-t.C:
+	}
+	wb.mu.Lock()
+	if state.CompareAndSwap(reqRunning, reqTimedOut) {
+		in.State |= inode.Busy
+		wb.mu.Unlock()
+		wb.errLog.Warn("open exceeded attempt_timeout; the file is marked busy until it returns",
+			zap.String("path", path), zap.Stringer("attempt_timeout", timeout))
+		return nil, ErrAttemptTimeout
+	}
+	wb.mu.Unlock()
+	r := <-ch
+	return r.f, r.err
 }
 
 // ranges chooses what to write of an attempt's file: everything in one
@@ -617,16 +680,36 @@ func (wb *Writeback) submit(batch []*Request) {
 			pages += wb.pass.pages - before
 		}
 	}
-	if el := time.Since(began); pages > 0 && el > time.Millisecond {
-		kbps := pages * uint64(os.Getpagesize()) / 1024 * uint64(time.Second) / uint64(el)
-		wb.mu.Lock()
-		if wb.bandwidth == 0 {
-			wb.bandwidth = kbps
-		} else {
-			wb.bandwidth = (3*wb.bandwidth + kbps) / 4
-		}
-		wb.mu.Unlock()
+	wb.updateBandwidth(pages, time.Since(began))
+}
+
+// bandwidthInterval is the shortest period the write bandwidth is measured
+// over (the kernel's BANDWIDTH_INTERVAL is 200ms).
+const bandwidthInterval = 200 * time.Millisecond
+
+// updateBandwidth adds a batch's pages and submission time to the current
+// period and, once the period is long enough, folds its rate into the
+// smoothed bandwidth (kB/s), like wb_update_write_bandwidth. With
+// sync_file_range the time is that of submission, not of the device's
+// completion.
+func (wb *Writeback) updateBandwidth(pages uint64, took time.Duration) {
+	if pages == 0 {
+		return
 	}
+	wb.bwPages += pages
+	wb.bwTime += took
+	if wb.bwTime < bandwidthInterval {
+		return
+	}
+	kbps := wb.bwPages * uint64(os.Getpagesize()) / 1024 * uint64(time.Second) / uint64(wb.bwTime)
+	wb.bwPages, wb.bwTime = 0, 0
+	wb.mu.Lock()
+	if wb.bandwidth == 0 {
+		wb.bandwidth = kbps
+	} else {
+		wb.bandwidth = (3*wb.bandwidth + kbps) / 4
+	}
+	wb.mu.Unlock()
 }
 
 // ErrAttemptTimeout is the error of a writeback system call that did not
@@ -838,6 +921,9 @@ func (wb *Writeback) complete(att *attempt) {
 	path := in.Path
 	wb.gen++
 	wb.mu.Unlock()
+	if wb.Trace != nil {
+		wb.Trace(path, o, dest, err)
+	}
 	if newErr {
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
 			zap.String("path", path), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))

@@ -406,3 +406,30 @@ func TestIOErrorRetriedAtMaxPause(t *testing.T) {
 		}
 	})
 }
+
+// TestBackoffWithShortInterval: kupdate ticks more often than the pause
+// must not postpone the retry of b_more_io_wait.
+func TestBackoffWithShortInterval(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 100 * time.Millisecond
+	cfg.MinPause = 20 * time.Millisecond
+	cfg.MaxPause = 500 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/a", 1, pg, 1)
+		f.writeErr = syscall.EAGAIN
+		h.mark(f, 0)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		w := h.fs.callsOf("sync_file_range", "/a")
+		// 0.1s, then +20, 40, 80, 160, 320, 500ms... about 12 in 5s.
+		if len(w) < 8 {
+			t.Fatalf("%d attempts in 5s: the pause never came round", len(w))
+		}
+		for i := 1; i < len(w); i++ {
+			if gap := w[i].at - w[i-1].at; gap > cfg.MaxPause+cfg.DirtyWritebackInterval {
+				t.Fatalf("gap %v between retries %d and %d exceeds max_pause plus a tick", gap, i-1, i)
+			}
+		}
+	})
+}

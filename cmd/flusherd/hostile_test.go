@@ -82,11 +82,11 @@ func TestHostileTree(t *testing.T) {
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "200ms"
-dirty_expire_interval = "500ms"
+dirty_expire_interval = "1s"
 [[watch]]
 path = %q
 `, tree))
-	bound := 500*time.Millisecond + 200*time.Millisecond + 1500*time.Millisecond
+	bound := time.Second + 200*time.Millisecond + 1500*time.Millisecond
 
 	// Created while running: a second symlink, a new FIFO with a writer
 	// blocked in open, and writes through the first symlink.
@@ -98,6 +98,14 @@ path = %q
 		t.Fatal(err)
 	}
 	writerDone := make(chan error, 1)
+	t.Cleanup(func() {
+		// Release the FIFO's writer, if still blocked, before the
+		// filesystem is unmounted.
+		if f, err := os.OpenFile(fifo2, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+			<-writerDone
+			f.Close()
+		}
+	})
 	go func() {
 		// Blocks until a reader opens the FIFO; flusherd must not be
 		// that reader.
@@ -123,11 +131,6 @@ path = %q
 		t.Fatal(err)
 	}
 	writeDirty(t, regular, 128<<10)
-	doomed := filepath.Join(tree, "doomed")
-	writeDirty(t, doomed, 16<<10)
-	if err := os.Remove(doomed); err != nil {
-		t.Fatal(err)
-	}
 
 	took := waitClean(t, regular, bound)
 	t.Logf("regular file clean after %v", took)
@@ -146,11 +149,34 @@ path = %q
 	default:
 	}
 
+	// A file deleted while queued: once the stats show it on b_dirty
+	// (it expires 1s after the write), delete it.
 	statsPath := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	drained := func(s map[string]int64) bool {
+		return s != nil && s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0
+	}
 	deadline := time.Now().Add(5 * time.Second)
+	for !drained(readStats(t, statsPath)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("lists did not drain: %v", readStats(t, statsPath))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	doomed := filepath.Join(tree, "doomed")
+	writeDirty(t, doomed, 16<<10)
+	for readStats(t, statsPath)["b_dirty"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the new file never showed on b_dirty: %v", readStats(t, statsPath))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := os.Remove(doomed); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
 	for {
 		s := readStats(t, statsPath)
-		if s != nil && s["inodes_gone"] >= 1 && s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0 {
+		if s["inodes_gone"] >= 1 && drained(s) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -159,9 +185,4 @@ path = %q
 		time.Sleep(50 * time.Millisecond)
 	}
 	d.stop(t)
-	// Release the FIFO writer.
-	if f, err := os.OpenFile(fifo2, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
-		<-writerDone
-		f.Close()
-	}
 }

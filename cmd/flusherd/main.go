@@ -70,6 +70,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "stats":
 		return cmdStats(args[1:], stdout, stderr)
 	case "version", "--version":
+		if len(args) > 1 && (args[1] == "-h" || args[1] == "--help" || args[1] == "-help") {
+			fmt.Fprint(stdout, "Usage: flusherd version\n\nPrints the version (a release tag, or devel-<commit> for a build from a checkout).\n")
+			return exitOK
+		}
+		if len(args) > 1 {
+			fmt.Fprintf(stderr, "flusherd version: unexpected argument %q\n", args[1])
+			return exitUsage
+		}
 		fmt.Fprintln(stdout, "flusherd", versionString())
 		return exitOK
 	case "help", "-h", "--help":

@@ -1,0 +1,263 @@
+package bdi
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
+	"flusherd/internal/faultfs"
+	"flusherd/internal/testfs"
+	"flusherd/policy"
+)
+
+// The tests in this file create each row of the requeue table's condition
+// for real: a FUSE filesystem (faultfs, with the kernel's writeback cache)
+// that fails or stalls opens and fsyncs, or a loop-mounted ext4, and the
+// real system calls of package inode. They run in real time with short
+// intervals.
+
+type traced struct {
+	path string
+	o    policy.Outcome
+	d    policy.Dest
+	err  error
+}
+
+// realWB runs a Writeback over real files and returns it with a channel of
+// its attempts.
+func realWB(t *testing.T, cfg Config) (*Writeback, <-chan traced) {
+	t.Helper()
+	epoch := time.Now()
+	wb := New("test", cfg, func() time.Duration { return time.Since(epoch) }, inode.OS{}, nil, nil)
+	ch := make(chan traced, 1024)
+	wb.Trace = func(path string, o policy.Outcome, d policy.Dest, err error) {
+		select {
+		case ch <- traced{path, o, d, err}:
+		default:
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go wb.Run(ctx)
+	t.Cleanup(func() { cancel(); <-wb.Stopped() })
+	return wb, ch
+}
+
+func realConfig() Config {
+	c := testConfig()
+	c.DirtyWritebackInterval = 100 * time.Millisecond
+	c.MinPause = 20 * time.Millisecond
+	c.MaxPause = 200 * time.Millisecond
+	c.AttemptTimeout = 2 * time.Second
+	return c
+}
+
+// waitFor returns the first attempt on path matching ok, failing after 20s.
+func waitFor(t *testing.T, ch <-chan traced, path string, ok func(traced) bool) traced {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case tr := <-ch:
+			t.Logf("attempt %s: %v -> %v (%v)", filepath.Base(tr.path), tr.o, tr.d, tr.err)
+			if tr.path == path && ok(tr) {
+				return tr
+			}
+		case <-deadline:
+			t.Fatalf("no attempt on %s as expected within 20s", path)
+		}
+	}
+}
+
+func mountFault(t *testing.T) *faultfs.FS {
+	t.Helper()
+	if err := faultfs.Available(); err != nil {
+		t.Skip(err)
+	}
+	f, err := faultfs.Mount(t.TempDir(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	return f
+}
+
+// dirtyFile writes n bytes to a new file and keeps it open (on a FUSE
+// writeback-cache mount, a close would flush it), returning its key.
+func dirtyFile(t *testing.T, path string, n int) (inode.Key, *os.File) {
+	t.Helper()
+	w, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	if _, err := w.Write(make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := inode.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, w
+}
+
+func pagesOf(t *testing.T, f *os.File) (dirty, wb uint64) {
+	t.Helper()
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
+		t.Fatal(err)
+	}
+	return cs.Dirty, cs.Writeback
+}
+
+func TestRealOutcomes(t *testing.T) {
+	tests := []struct {
+		name      string
+		faults    faultfs.Faults
+		integrity bool
+		want      policy.Outcome
+	}{
+		{"open EAGAIN is blocked", faultfs.Faults{OpenErr: syscall.EAGAIN}, false, policy.Blocked},
+		{"open EMFILE is blocked", faultfs.Faults{OpenErr: syscall.EMFILE}, false, policy.Blocked},
+		{"open EBUSY is blocked", faultfs.Faults{OpenErr: syscall.EBUSY}, false, policy.Blocked},
+		{"open EROFS: filesystem unavailable", faultfs.Faults{OpenErr: syscall.EROFS}, false, policy.FSUnavailable},
+		{"fsync EIO is an I/O error", faultfs.Faults{FsyncErr: syscall.EIO}, true, policy.IOError},
+		{"fsync ENOSPC is an I/O error", faultfs.Faults{FsyncErr: syscall.ENOSPC}, true, policy.IOError},
+		{"fsync EAGAIN is blocked", faultfs.Faults{FsyncErr: syscall.EAGAIN}, true, policy.Blocked},
+		{"open slower than attempt_timeout is blocked", faultfs.Faults{OpenDelay: 3 * time.Second}, false, policy.Blocked},
+		{"fsync slower than attempt_timeout is blocked", faultfs.Faults{FsyncDelay: 3 * time.Second}, true, policy.Blocked},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ffs := mountFault(t)
+			wb, ch := realWB(t, realConfig())
+			p := filepath.Join(ffs.Dir, "f")
+			key, w := dirtyFile(t, p, 64<<10)
+			ffs.Set(tc.faults)
+			wb.MarkInodeDirty(key, p, Tree{Expire: 0, Integrity: tc.integrity})
+			dirtied := inodeOf(wb, key).DirtiedWhen
+			tr := waitFor(t, ch, p, func(traced) bool { return true })
+			if tr.o != tc.want || tr.d != policy.MoreIOWait {
+				t.Fatalf("attempt: %v -> %v (err %v), want %v -> b_more_io_wait", tr.o, tr.d, tr.err, tc.want)
+			}
+			in := inodeOf(wb, key)
+			if in == nil || in.DirtiedWhen != dirtied {
+				t.Fatalf("after a blocked attempt: %+v, want tracked with dirtiedWhen %v", in, dirtied)
+			}
+			if tc.want == policy.IOError && (in.Errors == 0 || in.LastErr == 0) {
+				t.Errorf("I/O error not counted: errors %d last %d", in.Errors, in.LastErr)
+			}
+			// Lift the fault: the file is written back and forgotten.
+			ffs.Set(faultfs.Faults{})
+			waitFor(t, ch, p, func(tr traced) bool { return tr.o == policy.Clean })
+			if d, wbp := pagesOf(t, w); d != 0 || wbp != 0 {
+				t.Errorf("forgotten while cachestat shows %d dirty %d writeback", d, wbp)
+			}
+			if in := inodeOf(wb, key); in != nil {
+				t.Errorf("still tracked after it was clean")
+			}
+		})
+	}
+}
+
+func inodeOf(wb *Writeback, key inode.Key) *inode.Inode {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	if in := wb.inodes[key]; in != nil {
+		c := *in
+		return &c
+	}
+	return nil
+}
+
+// TestRealGone: a file deleted while queued is dropped and counted.
+func TestRealGone(t *testing.T) {
+	ffs := mountFault(t)
+	wb, ch := realWB(t, realConfig())
+	p := filepath.Join(ffs.Dir, "doomed")
+	key, _ := dirtyFile(t, p, 8<<10)
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	wb.MarkInodeDirty(key, p, Tree{})
+	tr := waitFor(t, ch, p, func(traced) bool { return true })
+	if tr.o != policy.Gone || tr.d != policy.Drop || !errors.Is(tr.err, syscall.ENOENT) {
+		t.Fatalf("attempt on a deleted file: %v -> %v (%v), want gone -> drop (ENOENT)", tr.o, tr.d, tr.err)
+	}
+	if s := wb.Snapshot(); s.InodesGone != 1 {
+		t.Errorf("inodes_gone = %d, want 1", s.InodesGone)
+	}
+}
+
+// TestRealRedirtied: writes that arrive while an attempt is in flight (here
+// the open takes 200ms while a writer appends every 10ms) send the inode to
+// b_more_io_wait with its dirtiedWhen kept, and the file is still written
+// back once the writer stops.
+func TestRealRedirtied(t *testing.T) {
+	ffs := mountFault(t)
+	wb, ch := realWB(t, realConfig())
+	p := filepath.Join(ffs.Dir, "log")
+	key, w := dirtyFile(t, p, 4096)
+	ffs.Set(faultfs.Faults{OpenDelay: 200 * time.Millisecond})
+	tree := Tree{}
+	wb.MarkInodeDirty(key, p, tree)
+	dirtied := inodeOf(wb, key).DirtiedWhen
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			w.Write([]byte("a line of log\n"))
+			wb.MarkInodeDirty(key, p, tree) // what the watcher does on IN_MODIFY
+		}
+	})
+	tr := waitFor(t, ch, p, func(traced) bool { return true })
+	close(stop)
+	wg.Wait()
+	if tr.o != policy.Redirtied || tr.d != policy.MoreIOWait {
+		t.Fatalf("attempt during writes: %v -> %v, want redirtied -> b_more_io_wait", tr.o, tr.d)
+	}
+	if in := inodeOf(wb, key); in == nil || in.DirtiedWhen != dirtied {
+		t.Fatalf("dirtiedWhen not kept: %+v", in)
+	}
+	ffs.Set(faultfs.Faults{})
+	waitFor(t, ch, p, func(tr traced) bool { return tr.o == policy.Clean })
+}
+
+// TestRealChunkUsed: on ext4, a file with more dirty data than write_chunk
+// is written a chunk at a time via b_more_io, and ends clean.
+func TestRealChunkUsed(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+	cfg := realConfig()
+	cfg.WriteChunk = 1 << 20
+	wb, ch := realWB(t, cfg)
+	p := filepath.Join(mnt.Dir, "big")
+	key, w := dirtyFile(t, p, 6<<20)
+	if d, _ := pagesOf(t, w); d*4096 <= 1<<20 {
+		t.Skipf("only %d dirty pages: the kernel already wrote the file", d)
+	}
+	wb.MarkInodeDirty(key, p, Tree{})
+	tr := waitFor(t, ch, p, func(traced) bool { return true })
+	if tr.o != policy.ChunkUsed || tr.d != policy.MoreIO {
+		t.Fatalf("first attempt: %v -> %v, want chunk_used -> b_more_io", tr.o, tr.d)
+	}
+	waitFor(t, ch, p, func(tr traced) bool { return tr.o == policy.Clean })
+	if d, wbp := pagesOf(t, w); d != 0 || wbp != 0 {
+		t.Errorf("clean outcome while cachestat shows %d dirty %d writeback", d, wbp)
+	}
+}
