@@ -136,6 +136,8 @@ type Writeback struct {
 	probed       map[uint64]bool // dev -> sync_file_range probed
 	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
 	lastBusyLog  time.Duration
+	opener       *opener // nil until the first timed open
+	openTimer    *time.Timer
 	bwPages      uint64        // pages written in the current bandwidth period
 	bwTime       time.Duration // submission time in the current period
 }
@@ -264,6 +266,11 @@ func (wb *Writeback) workQueued() bool {
 // is done.
 func (wb *Writeback) Run(ctx context.Context) {
 	defer close(wb.stopped)
+	defer func() {
+		if wb.opener != nil {
+			close(wb.opener.jobs)
+		}
+	}()
 	wb.mu.Lock()
 	wb.running = true
 	wb.mu.Unlock()
@@ -540,55 +547,95 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	return queued
 }
 
+// openJob is an open handed to the opener goroutine.
+type openJob struct {
+	in    *inode.Inode
+	path  string
+	key   inode.Key
+	state atomic.Int32 // reqRunning, reqDone or reqTimedOut
+}
+
+type openResult struct {
+	f   inode.File
+	err error
+}
+
+// opener is a goroutine that opens files for the writeback goroutine, so
+// that an open that hangs (a frozen or unresponsive filesystem) can be given
+// up on. It is replaced when one of its opens times out.
+type opener struct {
+	jobs    chan *openJob
+	results chan openResult
+}
+
+// startOpener starts an opener goroutine; it ends when jobs is closed or
+// after an open that timed out returns.
+func (wb *Writeback) startOpener() *opener {
+	o := &opener{jobs: make(chan *openJob), results: make(chan openResult)}
+	go func() {
+		for j := range o.jobs {
+			f, err := wb.open.Open(j.path, j.key)
+			wb.mu.Lock()
+			if j.state.CompareAndSwap(reqRunning, reqDone) {
+				wb.mu.Unlock()
+				o.results <- openResult{f, err}
+				continue
+			}
+			// Given up on: the attempt was completed as blocked and
+			// another opener took over.
+			j.in.State &^= inode.Busy
+			wb.gen++
+			wb.mu.Unlock()
+			if f != nil {
+				f.Close()
+			}
+			wb.log.Info("a timed-out open returned", zap.String("path", j.path), zap.Error(err))
+			wb.kick()
+			return
+		}
+	}()
+	return o
+}
+
 // openTimed opens the inode's file, giving up after AttemptTimeout: an open
-// can hang as long as a write (a frozen or unresponsive filesystem). A
-// timed-out open returns ErrAttemptTimeout and leaves the inode Busy until
-// the open(2) returns; the file it then yields is closed at once.
+// can hang as long as a write. A timed-out open returns ErrAttemptTimeout
+// and leaves the inode Busy until the open(2) returns; the file it then
+// yields is closed at once. The opens run on a long-lived opener goroutine,
+// not one goroutine each: a blocked file is retried often.
 func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key) (inode.File, error) {
 	timeout := wb.cfg.AttemptTimeout
 	if timeout <= 0 {
 		return wb.open.Open(path, key)
 	}
-	type result struct {
-		f   inode.File
-		err error
+	if wb.opener == nil {
+		wb.opener = wb.startOpener()
 	}
-	ch := make(chan result, 1)
-	var state atomic.Int32
-	go func() {
-		f, err := wb.open.Open(path, key)
-		wb.mu.Lock()
-		if state.CompareAndSwap(reqRunning, reqDone) {
-			wb.mu.Unlock()
-			ch <- result{f, err}
-			return
-		}
-		in.State &^= inode.Busy
-		wb.gen++
-		wb.mu.Unlock()
-		if f != nil {
-			f.Close()
-		}
-		wb.log.Info("a timed-out open returned", zap.String("path", path), zap.Error(err))
-		wb.kick()
-	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
+	j := &openJob{in: in, path: path, key: key}
+	wb.opener.jobs <- j
+	if wb.openTimer == nil {
+		wb.openTimer = time.NewTimer(timeout)
+	} else {
+		wb.openTimer.Reset(timeout)
+	}
+	defer wb.openTimer.Stop()
 	select {
-	case r := <-ch:
+	case r := <-wb.opener.results:
 		return r.f, r.err
-	case <-t.C:
+	case <-wb.openTimer.C:
 	}
 	wb.mu.Lock()
-	if state.CompareAndSwap(reqRunning, reqTimedOut) {
+	if j.state.CompareAndSwap(reqRunning, reqTimedOut) {
 		in.State |= inode.Busy
 		wb.mu.Unlock()
+		// The stuck opener ends when its open returns.
+		close(wb.opener.jobs)
+		wb.opener = nil
 		wb.errLog.Warn("open exceeded attempt_timeout; the file is marked busy until it returns",
 			zap.String("path", path), zap.Stringer("attempt_timeout", timeout))
 		return nil, ErrAttemptTimeout
 	}
 	wb.mu.Unlock()
-	r := <-ch
+	r := <-wb.opener.results
 	return r.f, r.err
 }
 

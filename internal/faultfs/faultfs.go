@@ -74,7 +74,8 @@ func Mount(dir, backing string) (*FS, error) {
 	ln := lroot.(*fs.LoopbackNode)
 	rootNode := &node{LoopbackNode: ln, fs: f}
 	ln.RootData.RootNode = rootNode
-	zero := time.Duration(0)
+	// libfuse's default entry and attribute timeouts.
+	second := time.Second
 	server, err := fs.Mount(dir, rootNode, &fs.Options{
 		MountOptions: fuse.MountOptions{
 			FsName:            "faultfs",
@@ -82,8 +83,8 @@ func Mount(dir, backing string) (*FS, error) {
 			DirectMountStrict: true,
 			ExtraCapabilities: fuse.CAP_WRITEBACK_CACHE,
 		},
-		EntryTimeout: &zero,
-		AttrTimeout:  &zero,
+		EntryTimeout: &second,
+		AttrTimeout:  &second,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("faultfs: mount %s: %w", dir, err)
