@@ -39,6 +39,7 @@ type fakeFile struct {
 	writeback int            // pages under writeback; they complete at the next Cachestat
 	openErr   error
 	writeErr  error
+	sfrErr    error  // returned by StartWriteback only (sync_file_range unsupported)
 	onWrite   func() // runs during StartWriteback/DataSync, without fs.mu
 }
 
@@ -121,6 +122,9 @@ func (h *fakeHandle) write(op string, off, n int64) error {
 	f.fs.mu.Lock()
 	f.fs.record(op, f.path, off, n)
 	hook, err := f.onWrite, f.writeErr
+	if op == "sync_file_range" && f.sfrErr != nil {
+		err = f.sfrErr
+	}
 	f.fs.mu.Unlock()
 	if hook != nil {
 		hook()

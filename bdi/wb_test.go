@@ -433,3 +433,33 @@ func TestBackoffWithShortInterval(t *testing.T) {
 		}
 	})
 }
+
+// TestSyncFileRangeUnsupported: on a filesystem whose sync_file_range fails
+// with EINVAL, the first request finds out, and every request from then on
+// uses fdatasync: the batch does not fail request by request.
+func TestSyncFileRangeUnsupported(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		var files []*fakeFile
+		for i := range 20 {
+			f := h.fs.add("/f"+string(rune('a'+i)), uint64(i+1), pg, 1)
+			f.sfrErr = syscall.EINVAL
+			files = append(files, f)
+			h.mark(f, 0)
+		}
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("sync_file_range", "")); n != 1 {
+			t.Errorf("sync_file_range tried %d times, want once", n)
+		}
+		if n := len(h.fs.callsOf("fdatasync", "")); n != len(files) {
+			t.Errorf("fdatasync calls = %d, want %d (one per file)", n, len(files))
+		}
+		if n := h.wb.Tracked(); n != 0 {
+			t.Errorf("%d files still tracked", n)
+		}
+		if s := h.wb.Snapshot(); s.WritebackErrors != 0 {
+			t.Errorf("writeback_errors = %d, want 0: the probe's EINVAL is not a file's error", s.WritebackErrors)
+		}
+	})
+}
