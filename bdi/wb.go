@@ -78,11 +78,23 @@ type Work struct {
 	// only expired ones (sync and shutdown work).
 	All    bool
 	Reason string
+	// Files, when set, limits the work to these files (a sync request):
+	// each is written with fdatasync at once (FlushPlug), and Errs[i] is
+	// set to Files[i]'s error.
+	Files []FileRef
+	Errs  []error
 
 	start       time.Duration
 	waitSpliced bool
 	progress    bool
 	done        chan struct{}
+}
+
+// FileRef names one file of a sync request.
+type FileRef struct {
+	Key  inode.Key
+	Path string
+	Tree Tree
 }
 
 // Done is closed when the work has run.
@@ -335,7 +347,11 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 // doWriteback is wb_do_writeback: queued work first, then kupdate.
 func (wb *Writeback) doWriteback() {
 	for w := wb.dequeue(); w != nil; w = wb.dequeue() {
-		wb.wbWriteback(w)
+		if w.Files != nil {
+			wb.syncFiles(w)
+		} else {
+			wb.wbWriteback(w)
+		}
 		close(w.done)
 	}
 	wb.checkOldDataFlush()
@@ -422,6 +438,34 @@ func (wb *Writeback) wbWriteback(w *Work) {
 	wb.mu.Unlock()
 }
 
+// syncFiles runs a sync request (WB_SYNC_ALL for named files, reason
+// "sync"): each file is tracked if it was not, taken off whatever list it is
+// on, written with fdatasync, and submitted at once with FlushPlug, so it
+// does not wait for a batch. A file that a stuck call still holds fails with
+// ErrAttemptTimeout.
+func (wb *Writeback) syncFiles(w *Work) {
+	w.Errs = make([]error, len(w.Files))
+	for i, f := range w.Files {
+		wb.MarkInodeDirty(f.Key, f.Path, f.Tree)
+		wb.mu.Lock()
+		in := wb.inodes[f.Key]
+		if in.Has(inode.Busy) {
+			wb.mu.Unlock()
+			w.Errs[i] = ErrAttemptTimeout
+			continue
+		}
+		wb.inflight.MoveToBack(in)
+		in.State |= inode.Sync
+		in.State &^= inode.Redirtied
+		path := in.Path
+		wb.mu.Unlock()
+		wb.plug.Start()
+		wb.writebackSingleInode(in, path, f.Key, true, &w.Errs[i])
+		wb.plug.Flush()
+		wb.plug.Finish()
+	}
+}
+
 // queueIOLocked is queue_io: b_more_io, then b_more_io_wait (once per work,
 // and only once its pause has passed, or for sync work), then the expired
 // part of b_dirty, oldest first, go to b_io. Preconditions: wb.mu held.
@@ -465,9 +509,14 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		path, key := in.Path, in.Key
 		wb.mu.Unlock()
 
-		queued := wb.writebackSingleInode(in, path, key, integrity)
+		queued := wb.writebackSingleInode(in, path, key, integrity, nil)
 		w.NrPages -= queued
 		if w.NrPages <= 0 {
+			return
+		}
+		if (w.ForKupdate || w.ForBackground) && wb.workQueued() {
+			// Yield to queued work (a sync) as soon as possible;
+			// what is in the plug goes out at Finish.
 			return
 		}
 		if queued > 0 && w.SyncMode == SyncNone && wb.now()-start >= timeSlice {
@@ -491,6 +540,8 @@ type attempt struct {
 	// stuck counts timed-out requests whose call has not returned.
 	// Guarded by the list lock.
 	stuck int
+	// result, if set, receives the attempt's error (a sync request).
+	result *error
 }
 
 // hold takes a reference on the attempt's file.
@@ -508,10 +559,10 @@ func (a *attempt) release() {
 // queues at most write_chunk of its dirty data (all of it for integrity
 // work, which is one fdatasync). It returns the dirty pages queued.
 // Attempts that need no write are completed at once.
-func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool) int64 {
+func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool, result *error) int64 {
 	wb.plug.Start()
 	defer wb.plug.Finish()
-	att := &attempt{in: in}
+	att := &attempt{in: in, result: result}
 	att.refs.Store(1)
 	f, err := wb.openTimed(in, path, key)
 	if err != nil {
@@ -968,6 +1019,9 @@ func (wb *Writeback) complete(att *attempt) {
 	path := in.Path
 	wb.gen++
 	wb.mu.Unlock()
+	if att.result != nil {
+		*att.result = err
+	}
 	if wb.Trace != nil {
 		wb.Trace(path, o, dest, err)
 	}

@@ -1,6 +1,7 @@
 package bdi
 
 import (
+	"fmt"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -461,5 +462,52 @@ func TestSyncFileRangeUnsupported(t *testing.T) {
 		if s := h.wb.Snapshot(); s.WritebackErrors != 0 {
 			t.Errorf("writeback_errors = %d, want 0: the probe's EINVAL is not a file's error", s.WritebackErrors)
 		}
+	})
+}
+
+// TestSyncDoesNotWaitBehindBackground: a sync request for one file queued
+// during a long kupdate pass runs as soon as the pass yields, not after it.
+func TestSyncDoesNotWaitBehindBackground(t *testing.T) {
+	cfg := testConfig()
+	cfg.QueueDepth = 1
+	cfg.MaxPending = 16
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		for i := range 500 {
+			f := h.fs.add(fmt.Sprintf("/bulk/%d", i), uint64(i+1), pg, 1)
+			f.onWrite = func() { time.Sleep(10 * time.Millisecond) } // a slow device
+			h.mark(f, 0)
+		}
+		target := h.fs.add("/db", 9999, pg, 1)
+		time.Sleep(5*time.Second + 200*time.Millisecond) // kupdate has started on the bulk
+		synctest.Wait()
+		w := &Work{Reason: "sync", SyncMode: SyncAll, Files: []FileRef{{Key: target.key, Path: target.path}}}
+		h.wb.Queue(w)
+		<-w.Done()
+		if w.Errs[0] != nil {
+			t.Fatalf("sync: %v", w.Errs[0])
+		}
+		if n := len(h.fs.callsOf("fdatasync", "/db")); n != 1 {
+			t.Fatalf("fdatasync of the synced file: %d calls", n)
+		}
+		// Bulk writes submitted before the sync's fdatasync: those
+		// queued before it was (about 20 at 10ms each) plus what was in
+		// the plug, not all 500.
+		h.fs.mu.Lock()
+		before := 0
+		for _, c := range h.fs.calls {
+			if c.path == "/db" {
+				break
+			}
+			if c.op == "sync_file_range" {
+				before++
+			}
+		}
+		h.fs.mu.Unlock()
+		if before > 100 {
+			t.Fatalf("%d background writes went before the sync: it waited behind them", before)
+		}
+		left := 500 - before
+		t.Logf("the sync went out after %d background writes, with %d still to go", before, left)
 	})
 }
