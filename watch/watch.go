@@ -73,8 +73,8 @@ func (w *Watcher) Close() error { return w.w.Close() }
 // control characters become escapes (strconv.Quote).
 func Q(path string) zap.Field { return zap.String("path", strconv.Quote(path)) }
 
-// treeOf returns the deepest tree whose root contains path.
-func (w *Watcher) treeOf(path string) (Tree, bool) {
+// TreeOf returns the deepest tree whose root contains path.
+func (w *Watcher) TreeOf(path string) (Tree, bool) {
 	best := -1
 	for i, t := range w.trees {
 		if path == t.Root || strings.HasPrefix(path, t.Root+"/") || t.Root == "/" {
@@ -216,7 +216,7 @@ func (w *Watcher) Run(ctx context.Context) {
 }
 
 func (w *Watcher) handle(ev fsnotify.Event) {
-	t, ok := w.treeOf(ev.Name)
+	t, ok := w.TreeOf(ev.Name)
 	if !ok {
 		return
 	}

@@ -3,7 +3,7 @@
 // and writes that data back on a kernel-like schedule.
 //
 // Exit codes: 0 success; 1 the operation failed; 2 usage or configuration
-// error.
+// error; 3 the daemon is not reachable (sync).
 package main
 
 import (
@@ -36,12 +36,16 @@ const usage = `flusherd - a userspace writeback flusher for chosen directory tre
 Usage:
   flusherd run     [--config FILE] [--watch DIR]... [--stats-dir DIR]
   flusherd stats   [--config FILE] [--stats-dir DIR]
+  flusherd sync    [--config FILE] [--stats-dir DIR] PATH...
   flusherd version
 
 Commands:
   run      watch the trees and write their dirty data back (foreground;
            logs to stderr; SIGTERM/SIGINT write everything back and exit)
   stats    print every device's stats file (<stats.dir>/bdi/<dev>/stats)
+  sync     write the named files back with fdatasync through the running
+           daemon (its socket, <stats.dir>/flusherd.sock), ahead of any
+           background writeback, and wait; names each file that failed
   version  print the version
 
 Run "flusherd COMMAND --help" for a command's flags. Without --config,
@@ -51,7 +55,8 @@ apply.
 Example:
   flusherd run --watch /srv/queue --stats-dir /run/flusherd
 
-Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error.
+Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error,
+3 daemon not reachable (sync).
 `
 
 func main() {
@@ -69,6 +74,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdRun(args[1:], stdout, stderr)
 	case "stats":
 		return cmdStats(args[1:], stdout, stderr)
+	case "sync":
+		return cmdSync(args[1:], stdout, stderr)
 	case "version", "--version":
 		if len(args) > 1 && (args[1] == "-h" || args[1] == "--help" || args[1] == "-help") {
 			fmt.Fprint(stdout, "Usage: flusherd version\n\nPrints the version (a release tag, or devel-<commit> for a build from a checkout).\n")

@@ -17,6 +17,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/config"
+	"flusherd/control"
 	"flusherd/inode"
 	"flusherd/policy"
 	"flusherd/sysfs"
@@ -144,7 +145,17 @@ func run(cfg *config.Config, log *zap.Logger) error {
 		reg.Stop()
 		return err
 	}
-	log.Info("initial scan done; ready", zap.Int("devices", len(reg.Devices())))
+	sock := socketPath(cfg.Stats.Dir)
+	var ctl *control.Server
+	if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {
+		log.Error("cannot create the stats directory; flusherd sync will not reach this daemon", zap.Error(err))
+	} else if ctl, err = control.Listen(sock, syncHandler(reg, wat), log); err != nil {
+		log.Error("cannot create the control socket; flusherd sync will not reach this daemon", zap.Error(err))
+	} else {
+		go ctl.Serve(ctx)
+		defer ctl.Close()
+	}
+	log.Info("initial scan done; ready", zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", zap.Error(err))
 	}

@@ -1,0 +1,176 @@
+// Package control is flusherd's control socket: a unix stream socket on
+// which one request, a line of JSON, gets one response, a line of JSON,
+// per connection.
+//
+// Request:  {"op":"sync","paths":["/srv/db/wal"]}
+// Response: {"ok":true,"files":[{"path":"/srv/db/wal"}]}
+//
+//	{"ok":false,"error":"...","files":[{"path":"/x","error":"fdatasync: input/output error"}]}
+//
+// The socket is created with mode 0600, and every peer is checked with
+// SO_PEERCRED: only root and the daemon's own user are served (unix(7)).
+package control
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// MaxRequest is the largest request accepted, in bytes.
+const MaxRequest = 1 << 20
+
+// Request is one command.
+type Request struct {
+	Op    string   `json:"op"` // "sync"
+	Paths []string `json:"paths,omitempty"`
+}
+
+// FileResult is the outcome for one file; Error is empty on success.
+type FileResult struct {
+	Path  string `json:"path"`
+	Error string `json:"error,omitempty"`
+}
+
+// Response is the answer to a Request.
+type Response struct {
+	OK    bool         `json:"ok"`
+	Error string       `json:"error,omitempty"`
+	Files []FileResult `json:"files,omitempty"`
+}
+
+// Handler answers requests.
+type Handler func(ctx context.Context, req Request) Response
+
+// Server serves a control socket.
+type Server struct {
+	ln      *net.UnixListener
+	path    string
+	handler Handler
+	log     *zap.Logger
+	done    chan struct{}
+}
+
+// Listen creates the socket at path (removing a stale one) with mode 0600.
+func Listen(path string, h Handler, log *zap.Logger) (*Server, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("control: removing stale socket: %w", err)
+	}
+	old := unix.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	return &Server{ln: ln, path: path, handler: h, log: log, done: make(chan struct{})}, nil
+}
+
+// Serve accepts connections until Close.
+func (s *Server) Serve(ctx context.Context) {
+	defer close(s.done)
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		go s.serve(ctx, c)
+	}
+}
+
+// Close stops accepting and removes the socket.
+func (s *Server) Close() error {
+	err := s.ln.Close()
+	<-s.done
+	return err
+}
+
+func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	reply := func(r Response) {
+		c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		json.NewEncoder(c).Encode(r)
+	}
+	if err := checkPeer(c); err != nil {
+		s.log.Warn("control socket: peer refused", zap.Error(err))
+		reply(Response{Error: err.Error()})
+		return
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(io.LimitReader(c, MaxRequest+1)).ReadBytes('\n')
+	switch {
+	case len(line) > MaxRequest:
+		reply(Response{Error: fmt.Sprintf("request too large (over %d bytes)", MaxRequest)})
+		return
+	case err != nil && !(errors.Is(err, io.EOF) && len(line) > 0):
+		reply(Response{Error: "reading request: " + err.Error()})
+		return
+	}
+	var req Request
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		reply(Response{Error: "malformed request: " + err.Error()})
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	reply(s.handler(ctx, req))
+}
+
+// ErrUnreachable wraps the error of a Call that found no daemon.
+var ErrUnreachable = errors.New("flusherd is not reachable")
+
+// Call sends req to the daemon at the socket path and returns its
+// response. A missing socket or a refused connection wraps ErrUnreachable.
+func Call(path string, req Request, timeout time.Duration) (Response, error) {
+	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		return Response{}, fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	defer c.Close()
+	if timeout > 0 {
+		c.SetDeadline(time.Now().Add(timeout))
+	}
+	// The daemon may answer (a refusal) before reading the request, so a
+	// failed write is reported only if no answer can be read either.
+	werr := json.NewEncoder(c).Encode(req)
+	var resp Response
+	if err := json.NewDecoder(bufio.NewReader(io.LimitReader(c, 64<<20))).Decode(&resp); err != nil {
+		if werr != nil {
+			return Response{}, fmt.Errorf("sending the request: %w", werr)
+		}
+		return Response{}, fmt.Errorf("reading the response: %w", err)
+	}
+	return resp, nil
+}
+
+// checkPeer allows root and the daemon's own user.
+func checkPeer(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cerr != nil {
+		return fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	if cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
+		return fmt.Errorf("permission denied: uid %d may not use the flusherd control socket (root only)", cred.Uid)
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package control
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+)
+
+func serve(t *testing.T) string { return serveIn(t, t.TempDir()) }
+
+func serveIn(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "flusherd.sock")
+	s, err := Listen(path, func(ctx context.Context, r Request) Response {
+		return Response{OK: true, Files: []FileResult{{Path: strings.Join(r.Paths, ",")}}}
+	}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(context.Background())
+	t.Cleanup(func() { s.Close() })
+	return path
+}
+
+func TestCall(t *testing.T) {
+	path := serve(t)
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v, want 0600", st.Mode().Perm())
+	}
+	resp, err := Call(path, Request{Op: "sync", Paths: []string{"/a", "/b"}}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Response{OK: true, Files: []FileResult{{Path: "/a,/b"}}}
+	if d := cmp.Diff(want, resp); d != "" {
+		t.Errorf("(-want +got)\n%s", d)
+	}
+}
+
+// raw sends bytes and returns the response line.
+func raw(t *testing.T, path string, req []byte) string {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go func() {
+		c.Write(req)
+		c.(*net.UnixConn).CloseWrite()
+	}()
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	buf := make([]byte, 4096)
+	n, _ := c.Read(buf)
+	return string(buf[:n])
+}
+
+func TestBadRequests(t *testing.T) {
+	path := serve(t)
+	tests := []struct {
+		name, req, want string
+	}{
+		{"not json", "hello\n", "malformed request"},
+		{"unknown field", `{"op":"sync","evil":1}` + "\n", "malformed request"},
+		{"wrong type", `{"op":5}` + "\n", "malformed request"},
+		{"empty", "", "reading request"},
+		{"oversized", strings.Repeat("x", MaxRequest+10), "request too large"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := raw(t, path, []byte(tc.req))
+			if !strings.Contains(got, tc.want) || !strings.Contains(got, `"ok":false`) {
+				t.Errorf("response %q, want an error containing %q", got, tc.want)
+			}
+		})
+	}
+	// The server survived all of them.
+	if _, err := Call(path, Request{Op: "sync"}, 5*time.Second); err != nil {
+		t.Fatalf("server down after bad requests: %v", err)
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	_, err := Call(filepath.Join(t.TempDir(), "none.sock"), Request{Op: "sync"}, time.Second)
+	if err == nil || !strings.Contains(err.Error(), ErrUnreachable.Error()) {
+		t.Fatalf("err = %v, want ErrUnreachable", err)
+	}
+}
+
+// TestNonRootPeerRefused connects as nobody (the socket's mode is opened up
+// for the test, so that SO_PEERCRED, not the file mode, refuses it).
+func TestNonRootPeerRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as nobody")
+	}
+	if os.Getenv("FLUSHERD_CONTROL_CLIENT") != "" {
+		t.Skip("client mode")
+	}
+	// A directory nobody can reach, for the socket and a copy of this
+	// test binary.
+	dir, err := os.MkdirTemp("", "flusherd-control")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "control.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := serveIn(t, dir)
+	os.Chmod(path, 0o666)
+	cmd := exec.Command(bin, "-test.run=TestClientHelper", "-test.v")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "FLUSHERD_CONTROL_CLIENT="+path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "permission denied: uid 65534") {
+		t.Fatalf("non-root client was not refused:\n%s", out)
+	}
+}
+
+// TestClientHelper is the client run by TestNonRootPeerRefused.
+func TestClientHelper(t *testing.T) {
+	path := os.Getenv("FLUSHERD_CONTROL_CLIENT")
+	if path == "" {
+		t.Skip("helper for TestNonRootPeerRefused")
+	}
+	resp, err := Call(path, Request{Op: "sync", Paths: []string{"/x"}}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("response: ok=%v error=%s", resp.OK, resp.Error)
+}
