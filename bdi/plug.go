@@ -53,6 +53,8 @@ type Plug struct {
 	// Requests counts requests added, Merges requests folded into
 	// another by a flush, Batches flushes that submitted something.
 	Requests, Merges, Batches uint64
+	// Last is the result of the last flush.
+	Last BatchResult
 }
 
 // Start begins a plug, or a nested one (blk_start_plug).
@@ -99,6 +101,36 @@ func (p *Plug) Flush() {
 	}
 	p.Batches++
 	p.Submit(batch)
+	p.Last = Result(batch)
+}
+
+// BatchResult is what a flushed batch reports as a whole, like the
+// bio-chaining of "submit discard bio in batches": the first error of each
+// class, in submission order. Each request keeps its own error too, and
+// each inode is requeued by its own outcome.
+type BatchResult struct {
+	Requests    int
+	Unsupported error // EINVAL, ESPIPE, EOPNOTSUPP: the operation is not supported
+	IOError     error // any other error
+}
+
+// Result summarises a submitted batch.
+func Result(batch []*Request) BatchResult {
+	res := BatchResult{Requests: len(batch)}
+	for _, r := range batch {
+		switch {
+		case r.err == nil:
+		case isUnsupported(r.err):
+			if res.Unsupported == nil {
+				res.Unsupported = r.err
+			}
+		default:
+			if res.IOError == nil {
+				res.IOError = r.err
+			}
+		}
+	}
+	return res
 }
 
 // SortAndMerge orders requests by (device, inode, offset) and folds

@@ -3,8 +3,10 @@ package bdi
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -209,5 +211,33 @@ func TestStatsKernelPrefix(t *testing.T) {
 	kk := keys(kernel)
 	if d := cmp.Diff(kk, ours[:len(kk)]); d != "" {
 		t.Errorf("kernel fields differ (-kernel +ours)\n%s", d)
+	}
+}
+
+func TestBatchResultErrorClasses(t *testing.T) {
+	eio := fmt.Errorf("sync_file_range: %w", syscall.EIO)
+	einval := fmt.Errorf("sync_file_range: %w", syscall.EINVAL)
+	enospc := fmt.Errorf("fdatasync: %w", syscall.ENOSPC)
+	eopnotsupp := fmt.Errorf("sync_file_range: %w", syscall.EOPNOTSUPP)
+	tests := []struct {
+		name        string
+		errs        []error
+		unsup, ioer error
+	}{
+		{"all ok", []error{nil, nil}, nil, nil},
+		{"first of each class", []error{nil, eio, einval, enospc, eopnotsupp}, einval, eio},
+		{"only unsupported", []error{eopnotsupp, einval}, eopnotsupp, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var batch []*Request
+			for _, e := range tc.errs {
+				batch = append(batch, &Request{err: e})
+			}
+			got := Result(batch)
+			if got.Requests != len(tc.errs) || got.Unsupported != tc.unsup || got.IOError != tc.ioer {
+				t.Errorf("Result = %+v, want unsupported %v, io %v", got, tc.unsup, tc.ioer)
+			}
+		})
 	}
 }
