@@ -19,6 +19,9 @@ type Request struct {
 	att   *attempt
 	err   error
 	state atomic.Int32 // reqRunning, reqDone or reqTimedOut
+	// startOnly: the first phase of an integrity request (see
+	// startIntegrity).
+	startOnly bool
 }
 
 func (r *Request) end() int64 {

@@ -106,6 +106,7 @@ func (wb *Writeback) Snapshot() Stats {
 		s.State |= WBHasDirtyIO
 	}
 	s.RetryPauseMs = wb.pause.Milliseconds()
+	s.PlugRequests, s.PlugMerges, s.PlugBatches = wb.plugStats[0], wb.plugStats[1], wb.plugStats[2]
 	s.WritebackErrors = wb.nerrors
 	s.InodesGone = wb.gone
 	return s
@@ -146,7 +147,6 @@ func (wb *Writeback) writeStats(force bool) {
 		return
 	}
 	s := wb.Snapshot()
-	s.PlugRequests, s.PlugMerges, s.PlugBatches = wb.plug.Requests, wb.plug.Merges, wb.plug.Batches
 	if sw.thresholds != nil {
 		if d, b, err := sw.thresholds(); err == nil {
 			s.DirtyThresh, s.BackgroundThresh, s.BdiDirtyThresh = d, b, d

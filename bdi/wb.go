@@ -126,6 +126,7 @@ type Writeback struct {
 	gone        uint64 // inodes dropped because their file went away
 	bandwidth   uint64 // kB/s, smoothed
 	pause       time.Duration
+	plugStats   [3]uint64 // the plug's requests, merges, batches, published after each work
 	running     bool
 
 	wake    chan struct{}
@@ -349,6 +350,9 @@ func (wb *Writeback) doWriteback() {
 	for w := wb.dequeue(); w != nil; w = wb.dequeue() {
 		if w.Files != nil {
 			wb.syncFiles(w)
+			wb.mu.Lock()
+			wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
+			wb.mu.Unlock()
 		} else {
 			wb.wbWriteback(w)
 		}
@@ -434,6 +438,7 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		wb.waitRetryAt = wb.now() + wb.backoff.Next(w.progress)
 	}
 	wb.pause = wb.backoff.Pause
+	wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
 	wb.gen++
 	wb.mu.Unlock()
 }
@@ -764,6 +769,7 @@ func (wb *Writeback) submit(batch []*Request) {
 		}
 		rest = append(rest, r)
 	}
+	rest = wb.startIntegrity(rest)
 	wb.runTimed(rest)
 	var pages uint64
 	for _, r := range batch {
@@ -808,6 +814,39 @@ func (wb *Writeback) updateBandwidth(pages uint64, took time.Duration) {
 		wb.bandwidth = (3*wb.bandwidth + kbps) / 4
 	}
 	wb.mu.Unlock()
+}
+
+// startIntegrity starts writeback of every integrity request of a batch
+// (sync_file_range WRITE) before any fdatasync, so the batch's data goes to
+// the device together and each fdatasync then mostly waits; it returns the
+// requests still to run, without those whose start already failed.
+func (wb *Writeback) startIntegrity(rest []*Request) []*Request {
+	var integ []*Request
+	for _, r := range rest {
+		if r.Integrity && !wb.fallback[r.Dev] {
+			r.startOnly = true
+			integ = append(integ, r)
+		}
+	}
+	if len(integ) < 2 {
+		for _, r := range integ {
+			r.startOnly = false
+		}
+		return rest
+	}
+	wb.runTimed(integ)
+	out := rest[:0]
+	for _, r := range rest {
+		if r.startOnly {
+			r.startOnly = false
+			if r.err != nil {
+				continue // failed or timed out: reported as it is
+			}
+			r.state.Store(reqRunning)
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // ErrAttemptTimeout is the error of a writeback system call that did not
@@ -939,6 +978,9 @@ func isUnsupported(err error) bool {
 // writeback goroutine writes, before any request of a batch starts.
 func (wb *Writeback) do(r *Request) error {
 	f := r.att.f
+	if r.startOnly {
+		return f.StartWriteback(r.Off, r.Len)
+	}
 	if r.Integrity || wb.fallback[r.Dev] {
 		return f.DataSync()
 	}

@@ -40,12 +40,14 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" {
-		fmt.Fprint(os.Stderr, "Usage: flusherd-bench blocked [--flusherd BIN] [--phases abc]\n\nRuns the blocked-files experiment (io_wait beside redirty_tail) and prints a table. Needs root.\n")
+		fmt.Fprint(os.Stderr, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nBoth need root and print tables.\n")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
 	case "blocked":
 		os.Exit(blocked(os.Args[2:]))
+	case "plug":
+		os.Exit(plugBench(os.Args[2:]))
 	}
 	fmt.Fprintf(os.Stderr, "flusherd-bench: unknown command %q\n", os.Args[1])
 	os.Exit(2)

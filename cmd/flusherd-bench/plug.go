@@ -1,0 +1,413 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/bdi"
+	"flusherd/inode"
+	"flusherd/policy"
+	"flusherd/sysfs"
+)
+
+// loopFS is a loop-mounted filesystem on a direct-io loop device.
+type loopFS struct {
+	dir, dev, img string
+}
+
+func run(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func mountLoop(base, fstype string, sizeMB int) (*loopFS, error) {
+	l := &loopFS{img: filepath.Join(base, fstype+".img"), dir: filepath.Join(base, fstype)}
+	if err := os.MkdirAll(l.dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Truncate(l.img, int64(sizeMB)<<20); err != nil {
+		f, err := os.Create(l.img)
+		if err != nil {
+			return nil, err
+		}
+		f.Close()
+		if err := os.Truncate(l.img, int64(sizeMB)<<20); err != nil {
+			return nil, err
+		}
+	}
+	var err error
+	switch fstype {
+	case "ext4":
+		_, err = run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", l.img)
+	case "xfs":
+		_, err = run("mkfs.xfs", "-q", "-f", l.img)
+	default:
+		err = fmt.Errorf("unknown filesystem %q", fstype)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if l.dev, err = run("losetup", "--find", "--show", "--direct-io=on", l.img); err != nil {
+		return nil, err
+	}
+	if _, err := run("mount", l.dev, l.dir); err != nil {
+		run("losetup", "-d", l.dev)
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *loopFS) unmount() {
+	for range 50 {
+		if err := unix.Unmount(l.dir, 0); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	run("losetup", "-d", l.dev)
+	os.Remove(l.img)
+}
+
+// syncAndDrop cleans the filesystem and drops the page cache.
+func (l *loopFS) syncAndDrop() error {
+	fd, err := unix.Open(l.dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	unix.Syncfs(fd)
+	unix.Close(fd)
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
+}
+
+// sysctl sets a vm sysctl and returns a function that restores it.
+func sysctl(name, value string) (func(), error) {
+	p := "/proc/sys/vm/" + name
+	old, err := os.ReadFile(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+		return nil, err
+	}
+	return func() { os.WriteFile(p, old, 0o644) }, nil
+}
+
+type fileSet struct {
+	name  string
+	paths []string
+	size  int
+}
+
+func makeSet(dir, name string, n, size int) (*fileSet, error) {
+	s := &fileSet{name: name, size: size}
+	d := filepath.Join(dir, name)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, size)
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	for i := range n {
+		p := filepath.Join(d, fmt.Sprintf("f%06d", i))
+		if err := os.WriteFile(p, buf, 0o644); err != nil {
+			return nil, err
+		}
+		s.paths = append(s.paths, p)
+	}
+	return s, nil
+}
+
+// redirty rewrites every file in full, leaving its pages dirty.
+func (s *fileSet) redirty() error {
+	buf := make([]byte, s.size)
+	for i := range buf {
+		buf[i] = byte(i * 13)
+	}
+	for _, p := range s.paths {
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		if _, err := f.WriteAt(buf, 0); err != nil {
+			f.Close()
+			return err
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// dirtyPages sums cachestat's dirty+writeback pages over the set.
+func (s *fileSet) dirtyPages() uint64 {
+	var n uint64
+	for _, p := range s.paths {
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		var cs unix.Cachestat_t
+		if unix.Cachestat(uint(fd), &unix.CachestatRange{}, &cs, 0) == nil {
+			n += cs.Dirty + cs.Writeback
+		}
+		unix.Close(fd)
+	}
+	return n
+}
+
+// waitClean sweeps until the set has no dirty or writeback pages.
+func (s *fileSet) waitClean() {
+	for s.dirtyPages() != 0 {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// countingOpener counts the system calls flusherd makes on files.
+type countingOpener struct {
+	inner inode.Opener
+	n     atomic.Int64
+}
+
+func (c *countingOpener) Open(path string, key inode.Key) (inode.File, error) {
+	c.n.Add(4) // openat2(O_PATH), fstat, open(/proc/self/fd/N), close(O_PATH)
+	f, err := c.inner.Open(path, key)
+	if err != nil {
+		return nil, err
+	}
+	return &countingFile{File: f, n: &c.n}, nil
+}
+
+type countingFile struct {
+	inode.File
+	n *atomic.Int64
+}
+
+func (f *countingFile) Cachestat(off, n int64) (uint64, uint64, error) {
+	f.n.Add(1)
+	return f.File.Cachestat(off, n)
+}
+func (f *countingFile) StartWriteback(off, n int64) error {
+	f.n.Add(1)
+	return f.File.StartWriteback(off, n)
+}
+func (f *countingFile) DataSync() error { f.n.Add(1); return f.File.DataSync() }
+func (f *countingFile) Close() error    { f.n.Add(1); return f.File.Close() }
+
+type plugStat struct {
+	syscalls, requests, merges, batches uint64
+}
+
+// flusherd writes the set back with flusherd's engine (the package bdi
+// writeback goroutine with real system calls): every file is marked dirty as
+// the watcher would, then drained (the shutdown path: all dirty inodes,
+// regardless of age) until flusherd itself has seen each clean.
+// The marking is done before the timed part; the returned function is
+// timed.
+func flusherdMethod(s *fileSet, plugOn, integrity bool, st *plugStat) (func() error, error) {
+	sys := sysfs.Default()
+	op := &countingOpener{inner: inode.OS{}}
+	reg := bdi.NewRegistry(bdi.Options{
+		Config: bdi.Config{
+			DirtyWritebackInterval: time.Hour,
+			MinPause:               time.Millisecond,
+			MaxPause:               100 * time.Millisecond,
+			WriteChunk:             4 << 20,
+			Requeue:                policy.IOWait,
+			PlugEnabled:            plugOn,
+			MaxPending:             256,
+			QueueDepth:             8,
+			AttemptTimeout:         time.Minute,
+		},
+		Resolve: func(dev uint64, path string) (string, error) { return sys.BdiName(dev, -1) },
+		Opener:  op,
+	})
+	for _, p := range s.paths {
+		key, _, err := inode.Stat(p)
+		if err != nil {
+			reg.Stop()
+			return nil, err
+		}
+		if err := reg.MarkInodeDirty(p, key, bdi.Tree{Expire: time.Hour, Integrity: integrity}); err != nil {
+			reg.Stop()
+			return nil, err
+		}
+	}
+	return func() error {
+		defer reg.Stop()
+		op.n.Store(0)
+		for _, wb := range reg.Devices() {
+			if err := wb.Drain(context.Background(), "bench"); err != nil {
+				return err
+			}
+			snap := wb.Snapshot()
+			st.requests, st.merges, st.batches = snap.PlugRequests, snap.PlugMerges, snap.PlugBatches
+		}
+		st.syscalls = uint64(op.n.Load())
+		return nil
+	}, nil
+}
+
+// perFileFdatasync opens each file, fdatasyncs it and closes it, in order.
+func perFileFdatasync(s *fileSet) error {
+	for _, p := range s.paths {
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		err = unix.Fdatasync(fd)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func syncfs(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
+}
+
+type method struct {
+	key, name string
+	// prepare does the untimed set-up and returns the timed part.
+	prepare func(s *fileSet, st *plugStat) (func() error, error)
+}
+
+func plain(run func(s *fileSet) error) func(*fileSet, *plugStat) (func() error, error) {
+	return func(s *fileSet, _ *plugStat) (func() error, error) { return func() error { return run(s) }, nil }
+}
+
+func plugBench(args []string) int {
+	fl := flag.NewFlagSet("plug", flag.ContinueOnError)
+	fstypes := fl.String("fs", "ext4,xfs", "filesystems to run on")
+	small := fl.Int("small", 20000, "number of 16 KiB files")
+	large := fl.Int("large", 200, "number of 8 MiB files")
+	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
+	if err := fl.Parse(args); err != nil {
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "flusherd-bench plug: needs root (loop devices, drop_caches)")
+		return 1
+	}
+	// Keep the kernel's own flusher out of the way while files are
+	// dirty: no background writeback below 4 GiB, no expiry for an hour.
+	for _, sc := range [][2]string{{"dirty_background_bytes", fmt.Sprint(4 << 30)}, {"dirty_bytes", fmt.Sprint(8 << 30)}, {"dirty_expire_centisecs", "360000"}} {
+		restore, err := sysctl(sc[0], sc[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
+			return 1
+		}
+		defer restore()
+	}
+	methods := []method{
+		{"a", "(a) flusherd, plug on", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, false, st) }},
+		{"b", "(b) flusherd, plug.enabled = false", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, false, false, st) }},
+		{"c", "(c) per-file fdatasync loop", plain(perFileFdatasync)},
+		{"d", "(d) syncfs(2)", nil},
+		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, st) }},
+	}
+	base, err := os.MkdirTemp("", "flusherd-bench-plug")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(base)
+	for _, fstype := range strings.Split(*fstypes, ",") {
+		l, err := mountLoop(base, fstype, 4096)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
+			return 1
+		}
+		for _, spec := range []struct {
+			name    string
+			n, size int
+		}{{"small", *small, 16 << 10}, {"large", *large, 8 << 20}} {
+			if spec.n == 0 {
+				continue
+			}
+			set, err := makeSet(l.dir, spec.name, spec.n, spec.size)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
+				l.unmount()
+				return 1
+			}
+			times := map[string][]time.Duration{}
+			stats := map[string]plugStat{}
+			for r := range *runs {
+				for _, m := range methods {
+					if err := l.syncAndDrop(); err != nil {
+						fmt.Fprintln(os.Stderr, err)
+					}
+					if err := set.redirty(); err != nil {
+						fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
+						l.unmount()
+						return 1
+					}
+					var st plugStat
+					runIt := func() error { return syncfs(l.dir) }
+					if m.prepare != nil {
+						if runIt, err = m.prepare(set, &st); err != nil {
+							fmt.Fprintf(os.Stderr, "flusherd-bench plug: %s: %v\n", m.name, err)
+							l.unmount()
+							return 1
+						}
+					}
+					start := time.Now()
+					err = runIt()
+					set.waitClean()
+					el := time.Since(start)
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "flusherd-bench plug: %s: %v\n", m.name, err)
+					}
+					times[m.key] = append(times[m.key], el)
+					stats[m.key] = st
+					fmt.Fprintf(os.Stderr, "%s %s run %d %s: %v\n", fstype, spec.name, r+1, m.key, el.Round(time.Millisecond))
+				}
+			}
+			med := func(k string) time.Duration { return median(times[k]) }
+			fmt.Printf("\n%s, %d files of %d KiB, direct-io loop device, median of %d interleaved runs\n", fstype, spec.n, spec.size>>10, *runs)
+			fmt.Printf("| %-36s | %9s | %9s | %-28s |\n", "method", "time", "x syncfs", "all runs")
+			fmt.Printf("|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 30))
+			for _, m := range methods {
+				var all []string
+				for _, d := range times[m.key] {
+					all = append(all, fmt.Sprintf("%.2f", d.Seconds()))
+				}
+				fmt.Printf("| %-36s | %8.2fs | %9.2f | %-28s |\n", m.name, med(m.key).Seconds(), med(m.key).Seconds()/med("d").Seconds(), strings.Join(all, " "))
+			}
+			ratio := func(a, b string) float64 { return med(a).Seconds() / med(b).Seconds() }
+			fmt.Printf("ratios: (a)/(d) %.2f, (b)/(a) %.2f, (c)/(a) %.2f, (i)/(d) %.2f, (c)/(i) %.2f\n",
+				ratio("a", "d"), ratio("b", "a"), ratio("c", "a"), ratio("i", "d"), ratio("c", "i"))
+			for _, k := range []string{"a", "b", "i"} {
+				st := stats[k]
+				mpb := 0.0
+				if st.batches > 0 {
+					mpb = float64(st.merges) / float64(st.batches)
+				}
+				fmt.Printf("(%s) last run: %.1f syscalls per file (through inode.File), %d requests, %d merges, %d batches, %.2f merges per batch\n",
+					k, float64(st.syscalls)/float64(spec.n), st.requests, st.merges, st.batches, mpb)
+			}
+			os.RemoveAll(filepath.Join(l.dir, spec.name))
+		}
+		l.unmount()
+	}
+	return 0
+}
