@@ -1,0 +1,139 @@
+package watch
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/bdi"
+	"flusherd/inode"
+)
+
+type sink struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (s *sink) MarkInodeDirty(path string, key inode.Key, t bdi.Tree) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seen[path]++
+	return nil
+}
+
+func (s *sink) has(path string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[path] > 0
+}
+
+func start(t *testing.T, root string) (*Watcher, *sink) {
+	t.Helper()
+	s := &sink{seen: map[string]int{}}
+	w, err := New([]Tree{{Root: root, Recursive: true}}, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); w.Close(); <-done })
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return w, s
+}
+
+func eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestNewSubdirectoryRace: files written in directories made after the
+// watch started, before their own watch could be added, are still seen
+// (the new directory is scanned after its watch is added).
+func TestNewSubdirectoryRace(t *testing.T) {
+	root := t.TempDir()
+	_, s := start(t, root)
+	var files []string
+	for i := range 20 {
+		dir := filepath.Join(root, "a", string(rune('a'+i)), "deep")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, "f")
+		if err := os.WriteFile(p, []byte("data"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, p)
+	}
+	for _, p := range files {
+		eventually(t, p, func() bool { return s.has(p) })
+	}
+	// And later writes in those directories come as events.
+	late := filepath.Join(root, "a", "b", "deep", "late")
+	if err := os.WriteFile(late, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, late, func() bool { return s.has(late) })
+}
+
+// TestStartupScanAndSpecialFiles: the start-up scan reports files with
+// dirty pages only, and never a FIFO or a symlink.
+func TestStartupScanAndSpecialFiles(t *testing.T) {
+	root := t.TempDir()
+	dirty := filepath.Join(root, "dirty")
+	if err := os.WriteFile(dirty, make([]byte, 64<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clean := filepath.Join(root, "clean")
+	if err := os.WriteFile(clean, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := os.Open(clean)
+	unix.Fsync(int(f.Fd()))
+	f.Close()
+	fifo := filepath.Join(root, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "link")
+	if err := os.Symlink(dirty, link); err != nil {
+		t.Fatal(err)
+	}
+	w, s := start(t, root)
+	if !s.has(dirty) {
+		t.Skip("the host wrote the file back before the scan; nothing to see")
+	}
+	if s.has(clean) {
+		t.Errorf("clean file reported by the start-up scan")
+	}
+	// Writes to the FIFO and a new symlink make events, not reports.
+	go func() {
+		if f, err := os.OpenFile(fifo, os.O_RDWR, 0); err == nil {
+			f.Write([]byte("x"))
+			f.Close()
+		}
+	}()
+	os.Symlink(clean, filepath.Join(root, "link2"))
+	time.Sleep(200 * time.Millisecond)
+	for _, p := range []string{fifo, link, filepath.Join(root, "link2")} {
+		if s.has(p) {
+			t.Errorf("%s reported", p)
+		}
+	}
+	if w.Events.Load() == 0 {
+		t.Errorf("no events seen at all")
+	}
+}
