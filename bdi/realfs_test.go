@@ -76,23 +76,6 @@ func waitFor(t *testing.T, ch <-chan traced, path string, ok func(traced) bool) 
 	}
 }
 
-func mountFault(t *testing.T) *faultfs.FS {
-	t.Helper()
-	if err := faultfs.Available(); err != nil {
-		t.Skip(err)
-	}
-	f, err := faultfs.Mount(t.TempDir(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := f.Unmount(); err != nil {
-			t.Error(err)
-		}
-	})
-	return f
-}
-
 // dirtyFile writes n bytes to a new file and keeps it open (on a FUSE
 // writeback-cache mount, a close would flush it), returning its key.
 func dirtyFile(t *testing.T, path string, n int) (inode.Key, *os.File) {
@@ -140,7 +123,7 @@ func TestRealOutcomes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ffs := mountFault(t)
+			ffs := faultfs.MountT(t)
 			wb, ch := realWB(t, realConfig())
 			p := filepath.Join(ffs.Dir, "f")
 			key, w := dirtyFile(t, p, 64<<10)
@@ -183,7 +166,7 @@ func inodeOf(wb *Writeback, key inode.Key) *inode.Inode {
 
 // TestRealGone: a file deleted while queued is dropped and counted.
 func TestRealGone(t *testing.T) {
-	ffs := mountFault(t)
+	ffs := faultfs.MountT(t)
 	wb, ch := realWB(t, realConfig())
 	p := filepath.Join(ffs.Dir, "doomed")
 	key, _ := dirtyFile(t, p, 8<<10)
@@ -205,7 +188,7 @@ func TestRealGone(t *testing.T) {
 // b_more_io_wait with its dirtiedWhen kept, and the file is still written
 // back once the writer stops.
 func TestRealRedirtied(t *testing.T) {
-	ffs := mountFault(t)
+	ffs := faultfs.MountT(t)
 	wb, ch := realWB(t, realConfig())
 	p := filepath.Join(ffs.Dir, "log")
 	key, w := dirtyFile(t, p, 4096)

@@ -298,12 +298,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		}
 		var tc <-chan time.Time
 		if arm {
-			if timer == nil {
-				timer = time.NewTimer(d)
-			} else {
-				timer.Reset(d)
-			}
-			tc = timer.C
+			tc = resetTimer(&timer, d)
 		}
 		select {
 		case <-wb.wake:
@@ -668,16 +663,12 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key) (ino
 	}
 	j := &openJob{in: in, path: path, key: key}
 	wb.opener.jobs <- j
-	if wb.openTimer == nil {
-		wb.openTimer = time.NewTimer(timeout)
-	} else {
-		wb.openTimer.Reset(timeout)
-	}
+	tc := resetTimer(&wb.openTimer, timeout)
 	defer wb.openTimer.Stop()
 	select {
 	case r := <-wb.opener.results:
 		return r.f, r.err
-	case <-wb.openTimer.C:
+	case <-tc:
 	}
 	wb.mu.Lock()
 	if j.state.CompareAndSwap(reqRunning, reqTimedOut) {
@@ -907,13 +898,7 @@ func (wb *Writeback) runTimed(reqs []*Request) {
 					earliest = x.deadline
 				}
 			}
-			d := time.Until(earliest)
-			if timer == nil {
-				timer = time.NewTimer(d)
-			} else {
-				timer.Reset(d)
-			}
-			tc = timer.C
+			tc = resetTimer(&timer, time.Until(earliest))
 		}
 		select {
 		case res := <-results:
@@ -968,6 +953,17 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 	att.release()
 	wb.log.Info("a timed-out writeback call returned", zap.String("path", att.in.Path), zap.Error(err))
 	wb.kick()
+}
+
+// resetTimer arms *t to fire after d, making it on first use, and returns
+// its channel. (Since Go 1.23 a Reset timer never delivers a stale value.)
+func resetTimer(t **time.Timer, d time.Duration) <-chan time.Time {
+	if *t == nil {
+		*t = time.NewTimer(d)
+	} else {
+		(*t).Reset(d)
+	}
+	return (*t).C
 }
 
 func isUnsupported(err error) bool {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -300,6 +301,7 @@ func plugBench(args []string) int {
 	small := fl.Int("small", 20000, "number of 16 KiB files")
 	large := fl.Int("large", 200, "number of 8 MiB files")
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
+	only := fl.String("methods", "abcdi", "methods to run (d, syncfs, is always run: the ratios need it)")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -324,6 +326,7 @@ func plugBench(args []string) int {
 		{"d", "(d) syncfs(2)", nil},
 		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, st) }},
 	}
+	methods = slices.DeleteFunc(methods, func(m method) bool { return m.key != "d" && !strings.Contains(*only, m.key) })
 	base, err := os.MkdirTemp("", "flusherd-bench-plug")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -387,17 +390,27 @@ func plugBench(args []string) int {
 			fmt.Printf("| %-36s | %9s | %9s | %-28s |\n", "method", "time", "x syncfs", "all runs")
 			fmt.Printf("|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 30))
 			for _, m := range methods {
+				if len(times[m.key]) == 0 {
+					continue
+				}
 				var all []string
 				for _, d := range times[m.key] {
 					all = append(all, fmt.Sprintf("%.2f", d.Seconds()))
 				}
 				fmt.Printf("| %-36s | %8.2fs | %9.2f | %-28s |\n", m.name, med(m.key).Seconds(), med(m.key).Seconds()/med("d").Seconds(), strings.Join(all, " "))
 			}
-			ratio := func(a, b string) float64 { return med(a).Seconds() / med(b).Seconds() }
-			fmt.Printf("ratios: (a)/(d) %.2f, (b)/(a) %.2f, (c)/(a) %.2f, (i)/(d) %.2f, (c)/(i) %.2f\n",
-				ratio("a", "d"), ratio("b", "a"), ratio("c", "a"), ratio("i", "d"), ratio("c", "i"))
+			var ratios []string
+			for _, r := range [][2]string{{"a", "d"}, {"b", "a"}, {"c", "a"}, {"i", "d"}, {"c", "i"}} {
+				if len(times[r[0]]) > 0 && len(times[r[1]]) > 0 {
+					ratios = append(ratios, fmt.Sprintf("(%s)/(%s) %.2f", r[0], r[1], med(r[0]).Seconds()/med(r[1]).Seconds()))
+				}
+			}
+			fmt.Printf("ratios: %s\n", strings.Join(ratios, ", "))
 			for _, k := range []string{"a", "b", "i"} {
-				st := stats[k]
+				st, ok := stats[k]
+				if !ok {
+					continue
+				}
 				mpb := 0.0
 				if st.batches > 0 {
 					mpb = float64(st.merges) / float64(st.batches)

@@ -88,18 +88,7 @@ expire = "1h"
 // its fdatasync fails (a FUSE filesystem returning EIO), and exits 0 once it
 // succeeds; a path outside the watched trees is refused by name.
 func TestSyncReportsIOError(t *testing.T) {
-	if err := faultfs.Available(); err != nil {
-		t.Skip(err)
-	}
-	ffs, err := faultfs.Mount(t.TempDir(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ffs.Unmount(); err != nil {
-			t.Error(err)
-		}
-	})
+	ffs := faultfs.MountT(t)
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_expire_interval = "1h"

@@ -15,6 +15,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -154,6 +155,25 @@ func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall
 		return fsy.Fsync(ctx, flags)
 	}
 	return 0
+}
+
+// MountT mounts a faultfs over a fresh backing directory for a test, skips
+// the test when FUSE is not available here, and unmounts at cleanup.
+func MountT(t testing.TB) *FS {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	f, err := Mount(t.TempDir(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	return f
 }
 
 // Available reports whether a faultfs can be mounted here: root and

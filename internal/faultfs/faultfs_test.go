@@ -10,29 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func mount(t *testing.T) *FS {
-	t.Helper()
-	if err := Available(); err != nil {
-		t.Skip(err)
-	}
-	dir, backing := t.TempDir(), t.TempDir()
-	f, err := Mount(dir, backing)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := f.Unmount(); err != nil {
-			t.Error(err)
-		}
-	})
-	return f
-}
-
 // TestDirtyPagesAndFaults: writes through the mount leave dirty pages
 // (writeback cache), sync_file_range cleans them, and injected faults reach
 // open(2) and fdatasync(2) as errnos.
 func TestDirtyPagesAndFaults(t *testing.T) {
-	f := mount(t)
+	f := MountT(t)
 	p := filepath.Join(f.Dir, "a")
 	w, err := os.Create(p)
 	if err != nil {
