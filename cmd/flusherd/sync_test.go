@@ -48,6 +48,11 @@ func TestSyncAheadOfBackground(t *testing.T) {
 [writeback]
 dirty_writeback_interval = "200ms"
 dirty_expire_interval = "500ms"
+# One request at a time, in small batches: the background writeback takes
+# seconds however fast the machine, and yields often.
+[plug]
+max_pending = 16
+queue_depth = 1
 [[watch]]
 path = %q
 mode = "integrity"
@@ -56,7 +61,7 @@ path = %q
 expire = "1h"
 `, bulk, db))
 	var bulkFiles []string
-	for i := range 5000 {
+	for i := range 8000 {
 		p := filepath.Join(bulk, fmt.Sprintf("f%05d", i))
 		writeDirty(t, p, 64<<10)
 		bulkFiles = append(bulkFiles, p)
