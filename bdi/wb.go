@@ -288,13 +288,13 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.running = true
 	wb.mu.Unlock()
 	var timer *time.Timer
-	for {
+	for ctx.Err() == nil {
 		wb.Loops.Add(1)
 		wb.doWriteback()
 		wb.writeStats(false)
 		d, arm := wb.sleepFor()
 		if arm && d <= 0 {
-			continue
+			continue // more to do now; the loop checks ctx first
 		}
 		var tc <-chan time.Time
 		if arm {
@@ -304,19 +304,15 @@ func (wb *Writeback) Run(ctx context.Context) {
 		case <-wb.wake:
 		case <-tc:
 		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
-			wb.mu.Lock()
-			wb.running = false
-			wb.mu.Unlock()
-			wb.writeStats(true)
-			return
 		}
 		if timer != nil {
 			timer.Stop()
 		}
 	}
+	wb.mu.Lock()
+	wb.running = false
+	wb.mu.Unlock()
+	wb.writeStats(true)
 }
 
 // Stopped is closed when Run has returned.
@@ -700,33 +696,65 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key, integrity bool) ([]*Req
 	}
 	size := att.f.Size()
 	in := att.in
-	off := in.WBIndex
-	if off >= size || off < 0 {
-		off = 0
+	start := in.WBIndex
+	if start >= size || start < 0 {
+		start = 0
 	}
 	budget := chunk / page
 	var reqs []*Request
 	queued := int64(0)
-	scanned := int64(0)
-	for scanned < size && budget > 0 {
-		n := min(chunk, size-off)
-		d, _, err := att.f.Cachestat(off, n)
+	off, wrapped := start, false
+	for budget > 0 {
+		regionEnd := size
+		if wrapped {
+			regionEnd = start
+		}
+		if off >= regionEnd {
+			if wrapped {
+				break
+			}
+			off, wrapped = 0, true
+			continue
+		}
+		// Find the first write_chunk window with dirty pages by
+		// bisection, so a sparse file of any size costs O(log size)
+		// cachestat calls, not one per window.
+		d, _, err := att.f.Cachestat(off, regionEnd-off)
 		if err != nil {
 			return nil, 0, err
 		}
-		if d > 0 {
-			reqs = append(reqs, &Request{Dev: key.Dev, Ino: key.Ino, Off: off, Len: n, att: att})
-			budget -= int64(d)
-			queued += int64(d)
+		if d == 0 {
+			off = regionEnd
+			continue
 		}
-		off += n
-		scanned += n
-		if off >= size {
-			off = 0
+		lo, hi := off, regionEnd
+		for hi-lo > chunk {
+			mid := lo + max(page, (hi-lo)/2/page*page)
+			dm, _, err := att.f.Cachestat(lo, mid-lo)
+			if err != nil {
+				return nil, 0, err
+			}
+			if dm > 0 {
+				hi = mid
+			} else {
+				lo = mid
+			}
 		}
+		n := min(chunk, regionEnd-lo)
+		dw, _, err := att.f.Cachestat(lo, n)
+		if err != nil {
+			return nil, 0, err
+		}
+		reqs = append(reqs, &Request{Dev: key.Dev, Ino: key.Ino, Off: lo, Len: n, att: att})
+		budget -= int64(dw)
+		queued += int64(dw)
+		off = lo + n
+	}
+	if off >= size {
+		off = 0
 	}
 	in.WBIndex = off
-	att.chunkUsed = scanned < size
+	att.chunkUsed = budget <= 0
 	if len(reqs) == 0 {
 		// Dirty pages beyond the size seen at open (an append): write
 		// from the old end onwards.
@@ -768,7 +796,7 @@ func (wb *Writeback) submit(batch []*Request) {
 		if r.err != nil && att.err == nil {
 			att.err = r.err
 		}
-		att.remaining -= 1
+		att.remaining -= 1 + r.Merged // merged requests of the attempt finish with it
 		if att.remaining == 0 {
 			before := wb.pass.pages
 			wb.complete(att)
@@ -1067,7 +1095,11 @@ func (wb *Writeback) complete(att *attempt) {
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
 			zap.String("path", path), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))
 	} else if o == policy.Gone {
-		wb.log.Debug("file gone; dropped", zap.String("path", path), zap.Error(err))
+		if errors.Is(err, unix.ENOENT) {
+			wb.log.Debug("file gone; dropped", zap.String("path", path), zap.Error(err))
+		} else {
+			wb.log.Info("the path no longer leads to the tracked file; dropped", zap.String("path", path), zap.Error(err))
+		}
 	}
 }
 

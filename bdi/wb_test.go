@@ -511,3 +511,60 @@ func TestSyncDoesNotWaitBehindBackground(t *testing.T) {
 		t.Logf("the sync went out after %d background writes, with %d still to go", before, left)
 	})
 }
+
+// TestSparseFileChunks: a huge sparse file with dirty clusters near its end
+// is written window by window, found by bisection (a scan of every window
+// of a 1 PiB file would never finish), and ends clean.
+func TestSparseFileChunks(t *testing.T) {
+	cfg := testConfig()
+	cfg.WriteChunk = 4 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		const size = 1 << 50 // 1 PiB
+		f := h.fs.add("/sparse", 1, size, 0)
+		last := int64(size/pg - 1)
+		for _, p := range []int64{last - 100, last - 99, last - 98, last - 50, last - 49, last - 3, last - 2, last - 1, last} {
+			f.redirty(p)
+		}
+		h.mark(f, 0)
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		if h.inode("/sparse") != nil {
+			t.Fatalf("sparse file still tracked on %q", h.lists()["/sparse"])
+		}
+		w := h.fs.callsOf("sync_file_range", "/sparse")
+		if len(w) == 0 || len(w) > 6 {
+			t.Fatalf("writes %v, want a few windows", w)
+		}
+		for _, c := range w {
+			if c.n != 0 && c.off < (last-100)*pg-int64(cfg.WriteChunk) {
+				t.Errorf("write %+v before the dirty clusters", c)
+			}
+		}
+	})
+}
+
+// TestMergedWindowsComplete: when windows of one attempt are adjacent, the
+// plug merges them into one request, and the attempt still completes.
+func TestMergedWindowsComplete(t *testing.T) {
+	cfg := testConfig()
+	cfg.WriteChunk = 4 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/f", 1, 64*pg, 0)
+		// Dirty pages sparse enough that one attempt needs several
+		// adjacent windows to fill its budget of 4 pages.
+		for _, p := range []int64{1, 6, 11, 16, 21, 26} {
+			f.redirty(p)
+		}
+		h.mark(f, 0)
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		if h.inode("/f") != nil {
+			t.Fatalf("attempt with merged windows never completed: on %q", h.lists()["/f"])
+		}
+		if s := h.wb.Snapshot(); s.PlugMerges == 0 {
+			t.Errorf("no merges counted")
+		}
+	})
+}

@@ -90,6 +90,13 @@ const (
 // Log levels accepted in [Log.Level].
 var logLevels = []string{"debug", "info", "warn", "error"}
 
+// MinInterval is the shortest dirty_writeback_interval accepted (the
+// kernel's dirty_writeback_centisecs counts in hundredths of a second).
+const MinInterval = 10 * time.Millisecond
+
+// MaxExpireClasses bounds the distinct expire intervals over all trees.
+const MaxExpireClasses = 255
+
 // MinWriteChunk is the smallest accepted [Writeback.WriteChunk], in bytes.
 const MinWriteChunk = 4096
 
@@ -424,10 +431,17 @@ func (c *Config) check(stat, needWatch bool) error {
 		}
 	}
 
+	atLeast := func(key string, d, least time.Duration) {
+		if d > 0 && d < least {
+			add(key, "must be at least %s, got %q", least, d.String())
+		}
+	}
 	wb := c.Writeback
 	positive("writeback.dirty_writeback_interval", wb.DirtyWritebackInterval)
+	atLeast("writeback.dirty_writeback_interval", wb.DirtyWritebackInterval, MinInterval)
 	positive("writeback.dirty_expire_interval", wb.DirtyExpireInterval)
 	positive("writeback.min_pause", wb.MinPause)
+	atLeast("writeback.min_pause", wb.MinPause, time.Millisecond)
 	positive("writeback.max_pause", wb.MaxPause)
 	positive("writeback.attempt_timeout", wb.AttemptTimeout)
 	positive("writeback.shutdown_timeout", wb.ShutdownTimeout)
@@ -461,6 +475,13 @@ func (c *Config) check(stat, needWatch bool) error {
 	if c.Stats.Dir == "" {
 		add("stats.dir", "must not be empty")
 	}
+	expires := map[time.Duration]bool{wb.DirtyExpireInterval: true}
+	for _, w := range c.Watch {
+		expires[w.Expire] = true
+	}
+	if len(expires) > MaxExpireClasses {
+		add("watch", "%d distinct expire intervals; at most %d are supported", len(expires), MaxExpireClasses)
+	}
 	oneOf("log.level", c.Log.Level, logLevels...)
 
 	if needWatch && len(c.Watch) == 0 {
@@ -489,6 +510,9 @@ func (c *Config) check(stat, needWatch bool) error {
 			add(pkey, "%q is already watched by %s", p, prev)
 		} else {
 			seen[p] = i
+		}
+		if sd := filepath.Clean(c.Stats.Dir); sd == p || strings.HasPrefix(sd, p+"/") || p == "/" {
+			add("stats.dir", "%q is inside the watched tree %q: its own stats files would keep it busy", c.Stats.Dir, p)
 		}
 		if !stat {
 			continue

@@ -255,7 +255,10 @@ func TestParseErrors(t *testing.T) {
 		{"min_pause > max_pause", "[writeback]\nmax_pause = \"1s\"\nmin_pause = \"2s\"\n", "writeback.min_pause", 3, "min_pause 2s is greater than max_pause 1s"},
 		{"min_pause > max_pause, max last", "[writeback]\nmin_pause = \"2s\"\nmax_pause = \"1s\"\n", "writeback.max_pause", 3, "min_pause 2s is greater than max_pause 1s"},
 		{"min_pause > default max_pause", "[writeback]\nmin_pause = \"6s\"\n", "writeback.min_pause", 2, "max_pause 5s (max_pause defaults to dirty_writeback_interval)"},
-		{"interval below min_pause", "[writeback]\ndirty_writeback_interval = \"5ms\"\n", "writeback.dirty_writeback_interval", 2, "min_pause 10ms is greater than max_pause 5ms"},
+		{"interval below min_pause", "[writeback]\nmin_pause = \"20ms\"\ndirty_writeback_interval = \"15ms\"\n", "writeback.dirty_writeback_interval", 3, "min_pause 20ms is greater than max_pause 15ms"},
+		{"interval below the minimum", "[writeback]\ndirty_writeback_interval = \"1us\"\nmin_pause = \"1ms\"\n", "writeback.dirty_writeback_interval", 2, "must be at least 10ms"},
+		{"min_pause below the minimum", "[writeback]\nmin_pause = \"1ns\"\n", "writeback.min_pause", 2, "must be at least 1ms"},
+		{"stats dir inside a watched tree", "[stats]\ndir = \"/srv/run\"\n[[watch]]\npath = \"/srv\"\n", "stats.dir", 2, "inside the watched tree"},
 
 		// Enums and other types.
 		{"bad requeue_blocked", "[writeback]\nrequeue_blocked = \"later\"\n", "writeback.requeue_blocked", 2, `unknown value "later", want "io_wait" or "redirty_tail"`},
@@ -490,7 +493,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 	full.Writeback = Writeback{
 		DirtyWritebackInterval: 1500 * time.Millisecond,
 		DirtyExpireInterval:    2*time.Hour + 3*time.Minute,
-		MinPause:               250 * time.Microsecond,
+		MinPause:               2500 * time.Microsecond,
 		MaxPause:               7 * time.Second,
 		WriteChunk:             3 << 30,
 		RequeueBlocked:         RequeueRedirtyTail,

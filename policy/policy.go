@@ -24,11 +24,9 @@ import (
 // older_than_this = now - dirty_expire_interval. All values are nanoseconds on
 // the daemon's monotonic clock.
 func Expired(now, dirtiedWhen, expire time.Duration) bool {
-	return dirtiedWhen+expire <= now
+	// Written as an age so that a huge expire cannot overflow.
+	return now-dirtiedWhen >= expire
 }
-
-// Due returns the time at which an inode dirtied at dirtiedWhen expires.
-func Due(dirtiedWhen, expire time.Duration) time.Duration { return dirtiedWhen + expire }
 
 // Outcome is the result of one writeback attempt on one inode.
 type Outcome uint8
@@ -122,7 +120,8 @@ func Requeue(o Outcome, p RequeueBlocked) Dest {
 //
 //	EAGAIN, EINTR, EBUSY, EMFILE, ENFILE, ETIMEDOUT -> Blocked
 //	EROFS, ESHUTDOWN, ENODEV, ENXIO                  -> FSUnavailable
-//	ENOENT, ESTALE                                   -> Gone
+//	ENOENT, ESTALE, ENOTDIR, ELOOP                   -> Gone (the path no
+//	                                                    longer leads to the file)
 //	anything else (EIO, ENOSPC, EDQUOT, ...)         -> IOError
 func ClassifyErr(err error) Outcome {
 	if err == nil {
@@ -137,7 +136,7 @@ func ClassifyErr(err error) Outcome {
 		return Blocked
 	case syscall.EROFS, syscall.ESHUTDOWN, syscall.ENODEV, syscall.ENXIO:
 		return FSUnavailable
-	case syscall.ENOENT, syscall.ESTALE:
+	case syscall.ENOENT, syscall.ESTALE, syscall.ENOTDIR, syscall.ELOOP:
 		return Gone
 	}
 	return IOError

@@ -19,6 +19,7 @@ func TestExpired(t *testing.T) {
 		{31 * s, 2 * s, 30 * s, false},
 		{5 * s, 4 * s, time.Second, true},
 		{5 * s, 4*s + 1, time.Second, false},
+		{5 * s, 4 * s, time.Duration(1<<63 - 1), false}, // no overflow
 	}
 	for _, tc := range tests {
 		if got := Expired(tc.now, tc.dirtied, tc.expire); got != tc.want {
@@ -69,6 +70,8 @@ func TestClassifyErr(t *testing.T) {
 		{syscall.EROFS, FSUnavailable},
 		{syscall.ENOENT, Gone},
 		{syscall.ESTALE, Gone},
+		{syscall.ENOTDIR, Gone},
+		{syscall.ELOOP, Gone},
 		{syscall.EIO, IOError},
 		{syscall.ENOSPC, IOError},
 		{syscall.EDQUOT, IOError},
