@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/fsnotify/fsnotify"
@@ -48,6 +49,9 @@ type Watcher struct {
 	w     *fsnotify.Watcher
 	open  inode.Opener
 
+	mu   sync.Mutex
+	dirs map[string]struct{} // watched directories, for renames and removals
+
 	// Counters, for statistics and tests.
 	Events, Rescans, Overflows, Unwatched atomic.Uint64
 	limitLogged                           atomic.Bool
@@ -63,7 +67,50 @@ func New(trees []Tree, sink Sink, log *zap.Logger) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Watcher{trees: trees, sink: sink, log: log, w: w, open: inode.OS{}}, nil
+	return &Watcher{trees: trees, sink: sink, log: log, w: w, open: inode.OS{}, dirs: map[string]struct{}{}}, nil
+}
+
+// add watches dir and records it.
+func (w *Watcher) add(dir string) error {
+	if err := w.w.Add(dir); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.dirs[dir] = struct{}{}
+	w.mu.Unlock()
+	return nil
+}
+
+// forget drops the watches of dir and of every directory below it, if dir
+// is a watched directory; a file's rename or removal costs a map look-up.
+func (w *Watcher) forget(dir string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.dirs[dir]; !ok {
+		return
+	}
+	for _, t := range w.trees {
+		if t.Root == dir {
+			w.log.Error("a watched tree's root was removed or renamed; that tree is no longer watched (restart flusherd once it is back)", Q(dir))
+		}
+	}
+	prefix := dir + "/"
+	for p := range w.dirs {
+		if p == dir || strings.HasPrefix(p, prefix) {
+			w.w.Remove(p)
+			delete(w.dirs, p)
+		}
+	}
+}
+
+// isRoot reports whether dir is the root of a tree other than t.
+func (w *Watcher) isRoot(dir string, t Tree) bool {
+	for _, o := range w.trees {
+		if o.Root == dir && o.Root != t.Root {
+			return true
+		}
+	}
+	return false
 }
 
 // Close stops watching. It is idempotent.
@@ -99,7 +146,7 @@ func (w *Watcher) TreeOf(path string) (Tree, bool) {
 // tree's root cannot be watched.
 func (w *Watcher) Start() error {
 	for _, t := range w.trees {
-		if err := w.w.Add(t.Root); err != nil {
+		if err := w.add(t.Root); err != nil {
 			return w.addErr(t.Root, err)
 		}
 		w.scanDir(t, t.Root, true)
@@ -136,10 +183,12 @@ func (w *Watcher) scanDir(t Tree, dir string, onlyDirty bool) {
 			if path == dir {
 				return nil
 			}
-			if !t.Recursive {
+			if !t.Recursive || w.isRoot(path, t) {
+				// Another tree's root is scanned with its own
+				// settings (expire, mode).
 				return fs.SkipDir
 			}
-			if err := w.w.Add(path); err != nil {
+			if err := w.add(path); err != nil {
 				if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, fs.ErrNotExist) {
 					w.log.Warn("cannot watch directory", Q(path), zap.Error(err))
 				} else {
@@ -231,7 +280,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			if !t.Recursive {
 				return
 			}
-			if err := w.w.Add(ev.Name); err != nil {
+			if err := w.add(ev.Name); err != nil {
 				w.addErr(ev.Name, err)
 			}
 			// Files made in it before the watch existed sent no event.
@@ -245,11 +294,6 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 		// A directory renamed away keeps its watch under the old name:
 		// drop the watches below it; its new name, if in a tree, comes
 		// as a Create.
-		prefix := ev.Name + "/"
-		for _, p := range w.w.WatchList() {
-			if p == ev.Name || strings.HasPrefix(p, prefix) {
-				w.w.Remove(p)
-			}
-		}
+		w.forget(ev.Name)
 	}
 }
