@@ -92,17 +92,31 @@ func (l *loopFS) syncAndDrop() error {
 	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
 }
 
-// sysctl sets a vm sysctl and returns a function that restores it.
+// sysctl sets a vm sysctl and returns a function that restores it. The
+// *_bytes knobs and their *_ratio twins exclude each other (writing one
+// zeroes the other, and 0 is not a valid *_bytes), so for those the one
+// that was in force is what is written back.
 func sysctl(name, value string) (func(), error) {
 	p := "/proc/sys/vm/" + name
 	old, err := os.ReadFile(p)
 	if err != nil {
 		return nil, err
 	}
+	restoreName, restoreValue := name, old
+	if twin, ok := strings.CutSuffix(name, "_bytes"); ok && strings.TrimSpace(string(old)) == "0" {
+		restoreName = twin + "_ratio"
+		if restoreValue, err = os.ReadFile("/proc/sys/vm/" + restoreName); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
 		return nil, err
 	}
-	return func() { os.WriteFile(p, old, 0o644) }, nil
+	return func() {
+		if err := os.WriteFile("/proc/sys/vm/"+restoreName, restoreValue, 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "flusherd-bench: restoring vm.%s: %v\n", restoreName, err)
+		}
+	}, nil
 }
 
 type fileSet struct {
