@@ -337,7 +337,7 @@ path = %q
 	start := time.Now()
 	go func() {
 		// One stats file from mid-run, next to the kernel's own.
-		time.Sleep(1300 * time.Millisecond)
+		time.Sleep(2500 * time.Millisecond)
 		mu.Lock()
 		defer mu.Unlock()
 		midStats, _ = os.ReadFile(statsPath)
