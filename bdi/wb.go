@@ -400,6 +400,12 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		wb.plug.Start()
 		wb.writebackSBInodes(w)
 		wb.plug.Finish()
+		wb.mu.Lock()
+		wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
+		wb.mu.Unlock()
+		// A work can run for long while files keep expiring: keep the
+		// stats file fresh (writeStats is rate-limited).
+		wb.writeStats(false)
 		if wb.pass.progress() {
 			w.progress = true
 			continue
