@@ -244,3 +244,29 @@ func TestRealChunkUsed(t *testing.T) {
 		t.Errorf("clean outcome while cachestat shows %d dirty %d writeback", d, wbp)
 	}
 }
+
+// TestRealHardLinkName: an inode written under one name of two, whose
+// other name is then removed, is still written back through the name that
+// remains (not dropped as gone).
+func TestRealHardLinkName(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+	wb, ch := realWB(t, realConfig())
+	a, b := filepath.Join(mnt.Dir, "a"), filepath.Join(mnt.Dir, "b")
+	key, w := dirtyFile(t, a, 256<<10)
+	if err := os.Link(a, b); err != nil {
+		t.Fatal(err)
+	}
+	wb.MarkInodeDirty(key, b, Tree{Expire: time.Hour}) // seen as b first
+	wb.MarkInodeDirty(key, a, Tree{Expire: time.Hour}) // then written as a
+	if err := os.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	wb.Queue(&Work{NrPages: 1 << 40, All: true, Reason: "test"})
+	tr := waitFor(t, ch, b, func(tr traced) bool { return tr.o == policy.Clean })
+	if d, wbp := pagesOf(t, w); d+wbp != 0 {
+		t.Fatalf("after %v through the remaining name: %d dirty, %d writeback pages", tr.o, d, wbp)
+	}
+	if s := wb.Snapshot(); s.InodesGone != 0 {
+		t.Errorf("inodes_gone = %d: the inode was dropped although a name remained", s.InodesGone)
+	}
+}

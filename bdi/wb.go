@@ -216,7 +216,7 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, t Tree) {
 		}
 		wb.inodes[key] = in
 	} else if in.Path != path {
-		in.Path = path
+		in.OtherPath, in.Path = in.Path, path
 	}
 	wasIdle := false
 	switch {
@@ -1070,6 +1070,12 @@ func (wb *Writeback) complete(att *attempt) {
 		in.NextRetry = 0
 	}
 	dest := policy.Requeue(o, wb.cfg.Requeue)
+	if dest == policy.Drop && in.OtherPath != "" {
+		// The name is gone, but the inode may live on under its other
+		// name (a hard link): try that before dropping it.
+		in.Path, in.OtherPath = in.OtherPath, ""
+		dest = policy.MoreIOWait
+	}
 	switch dest {
 	case policy.Forget, policy.Drop:
 		lists.Remove(in)

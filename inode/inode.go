@@ -46,6 +46,10 @@ type Inode struct {
 
 	Key  Key
 	Path string // absolute path at which it was last seen
+	// OtherPath is the name it was seen under before Path (a hard link,
+	// or the name before a rename). When Path is gone, OtherPath is tried
+	// before the inode is dropped.
+	OtherPath string
 
 	// DirtiedWhen is when the inode went from clean to dirty, on the
 	// daemon's monotonic clock (nanoseconds since its epoch). A re-dirty
