@@ -121,6 +121,7 @@ type statsWriter struct {
 	lastGen    uint64
 	last       time.Duration
 	written    bool
+	lastErr    string // the last write error logged, so each is logged once
 }
 
 // NewStatsWriter returns a writer for <dir>/bdi/<name>/stats; thresholds
@@ -153,11 +154,13 @@ func (wb *Writeback) writeStats(force bool) {
 		}
 	}
 	if err := WriteFileAtomic(sw.path, func(w io.Writer) error { return s.Format(w, os.Getpagesize()) }); err != nil {
-		if !sw.written || gen%1000 == 0 {
-			sw.log.Warn("cannot write stats file", zap.Error(err))
+		if msg := err.Error(); msg != sw.lastErr {
+			sw.lastErr = msg
+			sw.log.Warn("cannot write stats file (logged once per error)", zap.Error(err))
 		}
 		return
 	}
+	sw.lastErr = ""
 	sw.lastGen, sw.last, sw.written = gen, now, true
 }
 

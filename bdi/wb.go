@@ -1094,7 +1094,7 @@ func (wb *Writeback) complete(att *attempt) {
 		in.DirtiedWhen = now
 		wb.bDirty.pushBack(in)
 	}
-	path := in.Path
+	path, retries := in.Path, in.Retries
 	wb.gen++
 	wb.mu.Unlock()
 	if att.result != nil {
@@ -1106,6 +1106,11 @@ func (wb *Writeback) complete(att *attempt) {
 	if newErr {
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
 			zap.String("path", path), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))
+	} else if o == policy.Skipped && retries >= 8 && retries&(retries-1) == 0 {
+		// Still dirty after attempts that wrote it and saw no new
+		// write: say so at 8, 16, 32... attempts.
+		wb.errLog.Warn("file still dirty after repeated writeback; it stays tracked and is retried",
+			zap.String("path", path), zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", dirty), zap.Uint64("writeback_pages", wbp))
 	} else if o == policy.Gone {
 		if errors.Is(err, unix.ENOENT) {
 			wb.log.Debug("file gone; dropped", zap.String("path", path), zap.Error(err))

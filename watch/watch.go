@@ -144,12 +144,14 @@ func (w *Watcher) TreeOf(path string) (Tree, bool) {
 // directory is watched before its files are scanned, so a file written
 // meanwhile is seen by one or the other. It returns an error only when a
 // tree's root cannot be watched.
-func (w *Watcher) Start() error {
+//
+// Start stops scanning (not watching) when ctx ends, and returns nil then.
+func (w *Watcher) Start(ctx context.Context) error {
 	for _, t := range w.trees {
 		if err := w.add(t.Root); err != nil {
 			return w.addErr(t.Root, err)
 		}
-		w.scanDir(t, t.Root, true)
+		w.scanDir(ctx, t, t.Root, true)
 	}
 	return nil
 }
@@ -171,8 +173,11 @@ func (w *Watcher) addErr(dir string, err error) error {
 // files. With onlyDirty, only files cachestat shows dirty are reported
 // (start-up, overflow); otherwise every file is (a directory that just
 // appeared: its files may have been written before the watch existed).
-func (w *Watcher) scanDir(t Tree, dir string, onlyDirty bool) {
+func (w *Watcher) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool) {
 	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if ctx.Err() != nil {
+			return fs.SkipAll
+		}
 		if err != nil {
 			if path != dir && !errors.Is(err, fs.ErrNotExist) {
 				w.log.Warn("cannot read directory", Q(path), zap.Error(err))
@@ -233,7 +238,7 @@ func (w *Watcher) report(t Tree, path string, onlyDirty bool) {
 func (w *Watcher) Rescan() {
 	w.Rescans.Add(1)
 	for _, t := range w.trees {
-		w.scanDir(t, t.Root, true)
+		w.scanDir(context.Background(), t, t.Root, true)
 	}
 }
 
@@ -284,7 +289,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 				w.addErr(ev.Name, err)
 			}
 			// Files made in it before the watch existed sent no event.
-			w.scanDir(t, ev.Name, false)
+			w.scanDir(context.Background(), t, ev.Name, false)
 		case unix.S_IFREG:
 			w.report(t, ev.Name, false)
 		}

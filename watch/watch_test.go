@@ -43,7 +43,7 @@ func start(t *testing.T, root string) (*Watcher, *sink) {
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); w.Close(); <-done })
-	if err := w.Start(); err != nil {
+	if err := w.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return w, s

@@ -140,35 +140,61 @@ func run(cfg *config.Config, log *zap.Logger) error {
 	// Events are read while the initial scan runs, so the queue cannot
 	// overflow during a long scan.
 	go func() { defer close(done); wat.Run(ctx) }()
-	if err := wat.Start(); err != nil {
-		wat.Close()
-		reg.Stop()
-		return err
-	}
-	sock := socketPath(cfg.Stats.Dir)
-	var ctl *control.Server
-	if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {
-		log.Error("cannot create the stats directory; flusherd sync will not reach this daemon", zap.Error(err))
-	} else if ctl, err = control.Listen(sock, syncHandler(reg, wat), log); err != nil {
-		log.Error("cannot create the control socket; flusherd sync will not reach this daemon", zap.Error(err))
-	} else {
-		go ctl.Serve(ctx)
-		defer ctl.Close()
-	}
-	log.Info("initial scan done; ready", zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
-	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
-		log.Warn("sd_notify READY failed", zap.Error(err))
-	}
-
-	for sig := range sigs {
-		if sig == syscall.SIGHUP {
-			log.Info("SIGHUP: configuration reload is not implemented yet; the running configuration is unchanged")
-			continue
+	// The start-up scan can take long on a big tree: a SIGTERM during it
+	// stops the scan and goes straight to the shutdown writeback.
+	started := make(chan error, 1)
+	go func() { started <- wat.Start(ctx) }()
+	var stopSig os.Signal
+wait:
+	for {
+		select {
+		case err := <-started:
+			if err != nil {
+				cancel()
+				wat.Close()
+				<-done
+				reg.Stop()
+				return err
+			}
+			break wait
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				log.Info("SIGHUP during the start-up scan: ignored")
+				continue
+			}
+			log.Info("signal received during the start-up scan; stopping it", zap.String("signal", sig.String()))
+			stopSig = sig
+			cancel()
+			<-started
+			break wait
 		}
-		log.Info("signal received; writing back every tracked file before exit",
-			zap.String("signal", sig.String()), zap.Stringer("timeout", cfg.Writeback.ShutdownTimeout))
-		break
 	}
+	if stopSig == nil {
+		sock := socketPath(cfg.Stats.Dir)
+		var ctl *control.Server
+		if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {
+			log.Error("cannot create the stats directory; flusherd sync will not reach this daemon", zap.Error(err))
+		} else if ctl, err = control.Listen(sock, syncHandler(reg, wat), log); err != nil {
+			log.Error("cannot create the control socket; flusherd sync will not reach this daemon", zap.Error(err))
+		} else {
+			go ctl.Serve(ctx)
+			defer ctl.Close()
+		}
+		log.Info("initial scan done; ready", zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
+		if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+			log.Warn("sd_notify READY failed", zap.Error(err))
+		}
+		for sig := range sigs {
+			if sig == syscall.SIGHUP {
+				log.Info("SIGHUP: configuration reload is not implemented yet; the running configuration is unchanged")
+				continue
+			}
+			stopSig = sig
+			break
+		}
+	}
+	log.Info("writing back every tracked file before exit",
+		zap.String("signal", stopSig.String()), zap.Stringer("timeout", cfg.Writeback.ShutdownTimeout))
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
 	cancel()
 	wat.Close()
