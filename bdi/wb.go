@@ -342,7 +342,7 @@ func (wb *Writeback) doWriteback() {
 		if w.Files != nil {
 			wb.syncFiles(w)
 			wb.mu.Lock()
-			wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
+			wb.publishPlugStatsLocked()
 			wb.mu.Unlock()
 		} else {
 			wb.wbWriteback(w)
@@ -401,7 +401,7 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		wb.writebackSBInodes(w)
 		wb.plug.Finish()
 		wb.mu.Lock()
-		wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
+		wb.publishPlugStatsLocked()
 		wb.mu.Unlock()
 		// A work can run for long while files keep expiring: keep the
 		// stats file fresh (writeStats is rate-limited).
@@ -435,9 +435,16 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		wb.waitRetryAt = wb.now() + wb.backoff.Next(w.progress)
 	}
 	wb.pause = wb.backoff.Pause
-	wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
+	wb.publishPlugStatsLocked()
 	wb.gen++
 	wb.mu.Unlock()
+}
+
+// publishPlugStatsLocked copies the plug's counters, which only the
+// writeback goroutine touches, where Snapshot can read them.
+// Preconditions: wb.mu held; called on the writeback goroutine.
+func (wb *Writeback) publishPlugStatsLocked() {
+	wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
 }
 
 // syncFiles runs a sync request (WB_SYNC_ALL for named files, reason
