@@ -230,7 +230,7 @@ type plugStat struct {
 // regardless of age) until flusherd itself has seen each clean.
 // The marking is done before the timed part; the returned function is
 // timed.
-func flusherdMethod(s *fileSet, plugOn, integrity bool, st *plugStat) (func() error, error) {
+func flusherdMethod(s *fileSet, plugOn, integrity bool, depth int, st *plugStat) (func() error, error) {
 	sys := sysfs.Default()
 	op := &countingOpener{inner: inode.OS{}}
 	reg := bdi.NewRegistry(bdi.Options{
@@ -242,7 +242,7 @@ func flusherdMethod(s *fileSet, plugOn, integrity bool, st *plugStat) (func() er
 			Requeue:                policy.IOWait,
 			PlugEnabled:            plugOn,
 			MaxPending:             256,
-			QueueDepth:             8,
+			QueueDepth:             depth,
 			AttemptTimeout:         time.Minute,
 		},
 		Resolve: func(dev uint64, path string) (string, error) { return sys.BdiName(dev, -1) },
@@ -316,6 +316,7 @@ func plugBench(args []string) int {
 	large := fl.Int("large", 200, "number of 8 MiB files")
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
 	only := fl.String("methods", "abcdi", "methods to run (d, syncfs, is always run: the ratios need it)")
+	depth := fl.Int("queue-depth", 8, "flusherd's plug.queue_depth")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -334,11 +335,11 @@ func plugBench(args []string) int {
 		defer restore()
 	}
 	methods := []method{
-		{"a", "(a) flusherd, plug on", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, false, st) }},
-		{"b", "(b) flusherd, plug.enabled = false", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, false, false, st) }},
+		{"a", "(a) flusherd, plug on", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, false, *depth, st) }},
+		{"b", "(b) flusherd, plug.enabled = false", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, false, false, *depth, st) }},
 		{"c", "(c) per-file fdatasync loop", plain(perFileFdatasync)},
 		{"d", "(d) syncfs(2)", nil},
-		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, st) }},
+		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, *depth, st) }},
 	}
 	methods = slices.DeleteFunc(methods, func(m method) bool { return m.key != "d" && !strings.Contains(*only, m.key) })
 	base, err := os.MkdirTemp("", "flusherd-bench-plug")
