@@ -335,8 +335,12 @@ func plugBench(args []string) int {
 		defer restore()
 	}
 	methods := []method{
-		{"a", "(a) flusherd, plug on", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, false, *depth, st) }},
-		{"b", "(b) flusherd, plug.enabled = false", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, false, false, *depth, st) }},
+		{"a", "(a) flusherd, plug on", func(s *fileSet, st *plugStat) (func() error, error) {
+			return flusherdMethod(s, true, false, *depth, st)
+		}},
+		{"b", "(b) flusherd, plug.enabled = false", func(s *fileSet, st *plugStat) (func() error, error) {
+			return flusherdMethod(s, false, false, *depth, st)
+		}},
 		{"c", "(c) per-file fdatasync loop", plain(perFileFdatasync)},
 		{"d", "(d) syncfs(2)", nil},
 		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, *depth, st) }},

@@ -37,6 +37,8 @@ Usage:
   flusherd run     [--config FILE] [--watch DIR]... [--stats-dir DIR]
   flusherd stats   [--config FILE] [--stats-dir DIR]
   flusherd sync    [--config FILE] [--stats-dir DIR] PATH...
+  flusherd check-config FILE
+  flusherd print-default-config
   flusherd version
 
 Commands:
@@ -46,6 +48,9 @@ Commands:
   sync     write the named files back with fdatasync through the running
            daemon (its socket, <stats.dir>/flusherd.sock), ahead of any
            background writeback, and wait; names each file that failed
+  check-config          validate a configuration file and print the
+                        effective configuration
+  print-default-config  print the defaults as a configuration file
   version  print the version
 
 Run "flusherd COMMAND --help" for a command's flags. Without --config,
@@ -76,6 +81,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdStats(args[1:], stdout, stderr)
 	case "sync":
 		return cmdSync(args[1:], stdout, stderr)
+	case "check-config":
+		return cmdCheckConfig(args[1:], stdout, stderr)
+	case "print-default-config":
+		return cmdPrintDefaultConfig(args[1:], stdout, stderr)
 	case "version", "--version":
 		if len(args) > 1 && (args[1] == "-h" || args[1] == "--help" || args[1] == "-help") {
 			fmt.Fprint(stdout, "Usage: flusherd version\n\nPrints the version (a release tag, or devel-<commit> for a build from a checkout).\n")
@@ -148,6 +157,14 @@ func newFlagSet(name, synopsis, example string, stderr io.Writer) *flag.FlagSet 
 		fmt.Fprintf(fs.Output(), "\nExample:\n  %s\n", example)
 	}
 	return fs
+}
+
+// parseExit is the exit code for a flag parsing error: 0 for --help.
+func parseExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	return exitUsage
 }
 
 // parseFlags parses args; it returns an exit code when the caller should

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -26,10 +25,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 	c.register(fset)
 	timeout := fset.Duration("timeout", 0, "give up after this long (0: wait as long as it takes)")
 	if err := fset.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
+		return parseExit(err)
 	}
 	if fset.NArg() == 0 {
 		fmt.Fprintln(stderr, "flusherd sync: name at least one file")

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"flusherd/config"
+)
+
+// cmdCheckConfig validates a configuration file the way `run` would and
+// prints the effective configuration (defaults filled in) as TOML.
+func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
+	fset := newFlagSet("check-config", "check-config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stderr)
+	if err := fset.Parse(args); err != nil {
+		return parseExit(err)
+	}
+	if fset.NArg() != 1 {
+		fmt.Fprintln(stderr, "flusherd check-config: name one configuration file")
+		fset.Usage()
+		return exitUsage
+	}
+	cfg, err := config.Load(fset.Arg(0))
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
+		return exitUsage
+	}
+	if err := cfg.Encode(stdout); err != nil {
+		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
+		return exitFailed
+	}
+	return exitOK
+}
+
+// cmdPrintDefaultConfig prints the built-in defaults as a configuration
+// file that check-config accepts once its [[watch]] path exists.
+func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
+	fset := newFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > /etc/flusherd/flusherd.toml", stderr)
+	if err := fset.Parse(args); err != nil {
+		return parseExit(err)
+	}
+	if fset.NArg() != 0 {
+		fset.Usage()
+		return exitUsage
+	}
+	cfg := config.Default()
+	cfg.Watch = []config.Watch{{Path: "/srv/data", Recursive: true, Mode: config.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}
+	fmt.Fprintln(stdout, "# flusherd's built-in defaults. Replace the [[watch]] path with a directory of yours;\n# durations need a unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB.")
+	if err := cfg.Encode(stdout); err != nil {
+		fmt.Fprintf(stderr, "flusherd print-default-config: %v\n", err)
+		return exitFailed
+	}
+	return exitOK
+}
