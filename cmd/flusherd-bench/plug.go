@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -317,6 +318,7 @@ func plugBench(args []string) int {
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
 	only := fl.String("methods", "abcdi", "methods to run (d, syncfs, is always run: the ratios need it)")
 	depth := fl.Int("queue-depth", 8, "flusherd's plug.queue_depth")
+	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile of the timed parts to this file")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -352,6 +354,13 @@ func plugBench(args []string) int {
 		return 1
 	}
 	defer os.RemoveAll(base)
+	var profile *os.File
+	defer func() {
+		if profile != nil {
+			pprof.StopCPUProfile()
+			profile.Close()
+		}
+	}()
 	for _, fstype := range strings.Split(*fstypes, ",") {
 		l, err := mountLoop(base, fstype, 4096)
 		if err != nil {
@@ -390,6 +399,11 @@ func plugBench(args []string) int {
 							fmt.Fprintf(os.Stderr, "flusherd-bench plug: %s: %v\n", m.name, err)
 							l.unmount()
 							return 1
+						}
+					}
+					if *cpuProfile != "" && profile == nil {
+						if profile, err = os.Create(*cpuProfile); err == nil {
+							pprof.StartCPUProfile(profile)
 						}
 					}
 					start := time.Now()
