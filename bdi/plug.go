@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"sync/atomic"
+
+	"flusherd/inode"
 )
 
 // Request is one pending writeback request in a plug: a byte range of one
@@ -22,6 +24,18 @@ type Request struct {
 	// startOnly: the first phase of an integrity request (see
 	// startIntegrity).
 	startOnly bool
+
+	// A whole-file request (see wholeFile) does the attempt's every
+	// system call on a worker; these are its inputs and results, written
+	// by the worker and read after it has reported.
+	whole      bool
+	path       string
+	f          inode.File
+	before     [2]uint64 // dirty, writeback pages before
+	after      [2]uint64 // and after the write
+	wrote      bool
+	afterKnown bool // after was read (integrity: fdatasync waited)
+	tooLarge   bool // more dirty than write_chunk: left for the chunked path
 }
 
 func (r *Request) end() int64 {

@@ -157,9 +157,12 @@ type Writeback struct {
 
 type passCounters struct {
 	pages, cleaned uint64
+	// sized counts whole-file attempts that found more than write_chunk
+	// and handed the file to the chunked path: no pages, but progress.
+	sized uint64
 }
 
-func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
+func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 || p.sized > 0 }
 
 // New returns a device's writeback state; Run starts its goroutine. now is
 // the daemon's monotonic clock; stats may be nil (no stats file).
@@ -551,6 +554,11 @@ type attempt struct {
 	stuck int
 	// result, if set, receives the attempt's error (a sync request).
 	result *error
+	// afterKnown: a whole-file request already read the state after the
+	// write (dirtyAfter, wbAfter).
+	afterKnown          bool
+	dirtyAfter, wbAfter uint64
+	sized               bool // a whole-file attempt found it too large
 }
 
 // hold takes a reference on the attempt's file.
@@ -573,6 +581,13 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	defer wb.plug.Finish()
 	att := &attempt{in: in, result: result}
 	att.refs.Store(1)
+	if page := int64(os.Getpagesize()); integrity || int64(in.DirtyPages)*page <= wb.cfg.WriteChunk {
+		// The usual case: the whole attempt runs on a plug worker, in
+		// parallel with the others of the batch.
+		att.remaining = 1
+		wb.plug.Add(&Request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, att: att, whole: true, path: path})
+		return max(1, int64(in.DirtyPages))
+	}
 	f, err := wb.openTimed(in, path, key)
 	if err != nil {
 		att.err = err
@@ -806,6 +821,9 @@ func (wb *Writeback) submit(batch []*Request) {
 	var pages uint64
 	for _, r := range batch {
 		att := r.att
+		if r.whole && r.state.Load() == reqDone && r.err == nil {
+			adoptWhole(r)
+		}
 		if r.err != nil && att.err == nil {
 			att.err = r.err
 		}
@@ -984,6 +1002,7 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 		return
 	}
 	// Timed out earlier: the attempt was already completed as blocked.
+	wb.closeWhole(r, nil)
 	att := r.att
 	att.stuck--
 	if att.stuck == 0 {
@@ -1014,6 +1033,9 @@ func isUnsupported(err error) bool {
 // do runs one request's system call. It reads wb.fallback, which only the
 // writeback goroutine writes, before any request of a batch starts.
 func (wb *Writeback) do(r *Request) error {
+	if r.whole {
+		return wb.doWhole(r)
+	}
 	f := r.att.f
 	if r.startOnly {
 		return f.StartWriteback(r.Off, r.Len)
@@ -1024,18 +1046,101 @@ func (wb *Writeback) do(r *Request) error {
 	return f.StartWriteback(r.Off, r.Len)
 }
 
+// doWhole runs a whole-file attempt on a worker: it opens the file safely,
+// reads cachestat, writes it if it is dirty and fits in write_chunk (or is
+// integrity work), reads cachestat again and closes it. A file found to hold
+// more than write_chunk is left alone (tooLarge) for the chunked path. The
+// first phase of a two-phase integrity request only opens and starts
+// writeback, and leaves the file open for the second.
+func (wb *Writeback) doWhole(r *Request) error {
+	if r.f == nil {
+		f, err := wb.open.Open(r.path, inode.Key{Dev: r.Dev, Ino: r.Ino})
+		if err != nil {
+			return err
+		}
+		r.f = f
+		d, w, err := f.Cachestat(0, 0)
+		if err != nil {
+			return wb.closeWhole(r, err)
+		}
+		r.before = [2]uint64{d, w}
+		if _, write := policy.BeforeWrite(d, w, r.Integrity); !write {
+			return wb.closeWhole(r, nil)
+		}
+		if !r.Integrity && int64(d)*int64(os.Getpagesize()) > wb.cfg.WriteChunk {
+			r.tooLarge = true
+			return wb.closeWhole(r, nil)
+		}
+	}
+	switch {
+	case r.startOnly:
+		return r.f.StartWriteback(0, 0) // the file stays open for the fdatasync
+	case r.Integrity || wb.fallback[r.Dev]:
+		if err := r.f.DataSync(); err != nil {
+			return wb.closeWhole(r, err)
+		}
+		// fdatasync has waited: the state after is final now.
+		r.wrote = true
+		d, w, err := r.f.Cachestat(0, 0)
+		r.after = [2]uint64{d, w}
+		r.afterKnown = true
+		return wb.closeWhole(r, err)
+	}
+	if err := r.f.StartWriteback(0, 0); err != nil {
+		return wb.closeWhole(r, err)
+	}
+	// The file stays open: complete looks at it once the whole batch is
+	// out, by when most of its writeback has finished.
+	r.wrote = true
+	return nil
+}
+
+// closeWhole closes a whole-file request's file and passes err on.
+func (wb *Writeback) closeWhole(r *Request, err error) error {
+	if r.f != nil {
+		r.f.Close()
+		r.f = nil
+	}
+	return err
+}
+
+// adoptWhole moves a finished whole-file request's results, and its open
+// file if it kept one, into its attempt, for complete.
+func adoptWhole(r *Request) {
+	att := r.att
+	att.dirtyBefore, att.wbBefore = r.before[0], r.before[1]
+	switch {
+	case r.wrote && r.afterKnown:
+		att.wrote, att.afterKnown = true, true
+		att.dirtyAfter, att.wbAfter = r.after[0], r.after[1]
+	case r.wrote:
+		att.wrote = true
+		att.f, r.f = r.f, nil // complete reads cachestat and closes it
+	case r.tooLarge:
+		// Not written: the next attempt takes the chunked path, since
+		// the inode's DirtyPages now shows the size.
+		att.pre, att.sized, att.afterKnown = policy.ChunkUsed, true, true
+		att.dirtyAfter, att.wbAfter = r.before[0], r.before[1]
+	default:
+		att.pre, _ = policy.BeforeWrite(r.before[0], r.before[1], r.Integrity)
+		att.afterKnown = true
+		att.dirtyAfter, att.wbAfter = r.before[0], r.before[1]
+	}
+}
+
 // complete ends an attempt: it reads the file's state after the write,
 // closes it, classifies the outcome and requeues the inode
 // (requeue_inode).
 func (wb *Writeback) complete(att *attempt) {
 	var dirty, wbp uint64
 	err := att.err
-	if att.f != nil {
-		if err == nil && att.wrote {
-			dirty, wbp, err = att.f.Cachestat(0, 0)
-		} else {
-			dirty, wbp = att.dirtyBefore, att.wbBefore
-		}
+	switch {
+	case att.afterKnown:
+		dirty, wbp = att.dirtyAfter, att.wbAfter
+	case att.f != nil && err == nil && att.wrote:
+		dirty, wbp, err = att.f.Cachestat(0, 0)
+	case att.f != nil:
+		dirty, wbp = att.dirtyBefore, att.wbBefore
 	}
 	att.release()
 	now := wb.now()
@@ -1054,6 +1159,9 @@ func (wb *Writeback) complete(att *attempt) {
 		}
 	default:
 		o = policy.AfterWrite(dirty, wbp, redirtied, att.chunkUsed)
+	}
+	if att.sized {
+		wb.pass.sized++
 	}
 	if att.wrote && err == nil && att.dirtyBefore > dirty {
 		n := att.dirtyBefore - dirty

@@ -167,7 +167,10 @@ func checkDirtyLands(t *testing.T, dir, bdi string) {
 	lists := func(s []StatLine) uint64 { return get(s, "b_dirty") + get(s, "b_io") + get(s, "b_more_io") }
 	t.Logf("%s: b_dirty+b_io+b_more_io %d -> %d, BdiDirtied %d -> %d kB", bdi,
 		lists(before), lists(after), get(before, "BdiDirtied"), get(after, "BdiDirtied"))
-	if get(after, "BdiDirtied") < get(before, "BdiDirtied")+1024 {
+	// The kernel sums BdiDirtied from per-CPU counters that are folded in
+	// batches, so a reading can lag the 1024 kB written by up to a batch
+	// per CPU; half of it still tells the right bdi from a wrong one.
+	if get(after, "BdiDirtied") < get(before, "BdiDirtied")+512 {
 		t.Errorf("writing 1 MiB on %s did not raise BdiDirtied of bdi %s", dir, bdi)
 	}
 	if lists(after) == 0 {
