@@ -609,7 +609,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		return 0
 	}
 	att.wrote = true
-	reqs, queued, err := wb.ranges(att, key, integrity)
+	reqs, queued, err := wb.ranges(att, key)
 	if err != nil {
 		att.err = err
 		wb.complete(att)
@@ -711,15 +711,16 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key) (ino
 }
 
 // ranges chooses what to write of an attempt's file: everything in one
-// request when it is integrity work or its dirty data fits in write_chunk,
+// request when its dirty data fits in write_chunk (integrity work never gets
+// here: it is always a whole-file request),
 // else write_chunk-sized windows from the inode's writeback index onwards
 // (wrapping at the end, like writeback_index) that cachestat shows dirty,
 // until write_chunk of dirty pages are queued.
-func (wb *Writeback) ranges(att *attempt, key inode.Key, integrity bool) ([]*Request, int64, error) {
+func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*Request, int64, error) {
 	page := int64(os.Getpagesize())
 	chunk := wb.cfg.WriteChunk
-	whole := &Request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, att: att}
-	if integrity || int64(att.dirtyBefore)*page <= chunk {
+	whole := &Request{Dev: key.Dev, Ino: key.Ino, att: att}
+	if int64(att.dirtyBefore)*page <= chunk {
 		return []*Request{whole}, int64(att.dirtyBefore), nil
 	}
 	size := att.f.Size()
