@@ -18,6 +18,10 @@
 //	max_pending = 256                 # requests held before a forced flush
 //	queue_depth = 8                   # requests in flight during a flush
 //
+//	[watcher]
+//	backend         = "auto"          # "fanotify", "inotify", or auto: fanotify when permitted
+//	rescan_interval = "30s"           # rescan of directories inotify could not watch
+//
 //	[stats]
 //	dir = "/run/flusherd"
 //
@@ -105,6 +109,7 @@ const MinWriteChunk = 4096
 type Config struct {
 	Writeback Writeback
 	Plug      Plug
+	Watcher   Watcher
 	Stats     Stats
 	Log       Log
 	Watch     []Watch
@@ -148,6 +153,24 @@ type Plug struct {
 	// QueueDepth is the number of requests in flight during a flush;
 	// positive. Default 8.
 	QueueDepth int
+}
+
+// Watcher backends, the values of [Watcher.Backend].
+const (
+	BackendAuto     = "auto"
+	BackendFanotify = "fanotify"
+	BackendInotify  = "inotify"
+)
+
+// Watcher is the [watcher] table: how the trees are watched.
+type Watcher struct {
+	// Backend is BackendAuto (default: fanotify when the process may use
+	// it, else inotify), BackendFanotify or BackendInotify.
+	Backend string
+	// RescanInterval is how often directories that inotify could not
+	// watch (fs.inotify.max_user_watches reached) are rescanned with
+	// cachestat. Default 30s.
+	RescanInterval time.Duration
 }
 
 // Stats is the [stats] table.
@@ -224,9 +247,10 @@ func Default() *Config {
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
 		},
-		Plug:  Plug{Enabled: true, MaxPending: 256, QueueDepth: 8},
-		Stats: Stats{Dir: "/run/flusherd"},
-		Log:   Log{Level: "info"},
+		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8},
+		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
+		Stats:   Stats{Dir: "/run/flusherd"},
+		Log:     Log{Level: "info"},
 	}
 }
 
@@ -313,9 +337,10 @@ func (c *Config) Encode(w io.Writer) error {
 			AttemptTimeout:         wb.AttemptTimeout.String(),
 			ShutdownTimeout:        wb.ShutdownTimeout.String(),
 		},
-		Plug:  encPlug(c.Plug),
-		Stats: encStats(c.Stats),
-		Log:   encLog(c.Log),
+		Plug:    encPlug(c.Plug),
+		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String()},
+		Stats:   encStats(c.Stats),
+		Log:     encLog(c.Log),
 	}
 	for _, x := range c.Watch {
 		e.Watch = append(e.Watch, encWatch{Path: x.Path, Recursive: x.Recursive, Mode: x.Mode, Expire: x.Expire.String()})
@@ -333,6 +358,7 @@ func (c *Config) Encode(w io.Writer) error {
 type encConfig struct {
 	Writeback encWriteback `toml:"writeback"`
 	Plug      encPlug      `toml:"plug"`
+	Watcher   encWatcher   `toml:"watcher"`
 	Stats     encStats     `toml:"stats"`
 	Log       encLog       `toml:"log"`
 	Watch     []encWatch   `toml:"watch,omitempty"`
@@ -353,6 +379,11 @@ type encPlug struct {
 	Enabled    bool `toml:"enabled"`
 	MaxPending int  `toml:"max_pending"`
 	QueueDepth int  `toml:"queue_depth"`
+}
+
+type encWatcher struct {
+	Backend        string `toml:"backend"`
+	RescanInterval string `toml:"rescan_interval"`
 }
 
 type encStats struct {
@@ -472,6 +503,9 @@ func (c *Config) check(stat, needWatch bool) error {
 	if c.Plug.QueueDepth <= 0 {
 		add("plug.queue_depth", "must be positive, got %d", c.Plug.QueueDepth)
 	}
+	oneOf("watcher.backend", c.Watcher.Backend, BackendAuto, BackendFanotify, BackendInotify)
+	positive("watcher.rescan_interval", c.Watcher.RescanInterval)
+	atLeast("watcher.rescan_interval", c.Watcher.RescanInterval, MinInterval)
 	if c.Stats.Dir == "" {
 		add("stats.dir", "must not be empty")
 	}
@@ -603,6 +637,12 @@ func (d *decoder) config(m map[string]any) *Config {
 				"enabled":     d.boolean(&c.Plug.Enabled),
 				"max_pending": d.integer(&c.Plug.MaxPending),
 				"queue_depth": d.integer(&c.Plug.QueueDepth),
+			})
+		},
+		"watcher": func(key string, v any) {
+			d.table(key, v, map[string]field{
+				"backend":         d.str(&c.Watcher.Backend),
+				"rescan_interval": d.duration(&c.Watcher.RescanInterval),
 			})
 		},
 		"stats": func(key string, v any) {

@@ -29,9 +29,10 @@ func TestDefault(t *testing.T) {
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
 		},
-		Plug:  Plug{Enabled: true, MaxPending: 256, QueueDepth: 8},
-		Stats: Stats{Dir: "/run/flusherd"},
-		Log:   Log{Level: "info"},
+		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8},
+		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
+		Stats:   Stats{Dir: "/run/flusherd"},
+		Log:     Log{Level: "info"},
 	}
 	if diff := cmp.Diff(want, Default(), ignoreSrc); diff != "" {
 		t.Errorf("Default() mismatch (-want +got):\n%s", diff)
@@ -217,7 +218,7 @@ func TestParseErrors(t *testing.T) {
 
 		// Unknown keys.
 		{"unknown top-level key", "[log]\nlevel = \"info\"\n\nfoo = 1\n", "log.foo", 4, "unknown key"},
-		{"unknown top-level table", "\n[logging]\nlevel = \"info\"\n", "logging", 2, "unknown key, want one of log, plug, stats, watch, writeback"},
+		{"unknown top-level table", "\n[logging]\nlevel = \"info\"\n", "logging", 2, "unknown key, want one of log, plug, stats, watch, watcher, writeback"},
 		{"unknown bare top-level key", "verbose = true\n[log]\n", "verbose", 1, "unknown key"},
 		{"unknown key in table", "[writeback]\nmin_pause = \"1ms\"\n  min_paus = \"1ms\"\n", "writeback.min_paus", 3, "unknown key, want one of attempt_timeout,"},
 		{"unknown quoted key", "[writeback]\n\"min pause\" = \"1ms\"\n", `writeback."min pause"`, 2, "unknown key"},
@@ -250,6 +251,9 @@ func TestParseErrors(t *testing.T) {
 		{"zero watch expire", "[[watch]]\npath = \"/a\"\nexpire = \"0s\"\n", "watch[0].expire", 3, "must be positive"},
 		{"zero max_pending", "[plug]\nmax_pending = 0\n", "plug.max_pending", 2, "must be positive, got 0"},
 		{"negative queue_depth", "[plug]\nenabled = false\nqueue_depth = -1\n", "plug.queue_depth", 3, "must be positive, got -1"},
+		{"unknown backend", "[watcher]\n\nbackend = \"kqueue\"\n", "watcher.backend", 3, `"kqueue"`},
+		{"rescan without unit", "[watcher]\nrescan_interval = 30\n", "watcher.rescan_interval", 2, "unit"},
+		{"tiny rescan", "[watcher]\nrescan_interval = \"1ms\"\n", "watcher.rescan_interval", 2, "at least"},
 
 		// min_pause > max_pause.
 		{"min_pause > max_pause", "[writeback]\nmax_pause = \"1s\"\nmin_pause = \"2s\"\n", "writeback.min_pause", 3, "min_pause 2s is greater than max_pause 1s"},
@@ -538,13 +542,13 @@ func TestEncodeDefault(t *testing.T) {
 	for _, want := range []string{
 		"[writeback]\n", `dirty_writeback_interval = "5s"`, `min_pause = "10ms"`,
 		`write_chunk = "4MiB"`, `requeue_blocked = "io_wait"`, "[plug]\n", "max_pending = 256",
-		"[stats]\n", `dir = "/run/flusherd"`, "[log]\n", `level = "info"`,
+		"[watcher]\n", `backend = "auto"`, `rescan_interval = "30s"`, "[stats]\n", `dir = "/run/flusherd"`, "[log]\n", `level = "info"`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("Encode(Default()) lacks %q:\n%s", want, text)
 		}
 	}
-	if strings.Contains(text, "watch") {
+	if strings.Contains(text, "[[watch]]") {
 		t.Errorf("Encode(Default()) has a watch:\n%s", text)
 	}
 
