@@ -203,7 +203,7 @@ func withWB(t *testing.T, cfg Config, f func(h *harness)) {
 }
 
 func (h *harness) mark(f *fakeFile, expire time.Duration) {
-	h.wb.MarkInodeDirty(f.key, f.path, Tree{Expire: expire})
+	h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: expire})
 }
 
 // lists returns the list each tracked inode is on, by path.

@@ -30,6 +30,7 @@ type Request struct {
 	// by the worker and read after it has reported.
 	whole      bool
 	path       string
+	handle     inode.Handle
 	f          inode.File
 	before     [2]uint64 // dirty, writeback pages before
 	after      [2]uint64 // and after the write

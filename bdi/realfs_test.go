@@ -128,7 +128,7 @@ func TestRealOutcomes(t *testing.T) {
 			p := filepath.Join(ffs.Dir, "f")
 			key, w := dirtyFile(t, p, 64<<10)
 			ffs.Set(tc.faults)
-			wb.MarkInodeDirty(key, p, Tree{Expire: 0, Integrity: tc.integrity})
+			wb.MarkInodeDirty(key, p, "", Tree{Expire: 0, Integrity: tc.integrity})
 			dirtied := inodeOf(wb, key).DirtiedWhen
 			tr := waitFor(t, ch, p, func(traced) bool { return true })
 			if tr.o != tc.want || tr.d != policy.MoreIOWait {
@@ -173,7 +173,7 @@ func TestRealGone(t *testing.T) {
 	if err := os.Remove(p); err != nil {
 		t.Fatal(err)
 	}
-	wb.MarkInodeDirty(key, p, Tree{})
+	wb.MarkInodeDirty(key, p, "", Tree{})
 	tr := waitFor(t, ch, p, func(traced) bool { return true })
 	if tr.o != policy.Gone || tr.d != policy.Drop || !errors.Is(tr.err, syscall.ENOENT) {
 		t.Fatalf("attempt on a deleted file: %v -> %v (%v), want gone -> drop (ENOENT)", tr.o, tr.d, tr.err)
@@ -194,7 +194,7 @@ func TestRealRedirtied(t *testing.T) {
 	key, w := dirtyFile(t, p, 4096)
 	ffs.Set(faultfs.Faults{OpenDelay: 200 * time.Millisecond})
 	tree := Tree{}
-	wb.MarkInodeDirty(key, p, tree)
+	wb.MarkInodeDirty(key, p, "", tree)
 	dirtied := inodeOf(wb, key).DirtiedWhen
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -206,7 +206,7 @@ func TestRealRedirtied(t *testing.T) {
 			case <-time.After(10 * time.Millisecond):
 			}
 			w.Write([]byte("a line of log\n"))
-			wb.MarkInodeDirty(key, p, tree) // what the watcher does on IN_MODIFY
+			wb.MarkInodeDirty(key, p, "", tree) // what the watcher does on IN_MODIFY
 		}
 	})
 	tr := waitFor(t, ch, p, func(traced) bool { return true })
@@ -234,7 +234,7 @@ func TestRealChunkUsed(t *testing.T) {
 	if d, _ := pagesOf(t, w); d*4096 <= 1<<20 {
 		t.Skipf("only %d dirty pages: the kernel already wrote the file", d)
 	}
-	wb.MarkInodeDirty(key, p, Tree{})
+	wb.MarkInodeDirty(key, p, "", Tree{})
 	tr := waitFor(t, ch, p, func(traced) bool { return true })
 	if tr.o != policy.ChunkUsed || tr.d != policy.MoreIO {
 		t.Fatalf("first attempt: %v -> %v, want chunk_used -> b_more_io", tr.o, tr.d)
@@ -256,8 +256,8 @@ func TestRealHardLinkName(t *testing.T) {
 	if err := os.Link(a, b); err != nil {
 		t.Fatal(err)
 	}
-	wb.MarkInodeDirty(key, b, Tree{Expire: time.Hour}) // seen as b first
-	wb.MarkInodeDirty(key, a, Tree{Expire: time.Hour}) // then written as a
+	wb.MarkInodeDirty(key, b, "", Tree{Expire: time.Hour}) // seen as b first
+	wb.MarkInodeDirty(key, a, "", Tree{Expire: time.Hour}) // then written as a
 	if err := os.Remove(a); err != nil {
 		t.Fatal(err)
 	}

@@ -96,13 +96,14 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 }
 
 // MarkInodeDirty marks the inode key at path dirty on its device
-// (__mark_inode_dirty).
-func (r *Registry) MarkInodeDirty(path string, key inode.Key, t Tree) error {
+// (__mark_inode_dirty); h is its file handle, if known (see
+// Writeback.MarkInodeDirty).
+func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t Tree) error {
 	wb, err := r.Device(key.Dev, path)
 	if err != nil {
 		return err
 	}
-	wb.MarkInodeDirty(key, path, t)
+	wb.MarkInodeDirty(key, path, h, t)
 	return nil
 }
 

@@ -207,19 +207,41 @@ func (wb *Writeback) hasDirtyIOLocked() bool {
 // goes onto b_dirty; an inode that is already dirty keeps its dirtiedWhen
 // and its place; one under a writeback attempt is flagged redirtied and the
 // attempt's requeue decides its list. path replaces the recorded path (a
-// rename). Safe for concurrent use.
-func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, t Tree) {
+// rename). h is the file's handle if the caller has it (fanotify); for a
+// new inode without one, it is asked of the opener when that is an
+// inode.HandleOpener. Safe for concurrent use.
+func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, t Tree) {
+	if h == "" {
+		if ho, ok := wb.open.(inode.HandleOpener); ok {
+			wb.mu.Lock()
+			in := wb.inodes[key]
+			known := in != nil && in.Handle != ""
+			wb.mu.Unlock()
+			if !known {
+				// No handle: the inode is opened by path, as before.
+				h, _ = ho.HandleOf(path, key)
+			}
+		}
+	}
 	now := wb.now()
 	wb.mu.Lock()
 	in := wb.inodes[key]
 	if in == nil {
-		in = &inode.Inode{Key: key, Path: path, Expire: t.Expire}
+		in = &inode.Inode{Key: key, Path: path, Handle: h, Expire: t.Expire}
 		if t.Integrity {
 			in.State |= inode.Integrity
 		}
 		wb.inodes[key] = in
-	} else if in.Path != path {
-		in.OtherPath, in.Path = in.Path, path
+	} else {
+		if in.Handle == "" && h != "" {
+			in.Handle = h
+		}
+		if in.Path != path {
+			if in.Handle == "" {
+				in.OtherPath = in.Path
+			}
+			in.Path = path
+		}
 	}
 	wasIdle := false
 	switch {
@@ -458,7 +480,7 @@ func (wb *Writeback) publishPlugStatsLocked() {
 func (wb *Writeback) syncFiles(w *Work) {
 	w.Errs = make([]error, len(w.Files))
 	for i, f := range w.Files {
-		wb.MarkInodeDirty(f.Key, f.Path, f.Tree)
+		wb.MarkInodeDirty(f.Key, f.Path, "", f.Tree)
 		wb.mu.Lock()
 		in := wb.inodes[f.Key]
 		if in.Has(inode.Busy) {
@@ -559,6 +581,7 @@ type attempt struct {
 	afterKnown          bool
 	dirtyAfter, wbAfter uint64
 	sized               bool // a whole-file attempt found it too large
+	handle              inode.Handle
 }
 
 // hold takes a reference on the attempt's file.
@@ -580,15 +603,18 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	wb.plug.Start()
 	defer wb.plug.Finish()
 	att := &attempt{in: in, result: result}
+	wb.mu.Lock()
+	att.handle = in.Handle
+	wb.mu.Unlock()
 	att.refs.Store(1)
 	if page := int64(os.Getpagesize()); integrity || int64(in.DirtyPages)*page <= wb.cfg.WriteChunk {
 		// The usual case: the whole attempt runs on a plug worker, in
 		// parallel with the others of the batch.
 		att.remaining = 1
-		wb.plug.Add(&Request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, att: att, whole: true, path: path})
+		wb.plug.Add(&Request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, att: att, whole: true, path: path, handle: att.handle})
 		return max(1, int64(in.DirtyPages))
 	}
-	f, err := wb.openTimed(in, path, key)
+	f, err := wb.openTimed(in, path, key, att.handle)
 	if err != nil {
 		att.err = err
 		wb.complete(att)
@@ -622,11 +648,23 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	return queued
 }
 
+// openFile opens a tracked file: by handle when it has one and the opener
+// can (a rename since it was dirtied does not matter then), else by path.
+func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (inode.File, error) {
+	if h != "" {
+		if ho, ok := wb.open.(inode.HandleOpener); ok {
+			return ho.OpenHandle(h, key)
+		}
+	}
+	return wb.open.Open(path, key)
+}
+
 // openJob is an open handed to the opener goroutine.
 type openJob struct {
 	in    *inode.Inode
 	path  string
 	key   inode.Key
+	h     inode.Handle
 	state atomic.Int32 // reqRunning, reqDone or reqTimedOut
 }
 
@@ -649,7 +687,7 @@ func (wb *Writeback) startOpener() *opener {
 	o := &opener{jobs: make(chan *openJob), results: make(chan openResult)}
 	go func() {
 		for j := range o.jobs {
-			f, err := wb.open.Open(j.path, j.key)
+			f, err := wb.openFile(j.path, j.key, j.h)
 			wb.mu.Lock()
 			if j.state.CompareAndSwap(reqRunning, reqDone) {
 				wb.mu.Unlock()
@@ -677,15 +715,15 @@ func (wb *Writeback) startOpener() *opener {
 // and leaves the inode Busy until the open(2) returns; the file it then
 // yields is closed at once. The opens run on a long-lived opener goroutine,
 // not one goroutine each: a blocked file is retried often.
-func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key) (inode.File, error) {
+func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h inode.Handle) (inode.File, error) {
 	timeout := wb.cfg.AttemptTimeout
 	if timeout <= 0 {
-		return wb.open.Open(path, key)
+		return wb.openFile(path, key, h)
 	}
 	if wb.opener == nil {
 		wb.opener = wb.startOpener()
 	}
-	j := &openJob{in: in, path: path, key: key}
+	j := &openJob{in: in, path: path, key: key, h: h}
 	wb.opener.jobs <- j
 	tc := resetTimer(&wb.openTimer, timeout)
 	defer wb.openTimer.Stop()
@@ -1055,7 +1093,7 @@ func (wb *Writeback) do(r *Request) error {
 // writeback, and leaves the file open for the second.
 func (wb *Writeback) doWhole(r *Request) error {
 	if r.f == nil {
-		f, err := wb.open.Open(r.path, inode.Key{Dev: r.Dev, Ino: r.Ino})
+		f, err := wb.openFile(r.path, inode.Key{Dev: r.Dev, Ino: r.Ino}, r.handle)
 		if err != nil {
 			return err
 		}

@@ -268,7 +268,7 @@ func TestIntegrityUsesFdatasync(t *testing.T) {
 	withWB(t, testConfig(), func(h *harness) {
 		t := h.t
 		f := h.fs.add("/db", 1, 8*pg, 8)
-		h.wb.MarkInodeDirty(f.key, f.path, Tree{Expire: 0, Integrity: true})
+		h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: 0, Integrity: true})
 		time.Sleep(6 * time.Second)
 		synctest.Wait()
 		if n := len(h.fs.callsOf("fdatasync", "/db")); n != 1 {

@@ -50,6 +50,10 @@ type Inode struct {
 	// or the name before a rename). When Path is gone, OtherPath is tried
 	// before the inode is dropped.
 	OtherPath string
+	// Handle is the inode's file handle when its filesystem supports
+	// opens by handle (Handles); such an inode is opened by handle, so a
+	// rename never loses it, and OtherPath is not used.
+	Handle Handle
 
 	// DirtiedWhen is when the inode went from clean to dirty, on the
 	// daemon's monotonic clock (nanoseconds since its epoch). A re-dirty

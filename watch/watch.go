@@ -38,7 +38,7 @@ type Tree struct {
 
 // Sink receives dirty inodes (bdi.Registry).
 type Sink interface {
-	MarkInodeDirty(path string, key inode.Key, t bdi.Tree) error
+	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
 }
 
 // Watcher watches trees and feeds a Sink.
@@ -228,7 +228,7 @@ func (w *Watcher) report(t Tree, path string, onlyDirty bool) {
 			return
 		}
 	}
-	if err := w.sink.MarkInodeDirty(path, key, t.Tree); err != nil {
+	if err := w.sink.MarkInodeDirty(path, key, "", t.Tree); err != nil {
 		w.log.Warn("cannot track file", Q(path), zap.Error(err))
 	}
 }

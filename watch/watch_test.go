@@ -19,7 +19,7 @@ type sink struct {
 	seen map[string]int
 }
 
-func (s *sink) MarkInodeDirty(path string, key inode.Key, t bdi.Tree) error {
+func (s *sink) MarkInodeDirty(path string, key inode.Key, _ inode.Handle, t bdi.Tree) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seen[path]++

@@ -255,7 +255,7 @@ func flusherdMethod(s *fileSet, plugOn, integrity bool, depth int, st *plugStat)
 			reg.Stop()
 			return nil, err
 		}
-		if err := reg.MarkInodeDirty(p, key, bdi.Tree{Expire: time.Hour, Integrity: integrity}); err != nil {
+		if err := reg.MarkInodeDirty(p, key, "", bdi.Tree{Expire: time.Hour, Integrity: integrity}); err != nil {
 			reg.Stop()
 			return nil, err
 		}

@@ -1,0 +1,344 @@
+package inode
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Handle is a file handle, as name_to_handle_at(2) and fanotify's
+// FAN_REPORT_FID give it: 4 bytes of handle_type (host byte order), then
+// the f_handle bytes. It names an inode, not a path: it stays valid across
+// renames and becomes ESTALE once the inode is deleted. The empty Handle is
+// none.
+type Handle string
+
+// MakeHandle encodes a handle from its type and bytes.
+func MakeHandle(typ int32, b []byte) Handle {
+	buf := make([]byte, 4+len(b))
+	binary.NativeEndian.PutUint32(buf, uint32(typ))
+	copy(buf[4:], b)
+	return Handle(buf)
+}
+
+func (h Handle) unix() (unix.FileHandle, bool) {
+	if len(h) < 4 {
+		return unix.FileHandle{}, false
+	}
+	return unix.NewFileHandle(int32(binary.NativeEndian.Uint32([]byte(h[:4]))), []byte(h[4:])), true
+}
+
+// ErrUnlinked is returned by OpenHandle for an inode that has no name left
+// (st_nlink 0: deleted, or replaced by a rename, while still open
+// somewhere): writing it back would be wasted. It wraps unix.ESTALE, so
+// policy.ClassifyErr treats it as gone.
+var ErrUnlinked = fmt.Errorf("inode: file has been deleted: %w", unix.ESTALE)
+
+// HandleOpener is an Opener that also works with file handles.
+type HandleOpener interface {
+	Opener
+	// HandleOf returns the handle of the regular file key at path. It
+	// returns "" and no error when handles cannot be used on key's
+	// filesystem.
+	HandleOf(path string, key Key) (Handle, error)
+	// OpenHandle opens the inode key by its handle for writeback.
+	OpenHandle(h Handle, key Key) (File, error)
+}
+
+// Handles is an Opener that opens tracked files by file handle
+// (open_by_handle_at(2)) on the filesystems registered with AddMount, and
+// by path (OS.Open) elsewhere. Opening by handle costs one system call
+// instead of a path walk, and reaches a file renamed since it was dirtied,
+// wherever in its filesystem it now is. It needs CAP_DAC_READ_SEARCH;
+// AddMount finds out.
+//
+// open_by_handle_at needs a descriptor on the filesystem (mount_fd). Handles
+// opens the registered directory when one is needed and closes it after a
+// second without use, so that flusherd never keeps a watched filesystem
+// busy: an administrator's umount(8) does not fail with EBUSY because of it.
+// Safe for concurrent use.
+type Handles struct {
+	OS
+	// Idle is how long an unused mount descriptor stays open; 0 means 1s.
+	Idle time.Duration
+
+	mu     sync.Mutex
+	mounts map[uint64]*mount
+	timer  *time.Timer
+}
+
+type mount struct {
+	dir     string
+	fd      int // -1 when closed
+	refs    int
+	lastUse time.Time
+}
+
+// NewHandles returns a Handles with no filesystem registered.
+func NewHandles() *Handles { return &Handles{mounts: map[uint64]*mount{}} }
+
+// AddMount registers the filesystem of dir, an absolute directory path, for
+// opens by handle, and returns its st_dev. It checks once that a handle can
+// be made and opened there: the error is EPERM without
+// CAP_DAC_READ_SEARCH, EOPNOTSUPP on a filesystem that cannot export
+// handles. A filesystem already registered is left as it is.
+func (h *Handles) AddMount(dir string) (dev uint64, err error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, &os.PathError{Op: "fstat", Path: dir, Err: err}
+	}
+	h.mu.Lock()
+	_, ok := h.mounts[st.Dev]
+	h.mu.Unlock()
+	if ok {
+		return st.Dev, nil
+	}
+	fh, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return st.Dev, &os.PathError{Op: "name_to_handle_at", Path: dir, Err: err}
+	}
+	probe, err := unix.OpenByHandleAt(fd, fh, unix.O_PATH|unix.O_CLOEXEC)
+	if err != nil {
+		return st.Dev, &os.PathError{Op: "open_by_handle_at", Path: dir, Err: err}
+	}
+	unix.Close(probe)
+	h.mu.Lock()
+	if _, ok := h.mounts[st.Dev]; !ok {
+		h.mounts[st.Dev] = &mount{dir: dir, fd: -1}
+	}
+	h.mu.Unlock()
+	return st.Dev, nil
+}
+
+// Has reports whether filesystem dev is registered.
+func (h *Handles) Has(dev uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.mounts[dev] != nil
+}
+
+// acquire returns a descriptor on filesystem dev, opening its directory if
+// needed; release it with h.release(dev). Errors: EBADF when dev is not
+// registered, ENODEV when the directory is no longer on dev (unmounted or
+// replaced), or the open's error.
+func (h *Handles) acquire(dev uint64) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m := h.mounts[dev]
+	if m == nil {
+		return -1, unix.EBADF
+	}
+	if m.fd < 0 {
+		fd, err := unix.Open(m.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Dev != dev {
+			unix.Close(fd)
+			return -1, unix.ENODEV
+		}
+		m.fd = fd
+		if h.timer == nil {
+			h.timer = time.AfterFunc(h.idle(), h.closeIdle)
+		} else {
+			h.timer.Reset(h.idle())
+		}
+	}
+	m.refs++
+	return m.fd, nil
+}
+
+func (h *Handles) release(dev uint64) {
+	h.mu.Lock()
+	if m := h.mounts[dev]; m != nil {
+		m.refs--
+		m.lastUse = time.Now()
+	}
+	h.mu.Unlock()
+}
+
+func (h *Handles) idle() time.Duration {
+	if h.Idle > 0 {
+		return h.Idle
+	}
+	return time.Second
+}
+
+// closeIdle closes the descriptors unused for Idle, and rearms itself while
+// any stays open; with none open, no timer runs.
+func (h *Handles) closeIdle() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	open := false
+	for _, m := range h.mounts {
+		if m.fd < 0 {
+			continue
+		}
+		if m.refs == 0 && time.Since(m.lastUse) >= h.idle() {
+			unix.Close(m.fd)
+			m.fd = -1
+			continue
+		}
+		open = true
+	}
+	if open {
+		h.timer.Reset(h.idle())
+	}
+}
+
+// RemoveMount forgets filesystem dev (unmounted, or its last tree gone).
+func (h *Handles) RemoveMount(dev uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if m := h.mounts[dev]; m != nil {
+		if m.fd >= 0 && m.refs == 0 {
+			unix.Close(m.fd)
+		}
+		delete(h.mounts, dev)
+	}
+}
+
+// Close closes every open descriptor and forgets every filesystem.
+func (h *Handles) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+	for dev, m := range h.mounts {
+		if m.fd >= 0 {
+			unix.Close(m.fd)
+		}
+		delete(h.mounts, dev)
+	}
+}
+
+// HandleOf implements HandleOpener: it opens path O_PATH without following
+// symlinks (as OS.Open does), checks that it is the regular file key, and
+// returns name_to_handle_at(2) of that descriptor, so the handle is of
+// exactly the inode checked. Errors are *os.PathError, ErrNotRegular or
+// ErrReplaced.
+func (h *Handles) HandleOf(path string, key Key) (Handle, error) {
+	if !h.Has(key.Dev) {
+		return "", nil
+	}
+	pfd, err := unix.Openat2(unix.AT_FDCWD, path, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS,
+	})
+	if err != nil {
+		return "", &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return "", &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return "", fmt.Errorf("%w: %s", ErrNotRegular, path)
+	}
+	if st.Dev != key.Dev || st.Ino != key.Ino {
+		return "", fmt.Errorf("%w: %s", ErrReplaced, path)
+	}
+	fh, _, err := unix.NameToHandleAt(pfd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return "", &os.PathError{Op: "name_to_handle_at", Path: path, Err: err}
+	}
+	return MakeHandle(fh.Type(), fh.Bytes()), nil
+}
+
+// Identify opens handle hd of filesystem dev O_PATH (nothing is opened for
+// I/O) and returns its key and whether it is a regular file. It is how an
+// event that carries only a handle (fanotify) is matched to a tracked
+// inode. Errors: ESTALE when the inode is gone, EPERM without
+// CAP_DAC_READ_SEARCH, EBADF when dev is not registered.
+func (h *Handles) Identify(dev uint64, hd Handle) (key Key, regular bool, err error) {
+	fh, ok := hd.unix()
+	if !ok {
+		return Key{}, false, unix.EINVAL
+	}
+	mfd, err := h.acquire(dev)
+	if err != nil {
+		return Key{}, false, err
+	}
+	fd, err := unix.OpenByHandleAt(mfd, fh, unix.O_PATH|unix.O_CLOEXEC)
+	h.release(dev)
+	if err != nil {
+		return Key{}, false, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return Key{}, false, err
+	}
+	return Key{Dev: st.Dev, Ino: st.Ino}, st.Mode&unix.S_IFMT == unix.S_IFREG, nil
+}
+
+// OpenHandle implements HandleOpener: open_by_handle_at(2) with
+// O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_NOATIME (O_NOATIME dropped on EPERM),
+// then fstat. The handle must have been made of a regular file (HandleOf,
+// or Identify's check): a handle names one inode for good, and an inode
+// never changes type, so nothing else can be opened this way. Errors:
+// ESTALE (as *os.PathError) when the inode was deleted, ErrUnlinked when it
+// lives on without a name, ErrReplaced when the handle names another inode
+// than key.
+func (h *Handles) OpenHandle(hd Handle, key Key) (File, error) {
+	fh, ok := hd.unix()
+	name := "handle:" + strconv.Quote(string(hd))
+	if !ok {
+		return nil, &os.PathError{Op: "open_by_handle_at", Path: name, Err: unix.EINVAL}
+	}
+	mfd, err := h.acquire(key.Dev)
+	if err != nil {
+		return nil, &os.PathError{Op: "open_by_handle_at", Path: name, Err: err}
+	}
+	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC
+	fd, err := unix.OpenByHandleAt(mfd, fh, flags|unix.O_NOATIME)
+	if errors.Is(err, unix.EPERM) {
+		fd, err = unix.OpenByHandleAt(mfd, fh, flags)
+	}
+	h.release(key.Dev)
+	if err != nil {
+		return nil, &os.PathError{Op: "open_by_handle_at", Path: name, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "fstat", Path: name, Err: err}
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		unix.Close(fd)
+		return nil, ErrNotRegular
+	case st.Dev != key.Dev || st.Ino != key.Ino:
+		unix.Close(fd)
+		return nil, ErrReplaced
+	case st.Nlink == 0:
+		unix.Close(fd)
+		return nil, ErrUnlinked
+	}
+	return &OSFile{fd: fd, size: st.Size}, nil
+}
+
+// PathOf returns the current path of the open file f (readlink of
+// /proc/self/fd/N), for logs: a file opened by handle may have been renamed.
+func PathOf(f File) (string, bool) {
+	of, ok := f.(*OSFile)
+	if !ok {
+		return "", false
+	}
+	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(of.fd))
+	return p, err == nil
+}

@@ -1,0 +1,107 @@
+package inode
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
+)
+
+// TestHandles opens files by handle on a real ext4 filesystem: after a
+// rename (even out of the registered directory), not after deletion, and
+// not as ErrUnlinked while a deleted file is still open elsewhere. The
+// mount descriptor is closed when idle, so the filesystem can be unmounted.
+func TestHandles(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+	tree := filepath.Join(mnt.Dir, "tree")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHandles()
+	h.Idle = 50 * time.Millisecond
+	defer h.Close()
+	dev, err := h.AddMount(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(tree, "f")
+	if err := os.WriteFile(p, make([]byte, 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k, _, err := Stat(p)
+	if err != nil || k.Dev != dev {
+		t.Fatalf("Stat: %v %v (dev %d)", k, err, dev)
+	}
+	hd, err := h.HandleOf(p, k)
+	if err != nil || hd == "" {
+		t.Fatalf("HandleOf: %q %v", hd, err)
+	}
+	// Moved out of the registered tree, on the same filesystem.
+	moved := filepath.Join(mnt.Dir, "moved")
+	if err := os.Rename(p, moved); err != nil {
+		t.Fatal(err)
+	}
+	f, err := h.OpenHandle(hd, k)
+	if err != nil {
+		t.Fatalf("OpenHandle after rename: %v", err)
+	}
+	if d, _, err := f.Cachestat(0, 0); err != nil || d != 2 {
+		t.Errorf("cachestat through the handle: %d dirty pages, %v; want 2", d, err)
+	}
+	if got, ok := PathOf(f); !ok || got != moved {
+		t.Errorf("PathOf = %q, %v; want %q", got, ok, moved)
+	}
+	f.Close()
+
+	// Deleted but still open elsewhere: ErrUnlinked (gone).
+	keep, err := os.Open(moved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(moved)
+	if _, err := h.OpenHandle(hd, k); !errors.Is(err, ErrUnlinked) || !errors.Is(err, unix.ESTALE) {
+		t.Errorf("OpenHandle of an unlinked open file: %v, want ErrUnlinked", err)
+	}
+	keep.Close()
+	mnt.DropCaches(t)
+	if _, err := h.OpenHandle(hd, k); !errors.Is(err, unix.ESTALE) {
+		t.Errorf("OpenHandle of a deleted file: %v, want ESTALE", err)
+	}
+
+	// A FIFO is not a regular file: no handle.
+	fifo := filepath.Join(tree, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fk, _, _ := Stat(fifo)
+	if _, err := h.HandleOf(fifo, fk); !errors.Is(err, ErrNotRegular) {
+		t.Errorf("HandleOf(fifo) = %v, want ErrNotRegular", err)
+	}
+	// Identify tells a regular file from the rest.
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k2, _, _ := Stat(p)
+	hd2, err := h.HandleOf(p, k2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, reg, err := h.Identify(dev, hd2); err != nil || got != k2 || !reg {
+		t.Errorf("Identify = %v %v %v, want %v true", got, reg, err, k2)
+	}
+
+	// Once idle, the mount descriptor is closed: nothing of ours keeps
+	// the filesystem busy.
+	time.Sleep(200 * time.Millisecond)
+	h.mu.Lock()
+	open := h.mounts[dev].fd
+	h.mu.Unlock()
+	if open >= 0 {
+		t.Errorf("mount descriptor still open after the idle time")
+	}
+}
