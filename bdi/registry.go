@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -41,9 +43,11 @@ type Registry struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 
-	mu     sync.Mutex
-	byDev  map[uint64]*Writeback
-	byName map[string]*Writeback
+	mu      sync.Mutex
+	byDev   map[uint64]*Writeback
+	byName  map[string]*Writeback
+	cancel  map[string]context.CancelFunc // each device's goroutine
+	rescans map[uint64]uint64             // rescans of devices not started yet
 }
 
 // NewRegistry returns an empty registry whose goroutines run until
@@ -59,7 +63,8 @@ func NewRegistry(opt Options) *Registry {
 		opt.StatsEvery = time.Second
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Registry{opt: opt, epoch: time.Now(), ctx: ctx, stop: stop, byDev: map[uint64]*Writeback{}, byName: map[string]*Writeback{}}
+	return &Registry{opt: opt, epoch: time.Now(), ctx: ctx, stop: stop, byDev: map[uint64]*Writeback{}, byName: map[string]*Writeback{},
+		cancel: map[string]context.CancelFunc{}, rescans: map[uint64]uint64{}}
 }
 
 // Now is the daemon's monotonic clock: time since the registry was made.
@@ -88,11 +93,98 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		}
 		wb = New(name, r.opt.Config, r.Now, r.opt.Opener, r.opt.Log, sw)
 		r.byName[name] = wb
-		r.wg.Go(func() { wb.Run(r.ctx) })
+		ctx, cancel := context.WithCancel(r.ctx)
+		r.cancel[name] = cancel
+		r.wg.Go(func() { wb.Run(ctx) })
 		r.opt.Log.Info("writeback started for device", zap.String("bdi", name))
 	}
 	r.byDev[dev] = wb
+	if n := r.rescans[dev]; n > 0 {
+		delete(r.rescans, dev)
+		wb.mu.Lock()
+		wb.rescans += n
+		wb.mu.Unlock()
+	}
 	return wb, nil
+}
+
+// Rescanned counts a rescan of a tree on filesystem dev in its device's
+// statistics (watch.Sink).
+func (r *Registry) Rescanned(dev uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	wb := r.byDev[dev]
+	if wb == nil {
+		r.rescans[dev]++
+		return
+	}
+	wb.mu.Lock()
+	wb.rescans++
+	wb.gen++
+	wb.mu.Unlock()
+}
+
+// TreeGone drops the inodes of a tree whose root is gone (watch.Sink).
+// When it was the last tree on its filesystem (lastOnDev), the device is
+// retired once nothing of it is tracked: its goroutine ends, its stats
+// file is removed, and the filesystem's handle registration is dropped.
+func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
+	r.mu.Lock()
+	wb := r.byDev[dev]
+	r.mu.Unlock()
+	if wb != nil {
+		n := wb.DropUnder(root)
+		r.opt.Log.Info("dropped the files of a tree that is gone", zap.String("root", root), zap.Int("files", n), zap.String("bdi", wb.Name))
+	}
+	if !lastOnDev {
+		return
+	}
+	if h, ok := r.opt.Opener.(*inode.Handles); ok {
+		h.RemoveMount(dev)
+	}
+	if wb == nil {
+		return
+	}
+	r.wg.Go(func() { r.retire(dev, wb) })
+}
+
+// retire waits until wb tracks nothing, then stops it and removes it and
+// its stats file.
+func (r *Registry) retire(dev uint64, wb *Writeback) {
+	for wb.Tracked() > 0 {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	r.mu.Lock()
+	if r.byDev[dev] != wb {
+		r.mu.Unlock()
+		return
+	}
+	delete(r.byDev, dev)
+	shared := false
+	for _, o := range r.byDev {
+		shared = shared || o == wb
+	}
+	if !shared {
+		delete(r.byName, wb.Name)
+		r.cancel[wb.Name]()
+		delete(r.cancel, wb.Name)
+	}
+	r.mu.Unlock()
+	if shared {
+		return
+	}
+	<-wb.stopped
+	if wb.stats != nil {
+		if err := os.Remove(wb.stats.path); err != nil && !os.IsNotExist(err) {
+			r.opt.Log.Warn("cannot remove a retired device's stats file", zap.Error(err))
+		}
+		os.Remove(filepath.Dir(wb.stats.path))
+	}
+	r.opt.Log.Info("writeback stopped for device: none of its trees is left", zap.String("bdi", wb.Name))
 }
 
 // MarkInodeDirty marks the inode key at path dirty on its device

@@ -34,6 +34,7 @@ type Stats struct {
 	RetryPauseMs                          int64
 	WritebackErrors                       uint64
 	InodesGone                            uint64 // dropped: the file was deleted or replaced
+	Rescans                               uint64 // cachestat rescans of trees on this device (overflows, unwatched directories)
 }
 
 // The bits of State, as enum wb_state (include/linux/backing-dev-defs.h).
@@ -69,11 +70,12 @@ func (s *Stats) Format(w io.Writer, pageSize int) error {
 			"plug_batches:       %10d\n"+
 			"retry_pause_ms:     %10d\n"+
 			"writeback_errors:   %10d\n"+
-			"inodes_gone:        %10d\n",
+			"inodes_gone:        %10d\n"+
+			"rescans:            %10d\n",
 		k(s.BdiWriteback), k(s.BdiReclaimable), k(s.BdiDirtyThresh), k(s.DirtyThresh), k(s.BackgroundThresh),
 		k(s.BdiDirtied), k(s.BdiWritten), s.BdiWriteBandwidth,
 		s.BDirty, s.BIO, s.BMoreIO, s.BMoreIOWait, s.BDirtyTime, s.BdiList, s.State,
-		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone)
+		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans)
 	return err
 }
 
@@ -109,6 +111,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.PlugRequests, s.PlugMerges, s.PlugBatches = wb.plugStats[0], wb.plugStats[1], wb.plugStats[2]
 	s.WritebackErrors = wb.nerrors
 	s.InodesGone = wb.gone
+	s.Rescans = wb.rescans
 	return s
 }
 

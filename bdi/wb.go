@@ -124,6 +124,7 @@ type Writeback struct {
 	written     uint64 // pages written back (BdiWritten)
 	nerrors     uint64 // failed attempts (writeback_errors)
 	gone        uint64 // inodes dropped because their file went away
+	rescans     uint64 // tree rescans on this device (Registry.Rescanned)
 	bandwidth   uint64 // kB/s, smoothed
 	pause       time.Duration
 	plugStats   [3]uint64 // the plug's requests, merges, batches, published after each work
@@ -260,6 +261,33 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 	if wasIdle {
 		wb.kick()
 	}
+}
+
+// DropUnder forgets every tracked inode whose path is below root (its tree
+// is gone: removed or unmounted); one under an attempt is dropped when the
+// attempt completes. It returns the number dropped or marked.
+func (wb *Writeback) DropUnder(root string) int {
+	prefix := root + "/"
+	n := 0
+	wb.mu.Lock()
+	for k, in := range wb.inodes {
+		if len(in.Path) <= len(prefix) || in.Path[:len(prefix)] != prefix {
+			continue
+		}
+		n++
+		if in.Has(inode.Sync) {
+			in.State |= inode.Dropped
+			continue
+		}
+		lists.Remove(in)
+		delete(wb.inodes, k)
+		in.State = 0
+		wb.gone++
+	}
+	wb.gen++
+	wb.mu.Unlock()
+	wb.kick()
+	return n
 }
 
 // Tracked returns the number of tracked (dirty) inodes.
@@ -1224,7 +1252,10 @@ func (wb *Writeback) complete(att *attempt) {
 		in.NextRetry = 0
 	}
 	dest := policy.Requeue(o, wb.cfg.Requeue)
-	if dest == policy.Drop && in.OtherPath != "" {
+	if in.Has(inode.Dropped) {
+		// Its tree went away during the attempt (DropUnder).
+		dest = policy.Drop
+	} else if dest == policy.Drop && in.OtherPath != "" {
 		// The name is gone, but the inode may live on under its other
 		// name (a hard link): try that before dropping it.
 		in.Path, in.OtherPath = in.OtherPath, ""

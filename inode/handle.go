@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -341,4 +342,34 @@ func PathOf(f File) (string, bool) {
 	}
 	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(of.fd))
 	return p, err == nil
+}
+
+// PathOfHandle returns the current path of the inode handle hd of
+// filesystem dev (open_by_handle_at O_PATH, then readlink of
+// /proc/self/fd/N). It is meant for directories, whose handles always
+// resolve to a connected path; ok is false for an inode that has no path
+// (deleted: readlink ends in " (deleted)").
+func (h *Handles) PathOfHandle(dev uint64, hd Handle) (path string, ok bool, err error) {
+	fh, valid := hd.unix()
+	if !valid {
+		return "", false, unix.EINVAL
+	}
+	mfd, err := h.acquire(dev)
+	if err != nil {
+		return "", false, err
+	}
+	fd, err := unix.OpenByHandleAt(mfd, fh, unix.O_PATH|unix.O_CLOEXEC)
+	h.release(dev)
+	if err != nil {
+		return "", false, err
+	}
+	defer unix.Close(fd)
+	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return "", false, err
+	}
+	if !strings.HasPrefix(p, "/") || strings.HasSuffix(p, " (deleted)") {
+		return p, false, nil
+	}
+	return p, true, nil
 }

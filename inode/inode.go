@@ -38,6 +38,9 @@ const (
 	Busy
 	// Integrity: its tree is in "integrity" mode; writeback uses fdatasync.
 	Integrity
+	// Dropped: its tree went away while an attempt was in flight; the
+	// attempt's completion forgets it.
+	Dropped
 )
 
 // Inode is one tracked file. Keep it small: a daemon may track millions.

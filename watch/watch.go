@@ -1,27 +1,34 @@
 // Package watch finds the files of the configured trees that hold dirty
-// data: it watches the trees with inotify (github.com/fsnotify/fsnotify),
-// recursively, and reports every write or create to a Sink, the way the
-// kernel calls __mark_inode_dirty; at start-up and after an event-queue
-// overflow it scans the trees and reports every file that cachestat(2)
-// shows dirty.
+// data and reports them to a Sink, the way the kernel calls
+// __mark_inode_dirty. Two backends do the watching:
 //
-// Symlinks are never followed (filepath.WalkDir and lstat do not), and
-// only regular files are reported; FIFOs, sockets and device nodes are
-// skipped without being opened.
+//   - Fanotify: one fanotify(7) filesystem mark per watched filesystem
+//     (FAN_CLASS_NOTIF|FAN_REPORT_DFID_NAME|FAN_REPORT_FID), events
+//     identified by file handle; no per-directory watch, no watch limit.
+//     Needs CAP_SYS_ADMIN (and CAP_DAC_READ_SEARCH for the handles).
+//   - Watcher: inotify(7) through github.com/fsnotify/fsnotify, one watch
+//     per directory, added recursively.
+//
+// Both scan the trees with cachestat(2) at start-up and after an event
+// queue overflow, and report every file found dirty. Symlinks are never
+// followed (filepath.WalkDir and lstat do not), and only regular files are
+// reported; FIFOs, sockets and device nodes are skipped without being
+// opened.
 package watch
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -36,76 +43,136 @@ type Tree struct {
 	bdi.Tree
 }
 
-// Sink receives dirty inodes (bdi.Registry).
+// Sink receives what the watcher finds (bdi.Registry).
 type Sink interface {
+	// MarkInodeDirty reports a regular file with dirty data; h is its
+	// file handle when the backend has one.
 	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
+	// Rescanned counts a cachestat rescan of a tree on filesystem dev.
+	Rescanned(dev uint64)
+	// TreeGone reports that a tree's root was removed, renamed or
+	// unmounted: its inodes are to be dropped; lastOnDev is set when no
+	// other tree is on that filesystem.
+	TreeGone(root string, dev uint64, lastOnDev bool)
 }
 
-// Watcher watches trees and feeds a Sink.
-type Watcher struct {
+// Backend is a way of watching the trees.
+type Backend interface {
+	// Name is "fanotify" or "inotify".
+	Name() string
+	// Start watches every tree and scans it with cachestat, reporting the
+	// dirty files. It returns an error only when a tree's root cannot be
+	// watched; it stops scanning (not watching) when ctx ends.
+	Start(ctx context.Context) error
+	// Run handles events until ctx ends or Close.
+	Run(ctx context.Context)
+	// Close stops watching; idempotent.
+	Close() error
+	// Counters returns the backend's counters.
+	Counters() *Counters
+	// TreeOf returns the deepest served tree whose root contains path.
+	TreeOf(path string) (Tree, bool)
+}
+
+// Counters are a backend's statistics, published in <stats.dir>/watch/stats.
+type Counters struct {
+	Events    atomic.Uint64 // events read from the kernel
+	Overflows atomic.Uint64 // event queue overflows
+	Rescans   atomic.Uint64 // tree rescans (overflow, unwatched directories)
+	Unwatched atomic.Uint64 // directories inotify could not watch (now)
+}
+
+// Q quotes a file name for a log line losslessly: invalid UTF-8 and
+// control characters become escapes (strconv.Quote).
+func Q(path string) zap.Field { return zap.String("path", strconv.Quote(path)) }
+
+// base is what both backends share: the trees, the sink, scanning and the
+// roots' identity.
+type base struct {
 	trees []Tree
 	sink  Sink
 	log   *zap.Logger
-	w     *fsnotify.Watcher
 	open  inode.Opener
+	ctr   Counters
 
-	mu   sync.Mutex
-	dirs map[string]struct{} // watched directories, for renames and removals
+	statsDir  string
+	statsMu   sync.Mutex
+	statsNext *time.Timer // armed while a stats write is due
 
-	// Counters, for statistics and tests.
-	Events, Rescans, Overflows, Unwatched atomic.Uint64
-	limitLogged                           atomic.Bool
+	mu    sync.Mutex
+	roots []inode.Key // each tree's root as first seen
+	gone  []bool      // the tree's root is gone; it is no longer served
 }
 
-// New returns a watcher for trees. Its inotify instance is made now; no
-// watch is added until Start.
-func New(trees []Tree, sink Sink, log *zap.Logger) (*Watcher, error) {
+func newBase(trees []Tree, sink Sink, opt Options) base {
+	log, open := opt.Log, opt.Opener
 	if log == nil {
 		log = zap.NewNop()
 	}
-	w, err := fsnotify.NewBufferedWatcher(4096)
-	if err != nil {
-		return nil, err
+	if open == nil {
+		open = inode.OS{}
 	}
-	return &Watcher{trees: trees, sink: sink, log: log, w: w, open: inode.OS{}, dirs: map[string]struct{}{}}, nil
+	return base{trees: trees, sink: sink, log: log, open: open, statsDir: opt.StatsDir,
+		roots: make([]inode.Key, len(trees)), gone: make([]bool, len(trees))}
 }
 
-// add watches dir and records it.
-func (w *Watcher) add(dir string) error {
-	if err := w.w.Add(dir); err != nil {
-		return err
-	}
-	w.mu.Lock()
-	w.dirs[dir] = struct{}{}
-	w.mu.Unlock()
-	return nil
-}
-
-// forget drops the watches of dir and of every directory below it, if dir
-// is a watched directory; a file's rename or removal costs a map look-up.
-func (w *Watcher) forget(dir string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if _, ok := w.dirs[dir]; !ok {
+// touched schedules a write of the stats file a second from now, unless
+// one is already due: at most one write a second while events come, and
+// no timer at all while none do.
+func (b *base) touched(name string) {
+	if b.statsDir == "" {
 		return
 	}
-	for _, t := range w.trees {
-		if t.Root == dir {
-			w.log.Error("a watched tree's root was removed or renamed; that tree is no longer watched (restart flusherd once it is back)", Q(dir))
+	b.statsMu.Lock()
+	defer b.statsMu.Unlock()
+	if b.statsNext != nil {
+		return
+	}
+	b.statsNext = time.AfterFunc(time.Second, func() {
+		b.statsMu.Lock()
+		b.statsNext = nil
+		b.statsMu.Unlock()
+		if err := WriteStats(b.statsDir, name, &b.ctr); err != nil {
+			b.log.Debug("cannot write the watch stats file", zap.Error(err))
+		}
+	})
+}
+
+// Counters implements Backend.
+func (b *base) Counters() *Counters { return &b.ctr }
+
+// TreeOf returns the deepest served tree whose root contains path.
+func (b *base) TreeOf(path string) (Tree, bool) {
+	i := b.treeIndex(path)
+	if i < 0 {
+		return Tree{}, false
+	}
+	return b.trees[i], true
+}
+
+func (b *base) treeIndex(path string) int {
+	best := -1
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, t := range b.trees {
+		if b.gone[i] {
+			continue
+		}
+		if path == t.Root || strings.HasPrefix(path, t.Root+"/") || t.Root == "/" {
+			if !t.Recursive && filepath.Dir(path) != t.Root && path != t.Root {
+				continue
+			}
+			if best < 0 || len(t.Root) > len(b.trees[best].Root) {
+				best = i
+			}
 		}
 	}
-	prefix := dir + "/"
-	for p := range w.dirs {
-		if p == dir || strings.HasPrefix(p, prefix) {
-			w.w.Remove(p)
-			delete(w.dirs, p)
-		}
-	}
+	return best
 }
 
 // isRoot reports whether dir is the root of a tree other than t.
-func (w *Watcher) isRoot(dir string, t Tree) bool {
-	for _, o := range w.trees {
+func (b *base) isRoot(dir string, t Tree) bool {
+	for _, o := range b.trees {
 		if o.Root == dir && o.Root != t.Root {
 			return true
 		}
@@ -113,74 +180,113 @@ func (w *Watcher) isRoot(dir string, t Tree) bool {
 	return false
 }
 
-// Close stops watching. It is idempotent.
-func (w *Watcher) Close() error { return w.w.Close() }
-
-// Q quotes a file name for a log line losslessly: invalid UTF-8 and
-// control characters become escapes (strconv.Quote).
-func Q(path string) zap.Field { return zap.String("path", strconv.Quote(path)) }
-
-// TreeOf returns the deepest tree whose root contains path.
-func (w *Watcher) TreeOf(path string) (Tree, bool) {
-	best := -1
-	for i, t := range w.trees {
-		if path == t.Root || strings.HasPrefix(path, t.Root+"/") || t.Root == "/" {
-			if !t.Recursive && filepath.Dir(path) != t.Root && path != t.Root {
-				continue
-			}
-			if best < 0 || len(t.Root) > len(w.trees[best].Root) {
-				best = i
-			}
+// recordRoots notes each tree root's identity, for checkRoots.
+func (b *base) recordRoots() error {
+	for i, t := range b.trees {
+		var st unix.Stat_t
+		if err := unix.Lstat(t.Root, &st); err != nil {
+			return &fs.PathError{Op: "lstat", Path: t.Root, Err: err}
 		}
-	}
-	if best < 0 {
-		return Tree{}, false
-	}
-	return w.trees[best], true
-}
-
-// Start adds a watch on every directory of every tree and scans the files
-// with cachestat, reporting those with dirty or writeback pages. A
-// directory is watched before its files are scanned, so a file written
-// meanwhile is seen by one or the other. It returns an error only when a
-// tree's root cannot be watched.
-//
-// Start stops scanning (not watching) when ctx ends, and returns nil then.
-func (w *Watcher) Start(ctx context.Context) error {
-	for _, t := range w.trees {
-		if err := w.add(t.Root); err != nil {
-			return w.addErr(t.Root, err)
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return fmt.Errorf("watch root %s: not a directory", strconv.Quote(t.Root))
 		}
-		w.scanDir(ctx, t, t.Root, true)
+		b.mu.Lock()
+		b.roots[i] = inode.Key{Dev: st.Dev, Ino: st.Ino}
+		b.mu.Unlock()
 	}
 	return nil
 }
 
-func (w *Watcher) addErr(dir string, err error) error {
-	if errors.Is(err, unix.ENOSPC) {
-		w.Unwatched.Add(1)
-		if !w.limitLogged.Swap(true) {
-			max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
-			w.log.Error("out of inotify watches: raise fs.inotify.max_user_watches; directories beyond the limit are not watched",
-				zap.String("max_user_watches", strings.TrimSpace(string(max))), Q(dir))
+// checkRoots looks at every served tree's root: one that is gone, or is now
+// another directory (removed and made again, renamed, unmounted), is no
+// longer served; the sink drops its inodes. Called after a directory
+// removal or rename and after the mount table changed.
+func (b *base) checkRoots() {
+	for i, t := range b.trees {
+		b.mu.Lock()
+		if b.gone[i] {
+			b.mu.Unlock()
+			continue
 		}
+		want := b.roots[i]
+		b.mu.Unlock()
+		var st unix.Stat_t
+		err := unix.Lstat(t.Root, &st)
+		if err == nil && st.Dev == want.Dev && st.Ino == want.Ino {
+			continue
+		}
+		b.mu.Lock()
+		b.gone[i] = true
+		last := true
+		for j, o := range b.roots {
+			if j != i && !b.gone[j] && o.Dev == want.Dev {
+				last = false
+			}
+		}
+		b.mu.Unlock()
+		how := "removed or renamed"
+		if err == nil && st.Dev != want.Dev {
+			how = "unmounted"
+		}
+		b.log.Error("a watched tree's root is gone; its files are no longer tracked (restart flusherd once it is back)",
+			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
+		b.sink.TreeGone(t.Root, want.Dev, last)
 	}
-	return &fs.PathError{Op: "inotify_add_watch", Path: dir, Err: err}
 }
 
-// scanDir walks dir (the whole subtree when the tree is recursive): it
-// watches each subdirectory as it reaches it, then reports its regular
-// files. With onlyDirty, only files cachestat shows dirty are reported
-// (start-up, overflow); otherwise every file is (a directory that just
-// appeared: its files may have been written before the watch existed).
-func (w *Watcher) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool) {
+// watchMounts calls checkRoots whenever the mount table changes (poll(2)
+// on /proc/self/mountinfo reports POLLPRI), until ctx ends. It blocks in
+// poll, not on a timer: no wakeups while nothing changes.
+func (b *base) watchMounts(ctx context.Context) {
+	mi, err := unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		b.log.Warn("cannot watch the mount table; an unmounted tree is noticed only by its events", zap.Error(err))
+		return
+	}
+	defer unix.Close(mi)
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		b.log.Warn("cannot watch the mount table", zap.Error(err))
+		return
+	}
+	defer unix.Close(p[0])
+	stop := context.AfterFunc(ctx, func() { unix.Close(p[1]) })
+	defer func() {
+		if stop() {
+			unix.Close(p[1])
+		}
+	}()
+	fds := []unix.PollFd{{Fd: int32(mi), Events: unix.POLLPRI}, {Fd: int32(p[0]), Events: unix.POLLIN}}
+	for {
+		fds[0].Revents, fds[1].Revents = 0, 0
+		_, err := unix.Poll(fds, -1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			b.log.Warn("poll on the mount table failed", zap.Error(err))
+			return
+		}
+		if fds[1].Revents != 0 || ctx.Err() != nil {
+			return
+		}
+		if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0 {
+			b.checkRoots()
+		}
+	}
+}
+
+// scanDir walks dir (the whole subtree when the tree is recursive),
+// calling onDir for each subdirectory before its entries are read (inotify
+// adds its watch there), then reports its regular files. With onlyDirty,
+// only files cachestat shows dirty are reported (start-up, overflow);
+// otherwise every file is (a directory that just appeared: its files may
+// have been written before the watch existed).
+func (b *base) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool, onDir func(path string)) {
 	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if ctx.Err() != nil {
 			return fs.SkipAll
 		}
 		if err != nil {
 			if path != dir && !errors.Is(err, fs.ErrNotExist) {
-				w.log.Warn("cannot read directory", Q(path), zap.Error(err))
+				b.log.Warn("cannot read directory", Q(path), zap.Error(err))
 			}
 			return nil
 		}
@@ -188,37 +294,33 @@ func (w *Watcher) scanDir(ctx context.Context, t Tree, dir string, onlyDirty boo
 			if path == dir {
 				return nil
 			}
-			if !t.Recursive || w.isRoot(path, t) {
+			if !t.Recursive || b.isRoot(path, t) {
 				// Another tree's root is scanned with its own
 				// settings (expire, mode).
 				return fs.SkipDir
 			}
-			if err := w.add(path); err != nil {
-				if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, fs.ErrNotExist) {
-					w.log.Warn("cannot watch directory", Q(path), zap.Error(err))
-				} else {
-					w.addErr(path, err)
-				}
+			if onDir != nil {
+				onDir(path)
 			}
 			return nil
 		}
 		if !d.Type().IsRegular() {
 			return nil
 		}
-		w.report(t, path, onlyDirty)
+		b.report(t, path, onlyDirty)
 		return nil
 	})
 }
 
 // report hands a regular file at path to the sink; with onlyDirty only if
 // cachestat shows dirty or writeback pages.
-func (w *Watcher) report(t Tree, path string, onlyDirty bool) {
+func (b *base) report(t Tree, path string, onlyDirty bool) {
 	key, regular, err := inode.Stat(path)
 	if err != nil || !regular {
 		return
 	}
 	if onlyDirty {
-		f, err := w.open.Open(path, key)
+		f, err := b.open.Open(path, key)
 		if err != nil {
 			return
 		}
@@ -228,77 +330,87 @@ func (w *Watcher) report(t Tree, path string, onlyDirty bool) {
 			return
 		}
 	}
-	if err := w.sink.MarkInodeDirty(path, key, "", t.Tree); err != nil {
-		w.log.Warn("cannot track file", Q(path), zap.Error(err))
+	if err := b.sink.MarkInodeDirty(path, key, "", t.Tree); err != nil {
+		b.log.Warn("cannot track file", Q(path), zap.Error(err))
 	}
 }
 
-// Rescan scans every tree again with cachestat (after an overflow). Files
-// already tracked keep their dirtiedWhen.
-func (w *Watcher) Rescan() {
-	w.Rescans.Add(1)
-	for _, t := range w.trees {
-		w.scanDir(context.Background(), t, t.Root, true)
+// rescan scans every served tree again with cachestat (after an
+// overflow). Files already tracked keep their dirtiedWhen.
+func (b *base) rescan(ctx context.Context, onDir func(t Tree, path string)) {
+	for i, t := range b.trees {
+		b.mu.Lock()
+		gone, dev := b.gone[i], b.roots[i].Dev
+		b.mu.Unlock()
+		if gone {
+			continue
+		}
+		b.ctr.Rescans.Add(1)
+		b.sink.Rescanned(dev)
+		var f func(string)
+		if onDir != nil {
+			f = func(p string) { onDir(t, p) }
+		}
+		b.scanDir(ctx, t, t.Root, true, f)
 	}
 }
 
-// Run handles events until ctx ends or the watcher is closed.
-func (w *Watcher) Run(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.w.Events:
-			if !ok {
-				return
-			}
-			w.Events.Add(1)
-			w.handle(ev)
-		case err, ok := <-w.w.Errors:
-			if !ok {
-				return
-			}
-			if errors.Is(err, fsnotify.ErrEventOverflow) {
-				w.Overflows.Add(1)
-				w.log.Warn("inotify event queue overflowed; rescanning the trees with cachestat")
-				w.Rescan()
-				continue
-			}
-			w.log.Warn("watch error", zap.Error(err))
-		}
-	}
+// Options configure New.
+type Options struct {
+	// Backend is "auto", "fanotify" or "inotify".
+	Backend string
+	// Opener opens files for the cachestat scans; nil means inode.OS.
+	// When it is an *inode.Handles, fanotify events are matched by handle.
+	Opener inode.Opener
+	// RescanInterval is the period of the rescans of directories inotify
+	// could not watch.
+	RescanInterval time.Duration
+	// StatsDir, if set, gets <StatsDir>/watch/stats (WriteStats).
+	StatsDir string
+	Log      *zap.Logger
 }
 
-func (w *Watcher) handle(ev fsnotify.Event) {
-	t, ok := w.TreeOf(ev.Name)
-	if !ok {
-		return
+// New returns the backend opt.Backend asks for. "auto" picks fanotify when
+// the process may use it (CAP_SYS_ADMIN, and the kernel accepts
+// FAN_REPORT_DFID_NAME|FAN_REPORT_FID with a filesystem mark on every
+// tree) and inotify otherwise, and logs which and why. An explicit
+// "fanotify" that cannot be set up is an error.
+func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
+	log := opt.Log
+	if log == nil {
+		log = zap.NewNop()
 	}
-	switch {
-	case ev.Has(fsnotify.Create):
-		var st unix.Stat_t
-		if err := unix.Lstat(ev.Name, &st); err != nil {
-			return
+	switch opt.Backend {
+	case "inotify":
+		log.Info("watch backend: inotify (configured)")
+		return NewInotify(trees, sink, opt)
+	case "fanotify":
+		f, err := NewFanotify(trees, sink, opt)
+		if err != nil {
+			return nil, fmt.Errorf("fanotify backend: %w", err)
 		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			if !t.Recursive {
-				return
-			}
-			if err := w.add(ev.Name); err != nil {
-				w.addErr(ev.Name, err)
-			}
-			// Files made in it before the watch existed sent no event.
-			w.scanDir(context.Background(), t, ev.Name, false)
-		case unix.S_IFREG:
-			w.report(t, ev.Name, false)
+		log.Info("watch backend: fanotify (configured)")
+		return f, nil
+	case "auto", "":
+		f, err := NewFanotify(trees, sink, opt)
+		if err == nil {
+			log.Info("watch backend: fanotify (auto: filesystem marks accepted)")
+			return f, nil
 		}
-	case ev.Has(fsnotify.Write):
-		w.report(t, ev.Name, false)
-	case ev.Has(fsnotify.Rename), ev.Has(fsnotify.Remove):
-		// A directory renamed away keeps its watch under the old name:
-		// drop the watches below it; its new name, if in a tree, comes
-		// as a Create.
-		w.forget(ev.Name)
+		log.Info("watch backend: inotify (auto: fanotify unavailable)", zap.Error(err))
+		return NewInotify(trees, sink, opt)
 	}
+	return nil, fmt.Errorf("unknown watch backend %q", opt.Backend)
+}
+
+// WriteStats writes c as <dir>/watch/stats, atomically, in the stats files'
+// layout (one "name: value" line each).
+func WriteStats(dir, backend string, c *Counters) error {
+	text := fmt.Sprintf("%-16s%10s\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n",
+		"backend:", backend, "events:", c.Events.Load(), "overflows:", c.Overflows.Load(),
+		"rescans:", c.Rescans.Load(), "unwatched_dirs:", c.Unwatched.Load())
+	return bdi.WriteFileAtomic(filepath.Join(dir, "watch", "stats"), func(w io.Writer) error {
+		_, err := io.WriteString(w, text)
+		return err
+	})
 }

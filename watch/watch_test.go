@@ -26,16 +26,27 @@ func (s *sink) MarkInodeDirty(path string, key inode.Key, _ inode.Handle, t bdi.
 	return nil
 }
 
+func (s *sink) Rescanned(dev uint64)                             {}
+func (s *sink) TreeGone(root string, dev uint64, lastOnDev bool) {}
+
 func (s *sink) has(path string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.seen[path] > 0
 }
 
-func start(t *testing.T, root string) (*Watcher, *sink) {
+// backends are the watch backends the tests run on.
+var backends = []string{"inotify", "fanotify"}
+
+func start(t *testing.T, root, backend string) (Backend, *sink) {
 	t.Helper()
+	if backend == "fanotify" && os.Geteuid() != 0 {
+		t.Skip("fanotify needs root")
+	}
 	s := &sink{seen: map[string]int{}}
-	w, err := New([]Tree{{Root: root, Recursive: true}}, s, nil)
+	h := inode.NewHandles()
+	t.Cleanup(h.Close)
+	w, err := New([]Tree{{Root: root, Recursive: true}}, s, Options{Backend: backend, Opener: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,8 +75,14 @@ func eventually(t *testing.T, what string, ok func() bool) {
 // watch started, before their own watch could be added, are still seen
 // (the new directory is scanned after its watch is added).
 func TestNewSubdirectoryRace(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) { testNewSubdirectoryRace(t, b) })
+	}
+}
+
+func testNewSubdirectoryRace(t *testing.T, backend string) {
 	root := t.TempDir()
-	_, s := start(t, root)
+	_, s := start(t, root, backend)
 	var files []string
 	for i := range 20 {
 		dir := filepath.Join(root, "a", string(rune('a'+i)), "deep")
@@ -92,6 +109,12 @@ func TestNewSubdirectoryRace(t *testing.T) {
 // TestStartupScanAndSpecialFiles: the start-up scan reports files with
 // dirty pages only, and never a FIFO or a symlink.
 func TestStartupScanAndSpecialFiles(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) { testStartupScanAndSpecialFiles(t, b) })
+	}
+}
+
+func testStartupScanAndSpecialFiles(t *testing.T, backend string) {
 	root := t.TempDir()
 	dirty := filepath.Join(root, "dirty")
 	if err := os.WriteFile(dirty, make([]byte, 64<<10), 0o644); err != nil {
@@ -112,7 +135,7 @@ func TestStartupScanAndSpecialFiles(t *testing.T) {
 	if err := os.Symlink(dirty, link); err != nil {
 		t.Fatal(err)
 	}
-	w, s := start(t, root)
+	w, s := start(t, root, backend)
 	if !s.has(dirty) {
 		t.Skip("the host wrote the file back before the scan; nothing to see")
 	}
@@ -133,7 +156,7 @@ func TestStartupScanAndSpecialFiles(t *testing.T) {
 			t.Errorf("%s reported", p)
 		}
 	}
-	if w.Events.Load() == 0 {
+	if w.Counters().Events.Load() == 0 {
 		t.Errorf("no events seen at all")
 	}
 }

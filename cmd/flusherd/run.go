@@ -106,13 +106,15 @@ func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 
 func run(cfg *config.Config, log *zap.Logger) error {
 	sys := sysfs.Default()
+	handles := inode.NewHandles()
+	defer handles.Close()
 	reg := bdi.NewRegistry(bdi.Options{
 		Config:     bdiConfig(cfg),
 		StatsDir:   cfg.Stats.Dir,
 		StatsEvery: min(time.Second, cfg.Writeback.DirtyWritebackInterval),
 		Resolve:    resolveBdi(sys),
 		Thresholds: sys.DirtyThresholds,
-		Opener:     inode.OS{},
+		Opener:     handles,
 		Log:        log,
 	})
 	trees := make([]watch.Tree, 0, len(cfg.Watch))
@@ -125,10 +127,14 @@ func run(cfg *config.Config, log *zap.Logger) error {
 			Tree: bdi.Tree{Expire: w.Expire, Integrity: w.Mode == config.ModeIntegrity}})
 		log.Info("watching", zap.String("root", root), zap.Bool("recursive", w.Recursive),
 			zap.String("mode", w.Mode), zap.Stringer("expire", w.Expire))
+		if _, err := handles.AddMount(root); err != nil {
+			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", root), zap.Error(err))
+		}
 	}
-	wat, err := watch.New(trees, reg, log)
+	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles,
+		RescanInterval: cfg.Watcher.RescanInterval, StatsDir: cfg.Stats.Dir, Log: log})
 	if err != nil {
-		return fmt.Errorf("inotify: %w", err)
+		return err
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -170,6 +176,9 @@ wait:
 		}
 	}
 	if stopSig == nil {
+		if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters()); err != nil {
+			log.Warn("cannot write the watch stats file", zap.Error(err))
+		}
 		sock := socketPath(cfg.Stats.Dir)
 		var ctl *control.Server
 		if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {

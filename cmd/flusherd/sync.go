@@ -74,7 +74,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 // syncHandler serves "sync" requests: each named file, which must be a
 // regular file in a watched tree, is written with fdatasync by its device's
 // writeback goroutine (WB_SYNC_ALL work, reason "sync", FlushPlug).
-func syncHandler(reg *bdi.Registry, wat *watch.Watcher) control.Handler {
+func syncHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 	return func(ctx context.Context, req control.Request) control.Response {
 		if req.Op != "sync" {
 			return control.Response{Error: fmt.Sprintf("unknown op %q", req.Op)}

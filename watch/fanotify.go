@@ -1,0 +1,352 @@
+package watch
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
+)
+
+// fanotifyMask is what a filesystem mark asks for: data writes, creations
+// (a hard link is one), and the directory-entry changes that can move a
+// tree's content or its roots. FAN_ONDIR brings those of directories too.
+const fanotifyMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE | unix.FAN_CREATE |
+	unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_DELETE | unix.FAN_DELETE_SELF |
+	unix.FAN_MOVE_SELF | unix.FAN_ONDIR
+
+// mountMask is what a mount mark can carry with FID reporting: no
+// directory-entry events (the kernel refuses them with EINVAL).
+const mountMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE
+
+// cacheMax bounds the directory and file caches (entries); a full cache is
+// emptied and refilled.
+const cacheMax = 1 << 16
+
+// Fanotify is the fanotify(7) backend: one mark per watched filesystem
+// (FAN_MARK_FILESYSTEM, or FAN_MARK_MOUNT where the filesystem mark is
+// refused), events reported with file handles
+// (FAN_CLASS_NOTIF|FAN_REPORT_DFID_NAME|FAN_REPORT_FID). Each event names
+// its parent directory by handle and its file by name and handle: the
+// directory's path (cached by handle) tells whether the event is inside a
+// tree, and the file's handle identifies it (cached) and is what it is
+// later opened by (open_by_handle_at), so a file renamed while queued is
+// still written back. Events outside the trees are dropped after a cache
+// look-up.
+//
+// It needs CAP_SYS_ADMIN (fanotify_init) and CAP_DAC_READ_SEARCH
+// (open_by_handle_at), and an *inode.Handles opener on which every tree's
+// filesystem can be registered.
+type Fanotify struct {
+	base
+	handles *inode.Handles
+	f       *os.File
+	fsids   map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
+	mounts  map[uint64]bool    // st_dev -> mount mark (no dirent events)
+
+	cmu   sync.Mutex
+	dirs  map[string]string         // fsid+handle -> directory path ("" = no path)
+	files map[string]fanotifyTarget // fsid+handle -> identity
+	buf   []byte
+}
+
+type fanotifyTarget struct {
+	key     inode.Key
+	regular bool
+}
+
+// NewFanotify sets up fanotify and marks the filesystem of every tree. It
+// fails (and auto picks inotify) without CAP_SYS_ADMIN, on a kernel that
+// refuses the flags, when opt.Opener is not an *inode.Handles, or when a
+// tree's filesystem cannot be opened by handle.
+func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
+	h, ok := opt.Opener.(*inode.Handles)
+	if !ok {
+		return nil, errors.New("file handles are not in use (the opener is not an inode.Handles)")
+	}
+	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|
+		unix.FAN_REPORT_DFID_NAME|unix.FAN_REPORT_FID, unix.O_RDONLY|unix.O_LARGEFILE)
+	if err != nil {
+		return nil, fmt.Errorf("fanotify_init: %w", err)
+	}
+	fa := &Fanotify{base: newBase(trees, sink, opt), handles: h,
+		f: os.NewFile(uintptr(fd), "fanotify"), fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
+		dirs: map[string]string{}, files: map[string]fanotifyTarget{}, buf: make([]byte, 64<<10)}
+	for _, t := range trees {
+		if err := fa.mark(fd, t.Root); err != nil {
+			fa.f.Close()
+			return nil, err
+		}
+	}
+	return fa, nil
+}
+
+// mark marks root's filesystem once, and registers it for opens by handle.
+func (fa *Fanotify) mark(fd int, root string) error {
+	dev, err := fa.handles.AddMount(root)
+	if err != nil {
+		return fmt.Errorf("file handles on %s: %w", root, err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(root, &sfs); err != nil {
+		return &fs.PathError{Op: "statfs", Path: root, Err: err}
+	}
+	var fsid [8]byte
+	binary.NativeEndian.PutUint32(fsid[0:], uint32(sfs.Fsid.Val[0]))
+	binary.NativeEndian.PutUint32(fsid[4:], uint32(sfs.Fsid.Val[1]))
+	if _, ok := fa.fsids[fsid]; ok {
+		return nil
+	}
+	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanotifyMask, unix.AT_FDCWD, root)
+	if err != nil {
+		ferr := err
+		if err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_MOUNT, mountMask, unix.AT_FDCWD, root); err != nil {
+			return fmt.Errorf("fanotify_mark %s: filesystem mark: %v; mount mark: %w", root, ferr, err)
+		}
+		fa.mounts[dev] = true
+		fa.log.Warn("fanotify: filesystem mark refused; using a mount mark, which reports writes but not renames or deletions",
+			zap.String("root", root), zap.NamedError("filesystem_mark", ferr))
+	}
+	fa.fsids[fsid] = dev
+	return nil
+}
+
+// Name implements Backend.
+func (fa *Fanotify) Name() string { return "fanotify" }
+
+// Close implements Backend.
+func (fa *Fanotify) Close() error {
+	err := fa.f.Close()
+	if errors.Is(err, os.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Start implements Backend: the marks exist since NewFanotify; Start
+// records the roots and scans the trees with cachestat.
+func (fa *Fanotify) Start(ctx context.Context) error {
+	if err := fa.recordRoots(); err != nil {
+		return err
+	}
+	for _, t := range fa.trees {
+		fa.scanDir(ctx, t, t.Root, true, nil)
+	}
+	return nil
+}
+
+// Run implements Backend: it reads events until ctx ends or Close.
+func (fa *Fanotify) Run(ctx context.Context) {
+	go fa.watchMounts(ctx)
+	stop := context.AfterFunc(ctx, func() { fa.f.Close() })
+	defer stop()
+	for {
+		n, err := fa.f.Read(fa.buf)
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, os.ErrClosed) {
+				fa.log.Error("fanotify read failed; no more events", zap.Error(err))
+			}
+			return
+		}
+		fa.events(ctx, fa.buf[:n])
+		fa.touched("fanotify")
+	}
+}
+
+// event is one parsed fanotify event.
+type event struct {
+	mask     uint64
+	fsid     [8]byte
+	dir      inode.Handle // parent directory (DFID_NAME)
+	name     string
+	file     inode.Handle // the object itself (FID)
+	fileFsid [8]byte
+}
+
+// events parses and handles a buffer of events (fanotify_event_metadata
+// followed by fanotify_event_info_fid records).
+func (fa *Fanotify) events(ctx context.Context, b []byte) {
+	for len(b) >= unix.FAN_EVENT_METADATA_LEN {
+		evLen := int(binary.NativeEndian.Uint32(b[0:]))
+		metaLen := int(binary.NativeEndian.Uint16(b[6:]))
+		if evLen < metaLen || evLen > len(b) || metaLen < unix.FAN_EVENT_METADATA_LEN {
+			fa.log.Error("malformed fanotify event; rest of the buffer dropped", zap.Int("len", evLen))
+			return
+		}
+		ev := event{mask: binary.NativeEndian.Uint64(b[8:])}
+		fa.ctr.Events.Add(1)
+		if ev.mask&unix.FAN_Q_OVERFLOW != 0 {
+			fa.ctr.Overflows.Add(1)
+			fa.log.Warn("fanotify event queue overflowed; rescanning the trees with cachestat")
+			fa.clearCaches()
+			fa.rescan(ctx, nil)
+			b = b[evLen:]
+			continue
+		}
+		info := b[metaLen:evLen]
+		for len(info) >= 4 {
+			typ, recLen := info[0], int(binary.NativeEndian.Uint16(info[2:]))
+			if recLen < 4 || recLen > len(info) {
+				break
+			}
+			rec := info[4:recLen]
+			info = info[recLen:]
+			if len(rec) < 16 {
+				continue
+			}
+			var fsid [8]byte
+			copy(fsid[:], rec[:8])
+			hBytes := int(binary.NativeEndian.Uint32(rec[8:]))
+			hType := int32(binary.NativeEndian.Uint32(rec[12:]))
+			if 16+hBytes > len(rec) {
+				continue
+			}
+			h := inode.MakeHandle(hType, rec[16:16+hBytes])
+			switch typ {
+			case unix.FAN_EVENT_INFO_TYPE_DFID_NAME:
+				ev.fsid, ev.dir = fsid, h
+				name := rec[16+hBytes:]
+				if i := indexNUL(name); i >= 0 {
+					name = name[:i]
+				}
+				ev.name = string(name)
+			case unix.FAN_EVENT_INFO_TYPE_FID:
+				ev.fileFsid, ev.file = fsid, h
+			}
+		}
+		fa.handle(ctx, ev)
+		b = b[evLen:]
+	}
+}
+
+func indexNUL(b []byte) int {
+	for i, c := range b {
+		if c == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+func (fa *Fanotify) clearCaches() {
+	fa.cmu.Lock()
+	clear(fa.dirs)
+	clear(fa.files)
+	fa.cmu.Unlock()
+}
+
+// dirPath returns the path of directory handle h on filesystem fsid,
+// cached.
+func (fa *Fanotify) dirPath(fsid [8]byte, h inode.Handle) (string, bool) {
+	dev, ok := fa.fsids[fsid]
+	if !ok {
+		return "", false
+	}
+	k := string(fsid[:]) + string(h)
+	fa.cmu.Lock()
+	p, hit := fa.dirs[k]
+	fa.cmu.Unlock()
+	if hit {
+		return p, p != ""
+	}
+	p, ok, err := fa.handles.PathOfHandle(dev, h)
+	if err != nil || !ok {
+		// Deleted meanwhile, or its filesystem is going: not cached.
+		return "", false
+	}
+	fa.cmu.Lock()
+	if len(fa.dirs) >= cacheMax {
+		clear(fa.dirs)
+	}
+	fa.dirs[k] = p
+	fa.cmu.Unlock()
+	return p, true
+}
+
+// target identifies file handle h on filesystem fsid, cached.
+func (fa *Fanotify) target(fsid [8]byte, h inode.Handle) (fanotifyTarget, bool) {
+	dev, ok := fa.fsids[fsid]
+	if !ok {
+		return fanotifyTarget{}, false
+	}
+	k := string(fsid[:]) + string(h)
+	fa.cmu.Lock()
+	t, hit := fa.files[k]
+	fa.cmu.Unlock()
+	if hit {
+		return t, true
+	}
+	key, regular, err := fa.handles.Identify(dev, h)
+	if err != nil {
+		return fanotifyTarget{}, false
+	}
+	t = fanotifyTarget{key: key, regular: regular}
+	fa.cmu.Lock()
+	if len(fa.files) >= cacheMax {
+		clear(fa.files)
+	}
+	fa.files[k] = t
+	fa.cmu.Unlock()
+	return t, true
+}
+
+func (fa *Fanotify) handle(ctx context.Context, ev event) {
+	const dirent = unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_DELETE | unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF
+	if ev.mask&unix.FAN_ONDIR != 0 {
+		if ev.mask&dirent == 0 {
+			return // a directory made: nothing to watch, the mark covers it
+		}
+		// A directory moved or deleted: cached paths may be stale.
+		fa.cmu.Lock()
+		clear(fa.dirs)
+		fa.cmu.Unlock()
+		if ev.mask&unix.FAN_MOVED_TO != 0 && ev.dir != "" {
+			// Moved in: its files made no event here; scan them.
+			if dir, ok := fa.dirPath(ev.fsid, ev.dir); ok {
+				p := filepath.Join(dir, ev.name)
+				if t, ok := fa.TreeOf(p); ok && t.Recursive {
+					fa.scanDir(ctx, t, p, true, nil)
+				}
+			}
+		}
+		if ev.mask&(unix.FAN_DELETE|unix.FAN_DELETE_SELF|unix.FAN_MOVED_FROM|unix.FAN_MOVE_SELF) != 0 {
+			fa.checkRoots()
+		}
+		return
+	}
+	if ev.mask&(unix.FAN_MODIFY|unix.FAN_CLOSE_WRITE|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 {
+		// Deletions and moves away need nothing: a tracked file is
+		// opened by handle, which fails with ESTALE once it is gone.
+		return
+	}
+	if ev.dir == "" || ev.file == "" {
+		return
+	}
+	dir, ok := fa.dirPath(ev.fsid, ev.dir)
+	if !ok {
+		return
+	}
+	path := dir + "/" + ev.name
+	if dir == "/" {
+		path = "/" + ev.name
+	}
+	t, ok := fa.TreeOf(path)
+	if !ok {
+		return
+	}
+	tg, ok := fa.target(ev.fileFsid, ev.file)
+	if !ok || !tg.regular {
+		return
+	}
+	if err := fa.sink.MarkInodeDirty(path, tg.key, ev.file, t.Tree); err != nil {
+		fa.log.Warn("cannot track file", Q(path), zap.Error(err))
+	}
+}

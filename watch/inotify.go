@@ -1,0 +1,276 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// Watcher is the inotify backend: one inotify watch per directory
+// (github.com/fsnotify/fsnotify), added recursively; a new directory is
+// watched, then scanned, so a file made in it before its watch existed is
+// still seen.
+//
+// When fs.inotify.max_user_watches runs out (ENOSPC from
+// inotify_add_watch), the directories that could not be watched are logged
+// once, with the limit, and rescanned with cachestat every RescanInterval
+// (when their watch is tried again) until all are watched.
+type Watcher struct {
+	base
+	w        *fsnotify.Watcher
+	interval time.Duration
+
+	dmu       sync.Mutex
+	dirs      map[string]struct{} // watched directories, for renames and removals
+	unwatched map[string]Tree     // directories out of watches, rescanned periodically
+	limitLogs int                 // unwatched count last logged
+	kick      chan struct{}
+}
+
+// NewInotify returns an inotify backend for trees. Its inotify instance is
+// made now; no watch is added until Start.
+func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
+	w, err := fsnotify.NewBufferedWatcher(4096)
+	if err != nil {
+		return nil, fmt.Errorf("inotify: %w", err)
+	}
+	iv := opt.RescanInterval
+	if iv <= 0 {
+		iv = 30 * time.Second
+	}
+	return &Watcher{base: newBase(trees, sink, opt), w: w, interval: iv,
+		dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1)}, nil
+}
+
+// Name implements Backend.
+func (w *Watcher) Name() string { return "inotify" }
+
+// add watches dir and records it.
+func (w *Watcher) add(dir string) error {
+	if err := w.w.Add(dir); err != nil {
+		return err
+	}
+	w.dmu.Lock()
+	w.dirs[dir] = struct{}{}
+	w.dmu.Unlock()
+	return nil
+}
+
+// addOrNote watches dir; a directory beyond the watch limit is noted for
+// the periodic rescans.
+func (w *Watcher) addOrNote(t Tree, dir string) {
+	err := w.add(dir)
+	switch {
+	case err == nil:
+	case errors.Is(err, unix.ENOSPC):
+		w.dmu.Lock()
+		if _, ok := w.unwatched[dir]; !ok {
+			w.unwatched[dir] = t
+			w.ctr.Unwatched.Add(1)
+		}
+		w.dmu.Unlock()
+	case errors.Is(err, fs.ErrNotExist):
+	default:
+		w.log.Warn("cannot watch directory", Q(dir), zap.Error(err))
+	}
+}
+
+// logLimit logs, once per growth of the count, that directories are
+// unwatched, and wakes the rescan loop.
+func (w *Watcher) logLimit() {
+	w.dmu.Lock()
+	n := len(w.unwatched)
+	grew := n > w.limitLogs
+	if grew {
+		w.limitLogs = n
+	}
+	w.dmu.Unlock()
+	if !grew {
+		return
+	}
+	max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
+	w.log.Error("out of inotify watches (fs.inotify.max_user_watches): some directories are not watched; "+
+		"they are rescanned with cachestat every rescan_interval. Raise the limit (sysctl fs.inotify.max_user_watches=N) "+
+		"or use the fanotify backend ([watcher] backend = \"fanotify\"), which needs no per-directory watch",
+		zap.String("max_user_watches", strings.TrimSpace(string(max))), zap.Int("unwatched_dirs", n),
+		zap.Stringer("rescan_interval", w.interval))
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// forget drops the watches of dir and of every directory below it, if dir
+// is a watched directory; a file's rename or removal costs a map look-up.
+func (w *Watcher) forget(dir string) bool {
+	w.dmu.Lock()
+	defer w.dmu.Unlock()
+	if _, ok := w.dirs[dir]; !ok {
+		return false
+	}
+	prefix := dir + "/"
+	for p := range w.dirs {
+		if p == dir || strings.HasPrefix(p, prefix) {
+			w.w.Remove(p)
+			delete(w.dirs, p)
+		}
+	}
+	return true
+}
+
+// Close implements Backend.
+func (w *Watcher) Close() error { return w.w.Close() }
+
+// Start implements Backend: it adds a watch on every directory of every
+// tree and scans the files with cachestat. A directory is watched before
+// its files are scanned, so a file written meanwhile is seen by one or the
+// other. Running out of watches is not an error (see Watcher); a root
+// that cannot be watched is.
+func (w *Watcher) Start(ctx context.Context) error {
+	if err := w.recordRoots(); err != nil {
+		return err
+	}
+	for _, t := range w.trees {
+		if err := w.add(t.Root); err != nil {
+			if errors.Is(err, unix.ENOSPC) {
+				max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
+				return fmt.Errorf("inotify_add_watch %s: out of inotify watches (fs.inotify.max_user_watches = %s); raise it or use the fanotify backend",
+					t.Root, strings.TrimSpace(string(max)))
+			}
+			return &fs.PathError{Op: "inotify_add_watch", Path: t.Root, Err: err}
+		}
+		w.scanDir(ctx, t, t.Root, true, func(p string) { w.addOrNote(t, p) })
+	}
+	w.logLimit()
+	return nil
+}
+
+// Run implements Backend.
+func (w *Watcher) Run(ctx context.Context) {
+	go w.watchMounts(ctx)
+	var tick *time.Timer
+	var tc <-chan time.Time
+	defer func() {
+		if tick != nil {
+			tick.Stop()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.kick:
+			if tick == nil {
+				tick = time.NewTimer(w.interval)
+				tc = tick.C
+			}
+		case <-tc:
+			if w.rescanUnwatched(ctx) {
+				tick.Reset(w.interval)
+			} else {
+				tick, tc = nil, nil
+			}
+		case ev, ok := <-w.w.Events:
+			if !ok {
+				return
+			}
+			w.ctr.Events.Add(1)
+			w.handle(ev)
+			w.touched("inotify")
+		case err, ok := <-w.w.Errors:
+			if !ok {
+				return
+			}
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				w.ctr.Overflows.Add(1)
+				w.log.Warn("inotify event queue overflowed; rescanning the trees with cachestat")
+				w.rescan(ctx, w.addOrNote)
+				w.touched("inotify")
+				continue
+			}
+			w.log.Warn("watch error", zap.Error(err))
+		}
+	}
+}
+
+// rescanUnwatched tries again to watch each directory that was out of
+// watches, and scans it (only it: its subdirectories are in the set too)
+// with cachestat. It reports whether any is still unwatched.
+func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
+	w.dmu.Lock()
+	dirs := make(map[string]Tree, len(w.unwatched))
+	for d, t := range w.unwatched {
+		dirs[d] = t
+	}
+	w.dmu.Unlock()
+	for d, t := range dirs {
+		if ctx.Err() != nil {
+			return true
+		}
+		err := w.add(d)
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			w.dmu.Lock()
+			delete(w.unwatched, d)
+			w.ctr.Unwatched.Add(^uint64(0))
+			w.dmu.Unlock()
+		}
+		flat := t
+		flat.Recursive = false
+		w.scanDir(ctx, flat, d, true, nil)
+	}
+	w.ctr.Rescans.Add(1)
+	w.dmu.Lock()
+	left := len(w.unwatched)
+	if left < w.limitLogs {
+		w.limitLogs = left
+	}
+	w.dmu.Unlock()
+	if left == 0 && len(dirs) > 0 {
+		w.log.Info("every directory is watched again")
+	}
+	return left > 0
+}
+
+func (w *Watcher) handle(ev fsnotify.Event) {
+	t, ok := w.TreeOf(ev.Name)
+	if !ok {
+		return
+	}
+	switch {
+	case ev.Has(fsnotify.Create):
+		var st unix.Stat_t
+		if err := unix.Lstat(ev.Name, &st); err != nil {
+			return
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			if !t.Recursive || w.isRoot(ev.Name, t) {
+				return
+			}
+			w.addOrNote(t, ev.Name)
+			// Files made in it before the watch existed sent no event.
+			w.scanDir(context.Background(), t, ev.Name, false, func(p string) { w.addOrNote(t, p) })
+			w.logLimit()
+		case unix.S_IFREG:
+			w.report(t, ev.Name, false)
+		}
+	case ev.Has(fsnotify.Write):
+		w.report(t, ev.Name, false)
+	case ev.Has(fsnotify.Rename), ev.Has(fsnotify.Remove):
+		// A directory renamed away keeps its watch under the old name:
+		// drop the watches below it; its new name, if in a tree, comes
+		// as a Create.
+		if w.forget(ev.Name) {
+			w.checkRoots()
+		}
+	}
+}
