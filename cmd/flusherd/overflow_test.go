@@ -1,0 +1,104 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"flusherd/internal/testfs"
+)
+
+// setSysctl writes value to the /proc/sys file and restores the old value
+// at cleanup (and when restore is called earlier).
+func setSysctl(t *testing.T, path, value string) (restore func()) {
+	t.Helper()
+	old, err := os.ReadFile(path)
+	if err != nil {
+		t.Skipf("%s: %v", path, err)
+	}
+	if err := os.WriteFile(path, []byte(value), 0); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	done := false
+	restore = func() {
+		if done {
+			return
+		}
+		done = true
+		if err := os.WriteFile(path, old, 0); err != nil {
+			t.Errorf("restoring %s: %v", path, err)
+		}
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
+// TestOverflow: with the backend's event queue cut to 16 events and the
+// daemon stopped (SIGSTOP) while 2,000 files are written, the queue
+// overflows; the daemon rescans the tree with cachestat and every file
+// still gets clean within the bound. Both backends.
+func TestOverflow(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, backend := range []string{"inotify", "fanotify"} {
+		t.Run(backend, func(t *testing.T) {
+			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+			tree := filepath.Join(mnt.Dir, "tree")
+			if err := os.Mkdir(tree, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			restore := setSysctl(t, "/proc/sys/fs/"+backend+"/max_queued_events", "16")
+			d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+`, backend, tree))
+			// The limit is taken when the queue is made; the
+			// daemon's is made by now.
+			restore()
+			if !strings.Contains(d.log.String(), "watch backend: "+backend) {
+				t.Fatalf("daemon did not pick %s:\n%s", backend, d.log.String())
+			}
+			// Directories first, so that the files' events (not only
+			// the directories') go to the queue: inotify watches them
+			// once their creation was handled.
+			for i := range 10 {
+				if err := os.Mkdir(filepath.Join(tree, fmt.Sprint(i)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(500 * time.Millisecond)
+			d.cmd.Process.Signal(syscall.SIGSTOP)
+			var files []string
+			for i := range 2000 {
+				p := filepath.Join(tree, fmt.Sprint(i/200), fmt.Sprint(i))
+				writeDirty(t, p, 4096)
+				files = append(files, p)
+			}
+			d.cmd.Process.Signal(syscall.SIGCONT)
+			written := time.Now()
+			for _, p := range files {
+				waitClean(t, p, time.Until(written.Add(10*time.Second)))
+			}
+			ws := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+			ds := readStats(t, filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats"))
+			t.Logf("watch stats %v; device rescans %d", ws, ds["rescans"])
+			if ws["overflows"] < 1 || ws["rescans"] < 1 {
+				t.Errorf("want an overflow and a rescan counted, got %v", ws)
+			}
+			if ds["rescans"] < 1 {
+				t.Errorf("device stats count no rescan: %v", ds)
+			}
+			d.stop(t)
+		})
+	}
+}
