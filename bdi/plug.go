@@ -24,6 +24,9 @@ type Request struct {
 	// startOnly: the first phase of an integrity request (see
 	// startIntegrity).
 	startOnly bool
+	// synced: a syncfs made its data durable (syncfsIntegrity); the
+	// second phase skips the fdatasync.
+	synced bool
 
 	// A whole-file request (see wholeFile) does the attempt's every
 	// system call on a worker; these are its inputs and results, written

@@ -29,7 +29,7 @@ func TestDefault(t *testing.T) {
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
 		},
-		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8},
+		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
 		Stats:   Stats{Dir: "/run/flusherd"},
 		Log:     Log{Level: "info"},
@@ -104,7 +104,7 @@ path = "rel/../tree"
 					AttemptTimeout:         1500 * time.Millisecond,
 					ShutdownTimeout:        90 * time.Second,
 				}
-				c.Plug = Plug{Enabled: false, MaxPending: 64, QueueDepth: 4}
+				c.Plug = Plug{Enabled: false, MaxPending: 64, QueueDepth: 4, IntegritySyncfs: 64}
 				c.Stats.Dir = "/var/lib/flusherd"
 				c.Log.Level = "debug"
 				c.Watch = []Watch{

@@ -126,6 +126,16 @@ func (f *OSFile) DataSync() error {
 	return nil
 }
 
+// Syncfs writes back and commits the whole filesystem the file is on
+// (syncfs(2)). Since Linux 5.8 it returns a writeback error that happened
+// anywhere in that filesystem since the file was opened.
+func (f *OSFile) Syncfs() error {
+	if err := unix.Syncfs(f.fd); err != nil {
+		return fmt.Errorf("syncfs: %w", err)
+	}
+	return nil
+}
+
 // Close implements File.
 func (f *OSFile) Close() error { return unix.Close(f.fd) }
 

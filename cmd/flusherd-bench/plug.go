@@ -190,10 +190,24 @@ func (s *fileSet) waitClean() {
 	}
 }
 
-// countingOpener counts the system calls flusherd makes on files.
+// countingOpener counts the system calls flusherd makes on files. It opens
+// by file handle, as the daemon does when it runs as root.
 type countingOpener struct {
-	inner inode.Opener
+	inner *inode.Handles
 	n     atomic.Int64
+}
+
+func (c *countingOpener) HandleOf(path string, key inode.Key) (inode.Handle, error) {
+	return c.inner.HandleOf(path, key) // at marking time, not timed
+}
+
+func (c *countingOpener) OpenHandle(h inode.Handle, key inode.Key) (inode.File, error) {
+	c.n.Add(2) // open_by_handle_at, fstat
+	f, err := c.inner.OpenHandle(h, key)
+	if err != nil {
+		return nil, err
+	}
+	return &countingFile{File: f, n: &c.n}, nil
 }
 
 func (c *countingOpener) Open(path string, key inode.Key) (inode.File, error) {
@@ -220,6 +234,10 @@ func (f *countingFile) StartWriteback(off, n int64) error {
 }
 func (f *countingFile) DataSync() error { f.n.Add(1); return f.File.DataSync() }
 func (f *countingFile) Close() error    { f.n.Add(1); return f.File.Close() }
+func (f *countingFile) Syncfs() error {
+	f.n.Add(1)
+	return f.File.(interface{ Syncfs() error }).Syncfs()
+}
 
 type plugStat struct {
 	syscalls, requests, merges, batches uint64
@@ -233,7 +251,10 @@ type plugStat struct {
 // timed.
 func flusherdMethod(s *fileSet, plugOn, integrity bool, depth int, st *plugStat) (func() error, error) {
 	sys := sysfs.Default()
-	op := &countingOpener{inner: inode.OS{}}
+	op := &countingOpener{inner: inode.NewHandles()}
+	if _, err := op.inner.AddMount(filepath.Dir(s.paths[0])); err != nil {
+		return nil, err
+	}
 	reg := bdi.NewRegistry(bdi.Options{
 		Config: bdi.Config{
 			DirtyWritebackInterval: time.Hour,
@@ -244,6 +265,7 @@ func flusherdMethod(s *fileSet, plugOn, integrity bool, depth int, st *plugStat)
 			PlugEnabled:            plugOn,
 			MaxPending:             256,
 			QueueDepth:             depth,
+			IntegritySyncfs:        64,
 			AttemptTimeout:         time.Minute,
 		},
 		Resolve: func(dev uint64, path string) (string, error) { return sys.BdiName(dev, -1) },

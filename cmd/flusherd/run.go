@@ -87,6 +87,7 @@ func bdiConfig(cfg *config.Config) bdi.Config {
 		PlugEnabled:            cfg.Plug.Enabled,
 		MaxPending:             cfg.Plug.MaxPending,
 		QueueDepth:             cfg.Plug.QueueDepth,
+		IntegritySyncfs:        cfg.Plug.IntegritySyncfs,
 		AttemptTimeout:         cfg.Writeback.AttemptTimeout,
 	}
 }

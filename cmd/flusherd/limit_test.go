@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"flusherd/internal/testfs"
+)
+
+// inotifyWatchesInUse counts the inotify watches of every process, from
+// /proc/*/fdinfo ("inotify wd:" lines). The limit is per user; the tests
+// run as root, and so do most processes that hold watches.
+func inotifyWatchesInUse() int {
+	n := 0
+	fdinfos, _ := filepath.Glob("/proc/[0-9]*/fdinfo/*")
+	for _, p := range fdinfos {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		n += strings.Count(string(b), "inotify wd:")
+	}
+	return n
+}
+
+// TestInotifyWatchLimit: with fs.inotify.max_user_watches just above what
+// is in use, a tree of 60 directories cannot be fully watched. The daemon
+// logs one clear error naming the limit, its value, the unwatched count
+// and the fanotify backend; keeps serving the watched part; and finds the
+// files written in unwatched directories by its periodic rescans.
+func TestInotifyWatchLimit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128})
+	tree := filepath.Join(mnt.Dir, "tree")
+	for i := range 60 {
+		if err := os.MkdirAll(filepath.Join(tree, fmt.Sprintf("d%02d", i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit := inotifyWatchesInUse() + 20
+	restore := setSysctl(t, "/proc/sys/fs/inotify/max_user_watches", fmt.Sprint(limit))
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = "inotify"
+rescan_interval = "300ms"
+[[watch]]
+path = %q
+`, tree))
+	log := d.log.String()
+	// Give the limit back to the rest of the machine: the daemon keeps
+	// what it has, and its rescans still try to add the missing watches,
+	// so look at the counts before anything else.
+	ws := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+	restore()
+	t.Logf("limit %d; watch stats %v", limit, ws)
+	if ws["unwatched_dirs"] == 0 {
+		t.Fatalf("every directory was watched under a limit of %d", limit)
+	}
+	if n := strings.Count(log, "out of inotify watches"); n != 1 {
+		t.Errorf("want one watch-limit error, got %d:\n%s", n, log)
+	}
+	for _, want := range []string{"fs.inotify.max_user_watches", fmt.Sprintf(`"max_user_watches": "%d"`, limit),
+		fmt.Sprintf(`"unwatched_dirs": %d`, ws["unwatched_dirs"]), "fanotify"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the watch-limit error lacks %q:\n%s", want, log)
+		}
+	}
+	// Files in every directory, watched or not, get clean.
+	var files []string
+	for i := range 60 {
+		p := filepath.Join(tree, fmt.Sprintf("d%02d", i), "f")
+		writeDirty(t, p, 8192)
+		files = append(files, p)
+	}
+	written := time.Now()
+	for _, p := range files {
+		waitClean(t, p, time.Until(written.Add(10*time.Second)))
+	}
+	ws = readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+	if ws["rescans"] == 0 {
+		t.Errorf("no rescan counted: %v", ws)
+	}
+	d.stop(t)
+}
