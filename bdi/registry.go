@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -134,7 +135,7 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 	r.mu.Unlock()
 	if wb != nil {
 		n := wb.DropUnder(root)
-		r.opt.Log.Info("dropped the files of a tree that is gone", zap.String("root", root), zap.Int("files", n), zap.String("bdi", wb.Name))
+		r.opt.Log.Info("dropped the files of a tree that is gone", zap.String("root", strconv.Quote(root)), zap.Int("files", n), zap.String("bdi", wb.Name))
 	}
 	if !lastOnDev {
 		return

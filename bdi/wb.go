@@ -21,6 +21,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -735,7 +736,7 @@ func (wb *Writeback) startOpener() *opener {
 			if f != nil {
 				f.Close()
 			}
-			wb.log.Info("a timed-out open returned", zap.String("path", j.path), zap.Error(err))
+			wb.log.Info("a timed-out open returned", zap.String("path", strconv.Quote(j.path)), zap.Error(err))
 			wb.kick()
 			return
 		}
@@ -773,7 +774,7 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h in
 		close(wb.opener.jobs)
 		wb.opener = nil
 		wb.errLog.Warn("open exceeded attempt_timeout; the file is marked busy until it returns",
-			zap.String("path", path), zap.Stringer("attempt_timeout", timeout))
+			zap.String("path", strconv.Quote(path)), zap.Stringer("attempt_timeout", timeout))
 		return nil, ErrAttemptTimeout
 	}
 	wb.mu.Unlock()
@@ -1107,7 +1108,7 @@ func (wb *Writeback) runTimed(reqs []*Request) {
 					finished++
 					wb.mu.Unlock()
 					wb.errLog.Warn("writeback call exceeded attempt_timeout; the file is marked busy until it returns",
-						zap.String("path", x.r.att.in.Path), zap.Stringer("attempt_timeout", timeout))
+						zap.String("path", strconv.Quote(x.r.att.in.Path)), zap.Stringer("attempt_timeout", timeout))
 					continue
 				}
 				wb.mu.Unlock()
@@ -1138,7 +1139,7 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 	wb.gen++
 	wb.mu.Unlock()
 	att.release()
-	wb.log.Info("a timed-out writeback call returned", zap.String("path", att.in.Path), zap.Error(err))
+	wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.in.Path)), zap.Error(err))
 	wb.kick()
 }
 
@@ -1352,17 +1353,17 @@ func (wb *Writeback) complete(att *attempt) {
 	}
 	if newErr {
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
-			zap.String("path", path), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))
+			zap.String("path", strconv.Quote(path)), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))
 	} else if o == policy.Skipped && retries >= 8 && retries&(retries-1) == 0 {
 		// Still dirty after attempts that wrote it and saw no new
 		// write: say so at 8, 16, 32... attempts.
 		wb.errLog.Warn("file still dirty after repeated writeback; it stays tracked and is retried",
-			zap.String("path", path), zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", dirty), zap.Uint64("writeback_pages", wbp))
+			zap.String("path", strconv.Quote(path)), zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", dirty), zap.Uint64("writeback_pages", wbp))
 	} else if o == policy.Gone {
 		if errors.Is(err, unix.ENOENT) {
-			wb.log.Debug("file gone; dropped", zap.String("path", path), zap.Error(err))
+			wb.log.Debug("file gone; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
 		} else {
-			wb.log.Info("the path no longer leads to the tracked file; dropped", zap.String("path", path), zap.Error(err))
+			wb.log.Info("the path no longer leads to the tracked file; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
 		}
 	}
 }

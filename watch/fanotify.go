@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 
 	"go.uber.org/zap"
@@ -113,7 +114,7 @@ func (fa *Fanotify) mark(fd int, root string) error {
 		}
 		fa.mounts[dev] = true
 		fa.log.Warn("fanotify: filesystem mark refused; using a mount mark, which reports writes but not renames or deletions",
-			zap.String("root", root), zap.NamedError("filesystem_mark", ferr))
+			zap.String("root", strconv.Quote(root)), zap.NamedError("filesystem_mark", ferr))
 	}
 	fa.fsids[fsid] = dev
 	return nil

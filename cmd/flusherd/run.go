@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -126,10 +127,10 @@ func run(cfg *config.Config, log *zap.Logger) error {
 		}
 		trees = append(trees, watch.Tree{Root: root, Recursive: w.Recursive,
 			Tree: bdi.Tree{Expire: w.Expire, Integrity: w.Mode == config.ModeIntegrity}})
-		log.Info("watching", zap.String("root", root), zap.Bool("recursive", w.Recursive),
+		log.Info("watching", zap.String("root", strconv.Quote(root)), zap.Bool("recursive", w.Recursive),
 			zap.String("mode", w.Mode), zap.Stringer("expire", w.Expire))
 		if _, err := handles.AddMount(root); err != nil {
-			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", root), zap.Error(err))
+			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(root)), zap.Error(err))
 		}
 	}
 	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles,
@@ -217,9 +218,9 @@ wait:
 		return nil
 	}
 	for dev, paths := range left {
-		shown := paths
-		if len(shown) > 20 {
-			shown = shown[:20]
+		shown := make([]string, 0, 20)
+		for _, p := range paths[:min(len(paths), 20)] {
+			shown = append(shown, strconv.Quote(p))
 		}
 		log.Error("shutdown timeout: files still dirty or under writeback (the kernel will still write them)",
 			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", shown))
