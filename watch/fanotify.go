@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 
 	"go.uber.org/zap"
@@ -54,14 +55,23 @@ type Fanotify struct {
 	mounts  map[uint64]bool    // st_dev -> mount mark (no dirent events)
 
 	cmu   sync.Mutex
-	dirs  map[string]string         // fsid+handle -> directory path ("" = no path)
-	files map[string]fanotifyTarget // fsid+handle -> identity
+	dirs  map[string]*fanotifyDir    // fsid+handle -> directory
+	files map[string]*fanotifyTarget // fsid+handle -> file
 	buf   []byte
+	kbuf  []byte
+}
+
+type fanotifyDir struct {
+	path   string
+	prefix string // path with a trailing slash
+	tree   int    // index of the tree whose files it holds, or -1
 }
 
 type fanotifyTarget struct {
 	key     inode.Key
 	regular bool
+	handle  inode.Handle
+	path    string // as last reported
 }
 
 // NewFanotify sets up fanotify and marks the filesystem of every tree. It
@@ -80,7 +90,7 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	}
 	fa := &Fanotify{base: newBase(trees, sink, opt), handles: h,
 		f: os.NewFile(uintptr(fd), "fanotify"), fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
-		dirs: map[string]string{}, files: map[string]fanotifyTarget{}, buf: make([]byte, 64<<10)}
+		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10)}
 	for _, t := range trees {
 		if err := fa.mark(fd, t.Root); err != nil {
 			fa.f.Close()
@@ -162,14 +172,17 @@ func (fa *Fanotify) Run(ctx context.Context) {
 	}
 }
 
-// event is one parsed fanotify event.
+// event is one parsed fanotify event. Its byte slices point into the read
+// buffer: handling an event for a known file allocates nothing.
 type event struct {
 	mask     uint64
-	fsid     [8]byte
-	dir      inode.Handle // parent directory (DFID_NAME)
-	name     string
-	file     inode.Handle // the object itself (FID)
-	fileFsid [8]byte
+	dirFsid  []byte // 8 bytes
+	dirType  []byte // 4 bytes, handle_type
+	dir      []byte // f_handle of the parent directory (DFID_NAME)
+	name     []byte
+	fileFsid []byte
+	fileType []byte
+	file     []byte // f_handle of the object itself (FID)
 }
 
 // events parses and handles a buffer of events (fanotify_event_metadata
@@ -203,27 +216,23 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) {
 			if len(rec) < 16 {
 				continue
 			}
-			var fsid [8]byte
-			copy(fsid[:], rec[:8])
 			hBytes := int(binary.NativeEndian.Uint32(rec[8:]))
-			hType := int32(binary.NativeEndian.Uint32(rec[12:]))
 			if 16+hBytes > len(rec) {
 				continue
 			}
-			h := inode.MakeHandle(hType, rec[16:16+hBytes])
 			switch typ {
 			case unix.FAN_EVENT_INFO_TYPE_DFID_NAME:
-				ev.fsid, ev.dir = fsid, h
+				ev.dirFsid, ev.dirType, ev.dir = rec[:8], rec[12:16], rec[16:16+hBytes]
 				name := rec[16+hBytes:]
 				if i := indexNUL(name); i >= 0 {
 					name = name[:i]
 				}
-				ev.name = string(name)
+				ev.name = name
 			case unix.FAN_EVENT_INFO_TYPE_FID:
-				ev.fileFsid, ev.file = fsid, h
+				ev.fileFsid, ev.fileType, ev.file = rec[:8], rec[12:16], rec[16:16+hBytes]
 			}
 		}
-		fa.handle(ctx, ev)
+		fa.handle(ctx, &ev)
 		b = b[evLen:]
 	}
 }
@@ -244,62 +253,91 @@ func (fa *Fanotify) clearCaches() {
 	fa.cmu.Unlock()
 }
 
-// dirPath returns the path of directory handle h on filesystem fsid,
-// cached.
-func (fa *Fanotify) dirPath(fsid [8]byte, h inode.Handle) (string, bool) {
-	dev, ok := fa.fsids[fsid]
+// cacheKey builds fsid+handle_type+f_handle in fa.kbuf; m[string(key)]
+// look-ups with it do not allocate.
+func (fa *Fanotify) cacheKey(fsid, typ, h []byte) []byte {
+	fa.kbuf = append(append(append(fa.kbuf[:0], fsid...), typ...), h...)
+	return fa.kbuf
+}
+
+func devOf(fsids map[[8]byte]uint64, fsid []byte) (uint64, bool) {
+	var k [8]byte
+	copy(k[:], fsid)
+	dev, ok := fsids[k]
+	return dev, ok
+}
+
+// dirOf returns the cached path and tree of the event's parent directory.
+func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
+	dev, ok := devOf(fa.fsids, ev.dirFsid)
 	if !ok {
-		return "", false
+		return nil, false
 	}
-	k := string(fsid[:]) + string(h)
+	k := fa.cacheKey(ev.dirFsid, ev.dirType, ev.dir)
 	fa.cmu.Lock()
-	p, hit := fa.dirs[k]
+	d, hit := fa.dirs[string(k)]
 	fa.cmu.Unlock()
 	if hit {
-		return p, p != ""
+		return d, d.path != ""
 	}
+	h := inode.MakeHandle(int32(binary.NativeEndian.Uint32(ev.dirType)), ev.dir)
 	p, ok, err := fa.handles.PathOfHandle(dev, h)
 	if err != nil || !ok {
 		// Deleted meanwhile, or its filesystem is going: not cached.
-		return "", false
+		return nil, false
 	}
+	d = &fanotifyDir{path: p, prefix: strings.TrimSuffix(p, "/") + "/", tree: fa.treeOfDir(p)}
 	fa.cmu.Lock()
 	if len(fa.dirs) >= cacheMax {
 		clear(fa.dirs)
 	}
-	fa.dirs[k] = p
+	fa.dirs[string(k)] = d
 	fa.cmu.Unlock()
-	return p, true
+	return d, true
 }
 
-// target identifies file handle h on filesystem fsid, cached.
-func (fa *Fanotify) target(fsid [8]byte, h inode.Handle) (fanotifyTarget, bool) {
-	dev, ok := fa.fsids[fsid]
-	if !ok {
-		return fanotifyTarget{}, false
+// treeOfDir returns the index of the deepest tree that holds the files of
+// directory dir, or -1.
+func (fa *Fanotify) treeOfDir(dir string) int {
+	best := -1
+	for i, t := range fa.trees {
+		in := dir == t.Root || (t.Recursive && (t.Root == "/" || strings.HasPrefix(dir, t.Root+"/")))
+		if in && (best < 0 || len(t.Root) > len(fa.trees[best].Root)) {
+			best = i
+		}
 	}
-	k := string(fsid[:]) + string(h)
+	return best
+}
+
+// target identifies the event's file, cached by handle.
+func (fa *Fanotify) target(ev *event) (*fanotifyTarget, bool) {
+	dev, ok := devOf(fa.fsids, ev.fileFsid)
+	if !ok {
+		return nil, false
+	}
+	k := fa.cacheKey(ev.fileFsid, ev.fileType, ev.file)
 	fa.cmu.Lock()
-	t, hit := fa.files[k]
+	t, hit := fa.files[string(k)]
 	fa.cmu.Unlock()
 	if hit {
 		return t, true
 	}
+	h := inode.MakeHandle(int32(binary.NativeEndian.Uint32(ev.fileType)), ev.file)
 	key, regular, err := fa.handles.Identify(dev, h)
 	if err != nil {
-		return fanotifyTarget{}, false
+		return nil, false
 	}
-	t = fanotifyTarget{key: key, regular: regular}
+	t = &fanotifyTarget{key: key, regular: regular, handle: h}
 	fa.cmu.Lock()
 	if len(fa.files) >= cacheMax {
 		clear(fa.files)
 	}
-	fa.files[k] = t
+	fa.files[string(k)] = t
 	fa.cmu.Unlock()
 	return t, true
 }
 
-func (fa *Fanotify) handle(ctx context.Context, ev event) {
+func (fa *Fanotify) handle(ctx context.Context, ev *event) {
 	const dirent = unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_DELETE | unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF
 	if ev.mask&unix.FAN_ONDIR != 0 {
 		if ev.mask&dirent == 0 {
@@ -309,10 +347,10 @@ func (fa *Fanotify) handle(ctx context.Context, ev event) {
 		fa.cmu.Lock()
 		clear(fa.dirs)
 		fa.cmu.Unlock()
-		if ev.mask&unix.FAN_MOVED_TO != 0 && ev.dir != "" {
+		if ev.mask&unix.FAN_MOVED_TO != 0 && ev.dir != nil {
 			// Moved in: its files made no event here; scan them.
-			if dir, ok := fa.dirPath(ev.fsid, ev.dir); ok {
-				p := filepath.Join(dir, ev.name)
+			if d, ok := fa.dirOf(ev); ok {
+				p := filepath.Join(d.path, string(ev.name))
 				if t, ok := fa.TreeOf(p); ok && t.Recursive {
 					fa.scanDir(ctx, t, p, true, nil)
 				}
@@ -328,26 +366,28 @@ func (fa *Fanotify) handle(ctx context.Context, ev event) {
 		// opened by handle, which fails with ESTALE once it is gone.
 		return
 	}
-	if ev.dir == "" || ev.file == "" {
+	if ev.dir == nil || ev.file == nil {
 		return
 	}
-	dir, ok := fa.dirPath(ev.fsid, ev.dir)
-	if !ok {
+	d, ok := fa.dirOf(ev)
+	if !ok || d.tree < 0 {
 		return
 	}
-	path := dir + "/" + ev.name
-	if dir == "/" {
-		path = "/" + ev.name
-	}
-	t, ok := fa.TreeOf(path)
-	if !ok {
+	fa.mu.Lock()
+	gone := fa.gone[d.tree]
+	fa.mu.Unlock()
+	if gone {
 		return
 	}
-	tg, ok := fa.target(ev.fileFsid, ev.file)
+	tg, ok := fa.target(ev)
 	if !ok || !tg.regular {
 		return
 	}
-	if err := fa.sink.MarkInodeDirty(path, tg.key, ev.file, t.Tree); err != nil {
-		fa.log.Warn("cannot track file", Q(path), zap.Error(err))
+	// The path as last seen, rebuilt only when the name changed.
+	if p := tg.path; len(p) != len(d.prefix)+len(ev.name) || !strings.HasPrefix(p, d.prefix) || p[len(d.prefix):] != string(ev.name) {
+		tg.path = d.prefix + string(ev.name)
+	}
+	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, fa.trees[d.tree].Tree); err != nil {
+		fa.log.Warn("cannot track file", Q(tg.path), zap.Error(err))
 	}
 }
