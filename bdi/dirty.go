@@ -37,10 +37,10 @@ func (d *dirtyList) class(expire time.Duration) uint8 {
 	return uint8(len(d.classes) - 1)
 }
 
-// pushBack adds in at the tail of its class. in.DirtiedWhen must not be
-// older than the tail's (it is "now" for every caller).
+// pushBack adds in at the tail of its class (in.Class, from class).
+// in.DirtiedWhen must not be older than the tail's (it is "now" for every
+// caller).
 func (d *dirtyList) pushBack(in *inode.Inode) {
-	in.Class = d.class(in.Expire)
 	d.classes[in.Class].list.PushBack(in)
 }
 
@@ -73,7 +73,7 @@ func (d *dirtyList) moveExpired(dst *lists.List[*inode.Inode], now time.Duration
 		var bestWhen time.Duration
 		for i := range d.classes {
 			in := d.classes[i].list.Front()
-			if in == nil || (!all && !policy.Expired(now, in.DirtiedWhen, in.Expire)) || (all && in.DirtiedWhen > now) {
+			if in == nil || (!all && !policy.Expired(now, in.DirtiedWhen, d.classes[i].expire)) || (all && in.DirtiedWhen > now) {
 				continue
 			}
 			if best < 0 || in.DirtiedWhen < bestWhen {

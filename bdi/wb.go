@@ -234,7 +234,7 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 	wb.mu.Lock()
 	in := wb.inodes[key]
 	if in == nil {
-		in = &inode.Inode{Key: key, Path: path, Handle: h, Expire: t.Expire}
+		in = &inode.Inode{Key: key, Path: path, Handle: h, Class: wb.bDirty.class(t.Expire)}
 		if t.Integrity {
 			in.State |= inode.Integrity
 		}

@@ -62,8 +62,6 @@ type Inode struct {
 	// daemon's monotonic clock (nanoseconds since its epoch). A re-dirty
 	// never moves it (__mark_inode_dirty).
 	DirtiedWhen time.Duration
-	// Expire is the dirty_expire_interval of the tree it belongs to.
-	Expire time.Duration
 	// WBIndex is the byte offset the next chunked attempt starts at
 	// (mapping->writeback_index).
 	WBIndex int64
@@ -81,7 +79,8 @@ type Inode struct {
 	LastErr         uint16
 
 	State State
-	// Class is the index of its expire class in the bdi's b_dirty.
+	// Class is the index of its expire class in the bdi's b_dirty: the
+	// class holds the dirty_expire_interval of the tree it belongs to.
 	Class uint8
 }
 
