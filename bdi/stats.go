@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"flusherd/policy"
 )
 
 // Stats is a device's statistics, the fields of the kernel's
@@ -35,6 +37,9 @@ type Stats struct {
 	WritebackErrors                       uint64
 	InodesGone                            uint64 // dropped: the file was deleted or replaced
 	Rescans                               uint64 // cachestat rescans of trees on this device (overflows, unwatched directories)
+
+	// Outcomes counts attempts by policy.Outcome (not in the file).
+	Outcomes [policy.NumOutcomes]uint64
 }
 
 // The bits of State, as enum wb_state (include/linux/backing-dev-defs.h).
@@ -112,6 +117,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.WritebackErrors = wb.nerrors
 	s.InodesGone = wb.gone
 	s.Rescans = wb.rescans
+	s.Outcomes = wb.outcomes
 	return s
 }
 

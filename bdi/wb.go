@@ -126,12 +126,13 @@ type Writeback struct {
 	BMoreIOWait lists.List[*inode.Inode]
 	inflight    lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
 	work        []*Work
-	gen         uint64 // bumped on every change, for the stats writer
-	written     uint64 // pages written back (BdiWritten)
-	nerrors     uint64 // failed attempts (writeback_errors)
-	gone        uint64 // inodes dropped because their file went away
-	rescans     uint64 // tree rescans on this device (Registry.Rescanned)
-	bandwidth   uint64 // kB/s, smoothed
+	gen         uint64                     // bumped on every change, for the stats writer
+	written     uint64                     // pages written back (BdiWritten)
+	nerrors     uint64                     // failed attempts (writeback_errors)
+	gone        uint64                     // inodes dropped because their file went away
+	rescans     uint64                     // tree rescans on this device (Registry.Rescanned)
+	outcomes    [policy.NumOutcomes]uint64 // attempts by outcome
+	bandwidth   uint64                     // kB/s, smoothed
 	pause       time.Duration
 	plugStats   [3]uint64 // the plug's requests, merges, batches, published after each work
 	running     bool
@@ -267,6 +268,35 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 	if wasIdle {
 		wb.kick()
 	}
+}
+
+// MaxDirtyAge returns the age of the oldest dirty data of a tracked inode
+// (now minus the smallest dirtiedWhen), 0 when nothing is tracked. It
+// looks at the front of each b_dirty class (each is in dirtiedWhen order)
+// and at every inode of the other lists.
+func (wb *Writeback) MaxDirtyAge() time.Duration {
+	now := wb.now()
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	oldest, any := now, false
+	see := func(in *inode.Inode) {
+		if in != nil && in.DirtiedWhen < oldest {
+			oldest = in.DirtiedWhen
+		}
+		any = any || in != nil
+	}
+	for _, c := range wb.bDirty.classes {
+		see(c.list.Front())
+	}
+	for _, l := range []*lists.List[*inode.Inode]{&wb.BIO, &wb.BMoreIO, &wb.BMoreIOWait, &wb.inflight} {
+		for in := range l.All {
+			see(in)
+		}
+	}
+	if !any {
+		return 0
+	}
+	return now - oldest
 }
 
 // DropUnder forgets every tracked inode whose path is below root (its tree
@@ -1293,6 +1323,7 @@ func (wb *Writeback) complete(att *attempt) {
 	if att.sized {
 		wb.pass.sized++
 	}
+	wb.outcomes[o]++
 	if att.wrote && err == nil && att.dirtyBefore > dirty {
 		n := att.dirtyBefore - dirty
 		wb.pass.pages += n

@@ -55,13 +55,14 @@ const (
 	// Gone: the file no longer exists (ENOENT, ESTALE) or is no longer the
 	// inode that was tracked.
 	Gone
-	numOutcomes
+	// NumOutcomes is the number of outcomes.
+	NumOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"clean", "chunk_used", "redirtied", "skipped", "blocked", "fs_unavailable", "under_writeback", "io_error", "gone"}
+var outcomeNames = [NumOutcomes]string{"clean", "chunk_used", "redirtied", "skipped", "blocked", "fs_unavailable", "under_writeback", "io_error", "gone"}
 
 func (o Outcome) String() string {
-	if o < numOutcomes {
+	if o < NumOutcomes {
 		return outcomeNames[o]
 	}
 	return "outcome?"

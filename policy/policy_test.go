@@ -43,8 +43,8 @@ func TestRequeue(t *testing.T) {
 		{IOError, MoreIOWait, RedirtyTail},
 		{Gone, Drop, Drop},
 	}
-	if len(tests) != int(numOutcomes) {
-		t.Fatalf("table covers %d outcomes, want %d", len(tests), numOutcomes)
+	if len(tests) != int(NumOutcomes) {
+		t.Fatalf("table covers %d outcomes, want %d", len(tests), NumOutcomes)
 	}
 	for _, tc := range tests {
 		if got := Requeue(tc.o, IOWait); got != tc.ioWait {
