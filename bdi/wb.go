@@ -22,6 +22,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -538,11 +539,14 @@ func (wb *Writeback) publishPlugStatsLocked() {
 
 // syncFiles runs a sync request (WB_SYNC_ALL for named files, reason
 // "sync"): each file is tracked if it was not, taken off whatever list it is
-// on, written with fdatasync, and submitted at once with FlushPlug, so it
-// does not wait for a batch. A file that a stuck call still holds fails with
+// on and written with fdatasync; the request's files go out as one batch
+// of their own (so a large request can use syncfs, see IntegritySyncfs),
+// submitted with FlushPlug as soon as they are queued, without waiting for
+// background work. A file that a stuck call still holds fails with
 // ErrAttemptTimeout.
 func (wb *Writeback) syncFiles(w *Work) {
 	w.Errs = make([]error, len(w.Files))
+	wb.plug.Start()
 	for i, f := range w.Files {
 		wb.MarkInodeDirty(f.Key, f.Path, "", f.Tree)
 		wb.mu.Lock()
@@ -557,11 +561,74 @@ func (wb *Writeback) syncFiles(w *Work) {
 		in.State &^= inode.Redirtied
 		path := in.Path
 		wb.mu.Unlock()
-		wb.plug.Start()
 		wb.writebackSingleInode(in, path, f.Key, true, &w.Errs[i])
-		wb.plug.Flush()
-		wb.plug.Finish()
 	}
+	wb.plug.Flush()
+	wb.plug.Finish()
+}
+
+// Refs returns a FileRef for every tracked inode whose path is under dir
+// (every one when dir is ""), for a sync request.
+func (wb *Writeback) Refs(dir string) []FileRef {
+	prefix := strings.TrimSuffix(dir, "/") + "/"
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	var out []FileRef
+	for _, in := range wb.inodes {
+		if dir != "" && !strings.HasPrefix(in.Path, prefix) {
+			continue
+		}
+		out = append(out, FileRef{Key: in.Key, Path: in.Path,
+			Tree: Tree{Expire: wb.bDirty.classes[in.Class].expire, Integrity: in.Has(inode.Integrity)}})
+	}
+	return out
+}
+
+// InodeInfo describes one tracked inode, for `flusherd dirty`.
+type InodeInfo struct {
+	Path   string
+	Key    inode.Key
+	Handle inode.Handle
+	// List is b_dirty, b_io (including an attempt in flight), b_more_io
+	// or b_more_io_wait.
+	List string
+	// DirtiedWhen is on the daemon's monotonic clock (see Registry.Now).
+	DirtiedWhen              time.Duration
+	DirtyPages, WBPages      uint32 // as last seen by cachestat
+	Retries, Errors, LastErr uint16
+	Busy                     bool // a call for it exceeded attempt_timeout and has not returned
+}
+
+// Inodes describes every tracked inode.
+func (wb *Writeback) Inodes() []InodeInfo {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	out := make([]InodeInfo, 0, len(wb.inodes))
+	add := func(list string, in *inode.Inode) {
+		out = append(out, InodeInfo{Path: in.Path, Key: in.Key, Handle: in.Handle, List: list,
+			DirtiedWhen: in.DirtiedWhen, DirtyPages: in.DirtyPages, WBPages: in.WritebackPages,
+			Retries: in.Retries, Errors: in.Errors, LastErr: in.LastErr, Busy: in.Has(inode.Busy)})
+	}
+	for _, c := range wb.bDirty.classes {
+		for in := range c.list.All {
+			add("b_dirty", in)
+		}
+	}
+	for _, l := range []struct {
+		name string
+		list *lists.List[*inode.Inode]
+	}{{"b_io", &wb.BIO}, {"b_io", &wb.inflight}, {"b_more_io", &wb.BMoreIO}, {"b_more_io_wait", &wb.BMoreIOWait}} {
+		for in := range l.list.All {
+			add(l.name, in)
+		}
+	}
+	return out
+}
+
+// OpenInode opens a tracked inode as its writeback attempts do (by handle
+// when it has one), for a fresh cachestat.
+func (wb *Writeback) OpenInode(i InodeInfo) (inode.File, error) {
+	return wb.openFile(i.Path, i.Key, i.Handle)
 }
 
 // queueIOLocked is queue_io: b_more_io, then b_more_io_wait (once per work,

@@ -2,10 +2,26 @@
 // which one request, a line of JSON, gets one response, a line of JSON,
 // per connection.
 //
-// Request:  {"op":"sync","paths":["/srv/db/wal"]}
-// Response: {"ok":true,"files":[{"path":"/srv/db/wal"}]}
+// Requests and their responses:
 //
-//	{"ok":false,"error":"...","files":[{"path":"/x","error":"fdatasync: input/output error"}]}
+//	{"op":"sync","paths":["/srv/db/wal"]}    integrity writeback of files, of
+//	                                         the tracked files under a
+//	                                         directory, or with no paths of
+//	                                         every tracked file
+//	{"ok":true,"files":[{"path":"/srv/db/wal"}]}
+//	{"ok":false,"files":[{"path":"/x","error":"fdatasync: input/output error"}]}
+//
+//	{"op":"dirty","top":20}                  the tracked files, oldest first
+//	{"ok":true,"dirty":[{"path":"/srv/q/1","bdi":"7:0","list":"b_dirty",
+//	  "dirty_pages":4,"writeback_pages":0,"age_seconds":3.2,"retries":0,
+//	  "errors":0}]}
+//
+//	{"op":"stats"}                           every device's stats, in the
+//	                                         stats file's layout
+//	{"ok":true,"devices":[{"bdi":"7:0","stats":"BdiWriteback: ..."}]}
+//
+// Any request can be answered {"ok":false,"error":"..."}: an unknown op, a
+// malformed or oversized (over MaxRequest) request, a refused peer.
 //
 // The socket is created with mode 0600, and every peer is checked with
 // SO_PEERCRED: only root and the daemon's own user are served (unix(7)).
@@ -32,8 +48,37 @@ const MaxRequest = 1 << 20
 
 // Request is one command.
 type Request struct {
-	Op    string   `json:"op"` // "sync"
+	Op    string   `json:"op"` // "sync", "dirty" or "stats"
 	Paths []string `json:"paths,omitempty"`
+	// Top limits a "dirty" answer to the oldest Top files; 0: all.
+	Top int `json:"top,omitempty"`
+}
+
+// DirtyFile is one tracked file in a "dirty" answer.
+type DirtyFile struct {
+	Path string `json:"path"`
+	Bdi  string `json:"bdi"`
+	// List is b_dirty, b_io, b_more_io or b_more_io_wait.
+	List string `json:"list"`
+	// DirtyPages and WritebackPages are cachestat(2)'s counts at the time
+	// of the request (or as last seen, when the file could not be opened).
+	DirtyPages     uint64 `json:"dirty_pages"`
+	WritebackPages uint64 `json:"writeback_pages"`
+	// AgeSeconds is how long the file's data has been dirty.
+	AgeSeconds float64 `json:"age_seconds"`
+	Retries    int     `json:"retries"`
+	Errors     int     `json:"errors"`
+	// LastError is the errno name of the last failed attempt ("EIO").
+	LastError string `json:"last_error,omitempty"`
+	// Busy: a writeback call for it exceeded attempt_timeout and has not
+	// returned (a frozen or hung filesystem).
+	Busy bool `json:"busy,omitempty"`
+}
+
+// DeviceStats is one device in a "stats" answer.
+type DeviceStats struct {
+	Bdi   string `json:"bdi"`
+	Stats string `json:"stats"`
 }
 
 // FileResult is the outcome for one file; Error is empty on success.
@@ -44,9 +89,11 @@ type FileResult struct {
 
 // Response is the answer to a Request.
 type Response struct {
-	OK    bool         `json:"ok"`
-	Error string       `json:"error,omitempty"`
-	Files []FileResult `json:"files,omitempty"`
+	OK      bool          `json:"ok"`
+	Error   string        `json:"error,omitempty"`
+	Files   []FileResult  `json:"files,omitempty"`
+	Dirty   []DirtyFile   `json:"dirty,omitempty"`
+	Devices []DeviceStats `json:"devices,omitempty"`
 }
 
 // Handler answers requests.

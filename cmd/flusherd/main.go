@@ -3,7 +3,7 @@
 // and writes that data back on a kernel-like schedule.
 //
 // Exit codes: 0 success; 1 the operation failed; 2 usage or configuration
-// error; 3 the daemon is not reachable (sync).
+// error; 3 the daemon is not reachable (sync, dirty).
 package main
 
 import (
@@ -35,8 +35,9 @@ const usage = `flusherd - a userspace writeback flusher for chosen directory tre
 
 Usage:
   flusherd run     [--config FILE] [--watch DIR]... [--stats-dir DIR]
-  flusherd stats   [--config FILE] [--stats-dir DIR]
-  flusherd sync    [--config FILE] [--stats-dir DIR] PATH...
+  flusherd stats   [--config FILE] [--stats-dir DIR] [--files] [DEV]
+  flusherd sync    [--config FILE] [--stats-dir DIR] [PATH...]
+  flusherd dirty   [--config FILE] [--stats-dir DIR] [--top N] [--json]
   flusherd check-config FILE
   flusherd print-default-config
   flusherd version
@@ -44,10 +45,16 @@ Usage:
 Commands:
   run      watch the trees and write their dirty data back (foreground;
            logs to stderr; SIGTERM/SIGINT write everything back and exit)
-  stats    print every device's stats file (<stats.dir>/bdi/<dev>/stats)
-  sync     write the named files back with fdatasync through the running
-           daemon (its socket, <stats.dir>/flusherd.sock), ahead of any
-           background writeback, and wait; names each file that failed
+  stats    print every device's statistics (or DEV's), live from the
+           daemon, or from the stats files (<stats.dir>/bdi/<dev>/stats)
+           when it is not running or with --files
+  sync     integrity writeback through the running daemon (its socket,
+           <stats.dir>/flusherd.sock), ahead of background writeback, and
+           wait: the named files, the tracked files under a named
+           directory, or with no PATH every tracked file; names each file
+           that failed
+  dirty    the tracked files, oldest first: device, list, dirty and
+           writeback pages, age, retries, last error
   check-config          validate a configuration file and print the
                         effective configuration
   print-default-config  print the defaults as a configuration file
@@ -61,7 +68,7 @@ Example:
   flusherd run --watch /srv/queue --stats-dir /run/flusherd
 
 Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error,
-3 daemon not reachable (sync).
+3 daemon not reachable (sync, dirty).
 `
 
 func main() {
@@ -81,6 +88,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdStats(args[1:], stdout, stderr)
 	case "sync":
 		return cmdSync(args[1:], stdout, stderr)
+	case "dirty":
+		return cmdDirty(args[1:], stdout, stderr)
 	case "check-config":
 		return cmdCheckConfig(args[1:], stdout, stderr)
 	case "print-default-config":

@@ -202,7 +202,7 @@ wait:
 		var ctl *control.Server
 		if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {
 			log.Error("cannot create the stats directory; flusherd sync will not reach this daemon", zap.Error(err))
-		} else if ctl, err = control.Listen(sock, syncHandler(reg, wat), log); err != nil {
+		} else if ctl, err = control.Listen(sock, controlHandler(reg, wat), log); err != nil {
 			log.Error("cannot create the control socket; flusherd sync will not reach this daemon", zap.Error(err))
 		} else {
 			go ctl.Serve(ctx)

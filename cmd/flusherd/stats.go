@@ -8,8 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/control"
 )
 
 // maxStatsFile bounds what is read of one stats file, in bytes.
@@ -35,16 +38,54 @@ func readStatsFile(path string) ([]byte, error) {
 }
 
 func cmdStats(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("stats", "stats [--config FILE] [--stats-dir DIR]", "flusherd stats --stats-dir /run/flusherd", stderr)
+	fset := newFlagSet("stats", "stats [--config FILE] [--stats-dir DIR] [--files] [DEV]\n\n"+
+		"Each device's statistics in the kernel's debugfs bdi stats layout: live from the\n"+
+		"running daemon, or from its stats files when it does not answer (or with --files).\n"+
+		"DEV (a bdi name such as 7:0 or 8:0) limits the output to that device.",
+		"flusherd stats\n  flusherd stats --stats-dir /run/flusherd 7:0", stderr)
 	var c commonFlags
 	c.register(fset)
-	if code, stop := parseFlags(fset, args); stop {
-		return code
+	filesOnly := fset.Bool("files", false, "read the stats files; do not ask the daemon")
+	if err := fset.Parse(args); err != nil {
+		return parseExit(err)
 	}
+	if fset.NArg() > 1 {
+		fmt.Fprintf(stderr, "flusherd stats: at most one DEV, got %d arguments\n", fset.NArg())
+		return exitUsage
+	}
+	dev := fset.Arg(0)
 	cfg, err := loadConfig(c, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd stats: %v\n", err)
 		return exitUsage
+	}
+	if !*filesOnly {
+		resp, err := control.Call(socketPath(cfg.Stats.Dir), control.Request{Op: "stats"}, 10*time.Second)
+		if err == nil && resp.OK {
+			shown := 0
+			for _, d := range resp.Devices {
+				if dev != "" && d.Bdi != dev {
+					continue
+				}
+				if shown > 0 {
+					fmt.Fprintln(stdout)
+				}
+				shown++
+				name := strconv.Quote(d.Bdi)
+				fmt.Fprintf(stdout, "==> bdi/%s <==\n%s", name[1:len(name)-1], d.Stats)
+			}
+			if shown == 0 {
+				if dev != "" {
+					fmt.Fprintf(stderr, "flusherd stats: the daemon has no device %s\n", strconv.Quote(dev))
+					return exitFailed
+				}
+				fmt.Fprintln(stderr, "flusherd stats: no device yet (no file has been dirtied)")
+			}
+			return exitOK
+		}
+		if err != nil && !errors.Is(err, control.ErrUnreachable) {
+			fmt.Fprintf(stderr, "flusherd stats: asking the daemon: %v; reading the stats files\n", err)
+		}
 	}
 	bdiDir := filepath.Join(cfg.Stats.Dir, "bdi")
 	entries, err := os.ReadDir(bdiDir)
@@ -62,6 +103,9 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 	}
 	shown := 0
 	for _, e := range entries {
+		if dev != "" && e.Name() != dev {
+			continue
+		}
 		data, err := readStatsFile(filepath.Join(bdiDir, e.Name(), "stats"))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
@@ -78,6 +122,10 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "==> bdi/%s <==\n%s", name[1:len(name)-1], data)
 	}
 	if shown == 0 {
+		if dev != "" {
+			fmt.Fprintf(stderr, "flusherd stats: no stats file for device %s in %s\n", strconv.Quote(dev), cfg.Stats.Dir)
+			return exitFailed
+		}
 		fmt.Fprintf(stderr, "flusherd stats: no device has stats in %s yet (no file has been dirtied)\n", cfg.Stats.Dir)
 	}
 	return exitOK

@@ -1,16 +1,13 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 
-	"flusherd/bdi"
 	"flusherd/control"
-	"flusherd/inode"
-	"flusherd/watch"
 )
 
 const exitUnreachable = 3
@@ -19,18 +16,17 @@ const exitUnreachable = 3
 func socketPath(statsDir string) string { return filepath.Join(statsDir, "flusherd.sock") }
 
 func cmdSync(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("sync", "sync [--config FILE] [--stats-dir DIR] PATH...",
-		"flusherd sync /srv/db/wal /srv/db/data.1", stderr)
+	fset := newFlagSet("sync", "sync [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]\n\n"+
+		"Integrity writeback (fdatasync, or one syncfs for a large batch) through the running\n"+
+		"daemon, ahead of background writeback; waits for it. A file is written whether or\n"+
+		"not it is tracked; a directory means every tracked file under it; no PATH means\n"+
+		"every tracked file. Exit 1 naming each file that failed, 3 if no daemon answers.",
+		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stderr)
 	var c commonFlags
 	c.register(fset)
 	timeout := fset.Duration("timeout", 0, "give up after this long (0: wait as long as it takes)")
 	if err := fset.Parse(args); err != nil {
 		return parseExit(err)
-	}
-	if fset.NArg() == 0 {
-		fmt.Fprintln(stderr, "flusherd sync: name at least one file")
-		fset.Usage()
-		return exitUsage
 	}
 	cfg, err := loadConfig(c, nil)
 	if err != nil {
@@ -57,9 +53,12 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 	failed := false
 	for _, f := range resp.Files {
 		if f.Error != "" {
-			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", f.Path, f.Error)
+			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", strconv.Quote(f.Path), f.Error)
 			failed = true
 		}
+	}
+	if !failed && resp.OK {
+		fmt.Fprintf(stdout, "%d files written back\n", len(resp.Files))
 	}
 	if resp.Error != "" {
 		fmt.Fprintf(stderr, "flusherd sync: %s\n", resp.Error)
@@ -69,80 +68,4 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		return exitFailed
 	}
 	return exitOK
-}
-
-// syncHandler serves "sync" requests: each named file, which must be a
-// regular file in a watched tree, is written with fdatasync by its device's
-// writeback goroutine (WB_SYNC_ALL work, reason "sync", FlushPlug).
-func syncHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
-	return func(ctx context.Context, req control.Request) control.Response {
-		if req.Op != "sync" {
-			return control.Response{Error: fmt.Sprintf("unknown op %q", req.Op)}
-		}
-		if len(req.Paths) == 0 {
-			return control.Response{Error: "sync: no paths"}
-		}
-		files := make([]control.FileResult, len(req.Paths))
-		type slot struct {
-			work  *bdi.Work
-			index []int
-		}
-		works := map[*bdi.Writeback]*slot{}
-		for i, p := range req.Paths {
-			files[i].Path = p
-			if !filepath.IsAbs(p) {
-				files[i].Error = "not an absolute path"
-				continue
-			}
-			p = filepath.Clean(p)
-			key, regular, err := inode.Stat(p)
-			switch {
-			case err != nil:
-				files[i].Error = err.Error()
-				continue
-			case !regular:
-				files[i].Error = "not a regular file"
-				continue
-			}
-			tree, ok := wat.TreeOf(p)
-			if !ok {
-				files[i].Error = "not in a watched tree"
-				continue
-			}
-			wb, err := reg.Device(key.Dev, p)
-			if err != nil {
-				files[i].Error = err.Error()
-				continue
-			}
-			s := works[wb]
-			if s == nil {
-				s = &slot{work: &bdi.Work{SyncMode: bdi.SyncAll, Reason: "sync"}}
-				works[wb] = s
-			}
-			s.work.Files = append(s.work.Files, bdi.FileRef{Key: key, Path: p, Tree: tree.Tree})
-			s.index = append(s.index, i)
-		}
-		for wb, s := range works {
-			wb.Queue(s.work)
-		}
-		for _, s := range works {
-			select {
-			case <-s.work.Done():
-			case <-ctx.Done():
-				return control.Response{Error: "daemon shutting down"}
-			}
-			for j, i := range s.index {
-				if err := s.work.Errs[j]; err != nil {
-					files[i].Error = err.Error()
-				}
-			}
-		}
-		ok := true
-		for _, f := range files {
-			if f.Error != "" {
-				ok = false
-			}
-		}
-		return control.Response{OK: ok, Files: files}
-	}
 }

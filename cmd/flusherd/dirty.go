@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"flusherd/control"
+)
+
+func cmdDirty(args []string, stdout, stderr io.Writer) int {
+	fset := newFlagSet("dirty", "dirty [--config FILE] [--stats-dir DIR] [--top N] [--json]\n\n"+
+		"The files the running daemon tracks, oldest dirty data first: device, list\n"+
+		"(b_dirty, b_io, b_more_io, b_more_io_wait), dirty and writeback pages (cachestat,\n"+
+		"now), age of the dirty data, attempts since last clean, and the last error.",
+		"flusherd dirty --top 10\n  flusherd dirty --json | jq '.[] | select(.list == \"b_more_io_wait\")'", stderr)
+	var c commonFlags
+	c.register(fset)
+	top := fset.Int("top", 20, "show the N oldest files (0: all)")
+	asJSON := fset.Bool("json", false, "print a JSON array (the control socket's DirtyFile objects)")
+	if code, stop := parseFlags(fset, args); stop {
+		return code
+	}
+	if *top < 0 {
+		fmt.Fprintln(stderr, "flusherd dirty: --top must not be negative")
+		return exitUsage
+	}
+	cfg, err := loadConfig(c, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
+		return exitUsage
+	}
+	resp, err := control.Call(socketPath(cfg.Stats.Dir), control.Request{Op: "dirty", Top: *top}, 30*time.Second)
+	if err != nil {
+		fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
+		if errors.Is(err, control.ErrUnreachable) {
+			return exitUnreachable
+		}
+		return exitFailed
+	}
+	if !resp.OK {
+		fmt.Fprintf(stderr, "flusherd dirty: %s\n", resp.Error)
+		return exitFailed
+	}
+	if *asJSON {
+		files := resp.Dirty
+		if files == nil {
+			files = []control.DirtyFile{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(files); err != nil {
+			return exitFailed
+		}
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "AGE\tBDI\tLIST\tDIRTY\tWRITEBACK\tRETRIES\tLAST_ERROR\tPATH")
+	for _, f := range resp.Dirty {
+		last := f.LastError
+		if last == "" {
+			last = "-"
+		}
+		if f.Busy {
+			last += " (busy)"
+		}
+		fmt.Fprintf(tw, "%.1fs\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", f.AgeSeconds, f.Bdi, f.List, f.DirtyPages, f.WritebackPages, f.Retries, last, strconv.Quote(f.Path))
+	}
+	tw.Flush()
+	return exitOK
+}

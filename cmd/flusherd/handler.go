@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/bdi"
+	"flusherd/control"
+	"flusherd/inode"
+	"flusherd/watch"
+)
+
+// controlHandler serves the control socket's requests (see package
+// control): sync, dirty and stats.
+func controlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
+	return func(ctx context.Context, req control.Request) control.Response {
+		switch req.Op {
+		case "sync":
+			return syncRequest(ctx, reg, wat, req.Paths)
+		case "dirty":
+			if req.Top < 0 {
+				return control.Response{Error: "dirty: top must not be negative"}
+			}
+			return control.Response{OK: true, Dirty: dirtyFiles(reg, req.Top)}
+		case "stats":
+			var out []control.DeviceStats
+			for _, wb := range reg.Devices() {
+				s := wb.Snapshot()
+				var buf bytes.Buffer
+				s.Format(&buf, os.Getpagesize())
+				out = append(out, control.DeviceStats{Bdi: wb.Name, Stats: buf.String()})
+			}
+			return control.Response{OK: true, Devices: out}
+		}
+		return control.Response{Error: fmt.Sprintf("unknown op %q (want sync, dirty or stats)", req.Op)}
+	}
+}
+
+// syncRequest writes back, with WB_SYNC_ALL work of reason "sync" on each
+// device's goroutine: each named regular file in a watched tree, the
+// tracked files under each named directory, or every tracked file when no
+// path is named.
+func syncRequest(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []string) control.Response {
+	var files []control.FileResult
+	type slot struct {
+		work  *bdi.Work
+		index []int
+	}
+	works := map[*bdi.Writeback]*slot{}
+	add := func(wb *bdi.Writeback, ref bdi.FileRef) {
+		s := works[wb]
+		if s == nil {
+			s = &slot{work: &bdi.Work{SyncMode: bdi.SyncAll, Reason: "sync"}}
+			works[wb] = s
+		}
+		s.work.Files = append(s.work.Files, ref)
+		s.index = append(s.index, len(files))
+		files = append(files, control.FileResult{Path: ref.Path})
+	}
+	fail := func(p, msg string) { files = append(files, control.FileResult{Path: p, Error: msg}) }
+	if len(paths) == 0 {
+		for _, wb := range reg.Devices() {
+			for _, ref := range wb.Refs("") {
+				add(wb, ref)
+			}
+		}
+	}
+	for _, p := range paths {
+		if !filepath.IsAbs(p) {
+			fail(p, "not an absolute path")
+			continue
+		}
+		p = filepath.Clean(p)
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			fail(p, (&os.PathError{Op: "lstat", Path: p, Err: err}).Error())
+			continue
+		}
+		tree, ok := wat.TreeOf(p)
+		if !ok {
+			fail(p, "not in a watched tree")
+			continue
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			for _, wb := range reg.Devices() {
+				for _, ref := range wb.Refs(p) {
+					add(wb, ref)
+				}
+			}
+		case unix.S_IFREG:
+			key := inode.Key{Dev: st.Dev, Ino: st.Ino}
+			wb, err := reg.Device(key.Dev, p)
+			if err != nil {
+				fail(p, err.Error())
+				continue
+			}
+			add(wb, bdi.FileRef{Key: key, Path: p, Tree: tree.Tree})
+		default:
+			fail(p, "not a regular file or directory")
+		}
+	}
+	for wb, s := range works {
+		wb.Queue(s.work)
+	}
+	for _, s := range works {
+		select {
+		case <-s.work.Done():
+		case <-ctx.Done():
+			return control.Response{Error: "daemon shutting down"}
+		}
+		for j, i := range s.index {
+			if err := s.work.Errs[j]; err != nil {
+				files[i].Error = err.Error()
+			}
+		}
+	}
+	ok := true
+	for _, f := range files {
+		if f.Error != "" {
+			ok = false
+		}
+	}
+	return control.Response{OK: ok, Files: files}
+}
+
+// dirtyFiles lists the tracked files, oldest dirty data first, at most top
+// of them (0: all), with a fresh cachestat of each listed file.
+func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
+	type entry struct {
+		wb *bdi.Writeback
+		in bdi.InodeInfo
+	}
+	var all []entry
+	for _, wb := range reg.Devices() {
+		for _, in := range wb.Inodes() {
+			all = append(all, entry{wb, in})
+		}
+	}
+	slices.SortFunc(all, func(a, b entry) int {
+		if c := int64(a.in.DirtiedWhen - b.in.DirtiedWhen); c != 0 {
+			if c < 0 {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.in.Path, b.in.Path)
+	})
+	if top > 0 && len(all) > top {
+		all = all[:top]
+	}
+	now := reg.Now()
+	out := make([]control.DirtyFile, 0, len(all))
+	for _, e := range all {
+		d := control.DirtyFile{Path: e.in.Path, Bdi: e.wb.Name, List: e.in.List,
+			DirtyPages: uint64(e.in.DirtyPages), WritebackPages: uint64(e.in.WBPages),
+			AgeSeconds: (now - e.in.DirtiedWhen).Seconds(), Retries: int(e.in.Retries),
+			Errors: int(e.in.Errors), Busy: e.in.Busy}
+		if e.in.LastErr != 0 {
+			d.LastError = unix.ErrnoName(unix.Errno(e.in.LastErr))
+			if d.LastError == "" {
+				d.LastError = fmt.Sprintf("errno %d", e.in.LastErr)
+			}
+		}
+		if !e.in.Busy {
+			if f, err := e.wb.OpenInode(e.in); err == nil {
+				if dp, wp, err := f.Cachestat(0, 0); err == nil {
+					d.DirtyPages, d.WritebackPages = dp, wp
+				}
+				f.Close()
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
