@@ -51,6 +51,8 @@ type Fanotify struct {
 	base
 	handles *inode.Handles
 	f       *os.File
+	markMu  sync.Mutex         // serializes mark
+	fsidsMu sync.RWMutex       // guards fsids and mounts
 	fsids   map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
 	mounts  map[uint64]bool    // st_dev -> mount mark (no dirent events)
 
@@ -64,7 +66,7 @@ type Fanotify struct {
 type fanotifyDir struct {
 	path   string
 	prefix string // path with a trailing slash
-	tree   int    // index of the tree whose files it holds, or -1
+	tree   *tree  // the tree whose files it holds, or nil
 }
 
 type fanotifyTarget struct {
@@ -88,9 +90,10 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fanotify_init: %w", err)
 	}
-	fa := &Fanotify{base: newBase(trees, sink, opt), handles: h,
+	fa := &Fanotify{handles: h,
 		f: os.NewFile(uintptr(fd), "fanotify"), fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
 		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10)}
+	fa.init(trees, sink, opt)
 	for _, t := range trees {
 		if err := fa.mark(fd, t.Root); err != nil {
 			fa.f.Close()
@@ -113,7 +116,10 @@ func (fa *Fanotify) mark(fd int, root string) error {
 	var fsid [8]byte
 	binary.NativeEndian.PutUint32(fsid[0:], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(fsid[4:], uint32(sfs.Fsid.Val[1]))
-	if _, ok := fa.fsids[fsid]; ok {
+	fa.fsidsMu.RLock()
+	_, ok := fa.fsids[fsid]
+	fa.fsidsMu.RUnlock()
+	if ok {
 		return nil
 	}
 	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanotifyMask, unix.AT_FDCWD, root)
@@ -122,11 +128,15 @@ func (fa *Fanotify) mark(fd int, root string) error {
 		if err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_MOUNT, mountMask, unix.AT_FDCWD, root); err != nil {
 			return fmt.Errorf("fanotify_mark %s: filesystem mark: %v; mount mark: %w", root, ferr, err)
 		}
+		fa.fsidsMu.Lock()
 		fa.mounts[dev] = true
+		fa.fsidsMu.Unlock()
 		fa.log.Warn("fanotify: filesystem mark refused; using a mount mark, which reports writes but not renames or deletions",
 			zap.String("root", strconv.Quote(root)), zap.NamedError("filesystem_mark", ferr))
 	}
+	fa.fsidsMu.Lock()
 	fa.fsids[fsid] = dev
+	fa.fsidsMu.Unlock()
 	return nil
 }
 
@@ -142,16 +152,49 @@ func (fa *Fanotify) Close() error {
 	return err
 }
 
-// Start implements Backend: the marks exist since NewFanotify; Start
-// records the roots and scans the trees with cachestat.
+// Start implements Backend: WatchRoots, then Scan.
 func (fa *Fanotify) Start(ctx context.Context) error {
-	if err := fa.recordRoots(); err != nil {
+	if err := fa.WatchRoots(); err != nil {
 		return err
 	}
-	for _, t := range fa.trees {
-		fa.scanDir(ctx, t, t.Root, true, nil)
-	}
+	fa.Scan(ctx)
 	return nil
+}
+
+// WatchRoots implements Backend: the marks exist since NewFanotify; it
+// records the roots' identity.
+func (fa *Fanotify) WatchRoots() error { return fa.recordRoots() }
+
+// Scan implements Backend.
+func (fa *Fanotify) Scan(ctx context.Context) {
+	for _, t := range fa.list() {
+		fa.scanDir(ctx, t.Tree, t.Root, true, nil)
+	}
+}
+
+// AddTree implements Backend: it marks the tree's filesystem if it is new
+// and scans the tree.
+func (fa *Fanotify) AddTree(ctx context.Context, t Tree) error {
+	fa.markMu.Lock()
+	err := fa.mark(int(fa.f.Fd()), t.Root)
+	fa.markMu.Unlock()
+	if err != nil {
+		return err
+	}
+	if _, err := fa.addTree(t); err != nil {
+		return err
+	}
+	fa.clearCaches() // cached directories name their tree
+	fa.scanDir(ctx, t, t.Root, true, nil)
+	return nil
+}
+
+// RemoveTree implements Backend. The filesystem mark stays (another tree
+// may come back to it); events under the root are no longer served.
+func (fa *Fanotify) RemoveTree(root string) bool {
+	t, _ := fa.removeTree(root)
+	fa.clearCaches()
+	return t != nil
 }
 
 // Run implements Backend: it reads events until ctx ends or Close.
@@ -260,16 +303,19 @@ func (fa *Fanotify) cacheKey(fsid, typ, h []byte) []byte {
 	return fa.kbuf
 }
 
-func devOf(fsids map[[8]byte]uint64, fsid []byte) (uint64, bool) {
+// devOf returns the st_dev of the marked filesystem fsid.
+func (fa *Fanotify) devOf(fsid []byte) (uint64, bool) {
 	var k [8]byte
 	copy(k[:], fsid)
-	dev, ok := fsids[k]
+	fa.fsidsMu.RLock()
+	dev, ok := fa.fsids[k]
+	fa.fsidsMu.RUnlock()
 	return dev, ok
 }
 
 // dirOf returns the cached path and tree of the event's parent directory.
 func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
-	dev, ok := devOf(fa.fsids, ev.dirFsid)
+	dev, ok := fa.devOf(ev.dirFsid)
 	if !ok {
 		return nil, false
 	}
@@ -296,14 +342,14 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 	return d, true
 }
 
-// treeOfDir returns the index of the deepest tree that holds the files of
-// directory dir, or -1.
-func (fa *Fanotify) treeOfDir(dir string) int {
-	best := -1
-	for i, t := range fa.trees {
+// treeOfDir returns the deepest tree that holds the files of directory
+// dir, or nil.
+func (fa *Fanotify) treeOfDir(dir string) *tree {
+	var best *tree
+	for _, t := range fa.list() {
 		in := dir == t.Root || (t.Recursive && (t.Root == "/" || strings.HasPrefix(dir, t.Root+"/")))
-		if in && (best < 0 || len(t.Root) > len(fa.trees[best].Root)) {
-			best = i
+		if in && (best == nil || len(t.Root) > len(best.Root)) {
+			best = t
 		}
 	}
 	return best
@@ -311,7 +357,7 @@ func (fa *Fanotify) treeOfDir(dir string) int {
 
 // target identifies the event's file, cached by handle.
 func (fa *Fanotify) target(ev *event) (*fanotifyTarget, bool) {
-	dev, ok := devOf(fa.fsids, ev.fileFsid)
+	dev, ok := fa.devOf(ev.fileFsid)
 	if !ok {
 		return nil, false
 	}
@@ -370,11 +416,11 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) {
 		return
 	}
 	d, ok := fa.dirOf(ev)
-	if !ok || d.tree < 0 {
+	if !ok || d.tree == nil {
 		return
 	}
 	fa.mu.Lock()
-	gone := fa.gone[d.tree]
+	gone := d.tree.gone
 	fa.mu.Unlock()
 	if gone {
 		return
@@ -387,7 +433,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) {
 	if p := tg.path; len(p) != len(d.prefix)+len(ev.name) || !strings.HasPrefix(p, d.prefix) || p[len(d.prefix):] != string(ev.name) {
 		tg.path = d.prefix + string(ev.name)
 	}
-	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, fa.trees[d.tree].Tree); err != nil {
+	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
 		fa.log.Warn("cannot track file", Q(tg.path), zap.Error(err))
 	}
 }

@@ -56,9 +56,9 @@ func fanEvent(fsid [8]byte, dir, file []byte, name string) []byte {
 func BenchmarkFanotifyEvents(b *testing.B) {
 	fsid := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
 	s := &nopSink{}
-	fa := &Fanotify{base: newBase([]Tree{{Root: "/srv/data", Recursive: true}}, s, Options{}),
-		fsids: map[[8]byte]uint64{fsid: 42}, mounts: map[uint64]bool{},
+	fa := &Fanotify{fsids: map[[8]byte]uint64{fsid: 42}, mounts: map[uint64]bool{},
 		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}}
+	fa.init([]Tree{{Root: "/srv/data", Recursive: true}}, s, Options{})
 	const files = 1000
 	var buf []byte
 	dirH := []byte("dirhandl")
@@ -69,7 +69,7 @@ func BenchmarkFanotifyEvents(b *testing.B) {
 		typ := binary.NativeEndian.AppendUint32(nil, 1)
 		fa.files[string(fa.cacheKey(fsid[:], typ, fh))] = &fanotifyTarget{key: inode.Key{Dev: 42, Ino: uint64(i)}, regular: true, handle: inode.MakeHandle(1, fh)}
 		if i == 0 {
-			fa.dirs[string(fa.cacheKey(fsid[:], typ, dirH))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: 0}
+			fa.dirs[string(fa.cacheKey(fsid[:], typ, dirH))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: fa.list()[0]}
 		}
 	}
 	ctx := context.Background()

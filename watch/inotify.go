@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -47,8 +48,9 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	return &Watcher{base: newBase(trees, sink, opt), w: w, interval: iv,
-		dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1)}, nil
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1)}
+	iw.init(trees, sink, opt)
+	return iw, nil
 }
 
 // Name implements Backend.
@@ -130,28 +132,94 @@ func (w *Watcher) forget(dir string) bool {
 // Close implements Backend.
 func (w *Watcher) Close() error { return w.w.Close() }
 
-// Start implements Backend: it adds a watch on every directory of every
-// tree and scans the files with cachestat. A directory is watched before
-// its files are scanned, so a file written meanwhile is seen by one or the
-// other. Running out of watches is not an error (see Watcher); a root
-// that cannot be watched is.
+// Start implements Backend: WatchRoots, then Scan.
 func (w *Watcher) Start(ctx context.Context) error {
+	if err := w.WatchRoots(); err != nil {
+		return err
+	}
+	w.Scan(ctx)
+	return nil
+}
+
+// WatchRoots implements Backend: it records the roots and watches each.
+// A root that cannot be watched is an error.
+func (w *Watcher) WatchRoots() error {
 	if err := w.recordRoots(); err != nil {
 		return err
 	}
-	for _, t := range w.trees {
-		if err := w.add(t.Root); err != nil {
-			if errors.Is(err, unix.ENOSPC) {
-				max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
-				return fmt.Errorf("inotify_add_watch %s: out of inotify watches (fs.inotify.max_user_watches = %s); raise it or use the fanotify backend",
-					t.Root, strings.TrimSpace(string(max)))
-			}
-			return &fs.PathError{Op: "inotify_add_watch", Path: t.Root, Err: err}
+	for _, t := range w.list() {
+		if err := w.watchRoot(t.Root); err != nil {
+			return err
 		}
-		w.scanDir(ctx, t, t.Root, true, func(p string) { w.addOrNote(t, p) })
+	}
+	return nil
+}
+
+func (w *Watcher) watchRoot(root string) error {
+	err := w.add(root)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.ENOSPC):
+		max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
+		return fmt.Errorf("inotify_add_watch %s: out of inotify watches (fs.inotify.max_user_watches = %s); raise it or use the fanotify backend",
+			strconv.Quote(root), strings.TrimSpace(string(max)))
+	}
+	return &fs.PathError{Op: "inotify_add_watch", Path: root, Err: err}
+}
+
+// Scan implements Backend: it adds a watch on every directory below the
+// roots and scans the files with cachestat. A directory is watched before
+// its files are scanned, so a file written meanwhile is seen by one or the
+// other. Running out of watches is not an error (see Watcher).
+func (w *Watcher) Scan(ctx context.Context) {
+	for _, t := range w.list() {
+		w.scanDir(ctx, t.Tree, t.Root, true, func(p string) { w.addOrNote(t.Tree, p) })
 	}
 	w.logLimit()
+}
+
+// AddTree implements Backend: it watches the new tree's root and scans it.
+func (w *Watcher) AddTree(ctx context.Context, t Tree) error {
+	if _, err := w.addTree(t); err != nil {
+		return err
+	}
+	if err := w.watchRoot(t.Root); err != nil {
+		w.removeTree(t.Root)
+		return err
+	}
+	w.scanDir(ctx, t, t.Root, true, func(p string) { w.addOrNote(t, p) })
+	w.logLimit()
 	return nil
+}
+
+// RemoveTree implements Backend: the tree's directories lose their
+// watches, except those inside another tree.
+func (w *Watcher) RemoveTree(root string) bool {
+	t, _ := w.removeTree(root)
+	if t == nil {
+		return false
+	}
+	w.dmu.Lock()
+	prefix := root + "/"
+	for p := range w.dirs {
+		if p != root && !strings.HasPrefix(p, prefix) {
+			continue
+		}
+		if o := w.treeAt(p); o != nil {
+			continue // still inside a tree
+		}
+		w.w.Remove(p)
+		delete(w.dirs, p)
+	}
+	for p := range w.unwatched {
+		if (p == root || strings.HasPrefix(p, prefix)) && w.treeAt(p) == nil {
+			delete(w.unwatched, p)
+			w.ctr.Unwatched.Add(^uint64(0))
+		}
+	}
+	w.dmu.Unlock()
+	return true
 }
 
 // Run implements Backend.

@@ -23,6 +23,7 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,10 +61,22 @@ type Sink interface {
 type Backend interface {
 	// Name is "fanotify" or "inotify".
 	Name() string
-	// Start watches every tree and scans it with cachestat, reporting the
-	// dirty files. It returns an error only when a tree's root cannot be
-	// watched; it stops scanning (not watching) when ctx ends.
+	// Start is WatchRoots, then Scan.
 	Start(ctx context.Context) error
+	// WatchRoots watches or marks every tree's root: from then on, writes
+	// in the trees are seen (or found by Scan). It fails when a root
+	// cannot be watched.
+	WatchRoots() error
+	// Scan walks the trees (watching their directories, for inotify) and
+	// reports the files cachestat shows dirty; it stops when ctx ends.
+	Scan(ctx context.Context)
+	// ScannedDirs counts the directories scanned so far, for progress.
+	ScannedDirs() uint64
+	// AddTree starts watching another tree and scans it.
+	AddTree(ctx context.Context, t Tree) error
+	// RemoveTree stops serving the tree rooted at root; it reports
+	// whether there was one.
+	RemoveTree(root string) bool
 	// Run handles events until ctx ends or Close.
 	Run(ctx context.Context)
 	// Close stops watching; idempotent.
@@ -89,22 +102,28 @@ func Q(path string) zap.Field { return zap.String("path", strconv.Quote(path)) }
 // base is what both backends share: the trees, the sink, scanning and the
 // roots' identity.
 type base struct {
-	trees []Tree
-	sink  Sink
-	log   *zap.Logger
-	open  inode.Opener
-	ctr   Counters
+	sink        Sink
+	log         *zap.Logger
+	open        inode.Opener
+	ctr         Counters
+	dirsScanned atomic.Uint64
 
 	statsDir  string
 	statsMu   sync.Mutex
 	statsNext *time.Timer // armed while a stats write is due
 
 	mu    sync.Mutex
-	roots []inode.Key // each tree's root as first seen
-	gone  []bool      // the tree's root is gone; it is no longer served
+	trees []*tree // replaced as a whole (AddTree, RemoveTree), never changed in place
 }
 
-func newBase(trees []Tree, sink Sink, opt Options) base {
+// tree is a watched tree and its state.
+type tree struct {
+	Tree
+	root inode.Key // the root's identity when first watched
+	gone bool      // guarded by base.mu: its root is gone, it is no longer served
+}
+
+func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	log, open := opt.Log, opt.Opener
 	if log == nil {
 		log = zap.NewNop()
@@ -112,8 +131,59 @@ func newBase(trees []Tree, sink Sink, opt Options) base {
 	if open == nil {
 		open = inode.OS{}
 	}
-	return base{trees: trees, sink: sink, log: log, open: open, statsDir: opt.StatsDir,
-		roots: make([]inode.Key, len(trees)), gone: make([]bool, len(trees))}
+	b.sink, b.log, b.open, b.statsDir = sink, log, open, opt.StatsDir
+	for _, t := range trees {
+		b.trees = append(b.trees, &tree{Tree: t})
+	}
+}
+
+// list returns the current trees; the slice must not be changed.
+func (b *base) list() []*tree {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.trees
+}
+
+// served reports whether t is in the list and its root is not gone.
+func (b *base) served(t *tree) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !t.gone && slices.Contains(b.trees, t)
+}
+
+// addTree appends t after recording its root's identity.
+func (b *base) addTree(t Tree) (*tree, error) {
+	nt := &tree{Tree: t}
+	if err := nt.record(); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, o := range b.trees {
+		if o.Root == t.Root {
+			return nil, fmt.Errorf("%s is already watched", strconv.Quote(t.Root))
+		}
+	}
+	b.trees = append(slices.Clip(b.trees), nt)
+	return nt, nil
+}
+
+// removeTree takes the tree rooted at root out of the list; it returns it
+// and whether another served tree is on the same filesystem.
+func (b *base) removeTree(root string) (*tree, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := slices.IndexFunc(b.trees, func(t *tree) bool { return t.Root == root })
+	if i < 0 {
+		return nil, false
+	}
+	t := b.trees[i]
+	b.trees = slices.Delete(slices.Clone(b.trees), i, i+1)
+	shared := false
+	for _, o := range b.trees {
+		shared = shared || (!o.gone && o.root.Dev == t.root.Dev)
+	}
+	return t, shared
 }
 
 // touched schedules a write of the stats file a second from now, unless
@@ -138,32 +208,34 @@ func (b *base) touched(name string) {
 	})
 }
 
+// ScannedDirs implements Backend.
+func (b *base) ScannedDirs() uint64 { return b.dirsScanned.Load() }
+
 // Counters implements Backend.
 func (b *base) Counters() *Counters { return &b.ctr }
 
 // TreeOf returns the deepest served tree whose root contains path.
 func (b *base) TreeOf(path string) (Tree, bool) {
-	i := b.treeIndex(path)
-	if i < 0 {
-		return Tree{}, false
+	if t := b.treeAt(path); t != nil {
+		return t.Tree, true
 	}
-	return b.trees[i], true
+	return Tree{}, false
 }
 
-func (b *base) treeIndex(path string) int {
-	best := -1
+func (b *base) treeAt(path string) *tree {
+	var best *tree
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i, t := range b.trees {
-		if b.gone[i] {
+	for _, t := range b.trees {
+		if t.gone {
 			continue
 		}
 		if path == t.Root || strings.HasPrefix(path, t.Root+"/") || t.Root == "/" {
 			if !t.Recursive && filepath.Dir(path) != t.Root && path != t.Root {
 				continue
 			}
-			if best < 0 || len(t.Root) > len(b.trees[best].Root) {
-				best = i
+			if best == nil || len(t.Root) > len(best.Root) {
+				best = t
 			}
 		}
 	}
@@ -172,7 +244,7 @@ func (b *base) treeIndex(path string) int {
 
 // isRoot reports whether dir is the root of a tree other than t.
 func (b *base) isRoot(dir string, t Tree) bool {
-	for _, o := range b.trees {
+	for _, o := range b.list() {
 		if o.Root == dir && o.Root != t.Root {
 			return true
 		}
@@ -180,19 +252,25 @@ func (b *base) isRoot(dir string, t Tree) bool {
 	return false
 }
 
+// record notes the root's identity, for checkRoots.
+func (t *tree) record() error {
+	var st unix.Stat_t
+	if err := unix.Lstat(t.Root, &st); err != nil {
+		return &fs.PathError{Op: "lstat", Path: t.Root, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("watch root %s: not a directory", strconv.Quote(t.Root))
+	}
+	t.root = inode.Key{Dev: st.Dev, Ino: st.Ino}
+	return nil
+}
+
 // recordRoots notes each tree root's identity, for checkRoots.
 func (b *base) recordRoots() error {
-	for i, t := range b.trees {
-		var st unix.Stat_t
-		if err := unix.Lstat(t.Root, &st); err != nil {
-			return &fs.PathError{Op: "lstat", Path: t.Root, Err: err}
+	for _, t := range b.list() {
+		if err := t.record(); err != nil {
+			return err
 		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return fmt.Errorf("watch root %s: not a directory", strconv.Quote(t.Root))
-		}
-		b.mu.Lock()
-		b.roots[i] = inode.Key{Dev: st.Dev, Ino: st.Ino}
-		b.mu.Unlock()
 	}
 	return nil
 }
@@ -202,35 +280,34 @@ func (b *base) recordRoots() error {
 // longer served; the sink drops its inodes. Called after a directory
 // removal or rename and after the mount table changed.
 func (b *base) checkRoots() {
-	for i, t := range b.trees {
+	for _, t := range b.list() {
 		b.mu.Lock()
-		if b.gone[i] {
-			b.mu.Unlock()
+		gone := t.gone
+		b.mu.Unlock()
+		if gone {
 			continue
 		}
-		want := b.roots[i]
-		b.mu.Unlock()
 		var st unix.Stat_t
 		err := unix.Lstat(t.Root, &st)
-		if err == nil && st.Dev == want.Dev && st.Ino == want.Ino {
+		if err == nil && st.Dev == t.root.Dev && st.Ino == t.root.Ino {
 			continue
 		}
 		b.mu.Lock()
-		b.gone[i] = true
+		t.gone = true
 		last := true
-		for j, o := range b.roots {
-			if j != i && !b.gone[j] && o.Dev == want.Dev {
+		for _, o := range b.trees {
+			if o != t && !o.gone && o.root.Dev == t.root.Dev {
 				last = false
 			}
 		}
 		b.mu.Unlock()
 		how := "removed or renamed"
-		if err == nil && st.Dev != want.Dev {
+		if err == nil && st.Dev != t.root.Dev {
 			how = "unmounted"
 		}
 		b.log.Error("a watched tree's root is gone; its files are no longer tracked (restart flusherd once it is back)",
 			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
-		b.sink.TreeGone(t.Root, want.Dev, last)
+		b.sink.TreeGone(t.Root, t.root.Dev, last)
 	}
 }
 
@@ -291,6 +368,7 @@ func (b *base) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool, 
 			return nil
 		}
 		if d.IsDir() {
+			b.dirsScanned.Add(1)
 			if path == dir {
 				return nil
 			}
@@ -338,20 +416,17 @@ func (b *base) report(t Tree, path string, onlyDirty bool) {
 // rescan scans every served tree again with cachestat (after an
 // overflow). Files already tracked keep their dirtiedWhen.
 func (b *base) rescan(ctx context.Context, onDir func(t Tree, path string)) {
-	for i, t := range b.trees {
-		b.mu.Lock()
-		gone, dev := b.gone[i], b.roots[i].Dev
-		b.mu.Unlock()
-		if gone {
+	for _, t := range b.list() {
+		if !b.served(t) {
 			continue
 		}
 		b.ctr.Rescans.Add(1)
-		b.sink.Rescanned(dev)
+		b.sink.Rescanned(t.root.Dev)
 		var f func(string)
 		if onDir != nil {
-			f = func(p string) { onDir(t, p) }
+			f = func(p string) { onDir(t.Tree, p) }
 		}
-		b.scanDir(ctx, t, t.Root, true, f)
+		b.scanDir(ctx, t.Tree, t.Root, true, f)
 	}
 }
 
