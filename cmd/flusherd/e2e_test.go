@@ -70,14 +70,41 @@ func (s *syncBuffer) String() string {
 // that it is ready, and stops it (SIGTERM) at cleanup if the test did not.
 func startDaemon(t *testing.T, configText string) *flusherdProc {
 	t.Helper()
+	return startDaemonAs(t, configText, nil)
+}
+
+// startDaemonAs is startDaemon with the daemon running as cred's user and
+// group (nil: the test's own). For another user, the binary and the
+// config file are made reachable for it (search permission for others on
+// their temporary directories) and the stats directory is made and given
+// to it; the test is skipped if that cannot be done. The watched trees are
+// the caller's business (makeSearchable).
+func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *flusherdProc {
+	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "flusherd.toml")
 	statsDir := filepath.Join(dir, "run")
 	if err := os.WriteFile(cfgPath, []byte(configText), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if cred != nil {
+		for _, p := range []string{dir, filepath.Dir(binary)} {
+			if err := makeSearchable(p); err != nil {
+				t.Skipf("cannot run flusherd as uid %d: %v", cred.Uid, err)
+			}
+		}
+		if err := os.Mkdir(statsDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(statsDir, int(cred.Uid), int(cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	d := &flusherdProc{statsDir: statsDir, log: &syncBuffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(binary, "run", "--config", cfgPath, "--stats-dir", statsDir)
+	if cred != nil {
+		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	d.cmd.Stdout = d.log
 	d.cmd.Stderr = d.log
 	if err := d.cmd.Start(); err != nil {
@@ -113,6 +140,33 @@ func startDaemon(t *testing.T, configText string) *flusherdProc {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return d
+}
+
+// makeSearchable gives others search (x) permission on dir and on each of
+// its ancestors inside os.TempDir() that lacks it (t.TempDir makes them
+// 0700), so that a daemon running as another user can reach dir. An
+// ancestor outside os.TempDir() that others cannot search is an error: it
+// is not changed.
+func makeSearchable(dir string) error {
+	tmp := filepath.Clean(os.TempDir())
+	for p := filepath.Clean(dir); ; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			if p != tmp && !strings.HasPrefix(p, tmp+"/") {
+				return fmt.Errorf("%s (mode %v) is not searchable by others and lies outside %s", p, st.Mode().Perm(), tmp)
+			}
+			keep := st.Mode() & (os.ModePerm | os.ModeSticky | os.ModeSetuid | os.ModeSetgid)
+			if err := os.Chmod(p, keep|0o001); err != nil {
+				return err
+			}
+		}
+		if p == "/" {
+			return nil
+		}
+	}
 }
 
 // stop sends SIGTERM and waits for the exit status.

@@ -39,6 +39,7 @@ type FS struct {
 	MajMin string // "7:3"
 
 	fstype string
+	td     *teardown
 }
 
 const (
@@ -201,7 +202,26 @@ func Mount(t testing.TB, opt Options) *FS {
 		Dev:    uint64(st.Dev),
 		MajMin: fmt.Sprintf("%d:%d", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev))),
 		fstype: typ,
+		td:     td,
 	}
+}
+
+// Unmount unmounts the filesystem before the test ends, retrying for a
+// while (umountRetryBudget) if it is busy. On success the cleanup skips
+// the umount; the loop device, marked autoclear, detaches by itself once
+// the filesystem is released, and cleanup still checks that it did. On
+// failure (e.g. EBUSY: something still holds a file open on it) the
+// filesystem stays mounted and cleanup unmounts it as usual. It is not
+// safe for concurrent use with itself or the cleanup.
+func (f *FS) Unmount() error {
+	if !f.td.mounted {
+		return fmt.Errorf("testfs: umount %s: already unmounted", f.Dir)
+	}
+	if err := umountRetry(f.Dir); err != nil {
+		return fmt.Errorf("testfs: umount %s: %w", f.Dir, err)
+	}
+	f.td.mounted = false
+	return nil
 }
 
 // RemountRO remounts the filesystem read-only (mount -o remount,ro).
@@ -256,26 +276,33 @@ func (td *teardown) run(t testing.TB) {
 	}
 }
 
-func (td *teardown) unmount(t testing.TB) {
-	t.Helper()
+// umountRetry unmounts dir, retrying on EBUSY for umountRetryBudget.
+func umountRetry(dir string) error {
 	deadline := time.Now().Add(umountRetryBudget)
 	delay := 5 * time.Millisecond
-	var err error
 	for {
-		err = unix.Unmount(td.dir, 0)
+		err := unix.Unmount(dir, 0)
 		if err == nil {
-			return
+			return nil
 		}
 		if err == unix.EINTR {
 			continue
 		}
 		if err != unix.EBUSY || time.Now().After(deadline) {
-			break
+			return err
 		}
 		time.Sleep(delay)
 		if delay < 200*time.Millisecond {
 			delay *= 2
 		}
+	}
+}
+
+func (td *teardown) unmount(t testing.TB) {
+	t.Helper()
+	err := umountRetry(td.dir)
+	if err == nil {
+		return
 	}
 	if err == unix.EINVAL {
 		// Not a mount point any more: the test unmounted it itself.

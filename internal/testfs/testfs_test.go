@@ -263,3 +263,44 @@ func sysLoop(t *testing.T, dev, attr string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// Unmount before the end of the test: a busy filesystem stays mounted and
+// Unmount says why; once free it unmounts, a second call fails, the loop
+// device detaches by itself (autoclear), and cleanup has nothing left to do
+// and reports no error.
+func TestUnmount(t *testing.T) {
+	var fs *FS
+	rec := &recTB{}
+	t.Run("inner", func(t *testing.T) {
+		rec.TB = t
+		fs = Mount(rec, Options{SizeMB: 32})
+		f, err := os.Create(filepath.Join(fs.Dir, "held-open"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fs.Unmount(); !errors.Is(err, unix.EBUSY) {
+			t.Errorf("Unmount with a file open: got %v, want EBUSY", err)
+		}
+		if !isMounted(t, fs.Dir) {
+			t.Fatalf("%s not mounted after a failed Unmount", fs.Dir)
+		}
+		f.Close()
+		if err := fs.Unmount(); err != nil {
+			t.Fatalf("Unmount: %v", err)
+		}
+		if isMounted(t, fs.Dir) {
+			t.Errorf("%s still mounted after Unmount", fs.Dir)
+		}
+		if err := fs.Unmount(); err == nil {
+			t.Errorf("second Unmount: got nil, want an error")
+		}
+		waitDetached(t, fs)
+	})
+	if fs == nil {
+		return // skipped
+	}
+	if len(rec.errs) != 0 {
+		t.Errorf("cleanup after Unmount reported errors: %q", rec.errs)
+	}
+	checkGone(t, fs)
+}

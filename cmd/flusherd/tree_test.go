@@ -1,0 +1,881 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
+)
+
+const (
+	// The daemon's intervals in these tests.
+	treeWritebackInterval = "200ms"
+	treeExpireInterval    = "1s"
+	// cleanBound is how long data written into a tree (or moved into
+	// one) may stay dirty: the 1s expiry, the 200ms interval and ample
+	// slack for a loaded machine. It is far below the kernel's own
+	// vm.dirty_expire_centisecs (30s by default), so a file that is clean
+	// within it was written back by flusherd.
+	cleanBound = 5 * time.Second
+	// stayDirtyWindow is how long a file that flusherd must not write back
+	// is watched to stay dirty: longer than cleanBound, well under the
+	// kernel's expiry.
+	stayDirtyWindow = cleanBound + time.Second
+	// bigDirEntries is the size of the directory of the 100k case.
+	bigDirEntries = 100_000
+)
+
+// TestTreeChanges runs the daemon, once per watcher backend, against
+// changes to the watched trees on a loop-mounted ext4: new subdirectories,
+// renames within, into and out of a tree, atomic saves, hard links,
+// truncation, deletion, a tree's root removed or unmounted, hostile
+// entries (FIFOs, sockets, device nodes, symlinks, names that are not
+// UTF-8), a directory of 100,000 entries and a file the daemon may not
+// read. Each case has its own directory and its own daemon (so its stats
+// file counts only its files); the filesystem is shared. Outcomes are
+// checked with cachestat and the daemon's stats file, within bounds of a
+// few seconds that the kernel's own flusher (30s) cannot meet.
+func TestTreeChanges(t *testing.T) {
+	if euid := os.Geteuid(); euid != 0 {
+		t.Skipf("needs root: loop-mounted filesystems, fanotify, device nodes (euid=%d)", euid)
+	}
+	for _, backend := range []string{"inotify", "fanotify"} {
+		t.Run(backend, func(t *testing.T) { testTreeChanges(t, backend) })
+	}
+}
+
+// treeSuite is one backend's run: the shared filesystem.
+type treeSuite struct {
+	backend string
+	mnt     *testfs.FS
+	// kernelExpire is vm.dirty_expire_centisecs: after that long the
+	// kernel's flusher writes dirty data back by itself.
+	kernelExpire time.Duration
+}
+
+func testTreeChanges(t *testing.T, backend string) {
+	// mke2fs gives a filesystem under 512 MiB one inode per 4 KiB: about
+	// 128,000 here, room for the 100,000-entry directory.
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 500})
+	// ext4's auto_da_alloc starts writeback by itself of a file renamed
+	// over another and of one truncated to 0 and rewritten; without it,
+	// only flusherd (or the kernel's flusher, after 30s) writes such data
+	// back, so the atomic-save and truncation cases test flusherd.
+	if err := unix.Mount(mnt.Device, mnt.Dir, "ext4", unix.MS_REMOUNT, "noauto_da_alloc"); err != nil {
+		t.Fatalf("remount %s with noauto_da_alloc: %v", mnt.Dir, err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(mnt.Dir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if sfs.Ffree < bigDirEntries+10_000 {
+		t.Fatalf("%s has %d free inodes; the 100k-entry case needs more", mnt.Dir, sfs.Ffree)
+	}
+	s := &treeSuite{backend: backend, mnt: mnt, kernelExpire: kernelDirtyExpire(t)}
+
+	// The 100k-entry case loads the machine: it runs on its own, first.
+	// The others run in parallel (their waits are mostly for the expiry).
+	t.Run("01-new-subdirs", s.newSubdirs)
+	t.Run("02-rename-within", s.renameWithin)
+	t.Run("03-rename-into", s.renameInto)
+	t.Run("04-rename-out", s.renameOut)
+	t.Run("05-atomic-save", s.atomicSave)
+	t.Run("06-hard-links", s.hardLinks)
+	t.Run("07-truncate", s.truncate)
+	t.Run("08-delete-queued", s.deleteQueued)
+	t.Run("09-root-removed", s.rootRemoved)
+	t.Run("10-root-unmounted", s.rootUnmounted)
+	t.Run("11-hostile", s.hostile)
+	t.Run("12-100k-entries", s.bigDir)
+	t.Run("13-unreadable", s.unreadable)
+}
+
+// kernelDirtyExpire reads vm.dirty_expire_centisecs.
+func kernelDirtyExpire(t *testing.T) time.Duration {
+	b, err := os.ReadFile("/proc/sys/vm/dirty_expire_centisecs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("vm.dirty_expire_centisecs: %v", err)
+	}
+	return time.Duration(cs) * 10 * time.Millisecond
+}
+
+// canCheckStaysDirty says whether "stays dirty for stayDirtyWindow" can be
+// told apart from the kernel's own writeback.
+func (s *treeSuite) canCheckStaysDirty(t *testing.T) bool {
+	if s.kernelExpire < stayDirtyWindow+10*time.Second {
+		t.Logf("vm.dirty_expire_centisecs is %v: too short to check that a file stays dirty for %v; not checked", s.kernelExpire, stayDirtyWindow)
+		return false
+	}
+	return true
+}
+
+// dir makes a new directory for a case on the shared filesystem.
+func (s *treeSuite) dir(t *testing.T, parts ...string) string {
+	t.Helper()
+	p := filepath.Join(append([]string{s.mnt.Dir}, parts...)...)
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// treeWatch is one [[watch]] entry.
+type treeWatch struct {
+	path   string
+	expire string // "": the dirty_expire_interval
+}
+
+// treeOpts are the settings a case changes.
+type treeOpts struct {
+	cred            *syscall.Credential // run as this user (nil: root)
+	logLevel        string              // "": info
+	shutdownTimeout string              // "": 10s
+}
+
+func (s *treeSuite) config(o treeOpts, watches []treeWatch) string {
+	var b strings.Builder
+	shutdown := cmp.Or(o.shutdownTimeout, "10s")
+	fmt.Fprintf(&b, "[writeback]\ndirty_writeback_interval = %q\ndirty_expire_interval = %q\nshutdown_timeout = %q\n",
+		treeWritebackInterval, treeExpireInterval, shutdown)
+	fmt.Fprintf(&b, "[watcher]\nbackend = %q\n", s.backend)
+	fmt.Fprintf(&b, "[log]\nlevel = %q\n", cmp.Or(o.logLevel, "info"))
+	for _, w := range watches {
+		fmt.Fprintf(&b, "[[watch]]\npath = %q\n", w.path)
+		if w.expire != "" {
+			fmt.Fprintf(&b, "expire = %q\n", w.expire)
+		}
+	}
+	return b.String()
+}
+
+// treeDaemon is a case's daemon.
+type treeDaemon struct {
+	*flusherdProc
+	stats string // the shared filesystem's stats file
+}
+
+// start runs a daemon with this backend on the watches; at cleanup, if the
+// test failed, its stats file is logged (startDaemon logs its log).
+func (s *treeSuite) start(t *testing.T, o treeOpts, watches ...treeWatch) *treeDaemon {
+	t.Helper()
+	p := startDaemonAs(t, s.config(o, watches), o.cred)
+	d := &treeDaemon{flusherdProc: p, stats: filepath.Join(p.statsDir, "bdi", s.mnt.MajMin, "stats")}
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, err := os.ReadFile(d.stats)
+			t.Logf("stats file %s (read error: %v):\n%s", d.stats, err, b)
+		}
+	})
+	return d
+}
+
+// exited reports whether the daemon has exited.
+func (d *flusherdProc) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// mustRun fails the test if the daemon has exited.
+func (d *flusherdProc) mustRun(t *testing.T) {
+	t.Helper()
+	if d.exited() {
+		t.Fatalf("flusherd exited: %v", d.err)
+	}
+}
+
+// tracked is the number of inodes on a stats file's lists.
+func tracked(s map[string]int64) int64 {
+	return s["b_dirty"] + s["b_io"] + s["b_more_io"] + s["b_more_io_wait"]
+}
+
+func drained(s map[string]int64) bool { return s != nil && tracked(s) == 0 }
+
+// brief is the stats lines the tests look at, on one line.
+func brief(s map[string]int64) string {
+	if s == nil {
+		return "no stats file"
+	}
+	return fmt.Sprintf("b_dirty=%d b_io=%d b_more_io=%d b_more_io_wait=%d inodes_gone=%d writeback_errors=%d",
+		s["b_dirty"], s["b_io"], s["b_more_io"], s["b_more_io_wait"], s["inodes_gone"], s["writeback_errors"])
+}
+
+// poll calls cond every 20ms until it returns true, and reports whether it
+// did within limit (cond is called once more at the end).
+func poll(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return cond()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitStats polls the stats file until ok holds; after limit it fails the
+// test, naming what was awaited.
+func (d *treeDaemon) waitStats(t *testing.T, limit time.Duration, what string, ok func(map[string]int64) bool) map[string]int64 {
+	t.Helper()
+	var s map[string]int64
+	if !poll(limit, func() bool { s = readStats(t, d.stats); return ok(s) || d.exited() }) || !ok(s) {
+		d.mustRun(t)
+		t.Fatalf("%s: not within %v; stats: %s", what, limit, brief(s))
+	}
+	return s
+}
+
+// waitDrained waits until the stats file shows no tracked inode.
+func (d *treeDaemon) waitDrained(t *testing.T, limit time.Duration) map[string]int64 {
+	t.Helper()
+	return d.waitStats(t, limit, "lists drain to 0", drained)
+}
+
+// waitAllClean waits until every path is clean, limit counting from now for
+// the whole set.
+func waitAllClean(t *testing.T, limit time.Duration, paths ...string) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for _, p := range paths {
+		waitClean(t, p, max(0, time.Until(deadline)))
+	}
+}
+
+// cleanWithin is waitClean that reports instead of failing.
+func cleanWithin(path string, limit time.Duration) (ok bool, dirty, wb uint64, err error) {
+	ok = poll(limit, func() bool {
+		dirty, wb, err = cachestat(path, 0, 0)
+		return err == nil && dirty == 0 && wb == 0
+	})
+	return ok, dirty, wb, err
+}
+
+// mustBeDirty checks a precondition: path holds dirty pages right after it
+// was written.
+func mustBeDirty(t *testing.T, path string) {
+	t.Helper()
+	d, wb, err := cachestat(path, 0, 0)
+	if err != nil || d == 0 {
+		t.Fatalf("precondition: %q should be dirty right after the write (dirty=%d writeback=%d err=%v)", path, d, wb, err)
+	}
+}
+
+// appendDirty appends n bytes to an existing file without syncing.
+func appendDirty(t *testing.T, path string, n int) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(bytes.Repeat([]byte{'a'}, n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mkdirs(t *testing.T, dirs ...string) {
+	t.Helper()
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func rename(t *testing.T, from, to string) {
+	t.Helper()
+	if err := os.Rename(from, to); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// logLineSince returns the first line of the daemon's log written after
+// offset from that contains every one of want, or false.
+func (d *flusherdProc) logLineSince(from int, want ...string) (string, bool) {
+	for line := range strings.SplitSeq(d.log.String()[from:], "\n") {
+		found := true
+		for _, w := range want {
+			found = found && strings.Contains(line, w)
+		}
+		if found {
+			return line, true
+		}
+	}
+	return "", false
+}
+
+// 1. Nested directories made at once (mkdir -p) and written to at once,
+// deepest first: the watcher must not miss a file written before the
+// watch on its new directory existed.
+func (s *treeSuite) newSubdirs(t *testing.T) {
+	t.Parallel()
+	tree := s.dir(t, "new-subdirs")
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	var files []string
+	for i := range 10 {
+		top := filepath.Join(tree, fmt.Sprintf("n%d", i))
+		leaf := filepath.Join(top, "a", "b", "c")
+		mkdirs(t, leaf)
+		for dir := leaf; ; dir = filepath.Dir(dir) {
+			p := filepath.Join(dir, "f")
+			writeDirty(t, p, 16<<10)
+			files = append(files, p)
+			if dir == top {
+				break
+			}
+		}
+	}
+	waitAllClean(t, cleanBound, files...)
+	d.waitDrained(t, cleanBound)
+}
+
+// 2. A dirty file renamed within the tree, and a directory holding a dirty
+// file renamed within the tree: written back under the new names.
+func (s *treeSuite) renameWithin(t *testing.T) {
+	t.Parallel()
+	tree := s.dir(t, "rename-within")
+	mkdirs(t, filepath.Join(tree, "src"), filepath.Join(tree, "dst"), filepath.Join(tree, "dirA"))
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	src, dst := filepath.Join(tree, "src", "f"), filepath.Join(tree, "dst", "g")
+	writeDirty(t, src, 64<<10)
+	inDir := filepath.Join(tree, "dirA", "h")
+	writeDirty(t, inDir, 32<<10)
+	rename(t, src, dst)
+	rename(t, filepath.Join(tree, "dirA"), filepath.Join(tree, "dirB"))
+	moved := filepath.Join(tree, "dirB", "h")
+	mustBeDirty(t, dst)
+	mustBeDirty(t, moved)
+	waitAllClean(t, cleanBound, dst, moved)
+	d.waitDrained(t, cleanBound)
+}
+
+// 3. A dirty file, and a directory holding one, renamed into the tree from
+// a directory outside it on the same filesystem: written back.
+func (s *treeSuite) renameInto(t *testing.T) {
+	t.Parallel()
+	base := s.dir(t, "rename-into")
+	tree, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
+	mkdirs(t, tree, filepath.Join(outside, "dir"))
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	f := filepath.Join(outside, "f")
+	writeDirty(t, f, 64<<10)
+	writeDirty(t, filepath.Join(outside, "dir", "h"), 32<<10)
+	rename(t, f, filepath.Join(tree, "f"))
+	rename(t, filepath.Join(outside, "dir"), filepath.Join(tree, "dir"))
+	in, inDir := filepath.Join(tree, "f"), filepath.Join(tree, "dir", "h")
+	mustBeDirty(t, in)
+	mustBeDirty(t, inDir)
+	waitAllClean(t, cleanBound, in, inDir)
+	d.waitDrained(t, cleanBound)
+}
+
+// 4. A dirty file renamed out of the tree before it expires: the write
+// was seen in the tree, so it is written back once, at its new place, and
+// then forgotten: the next write there is none of flusherd's business.
+func (s *treeSuite) renameOut(t *testing.T) {
+	t.Parallel()
+	base := s.dir(t, "rename-out")
+	tree, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
+	mkdirs(t, tree, outside)
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	in, out := filepath.Join(tree, "f"), filepath.Join(outside, "f")
+	writeDirty(t, in, 64<<10)
+	// Let the daemon see the write before the rename (an event for a
+	// name already gone may be dropped), well before the 1s expiry.
+	d.waitStats(t, cleanBound, "the file written in the tree is tracked", func(s map[string]int64) bool { return tracked(s) >= 1 })
+	rename(t, in, out)
+	mustBeDirty(t, out)
+	if ok, dirty, wb, err := cleanWithin(out, cleanBound); !ok {
+		t.Errorf("file renamed out of the tree while dirty: not written back within %v at its new place (dirty=%d writeback=%d err=%v); stats: %s",
+			cleanBound, dirty, wb, err, brief(readStats(t, d.stats)))
+	}
+	d.waitDrained(t, cleanBound)
+
+	// Written again outside the tree: flusherd must leave it alone.
+	appendDirty(t, out, 16<<10)
+	mustBeDirty(t, out)
+	if !s.canCheckStaysDirty(t) {
+		return
+	}
+	written := time.Now()
+	maxTracked := int64(0)
+	for time.Since(written) < stayDirtyWindow {
+		st := readStats(t, d.stats)
+		maxTracked = max(maxTracked, tracked(st))
+		d.mustRun(t)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if maxTracked > 0 {
+		t.Errorf("after a write outside the tree to the file renamed out of it, the stats showed %d tracked inode(s): the daemon did not forget it", maxTracked)
+	}
+	if dirty, wb, err := cachestat(out, 0, 0); err != nil || dirty == 0 {
+		t.Errorf("file renamed out of the tree and written again there was written back within %v (dirty=%d writeback=%d err=%v): the daemon did not forget it",
+			stayDirtyWindow, dirty, wb, err)
+	}
+}
+
+// 5. Atomic save: a temporary file written and renamed over the old,
+// dirty, name. The new content is written back; the old inode is dropped.
+func (s *treeSuite) atomicSave(t *testing.T) {
+	t.Parallel()
+	tree := s.dir(t, "atomic-save")
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	doc, tmp := filepath.Join(tree, "doc"), filepath.Join(tree, ".doc.tmp")
+	writeDirty(t, doc, 32<<10)
+	d.waitStats(t, cleanBound, "the old file is tracked", func(s map[string]int64) bool { return tracked(s) >= 1 })
+	content := bytes.Repeat([]byte("new content\n"), 4096)
+	if err := os.WriteFile(tmp, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rename(t, tmp, doc)
+	mustBeDirty(t, doc) // (with auto_da_alloc, ext4 would have started its writeback)
+	waitClean(t, doc, cleanBound)
+	if got, err := os.ReadFile(doc); err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("%s does not hold the new content (%d bytes, err %v)", doc, len(got), err)
+	}
+	st := d.waitDrained(t, cleanBound)
+	t.Logf("after the save: %s", brief(st))
+}
+
+// 6. A file with two names in the tree, written through both: written
+// back, and tracked as one inode (sampled while waiting).
+func (s *treeSuite) hardLinks(t *testing.T) {
+	t.Parallel()
+	tree := s.dir(t, "hard-links")
+	mkdirs(t, filepath.Join(tree, "x"), filepath.Join(tree, "y"))
+	a, b := filepath.Join(tree, "x", "a"), filepath.Join(tree, "y", "b")
+	if err := os.WriteFile(a, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(a, b); err != nil {
+		t.Fatal(err)
+	}
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	appendDirty(t, a, 16<<10)
+	appendDirty(t, b, 16<<10)
+	appendDirty(t, a, 16<<10)
+	appendDirty(t, b, 16<<10)
+	mustBeDirty(t, a)
+	maxTracked, samples := int64(0), 0
+	sample := func() {
+		st := readStats(t, d.stats)
+		if st != nil {
+			samples++
+			maxTracked = max(maxTracked, tracked(st))
+		}
+	}
+	ok := poll(cleanBound, func() bool {
+		sample()
+		dirty, wb, err := cachestat(a, 0, 0)
+		return err == nil && dirty == 0 && wb == 0
+	})
+	if !ok {
+		dirty, wb, err := cachestat(a, 0, 0)
+		t.Errorf("hard-linked file written through both names: not clean within %v (dirty=%d writeback=%d err=%v)", cleanBound, dirty, wb, err)
+	}
+	poll(cleanBound, func() bool { sample(); return drained(readStats(t, d.stats)) })
+	st := readStats(t, d.stats)
+	if !drained(st) {
+		t.Errorf("lists did not drain within %v: %s", cleanBound, brief(st))
+	}
+	if maxTracked > 1 {
+		t.Errorf("the one dirty inode, with two names, was tracked %d times at once (stats sampled %d times)", maxTracked, samples)
+	}
+	if samples == 0 {
+		t.Errorf("no stats file seen while the file was dirty")
+	}
+	t.Logf("stats sampled %d times, at most %d tracked", samples, maxTracked)
+}
+
+// 7. Truncation: a dirty file truncated to 0, one truncated to a smaller
+// size (dirty pages below the new size remain), and one truncated to 0
+// through an open descriptor and rewritten. All end clean; lists drain.
+func (s *treeSuite) truncate(t *testing.T) {
+	t.Parallel()
+	tree := s.dir(t, "truncate")
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	zero, smaller, rewritten := filepath.Join(tree, "zero"), filepath.Join(tree, "smaller"), filepath.Join(tree, "rewritten")
+	for _, p := range []string{zero, smaller} {
+		writeDirty(t, p, 64<<10)
+	}
+	f, err := os.OpenFile(rewritten, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	d.waitStats(t, cleanBound, "the three files are tracked", func(s map[string]int64) bool { return tracked(s) >= 3 })
+	if err := os.Truncate(zero, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(smaller, 20000); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(bytes.Repeat([]byte{'r'}, 16<<10), 0); err != nil {
+		t.Fatal(err)
+	}
+	mustBeDirty(t, smaller)
+	mustBeDirty(t, rewritten)
+	waitAllClean(t, cleanBound, zero, smaller, rewritten)
+	d.waitDrained(t, cleanBound)
+	for p, want := range map[string]int64{zero: 0, smaller: 20000, rewritten: 16 << 10} {
+		if fi, err := os.Stat(p); err != nil || fi.Size() != want {
+			t.Errorf("%s: size %v (err %v), want %d", p, fi.Size(), err, want)
+		}
+	}
+}
+
+// 8. A file deleted while it waits on b_dirty: dropped and counted in
+// inodes_gone; the lists drain. (The tree's expiry is 2s, so the file is
+// deleted well before its attempt.)
+func (s *treeSuite) deleteQueued(t *testing.T) {
+	t.Parallel()
+	tree := s.dir(t, "delete-queued")
+	d := s.start(t, treeOpts{}, treeWatch{path: tree, expire: "2s"})
+	doomed := filepath.Join(tree, "doomed")
+	writeDirty(t, doomed, 16<<10)
+	before := d.waitStats(t, cleanBound, "the new file shows on b_dirty", func(s map[string]int64) bool { return s["b_dirty"] >= 1 })
+	if err := os.Remove(doomed); err != nil {
+		t.Fatal(err)
+	}
+	d.waitStats(t, cleanBound, fmt.Sprintf("inodes_gone above %d and lists drained", before["inodes_gone"]), func(s map[string]int64) bool {
+		return drained(s) && s["inodes_gone"] > before["inodes_gone"]
+	})
+}
+
+// 9. A watched tree's root removed (rm -rf) while its files are dirty and
+// queued: the daemon logs it, keeps running, drops the files, and still
+// serves the other tree on the same filesystem.
+func (s *treeSuite) rootRemoved(t *testing.T) {
+	t.Parallel()
+	base := s.dir(t, "root-removed")
+	doomed, other := filepath.Join(base, "doomed"), filepath.Join(base, "other")
+	mkdirs(t, filepath.Join(doomed, "sub"), other)
+	d := s.start(t, treeOpts{}, treeWatch{path: doomed, expire: "2s"}, treeWatch{path: other})
+	for _, p := range []string{filepath.Join(doomed, "f1"), filepath.Join(doomed, "sub", "f2"), filepath.Join(doomed, "sub", "f3")} {
+		writeDirty(t, p, 16<<10)
+	}
+	d.waitStats(t, cleanBound, "the doomed tree's 3 files are tracked", func(s map[string]int64) bool { return tracked(s) >= 3 })
+	from := len(d.log.String())
+	if err := os.RemoveAll(doomed); err != nil {
+		t.Fatal(err)
+	}
+	if !poll(cleanBound, func() bool { _, ok := d.logLineSince(from, "root", doomed); return ok }) {
+		t.Errorf("no log message containing \"root\" and the root's path within %v of the removal of the tree's root; log since: %q", cleanBound, d.log.String()[from:])
+	}
+	d.mustRun(t)
+	d.waitDrained(t, cleanBound)
+	f := filepath.Join(other, "f")
+	writeDirty(t, f, 16<<10)
+	waitClean(t, f, cleanBound)
+	d.mustRun(t)
+	d.stop(t)
+}
+
+// 10. A watched tree's root unmounted (its own filesystem, a second [[watch]]
+// tree, once its files are clean): the daemon keeps running, logs it,
+// removes that device's stats file, and still serves the other tree.
+func (s *treeSuite) rootUnmounted(t *testing.T) {
+	t.Parallel()
+	main := s.dir(t, "root-unmounted")
+	mnt2 := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 32})
+	mkdirs(t, filepath.Join(mnt2.Dir, "sub"))
+	d := s.start(t, treeOpts{}, treeWatch{path: main}, treeWatch{path: mnt2.Dir})
+	stats2 := filepath.Join(d.statsDir, "bdi", mnt2.MajMin, "stats")
+	f1, f2 := filepath.Join(mnt2.Dir, "f1"), filepath.Join(mnt2.Dir, "sub", "f2")
+	writeDirty(t, f1, 32<<10)
+	writeDirty(t, f2, 32<<10)
+	waitAllClean(t, cleanBound, f1, f2)
+	var st2 map[string]int64
+	if !poll(cleanBound, func() bool { st2 = readStats(t, stats2); return drained(st2) }) {
+		t.Fatalf("%s: lists of the second filesystem did not drain within %v: %s", stats2, cleanBound, brief(st2))
+	}
+	from := len(d.log.String())
+	if err := mnt2.Unmount(); err != nil {
+		t.Fatalf("unmounting the watched filesystem with its files clean: %v (flusherd holds something open on it?)", err)
+	}
+	d.mustRun(t)
+	// Both outcomes are awaited together.
+	gone := func() bool { _, err := os.Stat(stats2); return os.IsNotExist(err) }
+	logged, wentAway := false, false
+	poll(cleanBound, func() bool {
+		_, logged = d.logLineSince(from, "root", mnt2.Dir)
+		wentAway = wentAway || gone()
+		return logged && wentAway
+	})
+	if !logged {
+		t.Errorf("no log message containing \"root\" and the root's path within %v of unmounting the tree's root; log since: %q", cleanBound, d.log.String()[from:])
+	}
+	if !wentAway {
+		t.Errorf("the stats file of the unmounted filesystem, %s, is still there %v after the umount: %s", stats2, cleanBound, brief(readStats(t, stats2)))
+	}
+	d.mustRun(t)
+	f := filepath.Join(main, "f")
+	writeDirty(t, f, 16<<10)
+	waitClean(t, f, cleanBound)
+	if wentAway && !gone() {
+		t.Errorf("the stats file of the unmounted filesystem, %s, came back", stats2)
+	}
+	d.mustRun(t)
+	d.stop(t)
+}
+
+// logRecord is the start of a line of the daemon's log (zap's console
+// encoder: a timestamp unless under systemd, then the level). A line that
+// does not start so is the rest of a record split by a raw newline.
+var logRecord = regexp.MustCompile(`^(\d{4}-\d{2}-\d{2}T\S+\t)?(DEBUG|INFO|WARN|ERROR|DPANIC|PANIC|FATAL)\t`)
+
+// 11. Hostile entries, present at start (the start-up scan) and made while
+// running: FIFOs (one with a writer blocked in open), a unix socket, a
+// character device, symlinks to a dirty file outside the tree (never
+// followed: it stays dirty), files whose names are not UTF-8 and hold a
+// newline (written back; logged escaped). A regular file is written back
+// all the same, and the daemon stops cleanly.
+func (s *treeSuite) hostile(t *testing.T) {
+	t.Parallel()
+	base := s.dir(t, "hostile")
+	tree, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
+	mkdirs(t, tree, outside)
+	if err := unix.Mkfifo(filepath.Join(tree, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(tree, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := unix.Mknod(filepath.Join(tree, "null"), unix.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(outside, "secret")
+	writeDirty(t, secret, 64<<10)
+	if err := os.Symlink(secret, filepath.Join(tree, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(tree, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	// Names with invalid UTF-8 and a newline: one written before the
+	// daemon starts, one after, and one deleted while queued (so that the
+	// daemon has reason to log its name: debug level).
+	badAtStart := filepath.Join(tree, "start-\xff\xfe-name\ntail-of-start.bin")
+	badLater := filepath.Join(tree, "later-\xff\xfe-name\ntail-of-later.bin")
+	badDropped := filepath.Join(tree, "dropped-\xff\xfe-name\ntail-of-dropped.bin")
+	writeDirty(t, badAtStart, 32<<10)
+
+	d := s.start(t, treeOpts{logLevel: "debug"}, treeWatch{path: tree, expire: "2s"})
+
+	// Through the symlink, appending (the file is not truncated).
+	appendDirty(t, filepath.Join(tree, "link"), 100)
+	linkWritten := time.Now()
+	if err := os.Symlink(secret, filepath.Join(tree, "link2")); err != nil {
+		t.Fatal(err)
+	}
+	fifo2 := filepath.Join(tree, "fifo2")
+	if err := unix.Mkfifo(fifo2, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writerDone := make(chan error, 1)
+	t.Cleanup(func() {
+		// Release the FIFO's writer, if still blocked, before the
+		// filesystem is unmounted.
+		if f, err := os.OpenFile(fifo2, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+			<-writerDone
+			f.Close()
+		}
+	})
+	go func() {
+		// Blocks until a reader opens the FIFO; flusherd must not be
+		// that reader.
+		f, err := os.OpenFile(fifo2, os.O_WRONLY, 0)
+		if err == nil {
+			f.Close()
+		}
+		writerDone <- err
+	}()
+
+	// The file found by the start-up scan is written back; then, with
+	// nothing else tracked, one is deleted while queued (the tree's 2s
+	// expiry leaves time to see it tracked first).
+	waitClean(t, badAtStart, cleanBound)
+	d.waitDrained(t, cleanBound)
+	writeDirty(t, badDropped, 16<<10)
+	d.waitStats(t, cleanBound, "the file to be deleted is tracked", func(s map[string]int64) bool { return tracked(s) >= 1 })
+	if err := os.Remove(badDropped); err != nil {
+		t.Fatal(err)
+	}
+	d.waitStats(t, cleanBound, "the deleted file is dropped (inodes_gone >= 1, lists drained)", func(s map[string]int64) bool {
+		return drained(s) && s["inodes_gone"] >= 1
+	})
+
+	regular := filepath.Join(tree, "sub", "regular")
+	mkdirs(t, filepath.Dir(regular))
+	writeDirty(t, regular, 128<<10)
+	writeDirty(t, badLater, 32<<10)
+	waitAllClean(t, cleanBound, regular, badLater)
+	d.waitDrained(t, cleanBound)
+
+	// Give flusherd every chance to (wrongly) write the outside file.
+	if s.canCheckStaysDirty(t) {
+		for time.Since(linkWritten) < stayDirtyWindow {
+			d.mustRun(t)
+			time.Sleep(100 * time.Millisecond)
+		}
+		if dirty, _, err := cachestat(secret, 0, 0); err != nil || dirty == 0 {
+			t.Errorf("the file outside the tree, written through a symlink in it, was written back within %v (dirty=%d, err=%v): a symlink was followed", stayDirtyWindow, dirty, err)
+		}
+	}
+	select {
+	case err := <-writerDone:
+		t.Errorf("the FIFO's writer was released (err=%v): something opened it for reading", err)
+	default:
+	}
+	d.mustRun(t)
+	d.stop(t)
+
+	log := d.log.String()
+	for i, line := range strings.Split(strings.TrimSuffix(log, "\n"), "\n") {
+		if !logRecord.MatchString(line) {
+			t.Errorf("daemon log line %d does not start a record (a raw newline inside a record?): %q", i+1, line)
+		}
+	}
+	for _, tail := range []string{"tail-of-start", "tail-of-later", "tail-of-dropped"} {
+		if strings.Contains(log, "\n"+tail) {
+			t.Errorf("the daemon log holds a file name with its newline unescaped (%q)", "\\n"+tail)
+		}
+	}
+	if strings.Contains(log, "\xff") || strings.Contains(log, "\xfe") {
+		t.Errorf("the daemon log holds raw bytes of a name that is not UTF-8")
+	}
+	// The dropped file's name, escaped: the newline as a backslash
+	// escape (any number of backslashes: quoting may be nested).
+	if escaped := regexp.MustCompile(`dropped-[^\n"]*-name\\+ntail-of-dropped\.bin`); !escaped.MatchString(log) {
+		t.Errorf("the daemon log never names the file deleted while queued with its name escaped (want a match of %q)", escaped)
+	} else {
+		m := escaped.FindString(log)
+		t.Logf("escaped name in the log: %s", m)
+		if strings.Contains(m, `\ufffd`) {
+			t.Logf("note: the name's invalid bytes are logged as U+FFFD, so the name cannot be recovered from the log")
+		}
+	}
+}
+
+// 12. 100,000 entries in one directory, made while the daemon runs, then
+// 100 of them dirtied: the daemon does not hang (they get clean within
+// ~10s) and stops on SIGTERM.
+func (s *treeSuite) bigDir(t *testing.T) {
+	tree := s.dir(t, "big")
+	big := filepath.Join(tree, "dir")
+	mkdirs(t, big)
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	began := time.Now()
+	name := func(i int) string { return filepath.Join(big, fmt.Sprintf("entry-%06d", i)) }
+	for i := range bigDirEntries {
+		fd, err := unix.Open(name(i), unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			t.Fatalf("creating entry %d: %v", i, err)
+		}
+		unix.Close(fd)
+	}
+	t.Logf("%d empty files made in %v", bigDirEntries, time.Since(began).Round(time.Millisecond))
+	var dirty []string
+	for i := 0; i < bigDirEntries; i += bigDirEntries / 100 {
+		dirty = append(dirty, name(i))
+		writeDirty(t, name(i), 8<<10)
+	}
+	written := time.Now()
+	waitAllClean(t, 10*time.Second, dirty...)
+	t.Logf("the 100 dirtied files clean %v after the last write", time.Since(written).Round(time.Millisecond))
+	d.mustRun(t)
+	stopAt := time.Now()
+	d.stop(t)
+	t.Logf("SIGTERM to exit: %v", time.Since(stopAt).Round(time.Millisecond))
+}
+
+// 13. A root-owned 0600 dirty file in the tree, with the daemon running as
+// nobody, so that it cannot open it: the daemon neither crashes nor hangs,
+// other files written before and after it get clean, and it stops on
+// SIGTERM (within its shutdown_timeout, the file being still dirty).
+func (s *treeSuite) unreadable(t *testing.T) {
+	t.Parallel()
+	if s.backend != "inotify" {
+		t.Skip("runs the daemon as nobody, which the fanotify backend cannot be (fanotify_init and filesystem marks need CAP_SYS_ADMIN; opening by handle needs CAP_DAC_READ_SEARCH, which would also let it read the file)")
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no user nobody: %v", err)
+	}
+	uid, err1 := strconv.ParseUint(nobody.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(nobody.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		t.Skipf("user nobody: uid %q gid %q", nobody.Uid, nobody.Gid)
+	}
+	tree := s.dir(t, "unreadable")
+	if err := makeSearchable(tree); err != nil {
+		t.Skipf("the tree cannot be made reachable for nobody: %v", err)
+	}
+	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
+	d := s.start(t, treeOpts{cred: cred, shutdownTimeout: "2s"}, treeWatch{path: tree})
+	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid)); err != nil ||
+		!regexp.MustCompile(`(?m)^Uid:\s+`+nobody.Uid+`\s`).Match(status) {
+		t.Fatalf("precondition: the daemon does not run as nobody (uid %s): %v\n%s", nobody.Uid, err, status)
+	}
+	secret := filepath.Join(tree, "secret")
+	if err := os.WriteFile(secret, make([]byte, 64<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The other files belong to nobody: cachestat(2) on this kernel
+	// refuses (EPERM) a caller that neither owns the file nor may write
+	// to it, as mincore(2) does, even on a descriptor open for reading.
+	writeOwned := func(p string) {
+		t.Helper()
+		writeDirty(t, p, 32<<10)
+		if err := os.Chown(p, int(uid), int(gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ok1 := filepath.Join(tree, "ok1")
+	writeOwned(ok1)
+	waitClean(t, ok1, cleanBound)
+	// The unreadable file has been retried meanwhile; a file written now
+	// must still get through.
+	time.Sleep(time.Second)
+	d.mustRun(t)
+	ok2 := filepath.Join(tree, "ok2")
+	writeOwned(ok2)
+	waitClean(t, ok2, cleanBound)
+	d.mustRun(t)
+	st := d.waitStats(t, cleanBound, "at most the unreadable file stays tracked", func(s map[string]int64) bool { return s != nil && tracked(s) <= 1 })
+	dirty, _, _ := cachestat(secret, 0, 0)
+	t.Logf("unreadable file: %d dirty pages; stats: %s", dirty, brief(st))
+	d.stop(t)
+}
