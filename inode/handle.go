@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,13 +61,15 @@ type HandleOpener interface {
 // AddMount finds out.
 //
 // open_by_handle_at needs a descriptor on the filesystem (mount_fd). Handles
-// opens the registered directory when one is needed and closes it after a
-// second without use, so that flusherd never keeps a watched filesystem
-// busy: an administrator's umount(8) does not fail with EBUSY because of it.
+// opens the registered directory when one is needed and closes it after
+// Idle without use, so that flusherd does not keep an idle watched
+// filesystem busy: an administrator's umount(8) fails with EBUSY because of
+// it only within Idle of a writeback.
 // Safe for concurrent use.
 type Handles struct {
 	OS
-	// Idle is how long an unused mount descriptor stays open; 0 means 1s.
+	// Idle is how long an unused mount descriptor stays open; 0 means
+	// 200ms.
 	Idle time.Duration
 
 	mu     sync.Mutex
@@ -75,8 +78,8 @@ type Handles struct {
 }
 
 type mount struct {
-	dir     string
-	fd      int // -1 when closed
+	dirs    []string // directories on the filesystem, tried in order
+	fd      int      // -1 when closed
 	refs    int
 	lastUse time.Time
 }
@@ -100,11 +103,14 @@ func (h *Handles) AddMount(dir string) (dev uint64, err error) {
 		return 0, &os.PathError{Op: "fstat", Path: dir, Err: err}
 	}
 	h.mu.Lock()
-	_, ok := h.mounts[st.Dev]
-	h.mu.Unlock()
-	if ok {
+	if m := h.mounts[st.Dev]; m != nil {
+		if !slices.Contains(m.dirs, dir) {
+			m.dirs = append(m.dirs, dir)
+		}
+		h.mu.Unlock()
 		return st.Dev, nil
 	}
+	h.mu.Unlock()
 	fh, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
 	if err != nil {
 		return st.Dev, &os.PathError{Op: "name_to_handle_at", Path: dir, Err: err}
@@ -115,8 +121,10 @@ func (h *Handles) AddMount(dir string) (dev uint64, err error) {
 	}
 	unix.Close(probe)
 	h.mu.Lock()
-	if _, ok := h.mounts[st.Dev]; !ok {
-		h.mounts[st.Dev] = &mount{dir: dir, fd: -1}
+	if m := h.mounts[st.Dev]; m == nil {
+		h.mounts[st.Dev] = &mount{dirs: []string{dir}, fd: -1}
+	} else if !slices.Contains(m.dirs, dir) {
+		m.dirs = append(m.dirs, dir)
 	}
 	h.mu.Unlock()
 	return st.Dev, nil
@@ -129,10 +137,11 @@ func (h *Handles) Has(dev uint64) bool {
 	return h.mounts[dev] != nil
 }
 
-// acquire returns a descriptor on filesystem dev, opening its directory if
-// needed; release it with h.release(dev). Errors: EBADF when dev is not
-// registered, ENODEV when the directory is no longer on dev (unmounted or
-// replaced), or the open's error.
+// acquire returns a descriptor on filesystem dev, opening one of its
+// registered directories if needed; release it with h.release(dev).
+// Errors: EBADF when dev is not registered, ENODEV when none of its
+// directories can be opened on dev any more (removed, unmounted): the
+// filesystem is unavailable, which says nothing of the file itself.
 func (h *Handles) acquire(dev uint64) (int, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -141,16 +150,22 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 		return -1, unix.EBADF
 	}
 	if m.fd < 0 {
-		fd, err := unix.Open(m.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return -1, err
+		for _, dir := range m.dirs {
+			fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				continue
+			}
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil || st.Dev != dev {
+				unix.Close(fd)
+				continue
+			}
+			m.fd = fd
+			break
 		}
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil || st.Dev != dev {
-			unix.Close(fd)
+		if m.fd < 0 {
 			return -1, unix.ENODEV
 		}
-		m.fd = fd
 		if h.timer == nil {
 			h.timer = time.AfterFunc(h.idle(), h.closeIdle)
 		} else {
@@ -174,7 +189,7 @@ func (h *Handles) idle() time.Duration {
 	if h.Idle > 0 {
 		return h.Idle
 	}
-	return time.Second
+	return 200 * time.Millisecond
 }
 
 // closeIdle closes the descriptors unused for Idle, and rearms itself while
@@ -182,20 +197,24 @@ func (h *Handles) idle() time.Duration {
 func (h *Handles) closeIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	open := false
+	next := time.Duration(-1)
 	for _, m := range h.mounts {
 		if m.fd < 0 {
 			continue
 		}
-		if m.refs == 0 && time.Since(m.lastUse) >= h.idle() {
+		left := h.idle() - time.Since(m.lastUse)
+		if m.refs == 0 && left <= 0 {
 			unix.Close(m.fd)
 			m.fd = -1
 			continue
 		}
-		open = true
+		left = max(left, time.Millisecond)
+		if next < 0 || left < next {
+			next = left
+		}
 	}
-	if open {
-		h.timer.Reset(h.idle())
+	if next >= 0 {
+		h.timer.Reset(next)
 	}
 }
 

@@ -412,7 +412,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) {
 		// opened by handle, which fails with ESTALE once it is gone.
 		return
 	}
-	if ev.dir == nil || ev.file == nil {
+	if ev.dir == nil {
 		return
 	}
 	d, ok := fa.dirOf(ev)
@@ -423,6 +423,14 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) {
 	gone := d.tree.gone
 	fa.mu.Unlock()
 	if gone {
+		return
+	}
+	if ev.file == nil {
+		// Directory-entry events (a file made, linked or moved in)
+		// name the entry, not the object: look at it by name, and
+		// track it only if cachestat shows it dirty (an empty new
+		// file is not; its writes come as FAN_MODIFY).
+		fa.report(d.tree.Tree, d.prefix+string(ev.name), true)
 		return
 	}
 	tg, ok := fa.target(ev)

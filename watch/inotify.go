@@ -329,7 +329,9 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			w.scanDir(context.Background(), t, ev.Name, false, func(p string) { w.addOrNote(t, p) })
 			w.logLimit()
 		case unix.S_IFREG:
-			w.report(t, ev.Name, false)
+			// Made, linked or moved in: tracked if dirty (an empty new
+			// file is not; its writes come as IN_MODIFY).
+			w.report(t, ev.Name, true)
 		}
 	case ev.Has(fsnotify.Write):
 		w.report(t, ev.Name, false)

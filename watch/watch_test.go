@@ -160,3 +160,25 @@ func testStartupScanAndSpecialFiles(t *testing.T, backend string) {
 		t.Errorf("no events seen at all")
 	}
 }
+
+// TestRenameInto: a file written outside the tree (same filesystem) and
+// renamed into it is reported under its new name.
+func TestRenameInto(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			base := t.TempDir()
+			root := filepath.Join(base, "tree")
+			os.Mkdir(root, 0o755)
+			_, s := start(t, root, b)
+			out := filepath.Join(base, "outside")
+			if err := os.WriteFile(out, []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			in := filepath.Join(root, "in")
+			if err := os.Rename(out, in); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, in, func() bool { return s.has(in) })
+		})
+	}
+}
