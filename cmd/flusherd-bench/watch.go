@@ -1,0 +1,1176 @@
+package main
+
+// flusherd-bench watch: the daemon's cost of watching, measured black-box
+// on the real flusherd binary, per watcher backend ([watcher] backend):
+//
+//  1. Event ingest. --writers separate processes (this binary re-executed
+//     as the hidden "watch-writer" command) write 64 bytes at a time to
+//     --files files (split between them; in directories of 1,000) for
+//     --duration, in each --modes:
+//     pwrite: every file is opened once and kept open; each write is a
+//     pwrite(2) of 64 bytes at an offset that rotates through the first
+//     4 KiB, files taken round-robin;
+//     reopen: the same, but each write is open(O_WRONLY), pwrite, close.
+//     Reported: the writes issued per second, the events the daemon read
+//     per second (its <stats.dir>/watch/stats "events:" counter, from the
+//     writers' start until the daemon is idle again), and the daemon's
+//     CPU (utime+stime) per million events and per million writes.
+//     fanotify merges identical queued events, so events can be fewer than
+//     writes.
+//  2. Memory. On an empty tree the daemon settles and its VmRSS is read;
+//     N one-byte files (dirty, in directories of 1,000) are then created
+//     while it runs, and once its device's lists (b_dirty + b_io +
+//     b_more_io + b_more_io_wait in <stats.dir>/bdi/<dev>/stats) hold N
+//     files, or have not grown for 10 s, VmRSS is read again:
+//     (RSS - baseline) / files tracked.
+//  3. Idle. On a tree with nothing dirty, after a 5 s settle: the daemon's
+//     context switches per second (all threads, voluntary or not: an upper
+//     bound on its wakeups) and CPU seconds over --idle.
+//
+// The daemon runs with dirty_expire_interval = 1h, so it writes nothing
+// back while it is measured, and the kernel's own flusher is kept away by
+// raising vm.dirty_background_bytes, vm.dirty_bytes and
+// vm.dirty_expire_centisecs for the run (restored on exit, error or
+// SIGINT). Each phase has its own loop-mounted filesystem, released (and
+// its image deleted) when the phase ends, on error or on SIGINT; the
+// daemon and the writers run in their own process groups, so a Ctrl-C
+// reaches only the bench, which kills them.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const watchWriterCmd = "watch-writer"
+
+// settle is how long the daemon is left alone after it is ready, before
+// a baseline is taken.
+const settle = 5 * time.Second
+
+type watchOpts struct {
+	bin      string
+	self     string
+	backends []string
+	inodes   []int
+	modes    []string
+	idle     time.Duration
+	writers  int
+	files    int
+	duration time.Duration
+	fstype   string
+}
+
+func watchBench(args []string) int {
+	fl := flag.NewFlagSet("watch", flag.ContinueOnError)
+	bin := fl.String("flusherd", "", "flusherd binary (default: go build ./cmd/flusherd into a temporary directory)")
+	backends := fl.String("backends", "inotify,fanotify", "watcher backends to measure ([watcher] backend), one column each")
+	inodes := fl.String("inodes", "100000,1000000", "tracked-file counts for the memory phase")
+	idle := fl.Duration("idle", 60*time.Second, "idle phase length")
+	writers := fl.Int("writers", 8, "writer processes in the ingest phase")
+	files := fl.Int("files", 10000, "files written in the ingest phase (split between the writers)")
+	duration := fl.Duration("duration", 10*time.Second, "ingest phase length (per mode)")
+	fstype := fl.String("fs", "ext4", "filesystem: ext4 or xfs")
+	modes := fl.String("modes", "pwrite,reopen", "ingest write patterns: pwrite (files kept open), reopen (open, pwrite, close each time)")
+	if err := fl.Parse(args); err != nil {
+		return 2
+	}
+	o := watchOpts{bin: *bin, idle: *idle, writers: *writers, files: *files, duration: *duration, fstype: *fstype}
+	o.backends = splitList(*backends)
+	o.modes = splitList(*modes)
+	for _, m := range o.modes {
+		if m != "pwrite" && m != "reopen" {
+			fmt.Fprintf(os.Stderr, "flusherd-bench watch: --modes: unknown mode %q\n", m)
+			return 2
+		}
+	}
+	for _, s := range splitList(*inodes) {
+		n, err := strconv.Atoi(strings.ReplaceAll(s, "_", ""))
+		if err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "flusherd-bench watch: --inodes: bad count %q\n", s)
+			return 2
+		}
+		o.inodes = append(o.inodes, n)
+	}
+	if o.fstype != "ext4" && o.fstype != "xfs" {
+		fmt.Fprintf(os.Stderr, "flusherd-bench watch: --fs: %q is not ext4 or xfs\n", o.fstype)
+		return 2
+	}
+	if o.writers < 1 || o.files < o.writers || len(o.backends) == 0 {
+		fmt.Fprintln(os.Stderr, "flusherd-bench watch: need at least one backend, one writer and one file per writer")
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "flusherd-bench watch: needs root (loop devices, sysctls, drop_caches)")
+		return 1
+	}
+	var err error
+	if o.self, err = os.Executable(); err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
+		return 1
+	}
+
+	// SIGINT/SIGTERM cancel ctx; every wait below watches it, and the
+	// deferred clean-ups (daemon, writers, mounts, loop devices, sysctls)
+	// run as the functions return.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	base, err := os.MkdirTemp("", "flusherd-bench-watch")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
+		return 1
+	}
+	defer os.RemoveAll(base)
+	if o.bin == "" {
+		if o.bin, err = buildFlusherd(base); err != nil {
+			fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
+			return 1
+		}
+	}
+	// The kernel's flusher must not clean the files the daemon tracks:
+	// no background writeback below 8 GiB of dirty data (1,000,000 dirty
+	// one-byte files are about 4 GiB of page cache, and their metadata),
+	// and no expiry for an hour.
+	for _, sc := range [][2]string{{"dirty_background_bytes", fmt.Sprint(8 << 30)}, {"dirty_bytes", fmt.Sprint(12 << 30)}, {"dirty_expire_centisecs", "360000"}} {
+		restore, err := sysctl(sc[0], sc[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
+			return 1
+		}
+		defer restore()
+	}
+
+	r := &watchRun{o: o, base: base}
+	failed := false
+	for _, b := range o.backends {
+		if err := r.backend(ctx, b); err != nil {
+			fmt.Fprintf(os.Stderr, "flusherd-bench watch: %s: %v\n", b, err)
+			failed = true
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	fmt.Println(machineFacts(o))
+	for _, n := range r.notes {
+		fmt.Println(n)
+	}
+	if ctx.Err() != nil {
+		fmt.Println("interrupted: the table is partial")
+	}
+	r.t.print(os.Stdout, o.backends)
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func machineFacts(o watchOpts) string {
+	var u unix.Utsname
+	unix.Uname(&u)
+	mem := ""
+	if m := procKB("/proc/meminfo", "MemTotal"); m > 0 {
+		mem = fmt.Sprintf(", %.0f GiB RAM", float64(m)/(1<<20))
+	}
+	ver := "?"
+	if out, err := exec.Command(o.bin, "version").Output(); err == nil {
+		ver = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "flusherd"))
+	}
+	return fmt.Sprintf("machine: Linux %s, %d cores%s; fs: %s on a loop device (buffered); flusherd %s; %s",
+		unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(), mem, o.fstype, ver, runtime.Version())
+}
+
+// watchRun holds one run's results.
+type watchRun struct {
+	o     watchOpts
+	base  string
+	t     wtable
+	notes []string
+}
+
+func (r *watchRun) progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "watch: "+format+"\n", args...)
+}
+
+// backend runs the three phases for one backend.
+func (r *watchRun) backend(ctx context.Context, backend string) error {
+	if err := r.ingestAndIdle(ctx, backend); err != nil {
+		return err
+	}
+	for _, n := range r.o.inodes {
+		if err := r.memory(ctx, backend, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func watchConfigText(backend, statsDir, root string) string {
+	return fmt.Sprintf(`[writeback]
+dirty_writeback_interval = "5s"
+dirty_expire_interval = "1h"
+[watcher]
+backend = %q
+[stats]
+dir = %q
+[[watch]]
+path = %q
+`, backend, statsDir, root)
+}
+
+// startWatchDaemon starts flusherd on root with its files in dir (config,
+// stats in dir/run), in its own process group (a Ctrl-C is the bench's to
+// handle) and killed if the bench dies.
+func (r *watchRun) startWatchDaemon(dir, backend, root string) (*daemon, string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, "", err
+	}
+	statsDir := filepath.Join(dir, "run")
+	d, err := startDaemonAttr(r.o.bin, dir, watchConfigText(backend, statsDir, root),
+		&syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL})
+	return d, statsDir, err
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// ---- ingest and idle ----
+
+func (r *watchRun) ingestAndIdle(ctx context.Context, backend string) error {
+	dir, err := os.MkdirTemp(r.base, "ingest-"+backend+"-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	l, err := newBenchLoop(dir, "fs", r.o.fstype, 2048, 0)
+	if err != nil {
+		return err
+	}
+	defer l.release()
+	root := filepath.Join(l.dir, "tree")
+	r.progress("%s: creating %d files", backend, r.o.files)
+	if err := createTree(ctx, root, r.o.files, 4096); err != nil {
+		return err
+	}
+	if err := syncfs(l.dir); err != nil {
+		return err
+	}
+	d, statsDir, err := r.startWatchDaemon(filepath.Join(dir, "ingest"), backend, root)
+	if err != nil {
+		return err
+	}
+	defer d.kill()
+	if err := sleepCtx(ctx, settle); err != nil {
+		return err
+	}
+	for _, mode := range r.o.modes {
+		if err := r.ingest(ctx, backend, mode, d, statsDir, root); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			return fmt.Errorf("ingest %s: %w (daemon log:\n%s)", mode, err, tail(d.logText(), 20))
+		}
+	}
+	if ws, ok := readWatchStats(statsDir); ok && ws.Backend != "" {
+		r.t.set(0, "backend in use (daemon's watch/stats)", "", backend, ws.Backend)
+	} else {
+		r.t.set(0, "backend in use (daemon's watch/stats)", "", backend, "n/a")
+	}
+	d.kill()
+
+	// Idle: a new daemon on the same tree once it is clean.
+	if err := syncfs(l.dir); err != nil {
+		return err
+	}
+	d, _, err = r.startWatchDaemon(filepath.Join(dir, "idle"), backend, root)
+	if err != nil {
+		return err
+	}
+	defer d.kill()
+	r.progress("%s: idle, %v after a %v settle", backend, r.o.idle, settle)
+	if err := sleepCtx(ctx, settle); err != nil {
+		return err
+	}
+	cpu0, sw0, t0 := d.cpu(), d.switches(), time.Now()
+	if err := sleepCtx(ctx, r.o.idle); err != nil {
+		return err
+	}
+	cpu1, sw1, t1 := d.cpu(), d.switches(), time.Now()
+	el := t1.Sub(t0).Seconds()
+	rate := (float64(sw1) - float64(sw0)) / el
+	idleName := fmt.Sprintf("idle (%d clean files, %v): ", r.o.files, r.o.idle.Round(time.Second))
+	r.t.set(3, idleName+"wakeups/s (context switches, all threads)", "0", backend,
+		fmt.Sprintf("%.2f %s", rate, metIf(rate == 0)))
+	r.t.set(3, idleName+"daemon CPU", "", backend, fmt.Sprintf("%.2f s", (cpu1-cpu0).Seconds()))
+	return nil
+}
+
+func (r *watchRun) ingest(ctx context.Context, backend, mode string, d *daemon, statsDir, root string) error {
+	r.progress("%s: ingest %s, %d writers, %d files, %v", backend, mode, r.o.writers, r.o.files, r.o.duration)
+	ws, err := startWriters(ctx, r.o, root, mode)
+	if err != nil {
+		return err
+	}
+	defer ws.kill()
+	st0, hasEv := readWatchStats(statsDir)
+	ovLog0 := countOverflowLines(d.logText())
+	cpu0, t0 := d.cpu(), time.Now()
+	if err := ws.start(); err != nil {
+		return err
+	}
+	writes, rate, err := ws.wait(ctx, r.o.duration+30*time.Second)
+	if err != nil {
+		return err
+	}
+	tw := time.Now()
+	// The daemon may still be reading a backlog: wait until it is idle.
+	tEnd, quiet := waitQuiet(ctx, d, 120*time.Second)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	cpu1 := d.cpu()
+	st1, hasEv1 := readWatchStats(statsDir)
+	hasEv = hasEv && hasEv1
+	el := tEnd.Sub(t0).Seconds()
+	cpu := (cpu1 - cpu0).Seconds()
+
+	evRate, evPerWrite, cpuPerMEv, perCore := "n/a", "n/a", "n/a", "n/a (no watch/stats)"
+	if hasEv {
+		ev, _ := st1.get("events")
+		e0, _ := st0.get("events")
+		events := float64(ev - e0)
+		evRate = thousands(uint64(events / el))
+		evPerWrite = fmt.Sprintf("%.3f", events/float64(writes))
+		perCore = "n/a"
+		if events > 0 && cpu > 0 {
+			cpuPerMEv = fmt.Sprintf("%.2f", cpu/(events/1e6))
+			// events/s divided by the cores used (CPU s / wall s).
+			pc := events / cpu
+			perCore = fmt.Sprintf("%s %s", thousands(uint64(pc)), metIf(pc >= 100000))
+		}
+	}
+	busy := fmt.Sprintf("%.1f s", tEnd.Sub(tw).Seconds())
+	if !quiet {
+		busy = fmt.Sprintf("still busy after %.0f s", tEnd.Sub(tw).Seconds())
+	}
+	// The device's stats file is rewritten when its writeback goroutine
+	// runs: with nothing expired, once a dirty_writeback_interval (5s).
+	trackedCell := "n/a"
+	for wait := time.Now().Add(7 * time.Second); ; {
+		n, ok := tracked(statsDir)
+		if ok {
+			trackedCell = fmt.Sprintf("%s of %s", thousands(n), thousands(uint64(r.o.files)))
+		}
+		if n >= uint64(r.o.files) || time.Now().After(wait) {
+			break
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	name := func(s string) string { return fmt.Sprintf("ingest %s: %s", mode, s) }
+	for _, c := range [][3]string{
+		{fmt.Sprintf("writes issued/s (%d procs, %s files)", r.o.writers, thousands(uint64(r.o.files))), "", thousands(uint64(rate))},
+		{"events absorbed/s (daemon's events counter)", "", evRate},
+		{"events absorbed per write issued", "", evPerWrite},
+		{"daemon CPU s (cores used)", "", fmt.Sprintf("%.2f (%.2f)", cpu, cpu/el)},
+		{"daemon CPU s per million events", "", cpuPerMEv},
+		{"daemon CPU s per million writes", "", fmt.Sprintf("%.2f", cpu/(float64(writes)/1e6))},
+		{"events/s per core used", "≥ 100,000", perCore},
+		{"queue overflows / rescans", "", overflowCell(st0, st1, hasEv, countOverflowLines(d.logText())-ovLog0)},
+		{"daemon still busy after the writers stopped", "", busy},
+		{"files tracked at the end", "", trackedCell},
+	} {
+		r.t.set(1, name(c[0]), c[1], backend, c[2])
+	}
+	return nil
+}
+
+func overflowCell(st0, st1 watchStats, has bool, logged int) string {
+	ov, rs := "n/a", "n/a"
+	if has {
+		if a, ok := st1.get("overflows"); ok {
+			b, _ := st0.get("overflows")
+			ov = thousands(a - b)
+		}
+		if a, ok := st1.get("rescans"); ok {
+			b, _ := st0.get("rescans")
+			rs = thousands(a - b)
+		}
+	}
+	if ov == "n/a" {
+		ov = fmt.Sprintf("%d (log)", logged)
+	}
+	return ov + " / " + rs
+}
+
+// countOverflowLines counts the daemon's log lines about an overflowed
+// event queue (a fallback when the watch/stats file is not there).
+func countOverflowLines(log string) int {
+	n := 0
+	for line := range strings.Lines(log) {
+		if strings.Contains(strings.ToLower(line), "overflow") {
+			n++
+		}
+	}
+	return n
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitQuiet waits until the daemon has used no more than one clock tick of
+// CPU for a whole second, and returns when it was last busy (and false if
+// it was still busy at the limit).
+func waitQuiet(ctx context.Context, d *daemon, limit time.Duration) (time.Time, bool) {
+	const tick = 10 * time.Millisecond // USER_HZ
+	start := time.Now()
+	last, lastCPU := start, d.cpu()
+	quietFrom, quietCPU := start, lastCPU
+	for {
+		if sleepCtx(ctx, 100*time.Millisecond) != nil {
+			return last, false
+		}
+		now, c := time.Now(), d.cpu()
+		if c-lastCPU > 0 {
+			last = now
+		}
+		lastCPU = c
+		if c-quietCPU > tick {
+			quietFrom, quietCPU = now, c
+		}
+		if now.Sub(quietFrom) >= time.Second {
+			// The last CPU tick within the quiet second is noise (GC,
+			// sysmon); the busy period ended at quietFrom.
+			return quietFrom, true
+		}
+		if now.Sub(start) > limit {
+			return last, false
+		}
+	}
+}
+
+// ---- writers ----
+
+type writerSet struct {
+	procs []*exec.Cmd
+	stdin []io.WriteCloser
+	lines chan writerLine
+}
+
+type writerLine struct {
+	i    int
+	text string
+	err  error
+}
+
+func startWriters(ctx context.Context, o watchOpts, root, mode string) (*writerSet, error) {
+	ws := &writerSet{lines: make(chan writerLine, 4*o.writers)}
+	for i := range o.writers {
+		cmd := exec.Command(o.self, watchWriterCmd, "--root", root, "--files", strconv.Itoa(o.files),
+			"--writers", strconv.Itoa(o.writers), "--index", strconv.Itoa(i), "--mode", mode, "--duration", o.duration.String())
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			ws.kill()
+			return nil, err
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			ws.kill()
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			ws.kill()
+			return nil, err
+		}
+		ws.procs = append(ws.procs, cmd)
+		ws.stdin = append(ws.stdin, in)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				ws.lines <- writerLine{i: i, text: sc.Text()}
+				if strings.HasPrefix(sc.Text(), "writes ") {
+					return // its last line
+				}
+			}
+			ws.lines <- writerLine{i: i, err: fmt.Errorf("writer %d: exited early", i)}
+		}()
+	}
+	// Each writer opens its files, then says "ready".
+	for range o.writers {
+		l, err := ws.next(ctx, time.Minute)
+		if err != nil {
+			ws.kill()
+			return nil, err
+		}
+		if l.text != "ready" {
+			ws.kill()
+			return nil, fmt.Errorf("writer %d: %q", l.i, l.text)
+		}
+	}
+	return ws, nil
+}
+
+func (ws *writerSet) next(ctx context.Context, limit time.Duration) (writerLine, error) {
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case l := <-ws.lines:
+		return l, l.err
+	case <-ctx.Done():
+		return writerLine{}, ctx.Err()
+	case <-t.C:
+		return writerLine{}, errors.New("writers: no answer")
+	}
+}
+
+func (ws *writerSet) start() error {
+	for _, in := range ws.stdin {
+		if _, err := io.WriteString(in, "go\n"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wait collects the writers' counts: the writes issued, and the sum of the
+// writers' rates.
+func (ws *writerSet) wait(ctx context.Context, limit time.Duration) (uint64, float64, error) {
+	var total uint64
+	var rate float64
+	deadline := time.Now().Add(limit)
+	for range ws.procs {
+		l, err := ws.next(ctx, time.Until(deadline))
+		if err != nil {
+			return 0, 0, err
+		}
+		var n, ns uint64
+		if _, err := fmt.Sscanf(l.text, "writes %d %d", &n, &ns); err != nil || ns == 0 {
+			return 0, 0, fmt.Errorf("writer %d: %q", l.i, l.text)
+		}
+		total += n
+		rate += float64(n) / (float64(ns) / 1e9)
+	}
+	for _, p := range ws.procs {
+		p.Wait()
+	}
+	ws.procs = nil
+	return total, rate, nil
+}
+
+func (ws *writerSet) kill() {
+	for _, p := range ws.procs {
+		p.Process.Kill()
+		p.Wait()
+	}
+	ws.procs = nil
+}
+
+// treePath is the i-th file of a tree made by createTree.
+func treePath(root string, i int) string {
+	return filepath.Join(root, fmt.Sprintf("d%04d", i/1000), fmt.Sprintf("f%03d", i%1000))
+}
+
+// createTree creates n files of size bytes under root, 1,000 to a
+// directory.
+func createTree(ctx context.Context, root string, n, size int) error {
+	buf := make([]byte, size)
+	for i := range buf {
+		buf[i] = 'x'
+	}
+	for i := range n {
+		if i%1000 == 0 {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err := os.MkdirAll(filepath.Dir(treePath(root, i)), 0o755); err != nil {
+				return err
+			}
+		}
+		p := treePath(root, i)
+		fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return &fs.PathError{Op: "create", Path: p, Err: err}
+		}
+		_, err = unix.Write(fd, buf)
+		unix.Close(fd)
+		if err != nil {
+			return &fs.PathError{Op: "write", Path: p, Err: err}
+		}
+	}
+	if n == 0 {
+		return os.MkdirAll(root, 0o755)
+	}
+	return nil
+}
+
+// watchWriter is one writer process: it opens its share of the files,
+// prints "ready", waits for a line on stdin, writes for --duration and
+// prints "writes N NANOSECONDS".
+func watchWriter(args []string) int {
+	fl := flag.NewFlagSet(watchWriterCmd, flag.ContinueOnError)
+	root := fl.String("root", "", "tree")
+	files := fl.Int("files", 0, "files in the tree")
+	writers := fl.Int("writers", 1, "writers")
+	index := fl.Int("index", 0, "this writer's index")
+	mode := fl.String("mode", "pwrite", "pwrite or reopen")
+	duration := fl.Duration("duration", 10*time.Second, "how long to write")
+	if err := fl.Parse(args); err != nil {
+		return 2
+	}
+	var paths []string
+	for i := *index; i < *files; i += *writers {
+		paths = append(paths, treePath(*root, i))
+	}
+	var fds []int
+	if *mode == "pwrite" {
+		for _, p := range paths {
+			fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "watch-writer: %s: %v\n", p, err)
+				return 1
+			}
+			fds = append(fds, fd)
+		}
+	}
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return 1
+	}
+	buf := make([]byte, 64)
+	for i := range buf {
+		buf[i] = 'w'
+	}
+	var n uint64
+	start := time.Now()
+	end := start.Add(*duration)
+	for round := 0; ; round++ {
+		off := int64(round%64) * 64
+		for i := range paths {
+			if n%256 == 0 && time.Now().After(end) {
+				fmt.Printf("writes %d %d\n", n, time.Since(start).Nanoseconds())
+				return 0
+			}
+			if *mode == "pwrite" {
+				if _, err := unix.Pwrite(fds[i], buf, off); err != nil {
+					fmt.Fprintf(os.Stderr, "watch-writer: pwrite %s: %v\n", paths[i], err)
+					return 1
+				}
+			} else {
+				fd, err := unix.Open(paths[i], unix.O_WRONLY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "watch-writer: %s: %v\n", paths[i], err)
+					return 1
+				}
+				_, err = unix.Pwrite(fd, buf, off)
+				unix.Close(fd)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "watch-writer: pwrite %s: %v\n", paths[i], err)
+					return 1
+				}
+			}
+			n++
+		}
+	}
+}
+
+// ---- memory ----
+
+// Per file: a 4 KiB data block and page, an inode (up to 512 bytes on
+// xfs), a directory entry; per 1,000 files a directory.
+const (
+	diskPerFile = 4096 + 512 + 64
+	// Page cache and slab while the files are dirty, plus the loop image's
+	// own page cache once they are written to it.
+	memPerFile = 2*4096 + 2048
+)
+
+// fitInodes returns the largest count up to n, in thousands, whose
+// filesystem fits the free disk under dir and the available memory, and
+// why it is smaller if it is.
+func fitInodes(dir string, n int) (int, string) {
+	var st unix.Statfs_t
+	why := ""
+	if unix.Statfs(dir, &st) == nil {
+		free := int64(st.Bavail) * st.Bsize
+		if m := int((free*8/10 - 1<<30) / diskPerFile); m < n {
+			n, why = m, "free disk"
+		}
+	}
+	if avail := int64(procKB("/proc/meminfo", "MemAvailable")) << 10; avail > 0 {
+		if m := int((avail*8/10 - 2<<30) / memPerFile); m < n {
+			n, why = m, "available memory"
+		}
+	}
+	return max(n/1000*1000, 0), why
+}
+
+func (r *watchRun) memory(ctx context.Context, backend string, want int) error {
+	n, why := fitInodes(r.base, want)
+	label := thousands(uint64(want))
+	if n < want {
+		if n < 1000 {
+			r.notes = append(r.notes, fmt.Sprintf("memory N=%s not run (%s)", label, why))
+			return nil
+		}
+		r.notes = append(r.notes, fmt.Sprintf("memory N=%s: %s files used instead (%s)", label, thousands(uint64(n)), why))
+		label = fmt.Sprintf("%s (asked %s)", thousands(uint64(n)), label)
+	}
+	dir, err := os.MkdirTemp(r.base, fmt.Sprintf("mem-%s-%d-", backend, n))
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	sizeMB := int64(n)*diskPerFile*5/4>>20 + 1024
+	l, err := newBenchLoop(dir, "fs", r.o.fstype, sizeMB, n+n/1000+4096)
+	if err != nil {
+		return err
+	}
+	// Clean-up: SIGKILL the daemon (SIGTERM would make it write every
+	// file back first), then syncfs and unmount. The loop device is
+	// buffered and the ext4 journal issues no flushes (barrier=0), so the
+	// written-back data stays in the image file's page cache and is
+	// dropped with the image; finally drop the caches for the next run.
+	defer func() {
+		t := time.Now()
+		syncfs(l.dir)
+		if err := l.release(); err != nil {
+			fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
+		}
+		os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
+		r.progress("%s: N=%d: clean-up took %v", backend, n, time.Since(t).Round(time.Millisecond))
+	}()
+	root := filepath.Join(l.dir, "tree")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return err
+	}
+	d, statsDir, err := r.startWatchDaemon(filepath.Join(dir, "daemon"), backend, root)
+	if err != nil {
+		return err
+	}
+	defer d.kill()
+	if err := sleepCtx(ctx, settle); err != nil {
+		return err
+	}
+	pid := d.cmd.Process.Pid
+	status := fmt.Sprintf("/proc/%d/status", pid)
+	base := procKB(status, "VmRSS")
+	st0, _ := readWatchStats(statsDir)
+	ovLog0 := countOverflowLines(d.logText())
+	cpu0, t0 := d.cpu(), time.Now()
+	r.progress("%s: memory: baseline RSS %d kB; creating %d dirty files", backend, base, n)
+	created := make(chan error, 1)
+	go func() { created <- createTree(ctx, root, n, 1) }()
+	// Wait for the daemon to track all n, or for its count to stop
+	// growing for 10 s once the files exist.
+	var got uint64
+	grew := time.Now()
+	createDone := false
+	for got < uint64(n) {
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			if !createDone {
+				<-created
+			}
+			return err
+		}
+		if !createDone {
+			select {
+			case err := <-created:
+				if err != nil {
+					return err
+				}
+				createDone = true
+				grew = time.Now()
+				r.progress("%s: memory: %d files created in %v", backend, n, time.Since(t0).Round(time.Millisecond))
+			default:
+			}
+		}
+		if c, _ := tracked(statsDir); c > got {
+			got, grew = c, time.Now()
+		}
+		if createDone && time.Since(grew) >= 10*time.Second {
+			break
+		}
+	}
+	tTracked := time.Since(t0)
+	if got == uint64(n) {
+		// The count is there once the last event is handled; the loop
+		// above exits with the stats file, at most a second later.
+		tTracked = grew.Sub(t0)
+	}
+	rss := procKB(status, "VmRSS")
+	hwm := procKB(status, "VmHWM")
+	cpu := (d.cpu() - cpu0).Seconds()
+	st1, hasEv := readWatchStats(statsDir)
+	r.progress("%s: memory: %d tracked in %v, RSS %d kB", backend, got, tTracked.Round(time.Millisecond), rss)
+
+	name := func(s string) string { return fmt.Sprintf("memory N=%s: %s", label, s) }
+	r.t.set(2, name("files tracked (time until the stats file showed them)"), "", backend, fmt.Sprintf("%s (%.1f s)", thousands(got), tTracked.Seconds()))
+	r.t.set(2, name("RSS baseline -> tracked (peak)"), "", backend, fmt.Sprintf("%s -> %s (%s)", mib(base), mib(rss), mib(hwm)))
+	// The target is for 1,000,000 tracked files.
+	target, perInode := "", "n/a"
+	if n >= 1000000 {
+		target = "≤ 200 at 1M"
+	}
+	if got > 0 {
+		per := float64(int64(rss)-int64(base)) * 1024 / float64(got)
+		perInode = fmt.Sprintf("%.0f", per)
+		if target != "" {
+			perInode += " " + metIf(per <= 200)
+		}
+	}
+	r.t.set(2, name("bytes RSS per tracked inode"), target, backend, perInode)
+	r.t.set(2, name("daemon CPU while tracking"), "", backend, fmt.Sprintf("%.2f s", cpu))
+	r.t.set(2, name("queue overflows / rescans"), "", backend, overflowCell(st0, st1, hasEv, countOverflowLines(d.logText())-ovLog0))
+	d.kill()
+	return nil
+}
+
+func mib(kb uint64) string { return fmt.Sprintf("%.1f MiB", float64(kb)/1024) }
+
+// ---- loop filesystems ----
+
+// newBenchLoop makes an fstype filesystem of sizeMB in base/name.img,
+// with room for at least inodes files (0: mkfs's default), on a buffered
+// loop device (no direct I/O: the bench never measures I/O, and what is
+// written to the image stays in the host's page cache and is dropped with
+// the image), mounted on base/name. On error nothing is left behind.
+func newBenchLoop(base, name, fstype string, sizeMB int64, inodes int) (l *loopFS, err error) {
+	l = &loopFS{img: filepath.Join(base, name+".img"), dir: filepath.Join(base, name)}
+	if err := os.MkdirAll(l.dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(l.img)
+	if err != nil {
+		return nil, err
+	}
+	err = f.Truncate(sizeMB << 20)
+	f.Close()
+	defer func() {
+		if err != nil {
+			os.Remove(l.img)
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	var opts string
+	switch fstype {
+	case "ext4":
+		args := []string{"-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0"}
+		if inodes > 0 {
+			args = append(args, "-N", strconv.Itoa(inodes))
+		}
+		_, err = run("mkfs.ext4", append(args, l.img)...)
+		// No cache flushes: nothing here needs durability, and a flush
+		// on a buffered loop device is an fsync of the image.
+		opts = "barrier=0"
+	case "xfs":
+		_, err = run("mkfs.xfs", "-q", "-f", l.img)
+	default:
+		err = fmt.Errorf("unknown filesystem %q", fstype)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if l.dev, err = run("losetup", "--find", "--show", l.img); err != nil {
+		return nil, err
+	}
+	args := []string{l.dev, l.dir}
+	if opts != "" {
+		args = append(args, "-o", opts)
+	}
+	if _, err = run("mount", args...); err != nil {
+		run("losetup", "-d", l.dev)
+		return nil, err
+	}
+	return l, nil
+}
+
+// release unmounts, detaches the loop device and deletes the image. It is
+// idempotent.
+func (l *loopFS) release() error {
+	if l.dev == "" {
+		return nil
+	}
+	var errs []error
+	var err error
+	for range 100 {
+		if err = unix.Unmount(l.dir, 0); err == nil || err == unix.EINVAL {
+			err = nil
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		// Still busy: detach it lazily; the loop device (autoclear
+		// after losetup -d) goes with the last user.
+		errs = append(errs, fmt.Errorf("unmount %s: %v (detached lazily)", l.dir, err))
+		unix.Unmount(l.dir, unix.MNT_DETACH)
+	}
+	if _, err := run("losetup", "-d", l.dev); err != nil {
+		errs = append(errs, err)
+	}
+	l.dev = ""
+	os.Remove(l.img)
+	os.Remove(l.dir)
+	return errors.Join(errs...)
+}
+
+// ---- the daemon's files ----
+
+// parseKV reads "key: value ..." lines (the stats files' and /proc's
+// layout): the value is the first field after the colon. Other lines are
+// skipped.
+func parseKV(data []byte) map[string]string {
+	m := map[string]string{}
+	for line := range strings.Lines(string(data)) {
+		k, v, ok := strings.Cut(line, ":")
+		f := strings.Fields(v)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		m[strings.TrimSpace(k)] = f[0]
+	}
+	return m
+}
+
+// procKB returns a "Key: N kB" line's N from a /proc file (0 if absent).
+func procKB(path, key string) uint64 {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(parseKV(data)[key], 10, 64)
+	return n
+}
+
+// watchStats is the daemon's <stats.dir>/watch/stats: "backend: NAME",
+// then counters ("events: N", "overflows: N", "rescans: N",
+// "unwatched_dirs: N").
+type watchStats struct {
+	Backend string
+	counts  map[string]uint64
+}
+
+func (s watchStats) get(key string) (uint64, bool) {
+	n, ok := s.counts[key]
+	return n, ok
+}
+
+// parseWatchStats parses a watch/stats file; it must have an events line.
+// Unknown lines are ignored.
+func parseWatchStats(data []byte) (watchStats, error) {
+	s := watchStats{counts: map[string]uint64{}}
+	for k, v := range parseKV(data) {
+		if k == "backend" {
+			s.Backend = v
+			continue
+		}
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			if slices.Contains([]string{"events", "overflows", "rescans", "unwatched_dirs"}, k) {
+				return watchStats{}, fmt.Errorf("watch stats: %s: %v", k, err)
+			}
+			continue
+		}
+		s.counts[k] = n
+	}
+	if _, ok := s.counts["events"]; !ok {
+		return watchStats{}, errors.New("watch stats: no events line")
+	}
+	return s, nil
+}
+
+// readWatchStats reads <statsDir>/watch/stats; false if it is absent or
+// unreadable.
+func readWatchStats(statsDir string) (watchStats, bool) {
+	p := filepath.Join(statsDir, "watch", "stats")
+	data, err := os.ReadFile(p)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
+		}
+		return watchStats{}, false
+	}
+	s, err := parseWatchStats(data)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "flusherd-bench watch: %s: %v\n", p, err)
+		return watchStats{}, false
+	}
+	return s, true
+}
+
+// trackedLists are the lists of a bdi stats file that hold tracked files.
+var trackedLists = []string{"b_dirty", "b_io", "b_more_io", "b_more_io_wait"}
+
+// trackedIn sums the tracked-file lists of one bdi stats file.
+func trackedIn(data []byte) (uint64, bool) {
+	m := parseKV(data)
+	var n uint64
+	for _, k := range trackedLists {
+		v, err := strconv.ParseUint(m[k], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		n += v
+	}
+	return n, true
+}
+
+// tracked sums the tracked files over every device's stats file
+// (<statsDir>/bdi/<dev>/stats); false if there is none yet.
+func tracked(statsDir string) (uint64, bool) {
+	paths, _ := filepath.Glob(filepath.Join(statsDir, "bdi", "*", "stats"))
+	var n uint64
+	found := false
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if c, ok := trackedIn(data); ok {
+			n += c
+			found = true
+		}
+	}
+	return n, found
+}
+
+// ---- the table ----
+
+type wrow struct {
+	section      int
+	name, target string
+	vals         map[string]string
+}
+
+type wtable struct{ rows []*wrow }
+
+// set records backend's value on the named row, made on first use.
+func (t *wtable) set(section int, name, target, backend, val string) {
+	for _, r := range t.rows {
+		if r.name == name {
+			r.vals[backend] = val
+			if target != "" {
+				r.target = target
+			}
+			return
+		}
+	}
+	t.rows = append(t.rows, &wrow{section: section, name: name, target: target, vals: map[string]string{backend: val}})
+}
+
+func (t *wtable) print(w io.Writer, backends []string) {
+	rows := slices.Clone(t.rows)
+	slices.SortStableFunc(rows, func(a, b *wrow) int { return a.section - b.section })
+	cols := append([]string{"measure"}, backends...)
+	cols = append(cols, "target")
+	width := make([]int, len(cols))
+	cells := func(r *wrow) []string {
+		c := []string{r.name}
+		for _, b := range backends {
+			v, ok := r.vals[b]
+			if !ok {
+				v = "-"
+			}
+			c = append(c, v)
+		}
+		return append(c, r.target)
+	}
+	for i, c := range cols {
+		width[i] = runeLen(c)
+	}
+	for _, r := range rows {
+		for i, c := range cells(r) {
+			width[i] = max(width[i], runeLen(c))
+		}
+	}
+	line := func(c []string) {
+		var b strings.Builder
+		b.WriteString("|")
+		for i, s := range c {
+			pad := strings.Repeat(" ", width[i]-runeLen(s))
+			if i == 0 {
+				fmt.Fprintf(&b, " %s%s |", s, pad)
+			} else {
+				fmt.Fprintf(&b, " %s%s |", pad, s)
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	}
+	line(cols)
+	var sep strings.Builder
+	sep.WriteString("|")
+	for _, n := range width {
+		sep.WriteString(strings.Repeat("-", n+2) + "|")
+	}
+	fmt.Fprintln(w, sep.String())
+	for _, r := range rows {
+		line(cells(r))
+	}
+}
+
+func runeLen(s string) int { return len([]rune(s)) }
+
+func metIf(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+// thousands formats n with comma separators.
+func thousands(n uint64) string {
+	s := strconv.FormatUint(n, 10)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
