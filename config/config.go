@@ -29,6 +29,9 @@
 //	[log]
 //	level = "info"                    # debug, info, warn, error
 //
+//	[metrics]
+//	listen = ""                       # host:port of a Prometheus /metrics endpoint, e.g. "127.0.0.1:9469"; "": off
+//
 //	[[watch]]                         # repeat for each tree; path is required
 //	path      = "/srv/data"           # relative paths are resolved against the working directory
 //	recursive = true
@@ -46,6 +49,10 @@
 // 1024³; units are case-sensitive and always binary ("KB" and "MB" are
 // rejected as ambiguous). write_chunk must be at least 4096 bytes.
 //
+// metrics.listen is empty (no metrics endpoint) or a host:port as
+// [net.SplitHostPort] reads it with a numeric port from 1 to 65535; the host
+// may be empty (all addresses), a name or an IP address ("[::1]:9469").
+//
 // Every error from [Parse], [Load] and [Config.Validate] is an [*Error] naming
 // the dotted key (e.g. "writeback.min_pause", or "watch[1].path" for the
 // second [[watch]] entry; indices are 0-based) and, when the configuration
@@ -61,6 +68,7 @@ import (
 	"io/fs"
 	"maps"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -113,6 +121,7 @@ type Config struct {
 	Watcher   Watcher
 	Stats     Stats
 	Log       Log
+	Metrics   Metrics
 	Watch     []Watch
 
 	// src records where the configuration came from, so that Validate can
@@ -190,6 +199,13 @@ type Stats struct {
 type Log struct {
 	// Level is "debug", "info" (default), "warn" or "error".
 	Level string
+}
+
+// Metrics is the [metrics] table: the Prometheus endpoint.
+type Metrics struct {
+	// Listen is the host:port the /metrics endpoint listens on (TCP);
+	// empty (default) means no endpoint.
+	Listen string
 }
 
 // Watch is one [[watch]] entry: a directory tree flusherd manages.
@@ -319,11 +335,11 @@ func Parse(name string, data []byte) (*Config, error) {
 
 // Validate checks c: every duration and count positive, write_chunk at least
 // MinWriteChunk, min_pause <= max_pause, known enum values, stats.dir not
-// empty, at least one watch, watch paths absolute, existing directories and
-// not duplicated. If c came from Parse or Load, errors carry the file and
-// line of the offending key (looked up by key name and watch index, so
-// watches appended later simply have no line). The error is an *Error for
-// the first problem.
+// empty, metrics.listen empty or host:port, at least one watch, watch paths
+// absolute, existing directories and not duplicated. If c came from Parse
+// or Load, errors carry the file and line of the offending key (looked up
+// by key name and watch index, so watches appended later simply have no
+// line). The error is an *Error for the first problem.
 func (c *Config) Validate() error {
 	return c.check(true, true)
 }
@@ -347,6 +363,7 @@ func (c *Config) Encode(w io.Writer) error {
 		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String()},
 		Stats:   encStats(c.Stats),
 		Log:     encLog(c.Log),
+		Metrics: encMetrics(c.Metrics),
 	}
 	for _, x := range c.Watch {
 		e.Watch = append(e.Watch, encWatch{Path: x.Path, Recursive: x.Recursive, Mode: x.Mode, Expire: x.Expire.String()})
@@ -367,6 +384,7 @@ type encConfig struct {
 	Watcher   encWatcher   `toml:"watcher"`
 	Stats     encStats     `toml:"stats"`
 	Log       encLog       `toml:"log"`
+	Metrics   encMetrics   `toml:"metrics"`
 	Watch     []encWatch   `toml:"watch,omitempty"`
 }
 
@@ -399,6 +417,10 @@ type encStats struct {
 
 type encLog struct {
 	Level string `toml:"level"`
+}
+
+type encMetrics struct {
+	Listen string `toml:"listen"`
 }
 
 type encWatch struct {
@@ -516,6 +538,11 @@ func (c *Config) check(stat, needWatch bool) error {
 	oneOf("watcher.backend", c.Watcher.Backend, BackendAuto, BackendFanotify, BackendInotify)
 	positive("watcher.rescan_interval", c.Watcher.RescanInterval)
 	atLeast("watcher.rescan_interval", c.Watcher.RescanInterval, MinInterval)
+	if c.Metrics.Listen != "" {
+		if err := checkListen(c.Metrics.Listen); err != nil {
+			add("metrics.listen", "bad address %q: %v", c.Metrics.Listen, err)
+		}
+	}
 	if c.Stats.Dir == "" {
 		add("stats.dir", "must not be empty")
 	}
@@ -576,6 +603,24 @@ func (c *Config) check(stat, needWatch bool) error {
 		}
 	}
 	return firstError(errs)
+}
+
+// checkListen checks a listen address: host:port with a numeric port from
+// 1 to 65535 (the host is resolved only when listening).
+func checkListen(addr string) error {
+	const want = `want host:port, e.g. "127.0.0.1:9469" (an empty host listens on every address)`
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		if ae, ok := errors.AsType[*net.AddrError](err); ok {
+			return fmt.Errorf("%s: %s", ae.Err, want)
+		}
+		return fmt.Errorf("%v: %s", err, want)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return nil
 }
 
 func quoteList(vs []string) string {
@@ -661,6 +706,9 @@ func (d *decoder) config(m map[string]any) *Config {
 		},
 		"log": func(key string, v any) {
 			d.table(key, v, map[string]field{"level": d.str(&c.Log.Level)})
+		},
+		"metrics": func(key string, v any) {
+			d.table(key, v, map[string]field{"listen": d.str(&c.Metrics.Listen)})
 		},
 		"watch": func(key string, v any) {
 			switch v := v.(type) {

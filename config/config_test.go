@@ -84,6 +84,9 @@ dir = "/var/lib/flusherd"
 [log]
 level = "debug"
 
+[metrics]
+listen = "127.0.0.1:9469"
+
 [[watch]]
 path = "/srv/data/"
 recursive = false
@@ -107,6 +110,7 @@ path = "rel/../tree"
 				c.Plug = Plug{Enabled: false, MaxPending: 64, QueueDepth: 4, IntegritySyncfs: 64}
 				c.Stats.Dir = "/var/lib/flusherd"
 				c.Log.Level = "debug"
+				c.Metrics.Listen = "127.0.0.1:9469"
 				c.Watch = []Watch{
 					{Path: "/srv/data", Recursive: false, Mode: ModeIntegrity, Expire: 10 * time.Second},
 					{Path: filepath.Join(dir, "tree"), Recursive: true, Mode: ModeWriteback, Expire: time.Minute},
@@ -128,6 +132,26 @@ path = "rel/../tree"
 				c.Writeback.DirtyExpireInterval = 45 * time.Second
 				c.Watch = []Watch{{Path: "/a", Recursive: true, Mode: ModeWriteback, Expire: 45 * time.Second}}
 			},
+		},
+		{
+			name: "metrics on every address",
+			src:  "metrics.listen = \":9469\"\n",
+			want: func(c *Config) { c.Metrics.Listen = ":9469" },
+		},
+		{
+			name: "metrics on IPv6 loopback",
+			src:  "[metrics]\nlisten = \"[::1]:65535\"\n",
+			want: func(c *Config) { c.Metrics.Listen = "[::1]:65535" },
+		},
+		{
+			name: "metrics on a host name",
+			src:  "[metrics]\nlisten = \"localhost:1\"\n",
+			want: func(c *Config) { c.Metrics.Listen = "localhost:1" },
+		},
+		{
+			name: "metrics off",
+			src:  "[metrics]\nlisten = \"\"\n",
+			want: func(c *Config) {},
 		},
 		{
 			name: "sizes",
@@ -218,7 +242,7 @@ func TestParseErrors(t *testing.T) {
 
 		// Unknown keys.
 		{"unknown top-level key", "[log]\nlevel = \"info\"\n\nfoo = 1\n", "log.foo", 4, "unknown key"},
-		{"unknown top-level table", "\n[logging]\nlevel = \"info\"\n", "logging", 2, "unknown key, want one of log, plug, stats, watch, watcher, writeback"},
+		{"unknown top-level table", "\n[logging]\nlevel = \"info\"\n", "logging", 2, "unknown key, want one of log, metrics, plug, stats, watch, watcher, writeback"},
 		{"unknown bare top-level key", "verbose = true\n[log]\n", "verbose", 1, "unknown key"},
 		{"unknown key in table", "[writeback]\nmin_pause = \"1ms\"\n  min_paus = \"1ms\"\n", "writeback.min_paus", 3, "unknown key, want one of attempt_timeout,"},
 		{"unknown quoted key", "[writeback]\n\"min pause\" = \"1ms\"\n", `writeback."min pause"`, 2, "unknown key"},
@@ -275,6 +299,18 @@ func TestParseErrors(t *testing.T) {
 		{"watch is a table", "[watch]\npath = \"/a\"\n", "watch", 1, "want an array of tables"},
 		{"watch element not a table", "watch = [\"/a\"]\n", "watch[0]", 1, "want a table"},
 		{"empty stats dir", "[stats]\ndir = \"\"\n", "stats.dir", 2, "must not be empty"},
+
+		// metrics.listen.
+		{"listen without port", "[metrics]\n\nlisten = \"127.0.0.1\"\n", "metrics.listen", 3, `metrics.listen: bad address "127.0.0.1": missing port in address: want host:port`},
+		{"listen port only", "[metrics]\nlisten = \"9469\"\n", "metrics.listen", 2, "missing port in address"},
+		{"listen bare IPv6", "[metrics]\nlisten = \"::1:9469\"\n", "metrics.listen", 2, "too many colons"},
+		{"listen port name", "[metrics]\nlisten = \"localhost:http\"\n", "metrics.listen", 2, `port "http" is not a number from 1 to 65535`},
+		{"listen port zero", "[metrics]\nlisten = \"127.0.0.1:0\"\n", "metrics.listen", 2, `port "0" is not a number from 1 to 65535`},
+		{"listen port too large", "[metrics]\nlisten = \"127.0.0.1:65536\"\n", "metrics.listen", 2, "from 1 to 65535"},
+		{"listen empty port", "[metrics]\nlisten = \"127.0.0.1:\"\n", "metrics.listen", 2, `port ""`},
+		{"listen negative port", "[metrics]\nlisten = \"127.0.0.1:-1\"\n", "metrics.listen", 2, "from 1 to 65535"},
+		{"listen not a string", "[metrics]\nlisten = 9469\n", "metrics.listen", 2, "want a string, got integer 9469"},
+		{"unknown metrics key", "[metrics]\nport = 9469\n", "metrics.port", 2, "unknown key, want one of listen"},
 
 		// Watch paths (no file system access in Parse).
 		{"watch without path", "[[watch]]\npath = \"/a\"\n\n[[watch]]\nmode = \"integrity\"\n", "watch[1].path", 4, "missing: every [[watch]] needs a path"},
@@ -364,6 +400,8 @@ func TestValidate(t *testing.T) {
 		{"bad level", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Log.Level = "INFO" }, "log.level", "unknown value", false},
 		{"zero queue depth", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Plug.QueueDepth = 0 }, "plug.queue_depth", "must be positive", false},
 		{"no stats dir", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Stats.Dir = "" }, "stats.dir", "must not be empty", false},
+		{"metrics listen", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Metrics.Listen = "127.0.0.1:9469" }, "", "", false},
+		{"bad metrics listen", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Metrics.Listen = "nowhere" }, "metrics.listen", "missing port", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -507,6 +545,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 	full.Plug = Plug{Enabled: false, MaxPending: 1, QueueDepth: 1000}
 	full.Stats.Dir = `/run/flusherd "quoted" \ dir`
 	full.Log.Level = "warn"
+	full.Metrics.Listen = "[::1]:9469"
 	full.Watch = []Watch{
 		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second},
 		{Path: "/srv/weird name/ü", Recursive: false, Mode: ModeIntegrity, Expire: 10 * time.Millisecond},
@@ -543,6 +582,7 @@ func TestEncodeDefault(t *testing.T) {
 		"[writeback]\n", `dirty_writeback_interval = "5s"`, `min_pause = "10ms"`,
 		`write_chunk = "4MiB"`, `requeue_blocked = "io_wait"`, "[plug]\n", "max_pending = 256",
 		"[watcher]\n", `backend = "auto"`, `rescan_interval = "30s"`, "[stats]\n", `dir = "/run/flusherd"`, "[log]\n", `level = "info"`,
+		"[metrics]\n", `listen = ""`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("Encode(Default()) lacks %q:\n%s", want, text)

@@ -208,6 +208,8 @@ wait:
 			go ctl.Serve(ctx)
 			defer ctl.Close()
 		}
+		waitMetrics := startMetrics(ctx, cfg, reg, wat, log)
+		defer waitMetrics()
 		log.Info("initial scan done; ready", zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
 		if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 			log.Warn("sd_notify READY failed", zap.Error(err))

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"net"
+	"os"
+
+	"go.uber.org/zap"
+
+	"flusherd/bdi"
+	"flusherd/config"
+	"flusherd/metrics"
+	"flusherd/watch"
+)
+
+// startMetrics serves the Prometheus metrics of reg and wat on
+// metrics.listen until ctx ends; with metrics.listen empty it does
+// nothing. A failure to listen is logged as an error and flusherd runs on
+// without metrics. The returned function waits until the server has
+// stopped.
+func startMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wat watch.Backend, log *zap.Logger) (wait func()) {
+	addr := cfg.Metrics.Listen
+	if addr == "" {
+		return func() {}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Error("cannot listen for metrics; running without them", zap.String("listen", addr), zap.Error(err))
+		return func() {}
+	}
+	log.Info("serving metrics", zap.String("url", "http://"+ln.Addr().String()+"/metrics"))
+	g := metrics.NewRegistry(metrics.NewSource(reg, wat), os.Getpagesize())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := metrics.Serve(ctx, ln, g, log.With(zap.String("component", "metrics"))); err != nil {
+			log.Error("metrics server stopped; running without metrics", zap.Error(err))
+		}
+	}()
+	return func() { <-done }
+}

@@ -1,0 +1,268 @@
+// Package metrics exports flusherd's statistics in the Prometheus format:
+// the figures of the stats files (<stats.dir>/bdi/<dev>/stats and
+// <stats.dir>/watch/stats), per device and for the watcher.
+//
+// The Collector reads the live objects when it is scraped, through a
+// Source; nothing runs between scrapes (no goroutine, no timer). Serve
+// answers GET /metrics over HTTP until its context ends.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"flusherd/bdi"
+	"flusherd/policy"
+	"flusherd/watch"
+)
+
+// Device is one backing device's figures at the time of a scrape.
+type Device struct {
+	Name        string        // the kernel's name of the bdi ("8:0", "btrfs-1")
+	Stats       bdi.Stats     // page counts in pages
+	MaxDirtyAge time.Duration // age of the oldest dirty data; 0 when nothing is tracked
+}
+
+// Source gives the Collector the figures to export. It is called at every
+// scrape, possibly from several goroutines at once.
+type Source interface {
+	// Devices returns one entry per device, each name once.
+	Devices() []Device
+	// Watch returns the watcher backend's name ("fanotify" or "inotify")
+	// and its counters; nil counters leave the watcher's metrics out.
+	Watch() (backend string, c *watch.Counters)
+}
+
+// NewSource returns a Source over the daemon's live registry and watcher
+// backend (w may be nil: no watcher metrics).
+func NewSource(reg *bdi.Registry, w watch.Backend) Source {
+	return liveSource{reg: reg, w: w}
+}
+
+type liveSource struct {
+	reg *bdi.Registry
+	w   watch.Backend
+}
+
+func (s liveSource) Devices() []Device {
+	wbs := s.reg.Devices()
+	out := make([]Device, 0, len(wbs))
+	for _, wb := range wbs {
+		out = append(out, Device{Name: wb.Name, Stats: wb.Snapshot(), MaxDirtyAge: wb.MaxDirtyAge()})
+	}
+	return out
+}
+
+func (s liveSource) Watch() (string, *watch.Counters) {
+	if s.w == nil {
+		return "", nil
+	}
+	return s.w.Name(), s.w.Counters()
+}
+
+// errorKinds are the outcomes of failed attempts, exported as the kind
+// label of flusherd_writeback_errors_total. Blocked, FSUnavailable and
+// IOError add up to writeback_errors in the stats file; Gone is not in
+// it (the file is dropped and counted in inodes_gone, unless it lives on
+// under another name).
+var errorKinds = []policy.Outcome{policy.Blocked, policy.FSUnavailable, policy.IOError, policy.Gone}
+
+// Collector is a prometheus.Collector over a Source.
+type Collector struct {
+	src      Source
+	pageSize float64
+
+	inodes, dirty, writeback, retryPause, maxDirtyAge                 *prometheus.Desc
+	written, plugRequests, plugMerges, plugBatches, wbErrors, rescans *prometheus.Desc
+	watchEvents, watchOverflows, watchRescans, watchUnwatched         *prometheus.Desc
+	watchBackend                                                      *prometheus.Desc
+}
+
+// NewCollector returns a Collector over src; pageSize (bytes) converts the
+// page counts of bdi.Stats to bytes.
+func NewCollector(src Source, pageSize int) *Collector {
+	dev := []string{"bdi"}
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("flusherd_"+name, help, labels, nil)
+	}
+	return &Collector{
+		src:      src,
+		pageSize: float64(pageSize),
+
+		inodes: d("inodes", "Tracked files on each of the device's writeback lists: b_dirty (dirty, not yet due), "+
+			"b_io (picked for this pass or under an attempt), b_more_io (write_chunk used up, more to write), "+
+			"b_more_io_wait (could not be written now, retried after a pause).", "bdi", "list"),
+		dirty: d("dirty_bytes", "Dirty page-cache data in tracked files, as cachestat saw it at each file's last "+
+			"writeback attempt (BdiReclaimable).", dev...),
+		writeback: d("writeback_bytes", "Page-cache data under writeback in tracked files, as cachestat saw it at "+
+			"each file's last writeback attempt (BdiWriteback).", dev...),
+		retryPause: d("retry_pause_seconds", "Current pause before files on b_more_io_wait are retried; "+
+			"0 when none waits.", dev...),
+		maxDirtyAge: d("max_dirty_age_seconds", "Age of the oldest dirty data of a tracked file on the device; "+
+			"0 when nothing is tracked.", dev...),
+		written:      d("written_bytes_total", "Data written back by flusherd (BdiWritten).", dev...),
+		plugRequests: d("plug_requests_total", "Writeback requests queued in the plug.", dev...),
+		plugMerges:   d("plug_merges_total", "Writeback requests merged into a neighbour in the plug.", dev...),
+		plugBatches:  d("plug_batches_total", "Plug flushes: batches of writeback requests submitted.", dev...),
+		wbErrors: d("writeback_errors_total", "Failed writeback attempts by kind: blocked (EAGAIN, EBUSY, EINTR, "+
+			"EMFILE, ENFILE, or longer than attempt_timeout), fs_unavailable (EROFS, ESHUTDOWN, ENODEV, ENXIO), "+
+			"io_error (EIO, ENOSPC, EDQUOT and other errors), gone (the file was deleted or replaced; it is dropped).",
+			"bdi", "kind"),
+		rescans: d("rescans_total", "Cachestat rescans of trees on the device (after an event queue overflow, "+
+			"and of directories inotify could not watch).", dev...),
+		watchEvents:    d("watch_events_total", "Events the watcher read from the kernel."),
+		watchOverflows: d("watch_overflows_total", "Event queue overflows (each is followed by a rescan of the trees)."),
+		watchRescans:   d("watch_rescans_total", "Cachestat rescans of the watched trees."),
+		watchUnwatched: d("watch_unwatched_directories", "Directories inotify could not watch (fs.inotify.max_user_watches "+
+			"reached); they are rescanned every watcher.rescan_interval."),
+		watchBackend: d("watch_backend_info", "The watcher backend in use, in the label backend (fanotify or inotify); always 1.",
+			"backend"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		c.inodes, c.dirty, c.writeback, c.retryPause, c.maxDirtyAge,
+		c.written, c.plugRequests, c.plugMerges, c.plugBatches, c.wbErrors, c.rescans,
+		c.watchEvents, c.watchOverflows, c.watchRescans, c.watchUnwatched, c.watchBackend,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: it reads the Source now.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	bytes := func(pages uint64) float64 { return float64(pages) * c.pageSize }
+	for _, dev := range c.src.Devices() {
+		s, n := &dev.Stats, dev.Name
+		gauge(c.inodes, float64(s.BDirty), n, "b_dirty")
+		gauge(c.inodes, float64(s.BIO), n, "b_io")
+		gauge(c.inodes, float64(s.BMoreIO), n, "b_more_io")
+		gauge(c.inodes, float64(s.BMoreIOWait), n, "b_more_io_wait")
+		gauge(c.dirty, bytes(s.BdiReclaimable), n)
+		gauge(c.writeback, bytes(s.BdiWriteback), n)
+		gauge(c.retryPause, float64(s.RetryPauseMs)/1e3, n)
+		gauge(c.maxDirtyAge, dev.MaxDirtyAge.Seconds(), n)
+		ch <- prometheus.MustNewConstMetric(c.written, prometheus.CounterValue, bytes(s.BdiWritten), n)
+		counter(c.plugRequests, s.PlugRequests, n)
+		counter(c.plugMerges, s.PlugMerges, n)
+		counter(c.plugBatches, s.PlugBatches, n)
+		for _, o := range errorKinds {
+			counter(c.wbErrors, s.Outcomes[o], n, o.String())
+		}
+		counter(c.rescans, s.Rescans, n)
+	}
+	backend, w := c.src.Watch()
+	if w == nil {
+		return
+	}
+	counter(c.watchEvents, w.Events.Load())
+	counter(c.watchOverflows, w.Overflows.Load())
+	counter(c.watchRescans, w.Rescans.Load())
+	gauge(c.watchUnwatched, float64(w.Unwatched.Load()))
+	gauge(c.watchBackend, 1, backend)
+}
+
+// NewRegistry returns a registry holding a Collector over src and the Go
+// runtime and process collectors (go_*, process_*). Those are included
+// because operators of Go daemons expect them, as node_exporter and most
+// exporters serve them: memory, goroutines (one per device, plus the
+// watcher), open file descriptors and CPU time of flusherd itself, next to
+// the writeback it does. Both read their figures at scrape time as well.
+func NewRegistry(src Source, pageSize int) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(src, pageSize),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Timeouts of the HTTP server. A scrape is small and quick; these bound
+// what a slow or stuck client can hold.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 10 * time.Second
+	writeTimeout      = 30 * time.Second
+	idleTimeout       = 2 * time.Minute
+	shutdownTimeout   = 5 * time.Second
+	maxInFlight       = 4 // concurrent scrapes; more get 503
+)
+
+// Handler serves the metrics of g at /metrics and a short page naming it
+// at /.
+func Handler(g prometheus.Gatherer, log *zap.Logger) http.Handler {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
+		ErrorLog:            promLogger{log},
+		ErrorHandling:       promhttp.ContinueOnError,
+		MaxRequestsInFlight: maxInFlight,
+	}))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Write([]byte("flusherd: metrics at /metrics\n"))
+	})
+	return mux
+}
+
+// promLogger logs promhttp's errors (a failed collection or a write to a
+// client that went away).
+type promLogger struct{ log *zap.Logger }
+
+func (l promLogger) Println(v ...any) {
+	l.log.Sugar().Warnln(append([]any{"metrics:"}, v...)...)
+}
+
+// Serve serves Handler(g) on ln until ctx ends, then shuts the server down
+// (waiting up to 5s for scrapes in progress) and returns nil. It closes
+// ln. An error of the listener ends it early with that error.
+func Serve(ctx context.Context, ln net.Listener, g prometheus.Gatherer, log *zap.Logger) error {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	errLog, _ := zap.NewStdLogAt(log, zapcore.WarnLevel) // the level is valid
+	srv := &http.Server{
+		Handler:           Handler(g, log),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          errLog,
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if err != nil {
+		srv.Close()
+	}
+	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	return err
+}
