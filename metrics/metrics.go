@@ -42,15 +42,21 @@ type Source interface {
 	Watch() (backend string, c *watch.Counters)
 }
 
+// Watcher is what the metrics read of a watch.Backend.
+type Watcher interface {
+	Name() string
+	Counters() *watch.Counters
+}
+
 // NewSource returns a Source over the daemon's live registry and watcher
 // backend (w may be nil: no watcher metrics).
-func NewSource(reg *bdi.Registry, w watch.Backend) Source {
+func NewSource(reg *bdi.Registry, w Watcher) Source {
 	return liveSource{reg: reg, w: w}
 }
 
 type liveSource struct {
 	reg *bdi.Registry
-	w   watch.Backend
+	w   Watcher
 }
 
 func (s liveSource) Devices() []Device {
