@@ -214,12 +214,12 @@ func (h *harness) lists() map[string]string {
 	out := map[string]string{}
 	for _, c := range wb.bDirty.classes {
 		for in := range c.list.All {
-			out[in.Path] = "b_dirty"
+			out[in.Path()] = "b_dirty"
 		}
 	}
 	for name, l := range map[string]*listT{"b_io": &wb.BIO, "b_more_io": &wb.BMoreIO, "b_more_io_wait": &wb.BMoreIOWait, "inflight": &wb.inflight} {
 		for in := range l.All {
-			out[in.Path] = name
+			out[in.Path()] = name
 		}
 	}
 	return out
@@ -229,7 +229,7 @@ func (h *harness) inode(path string) *inode.Inode {
 	h.wb.mu.Lock()
 	defer h.wb.mu.Unlock()
 	for _, in := range h.wb.inodes {
-		if in.Path == path {
+		if in.Path() == path {
 			c := *in
 			return &c
 		}

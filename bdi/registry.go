@@ -255,7 +255,7 @@ func (wb *Writeback) TrackedPaths() []string {
 	wb.mu.Lock()
 	out := make([]string, 0, len(wb.inodes))
 	for _, in := range wb.inodes {
-		out = append(out, in.Path)
+		out = append(out, in.Path())
 	}
 	wb.mu.Unlock()
 	slices.Sort(out)

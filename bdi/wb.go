@@ -11,7 +11,7 @@
 //
 // Lock order: Registry.mu, then Writeback.mu (the list lock). Writeback.mu
 // guards the lists, the inode map, every tracked Inode's fields except
-// WBIndex (goroutine-owned) and the work list. No I/O is done under it.
+// and the work list; wbIndex is the goroutine's own. No I/O is done under it.
 package bdi
 
 import (
@@ -156,6 +156,10 @@ type Writeback struct {
 	waitRetryAt  time.Duration
 	pass         passCounters
 	probed       map[uint64]bool // dev -> sync_file_range probed
+	// wbIndex is each chunked file's writeback index: the byte offset its
+	// next attempt starts at (mapping->writeback_index). Only files larger
+	// than write_chunk have one, so it is kept here, not in every Inode.
+	wbIndex map[inode.Key]int64
 	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
 	lastBusyLog  time.Duration
 	opener       *opener // nil until the first timed open
@@ -193,6 +197,7 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		stopped:  make(chan struct{}),
 		backoff:  policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
 		probed:   make(map[uint64]bool),
+		wbIndex:  make(map[inode.Key]int64),
 		fallback: make(map[uint64]bool),
 	}
 	wb.plug = Plug{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
@@ -224,7 +229,7 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 		if ho, ok := wb.open.(inode.HandleOpener); ok {
 			wb.mu.Lock()
 			in := wb.inodes[key]
-			known := in != nil && in.Handle != ""
+			known := in != nil && in.Handle() != ""
 			wb.mu.Unlock()
 			if !known {
 				// No handle: the inode is opened by path, as before.
@@ -236,20 +241,20 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 	wb.mu.Lock()
 	in := wb.inodes[key]
 	if in == nil {
-		in = &inode.Inode{Key: key, Path: path, Handle: h, Class: wb.bDirty.class(t.Expire)}
+		in = &inode.Inode{Key: key, Class: wb.bDirty.class(t.Expire)}
+		in.SetPath(path)
+		in.SetHandle(h)
 		if t.Integrity {
 			in.State |= inode.Integrity
 		}
 		wb.inodes[key] = in
 	} else {
-		if in.Handle == "" && h != "" {
-			in.Handle = h
+		if in.Handle() == "" && h != "" {
+			in.SetHandle(h)
 		}
-		if in.Path != path {
-			if in.Handle == "" {
-				in.OtherPath = in.Path
-			}
-			in.Path = path
+		if old := in.Path(); old != path {
+			in.SetOtherPath(old)
+			in.SetPath(path)
 		}
 	}
 	wasIdle := false
@@ -304,11 +309,10 @@ func (wb *Writeback) MaxDirtyAge() time.Duration {
 // is gone: removed or unmounted); one under an attempt is dropped when the
 // attempt completes. It returns the number dropped or marked.
 func (wb *Writeback) DropUnder(root string) int {
-	prefix := root + "/"
 	n := 0
 	wb.mu.Lock()
 	for k, in := range wb.inodes {
-		if len(in.Path) <= len(prefix) || in.Path[:len(prefix)] != prefix {
+		if !in.InDir(root) {
 			continue
 		}
 		n++
@@ -559,7 +563,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		wb.inflight.MoveToBack(in)
 		in.State |= inode.Sync
 		in.State &^= inode.Redirtied
-		path := in.Path
+		path := in.Path()
 		wb.mu.Unlock()
 		wb.writebackSingleInode(in, path, f.Key, true, &w.Errs[i])
 	}
@@ -570,15 +574,15 @@ func (wb *Writeback) syncFiles(w *Work) {
 // Refs returns a FileRef for every tracked inode whose path is under dir
 // (every one when dir is ""), for a sync request.
 func (wb *Writeback) Refs(dir string) []FileRef {
-	prefix := strings.TrimSuffix(dir, "/") + "/"
+	dir = strings.TrimSuffix(dir, "/")
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	var out []FileRef
 	for _, in := range wb.inodes {
-		if dir != "" && !strings.HasPrefix(in.Path, prefix) {
+		if dir != "" && !in.InDir(dir) {
 			continue
 		}
-		out = append(out, FileRef{Key: in.Key, Path: in.Path,
+		out = append(out, FileRef{Key: in.Key, Path: in.Path(),
 			Tree: Tree{Expire: wb.bDirty.classes[in.Class].expire, Integrity: in.Has(inode.Integrity)}})
 	}
 	return out
@@ -605,7 +609,7 @@ func (wb *Writeback) Inodes() []InodeInfo {
 	defer wb.mu.Unlock()
 	out := make([]InodeInfo, 0, len(wb.inodes))
 	add := func(list string, in *inode.Inode) {
-		out = append(out, InodeInfo{Path: in.Path, Key: in.Key, Handle: in.Handle, List: list,
+		out = append(out, InodeInfo{Path: in.Path(), Key: in.Key, Handle: in.Handle(), List: list,
 			DirtiedWhen: in.DirtiedWhen, DirtyPages: in.DirtyPages, WBPages: in.WritebackPages,
 			Retries: in.Retries, Errors: in.Errors, LastErr: in.LastErr, Busy: in.Has(inode.Busy)})
 	}
@@ -671,7 +675,7 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		in.State |= inode.Sync
 		in.State &^= inode.Redirtied
 		integrity := w.SyncMode == SyncAll || in.Has(inode.Integrity)
-		path, key := in.Path, in.Key
+		path, key := in.Path(), in.Key
 		wb.mu.Unlock()
 
 		queued := wb.writebackSingleInode(in, path, key, integrity, nil)
@@ -713,6 +717,7 @@ type attempt struct {
 	dirtyAfter, wbAfter uint64
 	sized               bool // a whole-file attempt found it too large
 	handle              inode.Handle
+	path                string
 }
 
 // hold takes a reference on the attempt's file.
@@ -733,9 +738,9 @@ func (a *attempt) release() {
 func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool, result *error) int64 {
 	wb.plug.Start()
 	defer wb.plug.Finish()
-	att := &attempt{in: in, result: result}
+	att := &attempt{in: in, result: result, path: path}
 	wb.mu.Lock()
-	att.handle = in.Handle
+	att.handle = in.Handle()
 	wb.mu.Unlock()
 	att.refs.Store(1)
 	if page := int64(os.Getpagesize()); integrity || int64(in.DirtyPages)*page <= wb.cfg.WriteChunk {
@@ -893,8 +898,7 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*Request, int64, err
 		return []*Request{whole}, int64(att.dirtyBefore), nil
 	}
 	size := att.f.Size()
-	in := att.in
-	start := in.WBIndex
+	start := wb.wbIndex[key]
 	if start >= size || start < 0 {
 		start = 0
 	}
@@ -951,7 +955,11 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*Request, int64, err
 	if off >= size {
 		off = 0
 	}
-	in.WBIndex = off
+	if off == 0 {
+		delete(wb.wbIndex, key)
+	} else {
+		wb.wbIndex[key] = off
+	}
 	att.chunkUsed = budget <= 0
 	if len(reqs) == 0 {
 		// Dirty pages beyond the size seen at open (an append): write
@@ -1205,7 +1213,7 @@ func (wb *Writeback) runTimed(reqs []*Request) {
 					finished++
 					wb.mu.Unlock()
 					wb.errLog.Warn("writeback call exceeded attempt_timeout; the file is marked busy until it returns",
-						zap.String("path", strconv.Quote(x.r.att.in.Path)), zap.Stringer("attempt_timeout", timeout))
+						zap.String("path", strconv.Quote(x.r.att.path)), zap.Stringer("attempt_timeout", timeout))
 					continue
 				}
 				wb.mu.Unlock()
@@ -1236,7 +1244,7 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 	wb.gen++
 	wb.mu.Unlock()
 	att.release()
-	wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.in.Path)), zap.Error(err))
+	wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
 	wb.kick()
 }
 
@@ -1416,16 +1424,18 @@ func (wb *Writeback) complete(att *attempt) {
 	if in.Has(inode.Dropped) {
 		// Its tree went away during the attempt (DropUnder).
 		dest = policy.Drop
-	} else if dest == policy.Drop && in.OtherPath != "" {
+	} else if other := in.OtherPath(); dest == policy.Drop && other != "" {
 		// The name is gone, but the inode may live on under its other
 		// name (a hard link): try that before dropping it.
-		in.Path, in.OtherPath = in.OtherPath, ""
+		in.SetOtherPath("")
+		in.SetPath(other)
 		dest = policy.MoreIOWait
 	}
 	switch dest {
 	case policy.Forget, policy.Drop:
 		lists.Remove(in)
 		delete(wb.inodes, in.Key)
+		delete(wb.wbIndex, in.Key)
 		in.State = 0
 		wb.pass.cleaned++
 		if dest == policy.Drop {
@@ -1440,7 +1450,7 @@ func (wb *Writeback) complete(att *attempt) {
 		in.DirtiedWhen = now
 		wb.bDirty.pushBack(in)
 	}
-	path, retries := in.Path, in.Retries
+	path, retries := in.Path(), in.Retries
 	wb.gen++
 	wb.mu.Unlock()
 	if att.result != nil {

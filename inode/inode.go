@@ -11,7 +11,9 @@
 package inode
 
 import (
+	"strings"
 	"time"
+	"unique"
 
 	"flusherd/lists"
 )
@@ -41,30 +43,31 @@ const (
 	// Dropped: its tree went away while an attempt was in flight; the
 	// attempt's completion forgets it.
 	Dropped
+	// hasHandle: the inode's alt field is its file handle (else the
+	// other path).
+	hasHandle
 )
 
 // Inode is one tracked file. Keep it small: a daemon may track millions.
 type Inode struct {
 	lists.Entry[*Inode]
 
-	Key  Key
-	Path string // absolute path at which it was last seen
-	// OtherPath is the name it was seen under before Path (a hard link,
-	// or the name before a rename). When Path is gone, OtherPath is tried
-	// before the inode is dropped.
-	OtherPath string
-	// Handle is the inode's file handle when its filesystem supports
-	// opens by handle (Handles); such an inode is opened by handle, so a
-	// rename never loses it, and OtherPath is not used.
-	Handle Handle
+	Key Key
+	// The absolute path at which it was last seen, as its directory,
+	// interned (files of one directory share it), and its name: see Path.
+	dir  unique.Handle[string]
+	name string
+	// alt is the inode's file handle when its filesystem supports opens
+	// by handle (Handles; such an inode is opened by handle, so a rename
+	// never loses it), else its other path: the name it was seen under
+	// before (a hard link, or the name before a rename), tried before the
+	// inode is dropped when its path is gone. See Handle and OtherPath.
+	alt string
 
 	// DirtiedWhen is when the inode went from clean to dirty, on the
 	// daemon's monotonic clock (nanoseconds since its epoch). A re-dirty
 	// never moves it (__mark_inode_dirty).
 	DirtiedWhen time.Duration
-	// WBIndex is the byte offset the next chunked attempt starts at
-	// (mapping->writeback_index).
-	WBIndex int64
 	// NextRetry is the earliest time of the next attempt after an I/O
 	// error (monotonic clock, nanoseconds): such a file is retried at
 	// max_pause, not at every pass.
@@ -82,6 +85,71 @@ type Inode struct {
 	// Class is the index of its expire class in the bdi's b_dirty: the
 	// class holds the dirty_expire_interval of the tree it belongs to.
 	Class uint8
+}
+
+// Path returns the absolute path at which the inode was last seen.
+func (in *Inode) Path() string {
+	if in.name == "" {
+		return ""
+	}
+	d := in.dir.Value()
+	if d == "/" {
+		return "/" + in.name
+	}
+	return d + "/" + in.name
+}
+
+// SetPath records path, an absolute path, as where the inode was last seen.
+func (in *Inode) SetPath(path string) {
+	i := strings.LastIndexByte(path, '/')
+	if i < 0 {
+		in.dir, in.name = unique.Make(""), path
+		return
+	}
+	d := path[:i]
+	if d == "" {
+		d = "/"
+	}
+	in.dir, in.name = unique.Make(d), strings.Clone(path[i+1:])
+}
+
+// InDir reports whether the inode's path is below the directory dir (an
+// absolute path without a trailing slash), without building the path.
+func (in *Inode) InDir(dir string) bool {
+	d := in.dir.Value()
+	return d == dir || strings.HasPrefix(d, dir+"/") || (dir == "/" && in.name != "")
+}
+
+// Handle returns the inode's file handle, or "" when it has none.
+func (in *Inode) Handle() Handle {
+	if in.State&hasHandle != 0 {
+		return Handle(in.alt)
+	}
+	return ""
+}
+
+// SetHandle records the inode's file handle; it replaces the other path.
+func (in *Inode) SetHandle(h Handle) {
+	if h != "" {
+		in.alt = string(h)
+		in.State |= hasHandle
+	}
+}
+
+// OtherPath returns the path it was seen under before Path, if it has no
+// handle (else "").
+func (in *Inode) OtherPath() string {
+	if in.State&hasHandle != 0 {
+		return ""
+	}
+	return in.alt
+}
+
+// SetOtherPath records p as the other path, unless the inode has a handle.
+func (in *Inode) SetOtherPath(p string) {
+	if in.State&hasHandle == 0 {
+		in.alt = p
+	}
 }
 
 // Link returns the list entry (lists.Linker).
