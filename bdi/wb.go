@@ -159,13 +159,13 @@ type Writeback struct {
 	// wbIndex is each chunked file's writeback index: the byte offset its
 	// next attempt starts at (mapping->writeback_index). Only files larger
 	// than write_chunk have one, so it is kept here, not in every Inode.
-	wbIndex map[inode.Key]int64
-	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
-	lastBusyLog  time.Duration
-	opener       *opener // nil until the first timed open
-	openTimer    *time.Timer
-	bwPages      uint64        // pages written in the current bandwidth period
-	bwTime       time.Duration // submission time in the current period
+	wbIndex     map[inode.Key]int64
+	fallback    map[uint64]bool // dev -> use fdatasync for start-writeback
+	lastBusyLog time.Duration
+	opener      *opener // nil until the first timed open
+	openTimer   *time.Timer
+	bwPages     uint64        // pages written in the current bandwidth period
+	bwTime      time.Duration // submission time in the current period
 }
 
 type passCounters struct {
