@@ -210,8 +210,13 @@ func (fa *Fanotify) Run(ctx context.Context) {
 			}
 			return
 		}
-		fa.events(ctx, fa.buf[:n])
-		fa.touched("fanotify")
+		// The stats file is rewritten only for events that concern
+		// the trees: the filesystem mark also reports everything
+		// else on the filesystem, the daemon's own stats writes
+		// included, which must not keep it awake.
+		if fa.events(ctx, fa.buf[:n]) {
+			fa.touched("fanotify")
+		}
 	}
 }
 
@@ -229,14 +234,15 @@ type event struct {
 }
 
 // events parses and handles a buffer of events (fanotify_event_metadata
-// followed by fanotify_event_info_fid records).
-func (fa *Fanotify) events(ctx context.Context, b []byte) {
+// followed by fanotify_event_info_fid records). It reports whether any
+// concerned a tree (or was an overflow).
+func (fa *Fanotify) events(ctx context.Context, b []byte) (relevant bool) {
 	for len(b) >= unix.FAN_EVENT_METADATA_LEN {
 		evLen := int(binary.NativeEndian.Uint32(b[0:]))
 		metaLen := int(binary.NativeEndian.Uint16(b[6:]))
 		if evLen < metaLen || evLen > len(b) || metaLen < unix.FAN_EVENT_METADATA_LEN {
 			fa.log.Error("malformed fanotify event; rest of the buffer dropped", zap.Int("len", evLen))
-			return
+			return relevant
 		}
 		ev := event{mask: binary.NativeEndian.Uint64(b[8:])}
 		fa.ctr.Events.Add(1)
@@ -245,6 +251,7 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) {
 			fa.log.Warn("fanotify event queue overflowed; rescanning the trees with cachestat")
 			fa.clearCaches()
 			fa.rescan(ctx, nil)
+			relevant = true
 			b = b[evLen:]
 			continue
 		}
@@ -275,9 +282,12 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) {
 				ev.fileFsid, ev.fileType, ev.file = rec[:8], rec[12:16], rec[16:16+hBytes]
 			}
 		}
-		fa.handle(ctx, &ev)
+		if fa.handle(ctx, &ev) {
+			relevant = true
+		}
 		b = b[evLen:]
 	}
+	return relevant
 }
 
 func indexNUL(b []byte) int {
@@ -383,11 +393,12 @@ func (fa *Fanotify) target(ev *event) (*fanotifyTarget, bool) {
 	return t, true
 }
 
-func (fa *Fanotify) handle(ctx context.Context, ev *event) {
+// handle handles one event; it reports whether the event concerned a tree.
+func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	const dirent = unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_DELETE | unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF
 	if ev.mask&unix.FAN_ONDIR != 0 {
 		if ev.mask&dirent == 0 {
-			return // a directory made: nothing to watch, the mark covers it
+			return false // a directory made: nothing to watch, the mark covers it
 		}
 		// A directory moved or deleted: cached paths may be stale.
 		fa.cmu.Lock()
@@ -399,31 +410,32 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) {
 				p := filepath.Join(d.path, string(ev.name))
 				if t, ok := fa.TreeOf(p); ok && t.Recursive {
 					fa.scanDir(ctx, t, p, true, nil)
+					return true
 				}
 			}
 		}
 		if ev.mask&(unix.FAN_DELETE|unix.FAN_DELETE_SELF|unix.FAN_MOVED_FROM|unix.FAN_MOVE_SELF) != 0 {
 			fa.checkRoots()
 		}
-		return
+		return false
 	}
 	if ev.mask&(unix.FAN_MODIFY|unix.FAN_CLOSE_WRITE|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 {
 		// Deletions and moves away need nothing: a tracked file is
 		// opened by handle, which fails with ESTALE once it is gone.
-		return
+		return false
 	}
 	if ev.dir == nil {
-		return
+		return false
 	}
 	d, ok := fa.dirOf(ev)
 	if !ok || d.tree == nil {
-		return
+		return false
 	}
 	fa.mu.Lock()
 	gone := d.tree.gone
 	fa.mu.Unlock()
 	if gone {
-		return
+		return false
 	}
 	if ev.file == nil {
 		// Directory-entry events (a file made, linked or moved in)
@@ -431,11 +443,11 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) {
 		// track it only if cachestat shows it dirty (an empty new
 		// file is not; its writes come as FAN_MODIFY).
 		fa.report(d.tree.Tree, d.prefix+string(ev.name), true)
-		return
+		return true
 	}
 	tg, ok := fa.target(ev)
 	if !ok || !tg.regular {
-		return
+		return false
 	}
 	// The path as last seen, rebuilt only when the name changed.
 	if p := tg.path; len(p) != len(d.prefix)+len(ev.name) || !strings.HasPrefix(p, d.prefix) || p[len(d.prefix):] != string(ev.name) {
@@ -444,4 +456,5 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) {
 	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
 		fa.log.Warn("cannot track file", Q(tg.path), zap.Error(err))
 	}
+	return true
 }
