@@ -133,6 +133,8 @@ type Writeback struct {
 	gone        uint64                     // inodes dropped because their file went away
 	rescans     uint64                     // tree rescans on this device (Registry.Rescanned)
 	outcomes    [policy.NumOutcomes]uint64 // attempts by outcome
+	stuck       int                        // calls past attempt_timeout that have not returned
+	newCfg      *Config                    // a reload's tunables, taken by the goroutine
 	bandwidth   uint64                     // kB/s, smoothed
 	pause       time.Duration
 	plugStats   [3]uint64 // the plug's requests, merges, batches, published after each work
@@ -143,6 +145,14 @@ type Writeback struct {
 
 	// Loops counts iterations of the writeback loop (wakeups).
 	Loops atomic.Uint64
+	// beat is the daemon clock (nanoseconds) at the goroutine's last sign
+	// of life; sleeping is set while it waits for work or a timer.
+	beat     atomic.Int64
+	sleeping atomic.Bool
+	// BeforePass, if set before Run, is called by the goroutine before
+	// each round of work (a test hook: a hook that blocks wedges the
+	// loop, which Healthy must notice).
+	BeforePass func()
 	// Trace, if set before Run, is called after each attempt with the
 	// file's path, the attempt's outcome and where the inode went (like
 	// the kernel's writeback_single_inode tracepoint). It runs on the
@@ -384,6 +394,11 @@ func (wb *Writeback) Run(ctx context.Context) {
 	var timer *time.Timer
 	for ctx.Err() == nil {
 		wb.Loops.Add(1)
+		wb.alive()
+		if wb.BeforePass != nil {
+			wb.BeforePass()
+		}
+		wb.applyConfig()
 		wb.doWriteback()
 		wb.writeStats(false)
 		d, arm := wb.sleepFor()
@@ -394,11 +409,14 @@ func (wb *Writeback) Run(ctx context.Context) {
 		if arm {
 			tc = resetTimer(&timer, d)
 		}
+		wb.sleeping.Store(true)
 		select {
 		case <-wb.wake:
 		case <-tc:
 		case <-ctx.Done():
 		}
+		wb.sleeping.Store(false)
+		wb.alive()
 		if timer != nil {
 			timer.Stop()
 		}
@@ -407,6 +425,67 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.running = false
 	wb.mu.Unlock()
 	wb.writeStats(true)
+}
+
+// alive records a sign of life of the goroutine.
+func (wb *Writeback) alive() { wb.beat.Store(int64(wb.now())) }
+
+// Healthy reports whether the writeback goroutine is sleeping (nothing to
+// do until a timer or a wakeup) or has shown a sign of life within limit:
+// an iteration of its loop, an inode taken off b_io, or a request of a
+// batch finished or given up on (attempt_timeout). A goroutine stuck for
+// longer is wedged; the watchdog stops pinging for it. Calls stuck in the
+// kernel (a frozen filesystem) do not make it unhealthy: they are given up
+// on after attempt_timeout, and counted in StuckCalls.
+func (wb *Writeback) Healthy(limit time.Duration) bool {
+	if wb.sleeping.Load() {
+		return true
+	}
+	select {
+	case <-wb.stopped:
+		return true // stopped on purpose
+	default:
+	}
+	return wb.now()-time.Duration(wb.beat.Load()) < limit
+}
+
+// StuckCalls returns the number of writeback system calls (opens
+// included) that exceeded attempt_timeout and have not returned.
+func (wb *Writeback) StuckCalls() int {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return wb.stuck
+}
+
+// SetConfig replaces the device's tunables (a configuration reload). The
+// goroutine takes them at its next round of work; a pass in progress ends
+// with the old ones.
+func (wb *Writeback) SetConfig(cfg Config) {
+	wb.mu.Lock()
+	wb.newCfg = &cfg
+	wb.mu.Unlock()
+	wb.kick()
+}
+
+// applyConfig installs a pending SetConfig; called by the goroutine
+// between rounds, when no request is in flight.
+func (wb *Writeback) applyConfig() {
+	wb.mu.Lock()
+	cfg := wb.newCfg
+	wb.newCfg = nil
+	if cfg != nil {
+		wb.cfg = *cfg
+		wb.backoff.Min, wb.backoff.Max = cfg.MinPause, cfg.MaxPause
+		if wb.backoff.Pause > cfg.MaxPause {
+			wb.backoff.Pause = cfg.MaxPause
+		}
+	}
+	wb.mu.Unlock()
+	if cfg != nil {
+		wb.plug.Enabled, wb.plug.MaxPending = cfg.PlugEnabled, cfg.MaxPending
+		wb.log.Info("configuration applied", zap.Stringer("dirty_writeback_interval", cfg.DirtyWritebackInterval),
+			zap.Stringer("min_pause", cfg.MinPause), zap.Stringer("max_pause", cfg.MaxPause), zap.Int64("write_chunk", cfg.WriteChunk))
+	}
 }
 
 // Stopped is closed when Run has returned.
@@ -658,6 +737,7 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 func (wb *Writeback) writebackSBInodes(w *Work) {
 	start := wb.now()
 	for {
+		wb.alive()
 		wb.mu.Lock()
 		in := wb.BIO.Front()
 		if in == nil {
@@ -833,6 +913,7 @@ func (wb *Writeback) startOpener() *opener {
 			// Given up on: the attempt was completed as blocked and
 			// another opener took over.
 			j.in.State &^= inode.Busy
+			wb.stuck--
 			wb.gen++
 			wb.mu.Unlock()
 			if f != nil {
@@ -871,6 +952,7 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h in
 	wb.mu.Lock()
 	if j.state.CompareAndSwap(reqRunning, reqTimedOut) {
 		in.State |= inode.Busy
+		wb.stuck++
 		wb.mu.Unlock()
 		// The stuck opener ends when its open returns.
 		close(wb.opener.jobs)
@@ -1194,10 +1276,12 @@ func (wb *Writeback) runTimed(reqs []*Request) {
 		}
 		select {
 		case res := <-results:
+			wb.alive()
 			res.r.err = res.err
 			inflight = slices.DeleteFunc(inflight, func(x running) bool { return x.r == res.r })
 			finished++
 		case <-tc:
+			wb.alive()
 			now := time.Now()
 			keep := inflight[:0]
 			for _, x := range inflight {
@@ -1210,6 +1294,7 @@ func (wb *Writeback) runTimed(reqs []*Request) {
 					x.r.err = ErrAttemptTimeout
 					x.r.att.stuck++
 					x.r.att.in.State |= inode.Busy
+					wb.stuck++
 					finished++
 					wb.mu.Unlock()
 					wb.errLog.Warn("writeback call exceeded attempt_timeout; the file is marked busy until it returns",
@@ -1238,6 +1323,7 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 	wb.closeWhole(r, nil)
 	att := r.att
 	att.stuck--
+	wb.stuck--
 	if att.stuck == 0 {
 		att.in.State &^= inode.Busy
 	}

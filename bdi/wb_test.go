@@ -1,6 +1,7 @@
 package bdi
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"syscall"
@@ -565,6 +566,71 @@ func TestMergedWindowsComplete(t *testing.T) {
 		}
 		if s := h.wb.Snapshot(); s.PlugMerges == 0 {
 			t.Errorf("no merges counted")
+		}
+	})
+}
+
+// TestHealthy: a goroutine that sleeps is healthy however long it sleeps;
+// one wedged inside a round of work (BeforePass blocks) stops being
+// healthy after the limit, and is healthy again once it moves.
+func TestHealthy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		epoch := time.Now()
+		now := func() time.Duration { return time.Since(epoch) }
+		fs := newFakeFS(now)
+		wb := New("7:0", testConfig(), now, fs, nil, nil)
+		wedge := make(chan struct{})
+		var wedged atomic.Bool
+		wb.BeforePass = func() {
+			if wedged.Load() {
+				<-wedge
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go wb.Run(ctx)
+		defer func() { cancel(); <-wb.Stopped() }()
+		synctest.Wait()
+		time.Sleep(time.Hour)
+		if !wb.Healthy(time.Second) {
+			t.Fatal("an idle goroutine is unhealthy after an hour's sleep")
+		}
+		wedged.Store(true)
+		f := fs.add("/a", 1, pg, 1)
+		wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Second})
+		synctest.Wait() // blocked in BeforePass
+		time.Sleep(500 * time.Millisecond)
+		if !wb.Healthy(time.Second) {
+			t.Fatal("unhealthy before the limit")
+		}
+		time.Sleep(time.Second)
+		if wb.Healthy(time.Second) {
+			t.Fatal("a goroutine wedged for 1.5s is healthy with a 1s limit")
+		}
+		wedged.Store(false)
+		close(wedge)
+		synctest.Wait()
+		if !wb.Healthy(time.Second) {
+			t.Fatal("unhealthy after it moved again")
+		}
+	})
+}
+
+// TestSetConfig: new tunables reach the running goroutine: with the
+// kupdate interval cut from 5s to 100ms, an expired inode is written at
+// the next tick instead of up to 5s later.
+func TestSetConfig(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		synctest.Wait()
+		cfg := testConfig()
+		cfg.DirtyWritebackInterval = 100 * time.Millisecond
+		h.wb.SetConfig(cfg)
+		synctest.Wait()
+		f := h.fs.add("/a", 1, pg, 1)
+		h.mark(f, 0)
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		if n := h.wb.Tracked(); n != 0 {
+			h.t.Fatalf("inode still tracked 200ms after it expired with a 100ms interval (lists %v)", h.lists())
 		}
 	})
 }
