@@ -32,6 +32,9 @@ type Options struct {
 	Thresholds func() (dirty, background uint64, err error)
 	Opener     inode.Opener
 	Log        *zap.Logger
+	// BeforePass, if set, becomes each new device's BeforePass (a test
+	// hook).
+	BeforePass func()
 }
 
 // Registry holds the devices' writeback goroutines, created on the first
@@ -93,6 +96,7 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 			sw = NewStatsWriter(r.opt.StatsDir, name, r.opt.StatsEvery, r.opt.Thresholds, r.opt.Log)
 		}
 		wb = New(name, r.opt.Config, r.Now, r.opt.Opener, r.opt.Log, sw)
+		wb.BeforePass = r.opt.BeforePass
 		r.byName[name] = wb
 		ctx, cancel := context.WithCancel(r.ctx)
 		r.cancel[name] = cancel
@@ -107,6 +111,32 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		wb.mu.Unlock()
 	}
 	return wb, nil
+}
+
+// SetConfig gives every device, and those started later, new tunables (a
+// configuration reload).
+func (r *Registry) SetConfig(cfg Config) {
+	r.mu.Lock()
+	r.opt.Config = cfg
+	devs := make([]*Writeback, 0, len(r.byName))
+	for _, wb := range r.byName {
+		devs = append(devs, wb)
+	}
+	r.mu.Unlock()
+	for _, wb := range devs {
+		wb.SetConfig(cfg)
+	}
+}
+
+// TreeRemoved is for a tree taken out of the configuration: its tracked
+// inodes (those keep does not claim for another tree) are written back
+// once more and forgotten (Writeback.RetireUnder). It returns how many.
+func (r *Registry) TreeRemoved(root string, keep func(path string) bool) int {
+	n := 0
+	for _, wb := range r.Devices() {
+		n += wb.RetireUnder(root, keep)
+	}
+	return n
 }
 
 // Rescanned counts a rescan of a tree on filesystem dev in its device's

@@ -286,6 +286,31 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 	}
 }
 
+// RetireUnder is for a tree removed from the configuration (a reload):
+// every tracked inode below root for which keep(path) is false (keep says
+// whether another tree still holds the path) is written back once more,
+// at the next pass, and then forgotten. It returns how many.
+func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
+	n := 0
+	wb.mu.Lock()
+	for _, in := range wb.inodes {
+		if !in.InDir(root) || keep(in.Path()) {
+			continue
+		}
+		n++
+		in.State |= inode.Leaving
+		if !in.Has(inode.Sync) {
+			wb.BMoreIO.MoveToBack(in) // taken by the next queue_io
+		}
+	}
+	wb.gen++
+	wb.mu.Unlock()
+	if n > 0 {
+		wb.Queue(&Work{NrPages: math.MaxInt64, Reason: "reload"})
+	}
+	return n
+}
+
 // MaxDirtyAge returns the age of the oldest dirty data of a tracked inode
 // (now minus the smallest dirtiedWhen), 0 when nothing is tracked. It
 // looks at the front of each b_dirty class (each is in dirtiedWhen order)
@@ -500,10 +525,15 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 		return 0, true
 	}
 	tick := wb.lastOldFlush + wb.cfg.DirtyWritebackInterval - now
+	// A change not yet in the stats file (rate-limited) is written when
+	// its turn comes, not at the next tick, which may be far off.
+	if sw := wb.stats; sw != nil && sw.written && wb.gen != sw.lastGen {
+		tick = min(tick, max(sw.last+sw.every-now, time.Millisecond))
+	}
 	if !wb.BMoreIOWait.Empty() {
 		return min(wb.waitRetryAt-now, tick), true
 	}
-	if wb.hasDirtyIOLocked() {
+	if wb.hasDirtyIOLocked() || (wb.stats != nil && wb.stats.written && wb.gen != wb.stats.lastGen) {
 		return tick, true
 	}
 	return 0, false
@@ -1510,6 +1540,9 @@ func (wb *Writeback) complete(att *attempt) {
 	if in.Has(inode.Dropped) {
 		// Its tree went away during the attempt (DropUnder).
 		dest = policy.Drop
+	} else if in.Has(inode.Leaving) && dest != policy.Drop {
+		// Its tree left the configuration: this was its last attempt.
+		dest = policy.Forget
 	} else if other := in.OtherPath(); dest == policy.Drop && other != "" {
 		// The name is gone, but the inode may live on under its other
 		// name (a hard link): try that before dropping it.

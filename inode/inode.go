@@ -46,6 +46,9 @@ const (
 	// hasHandle: the inode's alt field is its file handle (else the
 	// other path).
 	hasHandle
+	// Leaving: its tree was removed from the configuration; it is written
+	// back once more and then forgotten, whatever the outcome.
+	Leaving
 )
 
 // Inode is one tracked file. Keep it small: a daemon may track millions.

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.uber.org/zap/zapcore"
+
 	"flusherd/watch"
 )
 
@@ -25,10 +27,7 @@ func TestJournalLogging(t *testing.T) {
 			t.Setenv("JOURNAL_STREAM", "")
 		}
 		var buf bytes.Buffer
-		log, err := newLogger("info", &buf)
-		if err != nil {
-			t.Fatal(err)
-		}
+		log := newLogger(zapcore.InfoLevel, &buf)
 		log.Info("ready")
 		log.Warn("slow")
 		log.Error("failed")

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,13 +44,21 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "flusherd run: %v\n", err)
 		return exitUsage
 	}
-	log, err := newLogger(cfg.Log.Level, stderr)
+	level, err := zap.ParseAtomicLevel(cfg.Log.Level)
 	if err != nil {
-		fmt.Fprintf(stderr, "flusherd run: %v\n", err)
+		fmt.Fprintf(stderr, "flusherd run: log.level: %v\n", err)
 		return exitUsage
 	}
+	log := newLogger(level, stderr)
 	defer log.Sync()
-	if err := run(cfg, log); err != nil {
+	reload := func() (*config.Config, error) {
+		cfg, err := loadConfig(c, watches)
+		if err == nil {
+			err = cfg.Validate()
+		}
+		return cfg, err
+	}
+	if err := run(cfg, log, level, reload); err != nil {
 		log.Error("flusherd failed", zap.Error(err))
 		return exitFailed
 	}
@@ -60,11 +69,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 // writes no timestamp, since the journal adds its own, and starts each line
 // with the sd-daemon(3) priority prefix ("<3>" error, "<4>" warning, "<6>"
 // info, "<7>" debug), which the journal maps to the entry's priority.
-func newLogger(level string, w io.Writer) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(level)
-	if err != nil {
-		return nil, fmt.Errorf("log.level: %w", err)
-	}
+func newLogger(lvl zapcore.LevelEnabler, w io.Writer) *zap.Logger {
 	ec := zap.NewProductionEncoderConfig()
 	ec.EncodeTime = zapcore.ISO8601TimeEncoder
 	ec.EncodeLevel = zapcore.CapitalLevelEncoder
@@ -73,7 +78,7 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 		ec.EncodeLevel = journalLevel
 	}
 	core := zapcore.NewCore(zapcore.NewConsoleEncoder(ec), zapcore.Lock(zapcore.AddSync(w)), lvl)
-	return zap.New(core), nil
+	return zap.New(core)
 }
 
 // journalLevel writes the level with its sd-daemon(3) prefix.
@@ -123,7 +128,41 @@ func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 	}
 }
 
-func run(cfg *config.Config, log *zap.Logger) error {
+// treesOf resolves the configuration's watch roots (symlinks in them are
+// resolved once, here).
+func treesOf(cfg *config.Config) ([]watch.Tree, error) {
+	trees := make([]watch.Tree, 0, len(cfg.Watch))
+	for _, w := range cfg.Watch {
+		root, err := filepath.EvalSymlinks(w.Path)
+		if err != nil {
+			return nil, fmt.Errorf("watch %s: %w", strconv.Quote(w.Path), err)
+		}
+		trees = append(trees, watch.Tree{Root: root, Recursive: w.Recursive,
+			Tree: bdi.Tree{Expire: w.Expire, Integrity: w.Mode == config.ModeIntegrity}})
+	}
+	return trees, nil
+}
+
+// run is the daemon: it starts watching, tells systemd it is ready once
+// every root is watched (the initial cachestat scan goes on after that),
+// serves the control socket and the metrics, pings the watchdog while the
+// writeback goroutines are healthy, reloads the configuration on SIGHUP
+// (reload returns the new one, validated), and on SIGTERM or SIGINT writes
+// everything back within shutdown_timeout.
+func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error)) error {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	n := &notifier{log: log}
+
+	// Until READY=1, systemd's TimeoutStartSec runs: while start-up makes
+	// progress, extend it.
+	var rootsDone atomic.Int64
+	stopExtend := n.extendWhile(2*time.Second, 6*time.Second, func() string {
+		return fmt.Sprintf("starting: %d of %d roots watched", rootsDone.Load(), len(cfg.Watch))
+	}, func() int64 { return rootsDone.Load() })
+	defer stopExtend()
+
 	sys := sysfs.Default()
 	handles := inode.NewHandles()
 	defer handles.Close()
@@ -136,18 +175,15 @@ func run(cfg *config.Config, log *zap.Logger) error {
 		Opener:     handles,
 		Log:        log,
 	})
-	trees := make([]watch.Tree, 0, len(cfg.Watch))
-	for _, w := range cfg.Watch {
-		root, err := filepath.EvalSymlinks(w.Path)
-		if err != nil {
-			return fmt.Errorf("watch %s: %w", w.Path, err)
-		}
-		trees = append(trees, watch.Tree{Root: root, Recursive: w.Recursive,
-			Tree: bdi.Tree{Expire: w.Expire, Integrity: w.Mode == config.ModeIntegrity}})
-		log.Info("watching", zap.String("root", strconv.Quote(root)), zap.Bool("recursive", w.Recursive),
-			zap.String("mode", w.Mode), zap.Stringer("expire", w.Expire))
-		if _, err := handles.AddMount(root); err != nil {
-			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(root)), zap.Error(err))
+	trees, err := treesOf(cfg)
+	if err != nil {
+		return err
+	}
+	for _, t := range trees {
+		log.Info("watching", zap.String("root", strconv.Quote(t.Root)), zap.Bool("recursive", t.Recursive),
+			zap.Bool("integrity", t.Integrity), zap.Stringer("expire", t.Expire))
+		if _, err := handles.AddMount(t.Root); err != nil {
+			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
 		}
 	}
 	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles,
@@ -155,77 +191,89 @@ func run(cfg *config.Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan struct{})
 	// Events are read while the initial scan runs, so the queue cannot
 	// overflow during a long scan.
 	go func() { defer close(done); wat.Run(ctx) }()
-	// The start-up scan can take long on a big tree: a SIGTERM during it
-	// stops the scan and goes straight to the shutdown writeback.
-	started := make(chan error, 1)
-	go func() { started <- wat.Start(ctx) }()
-	var stopSig os.Signal
-wait:
-	for {
-		select {
-		case err := <-started:
-			if err != nil {
-				cancel()
-				wat.Close()
-				<-done
-				reg.Stop()
-				return err
-			}
-			break wait
-		case sig := <-sigs:
-			if sig == syscall.SIGHUP {
-				log.Info("SIGHUP during the start-up scan: ignored")
-				continue
-			}
-			log.Info("signal received during the start-up scan; stopping it", zap.String("signal", sig.String()))
-			stopSig = sig
-			cancel()
-			<-started
-			break wait
-		}
+	if err := wat.WatchRoots(); err != nil {
+		cancel()
+		wat.Close()
+		<-done
+		reg.Stop()
+		return err
 	}
-	if stopSig == nil {
+	rootsDone.Store(int64(len(trees)))
+	stopExtend()
+
+	if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters()); err != nil {
+		log.Warn("cannot write the watch stats file", zap.Error(err))
+	}
+	sock := socketPath(cfg.Stats.Dir)
+	var ctl *control.Server
+	if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {
+		log.Error("cannot create the stats directory; flusherd sync will not reach this daemon", zap.Error(err))
+	} else if ctl, err = control.Listen(sock, controlHandler(reg, wat), log); err != nil {
+		log.Error("cannot create the control socket; flusherd sync will not reach this daemon", zap.Error(err))
+	} else {
+		go ctl.Serve(ctx)
+		defer ctl.Close()
+	}
+	waitMetrics := startMetrics(ctx, cfg, reg, wat, log)
+	defer waitMetrics()
+
+	// The initial scan runs after READY=1; STATUS= shows its progress.
+	scanCtx, stopScan := context.WithCancel(ctx)
+	defer stopScan()
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		wat.Scan(scanCtx)
 		if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters()); err != nil {
 			log.Warn("cannot write the watch stats file", zap.Error(err))
 		}
-		sock := socketPath(cfg.Stats.Dir)
-		var ctl *control.Server
-		if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {
-			log.Error("cannot create the stats directory; flusherd sync will not reach this daemon", zap.Error(err))
-		} else if ctl, err = control.Listen(sock, controlHandler(reg, wat), log); err != nil {
-			log.Error("cannot create the control socket; flusherd sync will not reach this daemon", zap.Error(err))
-		} else {
-			go ctl.Serve(ctx)
-			defer ctl.Close()
+		if scanCtx.Err() == nil {
+			log.Info("initial scan done; ready", zap.Uint64("directories", wat.ScannedDirs()),
+				zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
+			n.send(fmt.Sprintf("STATUS=watching %d trees (%s); initial scan done: %d directories", len(trees), wat.Name(), wat.ScannedDirs()))
 		}
-		waitMetrics := startMetrics(ctx, cfg, reg, wat, log)
-		defer waitMetrics()
-		log.Info("initial scan done; ready", zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
-		if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
-			log.Warn("sd_notify READY failed", zap.Error(err))
-		}
-		for sig := range sigs {
-			if sig == syscall.SIGHUP {
-				log.Info("SIGHUP: configuration reload is not implemented yet; the running configuration is unchanged")
-				continue
-			}
+	}()
+	log.Info("every root is watched; READY=1 (the initial scan goes on)", zap.String("backend", wat.Name()))
+	n.send(fmt.Sprintf("READY=1\nSTATUS=watching %d trees (%s); initial scan running", len(trees), wat.Name()))
+	go n.progress(scanned, 2*time.Second, func() string {
+		return fmt.Sprintf("STATUS=watching %d trees (%s); initial scan: %d directories scanned", len(trees), wat.Name(), wat.ScannedDirs())
+	})
+	if interval, err := daemon.SdWatchdogEnabled(false); err != nil {
+		log.Warn("WATCHDOG_USEC is set but unusable; no watchdog pings", zap.Error(err))
+	} else if interval > 0 {
+		log.Info("systemd watchdog enabled; pinging while every device's writeback goroutine is healthy", zap.Stringer("interval", interval))
+		go watchdogLoop(ctx, interval, reg, n, log)
+	}
+
+	var stopSig os.Signal
+	for sig := range sigs {
+		if sig != syscall.SIGHUP {
 			stopSig = sig
 			break
 		}
+		if c := reloadConfig(cfg, reload, reg, wat, handles, level, n, log); c != nil {
+			cfg = c
+		}
 	}
+	if stopSig == nil {
+		stopSig = syscall.SIGTERM
+	}
+	select {
+	case <-scanned:
+	default:
+		log.Info("signal received during the initial scan; stopping it", zap.String("signal", stopSig.String()))
+	}
+	stopScan()
+	<-scanned
 	log.Info("writing back every tracked file before exit",
 		zap.String("signal", stopSig.String()), zap.Stringer("timeout", cfg.Writeback.ShutdownTimeout))
-	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	n.send(daemon.SdNotifyStopping)
 	cancel()
 	wat.Close()
 	<-done

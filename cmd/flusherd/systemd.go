@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/bdi"
+	"flusherd/config"
+	"flusherd/inode"
+	"flusherd/watch"
+)
+
+// notifier sends sd_notify(3) messages to $NOTIFY_SOCKET (nothing when it
+// is unset: not started by systemd) and logs the first failure only.
+type notifier struct {
+	log    *zap.Logger
+	failed sync.Once
+}
+
+func (n *notifier) send(state string) {
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		n.failed.Do(func() { n.log.Warn("sd_notify failed", zap.Error(err)) })
+	}
+}
+
+// extendWhile sends EXTEND_TIMEOUT_USEC=extend and STATUS=status() every
+// `every` until the returned stop is called, as long as progress() has
+// moved since the previous message (or this is the first): a start-up that
+// makes progress is never cut off by TimeoutStartSec, and one that hangs
+// still is. stop is idempotent.
+func (n *notifier) extendWhile(every, extend time.Duration, status func() string, progress func() int64) (stop func()) {
+	done := make(chan struct{})
+	var once sync.Once
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		last := int64(-1)
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			p := progress()
+			if p == last && last >= 0 {
+				continue
+			}
+			last = p
+			n.send(fmt.Sprintf("EXTEND_TIMEOUT_USEC=%d\nSTATUS=%s", extend.Microseconds(), status()))
+		}
+	}()
+	return func() { once.Do(func() { close(done) }) }
+}
+
+// progress sends status() every `every` until done is closed.
+func (n *notifier) progress(done <-chan struct{}, every time.Duration, status func() string) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			n.send(status())
+		}
+	}
+}
+
+// watchdogLoop pings the systemd watchdog (WATCHDOG=1) every interval/2
+// while every device's writeback goroutine is healthy (bdi.Writeback.
+// Healthy with the watchdog interval as the limit): a wedged goroutine
+// stops the pings, and systemd restarts the service. Writeback calls stuck
+// in the kernel (a frozen filesystem) do not stop them: they are given up
+// on after attempt_timeout, and reported in STATUS= and in each device's
+// stuck_calls.
+func watchdogLoop(ctx context.Context, interval time.Duration, reg *bdi.Registry, n *notifier, log *zap.Logger) {
+	t := time.NewTicker(interval / 2)
+	defer t.Stop()
+	wedged := ""
+	lastStatus := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sick := ""
+		status := ""
+		for _, wb := range reg.Devices() {
+			if !wb.Healthy(interval) && sick == "" {
+				sick = wb.Name
+			}
+			if k := wb.StuckCalls(); k > 0 {
+				status += fmt.Sprintf("bdi %s: %d writeback calls stuck past attempt_timeout (frozen or hung filesystem?); ", wb.Name, k)
+			}
+		}
+		if sick != "" {
+			if wedged != sick {
+				log.Error("a device's writeback goroutine shows no sign of life; not pinging the watchdog", zap.String("bdi", sick), zap.Stringer("limit", interval))
+				n.send("STATUS=writeback goroutine of bdi " + sick + " is wedged")
+			}
+			wedged = sick
+			continue
+		}
+		wedged = ""
+		if status != lastStatus {
+			if status == "" {
+				n.send("STATUS=running")
+			} else {
+				n.send("STATUS=" + status)
+			}
+			lastStatus = status
+		}
+		n.send(daemon.SdNotifyWatchdog)
+	}
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in microseconds, for RELOADING=1.
+func monotonicUsec() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano() / 1000
+}
+
+// reloadConfig is SIGHUP: RELOADING=1, then the new configuration is read
+// and validated; if it is good, the tunables go to the running devices and
+// watch roots are added and removed (a removed root's files are written
+// back once and forgotten); READY=1 ends it either way. It returns the new
+// configuration, or nil when it was rejected (the old one keeps running).
+// stats.dir, watcher.backend and metrics.listen take effect at the next
+// start only; that is logged.
+func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg *bdi.Registry, wat watch.Backend,
+	handles *inode.Handles, level zap.AtomicLevel, n *notifier, log *zap.Logger) *config.Config {
+	n.send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
+	defer n.send("READY=1")
+	cfg, err := reload()
+	var trees []watch.Tree
+	if err == nil {
+		trees, err = treesOf(cfg)
+	}
+	if err != nil {
+		log.Error("configuration reload rejected; the running configuration is unchanged", zap.Error(err))
+		n.send("STATUS=reload rejected: " + err.Error())
+		return nil
+	}
+	for _, c := range []struct{ key, old, new string }{
+		{"stats.dir", old.Stats.Dir, cfg.Stats.Dir},
+		{"watcher.backend", old.Watcher.Backend, cfg.Watcher.Backend},
+		{"metrics.listen", old.Metrics.Listen, cfg.Metrics.Listen},
+	} {
+		if c.old != c.new {
+			log.Warn("this setting changes at the next start, not on reload", zap.String("key", c.key),
+				zap.String("running", c.old), zap.String("configured", c.new))
+		}
+	}
+	if l, err := zap.ParseAtomicLevel(cfg.Log.Level); err == nil {
+		level.SetLevel(l.Level())
+	}
+	reg.SetConfig(bdiConfig(cfg))
+
+	oldTrees, _ := treesOf(old)
+	was := map[string]watch.Tree{}
+	for _, t := range oldTrees {
+		was[t.Root] = t
+	}
+	now := map[string]watch.Tree{}
+	for _, t := range trees {
+		now[t.Root] = t
+	}
+	added, removed := 0, 0
+	for _, root := range slices.Sorted(maps.Keys(was)) {
+		if t, ok := now[root]; ok && t == was[root] {
+			continue
+		}
+		// Removed, or changed (taken out and put back with its new
+		// settings below).
+		wat.RemoveTree(root)
+		if _, ok := now[root]; !ok {
+			k := reg.TreeRemoved(root, func(p string) bool { _, in := wat.TreeOf(p); return in })
+			log.Info("watch root removed; its tracked files are written back once and forgotten",
+				zap.String("root", strconv.Quote(root)), zap.Int("files", k))
+			removed++
+		}
+	}
+	for _, root := range slices.Sorted(maps.Keys(now)) {
+		if t, ok := was[root]; ok && t == now[root] {
+			continue
+		}
+		if _, err := handles.AddMount(root); err != nil {
+			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(root)), zap.Error(err))
+		}
+		if err := wat.AddTree(context.Background(), now[root]); err != nil {
+			log.Error("cannot watch a root added by the reload", zap.String("root", strconv.Quote(root)), zap.Error(err))
+			continue
+		}
+		if _, ok := was[root]; ok {
+			log.Info("watch root settings changed", zap.String("root", strconv.Quote(root)))
+		} else {
+			log.Info("watch root added", zap.String("root", strconv.Quote(root)))
+			added++
+		}
+	}
+	log.Info("configuration reloaded", zap.Int("roots_added", added), zap.Int("roots_removed", removed),
+		zap.Stringer("dirty_writeback_interval", cfg.Writeback.DirtyWritebackInterval))
+	n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(trees), wat.Name()))
+	return cfg
+}

@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"flusherd/bdi"
+	"flusherd/inode"
+	"flusherd/internal/testfs"
+)
+
+// fakeSystemd is a unixgram socket standing in for systemd's notify
+// socket: it records every message.
+type fakeSystemd struct {
+	path string
+	mu   sync.Mutex
+	msgs []string
+}
+
+func newFakeSystemd(t *testing.T) *fakeSystemd {
+	t.Helper()
+	f := &fakeSystemd{path: filepath.Join(t.TempDir(), "notify")}
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: f.path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			f.mu.Lock()
+			f.msgs = append(f.msgs, string(buf[:n]))
+			f.mu.Unlock()
+		}
+	}()
+	return f
+}
+
+// count returns how many messages contain s, from index from on.
+func (f *fakeSystemd) count(s string, from int) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, m := range f.msgs[min(from, len(f.msgs)):] {
+		if strings.Contains(m, s) {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *fakeSystemd) len() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.msgs)
+}
+
+func (f *fakeSystemd) all() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return strings.Join(f.msgs, " | ")
+}
+
+func waitFor(t *testing.T, what string, limit time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestExtendTimeout: while start-up makes progress, EXTEND_TIMEOUT_USEC and
+// STATUS= go out; once progress stops, they stop, so a hung start-up still
+// meets TimeoutStartSec.
+func TestExtendTimeout(t *testing.T) {
+	sd := newFakeSystemd(t)
+	t.Setenv("NOTIFY_SOCKET", sd.path)
+	n := &notifier{log: zap.NewNop()}
+	var p atomic.Int64
+	stop := n.extendWhile(20*time.Millisecond, 5*time.Second, func() string { return fmt.Sprintf("starting: %d", p.Load()) }, p.Load)
+	defer stop()
+	for i := range 5 {
+		p.Store(int64(i + 1))
+		time.Sleep(40 * time.Millisecond)
+	}
+	waitFor(t, "EXTEND_TIMEOUT_USEC", time.Second, func() bool { return sd.count("EXTEND_TIMEOUT_USEC=5000000\nSTATUS=starting: ", 0) >= 3 })
+	// No progress: no more extensions.
+	time.Sleep(60 * time.Millisecond)
+	before := sd.count("EXTEND_TIMEOUT_USEC", 0)
+	time.Sleep(200 * time.Millisecond)
+	if after := sd.count("EXTEND_TIMEOUT_USEC", 0); after != before {
+		t.Errorf("%d more extensions without progress: %s", after-before, sd.all())
+	}
+}
+
+// TestWatchdogStopsWhenWedged: the watchdog pings while the device's
+// writeback goroutine is healthy and stops once it is wedged (the
+// BeforePass test hook blocks it), on a real registry and a real notify
+// socket; without a wedged device the pings go on.
+func TestWatchdogStopsWhenWedged(t *testing.T) {
+	sd := newFakeSystemd(t)
+	t.Setenv("NOTIFY_SOCKET", sd.path)
+	var wedged atomic.Bool
+	release := make(chan struct{})
+	reg := bdi.NewRegistry(bdi.Options{
+		Config:  bdi.Config{DirtyWritebackInterval: 50 * time.Millisecond, MinPause: time.Millisecond, MaxPause: 50 * time.Millisecond, WriteChunk: 4 << 20, PlugEnabled: true, MaxPending: 16, QueueDepth: 2},
+		Resolve: func(dev uint64, path string) (string, error) { return "test", nil },
+		BeforePass: func() {
+			if wedged.Load() {
+				<-release
+			}
+		},
+	})
+	defer func() { close(release); reg.Stop() }()
+	p := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(p, []byte("x"), 0o644)
+	key, _, _ := inode.Stat(p)
+	if _, err := reg.Device(key.Dev, p); err != nil {
+		t.Fatal(err)
+	}
+	n := &notifier{log: zap.NewNop()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go watchdogLoop(ctx, 200*time.Millisecond, reg, n, zap.NewNop())
+	waitFor(t, "watchdog pings", 2*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 3 })
+	// Wedge the goroutine: the next round of work blocks in BeforePass.
+	wedged.Store(true)
+	reg.MarkInodeDirty(p, key, "", bdi.Tree{Expire: 0})
+	time.Sleep(400 * time.Millisecond) // past the 200ms limit
+	from := sd.len()
+	time.Sleep(500 * time.Millisecond)
+	if k := sd.count("WATCHDOG=1", from); k != 0 {
+		t.Fatalf("%d pings while the writeback goroutine is wedged: %s", k, sd.all())
+	}
+	if sd.count("is wedged", 0) == 0 {
+		t.Errorf("no STATUS= about the wedged device: %s", sd.all())
+	}
+	// Unwedged: the pings resume.
+	wedged.Store(false)
+	release <- struct{}{}
+	from = sd.len()
+	waitFor(t, "pings after the device recovered", 2*time.Second, func() bool { return sd.count("WATCHDOG=1", from) >= 2 })
+}
+
+// TestNotifyAndReload runs the daemon with $NOTIFY_SOCKET and a watchdog:
+// READY=1 and STATUS= at start-up, WATCHDOG=1 pings; SIGHUP with a new
+// configuration sends RELOADING=1 with MONOTONIC_USEC, then READY=1, and
+// applies it (a new root is served, the removed root's file is written
+// back once and forgotten, the new interval is used); a bad configuration
+// is rejected with its key and line, and the old one keeps running.
+func TestNotifyAndReload(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+	a, b := filepath.Join(mnt.Dir, "a"), filepath.Join(mnt.Dir, "b")
+	for _, d := range []string{a, b} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sd := newFakeSystemd(t)
+	t.Setenv("NOTIFY_SOCKET", sd.path)
+	t.Setenv("WATCHDOG_USEC", "300000")
+	conf := func(interval, expire string, roots ...string) string {
+		s := fmt.Sprintf("[writeback]\ndirty_writeback_interval = %q\ndirty_expire_interval = %q\n", interval, expire)
+		for _, r := range roots {
+			s += fmt.Sprintf("[[watch]]\npath = %q\n", r)
+		}
+		return s
+	}
+	d := startDaemon(t, conf("1h", "1h", a))
+	waitFor(t, "READY=1", 5*time.Second, func() bool { return sd.count("READY=1", 0) == 1 })
+	waitFor(t, "STATUS=", 5*time.Second, func() bool { return sd.count("STATUS=watching 1 trees", 0) >= 1 })
+	waitFor(t, "watchdog pings", 5*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 3 })
+
+	// A file in a: tracked, and not due for an hour.
+	fa := filepath.Join(a, "f")
+	writeDirty(t, fa, 16<<10)
+	statsPath := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	waitFor(t, "a/f tracked", 5*time.Second, func() bool { return readStats(t, statsPath)["b_dirty"] == 1 })
+
+	// Reload: a is removed, b is added, the interval is 200ms and the
+	// expiry 1s.
+	cfgPath := filepath.Join(filepath.Dir(d.statsDir), "flusherd.toml")
+	if err := os.WriteFile(cfgPath, []byte(conf("200ms", "1s", b)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from := sd.len()
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	waitFor(t, "RELOADING=1 then READY=1", 5*time.Second, func() bool {
+		return sd.count("RELOADING=1\nMONOTONIC_USEC=", from) == 1 && sd.count("READY=1", from) == 1
+	})
+	// a's file is written back once (the removed root) and forgotten.
+	waitClean(t, fa, 5*time.Second)
+	waitFor(t, "a/f forgotten", 5*time.Second, func() bool {
+		s := readStats(t, statsPath)
+		return s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0
+	})
+	// b is served with the new interval and expiry: its file is written
+	// back within about 1.2s (under the old 1h interval it would wait).
+	fb := filepath.Join(b, "f")
+	writeDirty(t, fb, 16<<10)
+	waitClean(t, fb, 5*time.Second)
+	if !strings.Contains(d.log.String(), "configuration reloaded") {
+		t.Errorf("no reload in the log:\n%s", d.log.String())
+	}
+	// A file written in a now is not tracked.
+	writeDirty(t, filepath.Join(a, "g"), 4096)
+	time.Sleep(1500 * time.Millisecond)
+	if s := readStats(t, statsPath); s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] != 0 {
+		t.Errorf("a file in the removed root is tracked: %v", s)
+	}
+
+	// A bad configuration: rejected with key and line; b still served.
+	bad := "[writeback]\ndirty_writeback_interval = \"200ms\"\nmin_pause = \"10\"\n[[watch]]\npath = \"" + b + "\"\n"
+	if err := os.WriteFile(cfgPath, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from = sd.len()
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	waitFor(t, "READY=1 after a rejected reload", 5*time.Second, func() bool { return sd.count("READY=1", from) == 1 })
+	waitFor(t, "the rejection in the log", 5*time.Second, func() bool {
+		return strings.Contains(d.log.String(), "configuration reload rejected") && strings.Contains(d.log.String(), "flusherd.toml:3: writeback.min_pause")
+	})
+	fb2 := filepath.Join(b, "f2")
+	writeDirty(t, fb2, 4096)
+	waitClean(t, fb2, 5*time.Second) // the running configuration: 1s expiry
+	d.stop(t)
+	if sd.count("STOPPING=1", 0) != 1 {
+		t.Errorf("no STOPPING=1: %s", sd.all())
+	}
+}
