@@ -87,7 +87,7 @@ type Collector struct {
 	src      Source
 	pageSize float64
 
-	inodes, dirty, writeback, retryPause, maxDirtyAge                 *prometheus.Desc
+	inodes, dirty, writeback, retryPause, maxDirtyAge, stuckCalls     *prometheus.Desc
 	written, plugRequests, plugMerges, plugBatches, wbErrors, rescans *prometheus.Desc
 	watchEvents, watchOverflows, watchRescans, watchUnwatched         *prometheus.Desc
 	watchBackend                                                      *prometheus.Desc
@@ -115,6 +115,8 @@ func NewCollector(src Source, pageSize int) *Collector {
 			"0 when none waits.", dev...),
 		maxDirtyAge: d("max_dirty_age_seconds", "Age of the oldest dirty data of a tracked file on the device; "+
 			"0 when nothing is tracked.", dev...),
+		stuckCalls: d("stuck_calls", "Writeback system calls that exceeded attempt_timeout and have not returned "+
+			"(a frozen or hung filesystem).", dev...),
 		written:      d("written_bytes_total", "Data written back by flusherd (BdiWritten).", dev...),
 		plugRequests: d("plug_requests_total", "Writeback requests queued in the plug.", dev...),
 		plugMerges:   d("plug_merges_total", "Writeback requests merged into a neighbour in the plug.", dev...),
@@ -138,7 +140,7 @@ func NewCollector(src Source, pageSize int) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		c.inodes, c.dirty, c.writeback, c.retryPause, c.maxDirtyAge,
+		c.inodes, c.dirty, c.writeback, c.retryPause, c.maxDirtyAge, c.stuckCalls,
 		c.written, c.plugRequests, c.plugMerges, c.plugBatches, c.wbErrors, c.rescans,
 		c.watchEvents, c.watchOverflows, c.watchRescans, c.watchUnwatched, c.watchBackend,
 	} {
@@ -164,6 +166,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.dirty, bytes(s.BdiReclaimable), n)
 		gauge(c.writeback, bytes(s.BdiWriteback), n)
 		gauge(c.retryPause, float64(s.RetryPauseMs)/1e3, n)
+		gauge(c.stuckCalls, float64(s.StuckCalls), n)
 		gauge(c.maxDirtyAge, dev.MaxDirtyAge.Seconds(), n)
 		ch <- prometheus.MustNewConstMetric(c.written, prometheus.CounterValue, bytes(s.BdiWritten), n)
 		counter(c.plugRequests, s.PlugRequests, n)

@@ -44,6 +44,7 @@ func newFake() *fakeSource {
 	sda.BDirty, sda.BIO, sda.BMoreIO, sda.BMoreIOWait = 17, 2, 1, 4
 	sda.PlugRequests, sda.PlugMerges, sda.PlugBatches = 3000, 120, 17
 	sda.RetryPauseMs = 40
+	sda.StuckCalls = 2
 	sda.Rescans = 3
 	sda.Outcomes[policy.Clean] = 900 // not an error: not exported
 	sda.Outcomes[policy.Blocked] = 5
