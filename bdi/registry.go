@@ -113,6 +113,18 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 	return wb, nil
 }
 
+// Snapshot is wb.Snapshot with the dirty thresholds filled in, as in the
+// stats file.
+func (r *Registry) Snapshot(wb *Writeback) Stats {
+	s := wb.Snapshot()
+	if r.opt.Thresholds != nil {
+		if d, b, err := r.opt.Thresholds(); err == nil {
+			s.DirtyThresh, s.BackgroundThresh, s.BdiDirtyThresh = d, b, d
+		}
+	}
+	return s
+}
+
 // SetConfig gives every device, and those started later, new tunables (a
 // configuration reload).
 func (r *Registry) SetConfig(cfg Config) {

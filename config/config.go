@@ -559,6 +559,7 @@ func (c *Config) check(stat, needWatch bool) error {
 		add("watch", "no [[watch]] entries: at least one directory must be watched")
 	}
 	seen := make(map[string]int)
+	resolved := make(map[string]int) // symlinks resolved, when stat is set
 	for i, w := range c.Watch {
 		key := fmt.Sprintf("watch[%d]", i)
 		pkey := key + ".path"
@@ -600,6 +601,31 @@ func (c *Config) check(stat, needWatch bool) error {
 			errs = append(errs, e)
 		case !fi.IsDir():
 			add(pkey, "%q is not a directory", p)
+		default:
+			// The same directory under another name (a symlink): it
+			// would be watched twice.
+			if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
+				if j, dup := resolved[r]; dup {
+					prev := fmt.Sprintf("watch[%d]", j)
+					if l := s.line(prev + ".path"); l > 0 {
+						prev += fmt.Sprintf(" (line %d)", l)
+					}
+					add(pkey, "%q is %q, already watched by %s", p, r, prev)
+				} else if j, dup := seen[r]; dup && j != i {
+					prev := fmt.Sprintf("watch[%d]", j)
+					if l := s.line(prev + ".path"); l > 0 {
+						prev += fmt.Sprintf(" (line %d)", l)
+					}
+					add(pkey, "%q is %q, already watched by %s", p, r, prev)
+				}
+				resolved[r] = i
+			} else if j, dup := resolved[p]; dup {
+				prev := fmt.Sprintf("watch[%d]", j)
+				if l := s.line(prev + ".path"); l > 0 {
+					prev += fmt.Sprintf(" (line %d)", l)
+				}
+				add(pkey, "%q is already watched by %s, through a symlink", p, prev)
+			}
 		}
 	}
 	return firstError(errs)

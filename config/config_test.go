@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -694,6 +695,35 @@ i = 2
 	for _, k := range []string{"not_a_key", "not_a_table", "nor_this", "x", "fake"} {
 		if _, ok := got[k]; ok {
 			t.Errorf("scanLines found key %q inside a string or comment", k)
+		}
+	}
+}
+
+// TestLoadSameDirTwice: two watches naming one directory, one of them
+// through a symlink, are refused with the key and line of the second,
+// whichever comes first.
+func TestLoadSameDirTwice(t *testing.T) {
+	dir := t.TempDir()
+	real, link := filepath.Join(dir, "b"), filepath.Join(dir, "blink")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, order := range [][2]string{{real, link}, {link, real}} {
+		file := filepath.Join(dir, "c.toml")
+		text := fmt.Sprintf("[[watch]]\npath = %q\n[[watch]]\npath = %q\n", order[0], order[1])
+		if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Load(file)
+		if err == nil {
+			err = c.Validate()
+		}
+		e := asError(t, err)
+		if e.Key != "watch[1].path" || e.Line != 4 || !strings.Contains(e.Error(), "already watched by watch[0] (line 2)") {
+			t.Errorf("%v: got %v", order, err)
 		}
 	}
 }

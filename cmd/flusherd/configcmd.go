@@ -11,15 +11,16 @@ import (
 // prints the effective configuration (defaults filled in) as TOML.
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	fset := newFlagSet("check-config", "check-config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stderr)
-	if err := fset.Parse(args); err != nil {
+	pos, err := parseArgs(fset, args)
+	if err != nil {
 		return parseExit(err)
 	}
-	if fset.NArg() != 1 {
+	if len(pos) != 1 {
 		fmt.Fprintln(stderr, "flusherd check-config: name one configuration file")
 		fset.Usage()
 		return exitUsage
 	}
-	cfg, err := config.Load(fset.Arg(0))
+	cfg, err := config.Load(pos[0])
 	if err == nil {
 		err = cfg.Validate()
 	}
@@ -35,19 +36,16 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 }
 
 // cmdPrintDefaultConfig prints the built-in defaults as a configuration
-// file that check-config accepts once its [[watch]] path exists.
+// file that check-config accepts unchanged: its one [[watch]] is /var/log,
+// which every Linux system has.
 func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > /etc/flusherd/flusherd.toml", stderr)
-	if err := fset.Parse(args); err != nil {
-		return parseExit(err)
-	}
-	if fset.NArg() != 0 {
-		fset.Usage()
-		return exitUsage
+	fset := newFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > flusherd.toml && flusherd check-config flusherd.toml", stderr)
+	if code, stop := parseFlags(fset, args); stop {
+		return code
 	}
 	cfg := config.Default()
-	cfg.Watch = []config.Watch{{Path: "/srv/data", Recursive: true, Mode: config.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}
-	fmt.Fprintln(stdout, "# flusherd's built-in defaults. Replace the [[watch]] path with a directory of yours;\n# durations need a unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB.")
+	cfg.Watch = []config.Watch{{Path: "/var/log", Recursive: true, Mode: config.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}
+	fmt.Fprintln(stdout, "# flusherd's built-in defaults, watching /var/log: replace or add [[watch]] entries\n# for your trees. Durations need a unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB.")
 	if err := cfg.Encode(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd print-default-config: %v\n", err)
 		return exitFailed

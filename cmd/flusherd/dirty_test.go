@@ -96,6 +96,21 @@ expire = "100ms"
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "AGE") || !strings.Contains(lines[1], older) {
 		t.Errorf("flusherd dirty --top 1:\n%s", out.String())
 	}
+	// Live stats of one device: the stats file's layout, thresholds
+	// included, and only that device.
+	out.Reset()
+	if code := Main([]string{"stats", "--stats-dir", d.statsDir, mnt.MajMin}, &out, &out); code != 0 {
+		t.Fatalf("flusherd stats %s: exit %d: %s", mnt.MajMin, code, out.String())
+	}
+	live := out.String()
+	if !strings.HasPrefix(live, "==> bdi/"+mnt.MajMin+" <==\n") || strings.Count(live, "==>") != 1 ||
+		!strings.Contains(live, "b_dirty:                     2") || strings.Contains(live, "DirtyThresh:                 0 kB") {
+		t.Errorf("flusherd stats %s (live):\n%s", mnt.MajMin, live)
+	}
+	out.Reset()
+	if code := Main([]string{"stats", "--stats-dir", d.statsDir, "99:99"}, &out, &out); code != exitFailed {
+		t.Errorf("flusherd stats of an unknown device: exit %d, want 1: %s", code, out.String())
+	}
 	ffs.Set(faultfs.Faults{})
 	d.stop(t)
 }

@@ -32,7 +32,7 @@ func controlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 		case "stats":
 			var out []control.DeviceStats
 			for _, wb := range reg.Devices() {
-				s := wb.Snapshot()
+				s := reg.Snapshot(wb)
 				var buf bytes.Buffer
 				s.Format(&buf, os.Getpagesize())
 				out = append(out, control.DeviceStats{Bdi: wb.Name, Stats: buf.String()})

@@ -36,7 +36,7 @@ const usage = `flusherd - a userspace writeback flusher for chosen directory tre
 Usage:
   flusherd run     [--config FILE] [--watch DIR]... [--stats-dir DIR]
   flusherd stats   [--config FILE] [--stats-dir DIR] [--files] [DEV]
-  flusherd sync    [--config FILE] [--stats-dir DIR] [PATH...]
+  flusherd sync    [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]
   flusherd dirty   [--config FILE] [--stats-dir DIR] [--top N] [--json]
   flusherd check-config FILE
   flusherd print-default-config
@@ -161,11 +161,36 @@ func newFlagSet(name, synopsis, example string, stderr io.Writer) *flag.FlagSet 
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: flusherd %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "Usage: flusherd %s\n", synopsis)
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprintf(fs.Output(), "\nFlags:\n")
+			fs.PrintDefaults()
+		}
 		fmt.Fprintf(fs.Output(), "\nExample:\n  %s\n", example)
 	}
 	return fs
+}
+
+// parseArgs parses args with flags allowed before, between and after the
+// positional arguments (which it returns); "--" ends the flags.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
 }
 
 // parseExit is the exit code for a flag parsing error: 0 for --help.
@@ -179,14 +204,15 @@ func parseExit(err error) int {
 // parseFlags parses args; it returns an exit code when the caller should
 // stop (help, or a usage error).
 func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK, true
 		}
 		return exitUsage, true
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "flusherd %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+	if len(pos) > 0 {
+		fmt.Fprintf(fs.Output(), "flusherd %s: unexpected argument %q\n", fs.Name(), pos[0])
 		fs.Usage()
 		return exitUsage, true
 	}

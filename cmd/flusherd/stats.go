@@ -46,14 +46,18 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 	var c commonFlags
 	c.register(fset)
 	filesOnly := fset.Bool("files", false, "read the stats files; do not ask the daemon")
-	if err := fset.Parse(args); err != nil {
+	pos, err := parseArgs(fset, args)
+	if err != nil {
 		return parseExit(err)
 	}
-	if fset.NArg() > 1 {
-		fmt.Fprintf(stderr, "flusherd stats: at most one DEV, got %d arguments\n", fset.NArg())
+	if len(pos) > 1 {
+		fmt.Fprintf(stderr, "flusherd stats: at most one DEV, got %q\n", pos)
 		return exitUsage
 	}
-	dev := fset.Arg(0)
+	dev := ""
+	if len(pos) == 1 {
+		dev = pos[0]
+	}
 	cfg, err := loadConfig(c, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd stats: %v\n", err)

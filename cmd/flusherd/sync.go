@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strconv"
 
@@ -18,14 +19,17 @@ func socketPath(statsDir string) string { return filepath.Join(statsDir, "flushe
 func cmdSync(args []string, stdout, stderr io.Writer) int {
 	fset := newFlagSet("sync", "sync [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]\n\n"+
 		"Integrity writeback (fdatasync, or one syncfs for a large batch) through the running\n"+
-		"daemon, ahead of background writeback; waits for it. A file is written whether or\n"+
-		"not it is tracked; a directory means every tracked file under it; no PATH means\n"+
-		"every tracked file. Exit 1 naming each file that failed, 3 if no daemon answers.",
+		"daemon, ahead of background writeback; waits for it. A named file must be a regular\n"+
+		"file in a watched tree, and is written whether or not it is tracked; a directory means\n"+
+		"every tracked file under it; no PATH means every tracked file. Flags may come after\n"+
+		"the paths. Exit 1 naming each file that failed, 3 if no daemon answers. When --timeout\n"+
+		"passes first, the command gives up (exit 1) and the daemon finishes the sync anyway.",
 		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stderr)
 	var c commonFlags
 	c.register(fset)
-	timeout := fset.Duration("timeout", 0, "give up after this long (0: wait as long as it takes)")
-	if err := fset.Parse(args); err != nil {
+	timeout := fset.Duration("timeout", 0, "give up waiting after this long (0: wait as long as it takes); the daemon finishes the sync anyway")
+	args, err := parseArgs(fset, args)
+	if err != nil {
 		return parseExit(err)
 	}
 	cfg, err := loadConfig(c, nil)
@@ -34,7 +38,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	var paths []string
-	for _, p := range fset.Args() {
+	for _, p := range args {
 		abs, err := filepath.Abs(p)
 		if err != nil {
 			fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
@@ -43,6 +47,10 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		paths = append(paths, abs)
 	}
 	resp, err := control.Call(socketPath(cfg.Stats.Dir), control.Request{Op: "sync", Paths: paths}, *timeout)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		fmt.Fprintf(stderr, "flusherd sync: gave up after --timeout %v; the daemon goes on with the sync\n", *timeout)
+		return exitFailed
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
 		if errors.Is(err, control.ErrUnreachable) {
@@ -50,21 +58,23 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitFailed
 	}
-	failed := false
+	failed := 0
 	for _, f := range resp.Files {
 		if f.Error != "" {
 			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", strconv.Quote(f.Path), f.Error)
-			failed = true
+			failed++
 		}
-	}
-	if !failed && resp.OK {
-		fmt.Fprintf(stdout, "%d files written back\n", len(resp.Files))
 	}
 	if resp.Error != "" {
 		fmt.Fprintf(stderr, "flusherd sync: %s\n", resp.Error)
-		failed = true
+		return exitFailed
 	}
-	if failed || !resp.OK {
+	if ok := len(resp.Files) - failed; ok == 1 {
+		fmt.Fprintln(stdout, "1 file written back")
+	} else {
+		fmt.Fprintf(stdout, "%d files written back\n", ok)
+	}
+	if failed > 0 || !resp.OK {
 		return exitFailed
 	}
 	return exitOK

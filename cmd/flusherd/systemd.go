@@ -152,14 +152,19 @@ func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg
 		n.send("STATUS=reload rejected: " + err.Error())
 		return nil
 	}
-	for _, c := range []struct{ key, old, new string }{
-		{"stats.dir", old.Stats.Dir, cfg.Stats.Dir},
-		{"watcher.backend", old.Watcher.Backend, cfg.Watcher.Backend},
-		{"metrics.listen", old.Metrics.Listen, cfg.Metrics.Listen},
+	for _, c := range []struct {
+		key      string
+		old, new *string
+	}{
+		{"stats.dir", &old.Stats.Dir, &cfg.Stats.Dir},
+		{"watcher.backend", &old.Watcher.Backend, &cfg.Watcher.Backend},
+		{"metrics.listen", &old.Metrics.Listen, &cfg.Metrics.Listen},
 	} {
-		if c.old != c.new {
+		if *c.old != *c.new {
 			log.Warn("this setting changes at the next start, not on reload", zap.String("key", c.key),
-				zap.String("running", c.old), zap.String("configured", c.new))
+				zap.String("running", *c.old), zap.String("configured", *c.new))
+			// What runs is what later reloads compare with.
+			*c.new = *c.old
 		}
 	}
 	if l, err := zap.ParseAtomicLevel(cfg.Log.Level); err == nil {
