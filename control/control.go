@@ -126,15 +126,40 @@ func Listen(path string, h Handler, log *zap.Logger) (*Server, error) {
 	return &Server{ln: ln, path: path, handler: h, log: log, done: make(chan struct{})}, nil
 }
 
-// Serve accepts connections until Close.
+// MaxConns bounds the connections served at once; more wait in the
+// listen backlog.
+const MaxConns = 64
+
+// Serve accepts connections until Close. An accept that fails for want of
+// resources (EMFILE, ENFILE, ENOBUFS, ENOMEM) is retried after a pause
+// that doubles up to a second, as net/http does, so running out of file
+// descriptors for a while does not end the control socket.
 func (s *Server) Serve(ctx context.Context) {
 	defer close(s.done)
+	slots := make(chan struct{}, MaxConns)
+	var pause time.Duration
 	for {
+		slots <- struct{}{}
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
+			<-slots
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM) {
+				pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+				s.log.Warn("control socket: accept failed; retrying", zap.Error(err), zap.Stringer("pause", pause))
+				time.Sleep(pause)
+				continue
+			}
+			s.log.Error("control socket: accept failed; no more requests are served", zap.Error(err))
 			return
 		}
-		go s.serve(ctx, c)
+		pause = 0
+		go func() {
+			defer func() { <-slots }()
+			s.serve(ctx, c)
+		}()
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -55,6 +57,10 @@ type Fanotify struct {
 	fsidsMu sync.RWMutex       // guards fsids and mounts
 	fsids   map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
 	mounts  map[uint64]bool    // st_dev -> mount mark (no dirent events)
+
+	// rescanDue is set while a rescan is scheduled because an event could
+	// not be resolved for want of resources (EMFILE, ENFILE, ENOMEM).
+	rescanDue atomic.Bool
 
 	cmu   sync.Mutex
 	dirs  map[string]*fanotifyDir    // fsid+handle -> directory
@@ -338,6 +344,9 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 	}
 	h := inode.MakeHandle(int32(binary.NativeEndian.Uint32(ev.dirType)), ev.dir)
 	p, ok, err := fa.handles.PathOfHandle(dev, h)
+	if err != nil {
+		fa.lost(err)
+	}
 	if err != nil || !ok {
 		// Deleted meanwhile, or its filesystem is going: not cached.
 		return nil, false
@@ -350,6 +359,25 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 	fa.dirs[string(k)] = d
 	fa.cmu.Unlock()
 	return d, true
+}
+
+// lost handles an event that could not be resolved: gone files and
+// directories are nothing to worry about, but an event lost for want of
+// resources (out of file descriptors or memory) may have been a write, so
+// the trees are rescanned with cachestat a second later (one rescan at a
+// time).
+func (fa *Fanotify) lost(err error) {
+	if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) && !errors.Is(err, unix.ENOMEM) {
+		return
+	}
+	if fa.rescanDue.Swap(true) {
+		return
+	}
+	fa.log.Warn("fanotify: an event could not be resolved for want of resources; rescanning the trees in a second", zap.Error(err))
+	time.AfterFunc(time.Second, func() {
+		fa.rescanDue.Store(false)
+		fa.rescan(context.Background(), nil)
+	})
 }
 
 // treeOfDir returns the deepest tree that holds the files of directory
@@ -381,6 +409,7 @@ func (fa *Fanotify) target(ev *event) (*fanotifyTarget, bool) {
 	h := inode.MakeHandle(int32(binary.NativeEndian.Uint32(ev.fileType)), ev.file)
 	key, regular, err := fa.handles.Identify(dev, h)
 	if err != nil {
+		fa.lost(err)
 		return nil, false
 	}
 	t = &fanotifyTarget{key: key, regular: regular, handle: h}
