@@ -77,6 +77,9 @@ type Backend interface {
 	// RemoveTree stops serving the tree rooted at root; it reports
 	// whether there was one.
 	RemoveTree(root string) bool
+	// Served reports whether the tree rooted at root is watched and its
+	// root is not gone.
+	Served(root string) bool
 	// Run handles events until ctx ends or Close.
 	Run(ctx context.Context)
 	// Close stops watching; idempotent.
@@ -206,6 +209,18 @@ func (b *base) touched(name string) {
 			b.log.Debug("cannot write the watch stats file", zap.Error(err))
 		}
 	})
+}
+
+// Served implements Backend.
+func (b *base) Served(root string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, t := range b.trees {
+		if t.Root == root {
+			return !t.gone
+		}
+	}
+	return false
 }
 
 // ScannedDirs implements Backend.

@@ -268,8 +268,8 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 			stopSig = sig
 			break
 		}
-		if c := reloadConfig(cfg, reload, reg, wat, handles, level, n, log); c != nil {
-			cfg = c
+		if c, t := reloadConfig(cfg, trees, reload, reg, wat, handles, level, n, log); c != nil {
+			cfg, trees = c, t
 		}
 	}
 	if stopSig == nil {

@@ -138,8 +138,12 @@ func monotonicUsec() int64 {
 // configuration, or nil when it was rejected (the old one keeps running).
 // stats.dir, watcher.backend and metrics.listen take effect at the next
 // start only; that is logged.
-func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg *bdi.Registry, wat watch.Backend,
-	handles *inode.Handles, level zap.AtomicLevel, n *notifier, log *zap.Logger) *config.Config {
+//
+// running are the trees being served, as resolved when they were added; a
+// tree whose root is gone (removed, unmounted) is added again if the new
+// configuration still has it and its root is back.
+func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*config.Config, error), reg *bdi.Registry, wat watch.Backend,
+	handles *inode.Handles, level zap.AtomicLevel, n *notifier, log *zap.Logger) (*config.Config, []watch.Tree) {
 	n.send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
 	defer n.send("READY=1")
 	cfg, err := reload()
@@ -150,7 +154,7 @@ func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg
 	if err != nil {
 		log.Error("configuration reload rejected; the running configuration is unchanged", zap.Error(err))
 		n.send("STATUS=reload rejected: " + err.Error())
-		return nil
+		return nil, running
 	}
 	for _, c := range []struct {
 		key      string
@@ -172,9 +176,8 @@ func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg
 	}
 	reg.SetConfig(bdiConfig(cfg))
 
-	oldTrees, _ := treesOf(old)
 	was := map[string]watch.Tree{}
-	for _, t := range oldTrees {
+	for _, t := range running {
 		was[t.Root] = t
 	}
 	now := map[string]watch.Tree{}
@@ -183,7 +186,7 @@ func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg
 	}
 	added, removed := 0, 0
 	for _, root := range slices.Sorted(maps.Keys(was)) {
-		if t, ok := now[root]; ok && t == was[root] {
+		if t, ok := now[root]; ok && t == was[root] && wat.Served(root) {
 			continue
 		}
 		// Removed, or changed (taken out and put back with its new
@@ -196,8 +199,10 @@ func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg
 			removed++
 		}
 	}
+	var served []watch.Tree
 	for _, root := range slices.Sorted(maps.Keys(now)) {
-		if t, ok := was[root]; ok && t == now[root] {
+		if t, ok := was[root]; ok && t == now[root] && wat.Served(root) {
+			served = append(served, t)
 			continue
 		}
 		if _, err := handles.AddMount(root); err != nil {
@@ -207,6 +212,7 @@ func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg
 			log.Error("cannot watch a root added by the reload", zap.String("root", strconv.Quote(root)), zap.Error(err))
 			continue
 		}
+		served = append(served, now[root])
 		if _, ok := was[root]; ok {
 			log.Info("watch root settings changed", zap.String("root", strconv.Quote(root)))
 		} else {
@@ -216,6 +222,6 @@ func reloadConfig(old *config.Config, reload func() (*config.Config, error), reg
 	}
 	log.Info("configuration reloaded", zap.Int("roots_added", added), zap.Int("roots_removed", removed),
 		zap.Stringer("dirty_writeback_interval", cfg.Writeback.DirtyWritebackInterval))
-	n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(trees), wat.Name()))
-	return cfg
+	n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(served), wat.Name()))
+	return cfg, served
 }

@@ -241,6 +241,26 @@ func TestNotifyAndReload(t *testing.T) {
 	fb2 := filepath.Join(b, "f2")
 	writeDirty(t, fb2, 4096)
 	waitClean(t, fb2, 5*time.Second) // the running configuration: 1s expiry
+
+	// The root removed and made again: after a reload (same good
+	// configuration), it is served again.
+	if err := os.WriteFile(cfgPath, []byte(conf("200ms", "1s", b)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from = len(d.log.String())
+	if err := os.RemoveAll(b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the removal logged", 5*time.Second, func() bool { return strings.Contains(d.log.String()[from:], "root is gone") })
+	if err := os.Mkdir(b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	from2 := sd.len()
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	waitFor(t, "READY=1 after the reload", 5*time.Second, func() bool { return sd.count("READY=1", from2) == 1 })
+	fb3 := filepath.Join(b, "f3")
+	writeDirty(t, fb3, 4096)
+	waitClean(t, fb3, 5*time.Second)
 	d.stop(t)
 	if sd.count("STOPPING=1", 0) != 1 {
 		t.Errorf("no STOPPING=1: %s", sd.all())
