@@ -21,20 +21,58 @@ type dirtyList struct {
 type dirtyClass struct {
 	expire time.Duration
 	list   lists.List[*inode.Inode]
+	refs   int // tracked inodes of this class, on any list
 }
 
-// class returns the index of the class for expire, adding it if new.
-func (d *dirtyList) class(expire time.Duration) uint8 {
+// class returns the index of the class for expire and counts one more
+// inode in it (release it with unref). A new expire takes a class no
+// tracked inode uses any more, or a new one; once all 255 are in use by
+// tracked inodes (expire values changed by reloads, each still holding
+// files), the class with the nearest expire is shared, and exact reports
+// false.
+func (d *dirtyList) class(expire time.Duration) (c uint8, exact bool) {
+	free := -1
 	for i := range d.classes {
 		if d.classes[i].expire == expire {
-			return uint8(i)
+			d.classes[i].refs++
+			return uint8(i), true
+		}
+		if free < 0 && d.classes[i].refs == 0 && d.classes[i].list.Empty() {
+			free = i
 		}
 	}
-	if len(d.classes) == 255 {
-		panic("bdi: more than 255 distinct expire intervals")
+	switch {
+	case free >= 0:
+		d.classes[free].expire = expire
+	case len(d.classes) < 255:
+		d.classes = append(d.classes, &dirtyClass{expire: expire})
+		free = len(d.classes) - 1
+	default:
+		best := 0
+		for i := range d.classes {
+			if absDur(d.classes[i].expire-expire) < absDur(d.classes[best].expire-expire) {
+				best = i
+			}
+		}
+		d.classes[best].refs++
+		return uint8(best), false
 	}
-	d.classes = append(d.classes, &dirtyClass{expire: expire})
-	return uint8(len(d.classes) - 1)
+	d.classes[free].refs++
+	return uint8(free), true
+}
+
+// unref releases an inode's hold on class c.
+func (d *dirtyList) unref(c uint8) {
+	if int(c) < len(d.classes) && d.classes[c].refs > 0 {
+		d.classes[c].refs--
+	}
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
 }
 
 // pushBack adds in at the tail of its class (in.Class, from class).

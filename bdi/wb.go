@@ -134,6 +134,7 @@ type Writeback struct {
 	rescans     uint64                     // tree rescans on this device (Registry.Rescanned)
 	outcomes    [policy.NumOutcomes]uint64 // attempts by outcome
 	stuck       int                        // calls past attempt_timeout that have not returned
+	classWarned bool                       // the expire-class limit was logged
 	newCfg      *Config                    // a reload's tunables, taken by the goroutine
 	bandwidth   uint64                     // kB/s, smoothed
 	pause       time.Duration
@@ -251,7 +252,13 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 	wb.mu.Lock()
 	in := wb.inodes[key]
 	if in == nil {
-		in = &inode.Inode{Key: key, Class: wb.bDirty.class(t.Expire)}
+		class, exact := wb.bDirty.class(t.Expire)
+		if !exact && !wb.classWarned {
+			wb.classWarned = true
+			wb.log.Warn("more than 255 distinct expire intervals hold files on this device (reloads); new files share the nearest one",
+				zap.Stringer("expire", t.Expire), zap.Stringer("used", wb.bDirty.classes[class].expire))
+		}
+		in = &inode.Inode{Key: key, Class: class}
 		in.SetPath(path)
 		in.SetHandle(h)
 		if t.Integrity {
@@ -357,6 +364,7 @@ func (wb *Writeback) DropUnder(root string) int {
 		}
 		lists.Remove(in)
 		delete(wb.inodes, k)
+		wb.bDirty.unref(in.Class)
 		in.State = 0
 		wb.gone++
 	}
@@ -1555,6 +1563,7 @@ func (wb *Writeback) complete(att *attempt) {
 		lists.Remove(in)
 		delete(wb.inodes, in.Key)
 		delete(wb.wbIndex, in.Key)
+		wb.bDirty.unref(in.Class)
 		in.State = 0
 		wb.pass.cleaned++
 		if dest == policy.Drop {

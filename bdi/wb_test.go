@@ -634,3 +634,37 @@ func TestSetConfig(t *testing.T) {
 		}
 	})
 }
+
+// TestExpireClassesReused: expire intervals come and go with reloads; a
+// class no tracked inode uses is reused, and once 255 are held at once the
+// nearest one is shared instead of failing.
+func TestExpireClassesReused(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		// 300 intervals one after the other: each file is written back
+		// (expire 1ms..) and forgotten before the next comes.
+		for i := range 300 {
+			f := h.fs.add(fmt.Sprintf("/seq%d", i), uint64(1000+i), pg, 1)
+			h.mark(f, time.Duration(i+1)*time.Millisecond)
+			time.Sleep(6 * time.Second)
+			synctest.Wait()
+			if h.wb.Tracked() != 0 {
+				h.t.Fatalf("file %d not written back", i)
+			}
+		}
+		if n := len(h.wb.bDirty.classes); n > 2 {
+			h.t.Errorf("%d classes after intervals that never overlapped, want reuse", n)
+		}
+		// 300 intervals held at once: no panic; all tracked.
+		for i := range 300 {
+			f := h.fs.add(fmt.Sprintf("/held%d", i), uint64(5000+i), pg, 1)
+			h.mark(f, time.Duration(i+1)*time.Hour)
+		}
+		synctest.Wait()
+		if n := h.wb.Tracked(); n != 300 {
+			h.t.Fatalf("%d tracked, want 300", n)
+		}
+		if n := len(h.wb.bDirty.classes); n != 255 {
+			h.t.Errorf("%d classes, want the 255 maximum", n)
+		}
+	})
+}
