@@ -367,7 +367,8 @@ func PathOf(f File) (string, bool) {
 // filesystem dev (open_by_handle_at O_PATH, then readlink of
 // /proc/self/fd/N). It is meant for directories, whose handles always
 // resolve to a connected path; ok is false for an inode that has no path
-// (deleted: readlink ends in " (deleted)").
+// any more (st_nlink 0: deleted). Errors: ESTALE when it is gone,
+// ENAMETOOLONG when its path is longer than PATH_MAX.
 func (h *Handles) PathOfHandle(dev uint64, hd Handle) (path string, ok bool, err error) {
 	fh, valid := hd.unix()
 	if !valid {
@@ -383,12 +384,16 @@ func (h *Handles) PathOfHandle(dev uint64, hd Handle) (path string, ok bool, err
 		return "", false, err
 	}
 	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", false, err
+	}
+	if st.Nlink == 0 {
+		return "", false, nil
+	}
 	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 	if err != nil {
 		return "", false, err
 	}
-	if !strings.HasPrefix(p, "/") || strings.HasSuffix(p, " (deleted)") {
-		return p, false, nil
-	}
-	return p, true, nil
+	return p, strings.HasPrefix(p, "/"), nil
 }

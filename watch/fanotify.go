@@ -60,7 +60,8 @@ type Fanotify struct {
 
 	// rescanDue is set while a rescan is scheduled because an event could
 	// not be resolved for want of resources (EMFILE, ENFILE, ENOMEM).
-	rescanDue atomic.Bool
+	rescanDue  atomic.Bool
+	longWarned atomic.Bool
 
 	cmu   sync.Mutex
 	dirs  map[string]*fanotifyDir    // fsid+handle -> directory
@@ -367,6 +368,12 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 // the trees are rescanned with cachestat a second later (one rescan at a
 // time).
 func (fa *Fanotify) lost(err error) {
+	if errors.Is(err, unix.ENAMETOOLONG) {
+		if !fa.longWarned.Swap(true) {
+			fa.log.Warn("fanotify: a directory's path is longer than PATH_MAX; writes in such directories are not tracked (logged once)", zap.Error(err))
+		}
+		return
+	}
 	if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) && !errors.Is(err, unix.ENOMEM) {
 		return
 	}

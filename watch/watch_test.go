@@ -182,3 +182,24 @@ func TestRenameInto(t *testing.T) {
 		})
 	}
 }
+
+// TestOddDirectoryName: a directory whose name ends in " (deleted)" (what
+// readlink of /proc/self/fd shows for a deleted one) is served like any
+// other.
+func TestOddDirectoryName(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			root := t.TempDir()
+			_, s := start(t, root, b)
+			dir := filepath.Join(root, "d (deleted)")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, "f")
+			if err := os.WriteFile(p, []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, p, func() bool { return s.has(p) })
+		})
+	}
+}
