@@ -475,10 +475,11 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	}
 	if ev.file == nil {
 		// Directory-entry events (a file made, linked or moved in)
-		// name the entry, not the object: look at it by name, and
-		// track it only if cachestat shows it dirty (an empty new
-		// file is not; its writes come as FAN_MODIFY).
-		fa.report(d.tree.Tree, d.prefix+string(ev.name), true)
+		// name the entry, not the object: look at it by name (lstat;
+		// no open here, which could hang on a sick filesystem and
+		// stall every tree); the writeback attempt, which has a
+		// timeout, finds out whether it is dirty.
+		fa.report(d.tree.Tree, d.prefix+string(ev.name), false)
 		return true
 	}
 	tg, ok := fa.target(ev)

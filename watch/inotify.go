@@ -329,9 +329,11 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			w.scanDir(context.Background(), t, ev.Name, false, func(p string) { w.addOrNote(t, p) })
 			w.logLimit()
 		case unix.S_IFREG:
-			// Made, linked or moved in: tracked if dirty (an empty new
-			// file is not; its writes come as IN_MODIFY).
-			w.report(t, ev.Name, true)
+			// Made, linked or moved in: tracked without opening it
+			// here (an open can hang on a sick filesystem and would
+			// stall every tree); the writeback attempt, which has a
+			// timeout, finds out whether it is dirty.
+			w.report(t, ev.Name, false)
 		}
 	case ev.Has(fsnotify.Write):
 		w.report(t, ev.Name, false)

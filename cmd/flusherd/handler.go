@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -131,6 +132,35 @@ func syncRequest(ctx context.Context, reg *bdi.Registry, wat watch.Backend, path
 	return control.Response{OK: ok, Files: files}
 }
 
+// freshCachestat opens a tracked file and reads cachestat, giving up after
+// a second (a hung filesystem): the open and the call go on in the
+// background and the file is closed when they return.
+func freshCachestat(wb *bdi.Writeback, in bdi.InodeInfo) (dirty, wbp uint64, ok bool) {
+	type res struct {
+		d, w uint64
+		ok   bool
+	}
+	ch := make(chan res, 1)
+	go func() {
+		f, err := wb.OpenInode(in)
+		if err != nil {
+			ch <- res{}
+			return
+		}
+		defer f.Close()
+		d, w, err := f.Cachestat(0, 0)
+		ch <- res{d, w, err == nil}
+	}()
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.d, r.w, r.ok
+	case <-t.C:
+		return 0, 0, false
+	}
+}
+
 // dirtyFiles lists the tracked files, oldest dirty data first, at most top
 // of them (0: all), with a fresh cachestat of each listed file.
 func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
@@ -157,6 +187,9 @@ func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
 		all = all[:top]
 	}
 	now := reg.Now()
+	// Fresh cachestat for at most 5s in all; after that (a hung
+	// filesystem), the values last seen.
+	deadline := time.Now().Add(5 * time.Second)
 	out := make([]control.DirtyFile, 0, len(all))
 	for _, e := range all {
 		d := control.DirtyFile{Path: e.in.Path, Bdi: e.wb.Name, List: e.in.List,
@@ -169,12 +202,9 @@ func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
 				d.LastError = fmt.Sprintf("errno %d", e.in.LastErr)
 			}
 		}
-		if !e.in.Busy {
-			if f, err := e.wb.OpenInode(e.in); err == nil {
-				if dp, wp, err := f.Cachestat(0, 0); err == nil {
-					d.DirtyPages, d.WritebackPages = dp, wp
-				}
-				f.Close()
+		if !e.in.Busy && time.Now().Before(deadline) {
+			if dp, wp, ok := freshCachestat(e.wb, e.in); ok {
+				d.DirtyPages, d.WritebackPages = dp, wp
 			}
 		}
 		out = append(out, d)
