@@ -74,6 +74,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -283,7 +284,7 @@ func Default() *Config {
 // Load does not require at least one watch, so that command-line flags can
 // add watches afterwards; call [Config.Validate] on the final configuration.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := readConfigFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -295,6 +296,39 @@ func Load(path string) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// MaxFileSize is the largest configuration file Load reads, in bytes.
+const MaxFileSize = 16 << 20
+
+// readConfigFile reads a configuration file without blocking: it is opened
+// O_NONBLOCK (a FIFO does not wait for a writer) and must be a regular file
+// of at most MaxFileSize bytes, so /dev/zero or a FIFO is an error, not a
+// hang.
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("%s: %d bytes; a configuration file may have at most %d", path, fi.Size(), MaxFileSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("%s: more than %d bytes; a configuration file may have at most %d", path, MaxFileSize, MaxFileSize)
+	}
+	return data, nil
 }
 
 // Parse parses a TOML configuration; name is the file name used in errors.
@@ -504,6 +538,7 @@ func (c *Config) check(stat, needWatch bool) error {
 	atLeast("writeback.min_pause", wb.MinPause, time.Millisecond)
 	positive("writeback.max_pause", wb.MaxPause)
 	positive("writeback.attempt_timeout", wb.AttemptTimeout)
+	atLeast("writeback.attempt_timeout", wb.AttemptTimeout, MinInterval)
 	positive("writeback.shutdown_timeout", wb.ShutdownTimeout)
 	if wb.MinPause > 0 && wb.MaxPause > 0 && wb.MinPause > wb.MaxPause {
 		// Blame the key written last in the file, as that is where the

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -540,7 +541,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 		MaxPause:               7 * time.Second,
 		WriteChunk:             3 << 30,
 		RequeueBlocked:         RequeueRedirtyTail,
-		AttemptTimeout:         time.Nanosecond,
+		AttemptTimeout:         15 * time.Millisecond,
 		ShutdownTimeout:        time.Minute,
 	}
 	full.Plug = Plug{Enabled: false, MaxPending: 1, QueueDepth: 1000}
@@ -724,6 +725,28 @@ func TestLoadSameDirTwice(t *testing.T) {
 		e := asError(t, err)
 		if e.Key != "watch[1].path" || e.Line != 4 || !strings.Contains(e.Error(), "already watched by watch[0] (line 2)") {
 			t.Errorf("%v: got %v", order, err)
+		}
+	}
+}
+
+// TestLoadSpecialFiles: a FIFO, a device or a directory given as the
+// configuration is an error at once, never a hang or an endless read.
+func TestLoadSpecialFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{fifo, "/dev/zero", dir} {
+		done := make(chan error, 1)
+		go func() { _, err := Load(p); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "not a regular file") && !strings.Contains(err.Error(), "directory") {
+				t.Errorf("Load(%s) = %v, want a not-a-regular-file error", p, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Load(%s) hung", p)
 		}
 	}
 }

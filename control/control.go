@@ -209,6 +209,9 @@ var ErrUnreachable = errors.New("flusherd is not reachable")
 // response. A missing socket or a refused connection wraps ErrUnreachable.
 func Call(path string, req Request, timeout time.Duration) (Response, error) {
 	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		return Response{}, fmt.Errorf("the control socket %s is root-only: %w", path, err)
+	}
 	if err != nil {
 		return Response{}, fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}

@@ -284,6 +284,16 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 		if ctx.Err() != nil {
 			return true
 		}
+		// inotify_add_watch follows symlinks: a directory replaced by
+		// a symlink since is dropped, not watched through it.
+		var st unix.Stat_t
+		if err := unix.Lstat(d, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			w.dmu.Lock()
+			delete(w.unwatched, d)
+			w.ctr.Unwatched.Add(^uint64(0))
+			w.dmu.Unlock()
+			continue
+		}
 		err := w.add(d)
 		if err == nil || errors.Is(err, fs.ErrNotExist) {
 			w.dmu.Lock()

@@ -316,9 +316,11 @@ func (b *base) checkRoots() {
 			}
 		}
 		b.mu.Unlock()
-		how := "removed or renamed"
+		how := "removed, renamed or unmounted"
 		if err == nil && st.Dev != t.root.Dev {
 			how = "unmounted"
+		} else if err == nil {
+			how = "replaced by another directory"
 		}
 		b.log.Error("a watched tree's root is gone; its files are no longer tracked (restart flusherd once it is back)",
 			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))

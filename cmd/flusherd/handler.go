@@ -79,9 +79,17 @@ func syncRequest(ctx context.Context, reg *bdi.Registry, wat watch.Backend, path
 			continue
 		}
 		p = filepath.Clean(p)
+		// No component may be a symlink (a sync request must not reach
+		// outside the trees through one), and nothing is opened for I/O.
 		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			fail(p, (&os.PathError{Op: "lstat", Path: p, Err: err}).Error())
+		pfd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
+			Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
+		if err == nil {
+			err = unix.Fstat(pfd, &st)
+			unix.Close(pfd)
+		}
+		if err != nil {
+			fail(p, (&os.PathError{Op: "open", Path: p, Err: err}).Error())
 			continue
 		}
 		tree, ok := wat.TreeOf(p)

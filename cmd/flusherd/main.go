@@ -246,6 +246,9 @@ func loadConfig(c commonFlags, watches []string) (*config.Config, error) {
 		cfg.Stats.Dir = abs
 	}
 	for _, w := range watches {
+		if w == "" {
+			return nil, errors.New("--watch: empty directory name")
+		}
 		abs, err := filepath.Abs(w)
 		if err != nil {
 			return nil, err

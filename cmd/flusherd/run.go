@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -139,6 +141,44 @@ func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 	}
 }
 
+// claimStatsDir makes the stats directory if needed, checks that no one
+// else can write in it (owned by this user, not group- or
+// world-writable, not a symlink: another user could otherwise plant
+// symlinks that the daemon would write through, or a socket of their own),
+// and locks it (flock on <dir>/flusherd.lock) so that a second daemon with
+// the same stats directory fails at once instead of taking over the
+// control socket. unlock releases the lock.
+func claimStatsDir(dir string) (unlock func(), err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("stats.dir: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return nil, fmt.Errorf("stats.dir: %w", &os.PathError{Op: "lstat", Path: dir, Err: err})
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return nil, fmt.Errorf("stats.dir %s is not a directory (a symlink is not accepted)", strconv.Quote(dir))
+	case int(st.Uid) != os.Geteuid():
+		return nil, fmt.Errorf("stats.dir %s belongs to uid %d, not to this user (uid %d): refusing to write there", strconv.Quote(dir), st.Uid, os.Geteuid())
+	case st.Mode&0o022 != 0:
+		return nil, fmt.Errorf("stats.dir %s is writable by group or others (mode %#o): refusing to write there", strconv.Quote(dir), st.Mode&0o777)
+	}
+	lock := filepath.Join(dir, "flusherd.lock")
+	fd, err := unix.Open(lock, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("stats.dir: %w", &os.PathError{Op: "open", Path: lock, Err: err})
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another flusherd runs with stats.dir %s (it holds %s)", strconv.Quote(dir), lock)
+		}
+		return nil, fmt.Errorf("stats.dir: flock %s: %w", lock, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
 // treesOf resolves the configuration's watch roots (symlinks in them are
 // resolved once, here).
 func treesOf(cfg *config.Config) ([]watch.Tree, error) {
@@ -165,6 +205,11 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	n := &notifier{log: log}
+	unlock, err := claimStatsDir(cfg.Stats.Dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 
 	// Until READY=1, systemd's TimeoutStartSec runs: while start-up makes
 	// progress, extend it.
@@ -189,6 +234,17 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	trees, err := treesOf(cfg)
 	if err != nil {
 		return err
+	}
+	// The configuration's check is textual; through symlinks the stats
+	// directory could still be inside a tree, where its own writes would
+	// keep the daemon busy.
+	if sd, err := filepath.EvalSymlinks(cfg.Stats.Dir); err == nil {
+		for _, t := range trees {
+			if sd == t.Root || strings.HasPrefix(sd, t.Root+"/") || t.Root == "/" {
+				return fmt.Errorf("stats.dir %s is %s, inside the watched tree %s: its own stats files would keep it busy",
+					strconv.Quote(cfg.Stats.Dir), strconv.Quote(sd), strconv.Quote(t.Root))
+			}
+		}
 	}
 	for _, t := range trees {
 		log.Info("watching", zap.String("root", strconv.Quote(t.Root)), zap.Bool("recursive", t.Recursive),

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestStatsDirClaimed: a second daemon with the same stats directory exits
+// 1 at once, naming the other (the first keeps its socket); a stats
+// directory others may write in, or one reached through a symlink into a
+// watched tree, is refused.
+func TestStatsDirClaimed(t *testing.T) {
+	tree := t.TempDir()
+	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\n", tree))
+	var out bytes.Buffer
+	code := Main([]string{"run", "--watch", t.TempDir(), "--stats-dir", d.statsDir}, &out, &out)
+	if code != exitFailed || !strings.Contains(out.String(), "another flusherd runs with stats.dir") {
+		t.Errorf("second daemon: exit %d, want 1 naming the other:\n%s", code, out.String())
+	}
+	if _, err := os.Stat(socketPath(d.statsDir)); err != nil {
+		t.Errorf("the first daemon's socket: %v", err)
+	}
+	d.stop(t)
+
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o777)
+	out.Reset()
+	code = Main([]string{"run", "--watch", t.TempDir(), "--stats-dir", open}, &out, &out)
+	if code != exitFailed || !strings.Contains(out.String(), "writable by group or others") {
+		t.Errorf("world-writable stats dir: exit %d:\n%s", code, out.String())
+	}
+
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(tree, link); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	code = Main([]string{"run", "--watch", tree, "--stats-dir", filepath.Join(link, "run")}, &out, &out)
+	if code == exitOK || !strings.Contains(out.String(), "inside the watched tree") {
+		t.Errorf("stats dir inside the tree through a symlink: exit %d:\n%s", code, out.String())
+	}
+}
