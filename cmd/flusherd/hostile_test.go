@@ -41,6 +41,34 @@ func waitClean(t *testing.T, path string, limit time.Duration) time.Duration {
 	}
 }
 
+// fifoWithWriter makes a FIFO at path with a writer blocked in open(2)
+// until something opens it for reading (flusherd must never be that
+// reader); the writer's open result arrives on the channel. The writer is
+// released at cleanup, before the filesystem is unmounted.
+func fifoWithWriter(t *testing.T, path string) <-chan error {
+	t.Helper()
+	if err := unix.Mkfifo(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writerDone := make(chan error, 1)
+	released := make(chan error, 1)
+	t.Cleanup(func() {
+		if f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+			<-released
+			f.Close()
+		}
+	})
+	go func() {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err == nil {
+			f.Close()
+		}
+		writerDone <- err
+		released <- err
+	}()
+	return writerDone
+}
+
 // TestHostileTree: a watched tree holding a FIFO (with no reader or writer),
 // a unix socket, a device node, a symlink to a dirty file outside the tree
 // and a file name that is not UTF-8. The daemon must not hang, open or
@@ -94,27 +122,7 @@ path = %q
 		t.Fatal(err)
 	}
 	fifo2 := filepath.Join(tree, "fifo2")
-	if err := unix.Mkfifo(fifo2, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	writerDone := make(chan error, 1)
-	t.Cleanup(func() {
-		// Release the FIFO's writer, if still blocked, before the
-		// filesystem is unmounted.
-		if f, err := os.OpenFile(fifo2, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
-			<-writerDone
-			f.Close()
-		}
-	})
-	go func() {
-		// Blocks until a reader opens the FIFO; flusherd must not be
-		// that reader.
-		f, err := os.OpenFile(fifo2, os.O_WRONLY, 0)
-		if err == nil {
-			f.Close()
-		}
-		writerDone <- err
-	}()
+	writerDone := fifoWithWriter(t, fifo2)
 	// Append (not truncate: ext4's auto_da_alloc starts writeback of a
 	// file truncated to zero and rewritten, on close).
 	lf, err := os.OpenFile(filepath.Join(tree, "link"), os.O_WRONLY|os.O_APPEND, 0)

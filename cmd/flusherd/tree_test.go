@@ -701,27 +701,7 @@ func (s *treeSuite) hostile(t *testing.T) {
 		t.Fatal(err)
 	}
 	fifo2 := filepath.Join(tree, "fifo2")
-	if err := unix.Mkfifo(fifo2, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	writerDone := make(chan error, 1)
-	t.Cleanup(func() {
-		// Release the FIFO's writer, if still blocked, before the
-		// filesystem is unmounted.
-		if f, err := os.OpenFile(fifo2, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
-			<-writerDone
-			f.Close()
-		}
-	})
-	go func() {
-		// Blocks until a reader opens the FIFO; flusherd must not be
-		// that reader.
-		f, err := os.OpenFile(fifo2, os.O_WRONLY, 0)
-		if err == nil {
-			f.Close()
-		}
-		writerDone <- err
-	}()
+	writerDone := fifoWithWriter(t, fifo2)
 
 	// The file found by the start-up scan is written back; then, with
 	// nothing else tracked, one is deleted while queued (the tree's 2s
