@@ -97,6 +97,28 @@ func (l *loopFS) syncAndDrop() error {
 // *_bytes knobs and their *_ratio twins exclude each other (writing one
 // zeroes the other, and 0 is not a valid *_bytes), so for those the one
 // that was in force is what is written back.
+// holdKernelFlusher raises vm.dirty_background_bytes and vm.dirty_bytes to
+// the given byte counts and vm.dirty_expire_centisecs to an hour, so that
+// the kernel's own flusher leaves dirty files alone during a run; restore
+// puts back the values it found (also on error).
+func holdKernelFlusher(background, dirty int64) (restore func(), err error) {
+	var undo []func()
+	restore = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	for _, sc := range [][2]string{{"dirty_background_bytes", fmt.Sprint(background)}, {"dirty_bytes", fmt.Sprint(dirty)}, {"dirty_expire_centisecs", "360000"}} {
+		r, err := sysctl(sc[0], sc[1])
+		if err != nil {
+			restore()
+			return nil, err
+		}
+		undo = append(undo, r)
+	}
+	return restore, nil
+}
+
 func sysctl(name, value string) (func(), error) {
 	p := "/proc/sys/vm/" + name
 	old, err := os.ReadFile(p)
@@ -350,14 +372,12 @@ func plugBench(args []string) int {
 	}
 	// Keep the kernel's own flusher out of the way while files are
 	// dirty: no background writeback below 4 GiB, no expiry for an hour.
-	for _, sc := range [][2]string{{"dirty_background_bytes", fmt.Sprint(4 << 30)}, {"dirty_bytes", fmt.Sprint(8 << 30)}, {"dirty_expire_centisecs", "360000"}} {
-		restore, err := sysctl(sc[0], sc[1])
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
-			return 1
-		}
-		defer restore()
+	restore, err := holdKernelFlusher(4<<30, 8<<30)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
+		return 1
 	}
+	defer restore()
 	methods := []method{
 		{"a", "(a) flusherd, plug on", func(s *fileSet, st *plugStat) (func() error, error) {
 			return flusherdMethod(s, true, false, *depth, st)

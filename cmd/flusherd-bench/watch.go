@@ -148,14 +148,12 @@ func watchBench(args []string) int {
 	// no background writeback below 8 GiB of dirty data (1,000,000 dirty
 	// one-byte files are about 4 GiB of page cache, and their metadata),
 	// and no expiry for an hour.
-	for _, sc := range [][2]string{{"dirty_background_bytes", fmt.Sprint(8 << 30)}, {"dirty_bytes", fmt.Sprint(12 << 30)}, {"dirty_expire_centisecs", "360000"}} {
-		restore, err := sysctl(sc[0], sc[1])
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
-			return 1
-		}
-		defer restore()
+	restore, err := holdKernelFlusher(8<<30, 12<<30)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
+		return 1
 	}
+	defer restore()
 
 	r := &watchRun{o: o, base: base}
 	failed := false
