@@ -236,21 +236,19 @@ func (wb *Writeback) hasDirtyIOLocked() bool {
 // new inode without one, it is asked of the opener when that is an
 // inode.HandleOpener. Safe for concurrent use.
 func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, t Tree) {
-	if h == "" {
-		if ho, ok := wb.open.(inode.HandleOpener); ok {
-			wb.mu.Lock()
-			in := wb.inodes[key]
-			known := in != nil && in.Handle() != ""
-			wb.mu.Unlock()
-			if !known {
-				// No handle: the inode is opened by path, as before.
-				h, _ = ho.HandleOf(path, key)
-			}
-		}
-	}
 	now := wb.now()
 	wb.mu.Lock()
 	in := wb.inodes[key]
+	if in == nil && h == "" {
+		if ho, ok := wb.open.(inode.HandleOpener); ok {
+			// A new inode: its handle is taken once, without the lock
+			// (no handle: it is opened by path).
+			wb.mu.Unlock()
+			h, _ = ho.HandleOf(path, key)
+			wb.mu.Lock()
+			in = wb.inodes[key]
+		}
+	}
 	if in == nil {
 		class, exact := wb.bDirty.class(t.Expire)
 		if !exact && !wb.classWarned {
@@ -266,11 +264,11 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 		}
 		wb.inodes[key] = in
 	} else {
-		if in.Handle() == "" && h != "" {
+		if h != "" && in.Handle() == "" {
 			in.SetHandle(h)
 		}
-		if old := in.Path(); old != path {
-			in.SetOtherPath(old)
+		if !in.HasPath(path) {
+			in.SetOtherPath(in.Path())
 			in.SetPath(path)
 		}
 	}

@@ -668,3 +668,26 @@ func TestExpireClassesReused(t *testing.T) {
 		}
 	})
 }
+
+// TestMarkKnownInodeAllocates: marking an inode that is already tracked,
+// under the same name, allocates nothing (it runs for every write event).
+func TestMarkKnownInodeAllocates(t *testing.T) {
+	epoch := time.Now()
+	now := func() time.Duration { return time.Since(epoch) }
+	fs := newFakeFS(now)
+	wb := New("7:0", testConfig(), now, fs, nil, nil)
+	f := fs.add("/srv/data/dir/file", 1, pg, 1)
+	wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
+	if n := testing.AllocsPerRun(100, func() { wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour}) }); n != 0 {
+		t.Errorf("%v allocations per event on a known inode, want 0", n)
+	}
+	// A rename is recorded.
+	wb.MarkInodeDirty(f.key, "/srv/data/other", "", Tree{Expire: time.Hour})
+	wb.mu.Lock()
+	in := wb.inodes[f.key]
+	got, other := in.Path(), in.OtherPath()
+	wb.mu.Unlock()
+	if got != "/srv/data/other" || other != f.path {
+		t.Errorf("after a rename: path %q, other %q", got, other)
+	}
+}

@@ -140,3 +140,20 @@ func TestWritebackSyscalls(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestInodePath(t *testing.T) {
+	for _, p := range []string{"/a/b/c", "/top", "/a/b c (deleted)/d"} {
+		var in Inode
+		in.SetPath(p)
+		if in.Path() != p || !in.HasPath(p) || in.HasPath(p+"x") || in.HasPath("/other"+p) {
+			t.Errorf("%q: Path %q, HasPath wrong", p, in.Path())
+		}
+	}
+	var in Inode
+	in.SetPath("/a/b/c")
+	for dir, want := range map[string]bool{"/a": true, "/a/b": true, "/": true, "/a/b/c": false, "/a/bb": false} {
+		if in.InDir(dir) != want {
+			t.Errorf("InDir(%q) = %v, want %v", dir, !want, want)
+		}
+	}
+}

@@ -102,6 +102,19 @@ func (in *Inode) Path() string {
 	return d + "/" + in.name
 }
 
+// HasPath reports whether path is the inode's path, without building it.
+func (in *Inode) HasPath(path string) bool {
+	i := strings.LastIndexByte(path, '/')
+	if i < 0 || path[i+1:] != in.name {
+		return false
+	}
+	d := path[:i]
+	if d == "" {
+		d = "/"
+	}
+	return in.dir.Value() == d
+}
+
 // SetPath records path, an absolute path, as where the inode was last seen.
 func (in *Inode) SetPath(path string) {
 	i := strings.LastIndexByte(path, '/')
