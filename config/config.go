@@ -595,6 +595,14 @@ func (c *Config) check(stat, needWatch bool) error {
 	}
 	seen := make(map[string]int)
 	resolved := make(map[string]int) // symlinks resolved, when stat is set
+	// ref names watch[j] with its line, for "already watched" errors.
+	ref := func(j int) string {
+		r := fmt.Sprintf("watch[%d]", j)
+		if l := s.line(r + ".path"); l > 0 {
+			r += fmt.Sprintf(" (line %d)", l)
+		}
+		return r
+	}
 	for i, w := range c.Watch {
 		key := fmt.Sprintf("watch[%d]", i)
 		pkey := key + ".path"
@@ -610,11 +618,7 @@ func (c *Config) check(stat, needWatch bool) error {
 		}
 		p := filepath.Clean(w.Path)
 		if j, dup := seen[p]; dup {
-			prev := fmt.Sprintf("watch[%d]", j)
-			if l := s.line(prev + ".path"); l > 0 {
-				prev += fmt.Sprintf(" (line %d)", l)
-			}
-			add(pkey, "%q is already watched by %s", p, prev)
+			add(pkey, "%q is already watched by %s", p, ref(j))
 		} else {
 			seen[p] = i
 		}
@@ -641,25 +645,13 @@ func (c *Config) check(stat, needWatch bool) error {
 			// would be watched twice.
 			if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
 				if j, dup := resolved[r]; dup {
-					prev := fmt.Sprintf("watch[%d]", j)
-					if l := s.line(prev + ".path"); l > 0 {
-						prev += fmt.Sprintf(" (line %d)", l)
-					}
-					add(pkey, "%q is %q, already watched by %s", p, r, prev)
+					add(pkey, "%q is %q, already watched by %s", p, r, ref(j))
 				} else if j, dup := seen[r]; dup && j != i {
-					prev := fmt.Sprintf("watch[%d]", j)
-					if l := s.line(prev + ".path"); l > 0 {
-						prev += fmt.Sprintf(" (line %d)", l)
-					}
-					add(pkey, "%q is %q, already watched by %s", p, r, prev)
+					add(pkey, "%q is %q, already watched by %s", p, r, ref(j))
 				}
 				resolved[r] = i
 			} else if j, dup := resolved[p]; dup {
-				prev := fmt.Sprintf("watch[%d]", j)
-				if l := s.line(prev + ".path"); l > 0 {
-					prev += fmt.Sprintf(" (line %d)", l)
-				}
-				add(pkey, "%q is already watched by %s, through a symlink", p, prev)
+				add(pkey, "%q is already watched by %s, through a symlink", p, ref(j))
 			}
 		}
 	}
