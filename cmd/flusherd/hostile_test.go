@@ -41,6 +41,34 @@ func waitClean(t *testing.T, path string, limit time.Duration) time.Duration {
 	}
 }
 
+// hostileEntries puts in tree a FIFO (no reader or writer), a listening
+// unix socket (closed at cleanup), a character device node (1:3), a
+// symlink "link" to a dirty file outside/secret, and a symlink "dirlink"
+// to outside; it returns the secret file's path.
+func hostileEntries(t *testing.T, tree, outside string) (secret string) {
+	t.Helper()
+	if err := unix.Mkfifo(filepath.Join(tree, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(tree, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	if err := unix.Mknod(filepath.Join(tree, "null"), unix.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	secret = filepath.Join(outside, "secret")
+	writeDirty(t, secret, 64<<10)
+	if err := os.Symlink(secret, filepath.Join(tree, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(tree, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	return secret
+}
+
 // fifoWithWriter makes a FIFO at path with a writer blocked in open(2)
 // until something opens it for reading (flusherd must never be that
 // reader); the writer's open result arrives on the channel. The writer is
@@ -85,25 +113,7 @@ func TestHostileTree(t *testing.T) {
 		}
 	}
 	// Present before the daemon starts, so the start-up scan meets them.
-	if err := unix.Mkfifo(filepath.Join(tree, "fifo"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", filepath.Join(tree, "sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	if err := unix.Mknod(filepath.Join(tree, "null"), unix.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err != nil {
-		t.Fatal(err)
-	}
-	secret := filepath.Join(outside, "secret")
-	writeDirty(t, secret, 64<<10)
-	if err := os.Symlink(secret, filepath.Join(tree, "link")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(outside, filepath.Join(tree, "dirlink")); err != nil {
-		t.Fatal(err)
-	}
+	secret := hostileEntries(t, tree, outside)
 	badName := filepath.Join(tree, "bad-\xff\xfe-name\n.bin")
 	writeDirty(t, badName, 32<<10)
 

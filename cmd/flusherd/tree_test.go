@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
-	"net"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -665,25 +664,7 @@ func (s *treeSuite) hostile(t *testing.T) {
 	base := s.dir(t, "hostile")
 	tree, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
 	mkdirs(t, tree, outside)
-	if err := unix.Mkfifo(filepath.Join(tree, "fifo"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", filepath.Join(tree, "sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	if err := unix.Mknod(filepath.Join(tree, "null"), unix.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err != nil {
-		t.Fatal(err)
-	}
-	secret := filepath.Join(outside, "secret")
-	writeDirty(t, secret, 64<<10)
-	if err := os.Symlink(secret, filepath.Join(tree, "link")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(outside, filepath.Join(tree, "dirlink")); err != nil {
-		t.Fatal(err)
-	}
+	secret := hostileEntries(t, tree, outside)
 	// Names with invalid UTF-8 and a newline: one written before the
 	// daemon starts, one after, and one deleted while queued (so that the
 	// daemon has reason to log its name: debug level).
