@@ -292,7 +292,7 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.check(true, false); err != nil {
+	if err := c.check(true); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -361,7 +361,7 @@ func Parse(name string, data []byte) (*Config, error) {
 		return nil, err
 	}
 	c.src = src
-	if err := c.check(false, false); err != nil {
+	if err := c.check(false); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -369,13 +369,14 @@ func Parse(name string, data []byte) (*Config, error) {
 
 // Validate checks c: every duration and count positive, write_chunk at least
 // MinWriteChunk, min_pause <= max_pause, known enum values, stats.dir not
-// empty, metrics.listen empty or host:port, at least one watch, watch paths
-// absolute, existing directories and not duplicated. If c came from Parse
+// empty, metrics.listen empty or host:port, watch paths absolute, existing
+// directories and not duplicated. No watch at all is valid: the daemon then
+// starts idle (a packaged configuration watches nothing until edited). If c came from Parse
 // or Load, errors carry the file and line of the offending key (looked up
 // by key name and watch index, so watches appended later simply have no
 // line). The error is an *Error for the first problem.
 func (c *Config) Validate() error {
-	return c.check(true, true)
+	return c.check(true)
 }
 
 // Encode writes c as TOML that Parse reads back to an equal Config: all
@@ -507,8 +508,8 @@ func firstError(errs []*Error) error {
 }
 
 // check runs the value checks; stat adds the file system checks on watch
-// paths, needWatch requires at least one watch.
-func (c *Config) check(stat, needWatch bool) error {
+// paths.
+func (c *Config) check(stat bool) error {
 	s := c.src
 	var errs []*Error
 	add := func(key, format string, args ...any) {
@@ -590,9 +591,6 @@ func (c *Config) check(stat, needWatch bool) error {
 	}
 	oneOf("log.level", c.Log.Level, logLevels...)
 
-	if needWatch && len(c.Watch) == 0 {
-		add("watch", "no [[watch]] entries: at least one directory must be watched")
-	}
 	seen := make(map[string]int)
 	resolved := make(map[string]int) // symlinks resolved, when stat is set
 	// ref names watch[j] with its line, for "already watched" errors.

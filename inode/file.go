@@ -53,8 +53,9 @@ type OS struct{}
 // Open opens path for writeback without following symlinks and without
 // blocking, and only if it is a regular file with the given identity:
 //
-//  1. openat2(path, O_PATH|O_NOFOLLOW|O_CLOEXEC, RESOLVE_NO_SYMLINKS), so no
-//     component of the path is a symlink and nothing is opened for I/O yet;
+//  1. OpenPath: O_PATH|O_NOFOLLOW with no symlink in any component
+//     (openat2 RESOLVE_NO_SYMLINKS, or a walk where openat2 is refused),
+//     so nothing is opened for I/O yet;
 //  2. fstat: ErrNotRegular unless S_IFREG; ErrReplaced unless (dev, ino)
 //     match key;
 //  3. reopen /proc/self/fd/N with O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_NOATIME
@@ -64,10 +65,7 @@ type OS struct{}
 // symlink swapped in after the path was checked is not followed. Errors are
 // *os.PathError wrapping the errno (ENOENT, ELOOP for a symlink, EACCES...).
 func (OS) Open(path string, key Key) (File, error) {
-	pfd, err := unix.Openat2(unix.AT_FDCWD, path, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_NO_SYMLINKS,
-	})
+	pfd, err := OpenPath(path)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}

@@ -245,8 +245,8 @@ func (h *Handles) Close() {
 	}
 }
 
-// HandleOf implements HandleOpener: it opens path O_PATH without following
-// symlinks (as OS.Open does), checks that it is the regular file key, and
+// HandleOf implements HandleOpener: it opens path with OpenPath (as OS.Open
+// does), checks that it is the regular file key, and
 // returns name_to_handle_at(2) of that descriptor, so the handle is of
 // exactly the inode checked. Errors are *os.PathError, ErrNotRegular or
 // ErrReplaced.
@@ -254,10 +254,7 @@ func (h *Handles) HandleOf(path string, key Key) (Handle, error) {
 	if !h.Has(key.Dev) {
 		return "", nil
 	}
-	pfd, err := unix.Openat2(unix.AT_FDCWD, path, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_NO_SYMLINKS,
-	})
+	pfd, err := OpenPath(path)
 	if err != nil {
 		return "", &os.PathError{Op: "open", Path: path, Err: err}
 	}

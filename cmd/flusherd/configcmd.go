@@ -28,6 +28,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
 		return exitUsage
 	}
+	if len(cfg.Watch) == 0 {
+		fmt.Fprintln(stderr, "flusherd check-config: note: no [[watch]] entries; the daemon will start idle until one is added and the configuration reloaded")
+	}
 	if err := cfg.Encode(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
 		return exitFailed

@@ -81,15 +81,9 @@ func syncRequest(ctx context.Context, reg *bdi.Registry, wat watch.Backend, path
 		p = filepath.Clean(p)
 		// No component may be a symlink (a sync request must not reach
 		// outside the trees through one), and nothing is opened for I/O.
-		var st unix.Stat_t
-		pfd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
-			Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
-		if err == nil {
-			err = unix.Fstat(pfd, &st)
-			unix.Close(pfd)
-		}
+		st, err := inode.StatPath(p)
 		if err != nil {
-			fail(p, (&os.PathError{Op: "open", Path: p, Err: err}).Error())
+			fail(p, err.Error())
 			continue
 		}
 		tree, ok := wat.TreeOf(p)

@@ -152,6 +152,16 @@ type commonFlags struct {
 	statsDir string
 }
 
+// readsFile reports whether loadConfig reads a configuration file: --config
+// was given, or the default file exists.
+func (c *commonFlags) readsFile() bool {
+	if c.config != "" {
+		return true
+	}
+	_, err := os.Stat(defaultConfigPath)
+	return err == nil
+}
+
 func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.config, "config", "", "configuration file (default "+defaultConfigPath+" if it exists)")
 	fs.StringVar(&c.statsDir, "stats-dir", "", "directory for the stats files; overrides stats.dir")

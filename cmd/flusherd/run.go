@@ -43,6 +43,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		err = cfg.Validate()
 	}
+	if err == nil && len(cfg.Watch) == 0 && !c.readsFile() {
+		// Without a configuration file, nothing to watch is a mistake;
+		// a file that names no tree (as packaged) starts the daemon idle.
+		err = errors.New("nothing to watch: give --watch DIR, or --config FILE with [[watch]] entries")
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd run: %v\n", err)
 		return exitUsage
@@ -128,11 +133,12 @@ func bdiConfig(cfg *config.Config) bdi.Config {
 	}
 }
 
-// resolveBdi names the bdi of st_dev dev, opening path O_PATH for the
-// filesystems (btrfs) whose name needs a descriptor.
+// resolveBdi names the bdi of st_dev dev, opening path O_PATH (no symlink
+// followed, inode.OpenPath) for the filesystems (btrfs) whose name needs a
+// descriptor.
 func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 	return func(dev uint64, path string) (string, error) {
-		fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err := inode.OpenPath(path)
 		if err != nil {
 			return sys.BdiName(dev, -1)
 		}
@@ -246,6 +252,13 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 			}
 		}
 	}
+	if err := inode.ProbeOpenat2(); err != nil {
+		log.Info("openat2(2) is refused (under systemd, RestrictSUIDSGID=yes does this): paths in the trees are resolved one component at a time with openat(2) and O_NOFOLLOW instead",
+			zap.Error(err))
+	}
+	if len(trees) == 0 {
+		log.Warn("no [[watch]] entries in the configuration: idle until a tree is added and the configuration reloaded (SIGHUP; systemctl reload flusherd)")
+	}
 	for _, t := range trees {
 		log.Info("watching", zap.String("root", strconv.Quote(t.Root)), zap.Bool("recursive", t.Recursive),
 			zap.Bool("integrity", t.Integrity), zap.Stringer("expire", t.Expire))
@@ -303,7 +316,11 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		if scanCtx.Err() == nil {
 			log.Info("initial scan done; ready", zap.Uint64("directories", wat.ScannedDirs()),
 				zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
-			n.send(fmt.Sprintf("STATUS=watching %d trees (%s); initial scan done: %d directories", len(trees), wat.Name(), wat.ScannedDirs()))
+			if len(trees) == 0 {
+				n.send("STATUS=idle: no [[watch]] entries configured")
+			} else {
+				n.send(fmt.Sprintf("STATUS=watching %d trees (%s); initial scan done: %d directories", len(trees), wat.Name(), wat.ScannedDirs()))
+			}
 		}
 	}()
 	log.Info("every root is watched; READY=1 (the initial scan goes on)", zap.String("backend", wat.Name()))
