@@ -332,6 +332,10 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		log.Warn("WATCHDOG_USEC is set but unusable; no watchdog pings", zap.Error(err))
 	} else if interval > 0 {
 		log.Info("systemd watchdog enabled; pinging while every device's writeback goroutine is healthy", zap.Stringer("interval", interval))
+		if interval < 2*cfg.Writeback.AttemptTimeout {
+			log.Warn("WatchdogSec is less than twice writeback.attempt_timeout: a device waiting out one hung call may look wedged and be restarted",
+				zap.Stringer("watchdog", interval), zap.Stringer("attempt_timeout", cfg.Writeback.AttemptTimeout))
+		}
 		go watchdogLoop(ctx, interval, reg, n, log)
 	}
 

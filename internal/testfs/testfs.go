@@ -23,6 +23,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Missing reports that something a test needs (a tool, a device, a kernel
+// feature) is not there. Under CI (CI=true) as root it fails the test,
+// naming what is missing, since CI installs everything the tests need and
+// a skip there would hide a check that never ran; elsewhere it skips.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" && os.Geteuid() == 0 {
+		t.Fatalf("missing under CI: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
 // Options selects the filesystem to create.
 type Options struct {
 	Type     string // "ext4" (default) or "xfs"
@@ -100,11 +112,11 @@ func Mount(t testing.TB, opt Options) *FS {
 	}
 	mkfs, err := exec.LookPath("mkfs." + typ)
 	if err != nil {
-		t.Skipf("testfs: cannot make a %s filesystem: mkfs.%s not found (%v)", typ, typ, err)
+		Missing(t, "testfs: cannot make a %s filesystem: mkfs.%s not found (%v)", typ, typ, err)
 	}
 	losetup, err := exec.LookPath("losetup")
 	if err != nil {
-		t.Skipf("testfs: losetup (util-linux) not found: %v", err)
+		Missing(t, "testfs: losetup (util-linux) not found: %v", err)
 	}
 
 	// TempDir registers its RemoveAll cleanup before ours, so it runs after
@@ -159,7 +171,7 @@ func Mount(t testing.TB, opt Options) *FS {
 			t.Fatalf("testfs: %s: reading dio state: %v", dev, err)
 		}
 		if strings.TrimSpace(string(dio)) != "1" {
-			t.Skipf("testfs: %s: direct I/O requested but the loop driver did not enable it (backing filesystem of %s lacks O_DIRECT support?)", dev, td.image)
+			Missing(t, "testfs: %s: direct I/O requested but the loop driver did not enable it (backing filesystem of %s lacks O_DIRECT support?)", dev, td.image)
 		}
 	}
 
