@@ -50,9 +50,12 @@ dirty_writeback_interval = "200ms"
 dirty_expire_interval = "500ms"
 # One request at a time, in small batches: the background writeback takes
 # seconds however fast the machine, and yields often.
+# integrity_syncfs = 0: one fdatasync per file, never one syncfs for a
+# whole batch (which writes the 8000 files in well under a second).
 [plug]
 max_pending = 16
 queue_depth = 1
+integrity_syncfs = 0
 [[watch]]
 path = %q
 mode = "integrity"
@@ -66,8 +69,22 @@ expire = "1h"
 		writeDirty(t, p, 64<<10)
 		bulkFiles = append(bulkFiles, p)
 	}
-	// Let background writeback of the bulk tree get going.
-	time.Sleep(time.Second)
+	// Let background writeback of the bulk tree get going: wait until its
+	// first files are clean (a fixed sleep either missed the start or the
+	// end on a busy machine).
+	deadline := time.Now().Add(10 * time.Second)
+	for started := false; !started; {
+		if time.Now().After(deadline) {
+			t.Fatal("background writeback of the bulk tree did not start within 10s")
+		}
+		for _, p := range bulkFiles[:64] {
+			if dirty, wb, err := cachestat(p, 0, 0); err == nil && dirty+wb == 0 {
+				started = true
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	target := filepath.Join(db, "wal")
 	writeDirty(t, target, 256<<10)
 	code, out := runSync(t, d, target)
