@@ -1,0 +1,688 @@
+package packaging
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"flusherd/config"
+)
+
+// The files of the Debian package, with their modes; directories are all
+// 0755 and everything belongs to root:root.
+var debFiles = map[string]os.FileMode{
+	"./usr/sbin/flusherd":                            0o755,
+	"./lib/systemd/system/flusherd.service":          0o644,
+	"./etc/flusherd/flusherd.toml":                   0o644,
+	"./usr/share/doc/flusherd/README.md":             0o644,
+	"./usr/share/doc/flusherd/flusherd-metrics.conf": 0o644,
+	"./usr/share/doc/flusherd/copyright":             0o644,
+	"./usr/share/man/man8/flusherd.8.gz":             0o644,
+	"./usr/share/man/man5/flusherd.toml.5.gz":        0o644,
+}
+
+var debControlFiles = map[string]os.FileMode{
+	"control":   0o644,
+	"conffiles": 0o644,
+	"md5sums":   0o644,
+	"postinst":  0o755,
+	"prerm":     0o755,
+	"postrm":    0o755,
+}
+
+// splitConfig splits a configuration file into its header (the comment
+// lines before the first table), its body (from the first table up to the
+// line watchLine) and the watch block (from watchLine to the end).
+func splitConfig(t *testing.T, name, watchLine string) (header, body, watch []string) {
+	t.Helper()
+	data, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(data), "\n")
+	first := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "[") })
+	w := slices.Index(lines, watchLine)
+	if first < 0 || w < first {
+		t.Fatalf("%s: want the tables, then a line %q: not found", name, watchLine)
+	}
+	return lines[:first], lines[first:w], lines[w:]
+}
+
+// TestPackagedConfig checks that packaging/flusherd.toml, the package's
+// conffile, is systemd/flusherd.toml with the [[watch]] entry commented
+// out and its own header: every setting and comment is the same.
+func TestPackagedConfig(t *testing.T) {
+	_, exBody, exWatch := splitConfig(t, "../systemd/flusherd.toml", "[[watch]]")
+	pkHeader, pkBody, pkWatch := splitConfig(t, "flusherd.toml", "#[[watch]]")
+
+	if d := lineDiff(exBody, pkBody); d != "" {
+		t.Errorf("packaging/flusherd.toml differs from systemd/flusherd.toml before [[watch]] (copy the change over):\n%s", d)
+	}
+	var commented []string
+	for _, l := range exWatch {
+		if l != "" {
+			l = "#" + l
+		}
+		commented = append(commented, l)
+	}
+	if d := lineDiff(commented, pkWatch); d != "" {
+		t.Errorf("packaging/flusherd.toml: the [[watch]] block is not systemd/flusherd.toml's, commented out line by line:\n%s", d)
+	}
+
+	var text []string
+	for _, l := range pkHeader {
+		if !strings.HasPrefix(l, "#") && l != "" {
+			t.Errorf("packaging/flusherd.toml: header line %q is not a comment", l)
+		}
+		text = append(text, strings.Fields(strings.TrimPrefix(l, "#"))...)
+	}
+	joined := strings.Join(text, " ")
+	for _, want := range []string{
+		"No directory tree is watched until you add a [[watch]] entry",
+		"flusherd check-config /etc/flusherd/flusherd.toml",
+		"systemctl reload flusherd",
+		`Durations need a unit ("500ms", "5s"); sizes take B, KiB, MiB or GiB.`,
+	} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("packaging/flusherd.toml: the header does not say %q", want)
+		}
+	}
+
+	// The same settings, and no tree.
+	parse := func(name string) *config.Config {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := config.Parse(name, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ex, pk := parse("../systemd/flusherd.toml"), parse("flusherd.toml")
+	if len(pk.Watch) != 0 {
+		t.Errorf("packaging/flusherd.toml has %d [[watch]] entries; want none", len(pk.Watch))
+	}
+	if ex.Writeback != pk.Writeback || ex.Plug != pk.Plug || ex.Watcher != pk.Watcher ||
+		ex.Stats != pk.Stats || ex.Log != pk.Log || ex.Metrics != pk.Metrics {
+		t.Errorf("packaging/flusherd.toml and systemd/flusherd.toml parse to different settings:\n%+v\n%+v", pk, ex)
+	}
+}
+
+// lineDiff describes the first line where got differs from want, or
+// returns "".
+func lineDiff(want, got []string) string {
+	line := func(ls []string, i int) string {
+		if i >= len(ls) {
+			return "(end)"
+		}
+		return strconv.Quote(ls[i])
+	}
+	for i := range max(len(want), len(got)) {
+		if i >= len(want) || i >= len(got) || want[i] != got[i] {
+			return fmt.Sprintf("line %d of the part: want %s, got %s", i+1, line(want, i), line(got, i))
+		}
+	}
+	return ""
+}
+
+var (
+	buildOnce sync.Once
+	buildBin  string
+	buildErr  error
+)
+
+// flusherdBinary builds cmd/flusherd once for the tests of this package.
+func flusherdBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "flusherd-packaging-test")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildBin = filepath.Join(dir, "flusherd")
+		cmd := exec.Command("go", "build", "-o", buildBin, "./cmd/flusherd")
+		cmd.Dir = ".."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = errors.New("go build ./cmd/flusherd: " + err.Error() + "\n" + string(out))
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildBin != "" {
+		os.RemoveAll(filepath.Dir(buildBin))
+	}
+	os.Exit(code)
+}
+
+// help runs flusherd with args (a --help) and returns what it printed.
+func help(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("flusherd %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// sections splits a Markdown man page at the lines that start with prefix
+// ("## "), keyed by the rest of the line; the text before the first one is
+// left out.
+func sections(doc, prefix string) map[string]string {
+	m := map[string]string{}
+	name := ""
+	var cur strings.Builder
+	flush := func() {
+		if name != "" {
+			m[name] = cur.String()
+		}
+	}
+	for _, l := range strings.Split(doc, "\n") {
+		if strings.HasPrefix(l, "#") {
+			flush()
+			name, cur = "", strings.Builder{}
+			if strings.HasPrefix(l, prefix) && !strings.HasPrefix(l, prefix+"#") {
+				name = strings.TrimPrefix(l, prefix)
+			}
+			continue
+		}
+		cur.WriteString(l + "\n")
+	}
+	flush()
+	return m
+}
+
+var (
+	usageCommand = regexp.MustCompile(`(?m)^  flusherd ([a-z][a-z-]*)`)
+	helpFlag     = regexp.MustCompile(`(?m)^  -([A-Za-z][A-Za-z0-9_-]*)`)
+	docFlagTerm  = regexp.MustCompile(`(?m)^\*\*--([A-Za-z][A-Za-z0-9_-]*)\*\*`)
+)
+
+// TestManPageCommands checks that doc/flusherd.8.md documents every
+// subcommand of the usage, in a section "## COMMAND", and every flag of its
+// --help there, as a definition "**--flag**", and nothing that is not one.
+func TestManPageCommands(t *testing.T) {
+	bin := flusherdBinary(t)
+	data, err := os.ReadFile("../doc/flusherd.8.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+	secs := sections(doc, "## ")
+
+	var cmds []string
+	for _, m := range usageCommand.FindAllStringSubmatch(help(t, bin, "--help"), -1) {
+		cmds = append(cmds, m[1])
+	}
+	if len(cmds) < 7 {
+		t.Fatalf("found only the commands %q in `flusherd --help`", cmds)
+	}
+	for _, cmd := range cmds {
+		sec, ok := secs[cmd]
+		if !ok {
+			t.Errorf("doc/flusherd.8.md: no section \"## %s\" for the command %s", cmd, cmd)
+			continue
+		}
+		if !strings.Contains(sec, "**flusherd "+cmd+"**") {
+			t.Errorf("doc/flusherd.8.md, ## %s: no synopsis line \"**flusherd %s** ...\"", cmd, cmd)
+		}
+		var flags []string
+		for _, m := range helpFlag.FindAllStringSubmatch(help(t, bin, cmd, "--help"), -1) {
+			flags = append(flags, m[1])
+		}
+		for _, f := range flags {
+			if !regexp.MustCompile(`(?m)^\*\*--` + regexp.QuoteMeta(f) + `\*\*`).MatchString(sec) {
+				t.Errorf("doc/flusherd.8.md, ## %s: flag --%s (from `flusherd %s --help`) is not documented there (a line starting \"**--%s**\")", cmd, f, cmd, f)
+			}
+		}
+		for _, m := range docFlagTerm.FindAllStringSubmatch(sec, -1) {
+			if !slices.Contains(flags, m[1]) {
+				t.Errorf("doc/flusherd.8.md, ## %s: documents --%s, which `flusherd %s --help` does not have", cmd, m[1], cmd)
+			}
+		}
+	}
+	// Every command section under COMMANDS is a command.
+	inCommands := false
+	for _, l := range strings.Split(doc, "\n") {
+		switch {
+		case strings.HasPrefix(l, "# "):
+			inCommands = l == "# COMMANDS"
+		case inCommands && strings.HasPrefix(l, "## "):
+			if name := strings.TrimPrefix(l, "## "); !slices.Contains(cmds, name) {
+				t.Errorf("doc/flusherd.8.md documents a command %q that `flusherd --help` does not list", name)
+			}
+		}
+	}
+}
+
+var docKeyTerm = regexp.MustCompile(`(?m)^\*\*([a-z_]+\.[a-z_]+)\*\* = `)
+
+// TestManPageConfigKeys checks that doc/flusherd.toml.5.md documents every
+// key that `flusherd print-default-config` prints, as a definition
+// "**table.key** = ...", with the default value printed there (for the keys
+// of the single tables), and no key that is not printed.
+func TestManPageConfigKeys(t *testing.T) {
+	bin := flusherdBinary(t)
+	data, err := os.ReadFile("../doc/flusherd.toml.5.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+	out, err := exec.Command(bin, "print-default-config").Output()
+	if err != nil {
+		t.Fatalf("flusherd print-default-config: %v", err)
+	}
+
+	// The text of each key's definition: from its term to the next term
+	// or heading.
+	entries := map[string]string{}
+	locs := docKeyTerm.FindAllStringSubmatchIndex(doc, -1)
+	for i, loc := range locs {
+		end := len(doc)
+		if i+1 < len(locs) {
+			end = locs[i+1][0]
+		}
+		if h := strings.Index(doc[loc[1]:end], "\n#"); h >= 0 {
+			end = loc[1] + h
+		}
+		entries[doc[loc[2]:loc[3]]] = doc[loc[0]:end]
+	}
+
+	var keys []string
+	table, array := "", false
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		switch {
+		case l == "" || strings.HasPrefix(l, "#"):
+		case strings.HasPrefix(l, "[["):
+			table, array = strings.Trim(l, "[]"), true
+		case strings.HasPrefix(l, "["):
+			table, array = strings.Trim(l, "[]"), false
+		default:
+			k, v, ok := strings.Cut(l, "=")
+			if !ok || table == "" {
+				t.Fatalf("print-default-config: cannot read the line %q", l)
+			}
+			key := table + "." + strings.TrimSpace(k)
+			keys = append(keys, key)
+			entry, ok := entries[key]
+			switch {
+			case !ok:
+				t.Errorf("doc/flusherd.toml.5.md: key %s (from print-default-config) is not documented (a line starting \"**%s** = \")", key, key)
+			case !array && !strings.Contains(entry, "`"+strings.TrimSpace(v)+"`"):
+				t.Errorf("doc/flusherd.toml.5.md: key %s: the default, `%s`, is not given", key, strings.TrimSpace(v))
+			}
+		}
+	}
+	if len(keys) < 20 {
+		t.Fatalf("print-default-config printed only the keys %q", keys)
+	}
+	for key := range entries {
+		if !slices.Contains(keys, key) {
+			t.Errorf("doc/flusherd.toml.5.md documents %s, which print-default-config does not print", key)
+		}
+	}
+}
+
+// TestDeb builds the package with build-deb.sh and checks its files, their
+// modes and owners, its control fields, conffiles and maintainer scripts,
+// and the unit, configuration, man pages and binary in it.
+func TestDeb(t *testing.T) {
+	for _, tool := range []string{"dpkg-deb", "dpkg"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is needed to build and check the Debian package: %v", tool, err)
+			}
+			t.Skipf("%s not found; skipping the Debian package test", tool)
+		}
+	}
+	if testing.Short() {
+		t.Skip("builds the package; skipped with -short")
+	}
+	outdir := t.TempDir()
+	cmd := exec.Command("bash", "build-deb.sh", outdir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("build-deb.sh: %v\n%s", err, stderr.String())
+	}
+	deb := strings.TrimSpace(string(out))
+	if ents, _ := os.ReadDir(outdir); len(ents) != 1 || filepath.Join(outdir, ents[0].Name()) != deb {
+		t.Fatalf("build-deb.sh printed %q; OUTDIR holds %v", deb, ents)
+	}
+
+	dpkgDeb := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("dpkg-deb", args...).Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				err = errors.New(err.Error() + ": " + string(ee.Stderr))
+			}
+			t.Fatalf("dpkg-deb %s: %v", strings.Join(args, " "), err)
+		}
+		return string(out)
+	}
+
+	// Control fields and the file name.
+	field := func(name string) string { return strings.TrimSpace(dpkgDeb("-f", deb, name)) }
+	version := field("Version")
+	if !regexp.MustCompile(`^[0-9][A-Za-z0-9.+~]*$`).MatchString(version) {
+		t.Errorf("Version %q is not a Debian version without a revision", version)
+	}
+	if err := exec.Command("git", "rev-parse", "HEAD").Run(); err != nil {
+		if version != "0.0.0" {
+			t.Errorf("Version %q outside a git checkout; want 0.0.0", version)
+		}
+	} else if err := exec.Command("git", "describe", "--tags").Run(); err != nil {
+		// No tag: 0.0~git<commit date>.<commit>.
+		if !regexp.MustCompile(`^0\.0~git[0-9]{8}\.[0-9]{6}\.[0-9a-f]{7,}(\.dirty)?$`).MatchString(version) {
+			t.Errorf("Version %q of a checkout without tags; want 0.0~gitYYYYMMDD.hhmmss.<commit>[.dirty]", version)
+		}
+	}
+	archOut, err := exec.Command("dpkg", "--print-architecture").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	arch := strings.TrimSpace(string(archOut))
+	if want := "flusherd_" + version + "_" + arch + ".deb"; filepath.Base(deb) != want {
+		t.Errorf("package file %s; want %s", filepath.Base(deb), want)
+	}
+	for name, want := range map[string]string{
+		"Package":      "flusherd",
+		"Architecture": arch,
+		"Maintainer":   "flusherd developers <flusherd@localhost>",
+		"Recommends":   "systemd",
+		"Depends":      "",
+		"Pre-Depends":  "",
+		"Section":      "admin",
+		"Priority":     "optional",
+	} {
+		if got := field(name); got != want {
+			t.Errorf("control field %s: %q; want %q", name, got, want)
+		}
+	}
+	if d := field("Description"); !strings.HasPrefix(d, "userspace writeback flusher") || !strings.Contains(d, "\n") {
+		t.Errorf("Description %q: want a synopsis and a long description", d)
+	}
+	if got := strings.TrimSpace(dpkgDeb("-I", deb, "conffiles")); got != "/etc/flusherd/flusherd.toml" {
+		t.Errorf("conffiles: %q; want /etc/flusherd/flusherd.toml", got)
+	}
+	info := dpkgDeb("-I", deb)
+	for name := range debControlFiles {
+		if !regexp.MustCompile(`(?m)^ +[0-9]+ bytes, +[0-9]+ lines +\*? +` + name + `\b`).MatchString(info) {
+			t.Errorf("dpkg-deb -I does not list the control file %s:\n%s", name, info)
+		}
+	}
+
+	// The files: the listing of dpkg-deb -c, every entry root:root.
+	seen := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(dpkgDeb("-c", deb)), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 6 {
+			t.Errorf("dpkg-deb -c: unexpected line %q", l)
+			continue
+		}
+		perm, owner, name := f[0], f[1], f[5]
+		seen[name] = true
+		if owner != "root/root" {
+			t.Errorf("%s belongs to %s; want root/root", name, owner)
+		}
+		switch mode, ok := debFiles[name]; {
+		case strings.HasSuffix(name, "/"):
+			if perm != "drwxr-xr-x" {
+				t.Errorf("directory %s: %s; want drwxr-xr-x", name, perm)
+			}
+		case !ok:
+			t.Errorf("unexpected file in the package: %s", name)
+		case perm != "-"+mode.String()[1:]:
+			t.Errorf("%s: %s; want -%s", name, perm, mode.String()[1:])
+		}
+	}
+	for name := range debFiles {
+		if !seen[name] {
+			t.Errorf("%s is not in the package", name)
+		}
+	}
+	for name := range debFiles {
+		// Its directories: ./usr/sbin/flusherd needs ./usr/sbin/, ./usr/, ./
+		for d := name; d != "."; {
+			d = d[:strings.LastIndex(d, "/")]
+			if !seen[d+"/"] {
+				t.Errorf("directory %s/ is not in the package", d)
+				seen[d+"/"] = true // once
+			}
+		}
+	}
+
+	// The control files' modes, and the maintainer scripts' syntax.
+	ctrl := readTar(t, "--ctrl-tarfile", deb)
+	for name, mode := range debControlFiles {
+		f, ok := ctrl["./"+name]
+		switch {
+		case !ok:
+			t.Errorf("control file %s is missing", name)
+		case f.mode != mode || f.uid != 0 || f.gid != 0:
+			t.Errorf("control file %s: mode %v, owner %d:%d; want %v, 0:0", name, f.mode, f.uid, f.gid, mode)
+		}
+	}
+	for _, name := range []string{"postinst", "prerm", "postrm"} {
+		want, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ctrl["./"+name].data; !bytes.Equal(got, want) {
+			t.Errorf("control file %s is not packaging/%s", name, name)
+		}
+	}
+
+	// The contents.
+	files := readTar(t, "--fsys-tarfile", deb)
+	unit, err := os.ReadFile("../systemd/flusherd.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantUnit := strings.Replace(string(unit), "\nExecStart=/usr/local/bin/flusherd ", "\nExecStart=/usr/sbin/flusherd ", 1)
+	gotUnit := string(files["./lib/systemd/system/flusherd.service"].data)
+	if !strings.Contains(gotUnit, "\nExecStart=/usr/sbin/flusherd run --config /etc/flusherd/flusherd.toml\n") {
+		t.Errorf("the packaged unit has no line ExecStart=/usr/sbin/flusherd run --config /etc/flusherd/flusherd.toml")
+	}
+	if gotUnit != wantUnit {
+		t.Errorf("the packaged unit is not systemd/flusherd.service with ExecStart=/usr/sbin/flusherd")
+	}
+	for pkgPath, src := range map[string]string{
+		"./etc/flusherd/flusherd.toml":                   "flusherd.toml",
+		"./usr/share/doc/flusherd/README.md":             "../README.md",
+		"./usr/share/doc/flusherd/flusherd-metrics.conf": "../systemd/flusherd-metrics.conf",
+	} {
+		want, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(files[pkgPath].data, want) {
+			t.Errorf("%s in the package is not %s", pkgPath, src)
+		}
+	}
+	copyright := string(files["./usr/share/doc/flusherd/copyright"].data)
+	if !strings.Contains(copyright, "==== Go go1.") {
+		t.Errorf("copyright does not give Go's license")
+	}
+	for _, mod := range []string{"github.com/BurntSushi/toml", "go.uber.org/zap", "golang.org/x/sys"} {
+		if !strings.Contains(copyright, "==== "+mod+" ") {
+			t.Errorf("copyright does not give the license of %s", mod)
+		}
+	}
+	for pkgPath, title := range map[string]string{
+		"./usr/share/man/man8/flusherd.8.gz":      ".TH flusherd 8 ",
+		"./usr/share/man/man5/flusherd.toml.5.gz": ".TH flusherd.toml 5 ",
+	} {
+		zr, err := gzip.NewReader(bytes.NewReader(files[pkgPath].data))
+		if err != nil {
+			t.Errorf("%s: %v", pkgPath, err)
+			continue
+		}
+		page, err := io.ReadAll(zr)
+		if err != nil {
+			t.Errorf("%s: %v", pkgPath, err)
+			continue
+		}
+		if !strings.Contains(string(page), "\n"+title) || !strings.Contains(string(page), `"flusherd `+version+`"`) {
+			t.Errorf("%s: no title line %q... with the version %s", pkgPath, title, version)
+		}
+	}
+	md5sums := string(ctrl["./md5sums"].data)
+	for name := range debFiles {
+		if !strings.Contains(md5sums, "  "+strings.TrimPrefix(name, "./")+"\n") {
+			t.Errorf("md5sums does not list %s", name)
+		}
+	}
+
+	// The binary: static, and it knows its version.
+	bin := filepath.Join(t.TempDir(), "flusherd")
+	if err := os.WriteFile(bin, files["./usr/sbin/flusherd"].data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ef, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Errorf("/usr/sbin/flusherd has a program interpreter: it is not static")
+		}
+	}
+	ef.Close()
+	if out, err := exec.Command(bin, "version").Output(); err != nil || string(out) != "flusherd "+version+"\n" {
+		t.Errorf("flusherd version: %q, %v; want \"flusherd %s\"", out, err, version)
+	}
+}
+
+type tarFile struct {
+	mode     os.FileMode
+	uid, gid int
+	data     []byte
+}
+
+// readTar reads the control or data archive of a package (dpkg-deb
+// --ctrl-tarfile or --fsys-tarfile) into memory.
+func readTar(t *testing.T, which, deb string) map[string]tarFile {
+	t.Helper()
+	out, err := exec.Command("dpkg-deb", which, deb).Output()
+	if err != nil {
+		t.Fatalf("dpkg-deb %s: %v", which, err)
+	}
+	files := map[string]tarFile{}
+	tr := tar.NewReader(bytes.NewReader(out))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return files
+		}
+		if err != nil {
+			t.Fatalf("dpkg-deb %s: %v", which, err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[h.Name] = tarFile{mode: h.FileInfo().Mode().Perm(), uid: h.Uid, gid: h.Gid, data: data}
+	}
+}
+
+// TestMaintainerScripts runs the maintainer scripts with DPKG_ROOT set (so
+// they leave the running systemd alone) and stand-ins for
+// deb-systemd-helper, deb-systemd-invoke and systemctl that log their
+// arguments.
+func TestMaintainerScripts(t *testing.T) {
+	dir := t.TempDir()
+	root, bin, logf := filepath.Join(dir, "root"), filepath.Join(dir, "bin"), filepath.Join(dir, "calls")
+	for _, d := range []string{root, bin} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tool := range []string{"deb-systemd-helper", "deb-systemd-invoke", "systemctl"} {
+		stub := "#!/bin/sh\necho \"" + tool + " $*\" >>\"$CALLS\"\n"
+		if err := os.WriteFile(filepath.Join(bin, tool), []byte(stub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(script string, args ...string) []string {
+		t.Helper()
+		os.Remove(logf)
+		cmd := exec.Command("sh", append([]string{"-e", script}, args...)...)
+		cmd.Env = append(os.Environ(), "DPKG_ROOT="+root, "CALLS="+logf,
+			"PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		if out, err := cmd.CombinedOutput(); err != nil || len(out) > 0 {
+			t.Fatalf("%s %s: %v, output %q", script, strings.Join(args, " "), err, out)
+		}
+		data, _ := os.ReadFile(logf)
+		return strings.Split(strings.TrimSpace(string(data)), "\n")
+	}
+	want := func(what string, got, want []string) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: calls %q; want %q", what, got, want)
+		}
+	}
+
+	want("postinst configure (first install)", run("postinst", "configure", ""), []string{
+		"deb-systemd-helper unmask flusherd.service",
+		"deb-systemd-helper --quiet was-enabled flusherd.service",
+		"deb-systemd-helper enable flusherd.service",
+	})
+	want("prerm remove", run("prerm", "remove"), []string{""})
+	want("postrm remove", run("postrm", "remove"), []string{""})
+
+	mk := func(p string) {
+		t.Helper()
+		p = filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("run/flusherd/bdi/8:0/stats")
+	mk("run/flusherd/flusherd.lock")
+	if err := os.MkdirAll(filepath.Join(root, "etc/flusherd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want("postrm purge", run("postrm", "purge"), []string{"deb-systemd-helper purge flusherd.service"})
+	for _, p := range []string{"etc/flusherd", "run/flusherd"} {
+		if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after postrm purge, /%s: %v; want it gone", p, err)
+		}
+	}
+	// A file of the administrator's keeps /etc/flusherd.
+	mk("etc/flusherd/local.toml")
+	run("postrm", "purge")
+	if _, err := os.Stat(filepath.Join(root, "etc/flusherd/local.toml")); err != nil {
+		t.Errorf("postrm purge removed a file it does not own: %v", err)
+	}
+}
