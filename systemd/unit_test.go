@@ -166,7 +166,7 @@ func TestUnderSystemd(t *testing.T) {
 		// of one filesystem are made durable with one syncfs(2).
 		h.must(h.sh("for i in $(seq 1 70); do head -c 8192 /dev/urandom > /srv/data/slow/many$i; done"))
 		h.waitFor("70 files tracked", 10*time.Second, func() bool {
-			out, _ := h.sh("flusherd dirty | grep -c /srv/data/slow/many")
+			out, _ := h.sh("flusherd dirty --top 0 | grep -c /srv/data/slow/many")
 			n, _ := strconv.Atoi(strings.TrimSpace(out))
 			return n == 70
 		})
@@ -224,7 +224,7 @@ func TestUnderSystemd(t *testing.T) {
 		calls.require(t, []syscallClass{
 			{"handle opens", "open_by_handle_at", ""},
 			{"handles made", "name_to_handle_at", ""},
-			{"path opens (O_PATH walk)", "openat", "O_PATH|O_NOFOLLOW"},
+			{"path opens (O_PATH walk)", "openat", "O_PATH"},
 			{"cachestat", "cachestat", ""},
 			{"sync_file_range", "sync_file_range", ""},
 			{"fdatasync", "fdatasync", ""},
@@ -366,9 +366,9 @@ func TestUnderSystemd(t *testing.T) {
 		if !strings.Contains(out, "configuration reload rejected") {
 			t.Errorf("journalctl -p warning lacks the rejected reload (an error):\n%s", out)
 		}
-		for _, info := range []string{"every root is watched", "initial scan done", "configuration reloaded"} {
-			if strings.Contains(out, info) {
-				t.Errorf("journalctl -p warning shows an info line %q:\n%s", info, out)
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "INFO") || strings.HasPrefix(line, "DEBUG") {
+				t.Errorf("journalctl -p warning shows an info or debug line: %q", line)
 			}
 		}
 		all := h.must(h.c.Exec(20*time.Second, "journalctl", "-u", "flusherd", "-o", "cat", "--no-pager"))

@@ -123,12 +123,20 @@ func Boot(t testing.TB, root, name string, binds ...Bind) *Container {
 		}
 		c.PID = childOf(cmd.Process.Pid, "systemd")
 	}
-	out, err := c.Exec(60*time.Second, "systemctl", "is-system-running", "--wait")
-	if s := strings.TrimSpace(out); s != "running" && s != "degraded" {
-		failed, _ := c.Exec(10*time.Second, "systemctl", "--failed", "--no-pager")
-		t.Fatalf("nspawn: container did not come up: %q %v\n%s", s, err, failed)
+	// Early in boot systemctl cannot reach systemd yet ("Failed to
+	// connect to bus"): ask again until it answers.
+	for {
+		out, err := c.Exec(60*time.Second, "systemctl", "is-system-running", "--wait")
+		s := strings.TrimSpace(out)
+		if s == "running" || s == "degraded" {
+			return c
+		}
+		if !strings.Contains(s, "Failed to connect to bus") || time.Now().After(deadline) {
+			failed, _ := c.Exec(10*time.Second, "systemctl", "--failed", "--no-pager")
+			t.Fatalf("nspawn: container did not come up: %q %v\n%s", s, err, failed)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return c
 }
 
 // Exec runs a command inside the container (all of its namespaces) and
