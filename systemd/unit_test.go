@@ -416,7 +416,6 @@ type harness struct {
 	t      *testing.T
 	c      *nspawn.Container
 	hostOf map[string]string // container mount point -> host directory
-	since  string            // journal cursor of the current subtest's start
 }
 
 func (h *harness) sh(script string) (string, error) { return h.c.Sh(60*time.Second, script) }
@@ -700,14 +699,14 @@ func parseStrace(out string) syscalls {
 	var cs syscalls
 	pending := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
-		var pid, name, text string
+		var name, text string
 		if m := straceResume.FindStringSubmatch(line); m != nil {
-			pid, name, text = m[1], m[2], pending[m[1]]+m[3]
+			name, text = m[2], pending[m[1]]+m[3]
 			delete(pending, m[1])
 		} else if m := straceStart.FindStringSubmatch(line); m != nil {
-			pid, name, text = m[1], m[2], m[3]
+			name, text = m[2], m[3]
 			if strings.HasSuffix(text, "<unfinished ...>") {
-				pending[pid] = text
+				pending[m[1]] = text
 				continue
 			}
 		} else {
