@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -58,9 +57,6 @@ type Fanotify struct {
 	fsids   map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
 	mounts  map[uint64]bool    // st_dev -> mount mark (no dirent events)
 
-	// rescanDue is set while a rescan is scheduled because an event could
-	// not be resolved for want of resources (EMFILE, ENFILE, ENOMEM).
-	rescanDue  atomic.Bool
 	longWarned atomic.Bool
 
 	cmu   sync.Mutex
@@ -365,8 +361,8 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 // lost handles an event that could not be resolved: gone files and
 // directories are nothing to worry about, but an event lost for want of
 // resources (out of file descriptors or memory) may have been a write, so
-// the trees are rescanned with cachestat a second later (one rescan at a
-// time).
+// the trees are rescanned with cachestat, with backoff until a rescan
+// completes (scanIncomplete).
 func (fa *Fanotify) lost(err error) {
 	if errors.Is(err, unix.ENAMETOOLONG) {
 		if !fa.longWarned.Swap(true) {
@@ -377,14 +373,7 @@ func (fa *Fanotify) lost(err error) {
 	if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) && !errors.Is(err, unix.ENOMEM) {
 		return
 	}
-	if fa.rescanDue.Swap(true) {
-		return
-	}
-	fa.log.Warn("fanotify: an event could not be resolved for want of resources; rescanning the trees in a second", zap.Error(err))
-	time.AfterFunc(time.Second, func() {
-		fa.rescanDue.Store(false)
-		fa.rescan(context.Background(), nil)
-	})
+	fa.scanIncomplete(err)
 }
 
 // treeOfDir returns the deepest tree that holds the files of directory
@@ -479,7 +468,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		// no open here, which could hang on a sick filesystem and
 		// stall every tree); the writeback attempt, which has a
 		// timeout, finds out whether it is dirty.
-		fa.report(d.tree.Tree, d.prefix+string(ev.name), false)
+		fa.reportPath(d.tree.Tree, d.prefix+string(ev.name), false)
 		return true
 	}
 	tg, ok := fa.target(ev)

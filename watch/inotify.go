@@ -14,6 +14,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
 )
 
 // Watcher is the inotify backend: one inotify watch per directory
@@ -343,10 +345,10 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			// here (an open can hang on a sick filesystem and would
 			// stall every tree); the writeback attempt, which has a
 			// timeout, finds out whether it is dirty.
-			w.report(t, ev.Name, false)
+			w.report(t, ev.Name, inode.Key{Dev: st.Dev, Ino: st.Ino}, false)
 		}
 	case ev.Has(fsnotify.Write):
-		w.report(t, ev.Name, false)
+		w.reportPath(t, ev.Name, false)
 	case ev.Has(fsnotify.Rename), ev.Has(fsnotify.Remove):
 		// A directory renamed away keeps its watch under the old name:
 		// drop the watches below it; its new name, if in a tree, comes

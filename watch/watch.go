@@ -110,6 +110,7 @@ type base struct {
 	open        inode.Opener
 	ctr         Counters
 	dirsScanned atomic.Uint64
+	retry       retryState
 
 	statsDir  string
 	statsMu   sync.Mutex
@@ -364,69 +365,6 @@ func (b *base) watchMounts(ctx context.Context) {
 		if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0 {
 			b.checkRoots()
 		}
-	}
-}
-
-// scanDir walks dir (the whole subtree when the tree is recursive),
-// calling onDir for each subdirectory before its entries are read (inotify
-// adds its watch there), then reports its regular files. With onlyDirty,
-// only files cachestat shows dirty are reported (start-up, overflow);
-// otherwise every file is (a directory that just appeared: its files may
-// have been written before the watch existed).
-func (b *base) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool, onDir func(path string)) {
-	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if ctx.Err() != nil {
-			return fs.SkipAll
-		}
-		if err != nil {
-			if path != dir && !errors.Is(err, fs.ErrNotExist) {
-				b.log.Warn("cannot read directory", Q(path), zap.Error(err))
-			}
-			return nil
-		}
-		if d.IsDir() {
-			b.dirsScanned.Add(1)
-			if path == dir {
-				return nil
-			}
-			if !t.Recursive || b.isRoot(path, t) {
-				// Another tree's root is scanned with its own
-				// settings (expire, mode).
-				return fs.SkipDir
-			}
-			if onDir != nil {
-				onDir(path)
-			}
-			return nil
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		b.report(t, path, onlyDirty)
-		return nil
-	})
-}
-
-// report hands a regular file at path to the sink; with onlyDirty only if
-// cachestat shows dirty or writeback pages.
-func (b *base) report(t Tree, path string, onlyDirty bool) {
-	key, regular, err := inode.Stat(path)
-	if err != nil || !regular {
-		return
-	}
-	if onlyDirty {
-		f, err := b.open.Open(path, key)
-		if err != nil {
-			return
-		}
-		dirty, wb, err := f.Cachestat(0, 0)
-		f.Close()
-		if err != nil || dirty+wb == 0 {
-			return
-		}
-	}
-	if err := b.sink.MarkInodeDirty(path, key, "", t.Tree); err != nil {
-		b.log.Warn("cannot track file", Q(path), zap.Error(err))
 	}
 }
 

@@ -1,0 +1,232 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
+	"flusherd/policy"
+)
+
+// scanDir walks dir (the whole subtree when the tree is recursive),
+// calling onDir for each subdirectory before its entries are read (inotify
+// adds its watch there), then reports its regular files. With onlyDirty,
+// only files cachestat shows dirty are reported (start-up, overflow);
+// otherwise every file is (a directory that just appeared: its files may
+// have been written before the watch existed).
+//
+// The walk never leaves the tree, even while the tree changes under it
+// (a directory swapped with a symlink by renameat2(RENAME_EXCHANGE)):
+// dir itself is opened with inode.OpenPath (no symlink in any component),
+// and every directory below it relative to its parent's descriptor with
+// O_DIRECTORY|O_NOFOLLOW, entries read with getdents64 and classified with
+// fstatat(AT_SYMLINK_NOFOLLOW) relative to that descriptor: a symlink is
+// never followed, opened or listed. What could not be read for want of a
+// resource (EMFILE, ENFILE, ENOMEM, EAGAIN, EINTR) makes the scan
+// incomplete, and a rescan is scheduled with backoff (scanIncomplete).
+func (b *base) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool, onDir func(path string)) {
+	pfd, err := inode.OpenPath(dir)
+	if err == nil {
+		var fd int
+		fd, err = unix.Openat(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		unix.Close(pfd)
+		if err == nil {
+			b.walk(ctx, t, dir, fd, onlyDirty, onDir)
+			return
+		}
+	}
+	b.dirError(dir, err)
+}
+
+// dirError handles a directory that could not be opened or read: gone is
+// nothing to say, a resource shortage schedules a rescan, anything else is
+// logged.
+func (b *base) dirError(dir string, err error) {
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP):
+		// Gone, or replaced by a file or a symlink: nothing to scan.
+	case resourceShortage(err):
+		b.scanIncomplete(err)
+	default:
+		b.log.Warn("cannot read directory", Q(dir), zap.Error(err))
+	}
+}
+
+// walk scans the directory open as fd (which it closes), whose path is dir.
+func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty bool, onDir func(string)) {
+	defer unix.Close(fd)
+	b.dirsScanned.Add(1)
+	buf := make([]byte, 32<<10)
+	for {
+		if ctx.Err() != nil {
+			return
+		}
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			b.dirError(dir, err)
+			return
+		}
+		if n <= 0 {
+			return
+		}
+		for off := 0; off < n; {
+			reclen := int(buf[off+16]) | int(buf[off+17])<<8
+			typ := buf[off+18]
+			name := direntName(buf[off+19 : off+reclen])
+			off += reclen
+			if name == "." || name == ".." || name == "" {
+				continue
+			}
+			b.entry(ctx, t, dir, fd, name, typ, onlyDirty, onDir)
+		}
+	}
+}
+
+// entry handles one directory entry of the directory open as fd.
+func (b *base) entry(ctx context.Context, t Tree, dir string, fd int, name string, typ byte, onlyDirty bool, onDir func(string)) {
+	path := dir + "/" + name
+	if dir == "/" {
+		path = "/" + name
+	}
+	switch typ {
+	case unix.DT_DIR:
+		if !t.Recursive || b.isRoot(path, t) {
+			// Another tree's root is scanned with its own settings.
+			return
+		}
+		cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			b.dirError(path, err)
+			return
+		}
+		if onDir != nil {
+			onDir(path)
+		}
+		b.walk(ctx, t, path, cfd, onlyDirty, onDir)
+	case unix.DT_REG, unix.DT_UNKNOWN:
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if resourceShortage(err) {
+				b.scanIncomplete(err)
+			}
+			return
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			b.report(t, path, inode.Key{Dev: st.Dev, Ino: st.Ino}, onlyDirty)
+		case unix.S_IFDIR:
+			b.entry(ctx, t, dir, fd, name, unix.DT_DIR, onlyDirty, onDir)
+		}
+	}
+	// Symlinks, FIFOs, sockets and device nodes are never opened.
+}
+
+// direntName returns the NUL-terminated name at the start of b.
+func direntName(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
+// report hands the regular file key at path to the sink; with onlyDirty
+// only if cachestat shows dirty or writeback pages. A file whose state
+// cannot be told (it cannot be opened or cachestat fails, other than
+// because it is gone) is reported as dirty: unknown means tracked, and the
+// writeback attempt finds out.
+func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
+	if onlyDirty {
+		f, err := b.open.Open(path, key)
+		if err == nil {
+			dirty, wb, cerr := f.Cachestat(0, 0)
+			f.Close()
+			if cerr == nil && dirty+wb == 0 {
+				return
+			}
+		} else if policy.ClassifyErr(err) == policy.Gone || errors.Is(err, inode.ErrNotRegular) {
+			return
+		}
+	}
+	if err := b.sink.MarkInodeDirty(path, key, "", t.Tree); err != nil {
+		if resourceShortage(err) {
+			b.scanIncomplete(err)
+			return
+		}
+		b.log.Warn("cannot track file", Q(path), zap.Error(err))
+	}
+}
+
+// reportPath is report for a path an event named: lstat(2) classifies it
+// (only a regular file is reported; the writeback attempt opens it with
+// inode.OpenPath, which refuses symlinks in any component).
+func (b *base) reportPath(t Tree, path string, onlyDirty bool) {
+	key, regular, err := inode.Stat(path)
+	if err != nil {
+		if resourceShortage(err) {
+			b.scanIncomplete(err)
+		}
+		return
+	}
+	if regular {
+		b.report(t, path, key, onlyDirty)
+	}
+}
+
+// resourceShortage reports whether err says a resource ran out for a
+// moment (descriptors, memory) or the call was interrupted: retrying later
+// may succeed.
+func resourceShortage(err error) bool {
+	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOMEM) ||
+		errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.ENOBUFS)
+}
+
+// Backoff of the rescans after an incomplete scan: the first comes
+// rescanFirst after the failure, each further one after twice the last
+// delay, at most rescanMax; a complete rescan resets it. Variables so that
+// tests can shorten them.
+var (
+	rescanFirst = time.Second
+	rescanMax   = 30 * time.Second
+)
+
+// retryState is the rescan-after-shortage schedule of a base.
+type retryState struct {
+	due      atomic.Bool   // a rescan is scheduled
+	failures atomic.Uint64 // scans left incomplete, ever
+	delay    atomic.Int64  // the next delay (ns); 0 means rescanFirst
+}
+
+// scanIncomplete records that a scan or an event could not be completed
+// for want of a resource, and schedules a cachestat rescan of every tree
+// (files already tracked keep their dirtiedWhen). Rescans repeat, with the
+// delay doubling up to rescanMax, until one completes. Logged once per
+// episode.
+func (b *base) scanIncomplete(err error) {
+	b.retry.failures.Add(1)
+	if b.retry.due.Swap(true) {
+		return
+	}
+	d := time.Duration(b.retry.delay.Load())
+	if d == 0 {
+		d = rescanFirst
+		b.log.Warn("a scan or event could not be completed for want of resources; rescanning the trees until a pass completes",
+			zap.Error(err), zap.Stringer("first_retry", d))
+	}
+	b.retry.delay.Store(int64(min(2*d, rescanMax)))
+	time.AfterFunc(d, func() {
+		before := b.retry.failures.Load()
+		b.retry.due.Store(false)
+		b.rescan(context.Background(), nil)
+		if b.retry.failures.Load() == before {
+			b.retry.delay.Store(0)
+			b.log.Info("rescan after the resource shortage completed")
+		}
+	})
+}

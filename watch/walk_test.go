@@ -1,0 +1,223 @@
+package watch
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/bdi"
+	"flusherd/inode"
+)
+
+// keySink records the keys and paths reported.
+type keySink struct {
+	sink
+	keys map[inode.Key]string
+}
+
+func (s *keySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+	s.mu.Lock()
+	s.keys[key] = path
+	s.mu.Unlock()
+	return s.sink.MarkInodeDirty(path, key, h, t)
+}
+
+func newScanner(t *testing.T, root string, s Sink, open inode.Opener) *base {
+	t.Helper()
+	b := &base{}
+	b.init([]Tree{{Root: root, Recursive: true}}, s, Options{Opener: open})
+	return b
+}
+
+func keyOf(t *testing.T, p string) inode.Key {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return inode.Key{Dev: st.Dev, Ino: st.Ino}
+}
+
+// TestScanStaysInsideTree swaps a directory of the tree with a symlink to
+// a directory outside it (renameat2 RENAME_EXCHANGE) while the tree is
+// scanned over and over: no scan may list, stat or report anything of the
+// outside directory, and the directory's own file must still be found.
+func TestScanStaysInsideTree(t *testing.T) {
+	base := t.TempDir()
+	tree, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
+	for _, d := range []string{filepath.Join(tree, "x"), filepath.Join(outside, "sub")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{filepath.Join(tree, "x", "inside"), filepath.Join(outside, "secret"), filepath.Join(outside, "sub", "deep")} {
+		if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(outside, filepath.Join(tree, "y")); err != nil {
+		t.Fatal(err)
+	}
+	secret, deep := keyOf(t, filepath.Join(outside, "secret")), keyOf(t, filepath.Join(outside, "sub", "deep"))
+	inside := keyOf(t, filepath.Join(tree, "x", "inside"))
+
+	ks := &keySink{sink: sink{seen: map[string]int{}}, keys: map[inode.Key]string{}}
+	b := newScanner(t, tree, ks, inode.OS{})
+	var dirs sync.Map
+	stop := make(chan struct{})
+	var swaps atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(tree, "x"), unix.AT_FDCWD, filepath.Join(tree, "y"), unix.RENAME_EXCHANGE); err != nil {
+				t.Error(err)
+				return
+			}
+			swaps.Add(1)
+		}
+	})
+	for range 2000 {
+		b.scanDir(context.Background(), Tree{Root: tree, Recursive: true}, tree, false, func(p string) { dirs.Store(p, true) })
+	}
+	close(stop)
+	wg.Wait()
+	if swaps.Load() < 100 {
+		t.Fatalf("only %d swaps during the scans: the race was not exercised", swaps.Load())
+	}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	for _, k := range []inode.Key{secret, deep} {
+		if p, ok := ks.keys[k]; ok {
+			t.Errorf("a file outside the tree was reported as %q", p)
+		}
+	}
+	dirs.Range(func(k, _ any) bool {
+		if strings.HasSuffix(k.(string), "/sub") {
+			t.Errorf("the outside directory's subdirectory was walked as %q", k)
+		}
+		return true
+	})
+	if _, ok := ks.keys[inside]; !ok {
+		t.Error("the tree's own file was never found")
+	}
+	t.Logf("%d swaps during 2000 scans; %d keys reported", swaps.Load(), len(ks.keys))
+}
+
+// failOpener opens nothing: every Open fails with err.
+type failOpener struct{ err error }
+
+func (o failOpener) Open(string, inode.Key) (inode.File, error) { return nil, o.err }
+
+// TestScanUnknownIsTracked: a file whose dirtiness cannot be checked for
+// want of a resource is tracked (the writeback attempt decides); a file
+// that is gone is not.
+func TestScanUnknownIsTracked(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "f")
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{unix.EMFILE, true},
+		{unix.ENFILE, true},
+		{unix.ENOMEM, true},
+		{unix.EIO, true},
+		{unix.ENOENT, false},
+		{unix.ESTALE, false},
+		{inode.ErrNotRegular, false},
+	} {
+		s := &sink{seen: map[string]int{}}
+		rescanFirst = time.Hour // no rescan while the test runs
+		t.Cleanup(func() { rescanFirst = time.Second })
+		b := newScanner(t, root, s, failOpener{&os.PathError{Op: "open", Path: p, Err: c.err}})
+		b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+		if got := s.has(p); got != c.want {
+			t.Errorf("open fails with %v: tracked = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+// TestScanRetriedAfterShortage: a directory that cannot be opened for
+// want of descriptors makes the scan incomplete; rescans follow, with
+// backoff, until one completes, and then the file below it is tracked.
+func TestScanRetriedAfterShortage(t *testing.T) {
+	root := t.TempDir()
+	deep := filepath.Join(root, "a", "b", "c")
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(deep, "f")
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rescanFirst, rescanMax = 20*time.Millisecond, 80*time.Millisecond
+	t.Cleanup(func() { rescanFirst, rescanMax = time.Second, 30*time.Second })
+	s := &sink{seen: map[string]int{}}
+	b := newScanner(t, root, s, failOpener{unix.EMFILE})
+
+	// Hold the descriptor limit at what is open now: the walk cannot
+	// open the root's subdirectories.
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir("/proc/self/fd")
+	lim := old
+	lim.Cur = uint64(len(ents) + 1) // (ReadDir's own descriptor is listed): the root and "a" open, "a/b" not
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Cleanup(restore)
+	b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+	first := s.has(p)
+	failures := b.retry.failures.Load()
+	time.Sleep(100 * time.Millisecond) // rescans keep failing while the limit holds
+	stillFailing := b.retry.failures.Load()
+	restore()
+	if first {
+		t.Fatal("the file was found although its directory could not be opened: the shortage was not exercised")
+	}
+	if failures == 0 {
+		t.Fatal("the incomplete scan was not noted")
+	}
+	if stillFailing <= failures {
+		t.Errorf("no rescan ran while the shortage lasted (failures %d, then %d)", failures, stillFailing)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.has(p) {
+		if time.Now().After(deadline) {
+			t.Fatal("the file below the unreadable directory was not tracked after the limit was restored")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for b.retry.due.Load() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d := b.retry.delay.Load(); d != 0 {
+		t.Errorf("backoff not reset after a complete rescan: next delay %s", time.Duration(d))
+	}
+}
