@@ -304,25 +304,54 @@ func (wb *Writeback) TrackedPaths() []string {
 	return out
 }
 
-// Shutdown drains every device (Drain) within ctx, stops the goroutines,
-// and returns the paths still tracked, by device name, when ctx ended
-// first.
-func (r *Registry) Shutdown(ctx context.Context) map[string][]string {
-	left := map[string][]string{}
+// GivenUp is a file the shutdown gave up on: its filesystem cannot be
+// written (read-only, shut down, gone), so waiting would not help.
+type GivenUp struct {
+	Path string
+	Err  error
+}
+
+// ShutdownReport is what Registry.Shutdown could not write, by device name.
+type ShutdownReport struct {
+	// Left are the paths still tracked (dirty, or under writeback) when
+	// ctx ended: writeback of them was started, but not seen to finish.
+	Left map[string][]string
+	// GivenUp are the files whose filesystem could not be written.
+	GivenUp map[string][]GivenUp
+}
+
+// Shutdown drains every device (Drain) within ctx, giving up at once on
+// files whose filesystem cannot be written (EROFS, ESHUTDOWN, ENODEV,
+// ENXIO: policy.FSUnavailable), stops the goroutines, and reports what is
+// left. Files already clean are forgotten at their first attempt, so they
+// are never waited on.
+func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
+	rep := ShutdownReport{Left: map[string][]string{}, GivenUp: map[string][]GivenUp{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, wb := range r.Devices() {
+		wb.mu.Lock()
+		wb.shuttingDown = true
+		wb.mu.Unlock()
 		wg.Go(func() {
-			if err := wb.Drain(ctx, "shutdown"); err != nil {
-				mu.Lock()
-				left[wb.Name] = wb.TrackedPaths()
-				mu.Unlock()
+			err := wb.Drain(ctx, "shutdown")
+			wb.mu.Lock()
+			given := wb.givenUp
+			wb.givenUp = nil
+			wb.mu.Unlock()
+			mu.Lock()
+			if err != nil {
+				rep.Left[wb.Name] = wb.TrackedPaths()
 			}
+			if len(given) > 0 {
+				rep.GivenUp[wb.Name] = given
+			}
+			mu.Unlock()
 		})
 	}
 	wg.Wait()
 	r.Stop()
-	return left
+	return rep
 }
 
 // Stop ends the goroutines without writing anything back and waits for

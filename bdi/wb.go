@@ -141,6 +141,13 @@ type Writeback struct {
 	plugStats   [3]uint64 // the plug's requests, merges, batches, published after each work
 	running     bool
 
+	// shuttingDown: the daemon is exiting (Registry.Shutdown); a file
+	// whose filesystem cannot be written (FSUnavailable: EROFS,
+	// ESHUTDOWN, ENODEV, ENXIO) is given up at once and recorded in
+	// givenUp instead of being retried until shutdown_timeout.
+	shuttingDown bool
+	givenUp      []GivenUp
+
 	wake    chan struct{}
 	stopped chan struct{}
 
@@ -264,8 +271,17 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 		}
 		wb.inodes[key] = in
 	} else {
-		if h != "" && in.Handle() == "" {
+		switch old := in.Handle(); {
+		case h == "" || h == old:
+		case old == "":
 			in.SetHandle(h)
+		default:
+			// The same (dev, ino) with another handle: the tracked inode
+			// was deleted and a new file took its number (ext4 reuses
+			// numbers at once). The inode is that file now.
+			in.SetHandle(h)
+			in.SetPath(path)
+			in.Errors, in.LastErr = 0, 0
 		}
 		if !in.HasPath(path) {
 			in.SetOtherPath(in.Path())
@@ -747,7 +763,8 @@ func (wb *Writeback) Inodes() []InodeInfo {
 // OpenInode opens a tracked inode as its writeback attempts do (by handle
 // when it has one), for a fresh cachestat.
 func (wb *Writeback) OpenInode(i InodeInfo) (inode.File, error) {
-	return wb.openFile(i.Path, i.Key, i.Handle)
+	f, _, err := wb.openFile(i.Path, i.Key, i.Handle)
+	return f, err
 }
 
 // queueIOLocked is queue_io: b_more_io, then b_more_io_wait (once per work,
@@ -833,7 +850,10 @@ type attempt struct {
 	dirtyAfter, wbAfter uint64
 	sized               bool // a whole-file attempt found it too large
 	handle              inode.Handle
-	path                string
+	// renewed is the handle of a new file found under the inode's number
+	// (openFile); the inode takes it at completion.
+	renewed inode.Handle
+	path    string
 }
 
 // hold takes a reference on the attempt's file.
@@ -866,13 +886,13 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		wb.plug.Add(&Request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, att: att, whole: true, path: path, handle: att.handle})
 		return max(1, int64(in.DirtyPages))
 	}
-	f, err := wb.openTimed(in, path, key, att.handle)
+	f, renewed, err := wb.openTimed(in, path, key, att.handle)
 	if err != nil {
 		att.err = err
 		wb.complete(att)
 		return 0
 	}
-	att.f = f
+	att.f, att.renewed = f, renewed
 	dirty, wbp, err := f.Cachestat(0, 0)
 	if err != nil {
 		att.err = err
@@ -902,13 +922,32 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 
 // openFile opens a tracked file: by handle when it has one and the opener
 // can (a rename since it was dirtied does not matter then), else by path.
-func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (inode.File, error) {
-	if h != "" {
-		if ho, ok := wb.open.(inode.HandleOpener); ok {
-			return ho.OpenHandle(h, key)
-		}
+//
+// (st_dev, st_ino) is not an identity over time: ext4 gives a freed inode
+// number to the next file at once, and only the handle's generation tells
+// the two apart. So when the handle names a deleted inode (ESTALE, or
+// inode.ErrUnlinked) and a regular file with the same number is at path, it
+// is a new file that took the number: it is opened by its own handle, which
+// is returned as renewed for the inode to keep. renewed is "" otherwise.
+func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f inode.File, renewed inode.Handle, err error) {
+	ho, ok := wb.open.(inode.HandleOpener)
+	if h == "" || !ok {
+		f, err = wb.open.Open(path, key)
+		return f, "", err
 	}
-	return wb.open.Open(path, key)
+	f, err = ho.OpenHandle(h, key)
+	if err == nil || path == "" || !errors.Is(err, unix.ESTALE) {
+		return f, "", err
+	}
+	nh, herr := ho.HandleOf(path, key)
+	if herr != nil || nh == "" || nh == h {
+		return nil, "", err
+	}
+	nf, nerr := ho.OpenHandle(nh, key)
+	if nerr != nil {
+		return nil, "", err
+	}
+	return nf, nh, nil
 }
 
 // openJob is an open handed to the opener goroutine.
@@ -921,8 +960,9 @@ type openJob struct {
 }
 
 type openResult struct {
-	f   inode.File
-	err error
+	f       inode.File
+	renewed inode.Handle
+	err     error
 }
 
 // opener is a goroutine that opens files for the writeback goroutine, so
@@ -939,11 +979,11 @@ func (wb *Writeback) startOpener() *opener {
 	o := &opener{jobs: make(chan *openJob), results: make(chan openResult)}
 	go func() {
 		for j := range o.jobs {
-			f, err := wb.openFile(j.path, j.key, j.h)
+			f, renewed, err := wb.openFile(j.path, j.key, j.h)
 			wb.mu.Lock()
 			if j.state.CompareAndSwap(reqRunning, reqDone) {
 				wb.mu.Unlock()
-				o.results <- openResult{f, err}
+				o.results <- openResult{f, renewed, err}
 				continue
 			}
 			// Given up on: the attempt was completed as blocked and
@@ -968,7 +1008,7 @@ func (wb *Writeback) startOpener() *opener {
 // and leaves the inode Busy until the open(2) returns; the file it then
 // yields is closed at once. The opens run on a long-lived opener goroutine,
 // not one goroutine each: a blocked file is retried often.
-func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h inode.Handle) (inode.File, error) {
+func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h inode.Handle) (inode.File, inode.Handle, error) {
 	timeout := wb.cfg.AttemptTimeout
 	if timeout <= 0 {
 		return wb.openFile(path, key, h)
@@ -982,7 +1022,7 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h in
 	defer wb.openTimer.Stop()
 	select {
 	case r := <-wb.opener.results:
-		return r.f, r.err
+		return r.f, r.renewed, r.err
 	case <-tc:
 	}
 	wb.mu.Lock()
@@ -995,11 +1035,11 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h in
 		wb.opener = nil
 		wb.errLog.Warn("open exceeded attempt_timeout; the file is marked busy until it returns",
 			zap.String("path", strconv.Quote(path)), zap.Stringer("attempt_timeout", timeout))
-		return nil, ErrAttemptTimeout
+		return nil, "", ErrAttemptTimeout
 	}
 	wb.mu.Unlock()
 	r := <-wb.opener.results
-	return r.f, r.err
+	return r.f, r.renewed, r.err
 }
 
 // ranges chooses what to write of an attempt's file: everything in one
@@ -1409,11 +1449,14 @@ func (wb *Writeback) do(r *Request) error {
 // writeback, and leaves the file open for the second.
 func (wb *Writeback) doWhole(r *Request) error {
 	if r.f == nil {
-		f, err := wb.openFile(r.path, inode.Key{Dev: r.Dev, Ino: r.Ino}, r.handle)
+		f, renewed, err := wb.openFile(r.path, inode.Key{Dev: r.Dev, Ino: r.Ino}, r.handle)
 		if err != nil {
 			return err
 		}
 		r.f = f
+		if renewed != "" {
+			r.att.renewed = renewed
+		}
 		d, w, err := f.Cachestat(0, 0)
 		if err != nil {
 			return wb.closeWhole(r, err)
@@ -1503,6 +1546,11 @@ func (wb *Writeback) complete(att *attempt) {
 	now := wb.now()
 	in := att.in
 	wb.mu.Lock()
+	if att.renewed != "" && in.Handle() == att.handle {
+		// Its number belongs to a new file now: the inode is that file.
+		in.SetHandle(att.renewed)
+		in.Errors, in.LastErr = 0, 0
+	}
 	redirtied := in.Has(inode.Redirtied)
 	in.State &^= inode.Sync | inode.Redirtied
 	var o policy.Outcome
@@ -1549,12 +1597,20 @@ func (wb *Writeback) complete(att *attempt) {
 	} else if in.Has(inode.Leaving) && dest != policy.Drop {
 		// Its tree left the configuration: this was its last attempt.
 		dest = policy.Forget
+	} else if dest == policy.Drop && in.Handle() != att.handle {
+		// A new file took the inode's number while the attempt ran on
+		// the old one (MarkInodeDirty renewed the handle): write it.
+		dest = policy.MoreIOWait
 	} else if other := in.OtherPath(); dest == policy.Drop && other != "" {
 		// The name is gone, but the inode may live on under its other
 		// name (a hard link): try that before dropping it.
 		in.SetOtherPath("")
 		in.SetPath(other)
 		dest = policy.MoreIOWait
+	}
+	if wb.shuttingDown && o == policy.FSUnavailable && dest != policy.Drop {
+		wb.givenUp = append(wb.givenUp, GivenUp{Path: in.Path(), Err: err})
+		dest = policy.Forget
 	}
 	switch dest {
 	case policy.Forget, policy.Drop:

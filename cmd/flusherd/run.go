@@ -30,6 +30,12 @@ import (
 )
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
+	// From here on a signal the unit or an operator sends (TERM, INT,
+	// HUP) is never taken with its default action (exit, for SIGHUP
+	// too): before run() is ready for them, they wait in the channel.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	fset := newFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]",
 		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stderr)
 	var c commonFlags
@@ -73,7 +79,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		}
 		return cfg, err
 	}
-	if err := run(cfg, log, level, reload); err != nil {
+	if err := run(cfg, log, level, reload, sigs); err != nil {
 		log.Error("flusherd failed", zap.Error(err))
 		return exitFailed
 	}
@@ -206,10 +212,7 @@ func treesOf(cfg *config.Config) ([]watch.Tree, error) {
 // writeback goroutines are healthy, reloads the configuration on SIGHUP
 // (reload returns the new one, validated), and on SIGTERM or SIGINT writes
 // everything back within shutdown_timeout.
-func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error)) error {
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error), sigs <-chan os.Signal) error {
 	n := &notifier{log: log}
 	unlock, err := claimStatsDir(cfg.Stats.Dir)
 	if err != nil {
@@ -367,18 +370,43 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	<-done
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.Writeback.ShutdownTimeout)
 	defer scancel()
-	left := reg.Shutdown(sctx)
-	if len(left) == 0 {
-		log.Info("every tracked file is clean; exiting")
-		return nil
-	}
-	for dev, paths := range left {
-		shown := make([]string, 0, 20)
-		for _, p := range paths[:min(len(paths), 20)] {
-			shown = append(shown, strconv.Quote(p))
-		}
-		log.Error("shutdown timeout: files still dirty or under writeback (the kernel will still write them)",
-			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", shown))
-	}
+	rep := reg.Shutdown(sctx)
+	logShutdown(log, rep, cfg.Writeback.ShutdownTimeout)
 	return nil
+}
+
+// logShutdown logs what the shutdown could not write, each device's files
+// (the first 20 by name), and a last line that says exactly what was left
+// and why.
+func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, timeout time.Duration) {
+	quote := func(paths []string) []string {
+		out := make([]string, 0, min(len(paths), 20))
+		for _, p := range paths[:min(len(paths), 20)] {
+			out = append(out, strconv.Quote(p))
+		}
+		return out
+	}
+	given, left := 0, 0
+	for dev, g := range rep.GivenUp {
+		given += len(g)
+		byErr := map[string][]string{}
+		for _, f := range g {
+			byErr[f.Err.Error()] = append(byErr[f.Err.Error()], f.Path)
+		}
+		for e, paths := range byErr {
+			log.Error("shutdown: files given up, their filesystem cannot be written (their dirty data is not on disk)",
+				zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)))
+		}
+	}
+	for dev, paths := range rep.Left {
+		left += len(paths)
+		log.Error("shutdown: files still dirty or under writeback when shutdown_timeout ended (their writeback was started; the kernel's flusher goes on with it)",
+			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)), zap.Stringer("shutdown_timeout", timeout))
+	}
+	switch {
+	case given == 0 && left == 0:
+		log.Info("every tracked file is clean; exiting")
+	default:
+		log.Error("exiting with files not written back", zap.Int("given_up_unwritable", given), zap.Int("still_dirty_at_timeout", left))
+	}
 }

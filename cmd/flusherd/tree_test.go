@@ -100,6 +100,7 @@ func testTreeChanges(t *testing.T, backend string) {
 	t.Run("11-hostile", s.hostile)
 	t.Run("12-100k-entries", s.bigDir)
 	t.Run("13-unreadable", s.unreadable)
+	t.Run("14-inode-reuse", s.inodeReuse)
 }
 
 // kernelDirtyExpire reads vm.dirty_expire_centisecs.
@@ -839,4 +840,74 @@ func (s *treeSuite) unreadable(t *testing.T) {
 	dirty, _, _ := cachestat(secret, 0, 0)
 	t.Logf("unreadable file: %d dirty pages; stats: %s", dirty, brief(st))
 	d.stop(t)
+}
+
+// 14. (st_dev, st_ino) is not an identity: ext4 gives a deleted file's
+// inode number to the next file at once. A file that takes the number of a
+// tracked, deleted one is a new file and is written back within the bound;
+// so is every survivor of a spool that writes m$i and deletes m$(i-5); and
+// the shutdown's "every tracked file is clean" is true by cachestat.
+func (s *treeSuite) inodeReuse(t *testing.T) {
+	t.Parallel()
+	tree := s.dir(t, "inode-reuse")
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	ino := func(p string) uint64 {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	// Other cases create files on the same filesystem in parallel and may
+	// take the freed number first: try until b gets a's number.
+	reused := false
+	for i := 0; i < 20 && !reused; i++ {
+		a, b := filepath.Join(tree, fmt.Sprintf("a%d", i)), filepath.Join(tree, fmt.Sprintf("b%d", i))
+		writeDirty(t, a, 50000)
+		n := ino(a)
+		d.waitStats(t, cleanBound, "a is tracked", func(s map[string]int64) bool { return tracked(s) >= 1 })
+		if err := os.Remove(a); err != nil {
+			t.Fatal(err)
+		}
+		writeDirty(t, b, 50000)
+		if ino(b) != n {
+			waitClean(t, b, cleanBound)
+			continue
+		}
+		reused = true
+		mustBeDirty(t, b)
+		waitClean(t, b, cleanBound)
+	}
+	if !reused {
+		t.Fatal("precondition: no new file got a deleted file's inode number in 20 tries")
+	}
+	var survivors []string
+	for i := range 300 {
+		writeDirty(t, filepath.Join(tree, fmt.Sprintf("m%d", i)), 8192)
+		if i >= 5 {
+			if err := os.Remove(filepath.Join(tree, fmt.Sprintf("m%d", i-5))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := 295; i < 300; i++ {
+		survivors = append(survivors, filepath.Join(tree, fmt.Sprintf("m%d", i)))
+	}
+	waitAllClean(t, cleanBound, survivors...)
+	// Files dirtied just before the stop are written by the shutdown.
+	for i := range 5 {
+		p := filepath.Join(tree, fmt.Sprintf("late%d", i))
+		writeDirty(t, p, 8192)
+		survivors = append(survivors, p)
+	}
+	from := len(d.log.String())
+	d.stop(t)
+	if _, ok := d.logLineSince(from, "every tracked file is clean"); !ok {
+		t.Errorf("shutdown did not say every tracked file is clean: %q", d.log.String()[from:])
+	}
+	for _, p := range survivors {
+		if dirty, wb, err := cachestat(p, 0, 0); err != nil || dirty+wb != 0 {
+			t.Errorf("%s: %d dirty, %d writeback pages after the shutdown said every file is clean (err %v)", p, dirty, wb, err)
+		}
+	}
 }

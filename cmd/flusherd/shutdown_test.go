@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
+)
+
+// TestShutdownReadOnly: with 200 dirty tracked files and 20 clean ones on
+// an ext4 that an error turned read-only (errors=remount-ro, then
+// trigger_fs_error), SIGTERM does not wait out shutdown_timeout: the files
+// whose writeback fails with EROFS are given up at once and named with the
+// reason, the clean ones are not waited on, and the last line says what was
+// left and why instead of "every tracked file is clean".
+func TestShutdownReadOnly(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
+	if err := unix.Mount(mnt.Device, mnt.Dir, "ext4", unix.MS_REMOUNT, "errors=remount-ro"); err != nil {
+		t.Fatalf("remount %s errors=remount-ro: %v", mnt.Dir, err)
+	}
+	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(mnt.Device), "trigger_fs_error")
+	if _, err := os.Stat(trigger); err != nil {
+		testfs.Missing(t, "ext4 error trigger %s: %v", trigger, err)
+	}
+	tree := filepath.Join(mnt.Dir, "w")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+shutdown_timeout = "30s"
+[[watch]]
+path = %q
+expire = "1h"
+`, tree))
+	var dirty []string
+	for i := range 200 {
+		p := filepath.Join(tree, fmt.Sprintf("d%03d", i))
+		writeDirty(t, p, 4096)
+		dirty = append(dirty, p)
+	}
+	for i := range 20 {
+		p := filepath.Join(tree, fmt.Sprintf("c%02d", i))
+		writeDirty(t, p, 4096)
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	stats := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	if !poll(10*time.Second, func() bool { return tracked(readStats(t, stats)) >= 220 }) {
+		t.Fatalf("the 220 files were not all tracked: %v", readStats(t, stats))
+	}
+	mustBeDirty(t, dirty[0])
+	if err := os.WriteFile(trigger, []byte("1"), 0); err != nil {
+		t.Fatalf("trigger_fs_error: %v", err)
+	}
+	from := len(d.log.String())
+	start := time.Now()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("flusherd did not exit within 60s of SIGTERM")
+	}
+	took := time.Since(start)
+	log := d.log.String()[from:]
+	t.Logf("exit %s after SIGTERM", took.Round(10*time.Millisecond))
+	if took > 15*time.Second {
+		t.Errorf("shutdown took %s: it waited for files that cannot be written (shutdown_timeout is 30s)", took)
+	}
+	if !strings.Contains(log, "files given up, their filesystem cannot be written") || !strings.Contains(log, "read-only file system") {
+		t.Errorf("the given-up files and their reason are not logged:\n%s", log)
+	}
+	if !strings.Contains(log, `"given_up_unwritable": 200`) {
+		t.Errorf("the last line does not count the 200 unwritable files:\n%s", log)
+	}
+	if strings.Contains(log, "every tracked file is clean") {
+		t.Errorf("shutdown claims every tracked file is clean on a read-only filesystem:\n%s", log)
+	}
+}
