@@ -101,7 +101,7 @@ install -d -m 0755 "$root" "$root/DEBIAN" "$root/usr/sbin" "$root/lib/systemd/sy
 
 # A static binary (no cgo): the package depends on nothing.
 CGO_ENABLED=0 GOOS=linux GOARCH=$goarch go build -trimpath \
-	-ldflags "-X main.version=$version" -o "$root/usr/sbin/flusherd" ./cmd/flusherd
+	-ldflags "-s -w -X main.version=$version" -o "$root/usr/sbin/flusherd" ./cmd/flusherd
 chmod 0755 "$root/usr/sbin/flusherd"
 
 # The unit, with the packaged binary's path.

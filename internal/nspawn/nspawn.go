@@ -73,11 +73,12 @@ type Bind struct{ Host, Container string }
 // Container is a booted container.
 type Container struct {
 	// PID is the host PID of the container's PID 1 (systemd).
-	PID  int
-	Root string
-	cmd  *exec.Cmd
-	log  string
-	exit chan error
+	PID   int
+	Root  string
+	cmd   *exec.Cmd
+	log   string
+	exit  chan error
+	mntNS string // readlink of /proc/PID/ns/mnt: the container's mount namespace
 }
 
 // Boot starts systemd-nspawn on root with the binds and waits until the
@@ -123,6 +124,7 @@ func Boot(t testing.TB, root, name string, binds ...Bind) *Container {
 		}
 		c.PID = childOf(cmd.Process.Pid, "systemd")
 	}
+	c.mntNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", c.PID))
 	// Early in boot systemctl cannot reach systemd yet ("Failed to
 	// connect to bus"): ask again until it answers.
 	for {
@@ -210,6 +212,9 @@ func (c *Container) Log() string {
 	return string(tail(b, 60))
 }
 
+// poweroff stops the container and waits until no process is left in its
+// mount namespace, so that the filesystems bound into it are released
+// before the test's cleanup unmounts and detaches them.
 func (c *Container) poweroff(t testing.TB) {
 	if c.PID != 0 {
 		// SIGRTMIN+4 (glibc's SIGRTMIN is 34): systemd(1) starts
@@ -218,12 +223,42 @@ func (c *Container) poweroff(t testing.TB) {
 	}
 	select {
 	case <-c.exit:
-		return
 	case <-time.After(20 * time.Second):
+		t.Logf("nspawn: container did not power off within 20s; killing systemd-nspawn")
+		c.cmd.Process.Kill()
+		<-c.exit
 	}
-	t.Logf("nspawn: container did not power off within 20s; killing systemd-nspawn")
-	c.cmd.Process.Kill()
-	<-c.exit
+	if c.mntNS == "" {
+		return
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := c.inNamespace()
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Logf("nspawn: %d processes still in the container's mount namespace 10s after it stopped", left)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// inNamespace counts the host's processes in the container's mount
+// namespace.
+func (c *Container) inNamespace() int {
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		if ns, err := os.Readlink("/proc/" + e.Name() + "/ns/mnt"); err == nil && ns == c.mntNS {
+			n++
+		}
+	}
+	return n
 }
 
 // childOf returns the PID of a child of parent whose command name is comm,
