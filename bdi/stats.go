@@ -1,6 +1,7 @@
 package bdi
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -134,7 +135,17 @@ type statsWriter struct {
 	last       time.Duration
 	written    bool
 	lastErr    string // the last write error logged, so each is logged once
+	// After a failed write (a full or read-only stats.dir) the next try
+	// waits retry, which doubles from statsRetryMin up to statsRetryMax;
+	// a successful write resets it. nextTry is on the daemon clock.
+	retry, nextTry time.Duration
 }
+
+// The backoff of stats writes after a failure.
+const (
+	statsRetryMin = time.Second
+	statsRetryMax = time.Minute
+)
 
 // NewStatsWriter returns a writer for <dir>/bdi/<name>/stats; thresholds
 // supplies DirtyThresh and BackgroundThresh in pages (sysfs
@@ -159,6 +170,9 @@ func (wb *Writeback) writeStats(force bool) {
 	if sw.written && !force && (gen == sw.lastGen || (!idle && now-sw.last < sw.every)) {
 		return
 	}
+	if sw.retry > 0 && now < sw.nextTry && !force {
+		return // backing off after a failed write
+	}
 	s := wb.Snapshot()
 	if sw.thresholds != nil {
 		if d, b, err := sw.thresholds(); err == nil {
@@ -166,39 +180,76 @@ func (wb *Writeback) writeStats(force bool) {
 		}
 	}
 	if err := WriteFileAtomic(sw.path, func(w io.Writer) error { return s.Format(w, os.Getpagesize()) }); err != nil {
+		sw.retry = min(max(2*sw.retry, statsRetryMin), statsRetryMax)
+		sw.nextTry = now + sw.retry
 		if msg := err.Error(); msg != sw.lastErr {
 			sw.lastErr = msg
-			sw.log.Warn("cannot write stats file (logged once per error)", zap.Error(err))
+			sw.log.Warn("cannot write stats file; retrying with backoff (logged once per error)",
+				zap.Error(err), zap.Stringer("next_try", sw.retry))
 		}
 		return
 	}
-	sw.lastErr = ""
+	if sw.lastErr != "" {
+		sw.log.Info("stats file written again", zap.String("path", sw.path))
+	}
+	sw.lastErr, sw.retry = "", 0
 	sw.lastGen, sw.last, sw.written = gen, now, true
+}
+
+// due returns when the stats file is next due to be rewritten
+// (daemon clock), and whether it is due at all: a change not yet written
+// waits for the rate limit, or for the backoff after a failed write.
+func (sw *statsWriter) due(gen uint64) (time.Duration, bool) {
+	switch {
+	case sw == nil || gen == sw.lastGen && sw.written:
+		return 0, false
+	case sw.retry > 0:
+		return sw.nextTry, true
+	case sw.written:
+		return sw.last + sw.every, true
+	}
+	return 0, false
 }
 
 // WriteFileAtomic replaces path with what write produces: it writes a
 // temporary file in the same directory, fsyncs nothing (the file is
 // runtime state), and renames it over path, so that a reader sees either
 // the old or the new file, never a part. Missing directories are created
-// with mode 0755.
-func WriteFileAtomic(path string, write func(io.Writer) error) error {
+// with mode 0755. Errors are *os.PathError naming path (not the temporary
+// file, whose random name would make every failure look new), with the
+// step ("mkdir", "create", "write", "rename") as Op.
+func WriteFileAtomic(path string, write func(io.Writer) error) (err error) {
+	op := "mkdir"
+	defer func() {
+		if err != nil {
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			err = &os.PathError{Op: op, Path: path, Err: err}
+		}
+	}()
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	op = "create"
 	f, err := os.CreateTemp(dir, ".stats-*")
 	if err != nil {
 		return err
 	}
+	op = "write"
 	tmp := f.Name()
 	err = write(f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
+		op = "chmod"
 		err = os.Chmod(tmp, 0o644)
 	}
 	if err == nil {
+		op = "rename"
 		err = os.Rename(tmp, path)
 	}
 	if err != nil {

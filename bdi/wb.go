@@ -547,16 +547,21 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 		return 0, true
 	}
 	tick := wb.lastOldFlush + wb.cfg.DirtyWritebackInterval - now
-	// A change not yet in the stats file (rate-limited) is written when
-	// its turn comes, not at the next tick, which may be far off.
-	if sw := wb.stats; sw != nil && sw.written && wb.gen != sw.lastGen {
-		tick = min(tick, max(sw.last+sw.every-now, time.Millisecond))
+	// A change not yet in the stats file (rate-limited, or backing off
+	// after a failed write) is written when its turn comes, not at the
+	// next tick, which may be far off.
+	at, statsDue := wb.stats.due(wb.gen)
+	if statsDue {
+		tick = min(tick, max(at-now, time.Millisecond))
 	}
 	if !wb.BMoreIOWait.Empty() {
 		return min(wb.waitRetryAt-now, tick), true
 	}
-	if wb.hasDirtyIOLocked() || (wb.stats != nil && wb.stats.written && wb.gen != wb.stats.lastGen) {
+	if wb.hasDirtyIOLocked() {
 		return tick, true
+	}
+	if statsDue {
+		return max(at-now, time.Millisecond), true
 	}
 	return 0, false
 }
@@ -681,8 +686,17 @@ func (wb *Writeback) publishPlugStatsLocked() {
 // ErrAttemptTimeout.
 func (wb *Writeback) syncFiles(w *Work) {
 	w.Errs = make([]error, len(w.Files))
+	// One attempt per inode: a request may name a file twice (twice by
+	// the same path, by two names, or as itself and within a directory).
+	first := make(map[inode.Key]int, len(w.Files))
+	var dups [][2]int // (index, index of the first request for its inode)
 	wb.plug.Start()
 	for i, f := range w.Files {
+		if j, ok := first[f.Key]; ok {
+			dups = append(dups, [2]int{i, j})
+			continue
+		}
+		first[f.Key] = i
 		wb.MarkInodeDirty(f.Key, f.Path, "", f.Tree)
 		wb.mu.Lock()
 		in := wb.inodes[f.Key]
@@ -700,6 +714,9 @@ func (wb *Writeback) syncFiles(w *Work) {
 	}
 	wb.plug.Flush()
 	wb.plug.Finish()
+	for _, d := range dups {
+		w.Errs[d[0]] = w.Errs[d[1]]
+	}
 }
 
 // Refs returns a FileRef for every tracked inode whose path is under dir

@@ -3,11 +3,16 @@ package bdi
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"flusherd/inode"
 	"flusherd/policy"
@@ -690,4 +695,52 @@ func TestMarkKnownInodeAllocates(t *testing.T) {
 	if got != "/srv/data/other" || other != f.path {
 		t.Errorf("after a rename: path %q, other %q", got, other)
 	}
+}
+
+// TestStatsWriteFailureBacksOff: a stats file that cannot be written (here
+// its directory's parent is a regular file) is retried with backoff, not
+// at every wakeup of the loop, and the failure is logged once although
+// each try uses a new temporary file.
+func TestStatsWriteFailureBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		core, logs := observer.New(zap.InfoLevel)
+		epoch := time.Now()
+		now := func() time.Duration { return time.Since(epoch) }
+		fs := newFakeFS(now)
+		sw := NewStatsWriter(dir, "7:0", time.Second, nil, zap.New(core))
+		wb := New("7:0", testConfig(), now, fs, zap.New(core), sw)
+		ctx, cancel := context.WithCancel(context.Background())
+		go wb.Run(ctx)
+		defer func() { cancel(); <-wb.Stopped() }()
+		first := fs.add("/first", 2, 4*pg, 4)
+		wb.MarkInodeDirty(first.key, first.path, "", Tree{Expire: time.Second})
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if _, err := os.Stat(filepath.Join(dir, "bdi", "7:0", "stats")); err != nil {
+			t.Fatalf("the stats file was not written while it could be: %v", err)
+		}
+		// From now on it cannot: bdi/ is a regular file.
+		if err := os.RemoveAll(filepath.Join(dir, "bdi")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "bdi"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		before := wb.Loops.Load()
+		f := fs.add("/a", 1, 4*pg, 4)
+		wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Second})
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		if wb.Tracked() != 0 {
+			t.Fatal("the file was not written back")
+		}
+		// Backoff 1s, 2s, 4s ... 60s: about 15 tries in 10 minutes.
+		if loops := wb.Loops.Load() - before; loops > 100 {
+			t.Errorf("the loop woke %d times in 10 minutes with an unwritable stats file", loops)
+		}
+		if n := logs.FilterMessageSnippet("cannot write stats file").Len(); n != 1 {
+			t.Errorf("the stats failure was logged %d times, want once", n)
+		}
+	})
 }

@@ -257,6 +257,10 @@ func (e *Error) Error() string {
 // watch path (so errors.Is(err, fs.ErrNotExist) works), or nil.
 func (e *Error) Unwrap() error { return e.err }
 
+// MaxSocketPath is the longest path a unix socket can be bound to: the
+// 108 bytes of sockaddr_un's sun_path less the terminating NUL (unix(7)).
+const MaxSocketPath = 107
+
 // Default returns the default configuration, with no watches.
 func Default() *Config {
 	return &Config{
@@ -581,6 +585,11 @@ func (c *Config) check(stat bool) error {
 	}
 	if c.Stats.Dir == "" {
 		add("stats.dir", "must not be empty")
+	} else if sock := filepath.Join(c.Stats.Dir, "flusherd.sock"); len(sock) > MaxSocketPath {
+		// bind(2) would fail at start: the control socket's path must
+		// fit in sockaddr_un's sun_path (unix(7)).
+		add("stats.dir", "%q is too long: the control socket %q would be %d bytes, and a unix socket path holds at most %d",
+			c.Stats.Dir, sock, len(sock), MaxSocketPath)
 	}
 	expires := map[time.Duration]bool{wb.DirtyExpireInterval: true}
 	for _, w := range c.Watch {
@@ -639,6 +648,15 @@ func (c *Config) check(stat bool) error {
 		case !fi.IsDir():
 			add(pkey, "%q is not a directory", p)
 		default:
+			// The stats directory inside the tree through a symlink
+			// (of either path): its own writes would keep the daemon
+			// busy.
+			if r, err := filepath.EvalSymlinks(p); err == nil {
+				if sd, err := evalExisting(c.Stats.Dir); err == nil && (sd == r || strings.HasPrefix(sd, r+"/") || r == "/") &&
+					!(c.Stats.Dir == p || strings.HasPrefix(filepath.Clean(c.Stats.Dir), p+"/") || p == "/") {
+					add("stats.dir", "%q is %q, inside the watched tree %q (%q): its own stats files would keep it busy", c.Stats.Dir, sd, p, r)
+				}
+			}
 			// The same directory under another name (a symlink): it
 			// would be watched twice.
 			if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
@@ -654,6 +672,25 @@ func (c *Config) check(stat bool) error {
 		}
 	}
 	return firstError(errs)
+}
+
+// evalExisting is filepath.EvalSymlinks for a path that may not exist yet
+// (a stats directory the daemon will make): the symlinks of its deepest
+// existing ancestor are resolved and the rest appended.
+func evalExisting(p string) (string, error) {
+	p = filepath.Clean(p)
+	var rest []string
+	for {
+		r, err := filepath.EvalSymlinks(p)
+		if err == nil {
+			return filepath.Join(append([]string{r}, rest...)...), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) || filepath.Dir(p) == p {
+			return "", err
+		}
+		rest = append([]string{filepath.Base(p)}, rest...)
+		p = filepath.Dir(p)
+	}
 }
 
 // checkListen checks a listen address: host:port with a numeric port from

@@ -748,3 +748,48 @@ func TestLoadSpecialFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateStatsDir: the stats directory is checked against what will
+// use it: the control socket's path must fit in sun_path, and the
+// directory may not be inside a watched tree, also not through a symlink
+// of either path, and also when it does not exist yet.
+func TestValidateStatsDir(t *testing.T) {
+	base := t.TempDir()
+	data := filepath.Join(base, "data")
+	if err := os.MkdirAll(filepath.Join(data, "existing"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "link")
+	if err := os.Symlink(data, link); err != nil {
+		t.Fatal(err)
+	}
+	watch := func(p string) Watch {
+		return Watch{Path: p, Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}
+	}
+	for _, c := range []struct {
+		name, stats, tree string
+		msg               string // "" = valid
+	}{
+		{"outside", filepath.Join(base, "run"), data, ""},
+		{"inside", filepath.Join(data, "run"), data, "inside the watched tree"},
+		{"tree through a symlink, existing stats dir", filepath.Join(data, "existing"), link, "inside the watched tree"},
+		{"tree through a symlink, stats dir not made yet", filepath.Join(data, "new", "run"), link, "inside the watched tree"},
+		{"stats dir through a symlink", filepath.Join(link, "run"), data, "inside the watched tree"},
+		{"socket path too long", "/" + strings.Repeat("d", MaxSocketPath-len("/flusherd.sock")), data, "too long"},
+		{"socket path just fits", "/" + strings.Repeat("d", MaxSocketPath-len("/flusherd.sock")-1), data, ""},
+	} {
+		cfg := Default()
+		cfg.Stats.Dir = c.stats
+		cfg.Watch = []Watch{watch(c.tree)}
+		err := cfg.Validate()
+		if c.msg == "" {
+			if err != nil {
+				t.Errorf("%s: Validate() = %v, want nil", c.name, err)
+			}
+			continue
+		}
+		if e := asError(t, err); e.Key != "stats.dir" || !strings.Contains(e.Msg, c.msg) {
+			t.Errorf("%s: Validate() = %v, want a stats.dir error containing %q", c.name, err, c.msg)
+		}
+	}
+}

@@ -79,6 +79,9 @@ func walkNoSymlinks(path string) (int, error) {
 	if path == "" {
 		return -1, unix.ENOENT
 	}
+	if len(path) >= unix.PathMax {
+		return -1, unix.ENAMETOOLONG // as openat2 (and open) say
+	}
 	dir := unix.AT_FDCWD
 	if strings.HasPrefix(path, "/") {
 		fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -124,6 +127,10 @@ func walkNoSymlinks(path string) (int, error) {
 			return -1, err
 		}
 		dir = fd
+	}
+	if dir == unix.AT_FDCWD {
+		// Only "." components: the working directory itself.
+		return unix.Open(".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	}
 	return dir, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -66,6 +67,9 @@ func TestOpenPath(t *testing.T) {
 		{"missing", filepath.Join(dir, "a", "nope"), syscall.ENOENT},
 		{"file as a directory", filepath.Join(dir, "a", "b", "f", "x"), syscall.ENOTDIR},
 		{"empty", "", syscall.ENOENT},
+		{"dot", ".", nil},
+		{"dot slash dot", ".//.", nil},
+		{"longer than PATH_MAX", "/" + strings.Repeat("a/", unix.PathMax/2), syscall.ENAMETOOLONG},
 	}
 	for _, mode := range []string{"openat2", "walk"} {
 		t.Run(mode, func(t *testing.T) {

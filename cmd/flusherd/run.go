@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -244,17 +243,6 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	if err != nil {
 		return err
 	}
-	// The configuration's check is textual; through symlinks the stats
-	// directory could still be inside a tree, where its own writes would
-	// keep the daemon busy.
-	if sd, err := filepath.EvalSymlinks(cfg.Stats.Dir); err == nil {
-		for _, t := range trees {
-			if sd == t.Root || strings.HasPrefix(sd, t.Root+"/") || t.Root == "/" {
-				return fmt.Errorf("stats.dir %s is %s, inside the watched tree %s: its own stats files would keep it busy",
-					strconv.Quote(cfg.Stats.Dir), strconv.Quote(sd), strconv.Quote(t.Root))
-			}
-		}
-	}
 	if err := inode.ProbeOpenat2(); err != nil {
 		log.Info("openat2(2) is refused (under systemd, RestrictSUIDSGID=yes does this): paths in the trees are resolved one component at a time with openat(2) and O_NOFOLLOW instead",
 			zap.Error(err))
@@ -307,6 +295,10 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	defer waitMetrics()
 
 	// The initial scan runs after READY=1; STATUS= shows its progress.
+	// READY=1 goes first, so the scan's last STATUS= is never followed by
+	// an older one.
+	log.Info("every root is watched; READY=1 (the initial scan goes on)", zap.String("backend", wat.Name()))
+	n.send(fmt.Sprintf("READY=1\nSTATUS=watching %d trees (%s); initial scan running", len(trees), wat.Name()))
 	scanCtx, stopScan := context.WithCancel(ctx)
 	defer stopScan()
 	scanned := make(chan struct{})
@@ -326,8 +318,6 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 			}
 		}
 	}()
-	log.Info("every root is watched; READY=1 (the initial scan goes on)", zap.String("backend", wat.Name()))
-	n.send(fmt.Sprintf("READY=1\nSTATUS=watching %d trees (%s); initial scan running", len(trees), wat.Name()))
 	go n.progress(scanned, 2*time.Second, func() string {
 		return fmt.Sprintf("STATUS=watching %d trees (%s); initial scan: %d directories scanned", len(trees), wat.Name(), wat.ScannedDirs())
 	})

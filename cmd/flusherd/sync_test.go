@@ -143,3 +143,34 @@ path = %q
 		t.Fatalf("sync with no daemon: exit %d, want 3: %s", code, out)
 	}
 }
+
+// TestSyncDuplicates: one sync request that names a file more than once
+// (the same path twice, a relative and an absolute name, a hard link, the
+// file and its directory) writes it once, answers for every name, and the
+// daemon keeps running.
+func TestSyncDuplicates(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
+	tree := filepath.Join(mnt.Dir, "w")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, fmt.Sprintf("[writeback]\ndirty_expire_interval = \"1h\"\n[[watch]]\npath = %q\n", tree))
+	f, link := filepath.Join(tree, "f"), filepath.Join(tree, "link")
+	writeDirty(t, f, 64<<10)
+	if err := os.Link(f, link); err != nil {
+		t.Fatal(err)
+	}
+	stats := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	if !poll(10*time.Second, func() bool { return tracked(readStats(t, stats)) >= 1 }) {
+		t.Fatal("the file was not tracked")
+	}
+	mustBeDirty(t, f)
+	for _, paths := range [][]string{{f, f}, {f, link}, {f, tree}, {tree, tree}} {
+		code, out := runSync(t, d, paths...)
+		if code != 0 {
+			t.Errorf("sync %q exited %d: %s", paths, code, out)
+		}
+		d.mustRun(t)
+		writeDirty(t, f, 64<<10)
+	}
+}

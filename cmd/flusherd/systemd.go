@@ -222,6 +222,10 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 	}
 	log.Info("configuration reloaded", zap.Int("roots_added", added), zap.Int("roots_removed", removed),
 		zap.Stringer("dirty_writeback_interval", cfg.Writeback.DirtyWritebackInterval))
-	n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(served), wat.Name()))
+	if len(served) == 0 {
+		n.send("STATUS=idle: no [[watch]] entries configured; configuration reloaded")
+	} else {
+		n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(served), wat.Name()))
+	}
 	return cfg, served
 }
