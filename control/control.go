@@ -20,6 +20,9 @@
 //	                                         stats file's layout
 //	{"ok":true,"devices":[{"bdi":"7:0","stats":"BdiWriteback: ..."}]}
 //
+// Paths are Names: a JSON string, or {"base64":"..."} for a name that is
+// not UTF-8, so that every byte of a name survives.
+//
 // Any request can be answered {"ok":false,"error":"..."}: an unknown op, a
 // malformed or oversized (over MaxRequest) request, a refused peer.
 //
@@ -48,15 +51,15 @@ const MaxRequest = 1 << 20
 
 // Request is one command.
 type Request struct {
-	Op    string   `json:"op"` // "sync", "dirty" or "stats"
-	Paths []string `json:"paths,omitempty"`
+	Op    string `json:"op"` // "sync", "dirty" or "stats"
+	Paths []Name `json:"paths,omitempty"`
 	// Top limits a "dirty" answer to the oldest Top files; 0: all.
 	Top int `json:"top,omitempty"`
 }
 
 // DirtyFile is one tracked file in a "dirty" answer.
 type DirtyFile struct {
-	Path string `json:"path"`
+	Path Name   `json:"path"`
 	Bdi  string `json:"bdi"`
 	// List is b_dirty, b_io, b_more_io or b_more_io_wait.
 	List string `json:"list"`
@@ -83,7 +86,7 @@ type DeviceStats struct {
 
 // FileResult is the outcome for one file; Error is empty on success.
 type FileResult struct {
-	Path  string `json:"path"`
+	Path  Name   `json:"path"`
 	Error string `json:"error,omitempty"`
 }
 

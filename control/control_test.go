@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -21,7 +22,11 @@ func serveIn(t *testing.T, dir string) string {
 	t.Helper()
 	path := filepath.Join(dir, "flusherd.sock")
 	s, err := Listen(path, func(ctx context.Context, r Request) Response {
-		return Response{OK: true, Files: []FileResult{{Path: strings.Join(r.Paths, ",")}}}
+		var paths []string
+		for _, p := range r.Paths {
+			paths = append(paths, string(p))
+		}
+		return Response{OK: true, Files: []FileResult{{Path: Name(strings.Join(paths, ","))}}}
 	}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +45,7 @@ func TestCall(t *testing.T) {
 	if st.Mode().Perm() != 0o600 {
 		t.Errorf("socket mode %v, want 0600", st.Mode().Perm())
 	}
-	resp, err := Call(path, Request{Op: "sync", Paths: []string{"/a", "/b"}}, 5*time.Second)
+	resp, err := Call(path, Request{Op: "sync", Paths: Names([]string{"/a", "/b"})}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,9 +151,52 @@ func TestClientHelper(t *testing.T) {
 	if path == "" {
 		t.Skip("helper for TestNonRootPeerRefused")
 	}
-	resp, err := Call(path, Request{Op: "sync", Paths: []string{"/x"}}, 5*time.Second)
+	resp, err := Call(path, Request{Op: "sync", Paths: Names([]string{"/x"})}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("response: ok=%v error=%s", resp.OK, resp.Error)
+}
+
+// TestNamesLossless: names that are not UTF-8 cross the socket byte for
+// byte, and two that differ only in such bytes stay apart; UTF-8 names
+// stay plain JSON strings.
+func TestNamesLossless(t *testing.T) {
+	names := []Name{"/w/caf\xe9.txt", "/w/caf\xe8.txt", "/w/café.txt", "/w/\xff\xfe", "/w/\ufffd\ufffd", "/w/new\nline"}
+	path := filepath.Join(t.TempDir(), "flusherd.sock")
+	s, err := Listen(path, func(ctx context.Context, r Request) Response {
+		var files []FileResult
+		for _, p := range r.Paths {
+			files = append(files, FileResult{Path: p})
+		}
+		return Response{OK: true, Files: files, Dirty: []DirtyFile{{Path: r.Paths[0]}}}
+	}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(context.Background())
+	t.Cleanup(func() { s.Close() })
+	resp, err := Call(path, Request{Op: "sync", Paths: names}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Files) != len(names) {
+		t.Fatalf("%d files back, want %d", len(resp.Files), len(names))
+	}
+	for i, f := range resp.Files {
+		if f.Path != names[i] {
+			t.Errorf("name %q came back as %q", names[i], f.Path)
+		}
+	}
+	if resp.Dirty[0].Path != names[0] {
+		t.Errorf("dirty name %q came back as %q", names[0], resp.Dirty[0].Path)
+	}
+	b, err := json.Marshal(Name("/w/café.txt"))
+	if err != nil || string(b) != `"/w/café.txt"` {
+		t.Errorf("a UTF-8 name encodes as %s (%v), want a plain string", b, err)
+	}
+	b, _ = json.Marshal(Name("/w/caf\xe9.txt"))
+	if string(b) != `{"base64":"L3cvY2Fm6S50eHQ="}` {
+		t.Errorf("a non-UTF-8 name encodes as %s", b)
+	}
 }

@@ -69,7 +69,7 @@ expire = "100ms"
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("%+v", files)
-	if files[0].Path != older || files[1].Path != newer || files[2].Path != blocked {
+	if string(files[0].Path) != older || string(files[1].Path) != newer || string(files[2].Path) != blocked {
 		t.Fatalf("order: %q %q %q, want older, newer, blocked (oldest first)", files[0].Path, files[1].Path, files[2].Path)
 	}
 	if files[0].List != "b_dirty" || files[1].List != "b_dirty" {
@@ -120,5 +120,67 @@ func TestDirtyUnreachable(t *testing.T) {
 	var out bytes.Buffer
 	if code := Main([]string{"dirty", "--stats-dir", t.TempDir()}, &out, &out); code != exitUnreachable {
 		t.Errorf("exit %d, want %d: %s", code, exitUnreachable, out.String())
+	}
+}
+
+// TestNamesNotUTF8: file names that are not UTF-8 keep every byte through
+// the control socket: `flusherd dirty --json` gives each back exactly
+// (as {"base64": ...}), the table quotes them so that they can be told
+// apart and typed back, and `flusherd sync` of one writes that file, not
+// another whose name looks the same once the bytes are replaced.
+func TestNamesNotUTF8(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
+	tree := filepath.Join(mnt.Dir, "w")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, fmt.Sprintf("[writeback]\ndirty_expire_interval = \"1h\"\n[[watch]]\npath = %q\n", tree))
+	e9, e8, repl := filepath.Join(tree, "caf\xe9.txt"), filepath.Join(tree, "caf\xe8.txt"), filepath.Join(tree, "caf\ufffd.txt")
+	for _, p := range []string{e9, e8, repl} {
+		writeDirty(t, p, 8192)
+	}
+	want := map[string]bool{e9: true, e8: true, repl: true}
+	var got map[string]bool
+	if !poll(10*time.Second, func() bool {
+		var out, errb bytes.Buffer
+		if code := Main([]string{"dirty", "--json", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+			t.Fatalf("flusherd dirty --json: exit %d: %s", code, errb.String())
+		}
+		var files []control.DirtyFile
+		if err := json.Unmarshal(out.Bytes(), &files); err != nil {
+			t.Fatalf("flusherd dirty --json: %v\n%s", err, out.String())
+		}
+		got = map[string]bool{}
+		for _, f := range files {
+			got[string(f.Path)] = true
+		}
+		return len(got) == 3
+	}) {
+		t.Fatalf("dirty --json names: %v, want %v", got, want)
+	}
+	for p := range want {
+		if !got[p] {
+			t.Errorf("%q missing from dirty --json (got %v)", p, got)
+		}
+	}
+	var out bytes.Buffer
+	if code := Main([]string{"dirty", "--stats-dir", d.statsDir}, &out, &out); code != 0 {
+		t.Fatalf("flusherd dirty: %s", out.String())
+	}
+	for _, q := range []string{`"` + tree + `/caf\xe9.txt"`, `"` + tree + `/caf\xe8.txt"`} {
+		if !strings.Contains(out.String(), q) {
+			t.Errorf("the table lacks %s:\n%s", q, out.String())
+		}
+	}
+	mustBeDirty(t, e9)
+	mustBeDirty(t, repl)
+	if code, o := runSync(t, d, e9); code != 0 {
+		t.Fatalf("sync %q: exit %d: %s", e9, code, o)
+	}
+	if dirty, wb, _ := cachestat(e9, 0, 0); dirty+wb != 0 {
+		t.Errorf("%q still dirty after flusherd sync of it", e9)
+	}
+	if dirty, _, _ := cachestat(repl, 0, 0); dirty == 0 {
+		t.Errorf("flusherd sync of %q wrote %q instead", e9, repl)
 	}
 }

@@ -24,7 +24,11 @@ func controlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 	return func(ctx context.Context, req control.Request) control.Response {
 		switch req.Op {
 		case "sync":
-			return syncRequest(ctx, reg, wat, req.Paths)
+			paths := make([]string, len(req.Paths))
+			for i, p := range req.Paths {
+				paths[i] = string(p)
+			}
+			return syncRequest(ctx, reg, wat, paths)
 		case "dirty":
 			if req.Top < 0 {
 				return control.Response{Error: "dirty: top must not be negative"}
@@ -63,9 +67,9 @@ func syncRequest(ctx context.Context, reg *bdi.Registry, wat watch.Backend, path
 		}
 		s.work.Files = append(s.work.Files, ref)
 		s.index = append(s.index, len(files))
-		files = append(files, control.FileResult{Path: ref.Path})
+		files = append(files, control.FileResult{Path: control.Name(ref.Path)})
 	}
-	fail := func(p, msg string) { files = append(files, control.FileResult{Path: p, Error: msg}) }
+	fail := func(p, msg string) { files = append(files, control.FileResult{Path: control.Name(p), Error: msg}) }
 	if len(paths) == 0 {
 		for _, wb := range reg.Devices() {
 			for _, ref := range wb.Refs("") {
@@ -194,7 +198,7 @@ func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
 	deadline := time.Now().Add(5 * time.Second)
 	out := make([]control.DirtyFile, 0, len(all))
 	for _, e := range all {
-		d := control.DirtyFile{Path: e.in.Path, Bdi: e.wb.Name, List: e.in.List,
+		d := control.DirtyFile{Path: control.Name(e.in.Path), Bdi: e.wb.Name, List: e.in.List,
 			DirtyPages: uint64(e.in.DirtyPages), WritebackPages: uint64(e.in.WBPages),
 			AgeSeconds: (now - e.in.DirtiedWhen).Seconds(), Retries: int(e.in.Retries),
 			Errors: int(e.in.Errors), Busy: e.in.Busy}

@@ -46,7 +46,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		}
 		paths = append(paths, abs)
 	}
-	resp, err := control.Call(socketPath(cfg.Stats.Dir), control.Request{Op: "sync", Paths: paths}, *timeout)
+	resp, err := control.Call(socketPath(cfg.Stats.Dir), control.Request{Op: "sync", Paths: control.Names(paths)}, *timeout)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		fmt.Fprintf(stderr, "flusherd sync: gave up after --timeout %v; the daemon goes on with the sync\n", *timeout)
 		return exitFailed
@@ -61,7 +61,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 	failed := 0
 	for _, f := range resp.Files {
 		if f.Error != "" {
-			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", strconv.Quote(f.Path), f.Error)
+			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", strconv.Quote(string(f.Path)), f.Error)
 			failed++
 		}
 	}
