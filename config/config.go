@@ -292,10 +292,12 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := Parse(path, data)
+	c, err := parse(path, data)
 	if err != nil {
 		return nil, err
 	}
+	// The value and file system checks in one run: every problem is
+	// reported at once.
 	if err := c.check(true); err != nil {
 		return nil, err
 	}
@@ -341,10 +343,23 @@ func readConfigFile(path string) ([]byte, error) {
 // types and values but not the file system and allows an empty watch list;
 // [Config.Validate] does the rest.
 //
-// The error, if any, is an *Error for the first problem in file order:
-// syntax errors first, then keys and types, then values. For a syntax error,
-// Key is the last key the TOML parser read, which may precede the error.
+// The error, if any, is an *Error, or Errors when there are several: a
+// syntax error alone; else every key and type problem; else every value
+// problem, in file order. For a syntax error, Key is the last key the TOML
+// parser read, which may precede the error.
 func Parse(name string, data []byte) (*Config, error) {
+	c, err := parse(name, data)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.check(false); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// parse is Parse without the value checks.
+func parse(name string, data []byte) (*Config, error) {
 	var m map[string]any
 	if _, err := toml.Decode(string(data), &m); err != nil {
 		if pe, ok := errors.AsType[toml.ParseError](err); ok {
@@ -361,13 +376,10 @@ func Parse(name string, data []byte) (*Config, error) {
 	src := &source{file: name, lines: scanLines(string(data))}
 	d := &decoder{src: src}
 	c := d.config(m)
-	if err := firstError(d.errs); err != nil {
+	if err := collect(d.errs); err != nil {
 		return nil, err
 	}
 	c.src = src
-	if err := c.check(false); err != nil {
-		return nil, err
-	}
 	return c, nil
 }
 
@@ -378,7 +390,8 @@ func Parse(name string, data []byte) (*Config, error) {
 // starts idle (a packaged configuration watches nothing until edited). If c came from Parse
 // or Load, errors carry the file and line of the offending key (looked up
 // by key name and watch index, so watches appended later simply have no
-// line). The error is an *Error for the first problem.
+// line). The error is an *Error, or Errors for several problems (every one
+// found, in file order).
 func (c *Config) Validate() error {
 	return c.check(true)
 }
@@ -495,11 +508,37 @@ func (s *source) errorf(key, format string, args ...any) *Error {
 	return &Error{File: s.name(), Line: s.line(key), Key: key, Msg: fmt.Sprintf(format, args...)}
 }
 
-// firstError returns the error with the lowest line (unknown lines last),
-// keeping the order of errs among equals, or nil if errs is empty.
-func firstError(errs []*Error) error {
-	if len(errs) == 0 {
+// Errors is every problem found in a configuration, in file order (lowest
+// line first, keys without a line last). Its Error is one problem per
+// line; errors.As finds the first *Error (Unwrap returns them all).
+type Errors []*Error
+
+func (es Errors) Error() string {
+	lines := make([]string, len(es))
+	for i, e := range es {
+		lines[i] = e.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Unwrap returns the errors, for errors.Is and errors.As.
+func (es Errors) Unwrap() []error {
+	out := make([]error, len(es))
+	for i, e := range es {
+		out[i] = e
+	}
+	return out
+}
+
+// collect returns nil for no error, the *Error when there is one, and
+// Errors in file order (lowest line first, unknown lines last, keeping
+// the order of errs among equals) when there are several.
+func collect(errs []*Error) error {
+	switch len(errs) {
+	case 0:
 		return nil
+	case 1:
+		return errs[0]
 	}
 	order := func(e *Error) int {
 		if e.Line <= 0 {
@@ -508,7 +547,7 @@ func firstError(errs []*Error) error {
 		return e.Line
 	}
 	slices.SortStableFunc(errs, func(a, b *Error) int { return cmp.Compare(order(a), order(b)) })
-	return errs[0]
+	return Errors(errs)
 }
 
 // check runs the value checks; stat adds the file system checks on watch
@@ -671,7 +710,7 @@ func (c *Config) check(stat bool) error {
 			}
 		}
 	}
-	return firstError(errs)
+	return collect(errs)
 }
 
 // evalExisting is filepath.EvalSymlinks for a path that may not exist yet

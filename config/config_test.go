@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -791,5 +792,36 @@ func TestValidateStatsDir(t *testing.T) {
 		if e := asError(t, err); e.Key != "stats.dir" || !strings.Contains(e.Msg, c.msg) {
 			t.Errorf("%s: Validate() = %v, want a stats.dir error containing %q", c.name, err, c.msg)
 		}
+	}
+}
+
+// TestLoadReportsEveryError: a file with several problems gets them all in
+// one run, in file order, each with its line and key; errors.As still
+// finds the first.
+func TestLoadReportsEveryError(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "bad.toml")
+	src := "[writeback]\ndirty_writeback_interval = \"0s\"\n[plug]\nqueue_depth = 0\n[[watch]]\npath = \"/nonexistent/x\"\n"
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(p)
+	es, ok := errors.AsType[Errors](err)
+	if !ok {
+		t.Fatalf("Load = %v (%T), want Errors", err, err)
+	}
+	var got []string
+	for _, e := range es {
+		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Key))
+	}
+	want := []string{"2:writeback.dirty_writeback_interval", "4:plug.queue_depth", "6:watch[0].path"}
+	if !slices.Equal(got[:min(len(got), 3)], want) {
+		t.Errorf("errors %q, want %q first", got, want)
+	}
+	if e := asError(t, err); e.Line != 2 {
+		t.Errorf("errors.As finds %v, want the first (line 2)", e)
+	}
+	if n := strings.Count(err.Error(), "\n"); n != len(es)-1 {
+		t.Errorf("Error() has %d lines for %d errors:\n%s", n+1, len(es), err)
 	}
 }

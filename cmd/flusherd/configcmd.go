@@ -25,7 +25,7 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 		err = cfg.Validate()
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
+		printErr(stderr, "flusherd check-config", err)
 		return exitUsage
 	}
 	if len(cfg.Watch) == 0 {

@@ -152,6 +152,14 @@ type commonFlags struct {
 	statsDir string
 }
 
+// printErr writes err after prefix, one line per problem (a
+// configuration with several problems gives config.Errors, one a line).
+func printErr(w io.Writer, prefix string, err error) {
+	for _, line := range strings.Split(err.Error(), "\n") {
+		fmt.Fprintf(w, "%s: %s\n", prefix, line)
+	}
+}
+
 // readsFile reports whether loadConfig reads a configuration file: --config
 // was given, or the default file exists.
 func (c *commonFlags) readsFile() bool {

@@ -54,7 +54,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		err = errors.New("nothing to watch: give --watch DIR, or --config FILE with [[watch]] entries")
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "flusherd run: %v\n", err)
+		printErr(stderr, "flusherd run", err)
 		return exitUsage
 	}
 	if os.Getenv("GOGC") == "" {
