@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
 )
 
 // Tests in this file run against the live kernel and need root; they create
@@ -32,7 +34,7 @@ func requireRoot(t *testing.T) {
 func requireTool(t *testing.T, name string) {
 	t.Helper()
 	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s not available", name)
+		testfs.Missing(t, "%s not available", name)
 	}
 }
 
@@ -76,6 +78,7 @@ func image(t *testing.T, size int64) string {
 func losetup(t *testing.T, img string, extra ...string) string {
 	t.Helper()
 	requireTool(t, "losetup")
+	testfs.HoldMounts(t) // released after the detach below
 	dev := run(t, "losetup", append(append([]string{}, extra...), "--find", "--show", img)...)
 	cleanupRun(t, "losetup", "-d", dev)
 	return dev

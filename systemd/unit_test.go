@@ -57,6 +57,9 @@ func TestUnderSystemd(t *testing.T) {
 	if _, err := exec.LookPath("strace"); err != nil {
 		testfs.Missing(t, "strace not found (Debian package strace): %v", err)
 	}
+	// No other test's mount may exist while the container runs (see
+	// testfs.ExcludeMounts); this waits for those running now.
+	testfs.ExcludeMounts(t)
 	start := time.Now()
 	work := t.TempDir()
 	// Everything that takes a while is independent: the package, the two

@@ -20,6 +20,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"flusherd/internal/testfs"
 )
 
 // Faults says what to do to the operations that reach the filesystem. The
@@ -164,6 +166,7 @@ func MountT(t testing.TB) *FS {
 	if err := Available(); err != nil {
 		t.Skip(err)
 	}
+	testfs.HoldMounts(t) // released after the unmount below
 	f, err := Mount(t.TempDir(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)

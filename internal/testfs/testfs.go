@@ -119,8 +119,11 @@ func Mount(t testing.TB, opt Options) *FS {
 		Missing(t, "testfs: losetup (util-linux) not found: %v", err)
 	}
 
+	// The lock's cleanup is registered first, so it runs last: after the
+	// umount and detach (cleanups run last-in, first-out).
+	HoldMounts(t)
 	// TempDir registers its RemoveAll cleanup before ours, so it runs after
-	// the umount/detach below (cleanups run last-in, first-out).
+	// the umount/detach below.
 	base := t.TempDir()
 	td := &teardown{
 		image: filepath.Join(base, typ+".img"),
