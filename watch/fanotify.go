@@ -480,7 +480,12 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		tg.path = d.prefix + string(ev.name)
 	}
 	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
-		fa.log.Warn("cannot track file", Q(tg.path), zap.Error(err))
+		if resourceShortage(err) {
+			// The write is not forgotten: rescans until one completes.
+			fa.scanIncomplete(err)
+		} else {
+			fa.log.Warn("cannot track file", Q(tg.path), zap.Error(err))
+		}
 	}
 	return true
 }

@@ -187,26 +187,29 @@ func resourceShortage(err error) bool {
 		errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.ENOBUFS)
 }
 
-// Backoff of the rescans after an incomplete scan: the first comes
-// rescanFirst after the failure, each further one after twice the last
-// delay, at most rescanMax; a complete rescan resets it. Variables so that
-// tests can shorten them.
-var (
-	rescanFirst = time.Second
-	rescanMax   = 30 * time.Second
+// Default backoff of the rescans after an incomplete scan (Options
+// RetryMin and RetryMax override it).
+const (
+	defaultRetryMin = time.Second
+	defaultRetryMax = 30 * time.Second
 )
 
 // retryState is the rescan-after-shortage schedule of a base.
 type retryState struct {
 	due      atomic.Bool   // a rescan is scheduled
 	failures atomic.Uint64 // scans left incomplete, ever
-	delay    atomic.Int64  // the next delay (ns); 0 means rescanFirst
+	delay    atomic.Int64  // the next delay (ns); 0 means min
+	// min and max bound the delay: the first rescan comes min after the
+	// failure, each further one after twice the last delay, at most
+	// max; a complete rescan resets it. Set once, by init.
+	min, max time.Duration
 }
 
 // scanIncomplete records that a scan or an event could not be completed
 // for want of a resource, and schedules a cachestat rescan of every tree
 // (files already tracked keep their dirtiedWhen). Rescans repeat, with the
-// delay doubling up to rescanMax, until one completes. Logged once per
+// delay doubling from Options.RetryMin up to RetryMax (the daemon passes
+// min_pause and max_pause), until one completes. Logged once per
 // episode.
 func (b *base) scanIncomplete(err error) {
 	b.retry.failures.Add(1)
@@ -215,11 +218,11 @@ func (b *base) scanIncomplete(err error) {
 	}
 	d := time.Duration(b.retry.delay.Load())
 	if d == 0 {
-		d = rescanFirst
+		d = b.retry.min
 		b.log.Warn("a scan or event could not be completed for want of resources; rescanning the trees until a pass completes",
 			zap.Error(err), zap.Stringer("first_retry", d))
 	}
-	b.retry.delay.Store(int64(min(2*d, rescanMax)))
+	b.retry.delay.Store(int64(min(2*d, b.retry.max)))
 	time.AfterFunc(d, func() {
 		before := b.retry.failures.Load()
 		b.retry.due.Store(false)

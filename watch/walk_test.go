@@ -142,9 +142,8 @@ func TestScanUnknownIsTracked(t *testing.T) {
 		{inode.ErrNotRegular, false},
 	} {
 		s := &sink{seen: map[string]int{}}
-		rescanFirst = time.Hour // no rescan while the test runs
-		t.Cleanup(func() { rescanFirst = time.Second })
 		b := newScanner(t, root, s, failOpener{&os.PathError{Op: "open", Path: p, Err: c.err}})
+		b.retry.min, b.retry.max = time.Hour, time.Hour // no rescan while the test runs
 		b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
 		if got := s.has(p); got != c.want {
 			t.Errorf("open fails with %v: tracked = %v, want %v", c.err, got, c.want)
@@ -165,10 +164,9 @@ func TestScanRetriedAfterShortage(t *testing.T) {
 	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rescanFirst, rescanMax = 20*time.Millisecond, 80*time.Millisecond
-	t.Cleanup(func() { rescanFirst, rescanMax = time.Second, 30*time.Second })
 	s := &sink{seen: map[string]int{}}
 	b := newScanner(t, root, s, failOpener{unix.EMFILE})
+	b.retry.min, b.retry.max = 20*time.Millisecond, 80*time.Millisecond
 
 	// Hold the descriptor limit at what is open now: the walk cannot
 	// open the root's subdirectories.

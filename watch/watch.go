@@ -17,6 +17,7 @@
 package watch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -136,6 +137,8 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 		open = inode.OS{}
 	}
 	b.sink, b.log, b.open, b.statsDir = sink, log, open, opt.StatsDir
+	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
+	b.retry.max = max(b.retry.max, b.retry.min)
 	for _, t := range trees {
 		b.trees = append(b.trees, &tree{Tree: t})
 	}
@@ -395,6 +398,12 @@ type Options struct {
 	// RescanInterval is the period of the rescans of directories inotify
 	// could not watch.
 	RescanInterval time.Duration
+	// RetryMin and RetryMax bound the backoff of the rescans that follow
+	// a scan or event left incomplete for want of descriptors or memory
+	// (0: 1s and 30s). The daemon passes writeback.min_pause and
+	// max_pause, so such files are written within max_pause of the
+	// shortage's end, like blocked ones.
+	RetryMin, RetryMax time.Duration
 	// StatsDir, if set, gets <StatsDir>/watch/stats (WriteStats).
 	StatsDir string
 	Log      *zap.Logger

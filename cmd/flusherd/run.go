@@ -258,7 +258,8 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		}
 	}
 	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles,
-		RescanInterval: cfg.Watcher.RescanInterval, StatsDir: cfg.Stats.Dir, Log: log})
+		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
+		StatsDir: cfg.Stats.Dir, Log: log})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
+)
+
+// TestDescriptorExhaustion: with the daemon's RLIMIT_NOFILE lowered to
+// the descriptors it holds, files written into a tree cannot be resolved,
+// scanned or opened; nothing of them may be forgotten: once the limit is
+// restored they are clean within max_pause + 1.5 s, both backends.
+func TestDescriptorExhaustion(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts, fanotify")
+	}
+	for _, backend := range []string{"fanotify", "inotify"} {
+		t.Run(backend, func(t *testing.T) {
+			mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
+			tree := filepath.Join(mnt.Dir, "w")
+			if err := os.Mkdir(tree, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+min_pause = "10ms"
+max_pause = "1s"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+`, backend, tree))
+			pid := d.cmd.Process.Pid
+			ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var old unix.Rlimit
+			lim := unix.Rlimit{Cur: uint64(len(ents)), Max: uint64(len(ents))}
+			if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
+				t.Fatal(err)
+			}
+			restore := func() {
+				if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &old, nil); err != nil {
+					t.Fatalf("restore RLIMIT_NOFILE: %v", err)
+				}
+			}
+			lim.Max = old.Max // keep the hard limit, so it can be raised again
+			if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+				t.Fatal(err)
+			}
+			restored := false
+			t.Cleanup(func() {
+				if !restored {
+					restore()
+				}
+			})
+			var files []string
+			for i := range 20 {
+				p := filepath.Join(tree, fmt.Sprintf("f%02d", i))
+				writeDirty(t, p, 64<<10)
+				files = append(files, p)
+			}
+			time.Sleep(4 * time.Second)
+			for _, p := range files {
+				mustBeDirty(t, p)
+			}
+			restore()
+			restored = true
+			waitAllClean(t, time.Second+1500*time.Millisecond, files...)
+			if !strings.Contains(d.log.String(), "want of resources") && !strings.Contains(d.log.String(), "too many open files") {
+				t.Errorf("the shortage was not logged:\n%s", d.log.String())
+			}
+		})
+	}
+}
