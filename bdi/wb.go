@@ -953,6 +953,13 @@ func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f ino
 		return f, "", err
 	}
 	f, err = ho.OpenHandle(h, key)
+	if errors.Is(err, unix.EBADF) && path != "" {
+		// No descriptor of the inode's filesystem is registered for
+		// opens by handle: a filesystem inside a tree's (a btrfs
+		// subvolume has its own st_dev, so does a mount): by path.
+		f, err = wb.open.Open(path, key)
+		return f, "", err
+	}
 	if err == nil || path == "" || !errors.Is(err, unix.ESTALE) {
 		return f, "", err
 	}

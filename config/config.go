@@ -78,6 +78,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"golang.org/x/sys/unix"
 )
 
 // Values of [Writeback.RequeueBlocked]: what happens to an inode whose
@@ -686,6 +687,11 @@ func (c *Config) check(stat bool) error {
 			errs = append(errs, e)
 		case !fi.IsDir():
 			add(pkey, "%q is not a directory", p)
+		case onOverlay(p):
+			// Refused, not silently unserved: an overlay file's page
+			// cache is its upper layer's, which cachestat(2) and
+			// sync_file_range(2) on the overlay's descriptor do not see.
+			add(pkey, "%q is on overlayfs: cachestat and sync_file_range on its files see the overlay's own (empty) page cache, not the upper layer's, so its dirty data could not be found or written; watch the upper layer's directory (upperdir= in the overlay's mount options) instead", p)
 		default:
 			// The stats directory inside the tree through a symlink
 			// (of either path): its own writes would keep the daemon
@@ -711,6 +717,13 @@ func (c *Config) check(stat bool) error {
 		}
 	}
 	return collect(errs)
+}
+
+// onOverlay reports whether dir is on an overlay filesystem (statfs(2)
+// f_type OVERLAYFS_SUPER_MAGIC).
+func onOverlay(dir string) bool {
+	var fs unix.Statfs_t
+	return unix.Statfs(dir, &fs) == nil && fs.Type == unix.OVERLAYFS_SUPER_MAGIC
 }
 
 // evalExisting is filepath.EvalSymlinks for a path that may not exist yet

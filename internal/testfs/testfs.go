@@ -37,7 +37,7 @@ func Missing(t testing.TB, format string, args ...any) {
 
 // Options selects the filesystem to create.
 type Options struct {
-	Type     string // "ext4" (default) or "xfs"
+	Type     string // "ext4" (default), "xfs" or "btrfs"
 	SizeMB   int    // image size, default 256 (300 for xfs, the mkfs.xfs minimum)
 	DirectIO bool   // losetup --direct-io=on (so "written back" reaches the image file, not only the host page cache)
 }
@@ -104,8 +104,13 @@ func Mount(t testing.TB, opt Options) *FS {
 		if size == 0 {
 			size = defaultXFSSizeMB
 		}
+	case "btrfs":
+		mkfsArgs = []string{"-q", "-f"}
+		if size == 0 {
+			size = defaultSizeMB
+		}
 	default:
-		t.Fatalf("testfs: unsupported filesystem type %q (want \"ext4\" or \"xfs\")", typ)
+		t.Fatalf("testfs: unsupported filesystem type %q (want \"ext4\", \"xfs\" or \"btrfs\")", typ)
 	}
 	if size < 0 {
 		t.Fatalf("testfs: negative SizeMB %d", size)
@@ -204,7 +209,9 @@ func Mount(t testing.TB, opt Options) *FS {
 	if err := unix.Stat(dev, &dst); err != nil {
 		t.Fatalf("testfs: stat %s: %v", dev, err)
 	}
-	if uint64(st.Dev) != uint64(dst.Rdev) {
+	// btrfs gives its trees anonymous device numbers (0:N), not the
+	// block device's.
+	if typ != "btrfs" && uint64(st.Dev) != uint64(dst.Rdev) {
 		t.Fatalf("testfs: %s: st_dev %d:%d of mounted root is not the loop device %s (%d:%d)",
 			td.dir, unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev)),
 			dev, unix.Major(uint64(dst.Rdev)), unix.Minor(uint64(dst.Rdev)))
