@@ -267,7 +267,9 @@ func (r *Registry) Devices() []*Writeback {
 // ends, and returns ctx's error in the latter case. Integrity trees get
 // fdatasync, the others sync_file_range.
 func (wb *Writeback) Drain(ctx context.Context, reason string) error {
+	wb.mu.Lock() // wb.cfg is replaced by applyConfig (a reload) under wb.mu
 	pause := max(wb.cfg.MinPause, time.Millisecond)
+	wb.mu.Unlock()
 	for {
 		w := &Work{NrPages: math.MaxInt64, All: true, Reason: reason}
 		wb.Queue(w)

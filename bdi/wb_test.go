@@ -744,3 +744,34 @@ func TestStatsWriteFailureBacksOff(t *testing.T) {
 		}
 	})
 }
+
+// TestReloadDuringDrain: a configuration reload (SetConfig, applied by the
+// goroutine) while a shutdown drains the device; run under -race, where
+// Drain's read of the tunables raced with the goroutine replacing them.
+func TestReloadDuringDrain(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		for i := range 50 {
+			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
+			h.mark(f, time.Hour)
+		}
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			done <- h.wb.Drain(ctx, "shutdown")
+		}()
+		for i := range 20 {
+			cfg := testConfig()
+			cfg.MinPause = time.Duration(i+1) * time.Millisecond
+			h.wb.SetConfig(cfg)
+			time.Sleep(time.Millisecond)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Drain: %v", err)
+		}
+		if h.wb.Tracked() != 0 {
+			t.Errorf("%d inodes left after Drain", h.wb.Tracked())
+		}
+	})
+}
