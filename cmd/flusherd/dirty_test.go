@@ -129,11 +129,7 @@ func TestDirtyUnreachable(t *testing.T) {
 // apart and typed back, and `flusherd sync` of one writes that file, not
 // another whose name looks the same once the bytes are replaced.
 func TestNamesNotUTF8(t *testing.T) {
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
-	tree := filepath.Join(mnt.Dir, "w")
-	if err := os.Mkdir(tree, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	_, tree := mountTree(t, "ext4")
 	d := startDaemon(t, fmt.Sprintf("[writeback]\ndirty_expire_interval = \"1h\"\n[[watch]]\npath = %q\n", tree))
 	e9, e8, repl := filepath.Join(tree, "caf\xe9.txt"), filepath.Join(tree, "caf\xe8.txt"), filepath.Join(tree, "caf\ufffd.txt")
 	for _, p := range []string{e9, e8, repl} {

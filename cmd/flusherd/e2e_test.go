@@ -142,6 +142,18 @@ func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *f
 	return d
 }
 
+// mountTree mounts a test filesystem of type typ and makes the directory
+// "w" in it, for a tree.
+func mountTree(t *testing.T, typ string) (*testfs.FS, string) {
+	t.Helper()
+	mnt := testfs.Mount(t, testfs.Options{Type: typ})
+	tree := filepath.Join(mnt.Dir, "w")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return mnt, tree
+}
+
 // makeSearchable gives others search (x) permission on dir and on each of
 // its ancestors inside os.TempDir() that lacks it (t.TempDir makes them
 // 0700), so that a daemon running as another user can reach dir. An

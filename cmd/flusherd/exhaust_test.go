@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"flusherd/internal/testfs"
 )
 
 // TestDescriptorExhaustion: with the daemon's RLIMIT_NOFILE lowered to
@@ -23,11 +21,7 @@ func TestDescriptorExhaustion(t *testing.T) {
 	}
 	for _, backend := range []string{"fanotify", "inotify"} {
 		t.Run(backend, func(t *testing.T) {
-			mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
-			tree := filepath.Join(mnt.Dir, "w")
-			if err := os.Mkdir(tree, 0o755); err != nil {
-				t.Fatal(err)
-			}
+			_, tree := mountTree(t, "ext4")
 			d := startDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "500ms"

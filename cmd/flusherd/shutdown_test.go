@@ -30,9 +30,7 @@ func TestShutdownReadOnly(t *testing.T) {
 		testfs.Missing(t, "ext4 error trigger %s: %v", trigger, err)
 	}
 	tree := filepath.Join(mnt.Dir, "w")
-	if err := os.Mkdir(tree, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	mkdirs(t, tree)
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "200ms"

@@ -149,11 +149,7 @@ path = %q
 // file and its directory) writes it once, answers for every name, and the
 // daemon keeps running.
 func TestSyncDuplicates(t *testing.T) {
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
-	tree := filepath.Join(mnt.Dir, "w")
-	if err := os.Mkdir(tree, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	mnt, tree := mountTree(t, "ext4")
 	d := startDaemon(t, fmt.Sprintf("[writeback]\ndirty_expire_interval = \"1h\"\n[[watch]]\npath = %q\n", tree))
 	f, link := filepath.Join(tree, "f"), filepath.Join(tree, "link")
 	writeDirty(t, f, 64<<10)
