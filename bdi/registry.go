@@ -341,6 +341,8 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			given := wb.givenUp
 			wb.givenUp = nil
 			wb.mu.Unlock()
+			// Files whose data was lost earlier are reported with them.
+			given = append(given, wb.Failed()...)
 			mu.Lock()
 			if err != nil {
 				rep.Left[wb.Name] = wb.TrackedPaths()

@@ -39,6 +39,7 @@ type Stats struct {
 	InodesGone                            uint64 // dropped: the file was deleted or replaced
 	Rescans                               uint64 // cachestat rescans of trees on this device (overflows, unwatched directories)
 	StuckCalls                            int    // writeback calls past attempt_timeout that have not returned (a frozen filesystem)
+	FailedFiles                           int    // files whose data was lost after a failed writeback, until written again
 
 	// Outcomes counts attempts by policy.Outcome (not in the file).
 	Outcomes [policy.NumOutcomes]uint64
@@ -79,11 +80,12 @@ func (s *Stats) Format(w io.Writer, pageSize int) error {
 			"writeback_errors:   %10d\n"+
 			"inodes_gone:        %10d\n"+
 			"rescans:            %10d\n"+
-			"stuck_calls:        %10d\n",
+			"stuck_calls:        %10d\n"+
+			"failed_files:       %10d\n",
 		k(s.BdiWriteback), k(s.BdiReclaimable), k(s.BdiDirtyThresh), k(s.DirtyThresh), k(s.BackgroundThresh),
 		k(s.BdiDirtied), k(s.BdiWritten), s.BdiWriteBandwidth,
 		s.BDirty, s.BIO, s.BMoreIO, s.BMoreIOWait, s.BDirtyTime, s.BdiList, s.State,
-		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls)
+		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles)
 	return err
 }
 
@@ -121,6 +123,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.InodesGone = wb.gone
 	s.Rescans = wb.rescans
 	s.StuckCalls = wb.stuck
+	s.FailedFiles = wb.nfailed
 	s.Outcomes = wb.outcomes
 	return s
 }

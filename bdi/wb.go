@@ -126,6 +126,14 @@ type Writeback struct {
 	BMoreIO     lists.List[*inode.Inode]
 	BMoreIOWait lists.List[*inode.Inode]
 	inflight    lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
+	// bFailed holds inodes whose data was lost: a writeback of theirs
+	// failed and the kernel then dropped their dirty pages, so nothing
+	// is left to retry. They stay tracked, reported as failed (stats,
+	// flusherd dirty, shutdown) until written again (MarkInodeDirty);
+	// they are not Dirty, which is how an inode on it is told from one on
+	// a writeback list (every one of those is Dirty). nfailed is its length.
+	bFailed lists.List[*inode.Inode]
+	nfailed int
 	work        []*Work
 	gen         uint64                     // bumped on every change, for the stats writer
 	written     uint64                     // pages written back (BdiWritten)
@@ -287,6 +295,13 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 			in.SetOtherPath(in.Path())
 			in.SetPath(path)
 		}
+		if wb.failedLocked(in) {
+			// Written again: its earlier loss is no longer the
+			// state of its data. It is dirty like a new file.
+			lists.Remove(in)
+			wb.nfailed--
+			in.Errors, in.LastErr, in.Retries = 0, 0, 0
+		}
 	}
 	wasIdle := false
 	switch {
@@ -307,6 +322,49 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 	}
 }
 
+// parkFailedLocked moves in to bFailed. Preconditions: wb.mu held.
+func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
+	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError
+	wb.bFailed.MoveToBack(in)
+	wb.nfailed++
+}
+
+// forgetFailedLocked forgets an inode on bFailed. Preconditions: wb.mu
+// held.
+func (wb *Writeback) forgetFailedLocked(in *inode.Inode) {
+	lists.Remove(in)
+	wb.nfailed--
+	delete(wb.inodes, in.Key)
+	delete(wb.wbIndex, in.Key)
+	wb.bDirty.unref(in.Class)
+	in.State = 0
+}
+
+// failedLocked reports whether in is on bFailed. Preconditions: wb.mu held.
+func (wb *Writeback) failedLocked(in *inode.Inode) bool {
+	return in.Link().Linked() && !in.Has(inode.Dirty)
+}
+
+// Failed returns the inodes whose data was lost (see bFailed): path and
+// the errno of the failure.
+func (wb *Writeback) Failed() []GivenUp {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	var out []GivenUp
+	for in := range wb.bFailed.All {
+		out = append(out, GivenUp{Path: in.Path(), Err: errnoError(in.LastErr)})
+	}
+	return out
+}
+
+// errnoError turns a LastErr back into an error.
+func errnoError(e uint8) error {
+	if e == 0 || e == inode.ErrnoOther {
+		return errors.New("writeback failed")
+	}
+	return unix.Errno(e)
+}
+
 // RetireUnder is for a tree removed from the configuration (a reload):
 // every tracked inode below root for which keep(path) is false (keep says
 // whether another tree still holds the path) is written back once more,
@@ -319,6 +377,12 @@ func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
 			continue
 		}
 		n++
+		if wb.failedLocked(in) {
+			// Nothing to write: its data was lost earlier (logged
+			// then); the tree no longer holds it.
+			wb.forgetFailedLocked(in)
+			continue
+		}
 		in.State |= inode.Leaving
 		if !in.Has(inode.Sync) {
 			wb.BMoreIO.MoveToBack(in) // taken by the next queue_io
@@ -376,6 +440,9 @@ func (wb *Writeback) DropUnder(root string) int {
 			in.State |= inode.Dropped
 			continue
 		}
+		if wb.failedLocked(in) {
+			wb.nfailed--
+		}
 		lists.Remove(in)
 		delete(wb.inodes, k)
 		wb.bDirty.unref(in.Class)
@@ -392,7 +459,7 @@ func (wb *Writeback) DropUnder(root string) int {
 func (wb *Writeback) Tracked() int {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return len(wb.inodes)
+	return len(wb.inodes) - wb.nfailed
 }
 
 // Queue adds work for the goroutine (wb_queue_work) and wakes it.
@@ -697,6 +764,14 @@ func (wb *Writeback) syncFiles(w *Work) {
 			continue
 		}
 		first[f.Key] = i
+		wb.mu.Lock()
+		if in := wb.inodes[f.Key]; in != nil && wb.failedLocked(in) {
+			// A sync is not a new write: its data stays lost.
+			w.Errs[i] = fmt.Errorf("%w: the data was dropped after a failed writeback", errnoError(in.LastErr))
+			wb.mu.Unlock()
+			continue
+		}
+		wb.mu.Unlock()
 		wb.MarkInodeDirty(f.Key, f.Path, "", f.Tree)
 		wb.mu.Lock()
 		in := wb.inodes[f.Key]
@@ -747,7 +822,8 @@ type InodeInfo struct {
 	// DirtiedWhen is on the daemon's monotonic clock (see Registry.Now).
 	DirtiedWhen              time.Duration
 	DirtyPages, WBPages      uint32 // as last seen by cachestat
-	Retries, Errors, LastErr uint16
+	Retries, Errors uint16
+	LastErr         uint8 // errno; inode.ErrnoOther for an error that is not one
 	Busy                     bool // a call for it exceeded attempt_timeout and has not returned
 }
 
@@ -769,7 +845,7 @@ func (wb *Writeback) Inodes() []InodeInfo {
 	for _, l := range []struct {
 		name string
 		list *lists.List[*inode.Inode]
-	}{{"b_io", &wb.BIO}, {"b_io", &wb.inflight}, {"b_more_io", &wb.BMoreIO}, {"b_more_io_wait", &wb.BMoreIOWait}} {
+	}{{"b_io", &wb.BIO}, {"b_io", &wb.inflight}, {"b_more_io", &wb.BMoreIO}, {"b_more_io_wait", &wb.BMoreIOWait}, {"failed", &wb.bFailed}} {
 		for in := range l.list.All {
 			add(l.name, in)
 		}
@@ -1614,7 +1690,14 @@ func (wb *Writeback) complete(att *attempt) {
 	} else {
 		in.NextRetry = 0
 	}
+	hadIOError := in.Has(inode.DataError) // before this attempt
+	if o == policy.IOError {
+		in.State |= inode.DataError
+	}
 	dest := policy.Requeue(o, wb.cfg.Requeue)
+	if policy.Lost(o, hadIOError, att.dirtyBefore, att.wbBefore, redirtied) {
+		dest = policy.Failed
+	}
 	if in.Has(inode.Dropped) {
 		// Its tree went away during the attempt (DropUnder).
 		dest = policy.Drop
@@ -1655,6 +1738,11 @@ func (wb *Writeback) complete(att *attempt) {
 		lists.Remove(in)
 		in.DirtiedWhen = now
 		wb.bDirty.pushBack(in)
+	case policy.Failed:
+		wb.parkFailedLocked(in)
+		if err == nil {
+			err = fmt.Errorf("%w: the data was dropped after a failed writeback", errnoError(in.LastErr))
+		}
 	}
 	path, retries := in.Path(), in.Retries
 	wb.gen++
@@ -1665,7 +1753,10 @@ func (wb *Writeback) complete(att *attempt) {
 	if wb.Trace != nil {
 		wb.Trace(path, o, dest, err)
 	}
-	if newErr {
+	if dest == policy.Failed {
+		wb.errLog.Error("data lost: a writeback of this file failed and the kernel dropped its dirty pages; it stays reported as failed until it is written again",
+			zap.String("path", strconv.Quote(path)), zap.Error(err))
+	} else if newErr {
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
 			zap.String("path", strconv.Quote(path)), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))
 	} else if o == policy.Skipped && retries >= 8 && retries&(retries-1) == 0 {
@@ -1689,12 +1780,12 @@ func classify(err error) policy.Outcome {
 	return policy.ClassifyErr(err)
 }
 
-func errnoOf(err error) uint16 {
+func errnoOf(err error) uint8 {
 	var e unix.Errno
-	if errors.As(err, &e) {
-		return uint16(e)
+	if errors.As(err, &e) && e < inode.ErrnoOther {
+		return uint8(e)
 	}
-	return math.MaxUint16
+	return inode.ErrnoOther
 }
 
 func satInc(v uint16) uint16 {

@@ -408,7 +408,7 @@ func TestIOErrorRetriedAtMaxPause(t *testing.T) {
 			}
 		}
 		in := h.inode("/bad")
-		if in == nil || in.Errors < 3 || in.LastErr != uint16(syscall.EIO) {
+		if in == nil || in.Errors < 3 || in.LastErr != uint8(syscall.EIO) {
 			t.Fatalf("failing inode %+v: want tracked, errors counted, last error EIO", in)
 		}
 	})

@@ -25,7 +25,7 @@ type Key struct {
 }
 
 // State is a set of flags, like i_state.
-type State uint8
+type State uint16
 
 const (
 	// Dirty: the inode has dirty data flusherd has not yet written (I_DIRTY_PAGES).
@@ -49,7 +49,16 @@ const (
 	// Leaving: its tree was removed from the configuration; it is written
 	// back once more and then forgotten, whatever the outcome.
 	Leaving
+	// DataError: a writeback of its data failed with an I/O error
+	// (policy.IOError: EIO, ENOSPC...) since it was last written. If it
+	// is then found clean without flusherd writing anything, the kernel
+	// dropped the pages: the data is lost, and it is reported as failed
+	// until written again.
+	DataError
 )
+
+// ErrnoOther is LastErr for an error that is not an errno.
+const ErrnoOther = 255
 
 // Inode is one tracked file. Keep it small: a daemon may track millions.
 type Inode struct {
@@ -80,14 +89,16 @@ type Inode struct {
 	// for statistics.
 	DirtyPages, WritebackPages uint32
 	// Retries counts attempts since the inode was last clean; Errors counts
-	// failed ones. LastErr is the last error's errno (0 for none).
+	// failed ones.
 	Retries, Errors uint16
-	LastErr         uint16
 
 	State State
 	// Class is the index of its expire class in the bdi's b_dirty: the
 	// class holds the dirty_expire_interval of the tree it belongs to.
 	Class uint8
+	// LastErr is the last error's errno (0 for none, ErrnoOther for an
+	// error that is not an errno, or an errno above 254).
+	LastErr uint8
 }
 
 // Path returns the absolute path at which the inode was last seen.

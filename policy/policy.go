@@ -83,10 +83,24 @@ const (
 	RedirtyTail
 	// Drop: the inode is gone; forget it and count it.
 	Drop
+	// Failed: its data was lost (Lost): off the writeback lists, kept and
+	// reported as failed until it is written again.
+	Failed
 )
 
 func (d Dest) String() string {
-	return [...]string{"forget", "b_more_io", "b_more_io_wait", "redirty_tail", "drop"}[d]
+	return [...]string{"forget", "b_more_io", "b_more_io_wait", "redirty_tail", "drop", "failed"}[d]
+}
+
+// Lost reports whether an attempt shows that the inode's data was lost:
+// a writeback of it failed with an I/O error since it was last written
+// (hadIOError), and this attempt found it clean (o is Clean) although
+// cachestat showed no dirty and no writeback pages before it, so flusherd
+// did not write the data: after a failed writeback the kernel marks the
+// pages clean (mapping_set_error; the data is dropped), and a retry that
+// then succeeds proves nothing. A new write since (redirtied) is not lost.
+func Lost(o Outcome, hadIOError bool, dirtyBefore, writebackBefore uint64, redirtied bool) bool {
+	return o == Clean && hadIOError && dirtyBefore == 0 && writebackBefore == 0 && !redirtied
 }
 
 // RequeueBlocked selects what happens to an inode that could not be written

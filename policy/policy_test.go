@@ -153,3 +153,32 @@ func TestBackoff(t *testing.T) {
 		t.Fatalf("after Reset, Next = %v want %v", got, 10*ms)
 	}
 }
+
+// TestLost: data is lost only when an I/O error came first and the file
+// is then clean without flusherd having written anything, and no new write
+// came since.
+func TestLost(t *testing.T) {
+	for _, c := range []struct {
+		o                    Outcome
+		hadIOError           bool
+		dirtyBefore, wbefore uint64
+		redirtied            bool
+		want                 bool
+	}{
+		{Clean, true, 0, 0, false, true},
+		{Clean, false, 0, 0, false, false}, // no error: clean is clean
+		{Clean, true, 4, 0, false, false},  // flusherd wrote the data again
+		{Clean, true, 0, 2, false, false},  // it was under writeback: written by someone
+		{Clean, true, 0, 0, true, false},   // written again meanwhile
+		{IOError, true, 0, 0, false, false},
+		{Blocked, true, 0, 0, false, false},
+		{UnderWriteback, true, 0, 0, false, false},
+	} {
+		if got := Lost(c.o, c.hadIOError, c.dirtyBefore, c.wbefore, c.redirtied); got != c.want {
+			t.Errorf("Lost(%v, %v, %d, %d, %v) = %v, want %v", c.o, c.hadIOError, c.dirtyBefore, c.wbefore, c.redirtied, got, c.want)
+		}
+	}
+	if Failed.String() != "failed" {
+		t.Errorf("Failed.String() = %q", Failed.String())
+	}
+}

@@ -107,8 +107,10 @@ expire = "1h"
 }
 
 // TestSyncReportsIOError: `flusherd sync` exits 1 and names the file when
-// its fdatasync fails (a FUSE filesystem returning EIO), and exits 0 once it
-// succeeds; a path outside the watched trees is refused by name.
+// its fdatasync fails (a FUSE filesystem returning EIO), still after the
+// fault is lifted (the failed writeback took the data; nothing is left to
+// write), and exits 0 once the file was written again and written back; a
+// path outside the watched trees is refused by name.
 func TestSyncReportsIOError(t *testing.T) {
 	ffs := faultfs.MountT(t)
 	d := startDaemon(t, fmt.Sprintf(`
@@ -130,8 +132,20 @@ path = %q
 		t.Fatalf("sync with EIO: exit %d, output %q; want exit 1 naming the file and the error", code, out)
 	}
 	ffs.Set(faultfs.Faults{})
+	// The failed fdatasync left the pages clean: the data is lost, and a
+	// later sync that finds nothing to write must not say otherwise.
+	if code, out := runSync(t, d, p); code != 1 || !strings.Contains(out, "dropped after a failed writeback") {
+		t.Fatalf("sync after the fault was lifted, before a new write: exit %d: %s; want 1 naming the loss", code, out)
+	}
+	if code, out := runSync(t, d, p); code != 1 || !strings.Contains(out, "dropped after a failed writeback") {
+		t.Fatalf("a second sync before a new write: exit %d: %s; want the loss again", code, out)
+	}
+	// Written again: the new data is written and the file is clean.
+	if _, err := f.WriteAt(make([]byte, 8192), 0); err != nil {
+		t.Fatal(err)
+	}
 	if code, out := runSync(t, d, p); code != 0 {
-		t.Fatalf("sync after the fault was lifted: exit %d: %s", code, out)
+		t.Fatalf("sync after the file was written again: exit %d: %s", code, out)
 	}
 	outside := filepath.Join(t.TempDir(), "elsewhere")
 	writeDirty(t, outside, 10)

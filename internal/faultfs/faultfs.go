@@ -31,6 +31,10 @@ type Faults struct {
 	OpenDelay  time.Duration // OPEN sleeps this long first
 	FsyncErr   syscall.Errno // returned by FSYNC (e.g. EAGAIN, EIO)
 	FsyncDelay time.Duration // FSYNC sleeps this long first
+	// WriteErr is returned by WRITE: with the writeback cache, the
+	// kernel's writeback of dirty pages fails (it records the error for
+	// fsync and marks the pages clean: the data is lost).
+	WriteErr syscall.Errno
 }
 
 // FS is a mounted faultfs.
@@ -130,9 +134,76 @@ func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbe
 
 var (
 	_ fs.NodeOpener      = (*node)(nil)
+	_ fs.NodeCreater     = (*node)(nil)
 	_ fs.NodeFsyncer     = (*node)(nil)
 	_ fs.NodeWrapChilder = (*node)(nil)
 )
+
+// file is a loopback file handle whose WRITE can fail (Faults.WriteErr);
+// every other operation goes to the loopback handle.
+type file struct {
+	fs.FileHandle
+	fs *FS
+}
+
+var (
+	_ fs.FileReader    = (*file)(nil)
+	_ fs.FileWriter    = (*file)(nil)
+	_ fs.FileFlusher   = (*file)(nil)
+	_ fs.FileFsyncer   = (*file)(nil)
+	_ fs.FileReleaser  = (*file)(nil)
+	_ fs.FileGetattrer = (*file)(nil)
+	_ fs.FileSetattrer = (*file)(nil)
+	_ fs.FileLseeker   = (*file)(nil)
+	_ fs.FileAllocater = (*file)(nil)
+)
+
+func (f *file) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	return f.FileHandle.(fs.FileReader).Read(ctx, dest, off)
+}
+
+func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if fl := f.fs.get("write"); fl.WriteErr != 0 {
+		return 0, fl.WriteErr
+	}
+	return f.FileHandle.(fs.FileWriter).Write(ctx, data, off)
+}
+
+func (f *file) Flush(ctx context.Context) syscall.Errno {
+	return f.FileHandle.(fs.FileFlusher).Flush(ctx)
+}
+
+func (f *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	return f.FileHandle.(fs.FileFsyncer).Fsync(ctx, flags)
+}
+
+func (f *file) Release(ctx context.Context) syscall.Errno {
+	return f.FileHandle.(fs.FileReleaser).Release(ctx)
+}
+
+func (f *file) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+	return f.FileHandle.(fs.FileGetattrer).Getattr(ctx, out)
+}
+
+func (f *file) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return f.FileHandle.(fs.FileSetattrer).Setattr(ctx, in, out)
+}
+
+func (f *file) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	return f.FileHandle.(fs.FileLseeker).Lseek(ctx, off, whence)
+}
+
+func (f *file) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	return f.FileHandle.(fs.FileAllocater).Allocate(ctx, off, size, mode)
+}
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	in, fh, fl, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	if fh != nil {
+		fh = &file{FileHandle: fh, fs: n.fs}
+	}
+	return in, fh, fl, errno
+}
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	fl := n.fs.get("open")
@@ -142,7 +213,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if fl.OpenErr != 0 {
 		return nil, 0, fl.OpenErr
 	}
-	return n.LoopbackNode.Open(ctx, flags)
+	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
+	if fh != nil {
+		fh = &file{FileHandle: fh, fs: n.fs}
+	}
+	return fh, fuseFlags, errno
 }
 
 func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
