@@ -132,8 +132,8 @@ type Writeback struct {
 	// flusherd dirty, shutdown) until written again (MarkInodeDirty);
 	// they are not Dirty, which is how an inode on it is told from one on
 	// a writeback list (every one of those is Dirty). nfailed is its length.
-	bFailed lists.List[*inode.Inode]
-	nfailed int
+	bFailed     lists.List[*inode.Inode]
+	nfailed     int
 	work        []*Work
 	gen         uint64                     // bumped on every change, for the stats writer
 	written     uint64                     // pages written back (BdiWritten)
@@ -820,11 +820,11 @@ type InodeInfo struct {
 	// or b_more_io_wait.
 	List string
 	// DirtiedWhen is on the daemon's monotonic clock (see Registry.Now).
-	DirtiedWhen              time.Duration
-	DirtyPages, WBPages      uint32 // as last seen by cachestat
-	Retries, Errors uint16
-	LastErr         uint8 // errno; inode.ErrnoOther for an error that is not one
-	Busy                     bool // a call for it exceeded attempt_timeout and has not returned
+	DirtiedWhen         time.Duration
+	DirtyPages, WBPages uint32 // as last seen by cachestat
+	Retries, Errors     uint16
+	LastErr             uint8 // errno; inode.ErrnoOther for an error that is not one
+	Busy                bool  // a call for it exceeded attempt_timeout and has not returned
 }
 
 // Inodes describes every tracked inode.
