@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"flusherd/inode"
 )
@@ -38,8 +39,9 @@ type Request struct {
 	before     [2]uint64 // dirty, writeback pages before
 	after      [2]uint64 // and after the write
 	wrote      bool
-	afterKnown bool // after was read (integrity: fdatasync waited)
-	tooLarge   bool // more dirty than write_chunk: left for the chunked path
+	afterKnown bool          // after was read (integrity: fdatasync waited)
+	tooLarge   bool          // more dirty than write_chunk: left for the chunked path
+	fsErrAt    time.Duration // see attempt.fsErrAt
 }
 
 func (r *Request) end() int64 {

@@ -35,6 +35,9 @@ type Options struct {
 	// BeforePass, if set, becomes each new device's BeforePass (a test
 	// hook).
 	BeforePass func()
+	// Errs, if set, holds the integrity trees' filesystems' error cursors
+	// (see ErrWatch).
+	Errs *ErrWatch
 }
 
 // Registry holds the devices' writeback goroutines, created on the first
@@ -96,6 +99,7 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 			sw = NewStatsWriter(r.opt.StatsDir, name, r.opt.StatsEvery, r.opt.Thresholds, r.opt.Log)
 		}
 		wb = New(name, r.opt.Config, r.Now, r.opt.Opener, r.opt.Log, sw)
+		wb.errs = r.opt.Errs
 		wb.BeforePass = r.opt.BeforePass
 		r.byName[name] = wb
 		ctx, cancel := context.WithCancel(r.ctx)

@@ -126,6 +126,7 @@ type Writeback struct {
 	BMoreIO     lists.List[*inode.Inode]
 	BMoreIOWait lists.List[*inode.Inode]
 	inflight    lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
+	errs        *ErrWatch                // the integrity trees' filesystems' error cursors; may be nil
 	// bFailed holds inodes whose data was lost: a writeback of theirs
 	// failed and the kernel then dropped their dirty pages, so nothing
 	// is left to retry. They stay tracked, reported as failed (stats,
@@ -946,6 +947,10 @@ type attempt struct {
 	// renewed is the handle of a new file found under the inode's number
 	// (openFile); the inode takes it at completion.
 	renewed inode.Handle
+	// fsErrAt is when a writeback error was last seen on the inode's
+	// filesystem (ErrWatch; daemon clock), read when its data had left
+	// the page cache without flusherd writing it; 0: none, or not read.
+	fsErrAt time.Duration
 	path    string
 }
 
@@ -1584,6 +1589,13 @@ func (wb *Writeback) doWhole(r *Request) error {
 		d, w, err := r.f.Cachestat(0, 0)
 		r.after = [2]uint64{d, w}
 		r.afterKnown = true
+		if r.before == [2]uint64{} && wb.errs != nil {
+			// Its data left the page cache before flusherd wrote it:
+			// if that writeback failed and someone else's fsync took
+			// the report, this fdatasync could not see it. The
+			// filesystem's own error cursor can (ErrWatch).
+			r.fsErrAt, _ = wb.errs.LastError(r.Dev, wb.now())
+		}
 		return wb.closeWhole(r, err)
 	}
 	if err := r.f.StartWriteback(0, 0); err != nil {
@@ -1609,6 +1621,7 @@ func (wb *Writeback) closeWhole(r *Request, err error) error {
 func adoptWhole(r *Request) {
 	att := r.att
 	att.dirtyBefore, att.wbBefore = r.before[0], r.before[1]
+	att.fsErrAt = r.fsErrAt
 	switch {
 	case r.wrote && r.afterKnown:
 		att.wrote, att.afterKnown = true, true
@@ -1690,7 +1703,9 @@ func (wb *Writeback) complete(att *attempt) {
 	} else {
 		in.NextRetry = 0
 	}
-	hadIOError := in.Has(inode.DataError) // before this attempt
+	// An I/O error of its own before this attempt, or one on its
+	// filesystem since it was dirtied that may have been its own.
+	hadIOError := in.Has(inode.DataError) || (att.fsErrAt != 0 && att.fsErrAt >= in.DirtiedWhen)
 	if o == policy.IOError {
 		in.State |= inode.DataError
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -179,4 +180,83 @@ func TestNamesNotUTF8(t *testing.T) {
 	if dirty, _, _ := cachestat(repl, 0, 0); dirty == 0 {
 		t.Errorf("flusherd sync of %q wrote %q instead", e9, repl)
 	}
+}
+
+// TestLostDataConsumedElsewhere: in an integrity tree, a writeback error
+// that another process's fsync took first (coreutils sync FILE) is still
+// seen: the file's data left the page cache without flusherd writing it,
+// the filesystem's own error cursor (held since the tree was added) shows
+// an error since, so the file is reported failed (flusherd dirty, stats),
+// not dropped as clean; written again, it is written back and forgotten.
+func TestLostDataConsumedElsewhere(t *testing.T) {
+	ffs := faultfs.MountT(t)
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "2s"
+[[watch]]
+path = %q
+mode = "integrity"
+`, ffs.Dir))
+	p := filepath.Join(ffs.Dir, "badB")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(make([]byte, 8192)); err != nil {
+		t.Fatal(err)
+	}
+	stats := filepath.Join(d.statsDir, "bdi", "0:"+fmt.Sprint(minorOf(t, ffs.Dir)), "stats")
+	ffs.Set(faultfs.Faults{WriteErr: syscall.EIO})
+	out, err := exec.Command("sync", p).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Input/output error") {
+		t.Fatalf("precondition: sync %s should fail with EIO: %v %s", p, err, out)
+	}
+	ffs.Set(faultfs.Faults{})
+	listOf := func() string {
+		var o, e bytes.Buffer
+		if code := Main([]string{"dirty", "--json", "--top", "0", "--stats-dir", d.statsDir}, &o, &e); code != 0 {
+			t.Fatalf("flusherd dirty: %s", e.String())
+		}
+		var files []control.DirtyFile
+		if err := json.Unmarshal(o.Bytes(), &files); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if string(f.Path) == p {
+				return f.List + " " + f.LastError
+			}
+		}
+		return ""
+	}
+	var got string
+	if !poll(8*time.Second, func() bool { got = listOf(); return strings.HasPrefix(got, "failed") }) {
+		t.Fatalf("badB is %q in flusherd dirty, want on the list failed; log:\n%s", got, d.log.String())
+	}
+	if s := readStats(t, stats); s["failed_files"] != 1 {
+		t.Errorf("failed_files = %d, want 1", s["failed_files"])
+	}
+	if !strings.Contains(d.log.String(), "data lost") {
+		t.Errorf("the loss is not logged:\n%s", d.log.String())
+	}
+	// Written again, without the fault: written back and forgotten.
+	if _, err := f.WriteAt(make([]byte, 8192), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitClean(t, p, 8*time.Second)
+	if !poll(5*time.Second, func() bool { return listOf() == "" }) {
+		t.Errorf("badB still listed after it was written again: %q", listOf())
+	}
+}
+
+// minorOf returns the minor number of the filesystem of dir (a FUSE
+// filesystem's bdi is 0:minor).
+func minorOf(t *testing.T, dir string) uint32 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return uint32(st.Dev&0xff) | uint32((st.Dev>>12)&0xfff00)
 }

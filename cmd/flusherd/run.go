@@ -230,6 +230,8 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	sys := sysfs.Default()
 	handles := inode.NewHandles()
 	defer handles.Close()
+	errs := bdi.NewErrWatch()
+	defer errs.Close()
 	reg := bdi.NewRegistry(bdi.Options{
 		Config:     bdiConfig(cfg),
 		StatsDir:   cfg.Stats.Dir,
@@ -238,6 +240,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		Thresholds: sys.DirtyThresholds,
 		Opener:     handles,
 		Log:        log,
+		Errs:       errs,
 	})
 	trees, err := treesOf(cfg)
 	if err != nil {
@@ -256,6 +259,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		if _, err := handles.AddMount(t.Root); err != nil {
 			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
 		}
+		watchErrors(errs, t, log)
 	}
 	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
@@ -339,7 +343,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 			stopSig = sig
 			break
 		}
-		if c, t := reloadConfig(cfg, trees, reload, reg, wat, handles, level, n, log); c != nil {
+		if c, t := reloadConfig(cfg, trees, reload, reg, wat, handles, errs, level, n, log); c != nil {
 			cfg, trees = c, t
 		}
 	}
@@ -399,5 +403,17 @@ func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, timeout time.Duration)
 		log.Info("every tracked file is clean; exiting")
 	default:
 		log.Error("exiting with files not written back", zap.Int("given_up_unwritable", given), zap.Int("still_dirty_at_timeout", left))
+	}
+}
+
+// watchErrors holds the filesystem of an integrity tree open for its
+// writeback errors (bdi.ErrWatch).
+func watchErrors(errs *bdi.ErrWatch, t watch.Tree, log *zap.Logger) {
+	if !t.Integrity {
+		return
+	}
+	if _, err := errs.Add(t.Root); err != nil {
+		log.Warn("integrity tree: cannot hold its filesystem open for writeback errors; an error another process's fsync took first may be missed",
+			zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
 	}
 }

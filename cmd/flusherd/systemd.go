@@ -143,7 +143,7 @@ func monotonicUsec() int64 {
 // tree whose root is gone (removed, unmounted) is added again if the new
 // configuration still has it and its root is back.
 func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*config.Config, error), reg *bdi.Registry, wat watch.Backend,
-	handles *inode.Handles, level zap.AtomicLevel, n *notifier, log *zap.Logger) (*config.Config, []watch.Tree) {
+	handles *inode.Handles, errs *bdi.ErrWatch, level zap.AtomicLevel, n *notifier, log *zap.Logger) (*config.Config, []watch.Tree) {
 	n.send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
 	defer n.send("READY=1")
 	cfg, err := reload()
@@ -192,6 +192,7 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		// Removed, or changed (taken out and put back with its new
 		// settings below).
 		wat.RemoveTree(root)
+		errs.Remove(root)
 		if _, ok := now[root]; !ok {
 			k := reg.TreeRemoved(root, func(p string) bool { _, in := wat.TreeOf(p); return in })
 			log.Info("watch root removed; its tracked files are written back once and forgotten",
@@ -212,6 +213,7 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 			log.Error("cannot watch a root added by the reload", zap.String("root", strconv.Quote(root)), zap.Error(err))
 			continue
 		}
+		watchErrors(errs, now[root], log)
 		served = append(served, now[root])
 		if _, ok := was[root]; ok {
 			log.Info("watch root settings changed", zap.String("root", strconv.Quote(root)))

@@ -1,0 +1,127 @@
+package bdi
+
+import (
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrWatch sees the writeback errors of whole filesystems, for integrity
+// trees. A file's writeback error is reported once per descriptor that was
+// open when it happened, and to a descriptor opened later only while no
+// one has seen it (errseq_t, "report once to a later opener", Linux 4.17):
+// once another process's fsync has taken it, flusherd's own fdatasync on a
+// descriptor it opened afterwards returns 0. The filesystem keeps its own
+// error cursor too (s_wb_err, reported by syncfs(2) since Linux 5.8), and a
+// descriptor held from the time a tree is added sees every error of the
+// filesystem from then on, whoever saw it first. That cursor is separate
+// from the files': checking it takes nothing from an application's fsync.
+//
+// Holding the descriptor keeps the filesystem busy: umount(8) fails with
+// EBUSY while an integrity tree is on it (remove the tree, or stop the
+// daemon, first).
+//
+// Safe for concurrent use.
+type ErrWatch struct {
+	mu   sync.Mutex
+	fses map[uint64]*fsErrs
+}
+
+type fsErrs struct {
+	fd    int
+	roots map[string]bool
+	// lastErr is when a check last saw an error (daemon clock), 0 for
+	// never.
+	lastErr time.Duration
+}
+
+// NewErrWatch returns an ErrWatch that watches no filesystem.
+func NewErrWatch() *ErrWatch { return &ErrWatch{fses: map[uint64]*fsErrs{}} }
+
+// Add starts watching the filesystem of the directory root (an integrity
+// tree's root) and returns its st_dev. Errors are *os.PathError.
+func (e *ErrWatch) Add(root string) (uint64, error) {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return 0, &os.PathError{Op: "fstat", Path: root, Err: err}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f := e.fses[st.Dev]; f != nil {
+		unix.Close(fd) // the older descriptor has seen more
+		f.roots[root] = true
+		return st.Dev, nil
+	}
+	e.fses[st.Dev] = &fsErrs{fd: fd, roots: map[string]bool{root: true}}
+	return st.Dev, nil
+}
+
+// Remove stops watching for root; the descriptor is closed with the last
+// root of its filesystem.
+func (e *ErrWatch) Remove(root string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for dev, f := range e.fses {
+		if !f.roots[root] {
+			continue
+		}
+		delete(f.roots, root)
+		if len(f.roots) == 0 {
+			unix.Close(f.fd)
+			delete(e.fses, dev)
+		}
+	}
+}
+
+// Close closes every descriptor.
+func (e *ErrWatch) Close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for dev, f := range e.fses {
+		unix.Close(f.fd)
+		delete(e.fses, dev)
+	}
+}
+
+// LastError checks filesystem dev for writeback errors with syncfs(2) on
+// the held descriptor and returns when an error was last seen (now, if
+// this check saw one; the daemon clock), 0 if never, and whether dev is
+// watched at all. syncfs also writes back and commits the whole
+// filesystem, so it is called only when a file's data left the page cache
+// without flusherd writing it. A syncfs that fails otherwise than with a
+// writeback error is taken as one: unknown is not clean.
+func (e *ErrWatch) LastError(dev uint64, now time.Duration) (time.Duration, bool) {
+	e.mu.Lock()
+	f := e.fses[dev]
+	fd := -1
+	if f != nil {
+		// Duplicated (the same open file, so the same error cursor),
+		// so that a Remove during the call cannot close it under
+		// syncfs.
+		if d, err := unix.FcntlInt(uintptr(f.fd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			fd = d
+		}
+	}
+	e.mu.Unlock()
+	if f == nil {
+		return 0, false
+	}
+	if fd < 0 {
+		return now, true // cannot check: assume the worst
+	}
+	err := unix.Syncfs(fd)
+	unix.Close(fd)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		f.lastErr = now
+	}
+	return f.lastErr, true
+}
