@@ -79,18 +79,31 @@ func (r *Registry) Now() time.Duration { return time.Since(r.epoch) }
 
 // Device returns the writeback state of st_dev dev, starting it if new.
 // path is any path on that filesystem, used to name the bdi.
+//
+// The bdi is named (Resolve: an open, fstatfs, an ioctl, /sys reads) without
+// Registry's lock, so that one hung filesystem does not stall the marking
+// of files on every other device.
 func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if wb := r.byDev[dev]; wb != nil {
+		r.mu.Unlock()
 		return wb, nil
 	}
+	r.mu.Unlock()
 	if r.ctx.Err() != nil {
 		return nil, fmt.Errorf("bdi: shutting down")
 	}
 	name, err := r.opt.Resolve(dev, path)
 	if err != nil {
 		return nil, fmt.Errorf("bdi: naming the device of %s: %w", path, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if wb := r.byDev[dev]; wb != nil {
+		return wb, nil // named meanwhile by another caller
+	}
+	if r.ctx.Err() != nil {
+		return nil, fmt.Errorf("bdi: shutting down")
 	}
 	wb := r.byName[name]
 	if wb == nil {

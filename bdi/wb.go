@@ -369,13 +369,32 @@ func errnoError(e uint8) error {
 // RetireUnder is for a tree removed from the configuration (a reload):
 // every tracked inode below root for which keep(path) is false (keep says
 // whether another tree still holds the path) is written back once more,
-// at the next pass, and then forgotten. It returns how many.
+// at the next pass, and then forgotten. It returns how many. keep is
+// called without the list lock (it takes the watcher's).
 func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
-	n := 0
+	type cand struct {
+		in   *inode.Inode
+		path string
+	}
+	var cands []cand
 	wb.mu.Lock()
 	for _, in := range wb.inodes {
-		if !in.InDir(root) || keep(in.Path()) {
-			continue
+		if in.InDir(root) {
+			cands = append(cands, cand{in, in.Path()})
+		}
+	}
+	wb.mu.Unlock()
+	leaving := make(map[*inode.Inode]bool, len(cands))
+	for _, c := range cands {
+		if !keep(c.path) {
+			leaving[c.in] = true
+		}
+	}
+	n := 0
+	wb.mu.Lock()
+	for in := range leaving {
+		if wb.inodes[in.Key] != in {
+			continue // forgotten meanwhile
 		}
 		n++
 		if wb.failedLocked(in) {
@@ -1501,7 +1520,6 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 		return
 	}
 	// Timed out earlier: the attempt was already completed as blocked.
-	wb.closeWhole(r, nil)
 	att := r.att
 	att.stuck--
 	wb.stuck--
@@ -1510,6 +1528,8 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 	}
 	wb.gen++
 	wb.mu.Unlock()
+	// close(2) can block (NFS, FUSE): never under the list lock.
+	wb.closeWhole(r, nil)
 	att.release()
 	wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
 	wb.kick()

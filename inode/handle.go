@@ -141,31 +141,56 @@ func (h *Handles) Has(dev uint64) bool {
 // registered directories if needed; release it with h.release(dev).
 // Errors: EBADF when dev is not registered, ENODEV when none of its
 // directories can be opened on dev any more (removed, unmounted): the
-// filesystem is unavailable, which says nothing of the file itself.
+// filesystem is unavailable, which says nothing of the file itself. The
+// directories are opened without h.mu held: an open can hang on a sick
+// filesystem, and must not stall the opens of the others.
 func (h *Handles) acquire(dev uint64) (int, error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	m := h.mounts[dev]
 	if m == nil {
+		h.mu.Unlock()
 		return -1, unix.EBADF
 	}
-	if m.fd < 0 {
-		for _, dir := range m.dirs {
-			fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				continue
-			}
-			var st unix.Stat_t
-			if err := unix.Fstat(fd, &st); err != nil || st.Dev != dev {
-				unix.Close(fd)
-				continue
-			}
-			m.fd = fd
-			break
+	if m.fd >= 0 {
+		m.refs++
+		h.mu.Unlock()
+		return m.fd, nil
+	}
+	dirs := slices.Clone(m.dirs)
+	h.mu.Unlock()
+	fd := -1
+	for _, dir := range dirs {
+		d, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
 		}
-		if m.fd < 0 {
+		var st unix.Stat_t
+		if err := unix.Fstat(d, &st); err != nil || st.Dev != dev {
+			unix.Close(d)
+			continue
+		}
+		fd = d
+		break
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.mounts[dev] != m {
+		// Removed (or replaced) meanwhile.
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return -1, unix.EBADF
+	}
+	if m.fd >= 0 {
+		// Another caller opened one meanwhile: use it.
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	} else {
+		if fd < 0 {
 			return -1, unix.ENODEV
 		}
+		m.fd = fd
 		if h.timer == nil {
 			h.timer = time.AfterFunc(h.idle(), h.closeIdle)
 		} else {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -213,6 +214,7 @@ func (fa *Fanotify) Run(ctx context.Context) {
 			}
 			return
 		}
+		fa.readBatches.Add(1)
 		// The stats file is rewritten only for events that concern
 		// the trees: the filesystem mark also reports everything
 		// else on the filesystem, the daemon's own stats writes
@@ -220,6 +222,26 @@ func (fa *Fanotify) Run(ctx context.Context) {
 		if fa.events(ctx, fa.buf[:n]) {
 			fa.touched("fanotify")
 		}
+		fa.doneBatches.Add(1)
+	}
+}
+
+// Quiesce implements Backend: it waits until the fanotify queue is empty
+// (FIONREAD) and every batch read from it has been handled, twice in a row
+// a moment apart (Run may have just read a batch it has not yet counted).
+func (fa *Fanotify) Quiesce(ctx context.Context) {
+	quiet := 0
+	for quiet < 2 && ctx.Err() == nil {
+		n, err := unix.IoctlGetInt(int(fa.f.Fd()), unix.TIOCINQ) // FIONREAD
+		if err != nil {
+			return
+		}
+		if n == 0 && fa.readBatches.Load() == fa.doneBatches.Load() {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 

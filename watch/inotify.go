@@ -256,6 +256,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			w.ctr.Events.Add(1)
 			w.handle(ev)
 			w.touched("inotify")
+			w.doneBatches.Add(1)
 		case err, ok := <-w.w.Errors:
 			if !ok {
 				return
@@ -355,6 +356,23 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 		// as a Create.
 		if w.forget(ev.Name) {
 			w.checkRoots()
+		}
+	}
+}
+
+// Quiesce implements Backend. fsnotify reads the inotify queue on a
+// goroutine of its own, out of sight, so this waits until no event has
+// been handled for 50ms and none waits in fsnotify's channel.
+func (w *Watcher) Quiesce(ctx context.Context) {
+	last, since := w.doneBatches.Load(), time.Now()
+	for ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+		if n := w.doneBatches.Load(); n != last || len(w.w.Events) > 0 {
+			last, since = n, time.Now()
+			continue
+		}
+		if time.Since(since) >= 50*time.Millisecond {
+			return
 		}
 	}
 }

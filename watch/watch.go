@@ -83,6 +83,10 @@ type Backend interface {
 	Served(root string) bool
 	// Run handles events until ctx ends or Close.
 	Run(ctx context.Context)
+	// Quiesce returns once the events queued when it was called have been
+	// handled (or ctx ends): a shutdown calls it before Close, so that a
+	// file written just before SIGTERM is tracked, and written back.
+	Quiesce(ctx context.Context)
 	// Close stops watching; idempotent.
 	Close() error
 	// Counters returns the backend's counters.
@@ -111,7 +115,10 @@ type base struct {
 	open        inode.Opener
 	ctr         Counters
 	dirsScanned atomic.Uint64
-	retry       retryState
+	// Batches of events read (readBatches) and handled (doneBatches), for
+	// Quiesce.
+	readBatches, doneBatches atomic.Uint64
+	retry                    retryState
 
 	statsDir  string
 	statsMu   sync.Mutex

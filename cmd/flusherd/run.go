@@ -360,6 +360,11 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	log.Info("writing back every tracked file before exit",
 		zap.String("signal", stopSig.String()), zap.Stringer("timeout", cfg.Writeback.ShutdownTimeout))
 	n.send(daemon.SdNotifyStopping)
+	// Files written just before the signal have their events still
+	// queued: handle them, so that they are written back too.
+	qctx, qcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	wat.Quiesce(qctx)
+	qcancel()
 	cancel()
 	wat.Close()
 	<-done
