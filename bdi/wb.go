@@ -836,8 +836,8 @@ type InodeInfo struct {
 	Path   string
 	Key    inode.Key
 	Handle inode.Handle
-	// List is b_dirty, b_io (including an attempt in flight), b_more_io
-	// or b_more_io_wait.
+	// List is b_dirty, b_io (including an attempt in flight), b_more_io,
+	// b_more_io_wait, or failed (its data was lost; see bFailed).
 	List string
 	// DirtiedWhen is on the daemon's monotonic clock (see Registry.Now).
 	DirtiedWhen         time.Duration
