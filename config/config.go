@@ -133,10 +133,11 @@ type Config struct {
 
 // Writeback is the [writeback] table: timing and sizing of writeback.
 type Writeback struct {
-	// DirtyWritebackInterval is the kupdate period. Default 5s.
+	// DirtyWritebackInterval is the kupdate period. Default 1s (the kernel's is 5s).
 	DirtyWritebackInterval time.Duration
 	// DirtyExpireInterval is the age at which dirty data is written back.
-	// Default 30s.
+	// Default 5s (the kernel's is 30s: a daemon that bounds dirty data per
+	// tree should not wait as long as the kernel would anyway).
 	DirtyExpireInterval time.Duration
 	// MinPause is the first backoff pause for b_more_io_wait. Default 10ms.
 	MinPause time.Duration
@@ -266,10 +267,10 @@ const MaxSocketPath = 107
 func Default() *Config {
 	return &Config{
 		Writeback: Writeback{
-			DirtyWritebackInterval: 5 * time.Second,
-			DirtyExpireInterval:    30 * time.Second,
+			DirtyWritebackInterval: time.Second,
+			DirtyExpireInterval:    5 * time.Second,
 			MinPause:               10 * time.Millisecond,
-			MaxPause:               5 * time.Second,
+			MaxPause:               time.Second,
 			WriteChunk:             4 << 20,
 			RequeueBlocked:         RequeueIOWait,
 			AttemptTimeout:         10 * time.Second,

@@ -23,10 +23,10 @@ var ignoreSrc = cmpopts.IgnoreUnexported(Config{})
 func TestDefault(t *testing.T) {
 	want := &Config{
 		Writeback: Writeback{
-			DirtyWritebackInterval: 5 * time.Second,
-			DirtyExpireInterval:    30 * time.Second,
+			DirtyWritebackInterval: time.Second,
+			DirtyExpireInterval:    5 * time.Second,
 			MinPause:               10 * time.Millisecond,
-			MaxPause:               5 * time.Second,
+			MaxPause:               time.Second,
 			WriteChunk:             4 << 20,
 			RequeueBlocked:         RequeueIOWait,
 			AttemptTimeout:         10 * time.Second,
@@ -176,8 +176,8 @@ watch = [ { path = "/x", mode = "integrity" },
 				c.Writeback.MinPause = time.Millisecond
 				c.Log.Level = "warn"
 				c.Watch = []Watch{
-					{Path: "/x", Recursive: true, Mode: ModeIntegrity, Expire: 30 * time.Second},
-					{Path: "/y", Recursive: false, Mode: ModeWriteback, Expire: 30 * time.Second},
+					{Path: "/x", Recursive: true, Mode: ModeIntegrity, Expire: 5 * time.Second},
+					{Path: "/y", Recursive: false, Mode: ModeWriteback, Expire: 5 * time.Second},
 				}
 			},
 		},
@@ -208,7 +208,7 @@ func TestParseExample(t *testing.T) {
 	}
 	want := Default()
 	want.Watch = []Watch{
-		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second},
+		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 5 * time.Second},
 		{Path: "/srv/db", Recursive: false, Mode: ModeIntegrity, Expire: 5 * time.Second},
 	}
 	if diff := cmp.Diff(want, got, ignoreSrc); diff != "" {
@@ -284,7 +284,7 @@ func TestParseErrors(t *testing.T) {
 		// min_pause > max_pause.
 		{"min_pause > max_pause", "[writeback]\nmax_pause = \"1s\"\nmin_pause = \"2s\"\n", "writeback.min_pause", 3, "min_pause 2s is greater than max_pause 1s"},
 		{"min_pause > max_pause, max last", "[writeback]\nmin_pause = \"2s\"\nmax_pause = \"1s\"\n", "writeback.max_pause", 3, "min_pause 2s is greater than max_pause 1s"},
-		{"min_pause > default max_pause", "[writeback]\nmin_pause = \"6s\"\n", "writeback.min_pause", 2, "max_pause 5s (max_pause defaults to dirty_writeback_interval)"},
+		{"min_pause > default max_pause", "[writeback]\nmin_pause = \"6s\"\n", "writeback.min_pause", 2, "max_pause 1s (max_pause defaults to dirty_writeback_interval)"},
 		{"interval below min_pause", "[writeback]\nmin_pause = \"20ms\"\ndirty_writeback_interval = \"15ms\"\n", "writeback.dirty_writeback_interval", 3, "min_pause 20ms is greater than max_pause 15ms"},
 		{"interval below the minimum", "[writeback]\ndirty_writeback_interval = \"1us\"\nmin_pause = \"1ms\"\n", "writeback.dirty_writeback_interval", 2, "must be at least 10ms"},
 		{"min_pause below the minimum", "[writeback]\nmin_pause = \"1ns\"\n", "writeback.min_pause", 2, "must be at least 1ms"},
@@ -497,7 +497,7 @@ func TestLoad(t *testing.T) {
 		}
 		want := Default()
 		want.Log.Level = "error"
-		want.Watch = []Watch{{Path: data, Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}}
+		want.Watch = []Watch{{Path: data, Recursive: true, Mode: ModeWriteback, Expire: 5 * time.Second}}
 		if diff := cmp.Diff(want, c, ignoreSrc); diff != "" {
 			t.Errorf("Load mismatch (-want +got):\n%s", diff)
 		}
@@ -548,7 +548,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 	full.Log.Level = "warn"
 	full.Metrics.Listen = "[::1]:9469"
 	full.Watch = []Watch{
-		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second},
+		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 5 * time.Second},
 		{Path: "/srv/weird name/ü", Recursive: false, Mode: ModeIntegrity, Expire: 10 * time.Millisecond},
 	}
 	odd := Default()
@@ -580,7 +580,7 @@ func TestEncodeDefault(t *testing.T) {
 	}
 	text := buf.String()
 	for _, want := range []string{
-		"[writeback]\n", `dirty_writeback_interval = "5s"`, `min_pause = "10ms"`,
+		"[writeback]\n", `dirty_writeback_interval = "1s"`, `min_pause = "10ms"`,
 		`write_chunk = "4MiB"`, `requeue_blocked = "io_wait"`, "[plug]\n", "max_pending = 256",
 		"[watcher]\n", `backend = "auto"`, `rescan_interval = "30s"`, "[stats]\n", `dir = "/run/flusherd"`, "[log]\n", `level = "info"`,
 		"[metrics]\n", `listen = ""`,
@@ -599,7 +599,7 @@ func TestEncodeDefault(t *testing.T) {
 		t.Fatalf("Parse: %v\n%s", err, text)
 	}
 	want := Default()
-	want.Watch = []Watch{{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}}
+	want.Watch = []Watch{{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 5 * time.Second}}
 	if diff := cmp.Diff(want, got, ignoreSrc); diff != "" {
 		t.Errorf("mismatch (-want +got):\n%s", diff)
 	}
