@@ -208,6 +208,10 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 // ErrUnreachable wraps the error of a Call that found no daemon.
 var ErrUnreachable = errors.New("flusherd is not reachable")
 
+// ErrNotSent wraps the error of a Call whose request could not be written
+// (for example because the timeout ran out first): the daemon did nothing.
+var ErrNotSent = errors.New("the request was not sent")
+
 // Call sends req to the daemon at the socket path and returns its
 // response. A missing socket or a refused connection wraps ErrUnreachable.
 func Call(path string, req Request, timeout time.Duration) (Response, error) {
@@ -228,7 +232,7 @@ func Call(path string, req Request, timeout time.Duration) (Response, error) {
 	var resp Response
 	if err := json.NewDecoder(bufio.NewReader(io.LimitReader(c, 64<<20))).Decode(&resp); err != nil {
 		if werr != nil {
-			return Response{}, fmt.Errorf("sending the request: %w", werr)
+			return Response{}, fmt.Errorf("%w: %w", ErrNotSent, werr)
 		}
 		return Response{}, fmt.Errorf("reading the response: %w", err)
 	}

@@ -47,7 +47,11 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		paths = append(paths, abs)
 	}
 	resp, err := control.Call(socketPath(cfg.Stats.Dir), control.Request{Op: "sync", Paths: control.Names(paths)}, *timeout)
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	switch {
+	case errors.Is(err, control.ErrNotSent) && errors.Is(err, os.ErrDeadlineExceeded):
+		fmt.Fprintf(stderr, "flusherd sync: --timeout %v ran out before the request was sent; nothing was synced\n", *timeout)
+		return exitFailed
+	case errors.Is(err, os.ErrDeadlineExceeded):
 		fmt.Fprintf(stderr, "flusherd sync: gave up after --timeout %v; the daemon goes on with the sync\n", *timeout)
 		return exitFailed
 	}

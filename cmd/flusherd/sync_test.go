@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -182,5 +183,18 @@ func TestSyncDuplicates(t *testing.T) {
 		}
 		d.mustRun(t)
 		writeDirty(t, f, 64<<10)
+	}
+}
+
+// TestSyncTimeoutBeforeSend: a --timeout that runs out before the request
+// is written says that nothing was synced (the daemon got nothing), not
+// that the daemon goes on with it.
+func TestSyncTimeoutBeforeSend(t *testing.T) {
+	tree := t.TempDir()
+	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\n", tree))
+	var out bytes.Buffer
+	code := Main([]string{"sync", "--stats-dir", d.statsDir, "--timeout", "1ns", tree}, &out, &out)
+	if code != exitFailed || !strings.Contains(out.String(), "before the request was sent; nothing was synced") {
+		t.Errorf("sync --timeout 1ns: exit %d, %q", code, out.String())
 	}
 }
