@@ -775,3 +775,28 @@ func TestReloadDuringDrain(t *testing.T) {
 		}
 	})
 }
+
+// TestBdiDirtied: BdiDirtied is BdiWritten plus BdiReclaimable (the dirty
+// pages still held by tracked files, as last seen), in the stats.
+func TestBdiDirtied(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		t := h.t
+		written := h.fs.add("/w", 1, 16*pg, 16)
+		h.mark(written, time.Second)
+		// Tracked, not yet due, with 8 dirty pages as last seen.
+		held := h.fs.add("/h", 2, 8*pg, 8)
+		h.mark(held, time.Hour)
+		h.wb.mu.Lock()
+		h.wb.inodes[held.key].DirtyPages = 8
+		h.wb.mu.Unlock()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		s := h.wb.Snapshot()
+		if s.BdiWritten != 16 || s.BdiReclaimable != 8 {
+			t.Fatalf("written %d, reclaimable %d; want 16 and 8", s.BdiWritten, s.BdiReclaimable)
+		}
+		if s.BdiDirtied != s.BdiWritten+s.BdiReclaimable {
+			t.Errorf("BdiDirtied = %d, want BdiWritten + BdiReclaimable = %d + %d", s.BdiDirtied, s.BdiWritten, s.BdiReclaimable)
+		}
+	})
+}

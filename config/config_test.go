@@ -401,6 +401,8 @@ func TestValidate(t *testing.T) {
 		{"bad requeue", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Writeback.RequeueBlocked = "x" }, "writeback.requeue_blocked", "unknown value", false},
 		{"bad level", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Log.Level = "INFO" }, "log.level", "unknown value", false},
 		{"zero queue depth", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Plug.QueueDepth = 0 }, "plug.queue_depth", "must be positive", false},
+		{"negative integrity_syncfs", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Plug.IntegritySyncfs = -1 }, "plug.integrity_syncfs", "must be 0 (never) or positive", false},
+		{"zero integrity_syncfs (never)", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Plug.IntegritySyncfs = 0 }, "", "", false},
 		{"no stats dir", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Stats.Dir = "" }, "stats.dir", "must not be empty", false},
 		{"metrics listen", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Metrics.Listen = "127.0.0.1:9469" }, "", "", false},
 		{"bad metrics listen", func(c *Config) { c.Watch = []Watch{watch(a)}; c.Metrics.Listen = "nowhere" }, "metrics.listen", "missing port", false},

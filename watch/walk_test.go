@@ -219,3 +219,32 @@ func TestScanRetriedAfterShortage(t *testing.T) {
 		t.Errorf("backoff not reset after a complete rescan: next delay %s", time.Duration(d))
 	}
 }
+
+// TestTreeOfDeepest: a path in nested trees belongs to the deepest one (its
+// expire and mode apply), a non-recursive tree holds only its own entries,
+// and a removed tree holds nothing.
+func TestTreeOfDeepest(t *testing.T) {
+	b := &base{}
+	outer := Tree{Root: "/a", Recursive: true, Tree: bdi.Tree{Expire: time.Second}}
+	inner := Tree{Root: "/a/b", Recursive: true, Tree: bdi.Tree{Expire: time.Minute, Integrity: true}}
+	flat := Tree{Root: "/c", Recursive: false, Tree: bdi.Tree{Expire: time.Hour}}
+	b.init([]Tree{outer, inner, flat}, &sink{seen: map[string]int{}}, Options{})
+	for _, c := range []struct {
+		path string
+		want Tree
+		ok   bool
+	}{
+		{"/a/f", outer, true},
+		{"/a/b/f", inner, true},
+		{"/a/b/c/d/f", inner, true},
+		{"/a/bb/f", outer, true}, // a sibling with a common prefix
+		{"/c/f", flat, true},
+		{"/c/d/f", Tree{}, false}, // below a non-recursive tree
+		{"/x/f", Tree{}, false},
+	} {
+		got, ok := b.TreeOf(c.path)
+		if ok != c.ok || got != c.want {
+			t.Errorf("TreeOf(%q) = %+v, %v; want %+v, %v", c.path, got, ok, c.want, c.ok)
+		}
+	}
+}
