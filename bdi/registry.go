@@ -341,7 +341,8 @@ type ShutdownReport struct {
 
 // Shutdown drains every device (Drain) within ctx, giving up at once on
 // files whose filesystem cannot be written (EROFS, ESHUTDOWN, ENODEV,
-// ENXIO: policy.FSUnavailable), stops the goroutines, and reports what is
+// ENXIO: policy.FSUnavailable) or that the daemon may not open (EACCES,
+// EPERM), stops the goroutines, and reports what is
 // left. Files already clean are forgotten at their first attempt, so they
 // are never waited on.
 func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {

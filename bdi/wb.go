@@ -152,8 +152,9 @@ type Writeback struct {
 
 	// shuttingDown: the daemon is exiting (Registry.Shutdown); a file
 	// whose filesystem cannot be written (FSUnavailable: EROFS,
-	// ESHUTDOWN, ENODEV, ENXIO) is given up at once and recorded in
-	// givenUp instead of being retried until shutdown_timeout.
+	// ESHUTDOWN, ENODEV, ENXIO), or that the daemon may not open (EACCES,
+	// EPERM), is given up at once and recorded in givenUp instead of
+	// being retried until shutdown_timeout.
 	shuttingDown bool
 	givenUp      []GivenUp
 
@@ -1750,7 +1751,7 @@ func (wb *Writeback) complete(att *attempt) {
 		in.SetPath(other)
 		dest = policy.MoreIOWait
 	}
-	if wb.shuttingDown && o == policy.FSUnavailable && dest != policy.Drop {
+	if wb.shuttingDown && dest != policy.Drop && (o == policy.FSUnavailable || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)) {
 		wb.givenUp = append(wb.givenUp, GivenUp{Path: in.Path(), Err: err})
 		dest = policy.Forget
 	}

@@ -152,6 +152,15 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 			}
 		} else if policy.ClassifyErr(err) == policy.Gone || errors.Is(err, inode.ErrNotRegular) {
 			return
+		} else if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+			// Not unknown: the daemon may not open it, now or at any
+			// attempt, so tracking it could not help (and a shutdown
+			// would wait for it). Said once.
+			if !b.permWarned.Swap(true) {
+				b.log.Warn("some files cannot be opened by the daemon (permission denied) and are not served; the shipped unit keeps CAP_DAC_READ_SEARCH and CAP_FOWNER for them",
+					Q(path), zap.Error(err))
+			}
+			return
 		}
 	}
 	if err := b.sink.MarkInodeDirty(path, key, "", t.Tree); err != nil {

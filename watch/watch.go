@@ -119,6 +119,7 @@ type base struct {
 	// Quiesce.
 	readBatches, doneBatches atomic.Uint64
 	retry                    retryState
+	permWarned               atomic.Bool // a file the daemon may not open was logged
 
 	statsDir  string
 	statsMu   sync.Mutex
