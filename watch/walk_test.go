@@ -121,8 +121,9 @@ type failOpener struct{ err error }
 func (o failOpener) Open(string, inode.Key) (inode.File, error) { return nil, o.err }
 
 // TestScanUnknownIsTracked: a file whose dirtiness cannot be checked for
-// want of a resource is tracked (the writeback attempt decides); a file
-// that is gone is not.
+// want of a resource, or for an I/O error, is tracked (the writeback
+// attempt decides); a file that is gone, or that the daemon may not open
+// at all, is not.
 func TestScanUnknownIsTracked(t *testing.T) {
 	root := t.TempDir()
 	p := filepath.Join(root, "f")
@@ -137,6 +138,8 @@ func TestScanUnknownIsTracked(t *testing.T) {
 		{unix.ENFILE, true},
 		{unix.ENOMEM, true},
 		{unix.EIO, true},
+		{unix.EACCES, false}, // the daemon may never open it: not served
+		{unix.EPERM, false},
 		{unix.ENOENT, false},
 		{unix.ESTALE, false},
 		{inode.ErrNotRegular, false},
