@@ -238,8 +238,11 @@ func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall
 // the test when FUSE is not available here, and unmounts at cleanup.
 func MountT(t testing.TB) *FS {
 	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("faultfs needs root")
+	}
 	if err := Available(); err != nil {
-		t.Skip(err)
+		testfs.Missing(t, "%v", err)
 	}
 	testfs.HoldMounts(t) // released after the unmount below
 	f, err := Mount(t.TempDir(), t.TempDir())
