@@ -288,12 +288,7 @@ func TestUnderSystemd(t *testing.T) {
 		h.t = t
 		h.must(h.sh("systemctl restart flusherd"))
 		h.waitActive()
-		score := h.exposure()
-		offline := exposureOffline(t, "flusherd.service", "")
-		t.Logf("exposure of the loaded unit: %.1f (offline, as committed: %.1f)", score, offline)
-		if score > offline {
-			t.Errorf("exposure of the loaded unit %.1f is above the offline score %.1f", score, offline)
-		}
+		h.checkExposure("the loaded unit", "")
 	})
 
 	t.Run("10-metrics-drop-in", func(t *testing.T) {
@@ -310,12 +305,7 @@ func TestUnderSystemd(t *testing.T) {
 				`exec 3<>/dev/tcp/127.0.0.1/9469 && printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3 && cat <&3`)
 			return strings.Contains(out, "200 OK") && strings.Contains(out, "flusherd_")
 		})
-		score := h.exposure()
-		offline := exposureOffline(t, "flusherd.service", "flusherd-metrics.conf")
-		t.Logf("exposure with the metrics drop-in: %.1f (offline: %.1f)", score, offline)
-		if score > offline {
-			t.Errorf("exposure with the metrics drop-in %.1f is above the offline score %.1f", score, offline)
-		}
+		h.checkExposure("the loaded unit with the metrics drop-in", "flusherd-metrics.conf")
 	})
 
 	t.Run("07-watchdog-restart", func(t *testing.T) {
@@ -547,12 +537,18 @@ func (h *harness) waitClean(p string, within time.Duration) {
 	h.t.Logf("%s clean after %s", p, time.Since(start).Round(10*time.Millisecond))
 }
 
-// exposure returns systemd-analyze security's overall exposure of the
-// loaded unit, drop-ins included.
-func (h *harness) exposure() float64 {
+// checkExposure compares systemd-analyze security's overall exposure of the
+// loaded unit, drop-ins included, with the offline score of the committed
+// unit (and dropIn, if set): it may not be higher.
+func (h *harness) checkExposure(what, dropIn string) {
 	h.t.Helper()
 	out, _ := h.c.Exec(60*time.Second, "systemd-analyze", "security", "--no-pager", "flusherd.service")
-	return parseExposure(h.t, out)
+	score := parseExposure(h.t, out)
+	offline := exposureOffline(h.t, "flusherd.service", dropIn)
+	h.t.Logf("exposure of %s: %.1f (offline, as committed: %.1f)", what, score, offline)
+	if score > offline {
+		h.t.Errorf("exposure of %s %.1f is above the offline score %.1f", what, score, offline)
+	}
 }
 
 var exposureRe = regexp.MustCompile(`Overall exposure level for \S+: (\d+\.\d)`)
