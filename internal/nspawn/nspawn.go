@@ -125,15 +125,17 @@ func Boot(t testing.TB, root, name string, binds ...Bind) *Container {
 		c.PID = childOf(cmd.Process.Pid, "systemd")
 	}
 	c.mntNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", c.PID))
-	// Early in boot systemctl cannot reach systemd yet ("Failed to
-	// connect to bus"): ask again until it answers.
+	// Early in boot systemctl cannot reach systemd yet: it says "Failed
+	// to connect to bus", or "offline". Ask again until it answers
+	// running (or degraded), or the deadline passes.
 	for {
 		out, err := c.Exec(60*time.Second, "systemctl", "is-system-running", "--wait")
 		s := strings.TrimSpace(out)
 		if s == "running" || s == "degraded" {
 			return c
 		}
-		if !strings.Contains(s, "Failed to connect to bus") || time.Now().After(deadline) {
+		early := strings.Contains(s, "Failed to connect to bus") || strings.HasPrefix(s, "offline")
+		if !early || time.Now().After(deadline) {
 			failed, _ := c.Exec(10*time.Second, "systemctl", "--failed", "--no-pager")
 			t.Fatalf("nspawn: container did not come up: %q %v\n%s", s, err, failed)
 		}
