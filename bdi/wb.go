@@ -326,7 +326,7 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 
 // parkFailedLocked moves in to bFailed. Preconditions: wb.mu held.
 func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
-	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError
+	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote
 	wb.bFailed.MoveToBack(in)
 	wb.nfailed++
 }
@@ -971,6 +971,9 @@ type attempt struct {
 	// filesystem (ErrWatch; daemon clock), read when its data had left
 	// the page cache without flusherd writing it; 0: none, or not read.
 	fsErrAt time.Duration
+	// wroteBefore: an earlier attempt wrote the inode's data since it
+	// became dirty (inode.Wrote), so finding it clean is no surprise.
+	wroteBefore bool
 	path    string
 }
 
@@ -995,6 +998,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	att := &attempt{in: in, result: result, path: path}
 	wb.mu.Lock()
 	att.handle = in.Handle()
+	att.wroteBefore = in.Has(inode.Wrote)
 	wb.mu.Unlock()
 	att.refs.Store(1)
 	if page := int64(os.Getpagesize()); integrity || int64(in.DirtyPages)*page <= wb.cfg.WriteChunk {
@@ -1610,7 +1614,7 @@ func (wb *Writeback) doWhole(r *Request) error {
 		d, w, err := r.f.Cachestat(0, 0)
 		r.after = [2]uint64{d, w}
 		r.afterKnown = true
-		if r.before == [2]uint64{} && wb.errs != nil {
+		if r.before == [2]uint64{} && !r.att.wroteBefore && wb.errs != nil {
 			// Its data left the page cache before flusherd wrote it:
 			// if that writeback failed and someone else's fsync took
 			// the report, this fdatasync could not see it. The
@@ -1703,6 +1707,9 @@ func (wb *Writeback) complete(att *attempt) {
 		wb.pass.sized++
 	}
 	wb.outcomes[o]++
+	if att.wrote && err == nil && att.dirtyBefore > 0 {
+		in.State |= inode.Wrote
+	}
 	if att.wrote && err == nil && att.dirtyBefore > dirty {
 		n := att.dirtyBefore - dirty
 		wb.pass.pages += n

@@ -55,6 +55,10 @@ const (
 	// dropped the pages: the data is lost, and it is reported as failed
 	// until written again.
 	DataError
+	// Wrote: an attempt of flusherd's wrote its dirty pages (and saw no
+	// error) since it became dirty. If a later attempt finds it clean,
+	// flusherd wrote its data: nothing left the page cache behind its back.
+	Wrote
 )
 
 // ErrnoOther is LastErr for an error that is not an errno.
