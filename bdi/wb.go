@@ -974,7 +974,7 @@ type attempt struct {
 	// wroteBefore: an earlier attempt wrote the inode's data since it
 	// became dirty (inode.Wrote), so finding it clean is no surprise.
 	wroteBefore bool
-	path    string
+	path        string
 }
 
 // hold takes a reference on the attempt's file.
