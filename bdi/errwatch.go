@@ -3,6 +3,7 @@ package bdi
 import (
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,7 +28,12 @@ import (
 type ErrWatch struct {
 	mu   sync.Mutex
 	fses map[uint64]*fsErrs
+	// checks counts the syncfs(2) calls of LastError.
+	checks atomic.Uint64
 }
+
+// Checks returns how many times LastError ran syncfs(2).
+func (e *ErrWatch) Checks() uint64 { return e.checks.Load() }
 
 type fsErrs struct {
 	fd    int
@@ -116,6 +122,7 @@ func (e *ErrWatch) LastError(dev uint64, now time.Duration) (time.Duration, bool
 	if fd < 0 {
 		return now, true // cannot check: assume the worst
 	}
+	e.checks.Add(1)
 	err := unix.Syncfs(fd)
 	unix.Close(fd)
 	e.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -797,6 +798,61 @@ func TestBdiDirtied(t *testing.T) {
 		}
 		if s.BdiDirtied != s.BdiWritten+s.BdiReclaimable {
 			t.Errorf("BdiDirtied = %d, want BdiWritten + BdiReclaimable = %d + %d", s.BdiDirtied, s.BdiWritten, s.BdiReclaimable)
+		}
+	})
+}
+
+// TestErrWatchOnlyWhenDataLeftUnwritten: in an integrity tree, the
+// filesystem's error cursor (a syncfs of the whole filesystem) is read only
+// when a file's data left the page cache without flusherd having written
+// it: not when a second event for a file flusherd has just written finds it
+// clean (FAN_CLOSE_WRITE after FAN_MODIFY made every attempt do a syncfs),
+// and once for a file that is clean at its first attempt.
+func TestErrWatchOnlyWhenDataLeftUnwritten(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		errs := NewErrWatch()
+		defer errs.Close()
+		dev, err := errs.Add(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		epoch := time.Now()
+		now := func() time.Duration { return time.Since(epoch) }
+		fs := newFakeFS(now)
+		wb := New("7:0", testConfig(), now, fs, nil, nil)
+		wb.errs = errs
+		ctx, cancel := context.WithCancel(context.Background())
+		go wb.Run(ctx)
+		defer func() { cancel(); <-wb.Stopped() }()
+		integrity := Tree{Expire: time.Second, Integrity: true}
+		for i := range 20 {
+			f := fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
+			f.key.Dev = dev
+			// The second event for it arrives while it is written
+			// (once: it carries no new data).
+			var once sync.Once
+			f.set(func(ff *fakeFile) {
+				ff.onWrite = func() { once.Do(func() { wb.MarkInodeDirty(f.key, f.path, "", integrity) }) }
+			})
+			wb.MarkInodeDirty(f.key, f.path, "", integrity)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if wb.Tracked() != 0 {
+			t.Fatalf("%d files still tracked", wb.Tracked())
+		}
+		if n := errs.Checks(); n != 0 {
+			t.Errorf("%d syncfs checks for files flusherd wrote itself, want 0", n)
+		}
+		// Clean at its first attempt: its data left without flusherd.
+		c := fs.add("/clean", 100, 4*pg, 0)
+		c.key.Dev = dev
+		wb.MarkInodeDirty(c.key, c.path, "", integrity)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := errs.Checks(); n != 1 {
+			t.Errorf("%d syncfs checks for a file found clean at its first attempt, want 1", n)
 		}
 	})
 }
