@@ -107,7 +107,8 @@ func NewCollector(src Source, pageSize int) *Collector {
 
 		inodes: d("inodes", "Tracked files on each of the device's writeback lists: b_dirty (dirty, not yet due), "+
 			"b_io (picked for this pass or under an attempt), b_more_io (write_chunk used up, more to write), "+
-			"b_more_io_wait (could not be written now, retried after a pause).", "bdi", "list"),
+			"b_more_io_wait (could not be written now, retried after a pause), failed (data lost after a failed "+
+			"writeback, until written again; failed_files in the stats file).", "bdi", "list"),
 		dirty: d("dirty_bytes", "Dirty page-cache data in tracked files, as cachestat saw it at each file's last "+
 			"writeback attempt (BdiReclaimable).", dev...),
 		writeback: d("writeback_bytes", "Page-cache data under writeback in tracked files, as cachestat saw it at "+
@@ -164,6 +165,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.inodes, float64(s.BIO), n, "b_io")
 		gauge(c.inodes, float64(s.BMoreIO), n, "b_more_io")
 		gauge(c.inodes, float64(s.BMoreIOWait), n, "b_more_io_wait")
+		gauge(c.inodes, float64(s.FailedFiles), n, "failed")
 		gauge(c.dirty, bytes(s.BdiReclaimable), n)
 		gauge(c.writeback, bytes(s.BdiWriteback), n)
 		gauge(c.retryPause, float64(s.RetryPauseMs)/1e3, n)

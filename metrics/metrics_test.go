@@ -45,6 +45,7 @@ func newFake() *fakeSource {
 	sda.PlugRequests, sda.PlugMerges, sda.PlugBatches = 3000, 120, 17
 	sda.RetryPauseMs = 40
 	sda.StuckCalls = 2
+	sda.FailedFiles = 1
 	sda.Rescans = 3
 	sda.Outcomes[policy.Clean] = 900 // not an error: not exported
 	sda.Outcomes[policy.Blocked] = 5
@@ -119,8 +120,8 @@ func TestNoWatcher(t *testing.T) {
 	if n := testutil.CollectAndCount(c, "flusherd_watch_events_total", "flusherd_watch_backend_info"); n != 0 {
 		t.Errorf("%d watcher metrics without a watcher", n)
 	}
-	if n := testutil.CollectAndCount(c, "flusherd_inodes"); n != 8 {
-		t.Errorf("%d flusherd_inodes series, want 8 (4 lists of 2 devices)", n)
+	if n := testutil.CollectAndCount(c, "flusherd_inodes"); n != 10 {
+		t.Errorf("%d flusherd_inodes series, want 10 (5 lists of 2 devices)", n)
 	}
 	if n := testutil.CollectAndCount(NewCollector(&fakeSource{}, 4096)); n != 0 {
 		t.Errorf("%d metrics from an empty source", n)
@@ -154,12 +155,13 @@ func TestLiveSource(t *testing.T) {
 
 	c := NewCollector(NewSource(reg, be), 4096)
 	want := `
-# HELP flusherd_inodes Tracked files on each of the device's writeback lists: b_dirty (dirty, not yet due), b_io (picked for this pass or under an attempt), b_more_io (write_chunk used up, more to write), b_more_io_wait (could not be written now, retried after a pause).
+# HELP flusherd_inodes Tracked files on each of the device's writeback lists: b_dirty (dirty, not yet due), b_io (picked for this pass or under an attempt), b_more_io (write_chunk used up, more to write), b_more_io_wait (could not be written now, retried after a pause), failed (data lost after a failed writeback, until written again; failed_files in the stats file).
 # TYPE flusherd_inodes gauge
 flusherd_inodes{bdi="7:99",list="b_dirty"} 1
 flusherd_inodes{bdi="7:99",list="b_io"} 0
 flusherd_inodes{bdi="7:99",list="b_more_io"} 0
 flusherd_inodes{bdi="7:99",list="b_more_io_wait"} 0
+flusherd_inodes{bdi="7:99",list="failed"} 0
 # HELP flusherd_rescans_total Cachestat rescans of trees on the device (after an event queue overflow, and of directories inotify could not watch).
 # TYPE flusherd_rescans_total counter
 flusherd_rescans_total{bdi="7:99"} 1
