@@ -145,10 +145,7 @@ func TestUnderSystemd(t *testing.T) {
 	t.Run("03-socket-commands", func(t *testing.T) {
 		h.t = t
 		h.must(h.sh("head -c 50000 /dev/urandom > /srv/data/slow/s1"))
-		h.waitFor("flusherd dirty lists the file", 5*time.Second, func() bool {
-			out, _ := h.sh("flusherd dirty")
-			return strings.Contains(out, "/srv/data/slow/s1")
-		})
+		h.waitListed("/srv/data/slow/s1")
 		if !h.dirty("/srv/data/slow/s1") {
 			t.Fatal("s1 is not dirty before flusherd sync (cachestat): the check below proves nothing")
 		}
@@ -364,8 +361,7 @@ func TestUnderSystemd(t *testing.T) {
 				t.Errorf("journalctl -p warning shows an info or debug line: %q", line)
 			}
 		}
-		all := h.must(h.c.Exec(20*time.Second, "journalctl", "-u", "flusherd", "-o", "cat", "--no-pager"))
-		if !strings.Contains(all, "initial scan done") {
+		if all := h.journalAll(); !strings.Contains(all, "initial scan done") {
 			t.Errorf("info lines are missing from the journal:\n%s", all)
 		}
 	})
@@ -373,10 +369,7 @@ func TestUnderSystemd(t *testing.T) {
 	t.Run("11-stop", func(t *testing.T) {
 		h.t = t
 		h.must(h.sh("head -c 100000 /dev/urandom > /srv/data/slow/last1; head -c 100000 /dev/urandom > /srv/data/last2"))
-		h.waitFor("last1 tracked", 5*time.Second, func() bool {
-			out, _ := h.sh("flusherd dirty")
-			return strings.Contains(out, "/srv/data/slow/last1")
-		})
+		h.waitListed("/srv/data/slow/last1")
 		h.must(h.sh("systemctl stop flusherd"))
 		if r := h.prop("Result"); r != "success" {
 			t.Errorf("Result after stop = %q, want success", r)
@@ -442,6 +435,15 @@ func (h *harness) waitFor(what string, within time.Duration, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// waitListed waits until flusherd dirty lists the file p.
+func (h *harness) waitListed(p string) {
+	h.t.Helper()
+	h.waitFor("flusherd dirty to list "+p, 5*time.Second, func() bool {
+		out, _ := h.sh("flusherd dirty")
+		return strings.Contains(out, p)
+	})
 }
 
 // journal returns what the daemon logged in its current invocation (the
