@@ -44,6 +44,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"flusherd/policy"
 )
 
 // MaxRequest is the largest request accepted, in bytes.
@@ -149,7 +151,7 @@ func (s *Server) Serve(ctx context.Context) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM) {
+			if policy.Shortage(err) && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 				pause = min(max(2*pause, 5*time.Millisecond), time.Second)
 				s.log.Warn("control socket: accept failed; retrying", zap.Error(err), zap.Stringer("pause", pause))
 				time.Sleep(pause)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/policy"
 )
 
 // Handle is a file handle, as name_to_handle_at(2) and fanotify's
@@ -139,8 +141,10 @@ func (h *Handles) Has(dev uint64) bool {
 
 // acquire returns a descriptor on filesystem dev, opening one of its
 // registered directories if needed; release it with h.release(dev).
-// Errors: EBADF when dev is not registered, ENODEV when none of its
-// directories can be opened on dev any more (removed, unmounted): the
+// Errors: EBADF when dev is not registered; the open's own error when one
+// failed for want of a resource (policy.Shortage: EMFILE, ENFILE, ENOMEM,
+// ...), so that the caller retries rather than drops; ENODEV when none of
+// its directories can be opened on dev any more (removed, unmounted): the
 // filesystem is unavailable, which says nothing of the file itself. The
 // directories are opened without h.mu held: an open can hang on a sick
 // filesystem, and must not stall the opens of the others.
@@ -159,13 +163,20 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 	dirs := slices.Clone(m.dirs)
 	h.mu.Unlock()
 	fd := -1
+	var shortage error // a failure that says nothing of the filesystem
 	for _, dir := range dirs {
 		d, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
+			if policy.Shortage(err) {
+				shortage = err
+			}
 			continue
 		}
 		var st unix.Stat_t
 		if err := unix.Fstat(d, &st); err != nil || st.Dev != dev {
+			if policy.Shortage(err) {
+				shortage = err
+			}
 			unix.Close(d)
 			continue
 		}
@@ -188,6 +199,9 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 		}
 	} else {
 		if fd < 0 {
+			if shortage != nil {
+				return -1, shortage
+			}
 			return -1, unix.ENODEV
 		}
 		m.fd = fd

@@ -133,7 +133,8 @@ func Requeue(o Outcome, p RequeueBlocked) Dest {
 // fdatasync(2) to an outcome. nil is Clean. Errors are matched with
 // errors.Is on syscall.Errno:
 //
-//	EAGAIN, EINTR, EBUSY, EMFILE, ENFILE, ETIMEDOUT -> Blocked
+//	EAGAIN, EINTR, EBUSY, EMFILE, ENFILE, ENOMEM,
+//	ENOBUFS, ETIMEDOUT                              -> Blocked
 //	EROFS, ESHUTDOWN, ENODEV, ENXIO                  -> FSUnavailable
 //	ENOENT, ESTALE, ENOTDIR, ELOOP                   -> Gone (the path no
 //	                                                    longer leads to the file)
@@ -147,7 +148,8 @@ func ClassifyErr(err error) Outcome {
 		return IOError
 	}
 	switch errno {
-	case syscall.EAGAIN, syscall.EINTR, syscall.EBUSY, syscall.EMFILE, syscall.ENFILE, syscall.ETIMEDOUT:
+	case syscall.EAGAIN, syscall.EINTR, syscall.EBUSY, syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM,
+		syscall.ENOBUFS, syscall.ETIMEDOUT:
 		return Blocked
 	case syscall.EROFS, syscall.ESHUTDOWN, syscall.ENODEV, syscall.ENXIO:
 		return FSUnavailable
@@ -155,6 +157,21 @@ func ClassifyErr(err error) Outcome {
 		return Gone
 	}
 	return IOError
+}
+
+// Shortage reports whether err says that a resource ran out for a moment
+// or the call was interrupted: EMFILE, ENFILE (descriptors), ENOMEM,
+// ENOBUFS (memory), EAGAIN, EINTR, matched with errors.Is. Retrying later
+// may succeed, so what the failed step knew is kept and the step is
+// retried with backoff; nothing is dropped for it. Every step from event to
+// tracked inode and every writeback attempt uses this one predicate.
+func Shortage(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.ENOBUFS, syscall.EAGAIN, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // BeforeWrite decides from cachestat(2) page counts taken before an attempt

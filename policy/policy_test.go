@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -67,6 +69,8 @@ func TestClassifyErr(t *testing.T) {
 		{syscall.EBUSY, Blocked},
 		{syscall.EMFILE, Blocked},
 		{syscall.ENFILE, Blocked},
+		{syscall.ENOMEM, Blocked},
+		{syscall.ENOBUFS, Blocked},
 		{syscall.EROFS, FSUnavailable},
 		{syscall.ESHUTDOWN, FSUnavailable},
 		{syscall.ENODEV, FSUnavailable},
@@ -85,6 +89,24 @@ func TestClassifyErr(t *testing.T) {
 	for _, tc := range tests {
 		if got := ClassifyErr(tc.err); got != tc.want {
 			t.Errorf("ClassifyErr(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestShortage: the errors that say a resource ran out for a moment, and
+// none of those that say something of the file or the filesystem.
+func TestShortage(t *testing.T) {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.ENOBUFS, syscall.EAGAIN, syscall.EINTR} {
+		if !Shortage(e) || !Shortage(&os.PathError{Op: "open", Path: "/x", Err: e}) {
+			t.Errorf("Shortage(%v) = false, want true (bare and wrapped)", e)
+		}
+		if ClassifyErr(e) != Blocked {
+			t.Errorf("ClassifyErr(%v) = %v, want Blocked: a shortage is retried", e, ClassifyErr(e))
+		}
+	}
+	for _, e := range []error{nil, syscall.ENODEV, syscall.EBADF, syscall.ESTALE, syscall.ENOENT, syscall.EIO, syscall.EACCES, errors.New("plain")} {
+		if Shortage(e) {
+			t.Errorf("Shortage(%v) = true, want false", e)
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package watch
 
 import (
+	"flusherd/policy"
+
 	"context"
 	"encoding/binary"
 	"errors"
@@ -392,7 +394,7 @@ func (fa *Fanotify) lost(err error) {
 		}
 		return
 	}
-	if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) && !errors.Is(err, unix.ENOMEM) {
+	if !policy.Shortage(err) {
 		return
 	}
 	fa.scanIncomplete(err)

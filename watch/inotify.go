@@ -330,6 +330,9 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 	case ev.Has(fsnotify.Create):
 		var st unix.Stat_t
 		if err := unix.Lstat(ev.Name, &st); err != nil {
+			if resourceShortage(err) {
+				w.scanIncomplete(err)
+			}
 			return
 		}
 		switch st.Mode & unix.S_IFMT {

@@ -188,13 +188,8 @@ func (b *base) reportPath(t Tree, path string, onlyDirty bool) {
 	}
 }
 
-// resourceShortage reports whether err says a resource ran out for a
-// moment (descriptors, memory) or the call was interrupted: retrying later
-// may succeed.
-func resourceShortage(err error) bool {
-	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOMEM) ||
-		errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.ENOBUFS)
-}
+// resourceShortage is policy.Shortage: a resource ran out for a moment.
+func resourceShortage(err error) bool { return policy.Shortage(err) }
 
 // Default backoff of the rescans after an incomplete scan (Options
 // RetryMin and RetryMax override it).
