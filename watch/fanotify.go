@@ -100,6 +100,7 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 		f: os.NewFile(uintptr(fd), "fanotify"), fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
 		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10)}
 	fa.init(trees, sink, opt)
+	fa.nested = fa.nestedMount
 	for _, t := range trees {
 		if err := fa.mark(fd, t.Root); err != nil {
 			fa.f.Close()
@@ -144,6 +145,27 @@ func (fa *Fanotify) mark(fd int, root string) error {
 	fa.fsids[fsid] = dev
 	fa.fsidsMu.Unlock()
 	return nil
+}
+
+// nestedMount serves a filesystem mounted inside tree t: it is marked
+// (mark: a filesystem mark, or a mount mark where that is refused) and
+// registered for opens by handle, then scanned. It reports false, having
+// logged why, when the filesystem can be neither marked nor opened by
+// handle (a FUSE server without handles, for one): its writes are then
+// not seen, and the log says to watch it as a tree of its own with the
+// inotify backend.
+func (fa *Fanotify) nestedMount(ctx context.Context, t Tree, mountpoint string) bool {
+	fa.markMu.Lock()
+	err := fa.mark(int(fa.f.Fd()), mountpoint)
+	fa.markMu.Unlock()
+	if err != nil {
+		fa.log.Warn("a filesystem mounted inside a tree cannot be marked by fanotify; its writes are not seen (watch it as a tree of its own, with backend = \"inotify\")",
+			zap.String("mountpoint", strconv.Quote(mountpoint)), zap.String("tree", strconv.Quote(t.Root)), zap.Error(err))
+		return false
+	}
+	fa.clearCaches()
+	fa.scanDir(ctx, t, mountpoint, true, nil)
+	return true
 }
 
 // Name implements Backend.

@@ -52,7 +52,18 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	}
 	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1)}
 	iw.init(trees, sink, opt)
+	iw.nested = iw.nestedMount
 	return iw, nil
+}
+
+// nestedMount serves a filesystem mounted inside tree t: its directories
+// are watched and its files scanned with cachestat. A watch made before
+// the mount is on the directory it covers, which sees none of its writes.
+func (w *Watcher) nestedMount(ctx context.Context, t Tree, mountpoint string) bool {
+	w.addOrNote(t, mountpoint)
+	w.scanDir(ctx, t, mountpoint, true, func(p string) { w.addOrNote(t, p) })
+	w.logLimit()
+	return true
 }
 
 // Name implements Backend.

@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -101,6 +102,9 @@ type Counters struct {
 	Overflows atomic.Uint64 // event queue overflows
 	Rescans   atomic.Uint64 // tree rescans (overflow, unwatched directories)
 	Unwatched atomic.Uint64 // directories inotify could not watch (now)
+	// Filesystems mounted inside a recursive tree (below its root) that
+	// are served (Nested) or that cannot be and were logged (Unserved).
+	Nested, Unserved atomic.Uint64
 }
 
 // Q quotes a file name for a log line losslessly: invalid UTF-8 and
@@ -127,6 +131,14 @@ type base struct {
 
 	mu    sync.Mutex
 	trees []*tree // replaced as a whole (AddTree, RemoveTree), never changed in place
+
+	// nested serves a filesystem mounted at mountpoint, inside tree t
+	// (below its root): the backend's own way of seeing its writes.
+	// It reports false, having logged why, when it cannot. Set once by the
+	// backend's constructor.
+	nested    func(ctx context.Context, t Tree, mountpoint string) bool
+	mountsMu  sync.Mutex
+	mountsMet map[int]bool // mount IDs handed to nested (or skipped) already
 }
 
 // tree is a watched tree and its state.
@@ -340,9 +352,10 @@ func (b *base) checkRoots() {
 	}
 }
 
-// watchMounts calls checkRoots whenever the mount table changes (poll(2)
-// on /proc/self/mountinfo reports POLLPRI), until ctx ends. It blocks in
-// poll, not on a timer: no wakeups while nothing changes.
+// watchMounts calls checkMounts at once, then checkRoots and checkMounts
+// whenever the mount table changes (poll(2) on /proc/self/mountinfo
+// reports POLLPRI), until ctx ends. It blocks in poll, not on a timer: no
+// wakeups while nothing changes.
 func (b *base) watchMounts(ctx context.Context) {
 	mi, err := unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -363,6 +376,7 @@ func (b *base) watchMounts(ctx context.Context) {
 		}
 	}()
 	fds := []unix.PollFd{{Fd: int32(mi), Events: unix.POLLPRI}, {Fd: int32(p[0]), Events: unix.POLLIN}}
+	b.checkMounts(ctx)
 	for {
 		fds[0].Revents, fds[1].Revents = 0, 0
 		_, err := unix.Poll(fds, -1)
@@ -375,6 +389,104 @@ func (b *base) watchMounts(ctx context.Context) {
 		}
 		if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0 {
 			b.checkRoots()
+			b.checkMounts(ctx)
+		}
+	}
+}
+
+// noWriteback holds the statfs(2) f_type of filesystems that never hold
+// data to write back: pseudo filesystems, memory-backed ones (tmpfs,
+// ramfs: the data has no backing store) and read-only formats. A mount of
+// one inside a tree needs nothing from flusherd.
+var noWriteback = map[int64]string{
+	unix.PROC_SUPER_MAGIC: "proc", unix.SYSFS_MAGIC: "sysfs", unix.CGROUP_SUPER_MAGIC: "cgroup",
+	unix.CGROUP2_SUPER_MAGIC: "cgroup2", unix.DEVPTS_SUPER_MAGIC: "devpts", 0x19800202: "mqueue",
+	unix.DEBUGFS_MAGIC: "debugfs", unix.TRACEFS_MAGIC: "tracefs", unix.SECURITYFS_MAGIC: "securityfs",
+	unix.PSTOREFS_MAGIC: "pstore", unix.BPF_FS_MAGIC: "bpf", unix.AUTOFS_SUPER_MAGIC: "autofs",
+	0x62656570: "configfs", 0x65735543: "fusectl", unix.HUGETLBFS_MAGIC: "hugetlbfs",
+	unix.BINFMTFS_MAGIC: "binfmt_misc", unix.EFIVARFS_MAGIC: "efivarfs", unix.NSFS_MAGIC: "nsfs",
+	unix.TMPFS_MAGIC: "tmpfs", unix.RAMFS_MAGIC: "ramfs", unix.SQUASHFS_MAGIC: "squashfs",
+	unix.EROFS_SUPER_MAGIC_V1: "erofs", unix.ISOFS_SUPER_MAGIC: "iso9660", unix.CRAMFS_MAGIC: "cramfs",
+}
+
+// NoWriteback reports whether dir is on a filesystem whose data is never
+// written back (noWriteback: tmpfs, ramfs, proc, sysfs, squashfs, ...),
+// and its kind: a tree there is watched but has nothing to do. statfs(2)
+// errors report false.
+func NoWriteback(dir string) (fstype string, ok bool) {
+	var sfs unix.Statfs_t
+	if unix.Statfs(dir, &sfs) != nil {
+		return "", false
+	}
+	fstype, ok = noWriteback[int64(sfs.Type)]
+	return fstype, ok
+}
+
+// checkMounts finds the filesystems mounted inside a served recursive tree
+// (a mount point below its root, from /proc/self/mountinfo, parsed by
+// moby/sys/mountinfo) and hands each new mount, once per mount ID, to the
+// backend's nested hook, which marks or watches it and scans it: a file
+// written there is served as any other in the tree. A mount of a
+// filesystem without writeback (noWriteback) is skipped, logged at info;
+// an overlay mount is logged as not served (its dirty pages belong to
+// the upper layer's inode, see config's overlay check). It is called at
+// the start of watchMounts and whenever the mount table changes.
+func (b *base) checkMounts(ctx context.Context) {
+	if b.nested == nil {
+		return
+	}
+	infos, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		b.log.Warn("cannot read the mount table; filesystems mounted inside trees may not be served", zap.Error(err))
+		return
+	}
+	trees := b.list()
+	for _, m := range infos {
+		var in *tree
+		for _, t := range trees {
+			if !t.Recursive || m.Mountpoint == t.Root || !(t.Root == "/" || strings.HasPrefix(m.Mountpoint, t.Root+"/")) {
+				continue
+			}
+			if in == nil || len(t.Root) > len(in.Root) {
+				in = t
+			}
+		}
+		if in == nil || !b.served(in) {
+			continue
+		}
+		b.mountsMu.Lock()
+		met := b.mountsMet[m.ID]
+		if b.mountsMet == nil {
+			b.mountsMet = map[int]bool{}
+		}
+		b.mountsMet[m.ID] = true
+		b.mountsMu.Unlock()
+		if met {
+			continue
+		}
+		mp := zap.String("mountpoint", strconv.Quote(m.Mountpoint))
+		var sfs unix.Statfs_t
+		if err := unix.Statfs(m.Mountpoint, &sfs); err != nil {
+			// Unmounted meanwhile, or hidden by a mount above it.
+			continue
+		}
+		if kind, ok := noWriteback[int64(sfs.Type)]; ok {
+			b.log.Info("a filesystem without writeback is mounted inside a tree; nothing there to write back",
+				mp, zap.String("fstype", kind), zap.String("tree", strconv.Quote(in.Root)))
+			continue
+		}
+		if sfs.Type == unix.OVERLAYFS_SUPER_MAGIC {
+			b.ctr.Unserved.Add(1)
+			b.log.Warn("an overlayfs is mounted inside a tree; its writes are not served (an overlay file's dirty pages belong to its upper layer's inode): watch the upper layer's directory as a tree of its own",
+				mp, zap.String("tree", strconv.Quote(in.Root)))
+			continue
+		}
+		if b.nested(ctx, in.Tree, m.Mountpoint) {
+			b.ctr.Nested.Add(1)
+			b.log.Info("a filesystem mounted inside a tree is served", mp, zap.String("fstype", m.FSType),
+				zap.String("tree", strconv.Quote(in.Root)))
+		} else {
+			b.ctr.Unserved.Add(1)
 		}
 	}
 }
@@ -453,9 +565,10 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 // WriteStats writes c as <dir>/watch/stats, atomically, in the stats files'
 // layout (one "name: value" line each).
 func WriteStats(dir, backend string, c *Counters) error {
-	text := fmt.Sprintf("%-16s%10s\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n",
+	text := fmt.Sprintf("%-16s%10s\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n",
 		"backend:", backend, "events:", c.Events.Load(), "overflows:", c.Overflows.Load(),
-		"rescans:", c.Rescans.Load(), "unwatched_dirs:", c.Unwatched.Load())
+		"rescans:", c.Rescans.Load(), "unwatched_dirs:", c.Unwatched.Load(),
+		"nested_mounts:", c.Nested.Load(), "unserved_mounts:", c.Unserved.Load())
 	return bdi.WriteFileAtomic(filepath.Join(dir, "watch", "stats"), func(w io.Writer) error {
 		_, err := io.WriteString(w, text)
 		return err

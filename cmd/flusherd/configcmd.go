@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"flusherd/config"
+	"flusherd/watch"
 )
 
 // cmdCheckConfig validates a configuration file the way `run` would and
@@ -30,6 +31,11 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(cfg.Watch) == 0 {
 		fmt.Fprintln(stderr, "flusherd check-config: note: no [[watch]] entries; the daemon will start idle until one is added and the configuration reloaded")
+	}
+	for _, w := range cfg.Watch {
+		if kind, ok := watch.NoWriteback(w.Path); ok {
+			fmt.Fprintf(stderr, "flusherd check-config: note: %q is on %s, a filesystem without writeback: nothing there is ever written back\n", w.Path, kind)
+		}
 	}
 	if err := cfg.Encode(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)

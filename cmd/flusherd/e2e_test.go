@@ -112,17 +112,7 @@ func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *f
 	}
 	go func() { d.err = d.cmd.Wait(); close(d.done) }()
 	t.Cleanup(func() {
-		select {
-		case <-d.done:
-		default:
-			d.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-d.done:
-			case <-time.After(30 * time.Second):
-				d.cmd.Process.Kill()
-				<-d.done
-			}
-		}
+		d.halt()
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.log.String())
 		}
@@ -140,6 +130,21 @@ func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *f
 		time.Sleep(20 * time.Millisecond)
 	}
 	return d
+}
+
+// halt ends the daemon if it still runs: SIGTERM, and SIGKILL after 30 s.
+func (d *flusherdProc) halt() {
+	select {
+	case <-d.done:
+	default:
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.done:
+		case <-time.After(30 * time.Second):
+			d.cmd.Process.Kill()
+			<-d.done
+		}
+	}
 }
 
 // mountTree mounts a test filesystem of type typ and makes the directory

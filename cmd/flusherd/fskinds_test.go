@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"flusherd/internal/testfs"
 )
 
@@ -89,5 +91,120 @@ func TestOverlayRefused(t *testing.T) {
 		if code != exitUsage || !strings.Contains(string(out), "is on overlayfs") || !strings.Contains(string(out), "upperdir") {
 			t.Errorf("flusherd %s: exit %d, %s; want exit %d naming overlayfs and the upper layer", args[0], code, out, exitUsage)
 		}
+	}
+}
+
+// bindMount mounts src on dst (MS_BIND) and unmounts it at cleanup.
+func bindMount(t *testing.T, src, dst string) {
+	t.Helper()
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount %s on %s: %v", src, dst, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dst, 0); err != nil {
+			t.Errorf("umount %s: %v", dst, err)
+		}
+	})
+}
+
+// TestMountsInsideTree: filesystems mounted inside a tree, before the
+// daemon starts and while it runs, are served (each is marked by fanotify,
+// or its directories watched by inotify, and scanned); a tmpfs inside a
+// tree is logged as having nothing to write back; a tree whose root is a
+// bind mount of a directory is served like any other. Before, fanotify
+// saw the writes of neither mount and inotify not those of the later one:
+// they waited for the kernel's own writeback. Both backends.
+func TestMountsInsideTree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	for _, backend := range []string{"fanotify", "inotify"} {
+		t.Run(backend, func(t *testing.T) {
+			_, tree := mountTree(t, "ext4")
+			early := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+			late := testfs.Mount(t, testfs.Options{Type: "xfs"})
+			host := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+			if err := os.Mkdir(filepath.Join(host.Dir, "sub"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			bound := filepath.Join(t.TempDir(), "bound")
+			bindMount(t, filepath.Join(host.Dir, "sub"), bound)
+			bindMount(t, early.Dir, filepath.Join(tree, "early"))
+			shm := filepath.Join(tree, "shm")
+			if err := os.Mkdir(shm, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Mount("tmpfs", shm, "tmpfs", 0, "size=1m"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Unmount(shm, 0) })
+			d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+[[watch]]
+path = %q
+`, backend, tree, bound))
+			files := []string{filepath.Join(tree, "top"), filepath.Join(tree, "early", "e1"), filepath.Join(bound, "b1")}
+			for _, p := range files {
+				writeDirty(t, p, 64<<10)
+			}
+			waitAllClean(t, 3*time.Second, files...)
+			bindMount(t, late.Dir, filepath.Join(tree, "late"))
+			// Cleanups run last first: the daemon, which may hold
+			// the mount's directory open for opens by handle, ends
+			// before the mount is undone.
+			t.Cleanup(func() { d.halt() })
+			// The mount table change is seen at once; the file is
+			// written 300 ms later, as an operator's would be.
+			time.Sleep(300 * time.Millisecond)
+			lateFile := filepath.Join(tree, "late", "l1")
+			writeDirty(t, lateFile, 64<<10)
+			waitAllClean(t, 3*time.Second, lateFile)
+			st := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+			if st["nested_mounts"] != 2 || st["unserved_mounts"] != 0 {
+				t.Errorf("watch/stats: nested_mounts %d, unserved_mounts %d, want 2 and 0", st["nested_mounts"], st["unserved_mounts"])
+			}
+			log := d.log.String()
+			for _, want := range []string{`"mountpoint": "\"` + filepath.Join(tree, "late"), `a filesystem without writeback is mounted inside a tree`} {
+				if !strings.Contains(log, want) {
+					t.Errorf("log lacks %q:\n%s", want, log)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckConfigNoWriteback: a tree on tmpfs is accepted, with a note
+// that nothing there is ever written back.
+func TestCheckConfigNoWriteback(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts a tmpfs")
+	}
+	dir := filepath.Join(t.TempDir(), "shm")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, 0) })
+	cfg := filepath.Join(t.TempDir(), "f.toml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[[watch]]\npath = %q\n", dir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(binary, "check-config", cfg).CombinedOutput()
+	if err != nil {
+		t.Fatalf("check-config: %v\n%s", err, out)
+	}
+	if want := fmt.Sprintf("note: %q is on tmpfs, a filesystem without writeback", dir); !strings.Contains(string(out), want) {
+		t.Errorf("check-config output lacks %q:\n%s", want, out)
 	}
 }

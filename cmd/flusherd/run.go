@@ -256,6 +256,10 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	for _, t := range trees {
 		log.Info("watching", zap.String("root", strconv.Quote(t.Root)), zap.Bool("recursive", t.Recursive),
 			zap.Bool("integrity", t.Integrity), zap.Stringer("expire", t.Expire))
+		if kind, ok := watch.NoWriteback(t.Root); ok {
+			log.Warn("this tree is on a filesystem without writeback: its files have no backing store and there is never anything to write back",
+				zap.String("root", strconv.Quote(t.Root)), zap.String("fstype", kind))
+		}
 		if _, err := handles.AddMount(t.Root); err != nil {
 			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
 		}
