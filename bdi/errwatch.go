@@ -1,6 +1,7 @@
 package bdi
 
 import (
+	"errors"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -36,11 +37,18 @@ type ErrWatch struct {
 func (e *ErrWatch) Checks() uint64 { return e.checks.Load() }
 
 type fsErrs struct {
+	// check is held across a syncfs and the update of lastErr: two
+	// concurrent checks share one error cursor, so the second could
+	// otherwise return before the first has recorded the error it took.
+	check sync.Mutex
 	fd    int
 	roots map[string]bool
 	// lastErr is when a check last saw an error (daemon clock), 0 for
 	// never.
 	lastErr time.Duration
+	// lastErrno is the error that check saw (EIO when the check itself
+	// could not be made).
+	lastErrno unix.Errno
 }
 
 // NewErrWatch returns an ErrWatch that watches no filesystem.
@@ -102,8 +110,10 @@ func (e *ErrWatch) Close() {
 // watched at all. syncfs also writes back and commits the whole
 // filesystem, so it is called only when a file's data left the page cache
 // without flusherd writing it. A syncfs that fails otherwise than with a
-// writeback error is taken as one: unknown is not clean.
-func (e *ErrWatch) LastError(dev uint64, now time.Duration) (time.Duration, bool) {
+// writeback error is taken as one: unknown is not clean. errno is the
+// error the last check that saw one got (EIO when the check could not be
+// made).
+func (e *ErrWatch) LastError(dev uint64, now time.Duration) (at time.Duration, errno unix.Errno, watched bool) {
 	e.mu.Lock()
 	f := e.fses[dev]
 	fd := -1
@@ -117,18 +127,23 @@ func (e *ErrWatch) LastError(dev uint64, now time.Duration) (time.Duration, bool
 	}
 	e.mu.Unlock()
 	if f == nil {
-		return 0, false
+		return 0, 0, false
 	}
 	if fd < 0 {
-		return now, true // cannot check: assume the worst
+		return now, unix.EIO, true // cannot check: assume the worst
 	}
 	e.checks.Add(1)
+	f.check.Lock()
+	defer f.check.Unlock()
 	err := unix.Syncfs(fd)
 	unix.Close(fd)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
 		f.lastErr = now
+		if !errors.As(err, &f.lastErrno) {
+			f.lastErrno = unix.EIO
+		}
 	}
-	return f.lastErr, true
+	return f.lastErr, f.lastErrno, true
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"flusherd/inode"
@@ -42,6 +43,7 @@ type Request struct {
 	afterKnown bool          // after was read (integrity: fdatasync waited)
 	tooLarge   bool          // more dirty than write_chunk: left for the chunked path
 	fsErrAt    time.Duration // see attempt.fsErrAt
+	fsErrno    syscall.Errno // see attempt.fsErrno
 }
 
 func (r *Request) end() int64 {

@@ -971,6 +971,7 @@ type attempt struct {
 	// filesystem (ErrWatch; daemon clock), read when its data had left
 	// the page cache without flusherd writing it; 0: none, or not read.
 	fsErrAt time.Duration
+	fsErrno unix.Errno // the error that check saw
 	// wroteBefore: an earlier attempt wrote the inode's data since it
 	// became dirty (inode.Wrote), so finding it clean is no surprise.
 	wroteBefore bool
@@ -1025,6 +1026,9 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	o, write := policy.BeforeWrite(dirty, wbp, integrity)
 	if !write {
 		att.pre = o
+		if dirty == 0 && wbp == 0 {
+			att.err = checkWriteback(f)
+		}
 		wb.complete(att)
 		return 0
 	}
@@ -1593,6 +1597,9 @@ func (wb *Writeback) doWhole(r *Request) error {
 		}
 		r.before = [2]uint64{d, w}
 		if _, write := policy.BeforeWrite(d, w, r.Integrity); !write {
+			if d == 0 && w == 0 {
+				return wb.closeWhole(r, checkWriteback(f))
+			}
 			return wb.closeWhole(r, nil)
 		}
 		if !r.Integrity && int64(d)*int64(os.Getpagesize()) > wb.cfg.WriteChunk {
@@ -1619,7 +1626,7 @@ func (wb *Writeback) doWhole(r *Request) error {
 			// if that writeback failed and someone else's fsync took
 			// the report, this fdatasync could not see it. The
 			// filesystem's own error cursor can (ErrWatch).
-			r.fsErrAt, _ = wb.errs.LastError(r.Dev, wb.now())
+			r.fsErrAt, r.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
 		}
 		return wb.closeWhole(r, err)
 	}
@@ -1629,6 +1636,24 @@ func (wb *Writeback) doWhole(r *Request) error {
 	// The file stays open: complete looks at it once the whole batch is
 	// out, by when most of its writeback has finished.
 	r.wrote = true
+	return nil
+}
+
+// checkWriteback asks whether the last writeback of f succeeded, whoever
+// started it (flusherd with sync_file_range(SYNC_FILE_RANGE_WRITE), which
+// does not wait, the kernel's flusher, a FUSE flush on close), once
+// cachestat shows the file clean: sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE)
+// waits on nothing then, and returns the error of a failed writeback that
+// no one has seen yet (errseq_t: a descriptor opened after an unseen error
+// still reports it; file_check_and_advance_wb_err). The kernel marks the
+// pages of a failed writeback clean and drops the data, so without this a
+// file whose asynchronous writeback failed (EIO from the device, an ext4
+// that aborted its journal) would be forgotten as clean. Files that do not
+// offer the check (test fakes) report nil.
+func checkWriteback(f inode.File) error {
+	if c, ok := f.(interface{ CheckWriteback() error }); ok {
+		return c.CheckWriteback()
+	}
 	return nil
 }
 
@@ -1646,7 +1671,7 @@ func (wb *Writeback) closeWhole(r *Request, err error) error {
 func adoptWhole(r *Request) {
 	att := r.att
 	att.dirtyBefore, att.wbBefore = r.before[0], r.before[1]
-	att.fsErrAt = r.fsErrAt
+	att.fsErrAt, att.fsErrno = r.fsErrAt, r.fsErrno
 	switch {
 	case r.wrote && r.afterKnown:
 		att.wrote, att.afterKnown = true, true
@@ -1677,6 +1702,10 @@ func (wb *Writeback) complete(att *attempt) {
 		dirty, wbp = att.dirtyAfter, att.wbAfter
 	case att.f != nil && err == nil && att.wrote:
 		dirty, wbp, err = att.f.Cachestat(0, 0)
+		if err == nil && dirty == 0 && wbp == 0 {
+			// Its writeback ended: did it succeed?
+			err = checkWriteback(att.f)
+		}
 	case att.f != nil:
 		dirty, wbp = att.dirtyBefore, att.wbBefore
 	}
@@ -1740,6 +1769,11 @@ func (wb *Writeback) complete(att *attempt) {
 	dest := policy.Requeue(o, wb.cfg.Requeue)
 	if policy.Lost(o, hadIOError, att.dirtyBefore, att.wbBefore, redirtied) {
 		dest = policy.Failed
+		if in.LastErr == 0 && att.fsErrno != 0 {
+			// Known from the filesystem's error cursor, not from an
+			// attempt of its own: flusherd dirty still names it.
+			in.LastErr = errnoOf(att.fsErrno)
+		}
 	}
 	if in.Has(inode.Dropped) {
 		// Its tree went away during the attempt (DropUnder).

@@ -143,9 +143,11 @@ func (h *Handles) Has(dev uint64) bool {
 // registered directories if needed; release it with h.release(dev).
 // Errors: EBADF when dev is not registered; the open's own error when one
 // failed for want of a resource (policy.Shortage: EMFILE, ENFILE, ENOMEM,
-// ...), so that the caller retries rather than drops; ENODEV when none of
-// its directories can be opened on dev any more (removed, unmounted): the
-// filesystem is unavailable, which says nothing of the file itself. The
+// ...), so that the caller retries rather than drops; the open's own error
+// when the filesystem itself fails (ENOTCONN from a FUSE server that died,
+// EIO); ENODEV when none of its directories can be opened on dev any more
+// (removed, unmounted): the filesystem is unavailable, which says nothing
+// of the file itself. The
 // directories are opened without h.mu held: an open can hang on a sick
 // filesystem, and must not stall the opens of the others.
 func (h *Handles) acquire(dev uint64) (int, error) {
@@ -164,11 +166,15 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 	h.mu.Unlock()
 	fd := -1
 	var shortage error // a failure that says nothing of the filesystem
+	var failing error  // the filesystem's own failure (ENOTCONN, EIO)
 	for _, dir := range dirs {
 		d, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			if policy.Shortage(err) {
+			switch {
+			case policy.Shortage(err):
 				shortage = err
+			case !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP):
+				failing = err
 			}
 			continue
 		}
@@ -201,6 +207,9 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 		if fd < 0 {
 			if shortage != nil {
 				return -1, shortage
+			}
+			if failing != nil {
+				return -1, failing
 			}
 			return -1, unix.ENODEV
 		}

@@ -135,7 +135,9 @@ func Requeue(o Outcome, p RequeueBlocked) Dest {
 //
 //	EAGAIN, EINTR, EBUSY, EMFILE, ENFILE, ENOMEM,
 //	ENOBUFS, ETIMEDOUT                              -> Blocked
-//	EROFS, ESHUTDOWN, ENODEV, ENXIO                  -> FSUnavailable
+//	EROFS, ESHUTDOWN, ENODEV, ENXIO, ENOTCONN        -> FSUnavailable
+//	                                                    (ENOTCONN: a FUSE
+//	                                                    server that died)
 //	ENOENT, ESTALE, ENOTDIR, ELOOP                   -> Gone (the path no
 //	                                                    longer leads to the file)
 //	anything else (EIO, ENOSPC, EDQUOT, ...)         -> IOError
@@ -151,7 +153,7 @@ func ClassifyErr(err error) Outcome {
 	case syscall.EAGAIN, syscall.EINTR, syscall.EBUSY, syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM,
 		syscall.ENOBUFS, syscall.ETIMEDOUT:
 		return Blocked
-	case syscall.EROFS, syscall.ESHUTDOWN, syscall.ENODEV, syscall.ENXIO:
+	case syscall.EROFS, syscall.ESHUTDOWN, syscall.ENODEV, syscall.ENXIO, syscall.ENOTCONN:
 		return FSUnavailable
 	case syscall.ENOENT, syscall.ESTALE, syscall.ENOTDIR, syscall.ELOOP:
 		return Gone

@@ -75,6 +75,7 @@ func TestClassifyErr(t *testing.T) {
 		{syscall.ESHUTDOWN, FSUnavailable},
 		{syscall.ENODEV, FSUnavailable},
 		{syscall.ENXIO, FSUnavailable},
+		{syscall.ENOTCONN, FSUnavailable},
 		{syscall.ETIMEDOUT, Blocked},
 		{syscall.ENOENT, Gone},
 		{syscall.ESTALE, Gone},

@@ -146,6 +146,9 @@ type tree struct {
 	Tree
 	root inode.Key // the root's identity when first watched
 	gone bool      // guarded by base.mu: its root is gone, it is no longer served
+	// failing, guarded by base.mu: its root could not be reached at
+	// the last checkRoots (logged once).
+	failing bool
 }
 
 func (b *base) init(trees []Tree, sink Sink, opt Options) {
@@ -329,9 +332,29 @@ func (b *base) checkRoots() {
 		var st unix.Stat_t
 		err := unix.Lstat(t.Root, &st)
 		if err == nil && st.Dev == t.root.Dev && st.Ino == t.root.Ino {
+			b.mu.Lock()
+			t.failing = false
+			b.mu.Unlock()
+			continue
+		}
+		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
+			// Not gone: its filesystem fails (ENOTCONN from a FUSE
+			// server that died, EIO) or a resource ran out. Its files
+			// stay tracked, their attempts fail and say why, and
+			// their data, which no umount has written, is not
+			// forgotten; an unmount shows as another directory.
+			b.mu.Lock()
+			first := !t.failing
+			t.failing = true
+			b.mu.Unlock()
+			if first {
+				b.log.Error("a watched tree's root cannot be reached; its files stay tracked and their writeback is retried",
+					zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+			}
 			continue
 		}
 		b.mu.Lock()
+		t.failing = false
 		t.gone = true
 		last := true
 		for _, o := range b.trees {

@@ -341,14 +341,43 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		go watchdogLoop(ctx, interval, reg, n, log)
 	}
 
+	// A reload that could not be completed for want of resources (the
+	// config file or a new tree's root could not be opened: EMFILE,
+	// ENOMEM, ...) is retried with backoff, min_pause doubling to
+	// max_pause, until one completes: an operator's SIGHUP is never lost
+	// to a passing shortage.
 	var stopSig os.Signal
-	for sig := range sigs {
-		if sig != syscall.SIGHUP {
-			stopSig = sig
-			break
+	var retry <-chan time.Time
+	var retryDelay time.Duration
+loop:
+	for {
+		select {
+		case sig, ok := <-sigs:
+			if !ok {
+				break loop
+			}
+			if sig != syscall.SIGHUP {
+				stopSig = sig
+				break loop
+			}
+		case <-retry:
+			retry = nil
 		}
-		if c, t := reloadConfig(cfg, trees, reload, reg, wat, handles, errs, level, n, log); c != nil {
+		c, t, short := reloadConfig(cfg, trees, reload, reg, wat, handles, errs, level, n, log)
+		if c != nil {
 			cfg, trees = c, t
+		}
+		switch {
+		case short:
+			if retryDelay == 0 {
+				log.Warn("the reload could not be completed for want of resources; retrying with backoff until it completes",
+					zap.Stringer("first_retry", cfg.Writeback.MinPause))
+			}
+			retryDelay = min(max(2*retryDelay, cfg.Writeback.MinPause), cfg.Writeback.MaxPause)
+			retry = time.After(retryDelay)
+		case retryDelay > 0:
+			log.Info("the reload retried after the resource shortage completed")
+			retryDelay = 0
 		}
 	}
 	if stopSig == nil {

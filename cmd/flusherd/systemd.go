@@ -16,6 +16,7 @@ import (
 	"flusherd/bdi"
 	"flusherd/config"
 	"flusherd/inode"
+	"flusherd/policy"
 	"flusherd/watch"
 )
 
@@ -143,7 +144,7 @@ func monotonicUsec() int64 {
 // tree whose root is gone (removed, unmounted) is added again if the new
 // configuration still has it and its root is back.
 func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*config.Config, error), reg *bdi.Registry, wat watch.Backend,
-	handles *inode.Handles, errs *bdi.ErrWatch, level zap.AtomicLevel, n *notifier, log *zap.Logger) (*config.Config, []watch.Tree) {
+	handles *inode.Handles, errs *bdi.ErrWatch, level zap.AtomicLevel, n *notifier, log *zap.Logger) (_ *config.Config, _ []watch.Tree, short bool) {
 	n.send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
 	defer n.send("READY=1")
 	cfg, err := reload()
@@ -152,9 +153,13 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		trees, err = treesOf(cfg)
 	}
 	if err != nil {
+		if policy.Shortage(err) {
+			log.Debug("configuration reload could not read the file for want of resources", zap.Error(err))
+			return nil, running, true
+		}
 		log.Error("configuration reload rejected; the running configuration is unchanged", zap.Error(err))
 		n.send("STATUS=reload rejected: " + err.Error())
-		return nil, running
+		return nil, running, false
 	}
 	for _, c := range []struct {
 		key      string
@@ -206,10 +211,18 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 			served = append(served, t)
 			continue
 		}
-		if _, err := handles.AddMount(root); err != nil {
+		if _, err := handles.AddMount(root); policy.Shortage(err) {
+			// Not served yet: the retried reload adds it.
+			short = true
+			continue
+		} else if err != nil {
 			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(root)), zap.Error(err))
 		}
 		if err := wat.AddTree(context.Background(), now[root]); err != nil {
+			if policy.Shortage(err) {
+				short = true
+				continue
+			}
 			log.Error("cannot watch a root added by the reload", zap.String("root", strconv.Quote(root)), zap.Error(err))
 			continue
 		}
@@ -229,5 +242,5 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 	} else {
 		n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(served), wat.Name()))
 	}
-	return cfg, served
+	return cfg, served, short
 }

@@ -1,0 +1,654 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/control"
+	"flusherd/internal/faultfs"
+	"flusherd/internal/testfs"
+)
+
+var faultsLong = flag.Bool("faults.long", false, "TestFaultSuite: 200 files a cell and faults that last 10 s (default: 20 files, 1.5 s)")
+
+// The "nothing lost" fault suite: each fault kind × each step of the
+// daemon's work at which it strikes, on real filesystems.
+//
+// Steps:
+//   - tracking: the files are written and tracked, not yet expired;
+//   - writeback: the daemon has begun writing the files back;
+//   - rescan: the files lie in a directory that a reload adds as a tree
+//     while the fault lasts, so the tree's scan meets it;
+//   - shutdown: SIGTERM comes while the fault lasts; after recovery the
+//     daemon is started again.
+//
+// Each cell asserts, for the files dirty when the fault struck (cachestat)
+// and those written while it lasted: each is clean within the bound
+// (expire + interval + max_pause + 1.5 s) after recovery, or, where the
+// data cannot survive the fault, is named with its reason (flusherd dirty
+// lists it with its error, or the shutdown log names it); a shutdown never
+// claims that every file is clean while one of them is dirty; the stats
+// agree with the list; and the daemon's CPU time stays under a quarter of
+// the fault's duration.
+
+// faultEnv is one cell's world.
+type faultEnv struct {
+	t     *testing.T
+	conf  func(extra ...string) string // the daemon's configuration, with extra trees
+	tree  string                       // the tree watched from the start
+	side  string                       // the directory the rescan step adds
+	d     *flusherdProc
+	mnt   *testfs.FS // ext4 kinds
+	ffs   *faultfs.FS
+	files []string            // files written during the fault (during), to check too
+	held  map[string]*os.File // FUSE kinds: the writers' open files
+	wg    sync.WaitGroup
+	state map[string]any
+}
+
+// faultKind is a kind of fault.
+type faultKind struct {
+	name string
+	fuse bool     // on a faultfs (FUSE with writeback cache), not ext4
+	mode string   // the tree's mode ("" is writeback)
+	skip []string // steps that do not apply, with reasons in the table
+	// lost: the fault destroys the dirty data (the kernel drops or
+	// cannot write the pages); the files must be named, with reason.
+	lost   bool
+	reason string // what the log says of a lost file ("read-only file system")
+	// ready prepares the filesystem before the daemon starts (optional).
+	ready func(e *faultEnv)
+	// inject starts the fault; during (optional) writes files while it
+	// lasts; recover ends it (nil: it does not end).
+	inject, during, recover func(e *faultEnv)
+}
+
+// fuseScanFlushes: a scan's cachestat opens and closes each file, and the
+// close of a FUSE file writes its dirty pages back (its flush): a scan
+// leaves nothing dirty for a fault that strikes after it, so the rescan
+// step has nothing to check on FUSE.
+var fuseScanFlushes = []string{"rescan"}
+
+func TestFaultSuite(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts, FUSE, fsfreeze")
+	}
+	nFiles, faultFor := 20, 1500*time.Millisecond
+	if *faultsLong {
+		nFiles, faultFor = 200, 10*time.Second
+	}
+	kinds := []faultKind{
+		{
+			name: "fd-exhaustion",
+			inject: func(e *faultEnv) {
+				pid := e.d.cmd.Process.Pid
+				ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+				if err != nil {
+					e.t.Fatal(err)
+				}
+				var old unix.Rlimit
+				if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
+					e.t.Fatal(err)
+				}
+				e.state["rlimit"] = old
+				// One below what it holds: not one descriptor can be
+				// opened, whatever it had closed meanwhile.
+				lim := unix.Rlimit{Cur: uint64(len(ents) - 1), Max: old.Max}
+				if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+					e.t.Fatal(err)
+				}
+			},
+			during: func(e *faultEnv) {
+				for i := range 5 {
+					p := filepath.Join(e.tree, fmt.Sprintf("during%02d", i))
+					writeDirty(e.t, p, 64<<10)
+					e.files = append(e.files, p)
+				}
+			},
+			recover: func(e *faultEnv) {
+				old := e.state["rlimit"].(unix.Rlimit)
+				if err := unix.Prlimit(e.d.cmd.Process.Pid, unix.RLIMIT_NOFILE, &old, nil); err != nil && e.d.running() {
+					e.t.Fatal(err)
+				}
+			},
+		},
+		{
+			name: "frozen",
+			inject: func(e *faultEnv) {
+				// FIFREEZE syncs the filesystem first: what was dirty
+				// is clean; the writes made while it lasts block and
+				// are the files to check.
+				freeze(e.t, e.mnt.Dir, true)
+				e.t.Cleanup(func() { freeze(e.t, e.mnt.Dir, false) })
+			},
+			during: func(e *faultEnv) {
+				for i := range 3 {
+					p := filepath.Join(e.tree, fmt.Sprintf("during%02d", i))
+					e.files = append(e.files, p)
+					e.wg.Add(1)
+					go func() {
+						defer e.wg.Done()
+						os.WriteFile(p, make([]byte, 64<<10), 0o644) // blocks until the thaw
+					}()
+				}
+			},
+			recover: func(e *faultEnv) {
+				freeze(e.t, e.mnt.Dir, false)
+				e.wg.Wait()
+			},
+		},
+		{
+			name: "eio-consumed", fuse: true, mode: "integrity", lost: true, reason: "EIO", skip: fuseScanFlushes,
+			inject: func(e *faultEnv) {
+				e.ffs.Set(faultfs.Faults{WriteErr: syscall.EIO})
+				// Another process's fsync meets the error first and
+				// consumes it; the kernel drops the pages.
+				var all []string
+				for _, dir := range []string{e.tree, e.side} {
+					m, _ := filepath.Glob(filepath.Join(dir, "*"))
+					all = append(all, m...)
+				}
+				exec.Command("sync", all...).Run()
+			},
+			recover: func(e *faultEnv) { e.ffs.Set(faultfs.Faults{}) },
+		},
+		{
+			name: "enospc", fuse: true, lost: true, reason: "ENOSPC", skip: fuseScanFlushes,
+			inject:  func(e *faultEnv) { e.ffs.Set(faultfs.Faults{WriteErr: syscall.ENOSPC}) },
+			recover: func(e *faultEnv) { e.ffs.Set(faultfs.Faults{}) },
+		},
+		{
+			name: "fuse-killed", fuse: true, lost: true, reason: "ENOTCONN", skip: fuseScanFlushes,
+			inject: func(e *faultEnv) {
+				// The FUSE server's death, as the kernel sees it: the
+				// connection aborted; every request fails ENOTCONN.
+				abortFuse(e.t, e.ffs.Dir)
+			},
+		},
+		{
+			name: "remount-ro", lost: true, reason: "EROFS",
+			ready: func(e *faultEnv) {
+				if err := unix.Mount(e.mnt.Device, e.mnt.Dir, "ext4", unix.MS_REMOUNT, "errors=remount-ro"); err != nil {
+					e.t.Fatalf("remount errors=remount-ro: %v", err)
+				}
+			},
+			inject: func(e *faultEnv) {
+				trigger := filepath.Join("/sys/fs/ext4", filepath.Base(e.mnt.Device), "trigger_fs_error")
+				if err := os.WriteFile(trigger, []byte("1"), 0); err != nil {
+					testfs.Missing(e.t, "ext4 error trigger %s: %v", trigger, err)
+				}
+			},
+		},
+		{
+			name: "kill-9",
+			inject: func(e *faultEnv) {
+				e.d.cmd.Process.Kill()
+				<-e.d.done
+			},
+			recover: func(e *faultEnv) { e.d = startDaemon(e.t, e.conf(e.side)) },
+		},
+		{
+			name: "inode-reuse", skip: []string{"writeback", "rescan", "shutdown"},
+			inject: func(e *faultEnv) {
+				// ext4 hands a freed inode number to the next file at
+				// once: new files under the numbers of deleted ones.
+				for i := range 5 {
+					os.Remove(filepath.Join(e.tree, fmt.Sprintf("f%03d", i)))
+					p := filepath.Join(e.tree, fmt.Sprintf("reused%02d", i))
+					writeDirty(e.t, p, 64<<10)
+					e.files = append(e.files, p)
+				}
+			},
+		},
+		{
+			name: "symlink-swap", skip: []string{"tracking", "writeback", "shutdown"},
+			inject: func(e *faultEnv) {
+				// A directory of the scanned tree and a symlink to /etc
+				// swapped over and over while the tree is scanned.
+				x, y := filepath.Join(e.side, "x"), filepath.Join(e.side, "y")
+				mkdirs(e.t, x)
+				if err := os.Symlink("/etc", y); err != nil {
+					e.t.Fatal(err)
+				}
+				stop := make(chan struct{})
+				e.state["stop"] = stop
+				e.wg.Add(1)
+				go func() {
+					defer e.wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						unix.Renameat2(unix.AT_FDCWD, x, unix.AT_FDCWD, y, unix.RENAME_EXCHANGE)
+					}
+				}()
+			},
+			recover: func(e *faultEnv) {
+				close(e.state["stop"].(chan struct{}))
+				e.wg.Wait()
+				if out := dirtyList(e.t, e.d); strings.Contains(out, `"/etc/`) {
+					e.t.Errorf("files outside the trees are tracked:\n%s", out)
+				}
+			},
+		},
+	}
+	steps := []string{"tracking", "writeback", "rescan", "shutdown"}
+	for _, k := range kinds {
+		for _, step := range steps {
+			if contains(k.skip, step) {
+				continue
+			}
+			t.Run(k.name+"/"+step, func(t *testing.T) {
+				runFaultCell(t, k, step, nFiles, faultFor)
+			})
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// runFaultCell runs kind k at step.
+func runFaultCell(t *testing.T, k faultKind, step string, nFiles int, faultFor time.Duration) {
+	e := &faultEnv{t: t, state: map[string]any{}, held: map[string]*os.File{}}
+	var root string
+	if k.fuse {
+		e.ffs = faultfs.MountT(t)
+		root = e.ffs.Dir
+	} else {
+		e.mnt = testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+		root = e.mnt.Dir
+	}
+	e.tree, e.side = filepath.Join(root, "w"), filepath.Join(root, "side")
+	mkdirs(t, e.tree, e.side)
+	mode := ""
+	if k.mode != "" {
+		mode = fmt.Sprintf("mode = %q\n", k.mode)
+	}
+	tree0 := e.tree
+	e.conf = func(extra ...string) string {
+		c := `
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "1s"
+min_pause = "10ms"
+max_pause = "1s"
+attempt_timeout = "1s"
+shutdown_timeout = "3s"
+`
+		for _, p := range append([]string{tree0}, extra...) {
+			c += fmt.Sprintf("[[watch]]\npath = %q\n%s", p, mode)
+		}
+		return c
+	}
+	if k.ready != nil {
+		k.ready(e)
+	}
+	e.d = startDaemon(t, e.conf())
+	dir := e.tree
+	if step == "rescan" {
+		dir = e.side
+	}
+	var files []string
+	for i := range nFiles {
+		p := filepath.Join(dir, fmt.Sprintf("f%03d", i))
+		if k.fuse {
+			// FUSE writes a file's dirty pages back when it is closed
+			// (its flush): the writer keeps it open, as a log or a
+			// database would.
+			e.held[p] = writeHeld(t, p, 64<<10)
+		} else {
+			writeDirty(t, p, 64<<10)
+		}
+		files = append(files, p)
+	}
+	switch step {
+	case "tracking":
+		// Tracked (the events are handled at once), not yet expired.
+		time.Sleep(100 * time.Millisecond)
+	case "writeback":
+		// The daemon is writing the set back: the first half has
+		// expired and the first of it is clean; the second half,
+		// written then, waits for the next passes.
+		if !poll(5*time.Second, func() bool { return isClean(e, files[0]) }) {
+			t.Fatalf("the daemon did not begin writing back; log:\n%s", e.d.log.String())
+		}
+		for i := range nFiles / 2 {
+			p := filepath.Join(dir, fmt.Sprintf("g%03d", i))
+			if k.fuse {
+				e.held[p] = writeHeld(t, p, 64<<10)
+			} else {
+				writeDirty(t, p, 64<<10)
+			}
+			files = append(files, p)
+		}
+	}
+	if step == "rescan" && k.name == "symlink-swap" {
+		e.tree = e.side // the swap happens in the directory the reload adds
+	}
+	if step == "rescan" && k.lost {
+		// Data lost before its tree was watched is not the daemon's
+		// to know: the reload comes first, its scan meets the fault.
+		reloadWith(t, e.d, e.conf(e.side))
+		if !poll(5*time.Second, func() bool { return strings.Contains(e.d.log.String(), "configuration reloaded") }) {
+			t.Fatalf("the reload did not complete; log:\n%s", e.d.log.String())
+		}
+	}
+	// The files dirty when the fault strikes, with the daemon stopped
+	// (SIGSTOP) from before they are looked at until the fault is in
+	// place: a file it wrote between the two would be counted as hit by
+	// the fault. Writeback already submitted ends meanwhile.
+	e.d.cmd.Process.Signal(syscall.SIGSTOP)
+	if !poll(2*time.Second, func() bool { return procState(e.d) == "T" }) {
+		t.Fatalf("the daemon did not stop on SIGSTOP (state %q)", procState(e.d))
+	}
+	time.Sleep(50 * time.Millisecond)
+	var check []string
+	for _, p := range files {
+		if f := e.held[p]; f != nil {
+			// Looked at through the writer's own descriptor: an open
+			// and close of a FUSE file would write it back.
+			if n, err := fdDirty(f); err != nil || n > 0 {
+				check = append(check, p)
+			}
+		} else if d, wb, err := cachestat(p, 0, 0); err != nil || d+wb > 0 {
+			check = append(check, p)
+		}
+	}
+	t.Logf("%d of %d files dirty when the fault strikes", len(check), len(files))
+	if len(check) == 0 && k.during == nil && k.name != "inode-reuse" {
+		t.Fatalf("no file was dirty when the fault struck: the cell would check nothing")
+	}
+	cpu0 := cpuTicks(e.d)
+	k.inject(e)
+	if e.d.running() {
+		e.d.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	if k.during != nil {
+		k.during(e)
+	}
+	if step == "rescan" && !k.lost && e.d.running() {
+		reloadWith(t, e.d, e.conf(e.side))
+	}
+	var exitLog string
+	exitDirty := map[string]bool{}
+	if step == "shutdown" && e.d.running() {
+		from := len(e.d.log.String())
+		start := time.Now()
+		e.d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-e.d.done:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("flusherd did not exit within 20 s of SIGTERM (shutdown_timeout 3s); log:\n%s", e.d.log.String())
+		}
+		t.Logf("exit %s after SIGTERM", time.Since(start).Round(10*time.Millisecond))
+		exitLog = e.d.log.String()[from:]
+		for _, p := range append(check, e.files...) {
+			if d, wb, err := cachestat(p, 0, 0); err == nil && d+wb > 0 {
+				exitDirty[p] = true
+			}
+		}
+	}
+	time.Sleep(faultFor)
+	// The swap loop is an event storm (tens of thousands of renames a
+	// second), which the watcher has to read: its CPU is the attack's.
+	if e.d.running() && k.name != "symlink-swap" {
+		if cpu := cpuTicks(e.d) - cpu0; time.Duration(cpu)*10*time.Millisecond > faultFor/4 {
+			t.Errorf("the daemon used %d ms of CPU while the fault lasted %s", cpu*10, faultFor)
+		}
+	}
+	check = append(check, e.files...)
+	if k.name == "inode-reuse" {
+		// The files the fault itself deleted have nothing to write.
+		var left []string
+		for _, p := range check {
+			if _, err := os.Lstat(p); err == nil {
+				left = append(left, p)
+			}
+		}
+		check = left
+	}
+	if step == "shutdown" {
+		if len(exitDirty) > 0 && strings.Contains(exitLog, "every tracked file is clean") {
+			t.Errorf("shutdown claims every tracked file is clean, but %d files were dirty at exit:\n%s", len(exitDirty), exitLog)
+		}
+		if k.lost {
+			for p := range exitDirty {
+				if !strings.Contains(exitLog, p+`\"`) {
+					t.Errorf("%s was dirty at exit, but the shutdown log does not name it:\n%s", p, exitLog)
+					break
+				}
+			}
+		}
+	}
+	if k.recover != nil {
+		k.recover(e)
+	}
+	if step == "shutdown" && k.recover != nil && k.name != "kill-9" {
+		// Started again, as systemd would, once the fault is over.
+		e.d = startDaemon(t, e.conf(e.side))
+	}
+	if !k.lost {
+		waitAllClean(t, time.Second+200*time.Millisecond+time.Second+1500*time.Millisecond, check...)
+		// The stats agree: nothing is left on the lists.
+		var n int64
+		if !poll(3*time.Second, func() bool { n = statsTracked(t, e.d); return n == 0 }) {
+			t.Errorf("every file is clean, but the stats still count %d tracked or failed files", n)
+		}
+		return
+	}
+	if step == "shutdown" {
+		return // named at exit, above; the restarted daemon finds them again or they were dropped
+	}
+	// Lost: each is named with its reason by flusherd dirty, and the
+	// stats count them.
+	var out string
+	named := func() bool {
+		out = dirtyList(t, e.d)
+		for _, p := range check {
+			if !strings.Contains(out, strconv.Quote(p)) {
+				return false
+			}
+		}
+		return strings.Contains(out, k.reason)
+	}
+	if !poll(5*time.Second, named) {
+		t.Fatalf("not every file hit by the fault is named with %s by flusherd dirty:\n%s\nlog:\n%s", k.reason, out, e.d.log.String())
+	}
+	// The stats count what flusherd dirty lists (the stats files are
+	// rewritten at most once a second).
+	var n int64
+	if !poll(3*time.Second, func() bool {
+		n, out = statsTracked(t, e.d), dirtyList(t, e.d)
+		return n == int64(strings.Count(out, "\n"))
+	}) {
+		t.Errorf("the stats count %d tracked or failed files, flusherd dirty lists:\n%s", n, out)
+	}
+	// And the log names them (the first few of a kind: it is
+	// rate-limited; flusherd dirty names them all, above).
+	log, logged := e.d.log.String(), 0
+	for _, p := range check {
+		if strings.Contains(log, p+`\"`) {
+			logged++
+		}
+	}
+	if logged == 0 {
+		t.Errorf("the log names %d of the %d files hit by the fault:\n%s", logged, len(check), log)
+	}
+}
+
+// procState is the daemon's state letter in /proc/PID/stat ("T" when
+// stopped).
+func procState(d *flusherdProc) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+3 > len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
+}
+
+// statsTracked sums the files on every device's lists, failed included,
+// from the stats files.
+func statsTracked(t *testing.T, d *flusherdProc) int64 {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join(d.statsDir, "bdi", "*", "stats"))
+	var n int64
+	for _, p := range paths {
+		s := readStats(t, p)
+		n += tracked(s) + s["failed_files"]
+	}
+	return n
+}
+
+// isClean reports whether path holds no dirty or writeback pages, looked
+// at through the writer's descriptor when the cell holds one.
+func isClean(e *faultEnv, path string) bool {
+	if f := e.held[path]; f != nil {
+		n, err := fdDirty(f)
+		return err == nil && n == 0
+	}
+	d, wb, err := cachestat(path, 0, 0)
+	return err == nil && d == 0 && wb == 0
+}
+
+// writeHeld writes n bytes to a new file at path and keeps it open until
+// the test ends.
+func writeHeld(t *testing.T, path string, n int) *os.File {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if _, err := f.Write(make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// fdDirty is cachestat on an open file: dirty plus writeback pages.
+func fdDirty(f *os.File) (uint64, error) {
+	var cs unix.Cachestat_t
+	r := unix.CachestatRange{}
+	if err := unix.Cachestat(uint(f.Fd()), &r, &cs, 0); err != nil {
+		return 0, err
+	}
+	return cs.Dirty + cs.Writeback, nil
+}
+
+// dirtyList is flusherd dirty --json's list: one line a file, its path
+// (quoted), list and last error.
+func dirtyList(t *testing.T, d *flusherdProc) string {
+	t.Helper()
+	var o, errb bytes.Buffer
+	if code := Main([]string{"dirty", "--json", "--top", "0", "--stats-dir", d.statsDir}, &o, &errb); code != 0 {
+		t.Fatalf("flusherd dirty: %s", errb.String())
+	}
+	var files []control.DirtyFile
+	if err := json.Unmarshal(o.Bytes(), &files); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, f := range files {
+		fmt.Fprintf(&b, "%s %s %s\n", strconv.Quote(string(f.Path)), f.List, f.LastError)
+	}
+	return b.String()
+}
+
+// reloadWith writes conf as the daemon's configuration and sends SIGHUP.
+func reloadWith(t *testing.T, d *flusherdProc, conf string) {
+	t.Helper()
+	cfgPath := filepath.Join(filepath.Dir(d.statsDir), "flusherd.toml")
+	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.Process.Signal(syscall.SIGHUP)
+}
+
+// running reports whether the daemon has not exited.
+func (d *flusherdProc) running() bool {
+	select {
+	case <-d.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// cpuTicks is the daemon's user+system CPU time, in clock ticks (10 ms).
+func cpuTicks(d *flusherdProc) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st
+}
+
+// freeze freezes (FIFREEZE) or thaws (FITHAW) the filesystem at dir;
+// thawing one that is not frozen is not an error.
+func freeze(t *testing.T, dir string, on bool) {
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const fifreeze, fithaw = 0xC0045877, 0xC0045878 // _IOWR('X', 119 and 120, int), linux/fs.h
+	req := uint(fifreeze)
+	if !on {
+		req = fithaw
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), uintptr(req), 0); e != 0 && (on || e != unix.EINVAL) {
+		t.Fatalf("freeze %s %v: %v", dir, on, e)
+	}
+}
+
+// abortFuse aborts the FUSE connection of the filesystem at dir
+// (/sys/fs/fuse/connections/<minor>/abort), mounting fusectl for it if
+// needed (and unmounting it at cleanup).
+func abortFuse(t *testing.T, dir string) {
+	const conns = "/sys/fs/fuse/connections"
+	var st unix.Statfs_t
+	if err := unix.Statfs(conns, &st); err != nil {
+		testfs.Missing(t, "%s: %v", conns, err)
+	}
+	if st.Type != 0x65735543 { // FUSECTL_SUPER_MAGIC
+		if err := unix.Mount("fusectl", conns, "fusectl", 0, ""); err != nil {
+			testfs.Missing(t, "mount fusectl on %s: %v", conns, err)
+		}
+		t.Cleanup(func() { unix.Unmount(conns, 0) })
+	}
+	p := filepath.Join(conns, strconv.Itoa(int(minorOf(t, dir))), "abort")
+	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
+		t.Fatalf("abort the FUSE connection: %v", err)
+	}
+}
