@@ -46,6 +46,7 @@ type Config struct {
 	DirtyWritebackInterval time.Duration // kupdate period
 	MinPause, MaxPause     time.Duration // b_more_io_wait backoff
 	WriteChunk             int64         // most bytes written per inode per attempt
+	MaxInflight            int64         // bytes under writeback on the device before big files wait; 0: no bound
 	Requeue                policy.RequeueBlocked
 	PlugEnabled            bool
 	MaxPending             int // plug requests before a forced flush

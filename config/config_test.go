@@ -28,6 +28,7 @@ func TestDefault(t *testing.T) {
 			MinPause:               10 * time.Millisecond,
 			MaxPause:               time.Second,
 			WriteChunk:             4 << 20,
+			MaxInflight:            16 << 20,
 			RequeueBlocked:         RequeueIOWait,
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
@@ -71,6 +72,7 @@ dirty_expire_interval = "1m"
 min_pause = "5ms"
 max_pause = "1s"
 write_chunk = "8MiB"
+max_inflight = "32MiB"
 requeue_blocked = "redirty_tail"
 attempt_timeout = "1500ms"
 shutdown_timeout = "1m30s"
@@ -105,6 +107,7 @@ path = "rel/../tree"
 					MinPause:               5 * time.Millisecond,
 					MaxPause:               time.Second,
 					WriteChunk:             8 << 20,
+					MaxInflight:            32 << 20,
 					RequeueBlocked:         RequeueRedirtyTail,
 					AttemptTimeout:         1500 * time.Millisecond,
 					ShutdownTimeout:        90 * time.Second,
@@ -268,6 +271,7 @@ func TestParseErrors(t *testing.T) {
 		{"size overflow", "[writeback]\nwrite_chunk = \"9999999999999GiB\"\n", "writeback.write_chunk", 2, "too large"},
 		{"size too small", "[writeback]\nwrite_chunk = \"2KiB\"\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
 		{"size zero", "[writeback]\nwrite_chunk = 0\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
+		{"max_inflight below write_chunk", "[writeback]\nmax_inflight = \"1MiB\"\n", "writeback.max_inflight", 2, "must be at least write_chunk"},
 		{"size negative", "[writeback]\nwrite_chunk = -4096\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
 
 		// Non-positive values.
@@ -541,6 +545,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 		MinPause:               2500 * time.Microsecond,
 		MaxPause:               7 * time.Second,
 		WriteChunk:             3 << 30,
+		MaxInflight:            5 << 30,
 		RequeueBlocked:         RequeueRedirtyTail,
 		AttemptTimeout:         15 * time.Millisecond,
 		ShutdownTimeout:        time.Minute,

@@ -129,6 +129,7 @@ func bdiConfig(cfg *config.Config) bdi.Config {
 		MinPause:               cfg.Writeback.MinPause,
 		MaxPause:               cfg.Writeback.MaxPause,
 		WriteChunk:             cfg.Writeback.WriteChunk,
+		MaxInflight:            cfg.Writeback.MaxInflight,
 		Requeue:                req,
 		PlugEnabled:            cfg.Plug.Enabled,
 		MaxPending:             cfg.Plug.MaxPending,
