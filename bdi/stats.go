@@ -40,6 +40,7 @@ type Stats struct {
 	Rescans                               uint64 // cachestat rescans of trees on this device (overflows, unwatched directories)
 	StuckCalls                            int    // writeback calls past attempt_timeout that have not returned (a frozen filesystem)
 	FailedFiles                           int    // files whose data was lost after a failed writeback, until written again
+	Throttled                             uint64 // attempts of big files deferred while max_inflight was under writeback
 
 	// Outcomes counts attempts by policy.Outcome (not in the file).
 	Outcomes [policy.NumOutcomes]uint64
@@ -81,11 +82,12 @@ func (s *Stats) Format(w io.Writer, pageSize int) error {
 			"inodes_gone:        %10d\n"+
 			"rescans:            %10d\n"+
 			"stuck_calls:        %10d\n"+
-			"failed_files:       %10d\n",
+			"failed_files:       %10d\n"+
+			"throttled:          %10d\n",
 		k(s.BdiWriteback), k(s.BdiReclaimable), k(s.BdiDirtyThresh), k(s.DirtyThresh), k(s.BackgroundThresh),
 		k(s.BdiDirtied), k(s.BdiWritten), s.BdiWriteBandwidth,
 		s.BDirty, s.BIO, s.BMoreIO, s.BMoreIOWait, s.BDirtyTime, s.BdiList, s.State,
-		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles)
+		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles, s.Throttled)
 	return err
 }
 
@@ -124,6 +126,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.Rescans = wb.rescans
 	s.StuckCalls = wb.stuck
 	s.FailedFiles = wb.nfailed
+	s.Throttled = wb.throttled
 	s.Outcomes = wb.outcomes
 	return s
 }

@@ -95,6 +95,7 @@ type Work struct {
 	start       time.Duration
 	waitSpliced bool
 	progress    bool
+	throttled   bool // an attempt was deferred by max_inflight
 	done        chan struct{}
 }
 
@@ -139,6 +140,7 @@ type Writeback struct {
 	work        []*Work
 	gen         uint64                     // bumped on every change, for the stats writer
 	written     uint64                     // pages written back (BdiWritten)
+	throttled   uint64                     // attempts deferred by max_inflight
 	nerrors     uint64                     // failed attempts (writeback_errors)
 	gone        uint64                     // inodes dropped because their file went away
 	rescans     uint64                     // tree rescans on this device (Registry.Rescanned)
@@ -202,7 +204,15 @@ type passCounters struct {
 	// sized counts whole-file attempts that found more than write_chunk
 	// and handed the file to the chunked path: no pages, but progress.
 	sized uint64
+	// throttled counts attempts deferred by max_inflight: they are
+	// retried after at most throttleRetry, not after the growing
+	// backoff, or the device would sit idle between them.
+	throttled uint64
 }
+
+// throttleRetry is the longest wait before the files deferred by
+// max_inflight are tried again (b_more_io_wait's pause is cut to it).
+const throttleRetry = 50 * time.Millisecond
 
 func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 || p.sized > 0 }
 
@@ -725,6 +735,9 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		// A work can run for long while files keep expiring: keep the
 		// stats file fresh (writeStats is rate-limited).
 		wb.writeStats(false)
+		if wb.pass.throttled > 0 {
+			w.throttled = true
+		}
 		if wb.pass.progress() {
 			w.progress = true
 			continue
@@ -747,11 +760,15 @@ func (wb *Writeback) wbWriteback(w *Work) {
 	switch {
 	case wb.BMoreIOWait.Empty():
 		wb.backoff.Reset()
-	case w.waitSpliced || wb.backoff.Pause == 0:
+	case w.waitSpliced || wb.backoff.Pause == 0 || w.throttled:
 		// The pause advances only when the waiting inodes were
 		// retried (or have just started waiting): a kupdate tick
 		// that did not reach them must not postpone them.
-		wb.waitRetryAt = wb.now() + wb.backoff.Next(w.progress)
+		d := wb.backoff.Next(w.progress)
+		if w.throttled {
+			d = min(d, throttleRetry)
+		}
+		wb.waitRetryAt = wb.now() + d
 	}
 	wb.pause = wb.backoff.Pause
 	wb.publishPlugStatsLocked()
@@ -1003,7 +1020,22 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	att.wroteBefore = in.Has(inode.Wrote)
 	wb.mu.Unlock()
 	att.refs.Store(1)
-	if page := int64(os.Getpagesize()); integrity || int64(in.DirtyPages)*page <= wb.cfg.WriteChunk {
+	page := int64(os.Getpagesize())
+	if dp := int64(in.DirtyPages) * page; !integrity && dp > wb.cfg.WriteChunk/4 && dp <= wb.cfg.WriteChunk && wb.congested(in, 0) {
+		// Known to be biggish (its last attempt saw it) and bound for
+		// a worker, and the device has max_inflight under writeback
+		// in other files: it waits, small files go. (Its own count is
+		// left out: it is as old as its last attempt, and this one
+		// would not look again. Bigger files take the chunked path,
+		// which decides on a fresh cachestat.)
+		wb.mu.Lock()
+		att.pre, att.afterKnown = policy.UnderWriteback, true
+		att.dirtyAfter, att.wbAfter = uint64(in.DirtyPages), uint64(in.WritebackPages)
+		wb.mu.Unlock()
+		wb.complete(att)
+		return 0
+	}
+	if integrity || int64(in.DirtyPages)*page <= wb.cfg.WriteChunk {
 		// The usual case: the whole attempt runs on a plug worker, in
 		// parallel with the others of the batch.
 		att.remaining = 1
@@ -1025,6 +1057,13 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	att.dirtyBefore, att.wbBefore = dirty, wbp
 	o, write := policy.BeforeWrite(dirty, wbp, integrity)
+	if write && !integrity && wb.congested(in, wbp) {
+		// More than write_chunk to write, and the device has
+		// max_inflight under writeback: not now (b_more_io_wait, with
+		// backoff), so that a small file written meanwhile does not
+		// queue behind this one's stream.
+		write, o = false, policy.UnderWriteback
+	}
 	if !write {
 		att.pre = o
 		if dirty == 0 && wbp == 0 {
@@ -1638,6 +1677,40 @@ func (wb *Writeback) doWhole(r *Request) error {
 	// out, by when most of its writeback has finished.
 	r.wrote = true
 	return nil
+}
+
+// congested reports whether the device has writeback.max_inflight bytes
+// or more under writeback: the writeback pages that cachestat last saw in
+// every tracked file, in's own replaced by wbp (just read). It bounds the
+// writeback flusherd puts in flight on one device, as the kernel's blk-wbt
+// bounds in-flight writes, so that a stream of big files cannot fill a
+// slow device's queue (a throttled cgroup's, a USB disk's) ahead of a
+// small file. Called on the device's goroutine; O(tracked files), only for
+// files with more than write_chunk/4 to write.
+func (wb *Writeback) congested(in *inode.Inode, wbp uint64) bool {
+	if wb.cfg.MaxInflight <= 0 {
+		return false
+	}
+	limit := uint64(wb.cfg.MaxInflight / int64(os.Getpagesize()))
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	sum := wbp
+	for _, o := range wb.inodes {
+		if o != in {
+			sum += uint64(o.WritebackPages)
+		}
+		if sum >= limit {
+			wb.throttled++
+			wb.pass.throttled++
+			return true
+		}
+	}
+	if sum >= limit {
+		wb.throttled++
+		wb.pass.throttled++
+		return true
+	}
+	return false
 }
 
 // checkWriteback asks whether the last writeback of f succeeded, whoever
