@@ -124,7 +124,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.WritebackErrors = wb.nerrors
 	s.InodesGone = wb.gone
 	s.Rescans = wb.rescans
-	s.StuckCalls = wb.stuck
+	s.StuckCalls = wb.stuck + wb.stuckClosesLocked()
 	s.FailedFiles = wb.nfailed
 	s.Throttled = wb.throttled
 	s.Outcomes = wb.outcomes

@@ -146,9 +146,11 @@ type Writeback struct {
 	rescans     uint64                     // tree rescans on this device (Registry.Rescanned)
 	outcomes    [policy.NumOutcomes]uint64 // attempts by outcome
 	stuck       int                        // calls past attempt_timeout that have not returned
-	classWarned bool                       // the expire-class limit was logged
-	newCfg      *Config                    // a reload's tunables, taken by the goroutine
-	bandwidth   uint64                     // kB/s, smoothed
+	closing     map[uint64]time.Duration   // closes running (closeFile), by id: when they began
+	closeSeq    uint64
+	classWarned bool    // the expire-class limit was logged
+	newCfg      *Config // a reload's tunables, taken by the goroutine
+	bandwidth   uint64  // kB/s, smoothed
 	pause       time.Duration
 	plugStats   [3]uint64 // the plug's requests, merges, batches, published after each work
 	running     bool
@@ -600,7 +602,7 @@ func (wb *Writeback) Healthy(limit time.Duration) bool {
 func (wb *Writeback) StuckCalls() int {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return wb.stuck
+	return wb.stuck + wb.stuckClosesLocked()
 }
 
 // SetConfig replaces the device's tunables (a configuration reload). The
@@ -994,16 +996,59 @@ type attempt struct {
 	// became dirty (inode.Wrote), so finding it clean is no surprise.
 	wroteBefore bool
 	path        string
+	wb          *Writeback // closes the file (closeFile); nil in tests
 }
 
 // hold takes a reference on the attempt's file.
 func (a *attempt) hold() { a.refs.Add(1) }
 
-// release drops a reference and closes the file with the last one.
+// release drops a reference and closes the file with the last one, on a
+// goroutine of its own when the attempt has a Writeback (closeFile).
 func (a *attempt) release() {
 	if a.refs.Add(-1) == 0 && a.f != nil {
-		a.f.Close()
+		if a.wb != nil {
+			a.wb.closeFile(a.f)
+		} else {
+			a.f.Close()
+		}
 	}
+}
+
+// closeFile closes f on a goroutine of its own: close(2) can block for
+// long (a FUSE or NFS file's flush writes it back and waits; a stalled
+// server holds it), and the device's goroutine, which completes attempts,
+// must not. A close still running after attempt_timeout counts in
+// StuckCalls (and stuck_calls) until it returns.
+func (wb *Writeback) closeFile(f inode.File) {
+	wb.mu.Lock()
+	wb.closeSeq++
+	id := wb.closeSeq
+	if wb.closing == nil {
+		wb.closing = map[uint64]time.Duration{}
+	}
+	wb.closing[id] = wb.now()
+	wb.mu.Unlock()
+	go func() {
+		f.Close()
+		wb.mu.Lock()
+		delete(wb.closing, id)
+		wb.mu.Unlock()
+	}()
+}
+
+// stuckClosesLocked counts the closes running for longer than
+// attempt_timeout. Preconditions: wb.mu held.
+func (wb *Writeback) stuckClosesLocked() int {
+	if wb.cfg.AttemptTimeout <= 0 || len(wb.closing) == 0 {
+		return 0
+	}
+	n, now := 0, wb.now()
+	for _, since := range wb.closing {
+		if now-since > wb.cfg.AttemptTimeout {
+			n++
+		}
+	}
+	return n
 }
 
 // writebackSingleInode is __writeback_single_inode under an inner plug: it
@@ -1014,7 +1059,7 @@ func (a *attempt) release() {
 func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool, result *error) int64 {
 	wb.plug.Start()
 	defer wb.plug.Finish()
-	att := &attempt{in: in, result: result, path: path}
+	att := &attempt{in: in, result: result, path: path, wb: wb}
 	wb.mu.Lock()
 	att.handle = in.Handle()
 	att.wroteBefore = in.Has(inode.Wrote)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 )
 
@@ -97,4 +98,83 @@ path = %q
 			}
 		})
 	}
+}
+
+// TestStalledClose: on a FUSE filesystem whose FLUSH (sent by every
+// close(2)) stalls for 3 s, the device's goroutine does not wait in close:
+// a second file written during the stall is written back within
+// expire + interval + 1 s, and the stalled close counts in stuck_calls
+// while it lasts (attempt_timeout 1s).
+func TestStalledClose(t *testing.T) {
+	ffs := faultfs.MountT(t)
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "1s"
+attempt_timeout = "1s"
+[[watch]]
+path = %q
+`, ffs.Dir))
+	ffs.Set(faultfs.Faults{FlushDelay: 3 * time.Second})
+	// Writers keep their files open: their own close would flush them.
+	a := writeHeld(t, filepath.Join(ffs.Dir, "a"), 8192)
+	// a is written back, and the daemon's close of it stalls.
+	if !poll(3*time.Second, func() bool { n, err := fdDirty(a); return err == nil && n == 0 }) {
+		t.Fatalf("a was not written back; log:\n%s", d.log.String())
+	}
+	b := writeHeld(t, filepath.Join(ffs.Dir, "b"), 8192)
+	start := time.Now()
+	if !poll(3*time.Second, func() bool { n, err := fdDirty(b); return err == nil && n == 0 }) {
+		t.Fatalf("b was not written back within 3 s while a's close stalled; log:\n%s", d.log.String())
+	}
+	took := time.Since(start)
+	t.Logf("b clean %s after its write, during a's stalled close", took.Round(10*time.Millisecond))
+	if bound := time.Second + 200*time.Millisecond + time.Second; took > bound {
+		t.Errorf("b took %s, more than expire + interval + 1 s (%s)", took, bound)
+	}
+	stats := filepath.Join(d.statsDir, "bdi", "0:"+fmt.Sprint(minorOf(t, ffs.Dir)), "stats")
+	if !poll(3*time.Second, func() bool { return readStats(t, stats)["stuck_calls"] >= 1 }) {
+		t.Errorf("the stalled close is not counted in stuck_calls: %v", readStats(t, stats))
+	}
+	ffs.Set(faultfs.Faults{})
+}
+
+// TestStalledWrites: a FUSE filesystem (writeback cache) whose writes
+// stall for 6 s while a writer keeps a dirty file open: the stalled call
+// counts in stuck_calls, and the watchdog (WATCHDOG_USEC 2 s) stays fed:
+// the longest gap between pings stays under 2 s. The watchdog means "the
+// daemon's loops are alive", not "every filesystem is healthy".
+func TestStalledWrites(t *testing.T) {
+	ffs := faultfs.MountT(t)
+	sd := newFakeSystemd(t)
+	t.Setenv("NOTIFY_SOCKET", sd.path)
+	t.Setenv("WATCHDOG_USEC", "2000000")
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "500ms"
+attempt_timeout = "1s"
+write_chunk = "16KiB"
+max_inflight = "16KiB"
+[[watch]]
+path = %q
+`, ffs.Dir))
+	waitFor(t, "watchdog pings", 3*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 2 })
+	ffs.Set(faultfs.Faults{WriteDelay: 6 * time.Second})
+	// Bigger than write_chunk: the chunked path, whose attempts the
+	// device's goroutine completes.
+	writeHeld(t, filepath.Join(ffs.Dir, "a"), 64<<10)
+	from := sd.len()
+	stats := filepath.Join(d.statsDir, "bdi", "0:"+fmt.Sprint(minorOf(t, ffs.Dir)), "stats")
+	stuck := poll(4*time.Second, func() bool { return readStats(t, stats)["stuck_calls"] >= 1 })
+	time.Sleep(time.Second)
+	gap := sd.maxGap("WATCHDOG=1", from)
+	t.Logf("longest watchdog gap during the stall: %s", gap.Round(10*time.Millisecond))
+	if gap >= 2*time.Second {
+		t.Errorf("the watchdog went %s without a ping (WATCHDOG_USEC 2 s) while writes stalled; log:\n%s", gap, d.log.String())
+	}
+	if !stuck {
+		t.Errorf("the stalled call is not counted in stuck_calls: %v", readStats(t, stats))
+	}
+	ffs.Set(faultfs.Faults{})
 }

@@ -26,6 +26,7 @@ type fakeSystemd struct {
 	path string
 	mu   sync.Mutex
 	msgs []string
+	at   []time.Time // when each message came
 }
 
 func newFakeSystemd(t *testing.T) *fakeSystemd {
@@ -45,6 +46,7 @@ func newFakeSystemd(t *testing.T) *fakeSystemd {
 			}
 			f.mu.Lock()
 			f.msgs = append(f.msgs, string(buf[:n]))
+			f.at = append(f.at, time.Now())
 			f.mu.Unlock()
 		}
 	}()
@@ -62,6 +64,28 @@ func (f *fakeSystemd) count(s string, from int) int {
 		}
 	}
 	return n
+}
+
+// maxGap returns the longest time between two messages that contain s,
+// from index from on, and between the last of them and now.
+func (f *fakeSystemd) maxGap(s string, from int) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var last time.Time
+	var gap time.Duration
+	for i := min(from, len(f.msgs)); i < len(f.msgs); i++ {
+		if !strings.Contains(f.msgs[i], s) {
+			continue
+		}
+		if !last.IsZero() {
+			gap = max(gap, f.at[i].Sub(last))
+		}
+		last = f.at[i]
+	}
+	if !last.IsZero() {
+		gap = max(gap, time.Since(last))
+	}
+	return gap
 }
 
 func (f *fakeSystemd) len() int {

@@ -31,10 +31,17 @@ type Faults struct {
 	OpenDelay  time.Duration // OPEN sleeps this long first
 	FsyncErr   syscall.Errno // returned by FSYNC (e.g. EAGAIN, EIO)
 	FsyncDelay time.Duration // FSYNC sleeps this long first
+	// FlushDelay: FLUSH (sent by every close(2) of the file) sleeps this
+	// long first: a server that stalls, seen from the closer.
+	FlushDelay time.Duration
 	// WriteErr is returned by WRITE: with the writeback cache, the
 	// kernel's writeback of dirty pages fails (it records the error for
 	// fsync and marks the pages clean: the data is lost).
 	WriteErr syscall.Errno
+	// WriteDelay: WRITE sleeps this long first (a stalled server: the
+	// kernel's writeback of the file waits, and so does every close(2)
+	// of it, whose flush waits for that writeback).
+	WriteDelay time.Duration
 }
 
 // FS is a mounted faultfs.
@@ -163,13 +170,20 @@ func (f *file) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResul
 }
 
 func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	if fl := f.fs.get("write"); fl.WriteErr != 0 {
+	fl := f.fs.get("write")
+	if fl.WriteDelay > 0 {
+		time.Sleep(fl.WriteDelay)
+	}
+	if fl.WriteErr != 0 {
 		return 0, fl.WriteErr
 	}
 	return f.FileHandle.(fs.FileWriter).Write(ctx, data, off)
 }
 
 func (f *file) Flush(ctx context.Context) syscall.Errno {
+	if fl := f.fs.get("flush"); fl.FlushDelay > 0 {
+		time.Sleep(fl.FlushDelay)
+	}
 	return f.FileHandle.(fs.FileFlusher).Flush(ctx)
 }
 
