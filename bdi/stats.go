@@ -41,6 +41,7 @@ type Stats struct {
 	StuckCalls                            int    // writeback calls past attempt_timeout that have not returned (a frozen filesystem)
 	FailedFiles                           int    // files whose data was lost after a failed writeback, until written again
 	Throttled                             uint64 // attempts of big files deferred while max_inflight was under writeback
+	ListLockMaxUs                         int64  // the longest time the device's list lock was held, in microseconds
 
 	// Outcomes counts attempts by policy.Outcome (not in the file).
 	Outcomes [policy.NumOutcomes]uint64
@@ -83,11 +84,12 @@ func (s *Stats) Format(w io.Writer, pageSize int) error {
 			"rescans:            %10d\n"+
 			"stuck_calls:        %10d\n"+
 			"failed_files:       %10d\n"+
-			"throttled:          %10d\n",
+			"throttled:          %10d\n"+
+			"list_lock_max_us:   %10d\n",
 		k(s.BdiWriteback), k(s.BdiReclaimable), k(s.BdiDirtyThresh), k(s.DirtyThresh), k(s.BackgroundThresh),
 		k(s.BdiDirtied), k(s.BdiWritten), s.BdiWriteBandwidth,
 		s.BDirty, s.BIO, s.BMoreIO, s.BMoreIOWait, s.BDirtyTime, s.BdiList, s.State,
-		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles, s.Throttled)
+		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles, s.Throttled, s.ListLockMaxUs)
 	return err
 }
 
@@ -127,6 +129,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.StuckCalls = wb.stuck + wb.stuckClosesLocked()
 	s.FailedFiles = wb.nfailed
 	s.Throttled = wb.throttled
+	s.ListLockMaxUs = wb.mu.MaxHold().Microseconds()
 	s.Outcomes = wb.outcomes
 	return s
 }

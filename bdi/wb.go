@@ -23,7 +23,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -121,7 +120,7 @@ type Writeback struct {
 	errLog *zap.Logger // rate-limited
 	stats  *statsWriter
 
-	mu          sync.Mutex // the list lock
+	mu          holdMutex // the list lock (its longest hold is in the stats)
 	inodes      map[inode.Key]*inode.Inode
 	bDirty      dirtyList
 	BIO         lists.List[*inode.Inode]

@@ -73,7 +73,8 @@ path = %q
 			ok, dirty, wb, err := cleanWithin(small, 20*time.Second)
 			took := time.Since(start)
 			bd, bwb, _ := cachestat(big, 0, 0)
-			t.Logf("small.txt clean after %s (max_inflight %s); big still had %d dirty, %d writeback pages", took.Round(10*time.Millisecond), c.inflight, bd, bwb)
+			t.Logf("small.txt clean after %s (max_inflight %s); big still had %d dirty, %d writeback pages; longest list lock hold %d µs",
+				took.Round(10*time.Millisecond), c.inflight, bd, bwb, readStats(t, filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats"))["list_lock_max_us"])
 			if !ok {
 				t.Fatalf("small.txt still dirty after 20 s: %d dirty, %d writeback (%v)", dirty, wb, err)
 			}
@@ -175,6 +176,13 @@ path = %q
 	}
 	if !stuck {
 		t.Errorf("the stalled call is not counted in stuck_calls: %v", readStats(t, stats))
+	}
+	// No call that waits on the stalled filesystem is made under the
+	// list lock: its longest hold is far below the 6 s stall.
+	hold := time.Duration(readStats(t, stats)["list_lock_max_us"]) * time.Microsecond
+	t.Logf("longest list lock hold: %s", hold)
+	if hold > 500*time.Millisecond {
+		t.Errorf("the list lock was held for %s during the stall", hold)
 	}
 	ffs.Set(faultfs.Faults{})
 }
