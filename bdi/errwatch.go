@@ -27,7 +27,8 @@ import (
 //
 // Safe for concurrent use.
 type ErrWatch struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	fses map[uint64]*fsErrs
 	// checks counts the syncfs(2) calls of LastError.
 	checks atomic.Uint64

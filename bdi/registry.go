@@ -50,11 +50,15 @@ type Registry struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 
-	mu      sync.Mutex
-	byDev   map[uint64]*Writeback
-	byName  map[string]*Writeback
-	cancel  map[string]context.CancelFunc // each device's goroutine
-	rescans map[uint64]uint64             // rescans of devices not started yet
+	mu sync.Mutex
+	// +checklocks:mu
+	byDev map[uint64]*Writeback
+	// +checklocks:mu
+	byName map[string]*Writeback
+	// +checklocks:mu
+	cancel map[string]context.CancelFunc // each device's goroutine
+	// +checklocks:mu
+	rescans map[uint64]uint64 // rescans of devices not started yet
 }
 
 // NewRegistry returns an empty registry whose goroutines run until
@@ -361,9 +365,13 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			wb.mu.Unlock()
 			// Files whose data was lost earlier are reported with them.
 			given = append(given, wb.Failed()...)
+			var left []string
+			if err != nil {
+				left = wb.TrackedPaths()
+			}
 			mu.Lock()
 			if err != nil {
-				rep.Left[wb.Name] = wb.TrackedPaths()
+				rep.Left[wb.Name] = left
 			}
 			if len(given) > 0 {
 				rep.GivenUp[wb.Name] = given

@@ -9,9 +9,27 @@
 // __mark_inode_dirty) as changed by the series "writeback: avoid touching
 // dirtied_when on blocked inodes", and block/blk-core.c's plug.
 //
-// Lock order: Registry.mu, then Writeback.mu (the list lock). Writeback.mu
-// guards the lists, the inode map, every tracked Inode's fields except
-// and the work list; wbIndex is the goroutine's own. No I/O is done under it.
+// Locks (the fields each guards carry "+checklocks:mu", checked by gVisor's
+// checklocks analyzer in CI; functions named ...Locked carry
+// "+checklocks:wb.mu"):
+//   - Registry.mu guards the device maps. Nothing else is locked and no
+//     system call is made while it is held (Device resolves a new bdi
+//     outside it). Registry.Shutdown's own mu, under which nothing else is
+//     locked, gathers the devices' reports.
+//   - Writeback.mu, the list lock (a holdMutex: its longest hold is
+//     list_lock_max_us in the stats), guards the lists, the inode map,
+//     every tracked Inode's fields, the counters and the work list;
+//     wbIndex and the plug are the device goroutine's own. It is a leaf:
+//     no other lock is taken under it, and no system call that can block
+//     (open, close, cachestat, writeback, syncfs) is made under it.
+//   - ErrWatch: a filesystem's check mutex (held across its syncfs), then
+//     ErrWatch.mu (brief); never under Writeback.mu.
+//   - inode.Handles.mu is a leaf of its own package; opens are made
+//     outside it.
+//
+// So no two of these locks are ever held in an order that could deadlock:
+// each is a leaf but ErrWatch's check mutex, whose only inner lock is
+// ErrWatch.mu.
 package bdi
 
 import (
@@ -120,47 +138,74 @@ type Writeback struct {
 	errLog *zap.Logger // rate-limited
 	stats  *statsWriter
 
-	mu          holdMutex // the list lock (its longest hold is in the stats)
-	inodes      map[inode.Key]*inode.Inode
-	bDirty      dirtyList
-	BIO         lists.List[*inode.Inode]
-	BMoreIO     lists.List[*inode.Inode]
+	mu holdMutex // the list lock (its longest hold is in the stats)
+	// +checklocks:mu
+	inodes map[inode.Key]*inode.Inode
+	// +checklocks:mu
+	bDirty dirtyList
+	// +checklocks:mu
+	BIO lists.List[*inode.Inode]
+	// +checklocks:mu
+	BMoreIO lists.List[*inode.Inode]
+	// +checklocks:mu
 	BMoreIOWait lists.List[*inode.Inode]
-	inflight    lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
-	errs        *ErrWatch                // the integrity trees' filesystems' error cursors; may be nil
+	// +checklocks:mu
+	inflight lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
+	errs     *ErrWatch                // the integrity trees' filesystems' error cursors; may be nil
 	// bFailed holds inodes whose data was lost: a writeback of theirs
 	// failed and the kernel then dropped their dirty pages, so nothing
 	// is left to retry. They stay tracked, reported as failed (stats,
 	// flusherd dirty, shutdown) until written again (MarkInodeDirty);
 	// they are not Dirty, which is how an inode on it is told from one on
 	// a writeback list (every one of those is Dirty). nfailed is its length.
-	bFailed     lists.List[*inode.Inode]
-	nfailed     int
-	work        []*Work
-	gen         uint64                     // bumped on every change, for the stats writer
-	written     uint64                     // pages written back (BdiWritten)
-	throttled   uint64                     // attempts deferred by max_inflight
-	nerrors     uint64                     // failed attempts (writeback_errors)
-	gone        uint64                     // inodes dropped because their file went away
-	rescans     uint64                     // tree rescans on this device (Registry.Rescanned)
-	outcomes    [policy.NumOutcomes]uint64 // attempts by outcome
-	stuck       int                        // calls past attempt_timeout that have not returned
-	closing     map[uint64]time.Duration   // closes running (closeFile), by id: when they began
-	closeSeq    uint64
-	classWarned bool    // the expire-class limit was logged
-	newCfg      *Config // a reload's tunables, taken by the goroutine
-	bandwidth   uint64  // kB/s, smoothed
-	pause       time.Duration
-	plugStats   [3]uint64 // the plug's requests, merges, batches, published after each work
-	running     bool
+	// +checklocks:mu
+	bFailed lists.List[*inode.Inode]
+	// +checklocks:mu
+	nfailed int
+	// +checklocks:mu
+	work []*Work
+	// +checklocks:mu
+	gen uint64 // bumped on every change, for the stats writer
+	// +checklocks:mu
+	written uint64 // pages written back (BdiWritten)
+	// +checklocks:mu
+	throttled uint64 // attempts deferred by max_inflight
+	// +checklocks:mu
+	nerrors uint64 // failed attempts (writeback_errors)
+	// +checklocks:mu
+	gone uint64 // inodes dropped because their file went away
+	// +checklocks:mu
+	rescans uint64 // tree rescans on this device (Registry.Rescanned)
+	// +checklocks:mu
+	outcomes [policy.NumOutcomes]uint64 // attempts by outcome
+	// +checklocks:mu
+	stuck int // calls past attempt_timeout that have not returned
+	// +checklocks:mu
+	closing map[uint64]time.Duration // closes running (closeFile), by id: when they began
+	// +checklocks:mu
+	closeSeq uint64
+	// +checklocks:mu
+	classWarned bool // the expire-class limit was logged
+	// +checklocks:mu
+	newCfg *Config // a reload's tunables, taken by the goroutine
+	// +checklocks:mu
+	bandwidth uint64 // kB/s, smoothed
+	// +checklocks:mu
+	pause time.Duration
+	// +checklocks:mu
+	plugStats [3]uint64 // the plug's requests, merges, batches, published after each work
+	// +checklocks:mu
+	running bool
 
 	// shuttingDown: the daemon is exiting (Registry.Shutdown); a file
 	// whose filesystem cannot be written (FSUnavailable: EROFS,
 	// ESHUTDOWN, ENODEV, ENXIO), or that the daemon may not open (EACCES,
 	// EPERM), is given up at once and recorded in givenUp instead of
 	// being retried until shutdown_timeout.
+	// +checklocks:mu
 	shuttingDown bool
-	givenUp      []GivenUp
+	// +checklocks:mu
+	givenUp []GivenUp
 
 	wake    chan struct{}
 	stopped chan struct{}
@@ -252,6 +297,8 @@ func (wb *Writeback) kick() {
 }
 
 // hasDirtyIOLocked is wb_has_dirty_io. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
 func (wb *Writeback) hasDirtyIOLocked() bool {
 	return !wb.bDirty.empty() || !wb.BIO.Empty() || !wb.BMoreIO.Empty() || !wb.BMoreIOWait.Empty() || !wb.inflight.Empty()
 }
@@ -337,6 +384,8 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 }
 
 // parkFailedLocked moves in to bFailed. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
 func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
 	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote
 	wb.bFailed.MoveToBack(in)
@@ -345,6 +394,8 @@ func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
 
 // forgetFailedLocked forgets an inode on bFailed. Preconditions: wb.mu
 // held.
+//
+// +checklocks:wb.mu
 func (wb *Writeback) forgetFailedLocked(in *inode.Inode) {
 	lists.Remove(in)
 	wb.nfailed--
@@ -355,6 +406,8 @@ func (wb *Writeback) forgetFailedLocked(in *inode.Inode) {
 }
 
 // failedLocked reports whether in is on bFailed. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
 func (wb *Writeback) failedLocked(in *inode.Inode) bool {
 	return in.Link().Linked() && !in.Has(inode.Dirty)
 }
@@ -780,6 +833,8 @@ func (wb *Writeback) wbWriteback(w *Work) {
 // publishPlugStatsLocked copies the plug's counters, which only the
 // writeback goroutine touches, where Snapshot can read them.
 // Preconditions: wb.mu held; called on the writeback goroutine.
+//
+// +checklocks:wb.mu
 func (wb *Writeback) publishPlugStatsLocked() {
 	wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
 }
@@ -903,6 +958,8 @@ func (wb *Writeback) OpenInode(i InodeInfo) (inode.File, error) {
 // queueIOLocked is queue_io: b_more_io, then b_more_io_wait (once per work,
 // and only once its pause has passed, or for sync work), then the expired
 // part of b_dirty, oldest first, go to b_io. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
 func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 	wb.BIO.SpliceBackInit(&wb.BMoreIO)
 	if !w.waitSpliced && (w.All || w.SyncMode == SyncAll || now >= wb.waitRetryAt) {
@@ -1037,6 +1094,8 @@ func (wb *Writeback) closeFile(f inode.File) {
 
 // stuckClosesLocked counts the closes running for longer than
 // attempt_timeout. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
 func (wb *Writeback) stuckClosesLocked() int {
 	if wb.cfg.AttemptTimeout <= 0 || len(wb.closing) == 0 {
 		return 0
@@ -1198,17 +1257,19 @@ func (wb *Writeback) startOpener() *opener {
 		for j := range o.jobs {
 			f, renewed, err := wb.openFile(j.path, j.key, j.h)
 			wb.mu.Lock()
-			if j.state.CompareAndSwap(reqRunning, reqDone) {
-				wb.mu.Unlock()
+			inTime := j.state.CompareAndSwap(reqRunning, reqDone)
+			if !inTime {
+				// Given up on: the attempt was completed as blocked
+				// and another opener took over.
+				j.in.State &^= inode.Busy
+				wb.stuck--
+				wb.gen++
+			}
+			wb.mu.Unlock()
+			if inTime {
 				o.results <- openResult{f, renewed, err}
 				continue
 			}
-			// Given up on: the attempt was completed as blocked and
-			// another opener took over.
-			j.in.State &^= inode.Busy
-			wb.stuck--
-			wb.gen++
-			wb.mu.Unlock()
 			if f != nil {
 				f.Close()
 			}

@@ -657,7 +657,10 @@ func TestExpireClassesReused(t *testing.T) {
 				h.t.Fatalf("file %d not written back", i)
 			}
 		}
-		if n := len(h.wb.bDirty.classes); n > 2 {
+		h.wb.mu.Lock()
+		nClasses := len(h.wb.bDirty.classes)
+		h.wb.mu.Unlock()
+		if n := nClasses; n > 2 {
 			h.t.Errorf("%d classes after intervals that never overlapped, want reuse", n)
 		}
 		// 300 intervals held at once: no panic; all tracked.
@@ -669,7 +672,10 @@ func TestExpireClassesReused(t *testing.T) {
 		if n := h.wb.Tracked(); n != 300 {
 			h.t.Fatalf("%d tracked, want 300", n)
 		}
-		if n := len(h.wb.bDirty.classes); n != 255 {
+		h.wb.mu.Lock()
+		nClasses = len(h.wb.bDirty.classes)
+		h.wb.mu.Unlock()
+		if n := nClasses; n != 255 {
 			h.t.Errorf("%d classes, want the 255 maximum", n)
 		}
 	})

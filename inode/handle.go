@@ -74,9 +74,11 @@ type Handles struct {
 	// 200ms.
 	Idle time.Duration
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	mounts map[uint64]*mount
-	timer  *time.Timer
+	// +checklocks:mu
+	timer *time.Timer
 }
 
 type mount struct {
