@@ -222,9 +222,12 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 
 	// Until READY=1, systemd's TimeoutStartSec runs: while start-up makes
 	// progress, extend it.
+	// The counter moves with each tree set up (its filesystem registered
+	// for opens by handle and for error checks: opens that can take long
+	// on a slow filesystem), and once more when every root is watched.
 	var rootsDone atomic.Int64
 	stopExtend := n.extendWhile(2*time.Second, 6*time.Second, func() string {
-		return fmt.Sprintf("starting: %d of %d roots watched", rootsDone.Load(), len(cfg.Watch))
+		return fmt.Sprintf("starting: %d of %d trees set up", min(rootsDone.Load(), int64(len(cfg.Watch))), len(cfg.Watch))
 	}, func() int64 { return rootsDone.Load() })
 	defer stopExtend()
 
@@ -265,6 +268,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
 		}
 		watchErrors(errs, t, log)
+		rootsDone.Add(1)
 	}
 	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
@@ -285,7 +289,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		reg.Stop()
 		return err
 	}
-	rootsDone.Store(int64(len(trees)))
+	rootsDone.Add(1)
 	stopExtend()
 
 	if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters()); err != nil {
