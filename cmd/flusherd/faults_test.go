@@ -311,8 +311,8 @@ shutdown_timeout = "3s"
 		dir = e.side
 	}
 	var files []string
-	for i := range nFiles {
-		p := filepath.Join(dir, fmt.Sprintf("f%03d", i))
+	write := func(name string) {
+		p := filepath.Join(dir, name)
 		if k.fuse {
 			// FUSE writes a file's dirty pages back when it is closed
 			// (its flush): the writer keeps it open, as a log or a
@@ -322,6 +322,9 @@ shutdown_timeout = "3s"
 			writeDirty(t, p, 64<<10)
 		}
 		files = append(files, p)
+	}
+	for i := range nFiles {
+		write(fmt.Sprintf("f%03d", i))
 	}
 	switch step {
 	case "tracking":
@@ -335,13 +338,7 @@ shutdown_timeout = "3s"
 			t.Fatalf("the daemon did not begin writing back; log:\n%s", e.d.log.String())
 		}
 		for i := range nFiles / 2 {
-			p := filepath.Join(dir, fmt.Sprintf("g%03d", i))
-			if k.fuse {
-				e.held[p] = writeHeld(t, p, 64<<10)
-			} else {
-				writeDirty(t, p, 64<<10)
-			}
-			files = append(files, p)
+			write(fmt.Sprintf("g%03d", i))
 		}
 	}
 	if step == "rescan" && k.name == "symlink-swap" {
