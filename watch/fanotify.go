@@ -104,10 +104,43 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	for _, t := range trees {
 		if err := fa.mark(fd, t.Root); err != nil {
 			fa.f.Close()
-			return nil, err
+			return nil, &TreeError{Root: t.Root, Err: err}
 		}
 	}
 	return fa, nil
+}
+
+// TreeError is a tree that a backend cannot serve, and why.
+type TreeError struct {
+	Root string
+	Err  error
+}
+
+func (e *TreeError) Error() string {
+	return fmt.Sprintf("tree %s: %v", strconv.Quote(e.Root), e.Err)
+}
+
+func (e *TreeError) Unwrap() error { return e.Err }
+
+// newFanotifyFor sets up fanotify and marks the filesystems of the trees
+// it can: it returns the backend serving those, and the trees whose
+// filesystem refused the mark or opens by handle (a FUSE server without
+// handles, for one) with their errors. It fails as NewFanotify does when
+// fanotify itself is unavailable.
+func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeError, error) {
+	fa, err := NewFanotify(nil, sink, opt)
+	if err != nil {
+		return nil, nil, err
+	}
+	var refused []*TreeError
+	for _, t := range trees {
+		if err := fa.mark(int(fa.f.Fd()), t.Root); err != nil {
+			refused = append(refused, &TreeError{Root: t.Root, Err: err})
+			continue
+		}
+		fa.trees = append(fa.trees, &tree{Tree: t})
+	}
+	return fa, refused, nil
 }
 
 // mark marks root's filesystem once, and registers it for opens by handle.

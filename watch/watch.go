@@ -117,7 +117,8 @@ type base struct {
 	sink        Sink
 	log         *zap.Logger
 	open        inode.Opener
-	ctr         Counters
+	ctr         *Counters // shared by the two halves of a Mixed backend
+	statsName   string    // the backend's name in watch/stats; "" means the caller's
 	dirsScanned atomic.Uint64
 	// Batches of events read (readBatches) and handled (doneBatches), for
 	// Quiesce.
@@ -160,6 +161,7 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 		open = inode.OS{}
 	}
 	b.sink, b.log, b.open, b.statsDir = sink, log, open, opt.StatsDir
+	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)
 	for _, t := range trees {
@@ -232,7 +234,10 @@ func (b *base) touched(name string) {
 		b.statsMu.Lock()
 		b.statsNext = nil
 		b.statsMu.Unlock()
-		if err := WriteStats(b.statsDir, name, &b.ctr); err != nil {
+		if b.statsName != "" {
+			name = b.statsName
+		}
+		if err := WriteStats(b.statsDir, name, b.ctr); err != nil {
 			b.log.Debug("cannot write the watch stats file", zap.Error(err))
 		}
 	})
@@ -254,7 +259,7 @@ func (b *base) Served(root string) bool {
 func (b *base) ScannedDirs() uint64 { return b.dirsScanned.Load() }
 
 // Counters implements Backend.
-func (b *base) Counters() *Counters { return &b.ctr }
+func (b *base) Counters() *Counters { return b.ctr }
 
 // TreeOf returns the deepest served tree whose root contains path.
 func (b *base) TreeOf(path string) (Tree, bool) {
@@ -568,19 +573,53 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 		return NewInotify(trees, sink, opt)
 	case "fanotify":
 		f, err := NewFanotify(trees, sink, opt)
+		var te *TreeError
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("backend = \"fanotify\", but the filesystem of %s refuses it (%v); set backend = \"auto\" to serve that tree with inotify and the others with fanotify",
+				strconv.Quote(te.Root), te.Err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("fanotify backend: %w", err)
 		}
 		log.Info("watch backend: fanotify (configured)")
 		return f, nil
 	case "auto", "":
-		f, err := NewFanotify(trees, sink, opt)
-		if err == nil {
+		// Per filesystem: fanotify where the mark is taken, inotify
+		// for the trees whose filesystem refuses it.
+		f, refused, err := newFanotifyFor(trees, sink, opt)
+		if err != nil {
+			log.Info("watch backend: inotify (auto: fanotify unavailable)", zap.Error(err))
+			return NewInotify(trees, sink, opt)
+		}
+		if len(refused) == 0 {
 			log.Info("watch backend: fanotify (auto: filesystem marks accepted)")
 			return f, nil
 		}
-		log.Info("watch backend: inotify (auto: fanotify unavailable)", zap.Error(err))
-		return NewInotify(trees, sink, opt)
+		var inTrees []Tree
+		var inRoots []string
+		for _, r := range refused {
+			log.Info("this tree's filesystem refuses fanotify; it is served by inotify",
+				zap.String("root", strconv.Quote(r.Root)), zap.Error(r.Err))
+			inRoots = append(inRoots, r.Root)
+			for _, t := range trees {
+				if t.Root == r.Root {
+					inTrees = append(inTrees, t)
+				}
+			}
+		}
+		in, err := NewInotify(inTrees, sink, opt)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		if len(inTrees) == len(trees) {
+			f.Close()
+			log.Info("watch backend: inotify (auto: no tree's filesystem takes a fanotify mark)")
+			return in, nil
+		}
+		log.Info("watch backend: fanotify+inotify (auto: per filesystem)",
+			zap.Int("fanotify_trees", len(trees)-len(inTrees)), zap.Int("inotify_trees", len(inTrees)))
+		return newMixed(f, in, inRoots), nil
 	}
 	return nil, fmt.Errorf("unknown watch backend %q", opt.Backend)
 }

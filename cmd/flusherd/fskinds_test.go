@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 )
 
@@ -206,5 +207,63 @@ func TestCheckConfigNoWriteback(t *testing.T) {
 	}
 	if want := fmt.Sprintf("note: %q is on tmpfs, a filesystem without writeback", dir); !strings.Contains(string(out), want) {
 		t.Errorf("check-config output lacks %q:\n%s", want, out)
+	}
+}
+
+// TestBackendPerFilesystem: with backend = "auto", an ext4 tree and a FUSE
+// tree (which refuses fanotify marks) are served at once, the ext4 one by
+// fanotify and the FUSE one by inotify, and both are written back within
+// the bound; watch/stats says "fanotify+inotify" and the log names the
+// tree that went to inotify. Before, the FUSE tree moved every tree to
+// inotify. With backend = "fanotify", the daemon refuses to start and
+// names the tree.
+func TestBackendPerFilesystem(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts, FUSE, fanotify")
+	}
+	_, ext := mountTree(t, "ext4")
+	ffs := faultfs.MountT(t)
+	conf := func(backend string) string {
+		return fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+[[watch]]
+path = %q
+`, backend, ext, ffs.Dir)
+	}
+	d := startDaemon(t, conf("auto"))
+	a := filepath.Join(ext, "a")
+	writeDirty(t, a, 64<<10)
+	b := writeHeld(t, filepath.Join(ffs.Dir, "b"), 64<<10)
+	waitAllClean(t, 3*time.Second, a)
+	if !poll(3*time.Second, func() bool { n, err := fdDirty(b); return err == nil && n == 0 }) {
+		t.Fatalf("the FUSE tree's file was not written back; log:\n%s", d.log.String())
+	}
+	log := d.log.String()
+	for _, want := range []string{"watch backend: fanotify+inotify (auto: per filesystem)", `"fanotify_trees": 1, "inotify_trees": 1`,
+		`this tree's filesystem refuses fanotify; it is served by inotify	{"root": "\"` + ffs.Dir} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+	stats, err := os.ReadFile(filepath.Join(d.statsDir, "watch", "stats"))
+	if err != nil || !strings.Contains(string(stats), "fanotify+inotify") {
+		t.Errorf("watch/stats does not say fanotify+inotify: %v\n%s", err, stats)
+	}
+	d.stop(t)
+
+	cfg := filepath.Join(t.TempDir(), "f.toml")
+	if err := os.WriteFile(cfg, []byte(conf("fanotify")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(binary, "run", "--config", cfg, "--stats-dir", filepath.Join(t.TempDir(), "run")).CombinedOutput()
+	// The log's JSON escapes the quotes of the message.
+	if err == nil || !strings.Contains(string(out), ffs.Dir) || !strings.Contains(string(out), `set backend = \"auto\"`) {
+		t.Errorf("backend = \"fanotify\" with a FUSE tree: %v, want a refusal naming %s:\n%s", err, ffs.Dir, out)
 	}
 }

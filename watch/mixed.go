@@ -1,0 +1,142 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+
+	"go.uber.org/zap"
+)
+
+// Mixed serves each tree with the backend its filesystem allows, at once:
+// fanotify for the filesystems that accept a mark and opens by handle,
+// inotify for the others (a FUSE filesystem without file handles, a
+// filesystem fanotify refuses). It is what backend = "auto" gives when the
+// trees need both; one of them alone is returned as itself. The two halves
+// share one Counters and write one watch/stats, whose backend line is
+// "fanotify+inotify"; the log says which tree uses which.
+type Mixed struct {
+	fa *Fanotify
+	in *Watcher
+
+	mu   sync.Mutex
+	inIn map[string]bool // roots served by the inotify half
+}
+
+var _ Backend = (*Mixed)(nil)
+
+func newMixed(fa *Fanotify, in *Watcher, inRoots []string) *Mixed {
+	m := &Mixed{fa: fa, in: in, inIn: map[string]bool{}}
+	for _, r := range inRoots {
+		m.inIn[r] = true
+	}
+	in.ctr = fa.ctr
+	fa.statsName, in.statsName = m.Name(), m.Name()
+	return m
+}
+
+// Name implements Backend.
+func (m *Mixed) Name() string { return "fanotify+inotify" }
+
+// Start implements Backend: WatchRoots, then Scan.
+func (m *Mixed) Start(ctx context.Context) error {
+	if err := m.WatchRoots(); err != nil {
+		return err
+	}
+	m.Scan(ctx)
+	return nil
+}
+
+// WatchRoots implements Backend.
+func (m *Mixed) WatchRoots() error {
+	return errors.Join(m.fa.WatchRoots(), m.in.WatchRoots())
+}
+
+// Scan implements Backend.
+func (m *Mixed) Scan(ctx context.Context) {
+	m.fa.Scan(ctx)
+	m.in.Scan(ctx)
+}
+
+// ScannedDirs implements Backend.
+func (m *Mixed) ScannedDirs() uint64 { return m.fa.ScannedDirs() + m.in.ScannedDirs() }
+
+// AddTree implements Backend: fanotify if the tree's filesystem takes the
+// mark, else inotify.
+func (m *Mixed) AddTree(ctx context.Context, t Tree) error {
+	err := m.fa.AddTree(ctx, t)
+	if err == nil {
+		return nil
+	}
+	m.fa.log.Info("this tree's filesystem refuses fanotify; it is served by inotify",
+		zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+	if err := m.in.AddTree(ctx, t); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.inIn[t.Root] = true
+	m.mu.Unlock()
+	return nil
+}
+
+// RemoveTree implements Backend.
+func (m *Mixed) RemoveTree(root string) bool {
+	m.mu.Lock()
+	delete(m.inIn, root)
+	m.mu.Unlock()
+	a := m.fa.RemoveTree(root)
+	b := m.in.RemoveTree(root)
+	return a || b
+}
+
+// Served implements Backend.
+func (m *Mixed) Served(root string) bool { return m.fa.Served(root) || m.in.Served(root) }
+
+// Run implements Backend: both halves, until ctx ends or Close.
+func (m *Mixed) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { m.fa.Run(ctx) })
+	wg.Go(func() { m.in.Run(ctx) })
+	wg.Wait()
+}
+
+// Quiesce implements Backend.
+func (m *Mixed) Quiesce(ctx context.Context) {
+	m.fa.Quiesce(ctx)
+	m.in.Quiesce(ctx)
+}
+
+// Close implements Backend.
+func (m *Mixed) Close() error { return errors.Join(m.fa.Close(), m.in.Close()) }
+
+// Counters implements Backend: the two halves' shared counters.
+func (m *Mixed) Counters() *Counters { return m.fa.Counters() }
+
+// TreeOf implements Backend: the deepest tree of either half.
+func (m *Mixed) TreeOf(path string) (Tree, bool) {
+	a, okA := m.fa.TreeOf(path)
+	b, okB := m.in.TreeOf(path)
+	switch {
+	case okA && okB:
+		if len(b.Root) > len(a.Root) {
+			return b, true
+		}
+		return a, true
+	case okA:
+		return a, true
+	}
+	return b, okB
+}
+
+// BackendOf returns the name of the half that serves the tree rooted at
+// root ("fanotify" or "inotify"), or "" if neither does.
+func (m *Mixed) BackendOf(root string) string {
+	switch {
+	case m.fa.Served(root):
+		return "fanotify"
+	case m.in.Served(root):
+		return "inotify"
+	}
+	return ""
+}
