@@ -150,7 +150,19 @@ func testStartupScanAndSpecialFiles(t *testing.T, backend string) {
 		}
 	}()
 	os.Symlink(clean, filepath.Join(root, "link2"))
-	time.Sleep(200 * time.Millisecond)
+	// A sentinel written after them: events are handled in order, so
+	// once it is reported, theirs have been handled too.
+	sentinel := filepath.Join(root, "sentinel")
+	if err := os.WriteFile(sentinel, []byte("s"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.has(sentinel) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !s.has(sentinel) {
+		t.Fatalf("the sentinel written after the FIFO and the symlink was not reported")
+	}
 	for _, p := range []string{fifo, link, filepath.Join(root, "link2")} {
 		if s.has(p) {
 			t.Errorf("%s reported", p)

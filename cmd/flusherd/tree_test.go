@@ -751,8 +751,10 @@ func (s *treeSuite) hostile(t *testing.T) {
 	} else {
 		m := escaped.FindString(log)
 		t.Logf("escaped name in the log: %s", m)
-		if strings.Contains(m, `\ufffd`) {
-			t.Logf("note: the name's invalid bytes are logged as U+FFFD, so the name cannot be recovered from the log")
+		// Lossless: the invalid bytes as \xNN escapes, never U+FFFD,
+		// so the name can be recovered from the log.
+		if strings.Contains(m, `\ufffd`) || strings.Contains(m, "\ufffd") {
+			t.Errorf("the name's invalid bytes are logged as U+FFFD; the name cannot be recovered from the log: %s", m)
 		}
 	}
 }
