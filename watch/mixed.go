@@ -12,10 +12,12 @@ import (
 // Mixed serves each tree with the backend its filesystem allows, at once:
 // fanotify for the filesystems that accept a mark and opens by handle,
 // inotify for the others (a FUSE filesystem without file handles, a
-// filesystem fanotify refuses). It is what backend = "auto" gives when the
-// trees need both; one of them alone is returned as itself. The two halves
+// filesystem fanotify refuses), trees added by a reload included. It is
+// what backend = "auto" gives when fanotify is available. The two halves
 // share one Counters and write one watch/stats, whose backend line is
-// "fanotify+inotify"; the log says which tree uses which.
+// Name(): "fanotify" or "inotify" while one half serves every tree,
+// "fanotify+inotify" while both serve some; the log says which tree uses
+// which.
 type Mixed struct {
 	fa *Fanotify
 	in *Watcher
@@ -32,12 +34,21 @@ func newMixed(fa *Fanotify, in *Watcher, inRoots []string) *Mixed {
 		m.inIn[r] = true
 	}
 	in.ctr = fa.ctr
-	fa.statsName, in.statsName = m.Name(), m.Name()
+	fa.statsName, in.statsName = m.Name, m.Name
 	return m
 }
 
-// Name implements Backend.
-func (m *Mixed) Name() string { return "fanotify+inotify" }
+// Name implements Backend: the halves that serve trees now.
+func (m *Mixed) Name() string {
+	fa, in := len(m.fa.list()) > 0, len(m.in.list()) > 0
+	switch {
+	case fa && in:
+		return "fanotify+inotify"
+	case in:
+		return "inotify"
+	}
+	return "fanotify"
+}
 
 // Start implements Backend: WatchRoots, then Scan.
 func (m *Mixed) Start(ctx context.Context) error {

@@ -117,8 +117,8 @@ type base struct {
 	sink        Sink
 	log         *zap.Logger
 	open        inode.Opener
-	ctr         *Counters // shared by the two halves of a Mixed backend
-	statsName   string    // the backend's name in watch/stats; "" means the caller's
+	ctr         *Counters     // shared by the two halves of a Mixed backend
+	statsName   func() string // the backend's name in watch/stats; nil means the caller's
 	dirsScanned atomic.Uint64
 	// Batches of events read (readBatches) and handled (doneBatches), for
 	// Quiesce.
@@ -234,8 +234,8 @@ func (b *base) touched(name string) {
 		b.statsMu.Lock()
 		b.statsNext = nil
 		b.statsMu.Unlock()
-		if b.statsName != "" {
-			name = b.statsName
+		if b.statsName != nil {
+			name = b.statsName()
 		}
 		if err := WriteStats(b.statsDir, name, b.ctr); err != nil {
 			b.log.Debug("cannot write the watch stats file", zap.Error(err))
@@ -591,10 +591,6 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 			log.Info("watch backend: inotify (auto: fanotify unavailable)", zap.Error(err))
 			return NewInotify(trees, sink, opt)
 		}
-		if len(refused) == 0 {
-			log.Info("watch backend: fanotify (auto: filesystem marks accepted)")
-			return f, nil
-		}
 		var inTrees []Tree
 		var inRoots []string
 		for _, r := range refused {
@@ -607,18 +603,22 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 				}
 			}
 		}
+		// The inotify half exists even without trees: a reload may add
+		// a tree whose filesystem refuses fanotify.
 		in, err := NewInotify(inTrees, sink, opt)
 		if err != nil {
 			f.Close()
 			return nil, err
 		}
-		if len(inTrees) == len(trees) {
-			f.Close()
+		switch {
+		case len(refused) == 0:
+			log.Info("watch backend: fanotify (auto: filesystem marks accepted)")
+		case len(inTrees) == len(trees):
 			log.Info("watch backend: inotify (auto: no tree's filesystem takes a fanotify mark)")
-			return in, nil
+		default:
+			log.Info("watch backend: fanotify+inotify (auto: per filesystem)",
+				zap.Int("fanotify_trees", len(trees)-len(inTrees)), zap.Int("inotify_trees", len(inTrees)))
 		}
-		log.Info("watch backend: fanotify+inotify (auto: per filesystem)",
-			zap.Int("fanotify_trees", len(trees)-len(inTrees)), zap.Int("inotify_trees", len(inTrees)))
 		return newMixed(f, in, inRoots), nil
 	}
 	return nil, fmt.Errorf("unknown watch backend %q", opt.Backend)

@@ -257,6 +257,28 @@ path = %q
 	}
 	d.stop(t)
 
+	// Started on the ext4 tree alone (fanotify), then a reload adds the
+	// FUSE tree: it is served by inotify.
+	d = startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+[[watch]]
+path = %q
+`, ext))
+	reloadWith(t, d, conf("auto"))
+	if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), "configuration reloaded") }) {
+		t.Fatalf("the reload did not complete; log:\n%s", d.log.String())
+	}
+	c := writeHeld(t, filepath.Join(ffs.Dir, "c"), 64<<10)
+	if !poll(3*time.Second, func() bool { n, err := fdDirty(c); return err == nil && n == 0 }) {
+		t.Fatalf("the FUSE tree added by a reload was not served; log:\n%s", d.log.String())
+	}
+	if log := d.log.String(); !strings.Contains(log, "watch root added") || strings.Contains(log, "cannot watch a root added by the reload") {
+		t.Errorf("the reload did not add the FUSE tree:\n%s", log)
+	}
+	d.stop(t)
+
 	cfg := filepath.Join(t.TempDir(), "f.toml")
 	if err := os.WriteFile(cfg, []byte(conf("fanotify")), 0o644); err != nil {
 		t.Fatal(err)
