@@ -154,7 +154,8 @@ type Writeback struct {
 	// waits (b_more_io_wait) while this much is in flight, so a big
 	// stream cannot queue ahead of a small file on a slow device (the
 	// kernel's blk-wbt bounds in-flight writes for the same reason).
-	// Small files always go. At least write_chunk. Default 16 MiB.
+	// Small files always go. At least write_chunk. Default 16 MiB, or
+	// write_chunk when that is larger.
 	MaxInflight int64
 	// RequeueBlocked is RequeueIOWait (default) or RequeueRedirtyTail.
 	RequeueBlocked string
@@ -825,7 +826,7 @@ func (d *decoder) table(prefix string, v any, fields map[string]field) {
 func (d *decoder) config(m map[string]any) *Config {
 	c := Default()
 	wb := &c.Writeback
-	maxPauseSet := false
+	maxPauseSet, maxInflightSet := false, false
 	var watches []any
 	d.table("", m, map[string]field{
 		"writeback": func(key string, v any) {
@@ -837,8 +838,11 @@ func (d *decoder) config(m map[string]any) *Config {
 					maxPauseSet = true
 					d.duration(&wb.MaxPause)(key, v)
 				},
-				"write_chunk":      d.size(&wb.WriteChunk),
-				"max_inflight":     d.size(&wb.MaxInflight),
+				"write_chunk": d.size(&wb.WriteChunk),
+				"max_inflight": func(key string, v any) {
+					maxInflightSet = true
+					d.size(&wb.MaxInflight)(key, v)
+				},
 				"requeue_blocked":  d.str(&wb.RequeueBlocked),
 				"attempt_timeout":  d.duration(&wb.AttemptTimeout),
 				"shutdown_timeout": d.duration(&wb.ShutdownTimeout),
@@ -882,6 +886,10 @@ func (d *decoder) config(m map[string]any) *Config {
 	})
 	if !maxPauseSet {
 		wb.MaxPause = wb.DirtyWritebackInterval
+	}
+	if !maxInflightSet {
+		// The default follows a larger write_chunk.
+		wb.MaxInflight = max(wb.MaxInflight, wb.WriteChunk)
 	}
 	for i, v := range watches {
 		key := fmt.Sprintf("watch[%d]", i)

@@ -272,6 +272,7 @@ func TestParseErrors(t *testing.T) {
 		{"size too small", "[writeback]\nwrite_chunk = \"2KiB\"\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
 		{"size zero", "[writeback]\nwrite_chunk = 0\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
 		{"max_inflight below write_chunk", "[writeback]\nmax_inflight = \"1MiB\"\n", "writeback.max_inflight", 2, "must be at least write_chunk"},
+		{"max_inflight below write_chunk, write_chunk first", "[writeback]\nwrite_chunk = \"64MiB\"\nmax_inflight = \"32MiB\"\n", "writeback.max_inflight", 3, "must be at least write_chunk"},
 		{"size negative", "[writeback]\nwrite_chunk = -4096\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
 
 		// Non-positive values.
@@ -830,5 +831,21 @@ func TestLoadReportsEveryError(t *testing.T) {
 	}
 	if n := strings.Count(err.Error(), "\n"); n != len(es)-1 {
 		t.Errorf("Error() has %d lines for %d errors:\n%s", n+1, len(es), err)
+	}
+}
+
+// TestMaxInflightFollowsWriteChunk: a write_chunk above the default
+// max_inflight, with max_inflight unset, is accepted, and the bound
+// becomes write_chunk (the default follows it).
+func TestMaxInflightFollowsWriteChunk(t *testing.T) {
+	c, err := Parse("f.toml", []byte("[writeback]\nwrite_chunk = \"64MiB\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if c.Writeback.MaxInflight != 64<<20 {
+		t.Errorf("max_inflight = %d, want write_chunk (%d)", c.Writeback.MaxInflight, 64<<20)
 	}
 }
