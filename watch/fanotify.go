@@ -102,7 +102,7 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	fa.init(trees, sink, opt)
 	fa.nested = fa.nestedMount
 	for _, t := range trees {
-		if err := fa.mark(fd, t.Root); err != nil {
+		if err := fa.mark(fd, t.Root, false); err != nil {
 			fa.f.Close()
 			return nil, &TreeError{Root: t.Root, Err: err}
 		}
@@ -134,7 +134,7 @@ func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeErr
 	}
 	var refused []*TreeError
 	for _, t := range trees {
-		if err := fa.mark(int(fa.f.Fd()), t.Root); err != nil {
+		if err := fa.mark(int(fa.f.Fd()), t.Root, false); err != nil {
 			refused = append(refused, &TreeError{Root: t.Root, Err: err})
 			continue
 		}
@@ -143,8 +143,11 @@ func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeErr
 	return fa, refused, nil
 }
 
-// mark marks root's filesystem once, and registers it for opens by handle.
-func (fa *Fanotify) mark(fd int, root string) error {
+// mark marks root's filesystem once (again if force: a filesystem
+// unmounted and mounted again has a new superblock with the same fsid, and
+// its old mark died with the old one; adding a mark that exists only adds
+// its mask again), and registers it for opens by handle.
+func (fa *Fanotify) mark(fd int, root string, force bool) error {
 	dev, err := fa.handles.AddMount(root)
 	if err != nil {
 		return fmt.Errorf("file handles on %s: %w", root, err)
@@ -159,7 +162,7 @@ func (fa *Fanotify) mark(fd int, root string) error {
 	fa.fsidsMu.RLock()
 	_, ok := fa.fsids[fsid]
 	fa.fsidsMu.RUnlock()
-	if ok {
+	if ok && !force {
 		return nil
 	}
 	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanotifyMask, unix.AT_FDCWD, root)
@@ -189,7 +192,7 @@ func (fa *Fanotify) mark(fd int, root string) error {
 // inotify backend.
 func (fa *Fanotify) nestedMount(ctx context.Context, t Tree, mountpoint string) bool {
 	fa.markMu.Lock()
-	err := fa.mark(int(fa.f.Fd()), mountpoint)
+	err := fa.mark(int(fa.f.Fd()), mountpoint, true)
 	fa.markMu.Unlock()
 	if err != nil {
 		fa.log.Warn("a filesystem mounted inside a tree cannot be marked by fanotify; its writes are not seen (watch it as a tree of its own, with backend = \"inotify\")",
@@ -237,7 +240,7 @@ func (fa *Fanotify) Scan(ctx context.Context) {
 // and scans the tree.
 func (fa *Fanotify) AddTree(ctx context.Context, t Tree) error {
 	fa.markMu.Lock()
-	err := fa.mark(int(fa.f.Fd()), t.Root)
+	err := fa.mark(int(fa.f.Fd()), t.Root, false)
 	fa.markMu.Unlock()
 	if err != nil {
 		return err

@@ -139,7 +139,7 @@ type base struct {
 	// backend's constructor.
 	nested    func(ctx context.Context, t Tree, mountpoint string) bool
 	mountsMu  sync.Mutex
-	mountsMet map[int]bool // mount IDs handed to nested (or skipped) already
+	mountsMet map[int]*nestedMount // mount IDs seen: handed to nested, or skipped (nil)
 }
 
 // tree is a watched tree and its state.
@@ -469,6 +469,11 @@ func (b *base) checkMounts(ctx context.Context) {
 		return
 	}
 	trees := b.list()
+	present := make(map[int]bool, len(infos))
+	for _, m := range infos {
+		present[m.ID] = true
+	}
+	b.forgetUnmounted(present)
 	for _, m := range infos {
 		var in *tree
 		for _, t := range trees {
@@ -483,11 +488,13 @@ func (b *base) checkMounts(ctx context.Context) {
 			continue
 		}
 		b.mountsMu.Lock()
-		met := b.mountsMet[m.ID]
+		_, met := b.mountsMet[m.ID]
 		if b.mountsMet == nil {
-			b.mountsMet = map[int]bool{}
+			b.mountsMet = map[int]*nestedMount{}
 		}
-		b.mountsMet[m.ID] = true
+		if !met {
+			b.mountsMet[m.ID] = nil
+		}
 		b.mountsMu.Unlock()
 		if met {
 			continue
@@ -509,13 +516,65 @@ func (b *base) checkMounts(ctx context.Context) {
 				mp, zap.String("tree", strconv.Quote(in.Root)))
 			continue
 		}
+		var st unix.Stat_t
+		if err := unix.Stat(m.Mountpoint, &st); err != nil {
+			continue
+		}
 		if b.nested(ctx, in.Tree, m.Mountpoint) {
+			b.mountsMu.Lock()
+			b.mountsMet[m.ID] = &nestedMount{mountpoint: m.Mountpoint, dev: st.Dev}
+			b.mountsMu.Unlock()
 			b.ctr.Nested.Add(1)
 			b.log.Info("a filesystem mounted inside a tree is served", mp, zap.String("fstype", m.FSType),
 				zap.String("tree", strconv.Quote(in.Root)))
 		} else {
 			b.ctr.Unserved.Add(1)
 		}
+	}
+}
+
+// nestedMount is a served filesystem mounted inside a tree.
+type nestedMount struct {
+	mountpoint string
+	dev        uint64 // st_dev of its root
+}
+
+// forgetUnmounted forgets the mounts seen inside trees that are no longer
+// in the mount table (present, by mount ID: the kernel reuses IDs, so a
+// later mount under a freed ID is new). The files of a served one are
+// dropped from the lists: the unmount wrote them back (a lazy unmount
+// writes them when its last user goes), and a retry could only fail with
+// ENODEV, forever.
+func (b *base) forgetUnmounted(present map[int]bool) {
+	var gone []*nestedMount
+	b.mountsMu.Lock()
+	for id, nm := range b.mountsMet {
+		if present[id] {
+			continue
+		}
+		delete(b.mountsMet, id)
+		if nm != nil {
+			gone = append(gone, nm)
+		}
+	}
+	still := map[uint64]bool{}
+	for _, nm := range b.mountsMet {
+		if nm != nil {
+			still[nm.dev] = true
+		}
+	}
+	b.mountsMu.Unlock()
+	for _, nm := range gone {
+		b.ctr.Nested.Add(^uint64(0))
+		last := !still[nm.dev]
+		for _, t := range b.list() {
+			if t.root.Dev == nm.dev {
+				last = false
+			}
+		}
+		b.log.Info("a filesystem mounted inside a tree was unmounted; its files are no longer tracked (the unmount wrote them back)",
+			zap.String("mountpoint", strconv.Quote(nm.mountpoint)))
+		b.sink.TreeGone(nm.mountpoint, nm.dev, last)
 	}
 }
 
