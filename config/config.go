@@ -1048,7 +1048,13 @@ func parseSize(s string) (int64, error) {
 	}
 	unit := strings.TrimSpace(t[j:])
 	mult, ok := sizeUnits[unit]
-	if !ok {
+	switch {
+	case ok:
+	case strings.HasPrefix(unit, "."):
+		return 0, errors.New(`fractions are not allowed: write a whole number, in a smaller unit if need be ("1536KiB", not "1.5MiB")`)
+	case slices.Contains([]string{"kB", "KB", "MB", "GB", "kb", "mb", "gb"}, unit):
+		return 0, fmt.Errorf("ambiguous unit %q (powers of 1000 or of 1024?): write KiB, MiB or GiB (powers of 1024), or a number of bytes", unit)
+	default:
 		return 0, fmt.Errorf("unknown unit %q, want B, KiB, MiB or GiB (K, M, G also mean KiB, MiB, GiB)", unit)
 	}
 	n, err := strconv.ParseInt(t[:j], 10, 64)

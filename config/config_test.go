@@ -264,9 +264,9 @@ func TestParseErrors(t *testing.T) {
 		{"watch expire unit-less", "[[watch]]\npath = \"/a\"\nexpire = \"30\"\n", "watch[0].expire", 3, "needs a unit"},
 
 		// Sizes.
-		{"size decimal unit", "[writeback]\nwrite_chunk = \"4MB\"\n", "writeback.write_chunk", 2, `bad size "4MB": unknown unit "MB"`},
+		{"size decimal unit", "[writeback]\nwrite_chunk = \"4MB\"\n", "writeback.write_chunk", 2, `bad size "4MB": ambiguous unit "MB"`},
 		{"size garbage", "[writeback]\nwrite_chunk = \"lots\"\n", "writeback.write_chunk", 2, `bad size "lots"`},
-		{"size fraction", "[writeback]\nwrite_chunk = \"1.5MiB\"\n", "writeback.write_chunk", 2, `unknown unit ".5MiB"`},
+		{"size fraction", "[writeback]\nwrite_chunk = \"1.5MiB\"\n", "writeback.write_chunk", 2, `fractions are not allowed`},
 		{"size float", "[writeback]\nwrite_chunk = 4096.0\n", "writeback.write_chunk", 2, "got float 4096"},
 		{"size overflow", "[writeback]\nwrite_chunk = \"9999999999999GiB\"\n", "writeback.write_chunk", 2, "too large"},
 		{"size too small", "[writeback]\nwrite_chunk = \"2KiB\"\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
