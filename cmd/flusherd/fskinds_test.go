@@ -95,6 +95,22 @@ func TestOverlayRefused(t *testing.T) {
 	}
 }
 
+// twoTrees is a daemon configuration with two trees, a and b, the watch
+// backend, an expiry of 1 s and an interval of 500 ms.
+func twoTrees(backend, a, b string) string {
+	return fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+[[watch]]
+path = %q
+`, backend, a, b)
+}
+
 // bindMount mounts src on dst (MS_BIND) and unmounts it at cleanup.
 func bindMount(t *testing.T, src, dst string) {
 	t.Helper()
@@ -158,17 +174,7 @@ func TestMountsInsideTree(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { unix.Unmount(shm, 0) })
-			d := startDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "500ms"
-dirty_expire_interval = "1s"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-[[watch]]
-path = %q
-`, backend, tree, bound))
+			d := startDaemon(t, twoTrees(backend, tree, bound))
 			files := []string{filepath.Join(tree, "top"), filepath.Join(tree, "early", "e1"), filepath.Join(bound, "b1")}
 			for _, p := range files {
 				writeDirty(t, p, 64<<10)
@@ -268,19 +274,7 @@ func TestBackendPerFilesystem(t *testing.T) {
 	}
 	_, ext := mountTree(t, "ext4")
 	ffs := faultfs.MountT(t)
-	conf := func(backend string) string {
-		return fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "500ms"
-dirty_expire_interval = "1s"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-[[watch]]
-path = %q
-`, backend, ext, ffs.Dir)
-	}
+	conf := func(backend string) string { return twoTrees(backend, ext, ffs.Dir) }
 	d := startDaemon(t, conf("auto"))
 	a := filepath.Join(ext, "a")
 	writeDirty(t, a, 64<<10)
