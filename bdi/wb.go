@@ -1801,21 +1801,19 @@ func (wb *Writeback) congested(in *inode.Inode, wbp uint64) bool {
 	defer wb.mu.Unlock()
 	sum := wbp
 	for _, o := range wb.inodes {
+		if sum >= limit {
+			break
+		}
 		if o != in {
 			sum += uint64(o.WritebackPages)
 		}
-		if sum >= limit {
-			wb.throttled++
-			wb.pass.throttled++
-			return true
-		}
 	}
-	if sum >= limit {
-		wb.throttled++
-		wb.pass.throttled++
-		return true
+	if sum < limit {
+		return false
 	}
-	return false
+	wb.throttled++
+	wb.pass.throttled++
+	return true
 }
 
 // checkWriteback asks whether the last writeback of f succeeded, whoever

@@ -562,7 +562,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		tg.path = d.prefix + string(ev.name)
 	}
 	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
-		if resourceShortage(err) {
+		if policy.Shortage(err) {
 			// The write is not forgotten: rescans until one completes.
 			fa.scanIncomplete(err)
 		} else {

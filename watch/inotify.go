@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/policy"
 )
 
 // Watcher is the inotify backend: one inotify watch per directory
@@ -341,7 +342,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 	case ev.Has(fsnotify.Create):
 		var st unix.Stat_t
 		if err := unix.Lstat(ev.Name, &st); err != nil {
-			if resourceShortage(err) {
+			if policy.Shortage(err) {
 				w.scanIncomplete(err)
 			}
 			return

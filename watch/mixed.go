@@ -139,15 +139,3 @@ func (m *Mixed) TreeOf(path string) (Tree, bool) {
 	}
 	return b, okB
 }
-
-// BackendOf returns the name of the half that serves the tree rooted at
-// root ("fanotify" or "inotify"), or "" if neither does.
-func (m *Mixed) BackendOf(root string) string {
-	switch {
-	case m.fa.Served(root):
-		return "fanotify"
-	case m.in.Served(root):
-		return "inotify"
-	}
-	return ""
-}

@@ -50,7 +50,7 @@ func (b *base) dirError(dir string, err error) {
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP):
 		// Gone, or replaced by a file or a symlink: nothing to scan.
-	case resourceShortage(err):
+	case policy.Shortage(err):
 		b.scanIncomplete(err)
 	default:
 		b.log.Warn("cannot read directory", Q(dir), zap.Error(err))
@@ -111,7 +111,7 @@ func (b *base) entry(ctx context.Context, t Tree, dir string, fd int, name strin
 	case unix.DT_REG, unix.DT_UNKNOWN:
 		var st unix.Stat_t
 		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			if resourceShortage(err) {
+			if policy.Shortage(err) {
 				b.scanIncomplete(err)
 			}
 			return
@@ -164,7 +164,7 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 		}
 	}
 	if err := b.sink.MarkInodeDirty(path, key, "", t.Tree); err != nil {
-		if resourceShortage(err) {
+		if policy.Shortage(err) {
 			b.scanIncomplete(err)
 			return
 		}
@@ -178,7 +178,7 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 func (b *base) reportPath(t Tree, path string, onlyDirty bool) {
 	key, regular, err := inode.Stat(path)
 	if err != nil {
-		if resourceShortage(err) {
+		if policy.Shortage(err) {
 			b.scanIncomplete(err)
 		}
 		return
@@ -187,9 +187,6 @@ func (b *base) reportPath(t Tree, path string, onlyDirty bool) {
 		b.report(t, path, key, onlyDirty)
 	}
 }
-
-// resourceShortage is policy.Shortage: a resource ran out for a moment.
-func resourceShortage(err error) bool { return policy.Shortage(err) }
 
 // Default backoff of the rescans after an incomplete scan (Options
 // RetryMin and RetryMax override it).

@@ -238,6 +238,11 @@ func cachestat(path string, off, n int64) (dirty, wb uint64, err error) {
 		return 0, 0, err
 	}
 	defer unix.Close(fd)
+	return cachestatFd(fd, off, n)
+}
+
+// cachestatFd is cachestat(2) of [off, off+n) of the open file fd.
+func cachestatFd(fd int, off, n int64) (dirty, wb uint64, err error) {
 	var cs unix.Cachestat_t
 	if err := unix.Cachestat(uint(fd), &unix.CachestatRange{Off: uint64(off), Len: uint64(n)}, &cs, 0); err != nil {
 		return 0, 0, err

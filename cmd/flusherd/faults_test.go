@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,7 +251,7 @@ func TestFaultSuite(t *testing.T) {
 	steps := []string{"tracking", "writeback", "rescan", "shutdown"}
 	for _, k := range kinds {
 		for _, step := range steps {
-			if contains(k.skip, step) {
+			if slices.Contains(k.skip, step) {
 				continue
 			}
 			t.Run(k.name+"/"+step, func(t *testing.T) {
@@ -258,15 +259,6 @@ func TestFaultSuite(t *testing.T) {
 			})
 		}
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // runFaultCell runs kind k at step.
@@ -495,16 +487,10 @@ shutdown_timeout = "3s"
 // procState is the daemon's state letter in /proc/PID/stat ("T" when
 // stopped).
 func procState(d *flusherdProc) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
-	if err != nil {
-		return ""
+	if f := procStat(d); len(f) > 0 {
+		return f[0]
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+3 > len(s) {
-		return ""
-	}
-	return s[i+2 : i+3]
+	return ""
 }
 
 // statsTracked sums the files on every device's lists, failed included,
@@ -548,12 +534,8 @@ func writeHeld(t *testing.T, path string, n int) *os.File {
 
 // fdDirty is cachestat on an open file: dirty plus writeback pages.
 func fdDirty(f *os.File) (uint64, error) {
-	var cs unix.Cachestat_t
-	r := unix.CachestatRange{}
-	if err := unix.Cachestat(uint(f.Fd()), &r, &cs, 0); err != nil {
-		return 0, err
-	}
-	return cs.Dirty + cs.Writeback, nil
+	d, wb, err := cachestatFd(int(f.Fd()), 0, 0)
+	return d + wb, err
 }
 
 // dirtyList is flusherd dirty --json's list: one line a file, its path
@@ -595,14 +577,27 @@ func (d *flusherdProc) running() bool {
 	}
 }
 
-// cpuTicks is the daemon's user+system CPU time, in clock ticks (10 ms).
-func cpuTicks(d *flusherdProc) int64 {
+// procStat returns the fields of /proc/PID/stat of the daemon after its
+// command name (field 3, the state, first), or nil.
+func procStat(d *flusherdProc) []string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
 	if err != nil {
-		return 0
+		return nil
 	}
 	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 > len(s) {
+		return nil
+	}
+	return strings.Fields(s[i+2:])
+}
+
+// cpuTicks is the daemon's user+system CPU time, in clock ticks (10 ms).
+func cpuTicks(d *flusherdProc) int64 {
+	f := procStat(d)
+	if len(f) < 13 {
+		return 0
+	}
 	u, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return u + st

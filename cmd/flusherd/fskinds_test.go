@@ -127,22 +127,6 @@ func bindMount(t *testing.T, src, dst string) {
 	})
 }
 
-// umountRetry unmounts dir, retrying for 2 s while it is busy (the daemon
-// holds a filesystem's root open for 200 ms after using it).
-func umountRetry(t *testing.T, dir string) {
-	t.Helper()
-	var err error
-	for range 100 {
-		if err = unix.Unmount(dir, 0); err != unix.EBUSY {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("umount %s: %v", dir, err)
-	}
-}
-
 // TestMountsInsideTree: filesystems mounted inside a tree, before the
 // daemon starts and while it runs, are served (each is marked by fanotify,
 // or its directories watched by inotify, and scanned); a tmpfs inside a
@@ -210,7 +194,9 @@ func TestMountsInsideTree(t *testing.T) {
 			if err := early.Unmount(); err != nil {
 				t.Fatal(err)
 			}
-			umountRetry(t, filepath.Join(tree, "early"))
+			if err := testfs.UnmountRetry(filepath.Join(tree, "early")); err != nil {
+				t.Fatal(err)
+			}
 			if !poll(3*time.Second, func() bool {
 				return strings.Contains(d.log.String(), "was unmounted") && !strings.Contains(dirtyList(t, d), "e2")
 			}) {

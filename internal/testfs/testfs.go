@@ -299,6 +299,12 @@ func (td *teardown) run(t testing.TB) {
 }
 
 // umountRetry unmounts dir, retrying on EBUSY for umountRetryBudget.
+// UnmountRetry unmounts dir, retrying for a second while it is busy
+// (EBUSY) and at once after EINTR; it returns the last error.
+func UnmountRetry(dir string) error {
+	return umountRetry(dir)
+}
+
 func umountRetry(dir string) error {
 	deadline := time.Now().Add(umountRetryBudget)
 	delay := 5 * time.Millisecond
