@@ -41,6 +41,7 @@ type fakeFile struct {
 	writeErr  error
 	sfrErr    error  // returned by StartWriteback only (sync_file_range unsupported)
 	onWrite   func() // runs during StartWriteback/DataSync, without fs.mu
+	onOpen    func() // runs during Open, without fs.mu
 }
 
 func newFakeFS(now func() time.Duration) *fakeFS {
@@ -79,6 +80,12 @@ func (fs *fakeFS) callsOf(op, path string) []call {
 
 func (fs *fakeFS) Open(path string, key inode.Key) (inode.File, error) {
 	fs.mu.Lock()
+	if f := fs.files[path]; f != nil && f.onOpen != nil {
+		hook := f.onOpen
+		fs.mu.Unlock()
+		hook()
+		fs.mu.Lock()
+	}
 	defer fs.mu.Unlock()
 	fs.record("open", path, 0, 0)
 	f := fs.files[path]

@@ -22,7 +22,9 @@ type Request struct {
 
 	att   *attempt
 	err   error
-	state atomic.Int32 // reqRunning, reqDone or reqTimedOut
+	state atomic.Int32 // reqRunning, reqDone, reqTimedOut or reqDetached
+	// detachID is the id of a detached call in Writeback.closing.
+	detachID uint64
 	// startOnly: the first phase of an integrity request (see
 	// startIntegrity).
 	startOnly bool

@@ -42,6 +42,8 @@ type Stats struct {
 	FailedFiles                           int    // files whose data was lost after a failed writeback, until written again
 	Throttled                             uint64 // attempts of big files deferred while max_inflight was under writeback
 	ListLockMaxUs                         int64  // the longest time the device's list lock was held, in microseconds
+	DetachedCalls                         uint64 // writeback calls of big files' chunks left to finish on their worker (a slow device)
+	LoopStallMaxUs                        int64  // the longest time the device's goroutine, awake, went without a sign of life (a wait on one call), in microseconds
 
 	// Outcomes counts attempts by policy.Outcome (not in the file).
 	Outcomes [policy.NumOutcomes]uint64
@@ -85,11 +87,13 @@ func (s *Stats) Format(w io.Writer, pageSize int) error {
 			"stuck_calls:        %10d\n"+
 			"failed_files:       %10d\n"+
 			"throttled:          %10d\n"+
-			"list_lock_max_us:   %10d\n",
+			"detached_calls:     %10d\n"+
+			"list_lock_max_us:   %10d\n"+
+			"loop_stall_max_us:  %10d\n",
 		k(s.BdiWriteback), k(s.BdiReclaimable), k(s.BdiDirtyThresh), k(s.DirtyThresh), k(s.BackgroundThresh),
 		k(s.BdiDirtied), k(s.BdiWritten), s.BdiWriteBandwidth,
 		s.BDirty, s.BIO, s.BMoreIO, s.BMoreIOWait, s.BDirtyTime, s.BdiList, s.State,
-		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles, s.Throttled, s.ListLockMaxUs)
+		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles, s.Throttled, s.DetachedCalls, s.ListLockMaxUs, s.LoopStallMaxUs)
 	return err
 }
 
@@ -129,7 +133,9 @@ func (wb *Writeback) Snapshot() Stats {
 	s.StuckCalls = wb.stuck + wb.stuckClosesLocked()
 	s.FailedFiles = wb.nfailed
 	s.Throttled = wb.throttled
+	s.DetachedCalls = wb.detached
 	s.ListLockMaxUs = wb.mu.MaxHold().Microseconds()
+	s.LoopStallMaxUs = time.Duration(wb.stallMax.Load()).Microseconds()
 	s.Outcomes = wb.outcomes
 	return s
 }

@@ -181,7 +181,17 @@ type Writeback struct {
 	// +checklocks:mu
 	stuck int // calls past attempt_timeout that have not returned
 	// +checklocks:mu
-	closing map[uint64]time.Duration // closes running (closeFile), by id: when they began
+	closing map[uint64]time.Duration // closes (closeFile) and detached calls running, by id: when they began
+	// +checklocks:mu
+	detached uint64 // writeback calls detached (see detachAfter)
+	// +checklocks:mu
+	detachReturned bool // a detached call returned: retry b_more_io_wait now
+	// +checklocks:mu
+	lateErr map[inode.Key]error // errors of detached calls, for the inode's next attempt
+	// +checklocks:mu
+	unbusy chan struct{} // closed when a Busy inode's call returns (unbusyLocked); nil until asked for
+	// +checklocks:mu
+	reprobe map[uint64]bool // devs whose detached probe said sync_file_range is unsupported
 	// +checklocks:mu
 	closeSeq uint64
 	// +checklocks:mu
@@ -216,6 +226,11 @@ type Writeback struct {
 	// of life; sleeping is set while it waits for work or a timer.
 	beat     atomic.Int64
 	sleeping atomic.Bool
+	// stallMax is the longest time (nanoseconds) between two signs of
+	// life of the goroutine while it was awake: how long one wait (a
+	// batch's call, an open) kept it from its loop. Written by the
+	// goroutine, read by Snapshot.
+	stallMax atomic.Int64
 	// BeforePass, if set before Run, is called by the goroutine before
 	// each round of work (a test hook: a hook that blocks wedges the
 	// loop, which Healthy must notice).
@@ -591,6 +606,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.mu.Lock()
 	wb.running = true
 	wb.mu.Unlock()
+	wb.beat.Store(int64(wb.now()))
 	var timer *time.Timer
 	for ctx.Err() == nil {
 		wb.Loops.Add(1)
@@ -616,7 +632,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		case <-ctx.Done():
 		}
 		wb.sleeping.Store(false)
-		wb.alive()
+		wb.beat.Store(int64(wb.now())) // the sleep is not a stall
 		if timer != nil {
 			timer.Stop()
 		}
@@ -627,8 +643,14 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.writeStats(true)
 }
 
-// alive records a sign of life of the goroutine.
-func (wb *Writeback) alive() { wb.beat.Store(int64(wb.now())) }
+// alive records a sign of life of the goroutine, and the time since the
+// last one when it is the longest yet (loop_stall_max_us).
+func (wb *Writeback) alive() {
+	now := int64(wb.now())
+	if gap := now - wb.beat.Swap(now); gap > wb.stallMax.Load() {
+		wb.stallMax.Store(gap)
+	}
+}
 
 // Healthy reports whether the writeback goroutine is sleeping (nothing to
 // do until a timer or a wakeup) or has shown a sign of life within limit:
@@ -743,12 +765,14 @@ func (wb *Writeback) checkOldDataFlush() {
 	wb.mu.Lock()
 	has := wb.hasDirtyIOLocked()
 	waiting := !wb.BMoreIOWait.Empty()
+	returned := wb.detachReturned
+	wb.detachReturned = false
 	wb.mu.Unlock()
 	if !has {
 		return
 	}
 	due := now >= wb.lastOldFlush+wb.cfg.DirtyWritebackInterval
-	early := waiting && now >= wb.waitRetryAt
+	early := waiting && (now >= wb.waitRetryAt || returned)
 	if !due && !early {
 		return
 	}
@@ -844,8 +868,9 @@ func (wb *Writeback) publishPlugStatsLocked() {
 // on and written with fdatasync; the request's files go out as one batch
 // of their own (so a large request can use syncfs, see IntegritySyncfs),
 // submitted with FlushPlug as soon as they are queued, without waiting for
-// background work. A file that a stuck call still holds fails with
-// ErrAttemptTimeout.
+// background work. A file that a call of background work still holds (one
+// left to its worker, see detachAfter) is waited for, up to
+// attempt_timeout; one still held then fails with ErrAttemptTimeout.
 func (wb *Writeback) syncFiles(w *Work) {
 	w.Errs = make([]error, len(w.Files))
 	// One attempt per inode: a request may name a file twice (twice by
@@ -870,7 +895,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		wb.MarkInodeDirty(f.Key, f.Path, "", f.Tree)
 		wb.mu.Lock()
 		in := wb.inodes[f.Key]
-		if in.Has(inode.Busy) {
+		if in.Has(inode.Busy) && !wb.waitUnbusyLocked(in) {
 			wb.mu.Unlock()
 			w.Errs[i] = ErrAttemptTimeout
 			continue
@@ -887,6 +912,38 @@ func (wb *Writeback) syncFiles(w *Work) {
 	for _, d := range dups {
 		w.Errs[d[0]] = w.Errs[d[1]]
 	}
+}
+
+// waitUnbusyLocked waits, for a sync request, until no call for in is
+// running off the device's goroutine (a detached writeback call or open,
+// or a stuck one), for attempt_timeout at most (10 s when that is 0), and
+// reports whether in is free. wb.mu is released while it waits.
+// Preconditions: wb.mu held; called on the writeback goroutine.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) waitUnbusyLocked(in *inode.Inode) bool {
+	limit := wb.cfg.AttemptTimeout
+	if limit <= 0 {
+		limit = 10 * time.Second
+	}
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	for in.Has(inode.Busy) {
+		if wb.unbusy == nil {
+			wb.unbusy = make(chan struct{})
+		}
+		ch := wb.unbusy
+		wb.mu.Unlock()
+		select {
+		case <-ch:
+		case <-t.C:
+			wb.mu.Lock()
+			return !in.Has(inode.Busy)
+		}
+		wb.alive()
+		wb.mu.Lock()
+	}
+	return true
 }
 
 // Refs returns a FileRef for every tracked inode whose path is under dir
@@ -1029,9 +1086,10 @@ type attempt struct {
 	// refs counts holders of f: the attempt itself and each request whose
 	// system call is running; the last to let go closes it.
 	refs atomic.Int32
-	// stuck counts timed-out requests whose call has not returned.
-	// Guarded by the list lock.
-	stuck int
+	// stuck counts timed-out requests whose call has not returned, and
+	// detached the detached ones (see detachAfter). Guarded by the list
+	// lock.
+	stuck, detached int
 	// result, if set, receives the attempt's error (a sync request).
 	result *error
 	// afterKnown: a whole-file request already read the state after the
@@ -1077,12 +1135,7 @@ func (a *attempt) release() {
 // StuckCalls (and stuck_calls) until it returns.
 func (wb *Writeback) closeFile(f inode.File) {
 	wb.mu.Lock()
-	wb.closeSeq++
-	id := wb.closeSeq
-	if wb.closing == nil {
-		wb.closing = map[uint64]time.Duration{}
-	}
-	wb.closing[id] = wb.now()
+	id := wb.trackCallLocked(wb.now())
 	wb.mu.Unlock()
 	go func() {
 		f.Close()
@@ -1092,8 +1145,23 @@ func (wb *Writeback) closeFile(f inode.File) {
 	}()
 }
 
-// stuckClosesLocked counts the closes running for longer than
-// attempt_timeout. Preconditions: wb.mu held.
+// trackCallLocked records a call that runs off the device's goroutine (a
+// close, a detached writeback call), begun at since (daemon clock), so that
+// it counts in stuck_calls once it runs past attempt_timeout; the caller
+// deletes wb.closing[id] when it returns. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) trackCallLocked(since time.Duration) uint64 {
+	wb.closeSeq++
+	if wb.closing == nil {
+		wb.closing = map[uint64]time.Duration{}
+	}
+	wb.closing[wb.closeSeq] = since
+	return wb.closeSeq
+}
+
+// stuckClosesLocked counts the closes and detached calls running for
+// longer than attempt_timeout. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) stuckClosesLocked() int {
@@ -1121,8 +1189,18 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	wb.mu.Lock()
 	att.handle = in.Handle()
 	att.wroteBefore = in.Has(inode.Wrote)
+	late, failedLate := wb.lateErr[key]
+	delete(wb.lateErr, key)
 	wb.mu.Unlock()
 	att.refs.Store(1)
+	if failedLate {
+		// A detached call of its last attempt failed: this attempt
+		// is that failure's report (classified, counted, logged and
+		// requeued as any attempt's error); the next one writes.
+		att.err = late
+		wb.complete(att)
+		return 0
+	}
 	page := int64(os.Getpagesize())
 	if dp := int64(in.DirtyPages) * page; !integrity && dp > wb.cfg.WriteChunk/4 && dp <= wb.cfg.WriteChunk && wb.congested(in, 0) {
 		// Known to be biggish (its last attempt saw it) and bound for
@@ -1146,6 +1224,15 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		return max(1, int64(in.DirtyPages))
 	}
 	f, renewed, err := wb.openTimed(in, path, key, att.handle)
+	if errors.Is(err, errOpenDetached) {
+		// Not known to be written: tried again once the open returns.
+		wb.mu.Lock()
+		att.pre, att.afterKnown = policy.UnderWriteback, true
+		att.dirtyAfter, att.wbAfter = uint64(in.DirtyPages), uint64(in.WritebackPages)
+		wb.mu.Unlock()
+		wb.complete(att)
+		return 0
+	}
 	if err != nil {
 		att.err = err
 		wb.complete(att)
@@ -1232,7 +1319,11 @@ type openJob struct {
 	path  string
 	key   inode.Key
 	h     inode.Handle
-	state atomic.Int32 // reqRunning, reqDone or reqTimedOut
+	state atomic.Int32 // reqRunning, reqDone or reqDetached
+	// began is when the open was handed over (daemon clock); id is its
+	// entry in Writeback.closing once detached.
+	began time.Duration
+	id    uint64
 }
 
 type openResult struct {
@@ -1242,15 +1333,15 @@ type openResult struct {
 }
 
 // opener is a goroutine that opens files for the writeback goroutine, so
-// that an open that hangs (a frozen or unresponsive filesystem) can be given
-// up on. It is replaced when one of its opens times out.
+// that an open that is slow or hangs (a frozen or unresponsive filesystem)
+// can be left to it. It is replaced when one of its opens is detached.
 type opener struct {
 	jobs    chan *openJob
 	results chan openResult
 }
 
 // startOpener starts an opener goroutine; it ends when jobs is closed or
-// after an open that timed out returns.
+// after a detached open returns.
 func (wb *Writeback) startOpener() *opener {
 	o := &opener{jobs: make(chan *openJob), results: make(chan openResult)}
 	go func() {
@@ -1258,11 +1349,15 @@ func (wb *Writeback) startOpener() *opener {
 			f, renewed, err := wb.openFile(j.path, j.key, j.h)
 			wb.mu.Lock()
 			inTime := j.state.CompareAndSwap(reqRunning, reqDone)
+			var took time.Duration
+			overran := false
 			if !inTime {
-				// Given up on: the attempt was completed as blocked
-				// and another opener took over.
-				j.in.State &^= inode.Busy
-				wb.stuck--
+				// Detached: the attempt was completed without it and
+				// another opener took over.
+				took = wb.now() - wb.closing[j.id]
+				overran = wb.cfg.AttemptTimeout > 0 && took > wb.cfg.AttemptTimeout
+				delete(wb.closing, j.id)
+				wb.unbusyLocked(j.in)
 				wb.gen++
 			}
 			wb.mu.Unlock()
@@ -1273,7 +1368,12 @@ func (wb *Writeback) startOpener() *opener {
 			if f != nil {
 				f.Close()
 			}
-			wb.log.Info("a timed-out open returned", zap.String("path", strconv.Quote(j.path)), zap.Error(err))
+			if overran {
+				wb.errLog.Warn("an open returned after running past attempt_timeout (counted in stuck_calls while it ran)",
+					zap.String("path", strconv.Quote(j.path)), zap.Duration("took", took), zap.Error(err))
+			} else {
+				wb.log.Debug("a detached open returned", zap.String("path", strconv.Quote(j.path)), zap.Error(err))
+			}
 			wb.kick()
 			return
 		}
@@ -1281,22 +1381,23 @@ func (wb *Writeback) startOpener() *opener {
 	return o
 }
 
-// openTimed opens the inode's file, giving up after AttemptTimeout: an open
-// can hang as long as a write. A timed-out open returns ErrAttemptTimeout
-// and leaves the inode Busy until the open(2) returns; the file it then
-// yields is closed at once. The opens run on a long-lived opener goroutine,
-// not one goroutine each: a blocked file is retried often.
+// errOpenDetached is openTimed's answer for an open left to its opener.
+var errOpenDetached = errors.New("open detached")
+
+// openTimed opens the inode's file on the opener goroutine and waits for
+// it for detachAfter at most: an open can be as slow as a write, or hang.
+// An open still running then is detached (errOpenDetached): the inode is
+// Busy until the open(2) returns, the open counts in stuck_calls once it
+// runs past attempt_timeout, and the file it then yields is closed at once.
+// The opens run on a long-lived opener goroutine, not one goroutine each: a
+// blocked file is retried often.
 func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h inode.Handle) (inode.File, inode.Handle, error) {
-	timeout := wb.cfg.AttemptTimeout
-	if timeout <= 0 {
-		return wb.openFile(path, key, h)
-	}
 	if wb.opener == nil {
 		wb.opener = wb.startOpener()
 	}
-	j := &openJob{in: in, path: path, key: key, h: h}
+	j := &openJob{in: in, path: path, key: key, h: h, began: wb.now()}
 	wb.opener.jobs <- j
-	tc := resetTimer(&wb.openTimer, timeout)
+	tc := resetTimer(&wb.openTimer, detachAfter)
 	defer wb.openTimer.Stop()
 	select {
 	case r := <-wb.opener.results:
@@ -1304,20 +1405,34 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h in
 	case <-tc:
 	}
 	wb.mu.Lock()
-	if j.state.CompareAndSwap(reqRunning, reqTimedOut) {
+	if j.state.CompareAndSwap(reqRunning, reqDetached) {
 		in.State |= inode.Busy
-		wb.stuck++
+		j.id = wb.trackCallLocked(j.began)
+		wb.detached++
 		wb.mu.Unlock()
-		// The stuck opener ends when its open returns.
+		// The detached opener ends when its open returns.
 		close(wb.opener.jobs)
 		wb.opener = nil
-		wb.errLog.Warn("open exceeded attempt_timeout; the file is marked busy until it returns",
-			zap.String("path", strconv.Quote(path)), zap.Stringer("attempt_timeout", timeout))
-		return nil, "", ErrAttemptTimeout
+		return nil, "", errOpenDetached
 	}
 	wb.mu.Unlock()
 	r := <-wb.opener.results
 	return r.f, r.renewed, r.err
+}
+
+// unbusyLocked clears in's Busy once no call for it is stuck or detached
+// (callers have counted theirs down), asks for b_more_io_wait to be
+// retried now (the inode waits there for this call only), and wakes a sync
+// request waiting for it. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) unbusyLocked(in *inode.Inode) {
+	in.State &^= inode.Busy
+	wb.detachReturned = true
+	if wb.unbusy != nil {
+		close(wb.unbusy)
+		wb.unbusy = nil
+	}
 }
 
 // ranges chooses what to write of an attempt's file: everything in one
@@ -1412,6 +1527,12 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*Request, int64, err
 // all finished.
 func (wb *Writeback) submit(batch []*Request) {
 	began := time.Now()
+	wb.mu.Lock()
+	for dev := range wb.reprobe {
+		delete(wb.probed, dev)
+	}
+	clear(wb.reprobe)
+	wb.mu.Unlock()
 	rest := batch[:0:0]
 	for _, r := range batch {
 		if !r.Integrity && !wb.probed[r.Dev] {
@@ -1419,24 +1540,33 @@ func (wb *Writeback) submit(batch []*Request) {
 			// runs alone and tells whether the rest may use
 			// sync_file_range.
 			wb.probed[r.Dev] = true
-			wb.runTimed([]*Request{r})
+			wb.runTimed([]*Request{r}, true)
 			if isUnsupported(r.err) {
 				wb.fallback[r.Dev] = true
 				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.err))
 				r.state.Store(0)
-				wb.runTimed([]*Request{r})
+				wb.runTimed([]*Request{r}, false)
 			}
 			continue
 		}
 		rest = append(rest, r)
 	}
 	rest = wb.startIntegrity(rest)
-	wb.runTimed(rest)
+	wb.runTimed(rest, true)
 	var pages uint64
 	for _, r := range batch {
 		att := r.att
-		if r.whole && r.state.Load() == reqDone && r.err == nil {
+		switch st := r.state.Load(); {
+		case r.whole && st == reqDone && r.err == nil:
 			adoptWhole(r)
+		case r.whole && st == reqDetached:
+			// Its worker still runs (and owns r's results): not
+			// known to be written, so assumed dirty, and tried again
+			// once the call has returned.
+			att.pre, att.afterKnown = policy.UnderWriteback, true
+			wb.mu.Lock()
+			att.dirtyAfter, att.wbAfter = uint64(att.in.DirtyPages), uint64(att.in.WritebackPages)
+			wb.mu.Unlock()
 		}
 		if r.err != nil && att.err == nil {
 			att.err = r.err
@@ -1498,7 +1628,7 @@ func (wb *Writeback) startIntegrity(rest []*Request) []*Request {
 		}
 		return rest
 	}
-	wb.runTimed(integ)
+	wb.runTimed(integ, false)
 	wb.syncfsIntegrity(integ)
 	out := rest[:0]
 	for _, r := range rest {
@@ -1578,6 +1708,7 @@ const (
 	reqRunning = iota
 	reqDone
 	reqTimedOut
+	reqDetached // left to finish on its worker (see detachAfter)
 )
 
 type reqResult struct {
@@ -1585,13 +1716,33 @@ type reqResult struct {
 	err error
 }
 
+// detachAfter is how long the device's goroutine waits on a writeback call
+// that is not integrity work (a whole small file, or a chunk of a big one)
+// before leaving it to finish on its worker. On a slow device a call queues
+// behind the device's backlog (a full request queue, a loop device over
+// slow storage) for as long as that backlog takes to drain; the goroutine
+// does not wait on it: it completes the attempt (a chunk as written, a
+// whole file as still dirty, retried once the call returns) and goes on to
+// other inodes. Integrity calls are waited for: their result is the
+// attempt's (a sync request's answer).
+const detachAfter = timeSlice
+
 // runTimed runs the requests' system calls, each in its own goroutine, at
-// most QueueDepth at a time, and returns when each has returned or has
-// exceeded AttemptTimeout. A timed-out call cannot be cancelled: its
-// request gets ErrAttemptTimeout, its inode is marked Busy, and when the
-// call finally returns its goroutine clears Busy, lets go of the file and
-// wakes the writeback goroutine.
-func (wb *Writeback) runTimed(reqs []*Request) {
+// most QueueDepth at a time, and returns when each has returned, has been
+// detached or has exceeded AttemptTimeout.
+//
+// A timed-out call cannot be cancelled: its request gets
+// ErrAttemptTimeout, its inode is marked Busy, and when the call finally
+// returns its goroutine clears Busy, lets go of the file and wakes the
+// writeback goroutine.
+//
+// With detach set, a call that is not integrity work and still runs after
+// detachAfter is detached: its request finishes with no error (the data is
+// on its way, as with any sync_file_range), its inode is Busy (not retried)
+// until the call returns and is retried then, and the call counts in
+// stuck_calls once it runs past attempt_timeout. An error it returns is not
+// lost: the inode's next attempt reports it (lateErr).
+func (wb *Writeback) runTimed(reqs []*Request, detach bool) {
 	if len(reqs) == 0 {
 		return
 	}
@@ -1600,7 +1751,9 @@ func (wb *Writeback) runTimed(reqs []*Request) {
 	results := make(chan reqResult, len(reqs))
 	type running struct {
 		r        *Request
-		deadline time.Time
+		began    time.Time
+		deadline time.Time // zero: no attempt_timeout
+		detachAt time.Time // zero: waited for
 	}
 	var inflight []running
 	var timer *time.Timer
@@ -1615,17 +1768,26 @@ func (wb *Writeback) runTimed(reqs []*Request) {
 			r := reqs[next]
 			next++
 			r.att.hold()
-			inflight = append(inflight, running{r, time.Now().Add(timeout)})
+			x := running{r: r, began: time.Now()}
+			if timeout > 0 {
+				x.deadline = x.began.Add(timeout)
+			}
+			if detach && !r.Integrity && !r.startOnly {
+				x.detachAt = x.began.Add(detachAfter)
+			}
+			inflight = append(inflight, x)
 			go wb.call(r, results)
 		}
-		var tc <-chan time.Time
-		if timeout > 0 {
-			earliest := inflight[0].deadline
-			for _, x := range inflight[1:] {
-				if x.deadline.Before(earliest) {
-					earliest = x.deadline
+		var earliest time.Time
+		for _, x := range inflight {
+			for _, t := range []time.Time{x.deadline, x.detachAt} {
+				if !t.IsZero() && (earliest.IsZero() || t.Before(earliest)) {
+					earliest = t
 				}
 			}
+		}
+		var tc <-chan time.Time
+		if !earliest.IsZero() {
 			tc = resetTimer(&timer, time.Until(earliest))
 		}
 		select {
@@ -1639,12 +1801,23 @@ func (wb *Writeback) runTimed(reqs []*Request) {
 			now := time.Now()
 			keep := inflight[:0]
 			for _, x := range inflight {
-				if now.Before(x.deadline) {
+				detachNow := !x.detachAt.IsZero() && !now.Before(x.detachAt)
+				timedOut := !x.deadline.IsZero() && !now.Before(x.deadline)
+				if !detachNow && !timedOut {
 					keep = append(keep, x)
 					continue
 				}
 				wb.mu.Lock()
-				if x.r.state.CompareAndSwap(reqRunning, reqTimedOut) {
+				switch {
+				case detachNow && x.r.state.CompareAndSwap(reqRunning, reqDetached):
+					x.r.att.detached++
+					x.r.att.in.State |= inode.Busy
+					x.r.detachID = wb.trackCallLocked(wb.now() - time.Since(x.began))
+					wb.detached++
+					finished++
+					wb.mu.Unlock()
+					continue
+				case timedOut && x.r.state.CompareAndSwap(reqRunning, reqTimedOut):
 					x.r.err = ErrAttemptTimeout
 					x.r.att.stuck++
 					x.r.att.in.State |= inode.Busy
@@ -1673,12 +1846,53 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 		r.att.release()
 		return
 	}
-	// Timed out earlier: the attempt was already completed as blocked.
 	att := r.att
+	if r.state.Load() == reqDetached {
+		// Left to finish here: the attempt was completed without it.
+		took := wb.now() - wb.closing[r.detachID]
+		overran := wb.cfg.AttemptTimeout > 0 && took > wb.cfg.AttemptTimeout
+		delete(wb.closing, r.detachID)
+		att.detached--
+		in := att.in
+		if att.stuck == 0 && att.detached == 0 {
+			wb.unbusyLocked(in)
+		}
+		if isUnsupported(err) && !r.Integrity {
+			// A detached first call of a filesystem (the probe)
+			// says sync_file_range does not work there: probe
+			// again.
+			if wb.reprobe == nil {
+				wb.reprobe = map[uint64]bool{}
+			}
+			wb.reprobe[r.Dev] = true
+		}
+		if err != nil && wb.inodes[in.Key] == in {
+			if wb.lateErr == nil {
+				wb.lateErr = map[inode.Key]error{}
+			}
+			wb.lateErr[in.Key] = err
+		}
+		wb.gen++
+		wb.mu.Unlock()
+		// A whole-file request's worker may have kept its file open
+		// for complete, which did not wait for it.
+		wb.closeWhole(r, nil)
+		att.release()
+		if overran {
+			wb.errLog.Warn("a writeback call returned after running past attempt_timeout (counted in stuck_calls while it ran)",
+				zap.String("path", strconv.Quote(att.path)), zap.Duration("took", took), zap.Error(err))
+		}
+		if err != nil {
+			wb.log.Info("a detached writeback call failed; the file's next attempt reports it", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
+		}
+		wb.kick()
+		return
+	}
+	// Timed out earlier: the attempt was already completed as blocked.
 	att.stuck--
 	wb.stuck--
-	if att.stuck == 0 {
-		att.in.State &^= inode.Busy
+	if att.stuck == 0 && att.detached == 0 {
+		wb.unbusyLocked(att.in)
 	}
 	wb.gen++
 	wb.mu.Unlock()
@@ -1914,7 +2128,13 @@ func (wb *Writeback) complete(att *attempt) {
 	}
 	wb.outcomes[o]++
 	if att.wrote && err == nil && att.dirtyBefore > 0 {
+		// Its dirty data was written without an error: an earlier
+		// failure's pages were among them (a failed writeback that
+		// kept its pages dirty), so finding it clean later is this
+		// write's doing, not a loss. (A failure of this writeback
+		// after it started is still seen: checkWriteback.)
 		in.State |= inode.Wrote
+		in.State &^= inode.DataError
 	}
 	if att.wrote && err == nil && att.dirtyBefore > dirty {
 		n := att.dirtyBefore - dirty
@@ -1978,6 +2198,7 @@ func (wb *Writeback) complete(att *attempt) {
 		lists.Remove(in)
 		delete(wb.inodes, in.Key)
 		delete(wb.wbIndex, in.Key)
+		delete(wb.lateErr, in.Key)
 		wb.bDirty.unref(in.Class)
 		in.State = 0
 		wb.pass.cleaned++

@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -861,4 +862,130 @@ func TestErrWatchOnlyWhenDataLeftUnwritten(t *testing.T) {
 			t.Errorf("%d syncfs checks for a file found clean at its first attempt, want 1", n)
 		}
 	})
+}
+
+// TestDetachedCall: a writeback call still running after detachAfter (a
+// slow device's full queue) is left to its worker: the device's goroutine
+// completes the attempt and goes on, so another file is written back at
+// once; the slow file is Busy (no second call) until its call returns and
+// is written again then; a detached call running past attempt_timeout
+// counts in StuckCalls; and an error the detached call returns is reported
+// by the file's next attempt, not lost. Both shapes of attempt: a whole
+// small file (one request on a worker) and a chunk of a file larger than
+// write_chunk.
+func TestDetachedCall(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		size       int64
+		dirtyPages int
+		err        error // returned by the slow call
+		slowOpen   bool  // the open is the slow call, not the write
+	}{
+		{"whole", pg, 1, nil, false},
+		{"whole-error", pg, 1, syscall.EIO, false},
+		{"whole-open", pg, 1, nil, true},
+		{"chunk", 8 << 20, 2048, nil, false},
+		{"chunk-error", 8 << 20, 2048, syscall.EIO, false},
+		// A big file's first attempt (a whole-file request) finds it
+		// too large; its second open is the chunked path's, which the
+		// device's goroutine makes through the opener (openTimed).
+		{"chunk-open", 8 << 20, 2048, nil, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = 500 * time.Millisecond
+			cfg.AttemptTimeout = time.Second
+			cfg.MaxPause = 200 * time.Millisecond
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				slow := h.fs.add("/slow", 1, c.size, c.dirtyPages)
+				ok := h.fs.add("/ok", 2, pg, 1)
+				release := make(chan struct{})
+				var releaseOnce sync.Once
+				unblock := func() { releaseOnce.Do(func() { close(release) }) }
+				defer unblock()
+				var calls atomic.Int32
+				slowCall := int32(1)
+				if c.slowOpen && c.size > pg {
+					slowCall = 2
+				}
+				slow.set(func(f *fakeFile) {
+					// The fake reads writeErr before the hook: the
+					// first call (the slow one) fails with c.err,
+					// the next ones succeed.
+					f.writeErr = c.err
+					hook := func() {
+						if calls.Add(1) == slowCall {
+							<-release
+							f.set(func(f *fakeFile) { f.writeErr = nil })
+						}
+					}
+					if c.slowOpen {
+						f.onOpen = hook
+					} else {
+						f.onWrite = hook
+					}
+				})
+				h.mark(slow, 0)
+				time.Sleep(600 * time.Millisecond) // the first pass: the slow call starts
+				synctest.Wait()
+				h.mark(ok, 0)
+				time.Sleep(600 * time.Millisecond) // the next pass
+				synctest.Wait()
+				if h.inode("/ok") != nil {
+					t.Logf("calls %+v lists %v", h.fs.calls, h.lists())
+					t.Fatalf("/ok waited behind the slow call: on %q", h.lists()["/ok"])
+				}
+				in := h.inode("/slow")
+				if in == nil || in.State&inode.Busy == 0 {
+					t.Fatalf("/slow: %+v, want tracked and Busy while its call runs", in)
+				}
+				if n := h.wb.Snapshot().DetachedCalls; n != 1 {
+					t.Errorf("detached_calls = %d, want 1", n)
+				}
+				time.Sleep(time.Second) // past attempt_timeout
+				synctest.Wait()
+				if n := h.wb.StuckCalls(); n != 1 {
+					t.Errorf("StuckCalls = %d while the detached call runs past attempt_timeout, want 1", n)
+				}
+				if n := calls.Load(); n != slowCall {
+					t.Fatalf("%d calls for /slow while the slow one was running, want %d", n, slowCall)
+				}
+				// A sync of the file meanwhile waits for the call (up
+				// to attempt_timeout), then writes it itself.
+				w := &Work{Reason: "sync", SyncMode: SyncAll, Files: []FileRef{{Key: slow.key, Path: slow.path}}}
+				h.wb.Queue(w)
+				time.Sleep(300 * time.Millisecond)
+				synctest.Wait()
+				select {
+				case <-w.Done():
+					t.Fatalf("the sync did not wait for the running call: %v", w.Errs[0])
+				default:
+				}
+				unblock()
+				<-w.Done()
+				if c.err == nil && w.Errs[0] != nil {
+					t.Errorf("sync after the call returned: %v", w.Errs[0])
+				}
+				if c.err != nil && !errors.Is(w.Errs[0], c.err) {
+					t.Errorf("sync after the detached call failed with %v: %v, want that error reported", c.err, w.Errs[0])
+				}
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				if in := h.inode("/slow"); in != nil {
+					t.Fatalf("/slow still tracked after its call returned: on %q, %+v", h.lists()["/slow"], in)
+				}
+				if n := h.wb.StuckCalls(); n != 0 {
+					t.Errorf("StuckCalls = %d after the call returned", n)
+				}
+				errs := h.wb.Snapshot().WritebackErrors
+				if c.err != nil && errs == 0 {
+					t.Errorf("the detached call's %v was not reported (writeback_errors 0)", c.err)
+				}
+				if c.err == nil && errs != 0 {
+					t.Errorf("writeback_errors = %d with no error", errs)
+				}
+			})
+		})
+	}
 }

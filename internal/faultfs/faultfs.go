@@ -42,6 +42,9 @@ type Faults struct {
 	// kernel's writeback of the file waits, and so does every close(2)
 	// of it, whose flush waits for that writeback).
 	WriteDelay time.Duration
+	// WriteBPS paces WRITE to this many bytes a second, over all files
+	// (a slow disk under whatever sits on the files); 0: no pacing.
+	WriteBPS int64
 }
 
 // FS is a mounted faultfs.
@@ -49,6 +52,10 @@ type FS struct {
 	Dir     string // mount point
 	Backing string // directory the files really live in
 	server  *fuse.Server
+
+	// pace serialises paced writes, so that WriteBPS is the rate of the
+	// whole filesystem, as a disk's is.
+	pace sync.Mutex
 
 	mu     sync.Mutex
 	faults Faults
@@ -77,9 +84,11 @@ func (f *FS) Count(op string) int {
 	return f.counts[op]
 }
 
-// Mount mounts a faultfs at dir over the directory backing. Unmount it with
-// Unmount.
-func Mount(dir, backing string) (*FS, error) {
+// Mount mounts a faultfs at dir over the directory backing, with the
+// kernel's writeback cache. Unmount it with Unmount.
+func Mount(dir, backing string) (*FS, error) { return mount(dir, backing, true) }
+
+func mount(dir, backing string, writebackCache bool) (*FS, error) {
 	f := &FS{Dir: dir, Backing: backing, counts: map[string]int{}}
 	lroot, err := fs.NewLoopbackRoot(backing)
 	if err != nil {
@@ -88,6 +97,10 @@ func Mount(dir, backing string) (*FS, error) {
 	ln := lroot.(*fs.LoopbackNode)
 	rootNode := &node{LoopbackNode: ln, fs: f}
 	ln.RootData.RootNode = rootNode
+	var caps uint64
+	if writebackCache {
+		caps = fuse.CAP_WRITEBACK_CACHE
+	}
 	// libfuse's default entry and attribute timeouts.
 	second := time.Second
 	server, err := fs.Mount(dir, rootNode, &fs.Options{
@@ -95,7 +108,7 @@ func Mount(dir, backing string) (*FS, error) {
 			FsName:            "faultfs",
 			Name:              "faultfs",
 			DirectMountStrict: true,
-			ExtraCapabilities: fuse.CAP_WRITEBACK_CACHE,
+			ExtraCapabilities: caps,
 		},
 		EntryTimeout: &second,
 		AttrTimeout:  &second,
@@ -177,6 +190,11 @@ func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 	if fl.WriteErr != 0 {
 		return 0, fl.WriteErr
 	}
+	if fl.WriteBPS > 0 {
+		f.fs.pace.Lock()
+		time.Sleep(time.Duration(int64(len(data)) * int64(time.Second) / fl.WriteBPS))
+		f.fs.pace.Unlock()
+	}
 	return f.FileHandle.(fs.FileWriter).Write(ctx, data, off)
 }
 
@@ -248,9 +266,17 @@ func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall
 	return 0
 }
 
-// MountT mounts a faultfs over a fresh backing directory for a test, skips
-// the test when FUSE is not available here, and unmounts at cleanup.
-func MountT(t testing.TB) *FS {
+// MountT mounts a faultfs (with the writeback cache) over a fresh backing
+// directory for a test, skips the test when FUSE is not available here, and
+// unmounts at cleanup.
+func MountT(t testing.TB) *FS { t.Helper(); return mountT(t, true) }
+
+// MountWriteThroughT is MountT without the kernel's writeback cache: every
+// write(2) to a file is a WRITE request that waits for the server, as a
+// slow disk under a loop device makes its writer wait.
+func MountWriteThroughT(t testing.TB) *FS { t.Helper(); return mountT(t, false) }
+
+func mountT(t testing.TB, writebackCache bool) *FS {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("faultfs needs root")
@@ -259,7 +285,7 @@ func MountT(t testing.TB) *FS {
 		testfs.Missing(t, "%v", err)
 	}
 	testfs.HoldMounts(t) // released after the unmount below
-	f, err := Mount(t.TempDir(), t.TempDir())
+	f, err := mount(t.TempDir(), t.TempDir(), writebackCache)
 	if err != nil {
 		t.Fatal(err)
 	}

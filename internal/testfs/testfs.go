@@ -40,6 +40,11 @@ type Options struct {
 	Type     string // "ext4" (default), "xfs" or "btrfs"
 	SizeMB   int    // image size, default 256 (300 for xfs, the mkfs.xfs minimum)
 	DirectIO bool   // losetup --direct-io=on (so "written back" reaches the image file, not only the host page cache)
+	// ImageDir, when set, is the directory the image file is made in
+	// (a slow filesystem under the loop device, such as a paced faultfs);
+	// the image is removed at cleanup, after the detach. Default: the
+	// test's temporary directory.
+	ImageDir string
 }
 
 // FS is a mounted test filesystem.
@@ -133,6 +138,14 @@ func Mount(t testing.TB, opt Options) *FS {
 	td := &teardown{
 		image: filepath.Join(base, typ+".img"),
 		dir:   filepath.Join(base, "mnt"),
+	}
+	if opt.ImageDir != "" {
+		td.image = filepath.Join(opt.ImageDir, filepath.Base(base)+"-"+typ+".img")
+		t.Cleanup(func() {
+			if err := os.Remove(td.image); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("testfs: remove image %s: %v", td.image, err)
+			}
+		})
 	}
 	t.Cleanup(func() { td.run(t) })
 
