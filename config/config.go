@@ -11,7 +11,7 @@
 //	write_chunk      = "4MiB"         # most written back per inode per attempt
 //	max_inflight     = "16MiB"        # writeback in flight per device before big files wait
 //	requeue_blocked  = "io_wait"      # or "redirty_tail"
-//	attempt_timeout  = "10s"          # a longer writeback attempt counts as blocked
+//	attempt_timeout  = "10s"          # a longer call counts in stuck_calls; an integrity call is given up on
 //	shutdown_timeout = "30s"          # bound on the final writeback at SIGTERM
 //
 //	[plug]
