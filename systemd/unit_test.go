@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"flusherd/internal/faultfs"
 	"flusherd/internal/nspawn"
 	"flusherd/internal/testfs"
 )
@@ -70,6 +71,9 @@ func TestUnderSystemd(t *testing.T) {
 	wg.Go(func() { deb, debErr = buildDeb(work) })
 	ext4 := testfs.Mount(t, testfs.Options{Type: "ext4"})
 	xfs := testfs.Mount(t, testfs.Options{Type: "xfs"})
+	// A FUSE filesystem whose writes can be stalled: a hung filesystem
+	// for the watchdog's other side (07b).
+	ffs := faultfs.MountT(t)
 	root := nspawn.Rootfs(t, work)
 	wg.Wait()
 	if debErr != nil {
@@ -85,9 +89,10 @@ func TestUnderSystemd(t *testing.T) {
 	}
 	t.Logf("package, filesystems and root filesystem ready after %s", time.Since(start).Round(100*time.Millisecond))
 	c := nspawn.Boot(t, root, "flusherd-test",
-		nspawn.Bind{Host: ext4.Dir, Container: "/srv/data"}, nspawn.Bind{Host: xfs.Dir, Container: "/srv/xfs"})
+		nspawn.Bind{Host: ext4.Dir, Container: "/srv/data"}, nspawn.Bind{Host: xfs.Dir, Container: "/srv/xfs"},
+		nspawn.Bind{Host: ffs.Dir, Container: "/srv/fuse"})
 	t.Logf("container running after %s", time.Since(start).Round(100*time.Millisecond))
-	h := &harness{t: t, c: c, hostOf: map[string]string{"/srv/data": ext4.Dir, "/srv/xfs": xfs.Dir}}
+	h := &harness{t: t, c: c, hostOf: map[string]string{"/srv/data": ext4.Dir, "/srv/xfs": xfs.Dir, "/srv/fuse": ffs.Dir}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := c.Exec(20*time.Second, "journalctl", "-u", "flusherd", "--no-pager", "-n", "80")
@@ -348,6 +353,56 @@ func TestUnderSystemd(t *testing.T) {
 		for i := 1; i <= 5; i++ {
 			h.waitClean(fmt.Sprintf("/srv/data/w%d", i), bound)
 		}
+	})
+
+	t.Run("07b-hung-filesystem-no-restart", func(t *testing.T) {
+		h.t = t
+		// The watchdog's other side: a filesystem whose opens and writes
+		// hang for 12 s is reported, not restarted. attempt_timeout (6 s) is
+		// longer than WatchdogSec (3 s; flusherd warns about that):
+		// the device's goroutine leaves the hung call to its worker
+		// after 100 ms, so the pings go on. (Before calls were
+		// detached, it waited attempt_timeout on the call, and systemd
+		// killed it.)
+		h.dropIn("watchdog", "[Service]\nWatchdogSec=3s\n")
+		defer h.removeDropIn("watchdog")
+		h.writeConfig(strings.Replace(baseConfig, `attempt_timeout = "2s"`, `attempt_timeout = "6s"`, 1) + "\n[[watch]]\npath = \"/srv/fuse\"\n")
+		defer h.writeConfig(baseConfig)
+		h.must(h.sh("systemctl restart flusherd"))
+		h.waitActive()
+		h.waitJournal("initial scan done", 10*time.Second)
+		before, _ := strconv.Atoi(h.prop("NRestarts"))
+		pid := h.prop("MainPID")
+		timeouts := strings.Count(h.journalAll(), "Watchdog timeout")
+		// The writer keeps its file open: its own close would flush it.
+		h.must(h.sh("setsid sh -c 'exec 3>/srv/fuse/hung; head -c 65536 /dev/urandom >&3; sleep 30' </dev/null >/dev/null 2>&1 &"))
+		h.waitFor("the writer's data", 5*time.Second, func() bool {
+			out, _ := h.sh("stat -c %s /srv/fuse/hung")
+			return strings.TrimSpace(out) == "65536"
+		})
+		// Then the filesystem hangs: opens and writes (the daemon's open
+		// of the file, on a worker, is the call the old code waited on).
+		ffs.Set(faultfs.Faults{OpenDelay: 12 * time.Second, WriteDelay: 12 * time.Second})
+		defer ffs.Set(faultfs.Faults{})
+		hung := time.Now()
+		var status string
+		h.waitFor("STATUS= to report the stuck call", 10*time.Second, func() bool {
+			status = h.prop("StatusText")
+			return strings.Contains(status, "stuck")
+		})
+		t.Logf("STATUS= %.2fs after the write: %q", time.Since(hung).Seconds(), status)
+		time.Sleep(time.Until(hung.Add(11 * time.Second))) // over three WatchdogSec while the calls hang
+		if n, _ := strconv.Atoi(h.prop("NRestarts")); n != before || h.prop("MainPID") != pid || h.prop("ActiveState") != "active" {
+			t.Errorf("a hung filesystem restarted the service: NRestarts %d -> %d, MainPID %s -> %s, %s",
+				before, n, pid, h.prop("MainPID"), h.prop("ActiveState"))
+		}
+		if n := strings.Count(h.journalAll(), "Watchdog timeout"); n != timeouts {
+			t.Errorf("a watchdog timeout while the filesystem hung:\n%s", h.journalAll())
+		}
+		ffs.Set(faultfs.Faults{})
+		h.waitClean("/srv/fuse/hung", 20*time.Second)
+		h.waitFor("STATUS= to say running again", 10*time.Second, func() bool { return h.prop("StatusText") == "running" })
+		h.sh("pkill -f 'exec 3>/srv/fuse/hung'")
 	})
 
 	t.Run("08-journal-priorities", func(t *testing.T) {
