@@ -1209,10 +1209,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		// left out: it is as old as its last attempt, and this one
 		// would not look again. Bigger files take the chunked path,
 		// which decides on a fresh cachestat.)
-		wb.mu.Lock()
-		att.pre, att.afterKnown = policy.UnderWriteback, true
-		att.dirtyAfter, att.wbAfter = uint64(in.DirtyPages), uint64(in.WritebackPages)
-		wb.mu.Unlock()
+		wb.assumeUnderWriteback(att)
 		wb.complete(att)
 		return 0
 	}
@@ -1226,10 +1223,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	f, renewed, err := wb.openTimed(in, path, key, att.handle)
 	if errors.Is(err, errOpenDetached) {
 		// Not known to be written: tried again once the open returns.
-		wb.mu.Lock()
-		att.pre, att.afterKnown = policy.UnderWriteback, true
-		att.dirtyAfter, att.wbAfter = uint64(in.DirtyPages), uint64(in.WritebackPages)
-		wb.mu.Unlock()
+		wb.assumeUnderWriteback(att)
 		wb.complete(att)
 		return 0
 	}
@@ -1274,6 +1268,17 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		wb.plug.Add(r)
 	}
 	return queued
+}
+
+// assumeUnderWriteback gives an attempt that did not learn the file's state
+// (deferred by max_inflight, or its call left to a worker) the outcome
+// UnderWriteback with the inode's last known page counts: unknown means
+// still dirty, and it is tried again (b_more_io_wait).
+func (wb *Writeback) assumeUnderWriteback(att *attempt) {
+	wb.mu.Lock()
+	att.pre, att.afterKnown = policy.UnderWriteback, true
+	att.dirtyAfter, att.wbAfter = uint64(att.in.DirtyPages), uint64(att.in.WritebackPages)
+	wb.mu.Unlock()
 }
 
 // openFile opens a tracked file: by handle when it has one and the opener
@@ -1563,10 +1568,7 @@ func (wb *Writeback) submit(batch []*Request) {
 			// Its worker still runs (and owns r's results): not
 			// known to be written, so assumed dirty, and tried again
 			// once the call has returned.
-			att.pre, att.afterKnown = policy.UnderWriteback, true
-			wb.mu.Lock()
-			att.dirtyAfter, att.wbAfter = uint64(att.in.DirtyPages), uint64(att.in.WritebackPages)
-			wb.mu.Unlock()
+			wb.assumeUnderWriteback(att)
 		}
 		if r.err != nil && att.err == nil {
 			att.err = r.err
