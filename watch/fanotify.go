@@ -101,6 +101,7 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10)}
 	fa.init(trees, sink, opt)
 	fa.nested = fa.nestedMount
+	fa.statsTrees = fa.Trees
 	for _, t := range trees {
 		if err := fa.mark(fd, t.Root, false); err != nil {
 			fa.f.Close()
@@ -571,3 +572,6 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	}
 	return true
 }
+
+// Trees implements Backend.
+func (fa *Fanotify) Trees() []TreeUse { return fa.treeUses("fanotify") }

@@ -54,6 +54,7 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1)}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
+	iw.statsTrees = iw.Trees
 	return iw, nil
 }
 
@@ -391,3 +392,6 @@ func (w *Watcher) Quiesce(ctx context.Context) {
 		}
 	}
 }
+
+// Trees implements Backend.
+func (w *Watcher) Trees() []TreeUse { return w.treeUses("inotify") }

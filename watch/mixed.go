@@ -35,6 +35,7 @@ func newMixed(fa *Fanotify, in *Watcher, inRoots []string) *Mixed {
 	}
 	in.ctr = fa.ctr
 	fa.statsName, in.statsName = m.Name, m.Name
+	fa.statsTrees, in.statsTrees = m.Trees, m.Trees
 	return m
 }
 
@@ -139,3 +140,7 @@ func (m *Mixed) TreeOf(path string) (Tree, bool) {
 	}
 	return b, okB
 }
+
+// Trees implements Backend: the fanotify half's trees, then the inotify
+// half's.
+func (m *Mixed) Trees() []TreeUse { return append(m.fa.Trees(), m.in.Trees()...) }

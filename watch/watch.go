@@ -94,6 +94,16 @@ type Backend interface {
 	Counters() *Counters
 	// TreeOf returns the deepest served tree whose root contains path.
 	TreeOf(path string) (Tree, bool)
+	// Trees says which backend serves each tree, for watch/stats.
+	Trees() []TreeUse
+}
+
+// TreeUse is one tree of a backend: its root, the backend serving it
+// ("fanotify" or "inotify") and whether it is served now (false once its
+// root is gone).
+type TreeUse struct {
+	Root, Backend string
+	Served        bool
 }
 
 // Counters are a backend's statistics, published in <stats.dir>/watch/stats.
@@ -117,8 +127,9 @@ type base struct {
 	sink        Sink
 	log         *zap.Logger
 	open        inode.Opener
-	ctr         *Counters     // shared by the two halves of a Mixed backend
-	statsName   func() string // the backend's name in watch/stats; nil means the caller's
+	ctr         *Counters        // shared by the two halves of a Mixed backend
+	statsName   func() string    // the backend's name in watch/stats; nil means the caller's
+	statsTrees  func() []TreeUse // the trees in watch/stats (the whole backend's, for a Mixed half)
 	dirsScanned atomic.Uint64
 	// Batches of events read (readBatches) and handled (doneBatches), for
 	// Quiesce.
@@ -167,6 +178,17 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	for _, t := range trees {
 		b.trees = append(b.trees, &tree{Tree: t})
 	}
+}
+
+// treeUses lists the trees, served by kind.
+func (b *base) treeUses(kind string) []TreeUse {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]TreeUse, 0, len(b.trees))
+	for _, t := range b.trees {
+		out = append(out, TreeUse{Root: t.Root, Backend: kind, Served: !t.gone})
+	}
+	return out
 }
 
 // list returns the current trees; the slice must not be changed.
@@ -237,7 +259,11 @@ func (b *base) touched(name string) {
 		if b.statsName != nil {
 			name = b.statsName()
 		}
-		if err := WriteStats(b.statsDir, name, b.ctr); err != nil {
+		var trees []TreeUse
+		if b.statsTrees != nil {
+			trees = b.statsTrees()
+		}
+		if err := WriteStats(b.statsDir, name, b.ctr, trees); err != nil {
 			b.log.Debug("cannot write the watch stats file", zap.Error(err))
 		}
 	})
@@ -684,12 +710,21 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 }
 
 // WriteStats writes c as <dir>/watch/stats, atomically, in the stats files'
-// layout (one "name: value" line each).
-func WriteStats(dir, backend string, c *Counters) error {
+// layout (one "name: value" line each), then a "tree:" line for each tree:
+// the backend that serves it and its root, quoted (strconv.Quote), with
+// " gone" after a root that is no longer served.
+func WriteStats(dir, backend string, c *Counters, trees []TreeUse) error {
 	text := fmt.Sprintf("%-16s%10s\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n",
 		"backend:", backend, "events:", c.Events.Load(), "overflows:", c.Overflows.Load(),
 		"rescans:", c.Rescans.Load(), "unwatched_dirs:", c.Unwatched.Load(),
 		"nested_mounts:", c.Nested.Load(), "unserved_mounts:", c.Unserved.Load())
+	for _, t := range trees {
+		gone := ""
+		if !t.Served {
+			gone = " gone"
+		}
+		text += fmt.Sprintf("%-16s%10s %s%s\n", "tree:", t.Backend, strconv.Quote(t.Root), gone)
+	}
 	return bdi.WriteFileAtomic(filepath.Join(dir, "watch", "stats"), func(w io.Writer) error {
 		_, err := io.WriteString(w, text)
 		return err

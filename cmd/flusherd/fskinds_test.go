@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -280,6 +282,7 @@ func TestBackendPerFilesystem(t *testing.T) {
 	if err != nil || !strings.Contains(string(stats), "fanotify+inotify") {
 		t.Errorf("watch/stats does not say fanotify+inotify: %v\n%s", err, stats)
 	}
+	checkTreeLines(t, d, map[string]string{ext: "fanotify", ffs.Dir: "inotify"})
 	d.stop(t)
 
 	// Started on the ext4 tree alone (fanotify), then a reload adds the
@@ -302,6 +305,7 @@ path = %q
 	if log := d.log.String(); !strings.Contains(log, "watch root added") || strings.Contains(log, "cannot watch a root added by the reload") {
 		t.Errorf("the reload did not add the FUSE tree:\n%s", log)
 	}
+	checkTreeLines(t, d, map[string]string{ext: "fanotify", ffs.Dir: "inotify"})
 	d.stop(t)
 
 	cfg := filepath.Join(t.TempDir(), "f.toml")
@@ -312,5 +316,33 @@ path = %q
 	// The log's JSON escapes the quotes of the message.
 	if err == nil || !strings.Contains(string(out), ffs.Dir) || !strings.Contains(string(out), `set backend = \"auto\"`) {
 		t.Errorf("backend = \"fanotify\" with a FUSE tree: %v, want a refusal naming %s:\n%s", err, ffs.Dir, out)
+	}
+}
+
+// checkTreeLines waits (3 s at most) until watch/stats has exactly one
+// "tree:" line for each root of want, naming the backend want gives it.
+func checkTreeLines(t *testing.T, d *flusherdProc, want map[string]string) {
+	t.Helper()
+	var got map[string]string
+	var text []byte
+	ok := poll(3*time.Second, func() bool {
+		text, _ = os.ReadFile(filepath.Join(d.statsDir, "watch", "stats"))
+		got = map[string]string{}
+		for _, line := range strings.Split(string(text), "\n") {
+			rest, isTree := strings.CutPrefix(line, "tree:")
+			if !isTree {
+				continue
+			}
+			backend, quoted, _ := strings.Cut(strings.TrimSpace(rest), " ")
+			root, err := strconv.Unquote(quoted)
+			if err != nil {
+				t.Fatalf("watch/stats: tree line %q: %v", line, err)
+			}
+			got[root] = backend
+		}
+		return maps.Equal(got, want)
+	})
+	if !ok {
+		t.Errorf("watch/stats trees = %v, want %v:\n%s", got, want, text)
 	}
 }

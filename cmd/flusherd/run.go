@@ -292,7 +292,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	rootsDone.Add(1)
 	stopExtend()
 
-	if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters()); err != nil {
+	if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters(), wat.Trees()); err != nil {
 		log.Warn("cannot write the watch stats file", zap.Error(err))
 	}
 	sock := socketPath(cfg.Stats.Dir)
@@ -319,7 +319,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	go func() {
 		defer close(scanned)
 		wat.Scan(scanCtx)
-		if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters()); err != nil {
+		if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters(), wat.Trees()); err != nil {
 			log.Warn("cannot write the watch stats file", zap.Error(err))
 		}
 		if scanCtx.Err() == nil {
