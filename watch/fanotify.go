@@ -53,12 +53,15 @@ const cacheMax = 1 << 16
 // filesystem can be registered.
 type Fanotify struct {
 	base
-	handles *inode.Handles
-	f       *os.File
-	markMu  sync.Mutex         // serializes mark
-	fsidsMu sync.RWMutex       // guards fsids and mounts
-	fsids   map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
-	mounts  map[uint64]bool    // st_dev -> mount mark (no dirent events)
+	// nestedFallback serves a mount inside a tree that fanotify cannot
+	// mark (Mixed: the inotify half); nil: such a mount is not served.
+	nestedFallback func(ctx context.Context, t Tree, mountpoint string) bool
+	handles        *inode.Handles
+	f              *os.File
+	markMu         sync.Mutex         // serializes mark
+	fsidsMu        sync.RWMutex       // guards fsids and mounts
+	fsids          map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
+	mounts         map[uint64]bool    // st_dev -> mount mark (no dirent events)
 
 	longWarned atomic.Bool
 
@@ -195,6 +198,11 @@ func (fa *Fanotify) nestedMount(ctx context.Context, t Tree, mountpoint string) 
 	fa.markMu.Lock()
 	err := fa.mark(int(fa.f.Fd()), mountpoint, true)
 	fa.markMu.Unlock()
+	if err != nil && fa.nestedFallback != nil {
+		fa.log.Info("a filesystem mounted inside a tree cannot be marked by fanotify; it is served by inotify",
+			zap.String("mountpoint", strconv.Quote(mountpoint)), zap.String("tree", strconv.Quote(t.Root)), zap.Error(err))
+		return fa.nestedFallback(ctx, t, mountpoint)
+	}
 	if err != nil {
 		fa.log.Warn("a filesystem mounted inside a tree cannot be marked by fanotify; its writes are not seen (watch it as a tree of its own, with backend = \"inotify\")",
 			zap.String("mountpoint", strconv.Quote(mountpoint)), zap.String("tree", strconv.Quote(t.Root)), zap.Error(err))

@@ -208,6 +208,42 @@ func (w *Watcher) AddTree(ctx context.Context, t Tree) error {
 	return nil
 }
 
+// serveNested serves a filesystem mounted at mountpoint inside parent, a
+// tree of another backend that cannot (Mixed: a FUSE filesystem inside a
+// fanotify tree): as a tree of this backend rooted at mountpoint, with
+// parent's settings. An earlier mount's tree there, gone, is replaced. It
+// reports false, having logged why, when the mount cannot be watched.
+func (w *Watcher) serveNested(ctx context.Context, parent Tree, mountpoint string) bool {
+	w.mu.Lock()
+	var old *tree
+	for _, t := range w.trees {
+		if t.Root == mountpoint {
+			old = t
+		}
+	}
+	w.mu.Unlock()
+	if old != nil {
+		if old.nestedIn == "" {
+			return true // a configured tree of this backend already
+		}
+		w.RemoveTree(mountpoint)
+	}
+	nt := parent
+	nt.Root = mountpoint
+	if _, err := w.addTreeIn(nt, parent.Root); err != nil {
+		w.log.Warn("cannot watch a filesystem mounted inside a tree", zap.String("mountpoint", strconv.Quote(mountpoint)), zap.Error(err))
+		return false
+	}
+	if err := w.watchRoot(mountpoint); err != nil {
+		w.removeTree(mountpoint)
+		w.log.Warn("cannot watch a filesystem mounted inside a tree", zap.String("mountpoint", strconv.Quote(mountpoint)), zap.Error(err))
+		return false
+	}
+	w.scanDir(ctx, nt, mountpoint, true, func(p string) { w.addOrNote(nt, p) })
+	w.logLimit()
+	return true
+}
+
 // RemoveTree implements Backend: the tree's directories lose their
 // watches, except those inside another tree.
 func (w *Watcher) RemoveTree(root string) bool {

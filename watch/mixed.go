@@ -36,6 +36,7 @@ func newMixed(fa *Fanotify, in *Watcher, inRoots []string) *Mixed {
 	in.ctr = fa.ctr
 	fa.statsName, in.statsName = m.Name, m.Name
 	fa.statsTrees, in.statsTrees = m.Trees, m.Trees
+	fa.nestedFallback = in.serveNested
 	return m
 }
 
@@ -92,13 +93,19 @@ func (m *Mixed) AddTree(ctx context.Context, t Tree) error {
 	return nil
 }
 
-// RemoveTree implements Backend.
+// RemoveTree implements Backend. Mounts inside the tree that the inotify
+// half serves for the fanotify half go with it.
 func (m *Mixed) RemoveTree(root string) bool {
 	m.mu.Lock()
 	delete(m.inIn, root)
 	m.mu.Unlock()
 	a := m.fa.RemoveTree(root)
 	b := m.in.RemoveTree(root)
+	for _, t := range m.in.list() {
+		if t.nestedIn == root {
+			m.in.RemoveTree(t.Root)
+		}
+	}
 	return a || b
 }
 

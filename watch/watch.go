@@ -161,6 +161,11 @@ type tree struct {
 	// failing, guarded by base.mu: its root could not be reached at
 	// the last checkRoots (logged once).
 	failing bool
+	// nestedIn is set (once, before the tree is listed) for a
+	// filesystem mounted inside another backend's tree and handed to
+	// this one (Mixed): the root of that tree. Its unmount is that
+	// backend's to report; here the tree is only taken out of the list.
+	nestedIn string
 }
 
 func (b *base) init(trees []Tree, sink Sink, opt Options) {
@@ -206,8 +211,12 @@ func (b *base) served(t *tree) bool {
 }
 
 // addTree appends t after recording its root's identity.
-func (b *base) addTree(t Tree) (*tree, error) {
-	nt := &tree{Tree: t}
+func (b *base) addTree(t Tree) (*tree, error) { return b.addTreeIn(t, "") }
+
+// addTreeIn is addTree for a tree that is a mount inside the tree rooted
+// at nestedIn ("" for a configured tree).
+func (b *base) addTreeIn(t Tree, nestedIn string) (*tree, error) {
+	nt := &tree{Tree: t, nestedIn: nestedIn}
 	if err := nt.record(); err != nil {
 		return nil, err
 	}
@@ -387,6 +396,12 @@ func (b *base) checkRoots() {
 		b.mu.Lock()
 		t.failing = false
 		t.gone = true
+		if t.nestedIn != "" {
+			// A handed-over mount, unmounted: the backend of the
+			// tree it was in reports it (forgetUnmounted).
+			b.mu.Unlock()
+			continue
+		}
 		last := true
 		for _, o := range b.trees {
 			if o != t && !o.gone && o.root.Dev == t.root.Dev {

@@ -346,3 +346,80 @@ func checkTreeLines(t *testing.T, d *flusherdProc, want map[string]string) {
 		t.Errorf("watch/stats trees = %v, want %v:\n%s", got, want, text)
 	}
 }
+
+// TestFUSEMountedInsideFanotifyTree: with backend = "auto", a FUSE
+// filesystem (which refuses fanotify marks) mounted inside an ext4 tree
+// served by fanotify, after the start, is served by the inotify half: a
+// file written there is clean within the bound, watch/stats lists the
+// mount as an inotify tree, and its unmount forgets it without an error.
+// Before, it was logged as not served and counted in unserved_mounts.
+func TestFUSEMountedInsideFanotifyTree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts, FUSE, fanotify")
+	}
+	if err := faultfs.Available(); err != nil {
+		testfs.Missing(t, "%v", err)
+	}
+	_, ext := mountTree(t, "ext4")
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = "auto"
+[[watch]]
+path = %q
+`, ext))
+	mp := filepath.Join(ext, "fuse")
+	mkdirs(t, mp)
+	testfs.HoldMounts(t)
+	ffs, err := faultfs.Mount(mp, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounted := true
+	t.Cleanup(func() {
+		if mounted {
+			if err := ffs.Unmount(); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), "it is served by inotify") }) {
+		t.Fatalf("the FUSE mount was not handed to inotify; log:\n%s", d.log.String())
+	}
+	// In a directory made after the hand-over (inotify watches it as it
+	// comes), by a writer that keeps its file open: its own close would
+	// flush it.
+	mkdirs(t, filepath.Join(mp, "sub"))
+	f := writeHeld(t, filepath.Join(mp, "sub", "f"), 64<<10)
+	start := time.Now()
+	if !poll(5*time.Second, func() bool { n, err := fdDirty(f); return err == nil && n == 0 }) {
+		t.Fatalf("a file in the FUSE mount inside the tree was not written back; log:\n%s", d.log.String())
+	}
+	took := time.Since(start)
+	t.Logf("FUSE file inside the fanotify tree clean after %s", took.Round(10*time.Millisecond))
+	if bound := time.Second + 500*time.Millisecond + time.Second; took > bound {
+		t.Errorf("took %s, more than expire + interval + 1 s (%s)", took, bound)
+	}
+	checkTreeLines(t, d, map[string]string{ext: "fanotify", mp: "inotify"})
+	st := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+	if st["nested_mounts"] != 1 || st["unserved_mounts"] != 0 {
+		t.Errorf("nested_mounts %d, unserved_mounts %d, want 1 and 0", st["nested_mounts"], st["unserved_mounts"])
+	}
+	f.Close()
+	if err := ffs.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), "was unmounted") }) {
+		t.Errorf("the unmount was not noticed; log:\n%s", d.log.String())
+	}
+	if log := d.log.String(); strings.Contains(log, "root is gone") {
+		t.Errorf("the handed-over mount's unmount was reported as a tree root gone:\n%s", log)
+	}
+	// The ext4 tree is still served.
+	a := filepath.Join(ext, "a")
+	writeDirty(t, a, 4096)
+	waitAllClean(t, 3*time.Second, a)
+}
