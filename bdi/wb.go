@@ -1233,6 +1233,11 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		return 0
 	}
 	att.f, att.renewed = f, renewed
+	// cachestat(2) runs on this goroutine, untimed: it cannot wait on a
+	// slow or hung filesystem. mm/filemap.c's filemap_cachestat walks
+	// the page cache's xarray under rcu_read_lock, taking no folio lock,
+	// calling into no filesystem and waiting for no I/O; its cost is the
+	// range walked (ranges bisects, so O(log size) calls).
 	dirty, wbp, err := f.Cachestat(0, 0)
 	if err != nil {
 		att.err = err
