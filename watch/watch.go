@@ -675,8 +675,8 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 		f, err := NewFanotify(trees, sink, opt)
 		var te *TreeError
 		if errors.As(err, &te) {
-			return nil, fmt.Errorf("backend = \"fanotify\", but the filesystem of %s refuses it (%v); set backend = \"auto\" to serve that tree with inotify and the others with fanotify",
-				strconv.Quote(te.Root), te.Err)
+			return nil, fmt.Errorf("%w: backend = \"fanotify\", but the filesystem of %s refuses it (%v); set backend = \"auto\" to serve that tree with inotify and the others with fanotify",
+				ErrBackendRefused, strconv.Quote(te.Root), te.Err)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("fanotify backend: %w", err)
@@ -723,6 +723,11 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 	}
 	return nil, fmt.Errorf("unknown watch backend %q", opt.Backend)
 }
+
+// ErrBackendRefused is New's error when an explicitly configured backend
+// cannot serve a tree (fanotify on a filesystem that refuses a mark, such
+// as FUSE or a btrfs subvolume): a configuration error.
+var ErrBackendRefused = errors.New("configuration error")
 
 // WriteStats writes c as <dir>/watch/stats, atomically, in the stats files'
 // layout (one "name: value" line each), then a "tree:" line for each tree:

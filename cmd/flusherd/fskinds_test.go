@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -55,6 +57,64 @@ path = %q
 			if took := time.Since(start); took > 10*time.Second {
 				t.Errorf("SIGTERM took %s", took)
 			}
+		})
+	}
+}
+
+// TestBtrfsSubvolumeRoot: a tree whose root is a btrfs subvolume, under
+// each backend setting: it is served (a file in it is written back within
+// the bound), or, with an explicit backend = "fanotify" that the subvolume
+// refuses, the start fails as a configuration error (exit 2) naming the
+// tree and suggesting "auto".
+func TestBtrfsSubvolumeRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	if _, err := exec.LookPath("btrfs"); err != nil {
+		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
+	}
+	mnt := testfs.Mount(t, testfs.Options{Type: "btrfs"})
+	sv := filepath.Join(mnt.Dir, "sv")
+	if out, err := exec.Command("btrfs", "subvolume", "create", sv).CombinedOutput(); err != nil {
+		t.Fatalf("btrfs subvolume create: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("btrfs", "subvolume", "delete", sv).Run() })
+	conf := func(backend string) string {
+		return fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+`, backend, sv)
+	}
+	for _, backend := range []string{"auto", "inotify", "fanotify"} {
+		t.Run(backend, func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "f.toml")
+			if err := os.WriteFile(cfg, []byte(conf(backend)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if backend == "fanotify" {
+				// Refused or served: either is fine if said clearly.
+				cmd := exec.Command(binary, "run", "--config", cfg, "--stats-dir", filepath.Join(t.TempDir(), "run"))
+				out, err := runFor(cmd, 3*time.Second)
+				if err != nil {
+					var ee *exec.ExitError
+					if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, sv) || !strings.Contains(out, `set backend = \"auto\"`) {
+						t.Errorf("backend = \"fanotify\" on a subvolume root: %v, want an error naming %s and suggesting auto:\n%s", err, sv, out)
+					}
+					t.Logf("refused: %v", err)
+					return
+				}
+				t.Logf("served by fanotify")
+			}
+			d := startDaemon(t, conf(backend))
+			f := filepath.Join(sv, "f-"+backend)
+			writeDirty(t, f, 64<<10)
+			waitAllClean(t, 3*time.Second, f)
+			d.stop(t)
 		})
 	}
 }
@@ -422,4 +482,28 @@ path = %q
 	a := filepath.Join(ext, "a")
 	writeDirty(t, a, 4096)
 	waitAllClean(t, 3*time.Second, a)
+}
+
+// runFor runs cmd for up to d: if it exits by then, its output and exit
+// error; if it still runs (it started), it is stopped with SIGTERM and the
+// error is nil.
+func runFor(cmd *exec.Cmd, d time.Duration) (string, error) {
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			err = errors.New("exited with status 0")
+		}
+		return out.String(), err
+	case <-time.After(d):
+	}
+	cmd.Process.Signal(unix.SIGTERM)
+	<-done
+	return out.String(), nil
 }

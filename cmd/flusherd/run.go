@@ -80,6 +80,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := run(cfg, log, level, reload, sigs); err != nil {
 		log.Error("flusherd failed", zap.Error(err))
+		if errors.Is(err, watch.ErrBackendRefused) {
+			return exitUsage // the configuration asks for what cannot be
+		}
 		return exitFailed
 	}
 	return exitOK
