@@ -208,6 +208,7 @@ func (b *fakeBackend) Run(context.Context)              {}
 func (b *fakeBackend) Close() error                     { return nil }
 func (b *fakeBackend) Counters() *watch.Counters        { return &b.ctr }
 func (b *fakeBackend) Quiesce(context.Context)          {}
+func (b *fakeBackend) Settle(context.Context) error     { return nil }
 func (b *fakeBackend) TreeOf(string) (watch.Tree, bool) { return watch.Tree{}, false }
 
 // TestServe: Serve answers on an ephemeral port with the flusherd, Go and

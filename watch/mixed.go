@@ -126,6 +126,11 @@ func (m *Mixed) Quiesce(ctx context.Context) {
 	m.in.Quiesce(ctx)
 }
 
+// Settle implements Backend.
+func (m *Mixed) Settle(ctx context.Context) error {
+	return errors.Join(m.fa.Settle(ctx), m.in.Settle(ctx))
+}
+
 // Close implements Backend.
 func (m *Mixed) Close() error { return errors.Join(m.fa.Close(), m.in.Close()) }
 

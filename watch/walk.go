@@ -188,6 +188,31 @@ func (b *base) reportPath(t Tree, path string, onlyDirty bool) {
 	}
 }
 
+// ErrUnsettled is Settle's error: events or scans were lost for want of a
+// resource and the rescan that makes up for them could not complete, so
+// files in the trees may be dirty without being tracked.
+var ErrUnsettled = errors.New("events were lost for want of resources and the rescan of the trees could not complete: files may be dirty without being tracked")
+
+// Settle runs now the rescan that a lost event or an incomplete scan has
+// scheduled (scanIncomplete), if one is due, instead of after its delay: a
+// shutdown calls it after Quiesce, so that a file whose event was lost is
+// tracked, and written back, before the daemon says every tracked file is
+// clean. It returns ErrUnsettled (wrapping the last shortage seen) when
+// that rescan is left incomplete too; nil when nothing was due or the
+// rescan completed.
+func (b *base) Settle(ctx context.Context) error {
+	if !b.retry.due.Load() {
+		return nil
+	}
+	before := b.retry.failures.Load()
+	b.rescan(ctx, nil)
+	if b.retry.failures.Load() != before || ctx.Err() != nil {
+		return ErrUnsettled
+	}
+	b.retry.due.Store(false)
+	return nil
+}
+
 // Default backoff of the rescans after an incomplete scan (Options
 // RetryMin and RetryMax override it).
 const (

@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -249,5 +250,65 @@ func TestTreeOfDeepest(t *testing.T) {
 		if ok != c.ok || got != c.want {
 			t.Errorf("TreeOf(%q) = %+v, %v; want %+v, %v", c.path, got, ok, c.want, c.ok)
 		}
+	}
+}
+
+// TestSettle: a rescan scheduled by an incomplete scan (here: the
+// descriptor limit held at what is open) is run at once by Settle (as the
+// shutdown does), not after its delay (an hour here): while the shortage
+// lasts Settle reports ErrUnsettled and the file is not found; once it is
+// over Settle finds the file and reports nil.
+func TestSettle(t *testing.T) {
+	root := t.TempDir()
+	deep := filepath.Join(root, "a", "b", "c")
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(deep, "f")
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &sink{seen: map[string]int{}}
+	b := newScanner(t, root, s, failOpener{unix.EMFILE})
+	b.retry.min, b.retry.max = time.Hour, time.Hour
+	if err := b.Settle(context.Background()); err != nil {
+		t.Fatalf("Settle with nothing due: %v", err)
+	}
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir("/proc/self/fd")
+	lim := old
+	lim.Cur = uint64(len(ents) + 1) // the root and "a" open, "a/b" not (see TestScanRetriedAfterShortage)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Cleanup(restore)
+	b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+	if s.has(p) || !b.retry.due.Load() {
+		t.Fatalf("the shortage was not exercised: found %v, rescan due %v", s.has(p), b.retry.due.Load())
+	}
+	if err := b.Settle(context.Background()); !errors.Is(err, ErrUnsettled) {
+		t.Errorf("Settle while the shortage lasts: %v, want ErrUnsettled", err)
+	}
+	restore()
+	if err := b.Settle(context.Background()); err != nil {
+		t.Errorf("Settle after the shortage: %v", err)
+	}
+	if !s.has(p) {
+		t.Error("Settle did not find the file its rescan was for")
+	}
+	if b.retry.due.Load() {
+		t.Error("a rescan is still due after Settle completed one")
 	}
 }

@@ -88,6 +88,9 @@ type Backend interface {
 	// handled (or ctx ends): a shutdown calls it before Close, so that a
 	// file written just before SIGTERM is tracked, and written back.
 	Quiesce(ctx context.Context)
+	// Settle runs a rescan that lost events have scheduled now, and
+	// returns ErrUnsettled when it cannot complete (see base.Settle).
+	Settle(ctx context.Context) error
 	// Close stops watching; idempotent.
 	Close() error
 	// Counters returns the backend's counters.

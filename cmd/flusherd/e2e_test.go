@@ -24,16 +24,34 @@ import (
 // binary is the flusherd built for the end-to-end tests.
 var binary string
 
+// daemonRace: build binary with the race detector (set when the tests
+// themselves run with -race, race_on_test.go). Each daemon's output is
+// then checked for a race report when it ends.
+var daemonRace bool
+
+// plainBinary is binary without the race detector (the same file when
+// daemonRace is off), for the tests that measure latency against a bound:
+// a race-instrumented daemon handles events several times slower.
+var plainBinary string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "flusherd-e2e-bin")
 	if err != nil {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "flusherd")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building flusherd: %v\n%s", err, out)
-		os.Exit(2)
+	plainBinary = binary
+	builds := [][]string{{"build", "-o", binary, "."}}
+	if daemonRace {
+		builds[0] = []string{"build", "-race", "-o", binary, "."}
+		plainBinary = filepath.Join(dir, "flusherd-plain")
+		builds = append(builds, []string{"build", "-o", plainBinary, "."})
+	}
+	for _, args := range builds {
+		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go %s: %v\n%s", strings.Join(args, " "), err, out)
+			os.Exit(2)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -81,6 +99,12 @@ func startDaemon(t *testing.T, configText string) *flusherdProc {
 // the caller's business (makeSearchable).
 func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *flusherdProc {
 	t.Helper()
+	return startDaemonWith(t, binary, configText, cred)
+}
+
+// startDaemonWith is startDaemonAs running the flusherd binary bin.
+func startDaemonWith(t *testing.T, bin, configText string, cred *syscall.Credential) *flusherdProc {
+	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "flusherd.toml")
 	statsDir := filepath.Join(dir, "run")
@@ -88,7 +112,7 @@ func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *f
 		t.Fatal(err)
 	}
 	if cred != nil {
-		for _, p := range []string{dir, filepath.Dir(binary)} {
+		for _, p := range []string{dir, filepath.Dir(bin)} {
 			if err := makeSearchable(p); err != nil {
 				t.Skipf("cannot run flusherd as uid %d: %v", cred.Uid, err)
 			}
@@ -101,7 +125,7 @@ func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *f
 		}
 	}
 	d := &flusherdProc{statsDir: statsDir, log: &syncBuffer{}, done: make(chan struct{})}
-	d.cmd = exec.Command(binary, "run", "--config", cfgPath, "--stats-dir", statsDir)
+	d.cmd = exec.Command(bin, "run", "--config", cfgPath, "--stats-dir", statsDir)
 	if cred != nil {
 		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
@@ -113,6 +137,9 @@ func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *f
 	go func() { d.err = d.cmd.Wait(); close(d.done) }()
 	t.Cleanup(func() {
 		d.halt()
+		if strings.Contains(d.log.String(), "WARNING: DATA RACE") {
+			t.Errorf("the race detector reported a data race in the daemon")
+		}
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.log.String())
 		}

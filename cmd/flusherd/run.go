@@ -406,20 +406,27 @@ loop:
 	qctx, qcancel := context.WithTimeout(context.Background(), 2*time.Second)
 	wat.Quiesce(qctx)
 	qcancel()
+	sctx, scancel := context.WithTimeout(context.Background(), cfg.Writeback.ShutdownTimeout)
+	defer scancel()
+	// Events lost to a shortage: their files are found by the rescan
+	// that makes up for them, now rather than after its delay.
+	unsettled := wat.Settle(sctx)
 	cancel()
 	wat.Close()
 	<-done
-	sctx, scancel := context.WithTimeout(context.Background(), cfg.Writeback.ShutdownTimeout)
-	defer scancel()
 	rep := reg.Shutdown(sctx)
-	logShutdown(log, rep, cfg.Writeback.ShutdownTimeout)
+	logShutdown(log, rep, cfg.Writeback.ShutdownTimeout, unsettled)
 	return nil
 }
 
 // logShutdown logs what the shutdown could not write, each device's files
 // (the first 20 by name), and a last line that says exactly what was left
 // and why.
-func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, timeout time.Duration) {
+//
+// unsettled is the watcher's Settle error: when events were lost and could
+// not be made up for, "every tracked file is clean" would say less than
+// it seems to; the last line is an error that says so instead.
+func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, timeout time.Duration, unsettled error) {
 	quote := func(paths []string) []string {
 		out := make([]string, 0, min(len(paths), 20))
 		for _, p := range paths[:min(len(paths), 20)] {
@@ -445,10 +452,13 @@ func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, timeout time.Duration)
 			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)), zap.Stringer("shutdown_timeout", timeout))
 	}
 	switch {
+	case given == 0 && left == 0 && unsettled != nil:
+		log.Error("exiting: the tracked files are clean, but files in the trees may be dirty and untracked", zap.Error(unsettled))
 	case given == 0 && left == 0:
 		log.Info("every tracked file is clean; exiting")
 	default:
-		log.Error("exiting with files not written back", zap.Int("given_up_unwritable", given), zap.Int("still_dirty_at_timeout", left))
+		log.Error("exiting with files not written back", zap.Int("given_up_unwritable", given), zap.Int("still_dirty_at_timeout", left),
+			zap.NamedError("untracked", unsettled))
 	}
 }
 
