@@ -849,3 +849,99 @@ func TestMaxInflightFollowsWriteChunk(t *testing.T) {
 		t.Errorf("max_inflight = %d, want write_chunk (%d)", c.Writeback.MaxInflight, 64<<20)
 	}
 }
+
+// TestBoundaries pins the limits at their edges, where an off-by-one would
+// pass every test further away: the largest size that fits in int64, a
+// min_pause equal to max_pause, write_chunk of exactly MinWriteChunk,
+// MaxExpireClasses distinct expiries (one more is refused), a file of
+// exactly MaxFileSize (one byte more is refused, and no byte of it is
+// dropped), and the scanner's bare keys made of the first and last
+// characters of each range, a document without a final newline, and a
+// literal string that holds what looks like a key.
+func TestBoundaries(t *testing.T) {
+	if got, err := parseSize("8589934591GiB"); err != nil || got != 8589934591<<30 {
+		t.Errorf("parseSize(8589934591GiB) = %d, %v; want %d", got, err, int64(8589934591)<<30)
+	}
+
+	dir := t.TempDir()
+	var dirs []string
+	for i := range MaxExpireClasses + 1 {
+		d := filepath.Join(dir, fmt.Sprintf("d%03d", i))
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, d)
+	}
+	watches := func(n int) []Watch {
+		var out []Watch
+		for i := range n {
+			out = append(out, Watch{Path: dirs[i], Recursive: true, Mode: ModeWriteback, Expire: time.Duration(i+1) * time.Second})
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name   string
+		modify func(c *Config)
+		key    string // "" : valid
+	}{
+		{"min_pause = max_pause", func(c *Config) { c.Writeback.MinPause, c.Writeback.MaxPause = time.Second, time.Second }, ""},
+		{"write_chunk = MinWriteChunk", func(c *Config) { c.Writeback.WriteChunk, c.Writeback.MaxInflight = MinWriteChunk, MinWriteChunk }, ""},
+		{"MaxExpireClasses expiries", func(c *Config) { c.Watch = watches(MaxExpireClasses) }, ""},
+		{"one expiry more", func(c *Config) { c.Watch = watches(MaxExpireClasses + 1) }, "watch"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			if c.Watch == nil {
+				c.Watch = watches(1)
+			}
+			tt.modify(c)
+			err := c.Validate()
+			if tt.key == "" && err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			if tt.key != "" && (err == nil || !strings.Contains(err.Error(), tt.key)) {
+				t.Fatalf("Validate: %v, want an error naming %s", err, tt.key)
+			}
+		})
+	}
+
+	// A file of exactly MaxFileSize whose last byte matters: its
+	// closing quote.
+	tail := `[log]` + "\n" + `level = "error"`
+	pad := "#" + strings.Repeat("x", MaxFileSize-len(tail)-2) + "\n"
+	exact := filepath.Join(dir, "exact.toml")
+	if err := os.WriteFile(exact, []byte(pad+tail), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(exact); fi.Size() != MaxFileSize {
+		t.Fatalf("test file is %d bytes, want %d", fi.Size(), MaxFileSize)
+	}
+	if c, err := Load(exact); err != nil || c.Log.Level != "error" {
+		t.Errorf("Load of a file of exactly MaxFileSize: %v, level %q", err, levelOf(c))
+	}
+	over := filepath.Join(dir, "over.toml")
+	if err := os.WriteFile(over, []byte("#"+pad+tail), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(over); err == nil {
+		t.Error("Load of a file one byte over MaxFileSize succeeded")
+	}
+
+	got := scanLines("# c\n'lit key' = 1\na = 1\nz=1\nA=1\nZ=1\n0=1\n9=1\n_-=1\nq = 'x[y] = z'\nr = 1\n[t]\nk = 1")
+	want := map[string]int{`"lit key"`: 2, "a": 3, "z": 4, "A": 5, "Z": 6, "0": 7, "9": 8, "_-": 9, "q": 10, "r": 11, "t": 12, "t.k": 13}
+	for k, l := range want {
+		if got[k] != l {
+			t.Errorf("scanLines: line of %s = %d, want %d", k, got[k], l)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("scanLines found %v, want exactly %v", got, want)
+	}
+}
+
+func levelOf(c *Config) string {
+	if c == nil {
+		return ""
+	}
+	return c.Log.Level
+}
