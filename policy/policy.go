@@ -236,12 +236,8 @@ func (b *Backoff) Next(progress bool) time.Duration {
 	default:
 		b.Pause *= 2
 	}
-	if b.Pause > b.Max {
-		b.Pause = b.Max
-	}
-	if b.Pause < b.Min {
-		b.Pause = b.Min
-	}
+	// Clamped to [Min, Max] (Min wins if they cross).
+	b.Pause = max(min(b.Pause, b.Max), b.Min)
 	return b.Pause
 }
 
