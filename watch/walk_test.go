@@ -174,26 +174,7 @@ func TestScanRetriedAfterShortage(t *testing.T) {
 
 	// Hold the descriptor limit at what is open now: the walk cannot
 	// open the root's subdirectories.
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	ents, _ := os.ReadDir("/proc/self/fd")
-	lim := old
-	lim.Cur = uint64(len(ents) + 1) // (ReadDir's own descriptor is listed): the root and "a" open, "a/b" not
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	restored := false
-	restore := func() {
-		if !restored {
-			restored = true
-			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	t.Cleanup(restore)
+	restore := holdFDLimit(t)
 	b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
 	first := s.has(p)
 	failures := b.retry.failures.Load()
@@ -274,26 +255,7 @@ func TestSettle(t *testing.T) {
 	if err := b.Settle(context.Background()); err != nil {
 		t.Fatalf("Settle with nothing due: %v", err)
 	}
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	ents, _ := os.ReadDir("/proc/self/fd")
-	lim := old
-	lim.Cur = uint64(len(ents) + 1) // the root and "a" open, "a/b" not (see TestScanRetriedAfterShortage)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	restored := false
-	restore := func() {
-		if !restored {
-			restored = true
-			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	t.Cleanup(restore)
+	restore := holdFDLimit(t)
 	b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
 	if s.has(p) || !b.retry.due.Load() {
 		t.Fatalf("the shortage was not exercised: found %v, rescan due %v", s.has(p), b.retry.due.Load())
@@ -311,4 +273,33 @@ func TestSettle(t *testing.T) {
 	if b.retry.due.Load() {
 		t.Error("a rescan is still due after Settle completed one")
 	}
+}
+
+// holdFDLimit sets this process's descriptor limit to one above what is
+// open now (ReadDir's own descriptor is listed): a walk opens the root and
+// one directory below it, and no more. The returned function restores the
+// limit (also at cleanup; once).
+func holdFDLimit(t *testing.T) (restore func()) {
+	t.Helper()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir("/proc/self/fd")
+	lim := old
+	lim.Cur = uint64(len(ents) + 1)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore = func() {
+		if !restored {
+			restored = true
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(restore)
+	return restore
 }

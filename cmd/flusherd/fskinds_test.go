@@ -34,19 +34,8 @@ func TestBtrfsSubvolume(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			mnt := testfs.Mount(t, testfs.Options{Type: "btrfs"})
 			sv := filepath.Join(mnt.Dir, "sv")
-			if out, err := exec.Command("btrfs", "subvolume", "create", sv).CombinedOutput(); err != nil {
-				t.Fatalf("btrfs subvolume create: %v\n%s", err, out)
-			}
-			t.Cleanup(func() { exec.Command("btrfs", "subvolume", "delete", sv).Run() })
-			d := startDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "500ms"
-dirty_expire_interval = "1s"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-`, backend, mnt.Dir))
+			makeSubvolume(t, sv)
+			d := startDaemon(t, oneTree(backend, mnt.Dir))
 			top, inner := filepath.Join(mnt.Dir, "top1"), filepath.Join(sv, "g1")
 			writeDirty(t, top, 64<<10)
 			writeDirty(t, inner, 64<<10)
@@ -75,21 +64,8 @@ func TestBtrfsSubvolumeRoot(t *testing.T) {
 	}
 	mnt := testfs.Mount(t, testfs.Options{Type: "btrfs"})
 	sv := filepath.Join(mnt.Dir, "sv")
-	if out, err := exec.Command("btrfs", "subvolume", "create", sv).CombinedOutput(); err != nil {
-		t.Fatalf("btrfs subvolume create: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("btrfs", "subvolume", "delete", sv).Run() })
-	conf := func(backend string) string {
-		return fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "500ms"
-dirty_expire_interval = "1s"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-`, backend, sv)
-	}
+	makeSubvolume(t, sv)
+	conf := func(backend string) string { return oneTree(backend, sv) }
 	for _, backend := range []string{"auto", "inotify", "fanotify"} {
 		t.Run(backend, func(t *testing.T) {
 			cfg := filepath.Join(t.TempDir(), "f.toml")
@@ -155,6 +131,29 @@ func TestOverlayRefused(t *testing.T) {
 			t.Errorf("flusherd %s: exit %d, %s; want exit %d naming overlayfs and the upper layer", args[0], code, out, exitUsage)
 		}
 	}
+}
+
+// oneTree is a daemon configuration with the tree root, the watch backend,
+// an expiry of 1 s and an interval of 500 ms.
+func oneTree(backend, root string) string {
+	return fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+`, backend, root)
+}
+
+// makeSubvolume makes a btrfs subvolume at path and deletes it at cleanup.
+func makeSubvolume(t *testing.T, path string) {
+	t.Helper()
+	if out, err := exec.Command("btrfs", "subvolume", "create", path).CombinedOutput(); err != nil {
+		t.Fatalf("btrfs subvolume create: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("btrfs", "subvolume", "delete", path).Run() })
 }
 
 // twoTrees is a daemon configuration with two trees, a and b, the watch
@@ -421,15 +420,7 @@ func TestFUSEMountedInsideFanotifyTree(t *testing.T) {
 		testfs.Missing(t, "%v", err)
 	}
 	_, ext := mountTree(t, "ext4")
-	d := startDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "500ms"
-dirty_expire_interval = "1s"
-[watcher]
-backend = "auto"
-[[watch]]
-path = %q
-`, ext))
+	d := startDaemon(t, oneTree("auto", ext))
 	mp := filepath.Join(ext, "fuse")
 	mkdirs(t, mp)
 	testfs.HoldMounts(t)
