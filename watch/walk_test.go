@@ -160,14 +160,7 @@ func TestScanUnknownIsTracked(t *testing.T) {
 // backoff, until one completes, and then the file below it is tracked.
 func TestScanRetriedAfterShortage(t *testing.T) {
 	root := t.TempDir()
-	deep := filepath.Join(root, "a", "b", "c")
-	if err := os.MkdirAll(deep, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(deep, "f")
-	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	p := deepFile(t, root)
 	s := &sink{seen: map[string]int{}}
 	b := newScanner(t, root, s, failOpener{unix.EMFILE})
 	b.retry.min, b.retry.max = 20*time.Millisecond, 80*time.Millisecond
@@ -241,14 +234,7 @@ func TestTreeOfDeepest(t *testing.T) {
 // over Settle finds the file and reports nil.
 func TestSettle(t *testing.T) {
 	root := t.TempDir()
-	deep := filepath.Join(root, "a", "b", "c")
-	if err := os.MkdirAll(deep, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(deep, "f")
-	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	p := deepFile(t, root)
 	s := &sink{seen: map[string]int{}}
 	b := newScanner(t, root, s, failOpener{unix.EMFILE})
 	b.retry.min, b.retry.max = time.Hour, time.Hour
@@ -302,4 +288,19 @@ func holdFDLimit(t *testing.T) (restore func()) {
 	}
 	t.Cleanup(restore)
 	return restore
+}
+
+// deepFile writes a dirty file at root/a/b/c/f, three directories down
+// (below what holdFDLimit lets a walk open), and returns its path.
+func deepFile(t *testing.T, root string) string {
+	t.Helper()
+	deep := filepath.Join(root, "a", "b", "c")
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(deep, "f")
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -159,17 +159,7 @@ func makeSubvolume(t *testing.T, path string) {
 // twoTrees is a daemon configuration with two trees, a and b, the watch
 // backend, an expiry of 1 s and an interval of 500 ms.
 func twoTrees(backend, a, b string) string {
-	return fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "500ms"
-dirty_expire_interval = "1s"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-[[watch]]
-path = %q
-`, backend, a, b)
+	return oneTree(backend, a) + fmt.Sprintf("[[watch]]\npath = %q\n", b)
 }
 
 // bindMount mounts src on dst (MS_BIND) and unmounts it at cleanup.
