@@ -23,7 +23,7 @@ type Request struct {
 	att   *attempt
 	err   error
 	state atomic.Int32 // reqRunning, reqDone, reqTimedOut or reqDetached
-	// detachID is the id of a detached call in Writeback.closing.
+	// detachID is the id of a detached call in Writeback.offLoop.
 	detachID uint64
 	// startOnly: the first phase of an integrity request (see
 	// startIntegrity).

@@ -130,7 +130,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.WritebackErrors = wb.nerrors
 	s.InodesGone = wb.gone
 	s.Rescans = wb.rescans
-	s.StuckCalls = wb.stuck + wb.stuckClosesLocked()
+	s.StuckCalls = wb.stuck + wb.stuckOffLoopLocked()
 	s.FailedFiles = wb.nfailed
 	s.Throttled = wb.throttled
 	s.DetachedCalls = wb.detached

@@ -181,7 +181,7 @@ type Writeback struct {
 	// +checklocks:mu
 	stuck int // calls past attempt_timeout that have not returned
 	// +checklocks:mu
-	closing map[uint64]time.Duration // closes (closeFile) and detached calls running, by id: when they began
+	offLoop map[uint64]time.Duration // calls running off the device's goroutine (closes, detached calls), by id: when they began
 	// +checklocks:mu
 	detached uint64 // writeback calls detached (see detachAfter)
 	// +checklocks:mu
@@ -193,7 +193,7 @@ type Writeback struct {
 	// +checklocks:mu
 	reprobe map[uint64]bool // devs whose detached probe said sync_file_range is unsupported
 	// +checklocks:mu
-	closeSeq uint64
+	offLoopSeq uint64
 	// +checklocks:mu
 	classWarned bool // the expire-class limit was logged
 	// +checklocks:mu
@@ -676,7 +676,7 @@ func (wb *Writeback) Healthy(limit time.Duration) bool {
 func (wb *Writeback) StuckCalls() int {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return wb.stuck + wb.stuckClosesLocked()
+	return wb.stuck + wb.stuckOffLoopLocked()
 }
 
 // SetConfig replaces the device's tunables (a configuration reload). The
@@ -1140,7 +1140,7 @@ func (wb *Writeback) closeFile(f inode.File) {
 	go func() {
 		f.Close()
 		wb.mu.Lock()
-		delete(wb.closing, id)
+		wb.returnedLocked(id)
 		wb.mu.Unlock()
 	}()
 }
@@ -1148,28 +1148,39 @@ func (wb *Writeback) closeFile(f inode.File) {
 // trackCallLocked records a call that runs off the device's goroutine (a
 // close, a detached writeback call), begun at since (daemon clock), so that
 // it counts in stuck_calls once it runs past attempt_timeout; the caller
-// deletes wb.closing[id] when it returns. Preconditions: wb.mu held.
+// deletes wb.offLoop[id] when it returns. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) trackCallLocked(since time.Duration) uint64 {
-	wb.closeSeq++
-	if wb.closing == nil {
-		wb.closing = map[uint64]time.Duration{}
+	wb.offLoopSeq++
+	if wb.offLoop == nil {
+		wb.offLoop = map[uint64]time.Duration{}
 	}
-	wb.closing[wb.closeSeq] = since
-	return wb.closeSeq
+	wb.offLoop[wb.offLoopSeq] = since
+	return wb.offLoopSeq
 }
 
-// stuckClosesLocked counts the closes and detached calls running for
+// returnedLocked ends the record of an off-loop call (trackCallLocked)
+// that has returned, and says how long it ran (daemon clock) and whether
+// that was past attempt_timeout. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) returnedLocked(id uint64) (took time.Duration, overran bool) {
+	took = wb.now() - wb.offLoop[id]
+	delete(wb.offLoop, id)
+	return took, wb.cfg.AttemptTimeout > 0 && took > wb.cfg.AttemptTimeout
+}
+
+// stuckOffLoopLocked counts the closes and detached calls running for
 // longer than attempt_timeout. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) stuckClosesLocked() int {
-	if wb.cfg.AttemptTimeout <= 0 || len(wb.closing) == 0 {
+func (wb *Writeback) stuckOffLoopLocked() int {
+	if wb.cfg.AttemptTimeout <= 0 || len(wb.offLoop) == 0 {
 		return 0
 	}
 	n, now := 0, wb.now()
-	for _, since := range wb.closing {
+	for _, since := range wb.offLoop {
 		if now-since > wb.cfg.AttemptTimeout {
 			n++
 		}
@@ -1331,7 +1342,7 @@ type openJob struct {
 	h     inode.Handle
 	state atomic.Int32 // reqRunning, reqDone or reqDetached
 	// began is when the open was handed over (daemon clock); id is its
-	// entry in Writeback.closing once detached.
+	// entry in Writeback.offLoop once detached.
 	began time.Duration
 	id    uint64
 }
@@ -1364,9 +1375,7 @@ func (wb *Writeback) startOpener() *opener {
 			if !inTime {
 				// Detached: the attempt was completed without it and
 				// another opener took over.
-				took = wb.now() - wb.closing[j.id]
-				overran = wb.cfg.AttemptTimeout > 0 && took > wb.cfg.AttemptTimeout
-				delete(wb.closing, j.id)
+				took, overran = wb.returnedLocked(j.id)
 				wb.unbusyLocked(j.in)
 				wb.gen++
 			}
@@ -1856,9 +1865,7 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 	att := r.att
 	if r.state.Load() == reqDetached {
 		// Left to finish here: the attempt was completed without it.
-		took := wb.now() - wb.closing[r.detachID]
-		overran := wb.cfg.AttemptTimeout > 0 && took > wb.cfg.AttemptTimeout
-		delete(wb.closing, r.detachID)
+		took, overran := wb.returnedLocked(r.detachID)
 		att.detached--
 		in := att.in
 		if att.stuck == 0 && att.detached == 0 {

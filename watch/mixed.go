@@ -21,18 +21,12 @@ import (
 type Mixed struct {
 	fa *Fanotify
 	in *Watcher
-
-	mu   sync.Mutex
-	inIn map[string]bool // roots served by the inotify half
 }
 
 var _ Backend = (*Mixed)(nil)
 
-func newMixed(fa *Fanotify, in *Watcher, inRoots []string) *Mixed {
-	m := &Mixed{fa: fa, in: in, inIn: map[string]bool{}}
-	for _, r := range inRoots {
-		m.inIn[r] = true
-	}
+func newMixed(fa *Fanotify, in *Watcher) *Mixed {
+	m := &Mixed{fa: fa, in: in}
 	in.ctr = fa.ctr
 	fa.statsName, in.statsName = m.Name, m.Name
 	fa.statsTrees, in.statsTrees = m.Trees, m.Trees
@@ -84,21 +78,12 @@ func (m *Mixed) AddTree(ctx context.Context, t Tree) error {
 	}
 	m.fa.log.Info("this tree's filesystem refuses fanotify; it is served by inotify",
 		zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
-	if err := m.in.AddTree(ctx, t); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	m.inIn[t.Root] = true
-	m.mu.Unlock()
-	return nil
+	return m.in.AddTree(ctx, t)
 }
 
 // RemoveTree implements Backend. Mounts inside the tree that the inotify
 // half serves for the fanotify half go with it.
 func (m *Mixed) RemoveTree(root string) bool {
-	m.mu.Lock()
-	delete(m.inIn, root)
-	m.mu.Unlock()
 	a := m.fa.RemoveTree(root)
 	b := m.in.RemoveTree(root)
 	for _, t := range m.in.list() {

@@ -695,11 +695,9 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 			return NewInotify(trees, sink, opt)
 		}
 		var inTrees []Tree
-		var inRoots []string
 		for _, r := range refused {
 			log.Info("this tree's filesystem refuses fanotify; it is served by inotify",
 				zap.String("root", strconv.Quote(r.Root)), zap.Error(r.Err))
-			inRoots = append(inRoots, r.Root)
 			for _, t := range trees {
 				if t.Root == r.Root {
 					inTrees = append(inTrees, t)
@@ -722,7 +720,7 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 			log.Info("watch backend: fanotify+inotify (auto: per filesystem)",
 				zap.Int("fanotify_trees", len(trees)-len(inTrees)), zap.Int("inotify_trees", len(inTrees)))
 		}
-		return newMixed(f, in, inRoots), nil
+		return newMixed(f, in), nil
 	}
 	return nil, fmt.Errorf("unknown watch backend %q", opt.Backend)
 }

@@ -207,7 +207,7 @@ mode = "integrity"
 	if _, err := f.Write(make([]byte, 8192)); err != nil {
 		t.Fatal(err)
 	}
-	stats := filepath.Join(d.statsDir, "bdi", "0:"+fmt.Sprint(minorOf(t, ffs.Dir)), "stats")
+	stats := d.devStats("0:" + fmt.Sprint(minorOf(t, ffs.Dir)))
 	ffs.Set(faultfs.Faults{WriteErr: syscall.EIO})
 	out, err := exec.Command("sync", p).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "Input/output error") {

@@ -159,6 +159,11 @@ func startDaemonWith(t *testing.T, bin, configText string, cred *syscall.Credent
 	return d
 }
 
+// devStats is the path of the stats file of the device majMin ("7:3").
+func (d *flusherdProc) devStats(majMin string) string {
+	return filepath.Join(d.statsDir, "bdi", majMin, "stats")
+}
+
 // halt ends the daemon if it still runs: SIGTERM, and SIGKILL after 30 s.
 func (d *flusherdProc) halt() {
 	select {
@@ -360,7 +365,7 @@ dirty_expire_interval = "1s"
 [[watch]]
 path = %q
 `, data))
-	statsPath := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	statsPath := d.devStats(mnt.MajMin)
 
 	var mu sync.Mutex
 	var pending []written

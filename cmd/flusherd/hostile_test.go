@@ -169,7 +169,7 @@ path = %q
 
 	// A file deleted while queued: once the stats show it on b_dirty
 	// (it expires 1s after the write), delete it.
-	statsPath := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	statsPath := d.devStats(mnt.MajMin)
 	drained := func(s map[string]int64) bool {
 		return s != nil && s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0
 	}

@@ -90,7 +90,7 @@ path = %q
 				waitClean(t, p, time.Until(written.Add(10*time.Second)))
 			}
 			ws := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
-			ds := readStats(t, filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats"))
+			ds := readStats(t, d.devStats(mnt.MajMin))
 			t.Logf("watch stats %v; device rescans %d", ws, ds["rescans"])
 			if ws["overflows"] < 1 || ws["rescans"] < 1 {
 				t.Errorf("want an overflow and a rescan counted, got %v", ws)

@@ -356,7 +356,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	// to a passing shortage.
 	var stopSig os.Signal
 	var retry <-chan time.Time
-	var retryDelay time.Duration
+	var retryPause policy.Backoff // its Pause is 0 while no retry is due
 loop:
 	for {
 		select {
@@ -377,15 +377,15 @@ loop:
 		}
 		switch {
 		case short:
-			if retryDelay == 0 {
+			if retryPause.Pause == 0 {
 				log.Warn("the reload could not be completed for want of resources; retrying with backoff until it completes",
 					zap.Stringer("first_retry", cfg.Writeback.MinPause))
 			}
-			retryDelay = min(max(2*retryDelay, cfg.Writeback.MinPause), cfg.Writeback.MaxPause)
-			retry = time.After(retryDelay)
-		case retryDelay > 0:
+			retryPause.Min, retryPause.Max = cfg.Writeback.MinPause, cfg.Writeback.MaxPause
+			retry = time.After(retryPause.Next(false))
+		case retryPause.Pause > 0:
 			log.Info("the reload retried after the resource shortage completed")
-			retryDelay = 0
+			retryPause.Reset()
 		}
 	}
 	if stopSig == nil {

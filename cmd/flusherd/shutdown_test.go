@@ -57,7 +57,7 @@ expire = "1h"
 		}
 		f.Close()
 	}
-	stats := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	stats := d.devStats(mnt.MajMin)
 	if !poll(10*time.Second, func() bool { return tracked(readStats(t, stats)) >= 220 }) {
 		t.Fatalf("the 220 files were not all tracked: %v", readStats(t, stats))
 	}

@@ -88,14 +88,14 @@ path = %q
 			took := time.Since(start)
 			bd, bwb, _ := cachestat(big, 0, 0)
 			t.Logf("small.txt clean after %s (max_inflight %s); big still had %d dirty, %d writeback pages; longest list lock hold %d µs",
-				took.Round(10*time.Millisecond), c.inflight, bd, bwb, readStats(t, filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats"))["list_lock_max_us"])
+				took.Round(10*time.Millisecond), c.inflight, bd, bwb, readStats(t, d.devStats(mnt.MajMin))["list_lock_max_us"])
 			if !ok {
 				t.Fatalf("small.txt still dirty after 20 s: %d dirty, %d writeback (%v)", dirty, wb, err)
 			}
 			if bound := time.Second + 500*time.Millisecond + time.Second; c.bounded && took > bound {
 				t.Errorf("small.txt took %s to be clean beside the stream, more than expire + interval + 1 s (%s)", took, bound)
 			}
-			st := readStats(t, filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats"))
+			st := readStats(t, d.devStats(mnt.MajMin))
 			if c.bounded && st["throttled"] == 0 {
 				t.Errorf("no attempt was deferred by max_inflight: %v", st)
 			}
@@ -147,7 +147,7 @@ path = %q
 	if bound := time.Second + 200*time.Millisecond + time.Second; took > bound {
 		t.Errorf("b took %s, more than expire + interval + 1 s (%s)", took, bound)
 	}
-	stats := filepath.Join(d.statsDir, "bdi", "0:"+fmt.Sprint(minorOf(t, ffs.Dir)), "stats")
+	stats := d.devStats("0:" + fmt.Sprint(minorOf(t, ffs.Dir)))
 	if !poll(3*time.Second, func() bool { return readStats(t, stats)["stuck_calls"] >= 1 }) {
 		t.Errorf("the stalled close is not counted in stuck_calls: %v", readStats(t, stats))
 	}
@@ -180,7 +180,7 @@ path = %q
 	// device's goroutine completes.
 	writeHeld(t, filepath.Join(ffs.Dir, "a"), 64<<10)
 	from := sd.len()
-	stats := filepath.Join(d.statsDir, "bdi", "0:"+fmt.Sprint(minorOf(t, ffs.Dir)), "stats")
+	stats := d.devStats("0:" + fmt.Sprint(minorOf(t, ffs.Dir)))
 	stuck := poll(4*time.Second, func() bool { return readStats(t, stats)["stuck_calls"] >= 1 })
 	time.Sleep(time.Second)
 	gap := sd.maxGap("WATCHDOG=1", from)
@@ -275,7 +275,7 @@ path = %q
 	})
 	took := time.Since(start)
 	t.Logf("small.txt: writeback submitted %s after its write (device requests in flight then, read/write: %s), clean %s after", submitted.Round(10*time.Millisecond), queued, took.Round(10*time.Millisecond))
-	stats := readStats(t, filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats"))
+	stats := readStats(t, d.devStats(mnt.MajMin))
 	bd, bwb, _ := cachestat(filepath.Join(tree, "big"), 0, 0)
 	t.Logf("big: %d dirty, %d writeback pages %s after its write; %d WRITE requests paced", bd, bwb, time.Since(streamed).Round(10*time.Millisecond), ffs.Count("write"))
 	gap := sd.maxGap("WATCHDOG=1", from)

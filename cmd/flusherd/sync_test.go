@@ -192,7 +192,7 @@ func TestSyncDuplicates(t *testing.T) {
 	if err := os.Link(f, link); err != nil {
 		t.Fatal(err)
 	}
-	stats := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	stats := d.devStats(mnt.MajMin)
 	if !poll(10*time.Second, func() bool { return tracked(readStats(t, stats)) >= 1 }) {
 		t.Fatal("the file was not tracked")
 	}

@@ -216,7 +216,7 @@ func TestNotifyAndReload(t *testing.T) {
 	// A file in a: tracked, and not due for an hour.
 	fa := filepath.Join(a, "f")
 	writeDirty(t, fa, 16<<10)
-	statsPath := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	statsPath := d.devStats(mnt.MajMin)
 	waitFor(t, "a/f tracked", 5*time.Second, func() bool { return readStats(t, statsPath)["b_dirty"] == 1 })
 
 	// Reload: a is removed, b is added, the interval is 200ms and the
