@@ -106,7 +106,9 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	fa.nested = fa.nestedMount
 	fa.statsTrees = fa.Trees
 	for _, t := range trees {
-		if err := fa.mark(fd, t.Root, false); err != nil {
+		err := fa.mark(fd, t.Root, false)
+		opt.progress()
+		if err != nil {
 			fa.f.Close()
 			return nil, &TreeError{Root: t.Root, Err: err}
 		}
@@ -138,7 +140,9 @@ func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeErr
 	}
 	var refused []*TreeError
 	for _, t := range trees {
-		if err := fa.mark(int(fa.f.Fd()), t.Root, false); err != nil {
+		err := fa.mark(int(fa.f.Fd()), t.Root, false)
+		opt.progress()
+		if err != nil {
 			refused = append(refused, &TreeError{Root: t.Root, Err: err})
 			continue
 		}

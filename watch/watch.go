@@ -658,6 +658,17 @@ type Options struct {
 	// StatsDir, if set, gets <StatsDir>/watch/stats (WriteStats).
 	StatsDir string
 	Log      *zap.Logger
+	// Progress, if set, is called once per tree as New sets it up (its
+	// filesystem offered a fanotify mark and registered for opens by
+	// handle: opens that are slow on a slow filesystem), so that a
+	// caller can report start-up progress (EXTEND_TIMEOUT_USEC).
+	Progress func()
+}
+
+func (o *Options) progress() {
+	if o.Progress != nil {
+		o.Progress()
+	}
 }
 
 // New returns the backend opt.Backend asks for. "auto" picks fanotify when

@@ -225,13 +225,18 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 
 	// Until READY=1, systemd's TimeoutStartSec runs: while start-up makes
 	// progress, extend it.
-	// The counter moves with each tree set up (its filesystem registered
-	// for opens by handle and for error checks: opens that can take long
-	// on a slow filesystem), and once more when every root is watched.
-	var rootsDone atomic.Int64
+	// Progress is counted in steps that can each take long on a slow
+	// filesystem: each tree set up (its root opened to register it for
+	// opens by handle and for error checks), each tree offered to the
+	// watcher (its root opened again for the fanotify mark).
+	var setUp, offered atomic.Int64
 	stopExtend := n.extendWhile(2*time.Second, 6*time.Second, func() string {
-		return fmt.Sprintf("starting: %d of %d trees set up", min(rootsDone.Load(), int64(len(cfg.Watch))), len(cfg.Watch))
-	}, func() int64 { return rootsDone.Load() })
+		s := fmt.Sprintf("starting: %d of %d trees set up", setUp.Load(), len(cfg.Watch))
+		if o := offered.Load(); o > 0 {
+			s += fmt.Sprintf(", %d of %d offered to the watcher", o, len(cfg.Watch))
+		}
+		return s
+	}, func() int64 { return setUp.Load() + offered.Load() })
 	defer stopExtend()
 
 	sys := sysfs.Default()
@@ -271,11 +276,11 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
 		}
 		watchErrors(errs, t, log)
-		rootsDone.Add(1)
+		setUp.Add(1)
 	}
 	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
-		StatsDir: cfg.Stats.Dir, Log: log})
+		StatsDir: cfg.Stats.Dir, Log: log, Progress: func() { offered.Add(1) }})
 	if err != nil {
 		return err
 	}
@@ -292,7 +297,6 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		reg.Stop()
 		return err
 	}
-	rootsDone.Add(1)
 	stopExtend()
 
 	if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters(), wat.Trees()); err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 )
 
@@ -132,6 +133,77 @@ func TestExtendTimeout(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if after := sd.count("EXTEND_TIMEOUT_USEC", 0); after != before {
 		t.Errorf("%d more extensions without progress: %s", after-before, sd.all())
+	}
+}
+
+// TestExtendTimeoutDaemon runs the daemon binary over a real notify
+// socket with trees whose set-up is slow: their filesystem (faultfs) takes
+// OpendirDelay to open a root, and start-up opens each root twice (set-up,
+// then the watcher's fanotify offer). While start-up moves,
+// EXTEND_TIMEOUT_USEC goes out every 2 s with a STATUS= that says how far
+// it got, before READY=1; while it is stuck on one open, none goes out, so
+// TimeoutStartSec still ends a hung start-up.
+func TestExtendTimeoutDaemon(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		roots    int
+		delay    time.Duration
+		min, max int // extensions before READY=1
+	}{
+		// Six opens of 1.4 s: 8.4 s, ticks at 2, 4, 6 and 8 s, each
+		// after a step ended.
+		{"progress", 3, 1400 * time.Millisecond, 3, 4},
+		// Two opens of 5 s: ticks at 2 (the first always goes out),
+		// 6 (after the first open) and maybe 10; never at 4 or 8. An
+		// extension on every tick would be 5.
+		{"stuck", 1, 5 * time.Second, 1, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ffs := faultfs.MountT(t)
+			var conf strings.Builder
+			conf.WriteString("[writeback]\ndirty_writeback_interval = \"200ms\"\ndirty_expire_interval = \"1s\"\n")
+			for i := range tc.roots {
+				r := filepath.Join(ffs.Dir, fmt.Sprint("t", i))
+				if err := os.Mkdir(r, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintf(&conf, "[[watch]]\npath = %q\n", r)
+			}
+			sd := newFakeSystemd(t)
+			t.Setenv("NOTIFY_SOCKET", sd.path)
+			ffs.Set(faultfs.Faults{OpendirDelay: tc.delay})
+			opens := ffs.Count("opendir")
+			startDaemon(t, conf.String())
+			ffs.Set(faultfs.Faults{})
+			if n := ffs.Count("opendir") - opens; n < 2*tc.roots {
+				t.Fatalf("precondition: %d OPENDIR during start-up, want at least %d (two per root)", n, 2*tc.roots)
+			}
+			waitFor(t, "READY=1", 5*time.Second, func() bool { return sd.count("READY=1", 0) == 1 })
+			const ext = "EXTEND_TIMEOUT_USEC=6000000\nSTATUS="
+			sd.mu.Lock()
+			var got []string
+			for _, m := range sd.msgs {
+				if strings.Contains(m, "READY=1") {
+					break
+				}
+				if strings.HasPrefix(m, ext) {
+					got = append(got, strings.TrimPrefix(m, ext))
+				}
+			}
+			sd.mu.Unlock()
+			t.Logf("extensions before READY=1: %q", got)
+			if len(got) < tc.min || len(got) > tc.max {
+				t.Errorf("%d extensions before READY=1, want %d to %d: %q", len(got), tc.min, tc.max, got)
+			}
+			for i := 1; i < len(got); i++ {
+				if got[i] == got[i-1] {
+					t.Errorf("extension %d says %q again: sent without progress (%q)", i, got[i], got)
+				}
+			}
+			if tc.min >= 3 && !strings.Contains(got[len(got)-1], fmt.Sprintf("%d of %d trees set up, ", tc.roots, tc.roots)) {
+				t.Errorf("the last extension does not count the watcher's steps: %q", got)
+			}
+		})
 	}
 }
 

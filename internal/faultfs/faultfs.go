@@ -27,10 +27,13 @@ import (
 // Faults says what to do to the operations that reach the filesystem. The
 // zero value injects nothing.
 type Faults struct {
-	OpenErr    syscall.Errno // returned by OPEN (e.g. EAGAIN, EMFILE)
-	OpenDelay  time.Duration // OPEN sleeps this long first
-	FsyncErr   syscall.Errno // returned by FSYNC (e.g. EAGAIN, EIO)
-	FsyncDelay time.Duration // FSYNC sleeps this long first
+	OpenErr   syscall.Errno // returned by OPEN (e.g. EAGAIN, EMFILE)
+	OpenDelay time.Duration // OPEN sleeps this long first
+	// OpendirDelay: OPENDIR (open(2) of a directory) sleeps this long
+	// first: a slow server, seen from whatever opens a tree's root.
+	OpendirDelay time.Duration
+	FsyncErr     syscall.Errno // returned by FSYNC (e.g. EAGAIN, EIO)
+	FsyncDelay   time.Duration // FSYNC sleeps this long first
 	// FlushDelay: FLUSH (sent by every close(2) of the file) sleeps this
 	// long first: a server that stalls, seen from the closer.
 	FlushDelay time.Duration
@@ -153,10 +156,11 @@ func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbe
 }
 
 var (
-	_ fs.NodeOpener      = (*node)(nil)
-	_ fs.NodeCreater     = (*node)(nil)
-	_ fs.NodeFsyncer     = (*node)(nil)
-	_ fs.NodeWrapChilder = (*node)(nil)
+	_ fs.NodeOpener         = (*node)(nil)
+	_ fs.NodeOpendirHandler = (*node)(nil)
+	_ fs.NodeCreater        = (*node)(nil)
+	_ fs.NodeFsyncer        = (*node)(nil)
+	_ fs.NodeWrapChilder    = (*node)(nil)
 )
 
 // file is a loopback file handle whose WRITE can fail (Faults.WriteErr);
@@ -250,6 +254,13 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		fh = &file{FileHandle: fh, fs: n.fs}
 	}
 	return fh, fuseFlags, errno
+}
+
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if fl := n.fs.get("opendir"); fl.OpendirDelay > 0 {
+		time.Sleep(fl.OpendirDelay)
+	}
+	return n.LoopbackNode.OpendirHandle(ctx, flags)
 }
 
 func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
