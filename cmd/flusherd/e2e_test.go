@@ -328,7 +328,7 @@ func copyTree(t *testing.T, src, dst string, rec func(written)) {
 	}
 }
 
-// TestEndToEnd runs the daemon on a loop-mounted ext4 with
+// TestEndToEnd runs the daemon on a loop-mounted ext4, and on xfs, with
 // dirty_expire_interval=1s and dirty_writeback_interval=500ms while a tree
 // is copied in and a log is appended every 100 ms, and checks with cachestat
 // that data written at t is clean by t + expire + interval + 1.5s. The
@@ -336,6 +336,12 @@ func copyTree(t *testing.T, src, dst string, rec func(written)) {
 // bound holds only if flusherd does the work. FLUSHERD_E2E_SRC replaces the
 // copied tree (default $GOROOT/src/net).
 func TestEndToEnd(t *testing.T) {
+	for _, fstype := range []string{"ext4", "xfs"} {
+		t.Run(fstype, func(t *testing.T) { endToEnd(t, fstype) })
+	}
+}
+
+func endToEnd(t *testing.T, fstype string) {
 	src := os.Getenv("FLUSHERD_E2E_SRC")
 	if src == "" {
 		out, err := exec.Command("go", "env", "GOROOT").Output()
@@ -347,7 +353,7 @@ func TestEndToEnd(t *testing.T) {
 	if _, err := os.Stat(src); err != nil {
 		t.Skipf("no source tree to copy: %v", err)
 	}
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 1024, DirectIO: true})
+	mnt := testfs.Mount(t, testfs.Options{Type: fstype, SizeMB: 1024, DirectIO: true})
 	data := filepath.Join(mnt.Dir, "data")
 	if err := os.Mkdir(data, 0o755); err != nil {
 		t.Fatal(err)
