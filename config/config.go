@@ -373,6 +373,10 @@ func Parse(name string, data []byte) (*Config, error) {
 
 // parse is Parse without the value checks.
 func parse(name string, data []byte) (*Config, error) {
+	lines, tooDeep := scanLines(string(data))
+	if tooDeep > 0 {
+		return nil, &Error{File: name, Line: tooDeep, Msg: fmt.Sprintf("nested more than %d levels deep (dotted key parts, arrays and inline tables)", MaxDepth)}
+	}
 	var m map[string]any
 	if _, err := toml.Decode(string(data), &m); err != nil {
 		if pe, ok := errors.AsType[toml.ParseError](err); ok {
@@ -386,7 +390,7 @@ func parse(name string, data []byte) (*Config, error) {
 		}
 		return nil, &Error{File: name, Msg: err.Error(), err: err}
 	}
-	src := &source{file: name, lines: scanLines(string(data))}
+	src := &source{file: name, lines: lines}
 	d := &decoder{src: src}
 	c := d.config(m)
 	if err := collect(d.errs); err != nil {
@@ -1114,18 +1118,46 @@ func isBareChar(r rune) bool {
 // 0-based index: "watch[1]" is the second [[watch]] header and
 // "watch[1].path" the path key under it. A table defined only implicitly
 // (by a dotted key or a sub-table header) maps to the line of its first use.
-func scanLines(src string) map[string]int {
+//
+// It runs before the TOML parser, so it never fails on a document the
+// parser would refuse: it skips what it does not understand. A key or value
+// nested deeper than MaxDepth stops it; tooDeep then gives that line (the
+// parser's recursion, and marking every level, would take memory and time
+// that grow with the depth's square: an 80 KB file of nested arrays took
+// 4 GB).
+func scanLines(src string) (lines map[string]int, tooDeep int) {
 	sc := &scanner{s: src, line: 1, lines: make(map[string]int), arrays: make(map[string]int)}
 	sc.document()
-	return sc.lines
+	return sc.lines, sc.tooDeep
 }
 
+// MaxDepth is the deepest nesting a configuration may have: the parts of a
+// dotted key plus the arrays and inline tables its value is nested in. The
+// schema needs 3 ("watch[1].path").
+const MaxDepth = 32
+
 type scanner struct {
-	s      string
-	i      int
-	line   int
-	lines  map[string]int
-	arrays map[string]int // array-of-tables key → entries seen so far
+	s       string
+	i       int
+	line    int
+	lines   map[string]int
+	arrays  map[string]int // array-of-tables key → entries seen so far
+	depth   int            // nesting of the key or value being read
+	tooDeep int            // line where nesting passed MaxDepth; 0 if none
+}
+
+// deeper enters one more level of nesting; past MaxDepth it records the
+// line and ends the scan (the rest of the input is skipped).
+func (sc *scanner) deeper() bool {
+	sc.depth++
+	if sc.depth <= MaxDepth {
+		return true
+	}
+	if sc.tooDeep == 0 {
+		sc.tooDeep = sc.line
+	}
+	sc.i = len(sc.s)
+	return false
 }
 
 func (sc *scanner) eof() bool { return sc.i >= len(sc.s) }
@@ -1146,7 +1178,23 @@ func (sc *scanner) advance(n int) {
 	}
 }
 
+// maxMarkedKey bounds the keys the scanner records and builds: a longer
+// one (no key of the schema is) has no line in errors, and memory stays
+// linear in the input.
+const maxMarkedKey = 1 << 10
+
+// join is joinKey, except that a key past maxMarkedKey is not extended.
+func (sc *scanner) join(prefix, k string) string {
+	if len(prefix) > maxMarkedKey {
+		return prefix
+	}
+	return joinKey(prefix, k)
+}
+
 func (sc *scanner) mark(key string, line int) {
+	if len(key) > maxMarkedKey {
+		return
+	}
 	if _, ok := sc.lines[key]; !ok {
 		sc.lines[key] = line
 	}
@@ -1201,24 +1249,41 @@ func (sc *scanner) document() {
 		// to its last entry.
 		table = ""
 		for n, k := range parts {
-			table = joinKey(table, k)
+			table = sc.join(table, k)
 			sc.mark(table, line)
 			if array && n == len(parts)-1 {
 				idx := sc.arrays[table]
 				sc.arrays[table] = idx + 1
-				table = fmt.Sprintf("%s[%d]", table, idx)
+				table = sc.index(table, idx)
 				sc.mark(table, line)
 			} else if cnt, ok := sc.arrays[table]; ok {
-				table = fmt.Sprintf("%s[%d]", table, cnt-1)
+				table = sc.index(table, cnt-1)
 			}
 		}
 	}
 }
 
-// keyParts reads a possibly dotted, possibly quoted key.
+// index is key's n-th entry, "key[n]", except that a key past
+// maxMarkedKey is not extended.
+func (sc *scanner) index(key string, n int) string {
+	if len(key) > maxMarkedKey {
+		return key
+	}
+	return key + "[" + strconv.Itoa(n) + "]"
+}
+
+// keyParts reads a possibly dotted, possibly quoted key, of at most
+// MaxDepth parts less the nesting it is in.
 func (sc *scanner) keyParts() []string {
 	var parts []string
 	for {
+		if len(parts)+sc.depth >= MaxDepth {
+			if sc.tooDeep == 0 {
+				sc.tooDeep = sc.line
+			}
+			sc.i = len(sc.s)
+			return parts
+		}
 		sc.skipSpace(false)
 		var k string
 		switch c := sc.peek(0); {
@@ -1254,12 +1319,14 @@ func (sc *scanner) keyParts() []string {
 	}
 }
 
-// keyval reads "key = value" in table prefix.
+// keyval reads "key = value" in table prefix. The key's parts count
+// towards the nesting of its value.
 func (sc *scanner) keyval(prefix string) {
 	line := sc.line
 	key := prefix
-	for _, k := range sc.keyParts() {
-		key = joinKey(key, k)
+	parts := sc.keyParts()
+	for _, k := range parts {
+		key = sc.join(key, k)
 		sc.mark(key, line)
 	}
 	sc.skipSpace(false)
@@ -1269,7 +1336,9 @@ func (sc *scanner) keyval(prefix string) {
 	}
 	sc.advance(1)
 	sc.skipSpace(false)
+	sc.depth += len(parts)
 	sc.value(key)
+	sc.depth -= len(parts)
 }
 
 func (sc *scanner) value(key string) {
@@ -1279,6 +1348,10 @@ func (sc *scanner) value(key string) {
 	case '\'':
 		sc.literalString()
 	case '[':
+		if !sc.deeper() {
+			return
+		}
+		defer func() { sc.depth-- }()
 		sc.advance(1)
 		for n := 0; ; n++ {
 			sc.skipSpace(true)
@@ -1286,7 +1359,7 @@ func (sc *scanner) value(key string) {
 				sc.advance(1)
 				return
 			}
-			elem := fmt.Sprintf("%s[%d]", key, n)
+			elem := sc.index(key, n)
 			sc.mark(elem, sc.line)
 			start := sc.i
 			sc.value(elem)
@@ -1296,6 +1369,10 @@ func (sc *scanner) value(key string) {
 			}
 		}
 	case '{':
+		if !sc.deeper() {
+			return
+		}
+		defer func() { sc.depth-- }()
 		sc.advance(1)
 		for {
 			sc.skipSpace(true)

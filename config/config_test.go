@@ -694,7 +694,7 @@ i = 2
 		"arr[1].items": 26, "arr[1].items[0]": 26, "arr[1].items[0].i": 27,
 		"arr[1].items[1]": 28, "arr[1].items[1].i": 29,
 	}
-	got := scanLines(src)
+	got, _ := scanLines(src)
 	for k, l := range want {
 		if got[k] != l {
 			t.Errorf("line of %s = %d, want %d", k, got[k], l)
@@ -927,7 +927,7 @@ func TestBoundaries(t *testing.T) {
 		t.Error("Load of a file one byte over MaxFileSize succeeded")
 	}
 
-	got := scanLines("# c\n'lit key' = 1\na = 1\nz=1\nA=1\nZ=1\n0=1\n9=1\n_-=1\nq = 'x[y] = z'\nr = 1\n[t]\nk = 1")
+	got, _ := scanLines("# c\n'lit key' = 1\na = 1\nz=1\nA=1\nZ=1\n0=1\n9=1\n_-=1\nq = 'x[y] = z'\nr = 1\n[t]\nk = 1")
 	want := map[string]int{`"lit key"`: 2, "a": 3, "z": 4, "A": 5, "Z": 6, "0": 7, "9": 8, "_-": 9, "q": 10, "r": 11, "t": 12, "t.k": 13}
 	for k, l := range want {
 		if got[k] != l {
