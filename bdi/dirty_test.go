@@ -1,0 +1,66 @@
+package bdi
+
+import (
+	"testing"
+	"time"
+)
+
+// TestDirtyListClasses: an expire already in use shares its class and
+// counts one more inode; unref releases one and never goes below zero or
+// past the classes; a class no inode holds is reused; once 255 are held,
+// a new expire shares the class with the nearest expire, above or below.
+func TestDirtyListClasses(t *testing.T) {
+	var d dirtyList
+	a, exact := d.class(time.Second)
+	if a != 0 || !exact {
+		t.Fatalf("first class = %d, %v; want 0, true", a, exact)
+	}
+	if b, _ := d.class(time.Second); b != a || d.classes[a].refs != 2 {
+		t.Fatalf("same expire: class %d with %d refs, want %d with 2", b, d.classes[a].refs, a)
+	}
+	d.unref(a)
+	d.unref(a)
+	d.unref(a) // one too many: stays at zero
+	if r := d.classes[a].refs; r != 0 {
+		t.Fatalf("refs after three unrefs of two = %d, want 0", r)
+	}
+	d.unref(uint8(len(d.classes))) // no such class: ignored
+	// Unheld and empty: reused for a new expire.
+	if c, exact := d.class(2 * time.Second); c != a || !exact || d.classes[a].expire != 2*time.Second {
+		t.Fatalf("new expire took class %d (exact %v, expire %v), want %d reused", c, exact, d.classes[c].expire, a)
+	}
+	// Hold 255 classes: expires 2 s, 10 s, 20 s, ... 2540 s.
+	for i := 1; i < 255; i++ {
+		if c, exact := d.class(time.Duration(i*10) * time.Second); int(c) != i || !exact {
+			t.Fatalf("expire %d0s: class %d (exact %v), want %d", i, c, exact, i)
+		}
+	}
+	for _, tc := range []struct {
+		expire time.Duration
+		want   uint8
+	}{
+		{14 * time.Second, 1}, // nearer 10 s (below) than 20 s
+		{16 * time.Second, 2}, // nearer 20 s (above) than 10 s
+		{time.Second, 0},      // 2 s
+		{time.Hour, 254},      // above them all: 2540 s
+		{2538 * time.Second, 254},
+		{2535 * time.Second, 253}, // a tie: the first found
+	} {
+		refs := d.classes[tc.want].refs
+		c, exact := d.class(tc.expire)
+		if c != tc.want || exact {
+			t.Errorf("expire %v with every class held: class %d (expire %v, exact %v), want %d (expire %v), not exact",
+				tc.expire, c, d.classes[c].expire, exact, tc.want, d.classes[tc.want].expire)
+			continue
+		}
+		if d.classes[c].refs != refs+1 {
+			t.Errorf("shared class %d has %d refs, want %d", c, d.classes[c].refs, refs+1)
+		}
+		if d.classes[c].expire != d.classes[tc.want].expire {
+			t.Errorf("sharing changed class %d's expire", c)
+		}
+	}
+	if n := len(d.classes); n != 255 {
+		t.Errorf("%d classes, want 255", n)
+	}
+}
