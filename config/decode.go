@@ -1,0 +1,327 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// decoder turns the generic TOML tree into a Config, collecting errors.
+type decoder struct {
+	src  *source
+	errs []*Error
+}
+
+func (d *decoder) errorf(key, format string, args ...any) {
+	d.errs = append(d.errs, d.src.errorf(key, format, args...))
+}
+
+// field decodes one key's value; key is the full dotted key.
+type field func(key string, v any)
+
+// table decodes the keys of table m (at dotted key prefix) with fields,
+// reporting unknown keys.
+func (d *decoder) table(prefix string, v any, fields map[string]field) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		d.errorf(prefix, "want a table, got %s", describe(v))
+		return
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		key := joinKey(prefix, k)
+		f, ok := fields[k]
+		if !ok {
+			d.errorf(key, "unknown key, want one of %s", strings.Join(slices.Sorted(maps.Keys(fields)), ", "))
+			continue
+		}
+		f(key, m[k])
+	}
+}
+
+func (d *decoder) config(m map[string]any) *Config {
+	c := Default()
+	wb := &c.Writeback
+	maxPauseSet, maxInflightSet := false, false
+	var watches []any
+	d.table("", m, map[string]field{
+		"writeback": func(key string, v any) {
+			d.table(key, v, map[string]field{
+				"dirty_writeback_interval": d.duration(&wb.DirtyWritebackInterval),
+				"dirty_expire_interval":    d.duration(&wb.DirtyExpireInterval),
+				"min_pause":                d.duration(&wb.MinPause),
+				"max_pause": func(key string, v any) {
+					maxPauseSet = true
+					d.duration(&wb.MaxPause)(key, v)
+				},
+				"write_chunk": d.size(&wb.WriteChunk),
+				"max_inflight": func(key string, v any) {
+					maxInflightSet = true
+					d.size(&wb.MaxInflight)(key, v)
+				},
+				"requeue_blocked":  d.str(&wb.RequeueBlocked),
+				"attempt_timeout":  d.duration(&wb.AttemptTimeout),
+				"shutdown_timeout": d.duration(&wb.ShutdownTimeout),
+			})
+		},
+		"plug": func(key string, v any) {
+			d.table(key, v, map[string]field{
+				"enabled":          d.boolean(&c.Plug.Enabled),
+				"max_pending":      d.integer(&c.Plug.MaxPending),
+				"queue_depth":      d.integer(&c.Plug.QueueDepth),
+				"integrity_syncfs": d.integer(&c.Plug.IntegritySyncfs),
+			})
+		},
+		"watcher": func(key string, v any) {
+			d.table(key, v, map[string]field{
+				"backend":         d.str(&c.Watcher.Backend),
+				"rescan_interval": d.duration(&c.Watcher.RescanInterval),
+			})
+		},
+		"stats": func(key string, v any) {
+			d.table(key, v, map[string]field{"dir": d.str(&c.Stats.Dir)})
+		},
+		"log": func(key string, v any) {
+			d.table(key, v, map[string]field{"level": d.str(&c.Log.Level)})
+		},
+		"metrics": func(key string, v any) {
+			d.table(key, v, map[string]field{"listen": d.str(&c.Metrics.Listen)})
+		},
+		"watch": func(key string, v any) {
+			switch v := v.(type) {
+			case []map[string]any:
+				for _, x := range v {
+					watches = append(watches, x)
+				}
+			case []any:
+				watches = v
+			default:
+				d.errorf(key, "want an array of tables ([[watch]]), got %s", describe(v))
+			}
+		},
+	})
+	if !maxPauseSet {
+		wb.MaxPause = wb.DirtyWritebackInterval
+	}
+	if !maxInflightSet {
+		// The default follows a larger write_chunk.
+		wb.MaxInflight = max(wb.MaxInflight, wb.WriteChunk)
+	}
+	for i, v := range watches {
+		key := fmt.Sprintf("watch[%d]", i)
+		w := Watch{Recursive: true, Mode: ModeWriteback, Expire: wb.DirtyExpireInterval}
+		pathSet := false
+		d.table(key, v, map[string]field{
+			"path": func(key string, v any) {
+				pathSet = true
+				d.str(&w.Path)(key, v)
+			},
+			"recursive": d.boolean(&w.Recursive),
+			"mode":      d.str(&w.Mode),
+			"expire":    d.duration(&w.Expire),
+		})
+		switch {
+		case !pathSet:
+			if _, isTable := v.(map[string]any); isTable {
+				e := d.src.errorf(key+".path", "missing: every [[watch]] needs a path")
+				e.Line = d.src.line(key)
+				d.errs = append(d.errs, e)
+			}
+		case w.Path == "":
+			d.errorf(key+".path", "must not be empty")
+		default:
+			abs, err := filepath.Abs(w.Path)
+			if err != nil {
+				d.errorf(key+".path", "cannot make %q absolute: %v", w.Path, err)
+			}
+			w.Path = abs
+		}
+		c.Watch = append(c.Watch, w)
+	}
+	return c
+}
+
+func (d *decoder) duration(dst *time.Duration) field {
+	return func(key string, v any) {
+		s, ok := v.(string)
+		if !ok {
+			switch v.(type) {
+			case int64, float64:
+				d.errorf(key, "bad duration %v: a duration must be a string with a unit, e.g. \"%vs\"", v, v)
+			default:
+				d.errorf(key, "want a duration string like \"5s\", got %s", describe(v))
+			}
+			return
+		}
+		if _, err := strconv.ParseFloat(strings.TrimSpace(s), 64); err == nil {
+			d.errorf(key, "bad duration %q: a duration needs a unit, e.g. \"%sms\"", s, strings.TrimSpace(s))
+			return
+		}
+		x, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			d.errorf(key, "bad duration %q: want a number with a unit (ns, us, ms, s, m, h), e.g. \"5s\" or \"1m30s\"", s)
+			return
+		}
+		*dst = x
+	}
+}
+
+func (d *decoder) size(dst *int64) field {
+	return func(key string, v any) {
+		switch v := v.(type) {
+		case int64:
+			*dst = v
+		case string:
+			n, err := parseSize(v)
+			if err != nil {
+				d.errorf(key, "bad size %q: %v", v, err)
+				return
+			}
+			*dst = n
+		default:
+			d.errorf(key, "want a size like \"4MiB\" or an integer number of bytes, got %s", describe(v))
+		}
+	}
+}
+
+func (d *decoder) str(dst *string) field {
+	return func(key string, v any) {
+		s, ok := v.(string)
+		if !ok {
+			d.errorf(key, "want a string, got %s", describe(v))
+			return
+		}
+		*dst = s
+	}
+}
+
+func (d *decoder) boolean(dst *bool) field {
+	return func(key string, v any) {
+		b, ok := v.(bool)
+		if !ok {
+			d.errorf(key, "want true or false, got %s", describe(v))
+			return
+		}
+		*dst = b
+	}
+}
+
+func (d *decoder) integer(dst *int) field {
+	return func(key string, v any) {
+		n, ok := v.(int64)
+		if !ok {
+			d.errorf(key, "want an integer, got %s", describe(v))
+			return
+		}
+		if int64(int(n)) != n {
+			d.errorf(key, "%d is out of range", n)
+			return
+		}
+		*dst = int(n)
+	}
+}
+
+// describe names a decoded TOML value's type (and value, if scalar) for
+// error messages.
+func describe(v any) string {
+	switch v := v.(type) {
+	case string:
+		return fmt.Sprintf("string %q", v)
+	case int64:
+		return fmt.Sprintf("integer %d", v)
+	case float64:
+		return fmt.Sprintf("float %v", v)
+	case bool:
+		return fmt.Sprintf("boolean %v", v)
+	case map[string]any:
+		return "a table"
+	case []map[string]any, []any:
+		return "an array"
+	case time.Time:
+		return "a datetime"
+	default:
+		return fmt.Sprintf("a %T", v)
+	}
+}
+
+var sizeUnits = map[string]int64{
+	"": 1, "B": 1,
+	"K": 1 << 10, "KiB": 1 << 10,
+	"M": 1 << 20, "MiB": 1 << 20,
+	"G": 1 << 30, "GiB": 1 << 30,
+}
+
+// parseSize parses a whole number of bytes with an optional binary unit
+// (see the package documentation).
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	j := 0
+	for j < len(t) && '0' <= t[j] && t[j] <= '9' {
+		j++
+	}
+	if j == 0 {
+		return 0, errors.New(`want a whole number with an optional unit B, KiB, MiB or GiB, e.g. "4MiB"`)
+	}
+	unit := strings.TrimSpace(t[j:])
+	mult, ok := sizeUnits[unit]
+	switch {
+	case ok:
+	case strings.HasPrefix(unit, "."):
+		return 0, errors.New(`fractions are not allowed: write a whole number, in a smaller unit if need be ("1536KiB", not "1.5MiB")`)
+	case slices.Contains([]string{"kB", "KB", "MB", "GB", "kb", "mb", "gb"}, unit):
+		return 0, fmt.Errorf("ambiguous unit %q (powers of 1000 or of 1024?): write KiB, MiB or GiB (powers of 1024), or a number of bytes", unit)
+	default:
+		return 0, fmt.Errorf("unknown unit %q, want B, KiB, MiB or GiB (K, M, G also mean KiB, MiB, GiB)", unit)
+	}
+	n, err := strconv.ParseInt(t[:j], 10, 64)
+	if err != nil || n > math.MaxInt64/mult {
+		return 0, errors.New("too large")
+	}
+	return n * mult, nil
+}
+
+// formatSize writes n bytes with the largest binary unit that divides it.
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		name string
+		mult int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.mult == 0 {
+			return strconv.FormatInt(n/u.mult, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
+}
+
+// joinKey appends the TOML key part k to the dotted key prefix, quoting k
+// unless it is a bare key.
+func joinKey(prefix, k string) string {
+	if !isBareKey(k) {
+		k = strconv.Quote(k)
+	}
+	if prefix == "" {
+		return k
+	}
+	return prefix + "." + k
+}
+
+func isBareKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for _, r := range k {
+		if !isBareChar(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func isBareChar(r rune) bool {
+	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '_' || r == '-'
+}

@@ -1,0 +1,242 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// check runs the value checks; stat adds the file system checks on watch
+// paths.
+func (c *Config) check(stat bool) error {
+	s := c.src
+	var errs []*Error
+	add := func(key, format string, args ...any) {
+		errs = append(errs, s.errorf(key, format, args...))
+	}
+	positive := func(key string, d time.Duration) {
+		if d <= 0 {
+			add(key, "must be positive, got %q", d.String())
+		}
+	}
+	oneOf := func(key, v string, valid ...string) {
+		if !slices.Contains(valid, v) {
+			add(key, "unknown value %q, want %s", v, quoteList(valid))
+		}
+	}
+
+	atLeast := func(key string, d, least time.Duration) {
+		if d > 0 && d < least {
+			add(key, "must be at least %s, got %q", least, d.String())
+		}
+	}
+	wb := c.Writeback
+	positive("writeback.dirty_writeback_interval", wb.DirtyWritebackInterval)
+	atLeast("writeback.dirty_writeback_interval", wb.DirtyWritebackInterval, MinInterval)
+	positive("writeback.dirty_expire_interval", wb.DirtyExpireInterval)
+	positive("writeback.min_pause", wb.MinPause)
+	atLeast("writeback.min_pause", wb.MinPause, time.Millisecond)
+	positive("writeback.max_pause", wb.MaxPause)
+	positive("writeback.attempt_timeout", wb.AttemptTimeout)
+	atLeast("writeback.attempt_timeout", wb.AttemptTimeout, MinInterval)
+	positive("writeback.shutdown_timeout", wb.ShutdownTimeout)
+	if wb.MinPause > 0 && wb.MaxPause > 0 && wb.MinPause > wb.MaxPause {
+		// Blame the key written last in the file, as that is where the
+		// conflict arises; max_pause may come from dirty_writeback_interval.
+		key, note := "writeback.min_pause", ""
+		cands := []string{"writeback.min_pause", "writeback.max_pause"}
+		if s.line("writeback.max_pause") == 0 && s != nil && wb.MaxPause == wb.DirtyWritebackInterval {
+			cands = append(cands, "writeback.dirty_writeback_interval")
+			note = " (max_pause defaults to dirty_writeback_interval)"
+		}
+		for _, k := range cands {
+			if s.line(k) > s.line(key) {
+				key = k
+			}
+		}
+		add(key, "min_pause %s is greater than max_pause %s%s", wb.MinPause, wb.MaxPause, note)
+	}
+	if wb.MaxInflight < wb.WriteChunk {
+		add("writeback.max_inflight", "must be at least write_chunk (%d bytes), got %d", wb.WriteChunk, wb.MaxInflight)
+	}
+	if wb.WriteChunk < MinWriteChunk {
+		add("writeback.write_chunk", "must be at least %d bytes (4KiB), got %d", MinWriteChunk, wb.WriteChunk)
+	}
+	oneOf("writeback.requeue_blocked", wb.RequeueBlocked, RequeueIOWait, RequeueRedirtyTail)
+
+	if c.Plug.MaxPending <= 0 {
+		add("plug.max_pending", "must be positive, got %d", c.Plug.MaxPending)
+	}
+	if c.Plug.QueueDepth <= 0 {
+		add("plug.queue_depth", "must be positive, got %d", c.Plug.QueueDepth)
+	}
+	if c.Plug.IntegritySyncfs < 0 {
+		add("plug.integrity_syncfs", "must be 0 (never) or positive, got %d", c.Plug.IntegritySyncfs)
+	}
+	oneOf("watcher.backend", c.Watcher.Backend, BackendAuto, BackendFanotify, BackendInotify)
+	positive("watcher.rescan_interval", c.Watcher.RescanInterval)
+	atLeast("watcher.rescan_interval", c.Watcher.RescanInterval, MinInterval)
+	if c.Metrics.Listen != "" {
+		if err := checkListen(c.Metrics.Listen); err != nil {
+			add("metrics.listen", "bad address %q: %v", c.Metrics.Listen, err)
+		}
+	}
+	if c.Stats.Dir == "" {
+		add("stats.dir", "must not be empty")
+	} else if sock := filepath.Join(c.Stats.Dir, "flusherd.sock"); len(sock) > MaxSocketPath {
+		// bind(2) would fail at start: the control socket's path must
+		// fit in sockaddr_un's sun_path (unix(7)).
+		add("stats.dir", "%q is too long: the control socket %q would be %d bytes, and a unix socket path holds at most %d",
+			c.Stats.Dir, sock, len(sock), MaxSocketPath)
+	}
+	expires := map[time.Duration]bool{wb.DirtyExpireInterval: true}
+	for _, w := range c.Watch {
+		expires[w.Expire] = true
+	}
+	if len(expires) > MaxExpireClasses {
+		add("watch", "%d distinct expire intervals; at most %d are supported", len(expires), MaxExpireClasses)
+	}
+	oneOf("log.level", c.Log.Level, logLevels...)
+
+	seen := make(map[string]int)
+	resolved := make(map[string]int) // symlinks resolved, when stat is set
+	// ref names watch[j] with its line, for "already watched" errors.
+	ref := func(j int) string {
+		r := fmt.Sprintf("watch[%d]", j)
+		if l := s.line(r + ".path"); l > 0 {
+			r += fmt.Sprintf(" (line %d)", l)
+		}
+		return r
+	}
+	for i, w := range c.Watch {
+		key := fmt.Sprintf("watch[%d]", i)
+		pkey := key + ".path"
+		positive(key+".expire", w.Expire)
+		oneOf(key+".mode", w.Mode, ModeWriteback, ModeIntegrity)
+		switch {
+		case w.Path == "":
+			add(pkey, "must not be empty")
+			continue
+		case !filepath.IsAbs(w.Path):
+			add(pkey, "%q is not an absolute path", w.Path)
+			continue
+		}
+		p := filepath.Clean(w.Path)
+		if j, dup := seen[p]; dup {
+			add(pkey, "%q is already watched by %s", p, ref(j))
+		} else {
+			seen[p] = i
+		}
+		if sd := filepath.Clean(c.Stats.Dir); sd == p || strings.HasPrefix(sd, p+"/") || p == "/" {
+			add("stats.dir", "%q is inside the watched tree %q: its own stats files would keep it busy", c.Stats.Dir, p)
+		}
+		if !stat {
+			continue
+		}
+		fi, err := os.Stat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			e := s.errorf(pkey, "%q does not exist", p)
+			e.err = err
+			errs = append(errs, e)
+		case err != nil:
+			e := s.errorf(pkey, "%v", err)
+			e.err = err
+			errs = append(errs, e)
+		case !fi.IsDir():
+			add(pkey, "%q is not a directory", p)
+		case onOverlay(p):
+			// Refused, not silently unserved: an overlay file's page
+			// cache is its upper layer's, which cachestat(2) and
+			// sync_file_range(2) on the overlay's descriptor do not see.
+			add(pkey, "%q is on overlayfs: cachestat and sync_file_range on its files see the overlay's own (empty) page cache, not the upper layer's, so its dirty data could not be found or written; watch the upper layer's directory (upperdir= in the overlay's mount options) instead", p)
+		default:
+			// The stats directory inside the tree through a symlink
+			// (of either path): its own writes would keep the daemon
+			// busy.
+			if r, err := filepath.EvalSymlinks(p); err == nil {
+				if sd, err := evalExisting(c.Stats.Dir); err == nil && (sd == r || strings.HasPrefix(sd, r+"/") || r == "/") &&
+					!(c.Stats.Dir == p || strings.HasPrefix(filepath.Clean(c.Stats.Dir), p+"/") || p == "/") {
+					add("stats.dir", "%q is %q, inside the watched tree %q (%q): its own stats files would keep it busy", c.Stats.Dir, sd, p, r)
+				}
+			}
+			// The same directory under another name (a symlink): it
+			// would be watched twice.
+			if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
+				if j, dup := resolved[r]; dup {
+					add(pkey, "%q is %q, already watched by %s", p, r, ref(j))
+				} else if j, dup := seen[r]; dup && j != i {
+					add(pkey, "%q is %q, already watched by %s", p, r, ref(j))
+				}
+				resolved[r] = i
+			} else if j, dup := resolved[p]; dup {
+				add(pkey, "%q is already watched by %s, through a symlink", p, ref(j))
+			}
+		}
+	}
+	return collect(errs)
+}
+
+// onOverlay reports whether dir is on an overlay filesystem (statfs(2)
+// f_type OVERLAYFS_SUPER_MAGIC).
+func onOverlay(dir string) bool {
+	var fs unix.Statfs_t
+	return unix.Statfs(dir, &fs) == nil && fs.Type == unix.OVERLAYFS_SUPER_MAGIC
+}
+
+// evalExisting is filepath.EvalSymlinks for a path that may not exist yet
+// (a stats directory the daemon will make): the symlinks of its deepest
+// existing ancestor are resolved and the rest appended.
+func evalExisting(p string) (string, error) {
+	p = filepath.Clean(p)
+	var rest []string
+	for {
+		r, err := filepath.EvalSymlinks(p)
+		if err == nil {
+			return filepath.Join(append([]string{r}, rest...)...), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) || filepath.Dir(p) == p {
+			return "", err
+		}
+		rest = append([]string{filepath.Base(p)}, rest...)
+		p = filepath.Dir(p)
+	}
+}
+
+// checkListen checks a listen address: host:port with a numeric port from
+// 1 to 65535 (the host is resolved only when listening).
+func checkListen(addr string) error {
+	const want = `want host:port, e.g. "127.0.0.1:9469" (an empty host listens on every address)`
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		if ae, ok := errors.AsType[*net.AddrError](err); ok {
+			return fmt.Errorf("%s: %s", ae.Err, want)
+		}
+		return fmt.Errorf("%v: %s", err, want)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return nil
+}
+
+func quoteList(vs []string) string {
+	q := make([]string, len(vs))
+	for i, v := range vs {
+		q[i] = strconv.Quote(v)
+	}
+	if len(q) <= 2 {
+		return strings.Join(q, " or ")
+	}
+	return strings.Join(q[:len(q)-1], ", ") + " or " + q[len(q)-1]
+}
