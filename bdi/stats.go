@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 
+	"github.com/google/renameio/v2"
 	"go.uber.org/zap"
 
 	"flusherd/policy"
@@ -226,10 +229,13 @@ func (sw *statsWriter) due(gen uint64) (time.Duration, bool) {
 	return 0, false
 }
 
-// WriteFileAtomic replaces path with what write produces: it writes a
-// temporary file in the same directory, fsyncs nothing (the file is
-// runtime state), and renames it over path, so that a reader sees either
-// the old or the new file, never a part. Missing directories are created
+// WriteFileAtomic replaces path with what write produces, with
+// github.com/google/renameio/v2: it writes a temporary file in the same
+// directory (".stats<digits>" for a file named stats; RemoveStaleTemps
+// removes those a killed process left), fsyncs it (renameio always does:
+// free on the tmpfs of /run, the default stats.dir) and renames it over
+// path, so that a reader sees either the old or the new file, never a
+// part. The file's mode is 0644 whatever the umask. Missing directories are created
 // with mode 0755. Errors are *os.PathError naming path (not the temporary
 // file, whose random name would make every failure look new), with the
 // step ("mkdir", "create", "write", "rename") as Op.
@@ -249,26 +255,41 @@ func WriteFileAtomic(path string, write func(io.Writer) error) (err error) {
 		return err
 	}
 	op = "create"
-	f, err := os.CreateTemp(dir, ".stats-*")
+	t, err := renameio.NewPendingFile(path, renameio.WithTempDir(dir), renameio.WithStaticPermissions(0o644))
 	if err != nil {
 		return err
 	}
+	defer t.Cleanup()
 	op = "write"
-	tmp := f.Name()
-	err = write(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if err := write(t); err != nil {
+		return err
 	}
-	if err == nil {
-		op = "chmod"
-		err = os.Chmod(tmp, 0o644)
-	}
-	if err == nil {
-		op = "rename"
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
+	op = "rename"
+	return t.CloseAtomicallyReplace()
+}
+
+// staleTemp matches the temporary files of WriteFileAtomic for a file
+// named stats: renameio's ".stats<digits>", and ".stats-<digits>" from
+// os.CreateTemp in earlier versions.
+var staleTemp = regexp.MustCompile(`^\.stats-?[0-9]+$`)
+
+// RemoveStaleTemps removes, under dir, the temporary files that
+// WriteFileAtomic leaves when the process is killed between their creation
+// and their rename, and returns how many it removed. Call it only while no
+// other process writes there (the daemon holds stats.dir's lock). Symlinks
+// are neither followed nor removed.
+func RemoveStaleTemps(dir string) (removed int, err error) {
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() && staleTemp.MatchString(d.Name()) {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			removed++
+		}
+		return nil
+	})
+	return removed, err
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 
 	"flusherd/bdi"
 	"flusherd/config"
@@ -29,7 +30,7 @@ func startMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wa
 		return func() {}
 	}
 	log.Info("serving metrics", zap.String("url", "http://"+ln.Addr().String()+"/metrics"))
-	ln = metrics.LimitListener(ln, 16)
+	ln = netutil.LimitListener(ln, 16)
 	g := metrics.NewRegistry(metrics.NewSource(reg, wat), os.Getpagesize())
 	done := make(chan struct{})
 	go func() {

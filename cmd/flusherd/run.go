@@ -222,6 +222,11 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		return err
 	}
 	defer unlock()
+	if n, err := bdi.RemoveStaleTemps(cfg.Stats.Dir); err != nil {
+		log.Warn("cannot remove the temporary files a killed flusherd left in stats.dir", zap.String("dir", cfg.Stats.Dir), zap.Error(err))
+	} else if n > 0 {
+		log.Info("removed temporary stats files that a killed flusherd left", zap.String("dir", cfg.Stats.Dir), zap.Int("files", n))
+	}
 
 	// Until READY=1, systemd's TimeoutStartSec runs: while start-up makes
 	// progress, extend it.
