@@ -1,6 +1,9 @@
 package bdi
 
 import (
+	"flusherd/inode"
+	"flusherd/lists"
+	"strings"
 	"testing"
 	"time"
 )
@@ -62,5 +65,59 @@ func TestDirtyListClasses(t *testing.T) {
 	}
 	if n := len(d.classes); n != 255 {
 		t.Errorf("%d classes, want 255", n)
+	}
+}
+
+// TestMoveExpired: kupdate work (all false) moves the inodes expired at
+// now, each class by its own expire, oldest dirtiedWhen first across
+// classes; sync work (all true) moves every inode dirtied at or before
+// its start, the one dirtied exactly then included, and none after.
+func TestMoveExpired(t *testing.T) {
+	s := time.Second
+	build := func() (*dirtyList, map[*inode.Inode]string) {
+		d := &dirtyList{}
+		names := map[*inode.Inode]string{}
+		for _, f := range []struct {
+			name   string
+			expire time.Duration
+			when   time.Duration
+		}{
+			{"a1", s, 1 * s}, {"a2", s, 4 * s}, {"a3", s, 10 * s},
+			{"b1", 5 * s, 2 * s}, {"b2", 5 * s, 3 * s}, {"b3", 5 * s, 6 * s},
+		} {
+			c, _ := d.class(f.expire)
+			in := &inode.Inode{Class: c, DirtiedWhen: f.when}
+			d.pushBack(in)
+			names[in] = f.name
+		}
+		return d, names
+	}
+	for _, tc := range []struct {
+		now  time.Duration
+		all  bool
+		want string
+	}{
+		// a expires after 1 s, b after 5 s.
+		{5 * s, false, "a1 a2"},
+		{8 * s, false, "a1 b1 b2 a2"},
+		{10*s + s/2, false, "a1 b1 b2 a2"},
+		{11 * s, false, "a1 b1 b2 a2 b3 a3"},
+		{6 * s, true, "a1 b1 b2 a2 b3"},
+		{10 * s, true, "a1 b1 b2 a2 b3 a3"},
+		{0, true, ""},
+	} {
+		d, names := build()
+		var dst lists.List[*inode.Inode]
+		n := d.moveExpired(&dst, tc.now, tc.all)
+		var got []string
+		for in := dst.Front(); in != nil; in = dst.Next(in) {
+			got = append(got, names[in])
+		}
+		if g := strings.Join(got, " "); g != tc.want || n != len(got) {
+			t.Errorf("moveExpired(now %v, all %v) moved %d: %q, want %q", tc.now, tc.all, n, g, tc.want)
+		}
+		if d.len() != len(names)-len(got) {
+			t.Errorf("now %v, all %v: %d left on b_dirty, want %d", tc.now, tc.all, d.len(), len(names)-len(got))
+		}
 	}
 }
