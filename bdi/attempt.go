@@ -1,0 +1,544 @@
+package bdi
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
+	"flusherd/lists"
+	"flusherd/policy"
+)
+
+// attempt is one writeback attempt on one inode, from open to requeue.
+type attempt struct {
+	in                    *inode.Inode
+	f                     inode.File
+	err                   error
+	dirtyBefore, wbBefore uint64
+	pre                   policy.Outcome // when nothing was written
+	wrote, chunkUsed      bool
+	remaining             int // requests not yet finished
+	// refs counts holders of f: the attempt itself and each request whose
+	// system call is running; the last to let go closes it.
+	refs atomic.Int32
+	// stuck counts timed-out requests whose call has not returned, and
+	// detached the detached ones (see detachAfter). Guarded by the list
+	// lock.
+	stuck, detached int
+	// result, if set, receives the attempt's error (a sync request).
+	result *error
+	// afterKnown: a whole-file request already read the state after the
+	// write (dirtyAfter, wbAfter).
+	afterKnown          bool
+	dirtyAfter, wbAfter uint64
+	sized               bool // a whole-file attempt found it too large
+	handle              inode.Handle
+	// renewed is the handle of a new file found under the inode's number
+	// (openFile); the inode takes it at completion.
+	renewed inode.Handle
+	// fsErrAt is when a writeback error was last seen on the inode's
+	// filesystem (ErrWatch; daemon clock), read when its data had left
+	// the page cache without flusherd writing it; 0: none, or not read.
+	fsErrAt time.Duration
+	fsErrno unix.Errno // the error that check saw
+	// wroteBefore: an earlier attempt wrote the inode's data since it
+	// became dirty (inode.Wrote), so finding it clean is no surprise.
+	wroteBefore bool
+	path        string
+	wb          *Writeback // closes the file (closeFile); nil in tests
+}
+
+// hold takes a reference on the attempt's file.
+func (a *attempt) hold() { a.refs.Add(1) }
+
+// release drops a reference and closes the file with the last one, on a
+// goroutine of its own when the attempt has a Writeback (closeFile).
+func (a *attempt) release() {
+	if a.refs.Add(-1) == 0 && a.f != nil {
+		if a.wb != nil {
+			a.wb.closeFile(a.f)
+		} else {
+			a.f.Close()
+		}
+	}
+}
+
+// writebackSingleInode is __writeback_single_inode under an inner plug: it
+// opens the file safely, reads its page-cache state with cachestat, and
+// queues at most write_chunk of its dirty data (all of it for integrity
+// work, which is one fdatasync). It returns the dirty pages queued.
+// Attempts that need no write are completed at once.
+func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool, result *error) int64 {
+	wb.plug.Start()
+	defer wb.plug.Finish()
+	att := &attempt{in: in, result: result, path: path, wb: wb}
+	wb.mu.Lock()
+	att.handle = in.Handle()
+	att.wroteBefore = in.Has(inode.Wrote)
+	late, failedLate := wb.lateErr[key]
+	delete(wb.lateErr, key)
+	wb.mu.Unlock()
+	att.refs.Store(1)
+	if failedLate {
+		// A detached call of its last attempt failed: this attempt
+		// is that failure's report (classified, counted, logged and
+		// requeued as any attempt's error); the next one writes.
+		att.err = late
+		wb.complete(att)
+		return 0
+	}
+	page := int64(os.Getpagesize())
+	if dp := int64(in.DirtyPages) * page; !integrity && dp > wb.cfg.WriteChunk/4 && dp <= wb.cfg.WriteChunk && wb.congested(in, 0) {
+		// Known to be biggish (its last attempt saw it) and bound for
+		// a worker, and the device has max_inflight under writeback
+		// in other files: it waits, small files go. (Its own count is
+		// left out: it is as old as its last attempt, and this one
+		// would not look again. Bigger files take the chunked path,
+		// which decides on a fresh cachestat.)
+		wb.assumeUnderWriteback(att)
+		wb.complete(att)
+		return 0
+	}
+	if integrity || int64(in.DirtyPages)*page <= wb.cfg.WriteChunk {
+		// The usual case: the whole attempt runs on a plug worker, in
+		// parallel with the others of the batch.
+		att.remaining = 1
+		wb.plug.Add(&Request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, att: att, whole: true, path: path, handle: att.handle})
+		return max(1, int64(in.DirtyPages))
+	}
+	f, renewed, err := wb.openTimed(in, path, key, att.handle)
+	if errors.Is(err, errOpenDetached) {
+		// Not known to be written: tried again once the open returns.
+		wb.assumeUnderWriteback(att)
+		wb.complete(att)
+		return 0
+	}
+	if err != nil {
+		att.err = err
+		wb.complete(att)
+		return 0
+	}
+	att.f, att.renewed = f, renewed
+	// cachestat(2) runs on this goroutine, untimed: it cannot wait on a
+	// slow or hung filesystem. mm/filemap.c's filemap_cachestat walks
+	// the page cache's xarray under rcu_read_lock, taking no folio lock,
+	// calling into no filesystem and waiting for no I/O; its cost is the
+	// range walked (ranges bisects, so O(log size) calls).
+	dirty, wbp, err := f.Cachestat(0, 0)
+	if err != nil {
+		att.err = err
+		wb.complete(att)
+		return 0
+	}
+	att.dirtyBefore, att.wbBefore = dirty, wbp
+	o, write := policy.BeforeWrite(dirty, wbp, integrity)
+	if write && !integrity && wb.congested(in, wbp) {
+		// More than write_chunk to write, and the device has
+		// max_inflight under writeback: not now (b_more_io_wait, with
+		// backoff), so that a small file written meanwhile does not
+		// queue behind this one's stream.
+		write, o = false, policy.UnderWriteback
+	}
+	if !write {
+		att.pre = o
+		if dirty == 0 && wbp == 0 {
+			att.err = checkWriteback(f)
+		}
+		wb.complete(att)
+		return 0
+	}
+	att.wrote = true
+	reqs, queued, err := wb.ranges(att, key)
+	if err != nil {
+		att.err = err
+		wb.complete(att)
+		return 0
+	}
+	att.remaining = len(reqs)
+	for _, r := range reqs {
+		wb.plug.Add(r)
+	}
+	return queued
+}
+
+// assumeUnderWriteback gives an attempt that did not learn the file's state
+// (deferred by max_inflight, or its call left to a worker) the outcome
+// UnderWriteback with the inode's last known page counts: unknown means
+// still dirty, and it is tried again (b_more_io_wait).
+func (wb *Writeback) assumeUnderWriteback(att *attempt) {
+	wb.mu.Lock()
+	att.pre, att.afterKnown = policy.UnderWriteback, true
+	att.dirtyAfter, att.wbAfter = uint64(att.in.DirtyPages), uint64(att.in.WritebackPages)
+	wb.mu.Unlock()
+}
+
+// ranges chooses what to write of an attempt's file: everything in one
+// request when its dirty data fits in write_chunk (integrity work never gets
+// here: it is always a whole-file request),
+// else write_chunk-sized windows from the inode's writeback index onwards
+// (wrapping at the end, like writeback_index) that cachestat shows dirty,
+// until write_chunk of dirty pages are queued.
+func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*Request, int64, error) {
+	page := int64(os.Getpagesize())
+	chunk := wb.cfg.WriteChunk
+	whole := &Request{Dev: key.Dev, Ino: key.Ino, att: att}
+	if int64(att.dirtyBefore)*page <= chunk {
+		return []*Request{whole}, int64(att.dirtyBefore), nil
+	}
+	size := att.f.Size()
+	start := wb.wbIndex[key]
+	if start >= size || start < 0 {
+		start = 0
+	}
+	budget := chunk / page
+	var reqs []*Request
+	queued := int64(0)
+	off, wrapped := start, false
+	for budget > 0 {
+		regionEnd := size
+		if wrapped {
+			regionEnd = start
+		}
+		if off >= regionEnd {
+			if wrapped {
+				break
+			}
+			off, wrapped = 0, true
+			continue
+		}
+		// Find the first write_chunk window with dirty pages by
+		// bisection, so a sparse file of any size costs O(log size)
+		// cachestat calls, not one per window.
+		d, _, err := att.f.Cachestat(off, regionEnd-off)
+		if err != nil {
+			return nil, 0, err
+		}
+		if d == 0 {
+			off = regionEnd
+			continue
+		}
+		lo, hi := off, regionEnd
+		for hi-lo > chunk {
+			mid := lo + max(page, (hi-lo)/2/page*page)
+			dm, _, err := att.f.Cachestat(lo, mid-lo)
+			if err != nil {
+				return nil, 0, err
+			}
+			if dm > 0 {
+				hi = mid
+			} else {
+				lo = mid
+			}
+		}
+		n := min(chunk, regionEnd-lo)
+		dw, _, err := att.f.Cachestat(lo, n)
+		if err != nil {
+			return nil, 0, err
+		}
+		reqs = append(reqs, &Request{Dev: key.Dev, Ino: key.Ino, Off: lo, Len: n, att: att})
+		budget -= int64(dw)
+		queued += int64(dw)
+		off = lo + n
+	}
+	if off >= size {
+		off = 0
+	}
+	if off == 0 {
+		delete(wb.wbIndex, key)
+	} else {
+		wb.wbIndex[key] = off
+	}
+	att.chunkUsed = budget <= 0
+	if len(reqs) == 0 {
+		// Dirty pages beyond the size seen at open (an append): write
+		// from the old end onwards.
+		reqs = append(reqs, whole)
+	}
+	return reqs, queued, nil
+}
+
+// congested reports whether the device has writeback.max_inflight bytes
+// or more under writeback: the writeback pages that cachestat last saw in
+// every tracked file, in's own replaced by wbp (just read). It bounds the
+// writeback flusherd puts in flight on one device, as the kernel's blk-wbt
+// bounds in-flight writes, so that a stream of big files cannot fill a
+// slow device's queue (a throttled cgroup's, a USB disk's) ahead of a
+// small file. Called on the device's goroutine; O(tracked files), only for
+// files with more than write_chunk/4 to write.
+func (wb *Writeback) congested(in *inode.Inode, wbp uint64) bool {
+	if wb.cfg.MaxInflight <= 0 {
+		return false
+	}
+	limit := uint64(wb.cfg.MaxInflight / int64(os.Getpagesize()))
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	sum := wbp
+	for _, o := range wb.inodes {
+		if sum >= limit {
+			break
+		}
+		if o != in {
+			sum += uint64(o.WritebackPages)
+		}
+	}
+	if sum < limit {
+		return false
+	}
+	wb.throttled++
+	wb.pass.throttled++
+	return true
+}
+
+// checkWriteback asks whether the last writeback of f succeeded, whoever
+// started it (flusherd with sync_file_range(SYNC_FILE_RANGE_WRITE), which
+// does not wait, the kernel's flusher, a FUSE flush on close), once
+// cachestat shows the file clean: sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE)
+// waits on nothing then, and returns the error of a failed writeback that
+// no one has seen yet (errseq_t: a descriptor opened after an unseen error
+// still reports it; file_check_and_advance_wb_err). The kernel marks the
+// pages of a failed writeback clean and drops the data, so without this a
+// file whose asynchronous writeback failed (EIO from the device, an ext4
+// that aborted its journal) would be forgotten as clean. Files that do not
+// offer the check (test fakes) report nil.
+func checkWriteback(f inode.File) error {
+	if c, ok := f.(interface{ CheckWriteback() error }); ok {
+		return c.CheckWriteback()
+	}
+	return nil
+}
+
+// complete ends an attempt, as the end of writeback_single_inode does: it
+// reads the file's state after the write, closes it, classifies the
+// outcome, accounts for it and requeues the inode (requeueInodeLocked).
+func (wb *Writeback) complete(att *attempt) {
+	var dirty, wbp uint64
+	err := att.err
+	switch {
+	case att.afterKnown:
+		dirty, wbp = att.dirtyAfter, att.wbAfter
+	case att.f != nil && err == nil && att.wrote:
+		dirty, wbp, err = att.f.Cachestat(0, 0)
+		if err == nil && dirty == 0 && wbp == 0 {
+			// Its writeback ended: did it succeed?
+			err = checkWriteback(att.f)
+		}
+	case att.f != nil:
+		dirty, wbp = att.dirtyBefore, att.wbBefore
+	}
+	att.release()
+	now := wb.now()
+	in := att.in
+	wb.mu.Lock()
+	if att.renewed != "" && in.Handle() == att.handle {
+		// Its number belongs to a new file now: the inode is that file.
+		in.SetHandle(att.renewed)
+		in.Errors, in.LastErr = 0, 0
+	}
+	redirtied := in.Has(inode.Redirtied)
+	in.State &^= inode.Sync | inode.Redirtied
+	var o policy.Outcome
+	switch {
+	case err != nil:
+		o = classify(err)
+	case !att.wrote:
+		o = att.pre
+		if redirtied {
+			o = policy.Redirtied
+		}
+	default:
+		o = policy.AfterWrite(dirty, wbp, redirtied, att.chunkUsed)
+	}
+	if att.sized {
+		wb.pass.sized++
+	}
+	wb.outcomes[o]++
+	if att.wrote && err == nil && att.dirtyBefore > 0 {
+		// Its dirty data was written without an error: an earlier
+		// failure's pages were among them (a failed writeback that
+		// kept its pages dirty), so finding it clean later is this
+		// write's doing, not a loss. (A failure of this writeback
+		// after it started is still seen: checkWriteback.)
+		in.State |= inode.Wrote
+		in.State &^= inode.DataError
+	}
+	if att.wrote && err == nil && att.dirtyBefore > dirty {
+		n := att.dirtyBefore - dirty
+		wb.pass.pages += n
+		wb.written += n
+	}
+	in.DirtyPages, in.WritebackPages = uint32(min(dirty, math.MaxUint32)), uint32(min(wbp, math.MaxUint32))
+	in.Retries = satInc(in.Retries)
+	newErr := false
+	if err != nil && o != policy.Gone {
+		in.Errors = satInc(in.Errors)
+		wb.nerrors++
+		if e := errnoOf(err); e != in.LastErr {
+			in.LastErr = e
+			newErr = true
+		}
+	}
+	if o == policy.IOError {
+		in.NextRetry = now + wb.cfg.MaxPause
+	} else {
+		in.NextRetry = 0
+	}
+	// An I/O error of its own before this attempt, or one on its
+	// filesystem since it was dirtied that may have been its own.
+	hadIOError := in.Has(inode.DataError) || (att.fsErrAt != 0 && att.fsErrAt >= in.DirtiedWhen)
+	if o == policy.IOError {
+		in.State |= inode.DataError
+	}
+	dest := policy.Requeue(o, wb.cfg.Requeue)
+	if policy.Lost(o, hadIOError, att.dirtyBefore, att.wbBefore, redirtied) {
+		dest = policy.Failed
+		if in.LastErr == 0 && att.fsErrno != 0 {
+			// Known from the filesystem's error cursor, not from an
+			// attempt of its own: flusherd dirty still names it.
+			in.LastErr = errnoOf(att.fsErrno)
+		}
+	}
+	if in.Has(inode.Dropped) {
+		// Its tree went away during the attempt (DropUnder).
+		dest = policy.Drop
+	} else if in.Has(inode.Leaving) && dest != policy.Drop {
+		// Its tree left the configuration: this was its last attempt.
+		dest = policy.Forget
+	} else if dest == policy.Drop && in.Handle() != att.handle {
+		// A new file took the inode's number while the attempt ran on
+		// the old one (MarkInodeDirty renewed the handle): write it.
+		dest = policy.MoreIOWait
+	} else if other := in.OtherPath(); dest == policy.Drop && other != "" {
+		// The name is gone, but the inode may live on under its other
+		// name (a hard link): try that before dropping it.
+		in.SetOtherPath("")
+		in.SetPath(other)
+		dest = policy.MoreIOWait
+	}
+	if wb.shuttingDown && dest != policy.Drop && (o == policy.FSUnavailable || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)) {
+		wb.givenUp = append(wb.givenUp, GivenUp{Path: in.Path(), Err: err})
+		dest = policy.Forget
+	}
+	wb.requeueInodeLocked(in, dest, now)
+	if dest == policy.Failed && err == nil {
+		err = fmt.Errorf("%w: the data was dropped after a failed writeback", errnoError(in.LastErr))
+	}
+	path, retries := in.Path(), in.Retries
+	wb.gen++
+	wb.mu.Unlock()
+	if att.result != nil {
+		*att.result = err
+	}
+	if wb.Trace != nil {
+		wb.Trace(path, o, dest, err)
+	}
+	if dest == policy.Failed {
+		wb.errLog.Error("data lost: a writeback of this file failed and the kernel dropped its dirty pages; it stays reported as failed until it is written again",
+			zap.String("path", strconv.Quote(path)), zap.Error(err))
+	} else if newErr {
+		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
+			zap.String("path", strconv.Quote(path)), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))
+	} else if o == policy.Skipped && retries >= 8 && retries&(retries-1) == 0 {
+		// Still dirty after attempts that wrote it and saw no new
+		// write: say so at 8, 16, 32... attempts.
+		wb.errLog.Warn("file still dirty after repeated writeback; it stays tracked and is retried",
+			zap.String("path", strconv.Quote(path)), zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", dirty), zap.Uint64("writeback_pages", wbp))
+	} else if o == policy.Gone {
+		if errors.Is(err, unix.ENOENT) {
+			wb.log.Debug("file gone; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
+		} else {
+			wb.log.Info("the path no longer leads to the tracked file; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
+		}
+	}
+}
+
+func classify(err error) policy.Outcome {
+	if errors.Is(err, inode.ErrNotRegular) {
+		return policy.Gone
+	}
+	return policy.ClassifyErr(err)
+}
+
+func errnoOf(err error) uint8 {
+	var e unix.Errno
+	if errors.As(err, &e) && e < inode.ErrnoOther {
+		return uint8(e)
+	}
+	return inode.ErrnoOther
+}
+
+func satInc(v uint16) uint16 {
+	if v == math.MaxUint16 {
+		return v
+	}
+	return v + 1
+}
+
+// requeueInodeLocked is requeue_inode: it puts in where dest says, after
+// an attempt (see policy.Requeue for the table). Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) requeueInodeLocked(in *inode.Inode, dest policy.Dest, now time.Duration) {
+	switch dest {
+	case policy.Forget, policy.Drop:
+		wb.forgetLocked(in, dest == policy.Drop)
+	case policy.MoreIO:
+		wb.requeueIOLocked(in)
+	case policy.MoreIOWait:
+		wb.requeueIOWaitLocked(in)
+	case policy.RedirtyTail:
+		wb.redirtyTailLocked(in, now)
+	case policy.Failed:
+		wb.parkFailedLocked(in)
+	}
+}
+
+// forgetLocked forgets a clean inode, or one whose file is gone (counted
+// in inodes_gone). Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) forgetLocked(in *inode.Inode, gone bool) {
+	lists.Remove(in)
+	delete(wb.inodes, in.Key)
+	delete(wb.wbIndex, in.Key)
+	delete(wb.lateErr, in.Key)
+	wb.bDirty.unref(in.Class)
+	in.State = 0
+	wb.pass.cleaned++
+	if gone {
+		wb.gone++
+	}
+}
+
+// requeueIOLocked is requeue_io: in goes to the tail of b_more_io, for
+// the next queue_io (its write_chunk was used up, or it was redirtied).
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) requeueIOLocked(in *inode.Inode) { wb.BMoreIO.MoveToBack(in) }
+
+// requeueIOWaitLocked is requeue_io_wait, from the series "writeback:
+// avoid touching dirtied_when on blocked inodes": a blocked inode goes to
+// b_more_io_wait, keeping its dirtiedWhen, and is retried after the
+// backoff pause. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) requeueIOWaitLocked(in *inode.Inode) { wb.BMoreIOWait.MoveToBack(in) }
+
+// redirtyTailLocked is redirty_tail: in goes back to b_dirty with
+// dirtiedWhen = now, as if newly dirtied. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) redirtyTailLocked(in *inode.Inode, now time.Duration) {
+	lists.Remove(in)
+	in.DirtiedWhen = now
+	wb.bDirty.pushBack(in)
+}

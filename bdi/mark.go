@@ -1,0 +1,325 @@
+package bdi
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
+	"flusherd/lists"
+)
+
+// MarkInodeDirty is __mark_inode_dirty for a write seen on the file key at
+// path: the first time an inode is dirtied it gets dirtiedWhen = now and
+// goes onto b_dirty; an inode that is already dirty keeps its dirtiedWhen
+// and its place; one under a writeback attempt is flagged redirtied and the
+// attempt's requeue decides its list. path replaces the recorded path (a
+// rename). h is the file's handle if the caller has it (fanotify); for a
+// new inode without one, it is asked of the opener when that is an
+// inode.HandleOpener. Safe for concurrent use.
+func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, t Tree) {
+	now := wb.now()
+	wb.mu.Lock()
+	in := wb.inodes[key]
+	if in == nil && h == "" {
+		if ho, ok := wb.open.(inode.HandleOpener); ok {
+			// A new inode: its handle is taken once, without the lock
+			// (no handle: it is opened by path).
+			wb.mu.Unlock()
+			h, _ = ho.HandleOf(path, key)
+			wb.mu.Lock()
+			in = wb.inodes[key]
+		}
+	}
+	if in == nil {
+		class, exact := wb.bDirty.class(t.Expire)
+		if !exact && !wb.classWarned {
+			wb.classWarned = true
+			wb.log.Warn("more than 255 distinct expire intervals hold files on this device (reloads); new files share the nearest one",
+				zap.Stringer("expire", t.Expire), zap.Stringer("used", wb.bDirty.classes[class].expire))
+		}
+		in = &inode.Inode{Key: key, Class: class}
+		in.SetPath(path)
+		in.SetHandle(h)
+		if t.Integrity {
+			in.State |= inode.Integrity
+		}
+		wb.inodes[key] = in
+	} else {
+		switch old := in.Handle(); {
+		case h == "" || h == old:
+		case old == "":
+			in.SetHandle(h)
+		default:
+			// The same (dev, ino) with another handle: the tracked inode
+			// was deleted and a new file took its number (ext4 reuses
+			// numbers at once). The inode is that file now.
+			in.SetHandle(h)
+			in.SetPath(path)
+			in.Errors, in.LastErr = 0, 0
+		}
+		if !in.HasPath(path) {
+			in.SetOtherPath(in.Path())
+			in.SetPath(path)
+		}
+		if wb.failedLocked(in) {
+			// Written again: its earlier loss is no longer the
+			// state of its data. It is dirty like a new file.
+			lists.Remove(in)
+			wb.nfailed--
+			in.Errors, in.LastErr, in.Retries = 0, 0, 0
+		}
+	}
+	wasIdle := false
+	switch {
+	case in.Has(inode.Sync):
+		in.State |= inode.Dirty | inode.Redirtied
+	case in.Has(inode.Dirty):
+		// Already dirty: dirtiedWhen is not changed.
+	default:
+		wasIdle = !wb.hasDirtyIOLocked()
+		in.State |= inode.Dirty
+		in.DirtiedWhen = now
+		wb.bDirty.pushBack(in)
+	}
+	wb.gen++
+	wb.mu.Unlock()
+	if wasIdle {
+		wb.kick()
+	}
+}
+
+// parkFailedLocked moves in to bFailed. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
+	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote
+	wb.bFailed.MoveToBack(in)
+	wb.nfailed++
+}
+
+// forgetFailedLocked forgets an inode on bFailed. Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) forgetFailedLocked(in *inode.Inode) {
+	lists.Remove(in)
+	wb.nfailed--
+	delete(wb.inodes, in.Key)
+	delete(wb.wbIndex, in.Key)
+	wb.bDirty.unref(in.Class)
+	in.State = 0
+}
+
+// failedLocked reports whether in is on bFailed. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) failedLocked(in *inode.Inode) bool {
+	return in.Link().Linked() && !in.Has(inode.Dirty)
+}
+
+// Failed returns the inodes whose data was lost (see bFailed): path and
+// the errno of the failure.
+func (wb *Writeback) Failed() []GivenUp {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	var out []GivenUp
+	for in := range wb.bFailed.All {
+		out = append(out, GivenUp{Path: in.Path(), Err: errnoError(in.LastErr)})
+	}
+	return out
+}
+
+// errnoError turns a LastErr back into an error.
+func errnoError(e uint8) error {
+	if e == 0 || e == inode.ErrnoOther {
+		return errors.New("writeback failed")
+	}
+	return unix.Errno(e)
+}
+
+// RetireUnder is for a tree removed from the configuration (a reload):
+// every tracked inode below root for which keep(path) is false (keep says
+// whether another tree still holds the path) is written back once more,
+// at the next pass, and then forgotten. It returns how many. keep is
+// called without the list lock (it takes the watcher's).
+func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
+	type cand struct {
+		in   *inode.Inode
+		path string
+	}
+	var cands []cand
+	wb.mu.Lock()
+	for _, in := range wb.inodes {
+		if in.InDir(root) {
+			cands = append(cands, cand{in, in.Path()})
+		}
+	}
+	wb.mu.Unlock()
+	leaving := make(map[*inode.Inode]bool, len(cands))
+	for _, c := range cands {
+		if !keep(c.path) {
+			leaving[c.in] = true
+		}
+	}
+	n := 0
+	wb.mu.Lock()
+	for in := range leaving {
+		if wb.inodes[in.Key] != in {
+			continue // forgotten meanwhile
+		}
+		n++
+		if wb.failedLocked(in) {
+			// Nothing to write: its data was lost earlier (logged
+			// then); the tree no longer holds it.
+			wb.forgetFailedLocked(in)
+			continue
+		}
+		in.State |= inode.Leaving
+		if !in.Has(inode.Sync) {
+			wb.requeueIOLocked(in) // taken by the next queue_io
+		}
+	}
+	wb.gen++
+	wb.mu.Unlock()
+	if n > 0 {
+		wb.Queue(&Work{NrPages: math.MaxInt64, Reason: "reload"})
+	}
+	return n
+}
+
+// MaxDirtyAge returns the age of the oldest dirty data of a tracked inode
+// (now minus the smallest dirtiedWhen), 0 when nothing is tracked. It
+// looks at the front of each b_dirty class (each is in dirtiedWhen order)
+// and at every inode of the other lists.
+func (wb *Writeback) MaxDirtyAge() time.Duration {
+	now := wb.now()
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	oldest, any := now, false
+	see := func(in *inode.Inode) {
+		if in != nil && in.DirtiedWhen < oldest {
+			oldest = in.DirtiedWhen
+		}
+		any = any || in != nil
+	}
+	for _, c := range wb.bDirty.classes {
+		see(c.list.Front())
+	}
+	for _, l := range []*lists.List[*inode.Inode]{&wb.BIO, &wb.BMoreIO, &wb.BMoreIOWait, &wb.inflight} {
+		for in := range l.All {
+			see(in)
+		}
+	}
+	if !any {
+		return 0
+	}
+	return now - oldest
+}
+
+// DropUnder forgets every tracked inode whose path is below root (its tree
+// is gone: removed or unmounted); one under an attempt is dropped when the
+// attempt completes. It returns the number dropped or marked.
+func (wb *Writeback) DropUnder(root string) int {
+	n := 0
+	wb.mu.Lock()
+	for k, in := range wb.inodes {
+		if !in.InDir(root) {
+			continue
+		}
+		n++
+		if in.Has(inode.Sync) {
+			in.State |= inode.Dropped
+			continue
+		}
+		if wb.failedLocked(in) {
+			wb.nfailed--
+		}
+		lists.Remove(in)
+		delete(wb.inodes, k)
+		wb.bDirty.unref(in.Class)
+		in.State = 0
+		wb.gone++
+	}
+	wb.gen++
+	wb.mu.Unlock()
+	wb.kick()
+	return n
+}
+
+// Tracked returns the number of tracked (dirty) inodes.
+func (wb *Writeback) Tracked() int {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return len(wb.inodes) - wb.nfailed
+}
+
+// Refs returns a FileRef for every tracked inode whose path is under dir
+// (every one when dir is ""), for a sync request.
+func (wb *Writeback) Refs(dir string) []FileRef {
+	dir = strings.TrimSuffix(dir, "/")
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	var out []FileRef
+	for _, in := range wb.inodes {
+		if dir != "" && !in.InDir(dir) {
+			continue
+		}
+		out = append(out, FileRef{Key: in.Key, Path: in.Path(),
+			Tree: Tree{Expire: wb.bDirty.classes[in.Class].expire, Integrity: in.Has(inode.Integrity)}})
+	}
+	return out
+}
+
+// InodeInfo describes one tracked inode, for `flusherd dirty`.
+type InodeInfo struct {
+	Path   string
+	Key    inode.Key
+	Handle inode.Handle
+	// List is b_dirty, b_io (including an attempt in flight), b_more_io,
+	// b_more_io_wait, or failed (its data was lost; see bFailed).
+	List string
+	// DirtiedWhen is on the daemon's monotonic clock (see Registry.Now).
+	DirtiedWhen         time.Duration
+	DirtyPages, WBPages uint32 // as last seen by cachestat
+	Retries, Errors     uint16
+	LastErr             uint8 // errno; inode.ErrnoOther for an error that is not one
+	Busy                bool  // a call for it exceeded attempt_timeout and has not returned
+}
+
+// Inodes describes every tracked inode.
+func (wb *Writeback) Inodes() []InodeInfo {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	out := make([]InodeInfo, 0, len(wb.inodes))
+	add := func(list string, in *inode.Inode) {
+		out = append(out, InodeInfo{Path: in.Path(), Key: in.Key, Handle: in.Handle(), List: list,
+			DirtiedWhen: in.DirtiedWhen, DirtyPages: in.DirtyPages, WBPages: in.WritebackPages,
+			Retries: in.Retries, Errors: in.Errors, LastErr: in.LastErr, Busy: in.Has(inode.Busy)})
+	}
+	for _, c := range wb.bDirty.classes {
+		for in := range c.list.All {
+			add("b_dirty", in)
+		}
+	}
+	for _, l := range []struct {
+		name string
+		list *lists.List[*inode.Inode]
+	}{{"b_io", &wb.BIO}, {"b_io", &wb.inflight}, {"b_more_io", &wb.BMoreIO}, {"b_more_io_wait", &wb.BMoreIOWait}, {"failed", &wb.bFailed}} {
+		for in := range l.list.All {
+			add(l.name, in)
+		}
+	}
+	return out
+}
+
+// OpenInode opens a tracked inode as its writeback attempts do (by handle
+// when it has one), for a fresh cachestat.
+func (wb *Writeback) OpenInode(i InodeInfo) (inode.File, error) {
+	f, _, err := wb.openFile(i.Path, i.Key, i.Handle)
+	return f, err
+}
