@@ -53,7 +53,10 @@ type attempt struct {
 	// became dirty (inode.Wrote), so finding it clean is no surprise.
 	wroteBefore bool
 	path        string
-	wb          *Writeback // closes the file (closeFile); nil in tests
+	// whole is the worker side of a whole-file attempt's one request;
+	// nil for an attempt of the chunked path.
+	whole *wholeCall
+	wb    *Writeback // closes the file (closeFile); nil in tests
 }
 
 // hold takes a reference on the attempt's file.
@@ -111,7 +114,8 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		// The usual case: the whole attempt runs on a plug worker, in
 		// parallel with the others of the batch.
 		att.remaining = 1
-		wb.plug.Add(&Request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, att: att, whole: true, path: path, handle: att.handle})
+		att.whole = &wholeCall{}
+		wb.plug.Add(&request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att})
 		return max(1, int64(in.DirtyPages))
 	}
 	f, renewed, err := wb.openTimed(in, path, key, att.handle)
@@ -186,12 +190,12 @@ func (wb *Writeback) assumeUnderWriteback(att *attempt) {
 // else write_chunk-sized windows from the inode's writeback index onwards
 // (wrapping at the end, like writeback_index) that cachestat shows dirty,
 // until write_chunk of dirty pages are queued.
-func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*Request, int64, error) {
+func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, error) {
 	page := int64(os.Getpagesize())
 	chunk := wb.cfg.WriteChunk
-	whole := &Request{Dev: key.Dev, Ino: key.Ino, att: att}
+	whole := &request{Dev: key.Dev, Ino: key.Ino, Owner: att}
 	if int64(att.dirtyBefore)*page <= chunk {
-		return []*Request{whole}, int64(att.dirtyBefore), nil
+		return []*request{whole}, int64(att.dirtyBefore), nil
 	}
 	size := att.f.Size()
 	start := wb.wbIndex[key]
@@ -199,7 +203,7 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*Request, int64, err
 		start = 0
 	}
 	budget := chunk / page
-	var reqs []*Request
+	var reqs []*request
 	queued := int64(0)
 	off, wrapped := start, false
 	for budget > 0 {
@@ -243,7 +247,7 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*Request, int64, err
 		if err != nil {
 			return nil, 0, err
 		}
-		reqs = append(reqs, &Request{Dev: key.Dev, Ino: key.Ino, Off: lo, Len: n, att: att})
+		reqs = append(reqs, &request{Dev: key.Dev, Ino: key.Ino, Off: lo, Len: n, Owner: att})
 		budget -= int64(dw)
 		queued += int64(dw)
 		off = lo + n

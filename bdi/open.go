@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/blk"
 	"flusherd/inode"
 )
 
@@ -55,7 +56,7 @@ type openJob struct {
 	path  string
 	key   inode.Key
 	h     inode.Handle
-	state atomic.Int32 // reqRunning, reqDone or reqDetached
+	state atomic.Int32 // blk.Running, blk.Done or blk.Detached
 	// began is when the open was handed over (daemon clock); id is its
 	// entry in Writeback.offLoop once detached.
 	began time.Duration
@@ -84,7 +85,7 @@ func (wb *Writeback) startOpener() *opener {
 		for j := range o.jobs {
 			f, renewed, err := wb.openFile(j.path, j.key, j.h)
 			wb.mu.Lock()
-			inTime := j.state.CompareAndSwap(reqRunning, reqDone)
+			inTime := j.state.CompareAndSwap(int32(blk.Running), int32(blk.Done))
 			var took time.Duration
 			overran := false
 			if !inTime {
@@ -131,7 +132,7 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h in
 	}
 	j := &openJob{in: in, path: path, key: key, h: h, began: wb.now()}
 	wb.opener.jobs <- j
-	tc := resetTimer(&wb.openTimer, detachAfter)
+	tc := blk.ResetTimer(&wb.openTimer, detachAfter)
 	defer wb.openTimer.Stop()
 	select {
 	case r := <-wb.opener.results:
@@ -139,7 +140,7 @@ func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h in
 	case <-tc:
 	}
 	wb.mu.Lock()
-	if j.state.CompareAndSwap(reqRunning, reqDetached) {
+	if j.state.CompareAndSwap(int32(blk.Running), int32(blk.Detached)) {
 		in.State |= inode.Busy
 		j.id = wb.trackCallLocked(j.began)
 		wb.detached++

@@ -1,17 +1,16 @@
 package bdi
 
 import (
-	"errors"
 	"fmt"
-	"math"
 	"os"
-	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/blk"
 	"flusherd/inode"
 	"flusherd/policy"
 )
@@ -76,12 +75,40 @@ func (wb *Writeback) stuckOffLoopLocked() int {
 	return n
 }
 
+// request is a writeback request of an attempt: a blk.Request whose
+// owner is the attempt. A whole-file attempt has exactly one request, and
+// its worker-side state is the attempt's whole (wholeCall).
+type request = blk.Request[*attempt]
+
+// wholeCall is what a whole-file request's worker (doWhole) writes: the
+// results of the attempt's every system call, run on the worker, read by
+// the device's goroutine only once the call has returned in time
+// (adoptWhole). A detached call keeps writing it; it is then not read.
+type wholeCall struct {
+	f          inode.File
+	renewed    inode.Handle // see attempt.renewed
+	before     [2]uint64    // dirty, writeback pages before
+	after      [2]uint64    // and after the write
+	wrote      bool
+	afterKnown bool          // after was read (integrity: fdatasync waited)
+	tooLarge   bool          // more dirty than write_chunk: left for the chunked path
+	fsErrAt    time.Duration // see attempt.fsErrAt
+	fsErrno    syscall.Errno // see attempt.fsErrno
+	// startOnly: the first phase of an integrity request (see
+	// startIntegrity).
+	startOnly bool
+	// synced: a syncfs made its data durable (syncfsIntegrity); the
+	// second phase skips the fdatasync.
+	synced bool
+}
+
 // submit is the plug's Submit: it learns once per filesystem whether
 // sync_file_range works, runs the batch with at most QueueDepth requests in
-// flight, waits for all of it (a request that exceeds AttemptTimeout is
-// given up on as blocked), and completes the attempts whose requests have
-// all finished.
-func (wb *Writeback) submit(batch []*Request) {
+// flight (runTimed), waits for all of it (a request that exceeds
+// AttemptTimeout is given up on as blocked; one that is not integrity
+// work is left to its worker after detachAfter), and completes the
+// attempts whose requests have all finished.
+func (wb *Writeback) submit(batch []*request) {
 	began := time.Now()
 	wb.mu.Lock()
 	for dev := range wb.reprobe {
@@ -96,12 +123,12 @@ func (wb *Writeback) submit(batch []*Request) {
 			// runs alone and tells whether the rest may use
 			// sync_file_range.
 			wb.probed[r.Dev] = true
-			wb.runTimed([]*Request{r}, true)
-			if isUnsupported(r.err) {
+			wb.runTimed([]*request{r}, true)
+			if blk.IsUnsupported(r.Err) {
 				wb.fallback[r.Dev] = true
-				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.err))
-				r.state.Store(0)
-				wb.runTimed([]*Request{r}, false)
+				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
+				r.Rearm()
+				wb.runTimed([]*request{r}, false)
 			}
 			continue
 		}
@@ -111,18 +138,18 @@ func (wb *Writeback) submit(batch []*Request) {
 	wb.runTimed(rest, true)
 	var pages uint64
 	for _, r := range batch {
-		att := r.att
-		switch st := r.state.Load(); {
-		case r.whole && st == reqDone && r.err == nil:
+		att := r.Owner
+		switch st := r.State(); {
+		case att.whole != nil && st == blk.Done && r.Err == nil:
 			adoptWhole(r)
-		case r.whole && st == reqDetached:
-			// Its worker still runs (and owns r's results): not
+		case att.whole != nil && st == blk.Detached:
+			// Its worker still runs (and owns the wholeCall): not
 			// known to be written, so assumed dirty, and tried again
 			// once the call has returned.
 			wb.assumeUnderWriteback(att)
 		}
-		if r.err != nil && att.err == nil {
-			att.err = r.err
+		if r.Err != nil && att.err == nil {
+			att.err = r.Err
 		}
 		att.remaining -= 1 + r.Merged // merged requests of the attempt finish with it
 		if att.remaining == 0 {
@@ -166,18 +193,22 @@ func (wb *Writeback) updateBandwidth(pages uint64, took time.Duration) {
 // startIntegrity starts writeback of every integrity request of a batch
 // (sync_file_range WRITE) before any fdatasync, so the batch's data goes to
 // the device together and each fdatasync then mostly waits; it returns the
+
+// startIntegrity starts writeback of every integrity request of a batch
+// (sync_file_range WRITE) before any fdatasync, so the batch's data goes to
+// the device together and each fdatasync then mostly waits; it returns the
 // requests still to run, without those whose start already failed.
-func (wb *Writeback) startIntegrity(rest []*Request) []*Request {
-	var integ []*Request
+func (wb *Writeback) startIntegrity(rest []*request) []*request {
+	var integ []*request
 	for _, r := range rest {
 		if r.Integrity && !wb.fallback[r.Dev] {
-			r.startOnly = true
+			r.Owner.whole.startOnly = true
 			integ = append(integ, r)
 		}
 	}
 	if len(integ) < 2 {
 		for _, r := range integ {
-			r.startOnly = false
+			r.Owner.whole.startOnly = false
 		}
 		return rest
 	}
@@ -185,12 +216,14 @@ func (wb *Writeback) startIntegrity(rest []*Request) []*Request {
 	wb.syncfsIntegrity(integ)
 	out := rest[:0]
 	for _, r := range rest {
-		if r.startOnly {
-			r.startOnly = false
-			if r.err != nil {
-				continue // failed or timed out: reported as it is
+		if r.Integrity && r.Owner.whole.startOnly {
+			if r.Err != nil {
+				// Failed or timed out: reported as it is. (A timed-out
+				// call's worker may still read its wholeCall.)
+				continue
 			}
-			r.state.Store(reqRunning)
+			r.Owner.whole.startOnly = false
+			r.Rearm()
 		}
 		out = append(out, r)
 	}
@@ -206,13 +239,13 @@ func (wb *Writeback) startIntegrity(rest []*Request) []*Request {
 // syncfs fails (a writeback error anywhere in the filesystem since the
 // file was opened, or the commit failed) or exceeds attempt_timeout, the
 // requests keep their fdatasync, which tells whose data failed.
-func (wb *Writeback) syncfsIntegrity(integ []*Request) {
+func (wb *Writeback) syncfsIntegrity(integ []*request) {
 	if wb.cfg.IntegritySyncfs <= 0 {
 		return
 	}
-	byDev := map[uint64][]*Request{}
+	byDev := map[uint64][]*request{}
 	for _, r := range integ {
-		if r.err == nil && r.f != nil {
+		if r.Err == nil && r.Owner.whole.f != nil {
 			byDev[r.Dev] = append(byDev[r.Dev], r)
 		}
 	}
@@ -220,33 +253,26 @@ func (wb *Writeback) syncfsIntegrity(integ []*Request) {
 		if len(rs) < wb.cfg.IntegritySyncfs {
 			continue
 		}
-		sf, ok := rs[0].f.(interface{ Syncfs() error })
+		sf, ok := rs[0].Owner.whole.f.(interface{ Syncfs() error })
 		if !ok {
 			continue
 		}
-		done := make(chan error, 1)
-		go func() { done <- sf.Syncfs() }()
-		var err error
-		timeout := wb.cfg.AttemptTimeout
-		if timeout <= 0 {
-			timeout = math.MaxInt64
-		}
-		t := time.NewTimer(timeout)
-		select {
-		case err = <-done:
-		case <-t.C:
+		// rs[0]'s file stays open until syncfs returns.
+		att := rs[0].Owner
+		att.hold()
+		_, err, inTime := blk.Timed(wb.cfg.AttemptTimeout, func() (struct{}, error) { return struct{}{}, sf.Syncfs() },
+			func(struct{}, error) { att.release() })
+		if inTime {
+			att.release()
+		} else {
 			err = ErrAttemptTimeout
-			// rs[0]'s file stays open until syncfs returns.
-			rs[0].att.hold()
-			go func(a *attempt) { <-done; a.release() }(rs[0].att)
 		}
-		t.Stop()
 		if err != nil {
 			wb.errLog.Warn("syncfs of an integrity batch failed; falling back to fdatasync per file", zap.Int("files", len(rs)), zap.Error(err))
 			continue
 		}
 		for _, r := range rs {
-			r.synced = true
+			r.Owner.whole.synced = true
 		}
 	}
 }
@@ -255,19 +281,6 @@ func (wb *Writeback) syncfsIntegrity(integ []*Request) {
 // return within writeback.attempt_timeout. It wraps ETIMEDOUT, which
 // policy.ClassifyErr counts as blocked.
 var ErrAttemptTimeout = fmt.Errorf("writeback call exceeded attempt_timeout: %w", unix.ETIMEDOUT)
-
-// Request states.
-const (
-	reqRunning = iota
-	reqDone
-	reqTimedOut
-	reqDetached // left to finish on its worker (see detachAfter)
-)
-
-type reqResult struct {
-	r   *Request
-	err error
-}
 
 // detachAfter is how long the device's goroutine waits on a writeback call
 // that is not integrity work (a whole small file, or a chunk of a big one)
@@ -280,13 +293,14 @@ type reqResult struct {
 // attempt's (a sync request's answer).
 const detachAfter = timeSlice
 
-// runTimed runs the requests' system calls, each in its own goroutine, at
-// most QueueDepth at a time, and returns when each has returned, has been
-// detached or has exceeded AttemptTimeout.
+// runTimed runs the requests' system calls on a blk.Queue: each on its own
+// worker, at most QueueDepth at a time, returning when each has returned,
+// has been detached or has exceeded AttemptTimeout (queueHooks says what
+// each of those does to the attempt and its inode).
 //
 // A timed-out call cannot be cancelled: its request gets
 // ErrAttemptTimeout, its inode is marked Busy, and when the call finally
-// returns its goroutine clears Busy, lets go of the file and wakes the
+// returns its worker clears Busy, lets go of the file and wakes the
 // writeback goroutine.
 //
 // With detach set, a call that is not integrity work and still runs after
@@ -295,140 +309,119 @@ const detachAfter = timeSlice
 // until the call returns and is retried then, and the call counts in
 // stuck_calls once it runs past attempt_timeout. An error it returns is not
 // lost: the inode's next attempt reports it (lateErr).
-func (wb *Writeback) runTimed(reqs []*Request, detach bool) {
-	if len(reqs) == 0 {
-		return
-	}
-	depth := max(1, wb.cfg.QueueDepth)
-	timeout := wb.cfg.AttemptTimeout
-	results := make(chan reqResult, len(reqs))
-	type running struct {
-		r        *Request
-		began    time.Time
-		deadline time.Time // zero: no attempt_timeout
-		detachAt time.Time // zero: waited for
-	}
-	var inflight []running
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	next, finished := 0, 0
-	for finished < len(reqs) {
-		for len(inflight) < depth && next < len(reqs) {
-			r := reqs[next]
-			next++
-			r.att.hold()
-			x := running{r: r, began: time.Now()}
-			if timeout > 0 {
-				x.deadline = x.began.Add(timeout)
-			}
-			if detach && !r.Integrity && !r.startOnly {
-				x.detachAt = x.began.Add(detachAfter)
-			}
-			inflight = append(inflight, x)
-			go wb.call(r, results)
-		}
-		var earliest time.Time
-		for _, x := range inflight {
-			for _, t := range []time.Time{x.deadline, x.detachAt} {
-				if !t.IsZero() && (earliest.IsZero() || t.Before(earliest)) {
-					earliest = t
-				}
-			}
-		}
-		var tc <-chan time.Time
-		if !earliest.IsZero() {
-			tc = resetTimer(&timer, time.Until(earliest))
-		}
-		select {
-		case res := <-results:
-			wb.alive()
-			res.r.err = res.err
-			inflight = slices.DeleteFunc(inflight, func(x running) bool { return x.r == res.r })
-			finished++
-		case <-tc:
-			wb.alive()
-			now := time.Now()
-			keep := inflight[:0]
-			for _, x := range inflight {
-				detachNow := !x.detachAt.IsZero() && !now.Before(x.detachAt)
-				timedOut := !x.deadline.IsZero() && !now.Before(x.deadline)
-				if !detachNow && !timedOut {
-					keep = append(keep, x)
-					continue
-				}
-				wb.mu.Lock()
-				switch {
-				case detachNow && x.r.state.CompareAndSwap(reqRunning, reqDetached):
-					x.r.att.detached++
-					x.r.att.in.State |= inode.Busy
-					x.r.detachID = wb.trackCallLocked(wb.now() - time.Since(x.began))
-					wb.detached++
-					finished++
-					wb.mu.Unlock()
-					continue
-				case timedOut && x.r.state.CompareAndSwap(reqRunning, reqTimedOut):
-					x.r.err = ErrAttemptTimeout
-					x.r.att.stuck++
-					x.r.att.in.State |= inode.Busy
-					wb.stuck++
-					finished++
-					wb.mu.Unlock()
-					wb.errLog.Warn("writeback call exceeded attempt_timeout; the file is marked busy until it returns",
-						zap.String("path", strconv.Quote(x.r.att.path)), zap.Stringer("attempt_timeout", timeout))
-					continue
-				}
-				wb.mu.Unlock()
-				keep = append(keep, x) // its result is on the way
-			}
-			inflight = keep
-		}
+func (wb *Writeback) runTimed(reqs []*request, detach bool) {
+	q := blk.Queue[*attempt]{Depth: wb.cfg.QueueDepth, Timeout: wb.cfg.AttemptTimeout, DetachAfter: detachAfter,
+		Lock: &wb.mu, Hooks: &queueHooks{wb}}
+	q.Run(reqs, detach)
+}
+
+// queueHooks are the blk.Hooks of a device's writeback requests.
+type queueHooks struct{ wb *Writeback }
+
+// Start takes a reference on the attempt's file for the call.
+func (h *queueHooks) Start(r *request) { r.Owner.hold() }
+
+// Finished lets go of Start's reference.
+func (h *queueHooks) Finished(r *request) { r.Owner.release() }
+
+// Alive is a sign of life of the device's goroutine (loop_stall_max_us).
+func (h *queueHooks) Alive() { h.wb.alive() }
+
+// Do runs the request's system call.
+func (h *queueHooks) Do(r *request) error { return h.wb.do(r) }
+
+// DetachedLocked is reqDetachedLocked.
+//
+// +checklocks:h.wb.mu
+func (h *queueHooks) DetachedLocked(r *request, began time.Time) { h.wb.reqDetachedLocked(r, began) }
+
+// TimedOutLocked is reqTimedOutLocked.
+//
+// +checklocks:h.wb.mu
+func (h *queueHooks) TimedOutLocked(r *request) func() { return h.wb.reqTimedOutLocked(r) }
+
+// ReturnedLocked is reqReturnedLocked.
+//
+// +checklocks:h.wb.mu
+func (h *queueHooks) ReturnedLocked(r *request, err error) func() { return h.wb.reqReturnedLocked(r, err) }
+
+// reqDetachedLocked marks the inode of a detached call Busy until the
+// call returns, and records the call in offLoop (stuck_calls once past
+// attempt_timeout). Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) reqDetachedLocked(r *request, began time.Time) {
+	r.Owner.detached++
+	r.Owner.in.State |= inode.Busy
+	r.Tag = wb.trackCallLocked(wb.now() - time.Since(began))
+	wb.detached++
+}
+
+// reqTimedOutLocked gives a request whose call ran past attempt_timeout
+// ErrAttemptTimeout and marks the inode Busy until the call returns.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) reqTimedOutLocked(r *request) func() {
+	r.Err = ErrAttemptTimeout
+	r.Owner.stuck++
+	r.Owner.in.State |= inode.Busy
+	wb.stuck++
+	return func() {
+		wb.errLog.Warn("writeback call exceeded attempt_timeout; the file is marked busy until it returns",
+			zap.String("path", strconv.Quote(r.Owner.path)), zap.Stringer("attempt_timeout", wb.cfg.AttemptTimeout))
 	}
 }
 
-// call runs one request's system call and reports it (see runTimed).
-func (wb *Writeback) call(r *Request, results chan<- reqResult) {
-	err := wb.do(r)
-	wb.mu.Lock()
-	if r.state.CompareAndSwap(reqRunning, reqDone) {
-		wb.mu.Unlock()
-		results <- reqResult{r, err}
-		r.att.release()
-		return
-	}
-	att := r.att
-	if r.state.Load() == reqDetached {
-		// Left to finish here: the attempt was completed without it.
-		took, overran := wb.returnedLocked(r.detachID)
-		att.detached--
-		in := att.in
+// reqReturnedLocked ends a detached or timed-out call: the attempt was
+// completed without it. The inode stops being Busy once none of its calls
+// runs; a detached call's error is kept for the inode's next attempt
+// (lateErr), and a detached probe that says sync_file_range is not
+// supported asks for the probe again (reprobe). Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
+	att := r.Owner
+	in := att.in
+	if r.State() == blk.TimedOut {
+		att.stuck--
+		wb.stuck--
 		if att.stuck == 0 && att.detached == 0 {
 			wb.unbusyLocked(in)
 		}
-		if isUnsupported(err) && !r.Integrity {
-			// A detached first call of a filesystem (the probe)
-			// says sync_file_range does not work there: probe
-			// again.
-			if wb.reprobe == nil {
-				wb.reprobe = map[uint64]bool{}
-			}
-			wb.reprobe[r.Dev] = true
-		}
-		if err != nil && wb.inodes[in.Key] == in {
-			if wb.lateErr == nil {
-				wb.lateErr = map[inode.Key]error{}
-			}
-			wb.lateErr[in.Key] = err
-		}
 		wb.gen++
-		wb.mu.Unlock()
+		return func() {
+			// close(2) can block (NFS, FUSE): never under the list lock.
+			wb.closeWhole(r, nil)
+			wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
+			wb.kick()
+		}
+	}
+	took, overran := wb.returnedLocked(r.Tag)
+	att.detached--
+	if att.stuck == 0 && att.detached == 0 {
+		wb.unbusyLocked(in)
+	}
+	if blk.IsUnsupported(err) && !r.Integrity {
+		// A detached first call of a filesystem (the probe) says
+		// sync_file_range does not work there: probe again.
+		if wb.reprobe == nil {
+			wb.reprobe = map[uint64]bool{}
+		}
+		wb.reprobe[r.Dev] = true
+	}
+	if err != nil && wb.inodes[in.Key] == in {
+		if wb.lateErr == nil {
+			wb.lateErr = map[inode.Key]error{}
+		}
+		wb.lateErr[in.Key] = err
+	}
+	wb.gen++
+	return func() {
 		// A whole-file request's worker may have kept its file open
 		// for complete, which did not wait for it.
 		wb.closeWhole(r, nil)
-		att.release()
 		if overran {
 			wb.errLog.Warn("a writeback call returned after running past attempt_timeout (counted in stuck_calls while it ran)",
 				zap.String("path", strconv.Quote(att.path)), zap.Duration("took", took), zap.Error(err))
@@ -437,48 +430,16 @@ func (wb *Writeback) call(r *Request, results chan<- reqResult) {
 			wb.log.Info("a detached writeback call failed; the file's next attempt reports it", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
 		}
 		wb.kick()
-		return
 	}
-	// Timed out earlier: the attempt was already completed as blocked.
-	att.stuck--
-	wb.stuck--
-	if att.stuck == 0 && att.detached == 0 {
-		wb.unbusyLocked(att.in)
-	}
-	wb.gen++
-	wb.mu.Unlock()
-	// close(2) can block (NFS, FUSE): never under the list lock.
-	wb.closeWhole(r, nil)
-	att.release()
-	wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
-	wb.kick()
-}
-
-// resetTimer arms *t to fire after d, making it on first use, and returns
-// its channel. (Since Go 1.23 a Reset timer never delivers a stale value.)
-func resetTimer(t **time.Timer, d time.Duration) <-chan time.Time {
-	if *t == nil {
-		*t = time.NewTimer(d)
-	} else {
-		(*t).Reset(d)
-	}
-	return (*t).C
-}
-
-func isUnsupported(err error) bool {
-	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ESPIPE) || errors.Is(err, unix.EOPNOTSUPP)
 }
 
 // do runs one request's system call. It reads wb.fallback, which only the
 // writeback goroutine writes, before any request of a batch starts.
-func (wb *Writeback) do(r *Request) error {
-	if r.whole {
+func (wb *Writeback) do(r *request) error {
+	if r.Owner.whole != nil {
 		return wb.doWhole(r)
 	}
-	f := r.att.f
-	if r.startOnly {
-		return f.StartWriteback(r.Off, r.Len)
-	}
+	f := r.Owner.f
 	if r.Integrity || wb.fallback[r.Dev] {
 		return f.DataSync()
 	}
@@ -491,94 +452,98 @@ func (wb *Writeback) do(r *Request) error {
 // more than write_chunk is left alone (tooLarge) for the chunked path. The
 // first phase of a two-phase integrity request only opens and starts
 // writeback, and leaves the file open for the second.
-func (wb *Writeback) doWhole(r *Request) error {
-	if r.f == nil {
-		f, renewed, err := wb.openFile(r.path, inode.Key{Dev: r.Dev, Ino: r.Ino}, r.handle)
+func (wb *Writeback) doWhole(r *request) error {
+	att := r.Owner
+	w := att.whole
+	if w.f == nil {
+		f, renewed, err := wb.openFile(att.path, inode.Key{Dev: r.Dev, Ino: r.Ino}, att.handle)
 		if err != nil {
 			return err
 		}
-		r.f = f
-		if renewed != "" {
-			r.att.renewed = renewed
-		}
-		d, w, err := f.Cachestat(0, 0)
+		w.f, w.renewed = f, renewed
+		d, wbp, err := f.Cachestat(0, 0)
 		if err != nil {
 			return wb.closeWhole(r, err)
 		}
-		r.before = [2]uint64{d, w}
-		if _, write := policy.BeforeWrite(d, w, r.Integrity); !write {
-			if d == 0 && w == 0 {
+		w.before = [2]uint64{d, wbp}
+		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {
+			if d == 0 && wbp == 0 {
 				return wb.closeWhole(r, checkWriteback(f))
 			}
 			return wb.closeWhole(r, nil)
 		}
 		if !r.Integrity && int64(d)*int64(os.Getpagesize()) > wb.cfg.WriteChunk {
-			r.tooLarge = true
+			w.tooLarge = true
 			return wb.closeWhole(r, nil)
 		}
 	}
 	switch {
-	case r.startOnly:
-		return r.f.StartWriteback(0, 0) // the file stays open for the fdatasync
+	case w.startOnly:
+		return w.f.StartWriteback(0, 0) // the file stays open for the fdatasync
 	case r.Integrity || wb.fallback[r.Dev]:
-		if !r.synced {
-			if err := r.f.DataSync(); err != nil {
+		if !w.synced {
+			if err := w.f.DataSync(); err != nil {
 				return wb.closeWhole(r, err)
 			}
 		}
 		// fdatasync has waited: the state after is final now.
-		r.wrote = true
-		d, w, err := r.f.Cachestat(0, 0)
-		r.after = [2]uint64{d, w}
-		r.afterKnown = true
-		if r.before == [2]uint64{} && !r.att.wroteBefore && wb.errs != nil {
+		w.wrote = true
+		d, wbp, err := w.f.Cachestat(0, 0)
+		w.after = [2]uint64{d, wbp}
+		w.afterKnown = true
+		if w.before == [2]uint64{} && !att.wroteBefore && wb.errs != nil {
 			// Its data left the page cache before flusherd wrote it:
 			// if that writeback failed and someone else's fsync took
 			// the report, this fdatasync could not see it. The
 			// filesystem's own error cursor can (ErrWatch).
-			r.fsErrAt, r.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
+			w.fsErrAt, w.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
 		}
 		return wb.closeWhole(r, err)
 	}
-	if err := r.f.StartWriteback(0, 0); err != nil {
+	if err := w.f.StartWriteback(0, 0); err != nil {
 		return wb.closeWhole(r, err)
 	}
 	// The file stays open: complete looks at it once the whole batch is
 	// out, by when most of its writeback has finished.
-	r.wrote = true
+	w.wrote = true
 	return nil
 }
 
-// closeWhole closes a whole-file request's file and passes err on.
-func (wb *Writeback) closeWhole(r *Request, err error) error {
-	if r.f != nil {
-		r.f.Close()
-		r.f = nil
+// closeWhole closes a whole-file request's file, if it holds one, and
+// passes err on.
+func (wb *Writeback) closeWhole(r *request, err error) error {
+	if w := r.Owner.whole; w != nil && w.f != nil {
+		w.f.Close()
+		w.f = nil
 	}
 	return err
 }
 
 // adoptWhole moves a finished whole-file request's results, and its open
 // file if it kept one, into its attempt, for complete.
-func adoptWhole(r *Request) {
-	att := r.att
-	att.dirtyBefore, att.wbBefore = r.before[0], r.before[1]
-	att.fsErrAt, att.fsErrno = r.fsErrAt, r.fsErrno
+func adoptWhole(r *request) {
+	att := r.Owner
+	w := att.whole
+	att.dirtyBefore, att.wbBefore = w.before[0], w.before[1]
+	att.fsErrAt, att.fsErrno = w.fsErrAt, w.fsErrno
+	if w.renewed != "" {
+		att.renewed = w.renewed
+	}
 	switch {
-	case r.wrote && r.afterKnown:
+	case w.wrote && w.afterKnown:
 		att.wrote, att.afterKnown = true, true
-		att.dirtyAfter, att.wbAfter = r.after[0], r.after[1]
-	case r.wrote:
+		att.dirtyAfter, att.wbAfter = w.after[0], w.after[1]
+	case w.wrote:
 		att.wrote = true
-		att.f, r.f = r.f, nil // complete reads cachestat and closes it
-	case r.tooLarge:
+		att.f, w.f = w.f, nil // complete reads cachestat and closes it
+	case w.tooLarge:
 		// Not written: the next attempt takes the chunked path, since
 		// the inode's DirtyPages now shows the size.
 		att.pre, att.sized, att.afterKnown = policy.ChunkUsed, true, true
-		att.dirtyAfter, att.wbAfter = r.before[0], r.before[1]
+		att.dirtyAfter, att.wbAfter = w.before[0], w.before[1]
 	default:
-		att.pre, _ = policy.BeforeWrite(r.before[0], r.before[1], r.Integrity)
+		att.pre, _ = policy.BeforeWrite(w.before[0], w.before[1], r.Integrity)
 		att.afterKnown = true
-		att.dirtyAfter, att.wbAfter = r.before[0], r.before[1]
+		att.dirtyAfter, att.wbAfter = w.before[0], w.before[1]
 	}
 }

@@ -7,7 +7,8 @@
 // wb_check_old_data_flush, wb_writeback, queue_io, move_expired_inodes,
 // writeback_sb_inodes, __writeback_single_inode, requeue_inode,
 // __mark_inode_dirty) as changed by the series "writeback: avoid touching
-// dirtied_when on blocked inodes", and block/blk-core.c's plug.
+// dirtied_when on blocked inodes". The block layer's side (the plug, the
+// request queue) is package blk.
 //
 // The data flow, and the file that holds each stage:
 //
@@ -16,9 +17,10 @@
 //	Run: wbDoWriteback, wbCheckOldDataFlush,
 //	     wbWriteback, queueIO ─► b_io,
 //	     writebackSBInodes                           wb.go
-//	writebackSingleInode ─► Plug.Add ─► Finish       attempt.go, plug.go
-//	submit ─► runTimed: workers run open, cachestat,
-//	     sync_file_range / fdatasync / syncfs        submit.go, open.go
+//	writebackSingleInode ─► blk.Plug.Add ─► Finish   attempt.go
+//	submit ─► runTimed (a blk.Queue): workers run
+//	     open, cachestat, sync_file_range /
+//	     fdatasync, syncfs (blk.Timed)                submit.go, open.go
 //	complete ─► requeueInodeLocked ─► b_more_io,
 //	     b_more_io_wait, b_dirty, forgotten, failed  attempt.go
 //
@@ -58,6 +60,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"flusherd/blk"
 	"flusherd/inode"
 	"flusherd/lists"
 	"flusherd/policy"
@@ -211,7 +214,7 @@ type Writeback struct {
 	Trace func(path string, o policy.Outcome, d policy.Dest, err error)
 
 	// Owned by the writeback goroutine.
-	plug         Plug
+	plug         blk.Plug[*attempt]
 	backoff      policy.Backoff
 	lastOldFlush time.Duration
 	waitRetryAt  time.Duration
@@ -269,7 +272,7 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		wbIndex:  make(map[inode.Key]int64),
 		fallback: make(map[uint64]bool),
 	}
-	wb.plug = Plug{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
+	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
 }
 
@@ -320,7 +323,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		}
 		var tc <-chan time.Time
 		if arm {
-			tc = resetTimer(&timer, d)
+			tc = blk.ResetTimer(&timer, d)
 		}
 		wb.sleeping.Store(true)
 		select {

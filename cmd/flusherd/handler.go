@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/bdi"
+	"flusherd/blk"
 	"flusherd/control"
 	"flusherd/inode"
 	"flusherd/watch"
@@ -142,29 +143,19 @@ func syncRequest(ctx context.Context, reg *bdi.Registry, wat watch.Backend, path
 // a second (a hung filesystem): the open and the call go on in the
 // background and the file is closed when they return.
 func freshCachestat(wb *bdi.Writeback, in bdi.InodeInfo) (dirty, wbp uint64, ok bool) {
-	type res struct {
-		d, w uint64
-		ok   bool
-	}
-	ch := make(chan res, 1)
-	go func() {
+	counts, err, inTime := blk.Timed(time.Second, func() ([2]uint64, error) {
 		f, err := wb.OpenInode(in)
 		if err != nil {
-			ch <- res{}
-			return
+			return [2]uint64{}, err
 		}
 		defer f.Close()
 		d, w, err := f.Cachestat(0, 0)
-		ch <- res{d, w, err == nil}
-	}()
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	select {
-	case r := <-ch:
-		return r.d, r.w, r.ok
-	case <-t.C:
+		return [2]uint64{d, w}, err
+	}, nil)
+	if !inTime || err != nil {
 		return 0, 0, false
 	}
+	return counts[0], counts[1], true
 }
 
 // dirtyFiles lists the tracked files, oldest dirty data first, at most top
