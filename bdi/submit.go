@@ -343,7 +343,9 @@ func (h *queueHooks) TimedOutLocked(r *request) func() { return h.wb.reqTimedOut
 // ReturnedLocked is reqReturnedLocked.
 //
 // +checklocks:h.wb.mu
-func (h *queueHooks) ReturnedLocked(r *request, err error) func() { return h.wb.reqReturnedLocked(r, err) }
+func (h *queueHooks) ReturnedLocked(r *request, err error) func() {
+	return h.wb.reqReturnedLocked(r, err)
+}
 
 // reqDetachedLocked marks the inode of a detached call Busy until the
 // call returns, and records the call in offLoop (stuck_calls once past
