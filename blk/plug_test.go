@@ -18,7 +18,7 @@ type rng struct {
 func toReqs(owner *int, rs []rng) []*Request[*int] {
 	var out []*Request[*int]
 	for _, r := range rs {
-		out = append(out, &Request[*int]{Dev: r.dev, Ino: r.ino, Off: r.off, Len: r.n, Integrity: r.integrity, Owner: owner})
+		out = append(out, &Request[*int]{Dev: r.dev, Ino: r.ino, Off: r.off, Len: r.n, Integrity: r.integrity, Owner: owner, Merged: r.merged})
 	}
 	return out
 }
@@ -52,6 +52,12 @@ func TestSortAndMerge(t *testing.T) {
 		{"overlap merges to the union",
 			[]rng{{1, 1, 0, 10, false, 0}, {1, 1, 5, 10, false, 0}, {1, 1, 6, 2, false, 0}},
 			[]rng{{1, 1, 0, 15, false, 2}}},
+		{"a merge away from offset 0",
+			[]rng{{1, 1, 12, 4, false, 0}, {1, 1, 8, 4, false, 0}, {1, 1, 14, 6, false, 0}},
+			[]rng{{1, 1, 8, 12, false, 2}}},
+		{"merged requests count what they had absorbed",
+			[]rng{{1, 1, 0, 4, false, 3}, {1, 1, 4, 4, false, 2}},
+			[]rng{{1, 1, 0, 8, false, 6}}},
 		{"gap does not merge",
 			[]rng{{1, 1, 0, 4, false, 0}, {1, 1, 5, 4, false, 0}},
 			[]rng{{1, 1, 0, 4, false, 0}, {1, 1, 5, 4, false, 0}}},

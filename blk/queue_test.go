@@ -23,6 +23,7 @@ type fakeHooks struct {
 	detached, timedOut  []uint64
 	returned            map[uint64]error
 	alive               atomic.Int64
+	afterRan            atomic.Int64 // TimedOutLocked's funcs run
 }
 
 // checkedLock is a mutex that knows whether it is held.
@@ -98,6 +99,7 @@ func (h *fakeHooks) TimedOutLocked(r *Request[*int]) func() {
 		if h.lock.held.Load() {
 			h.t.Error("TimedOutLocked's func ran under the lock")
 		}
+		h.afterRan.Add(1)
 	}
 }
 
@@ -176,6 +178,9 @@ func TestQueueRun(t *testing.T) {
 			q.Run(rs, true)
 			if took := time.Since(start); took != time.Second {
 				t.Errorf("Run returned after %v, want the 1s timeout", took)
+			}
+			if n := h.afterRan.Load(); n != 1 {
+				t.Errorf("TimedOutLocked's func ran %d times, want once", n)
 			}
 			if rs[1].State() != TimedOut || rs[1].Err != errTimeout || len(h.timedOut) != 1 {
 				t.Errorf("blocked call: state %d err %v timed out %v", rs[1].State(), rs[1].Err, h.timedOut)
