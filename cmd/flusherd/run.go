@@ -24,6 +24,7 @@ import (
 	"flusherd/control"
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/service"
 	"flusherd/sysfs"
 	"flusherd/watch"
 )
@@ -311,7 +312,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	var ctl *control.Server
 	if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {
 		log.Error("cannot create the stats directory; flusherd sync will not reach this daemon", zap.Error(err))
-	} else if ctl, err = control.Listen(sock, controlHandler(reg, wat), log); err != nil {
+	} else if ctl, err = control.Listen(sock, service.ControlHandler(reg, wat), log); err != nil {
 		log.Error("cannot create the control socket; flusherd sync will not reach this daemon", zap.Error(err))
 	} else {
 		go ctl.Serve(ctx)

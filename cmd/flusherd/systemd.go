@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"flusherd/config"
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/service"
 	"flusherd/watch"
 )
 
@@ -181,36 +180,27 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 	}
 	reg.SetConfig(bdiConfig(cfg))
 
-	was := map[string]watch.Tree{}
-	for _, t := range running {
-		was[t.Root] = t
+	plan := service.PlanTrees(running, trees, wat.Served)
+	added, removed := 0, len(plan.Retire)
+	// Retired roots leave the watcher first, so that a file of theirs is
+	// kept only if another tree (one replaced included) still holds it.
+	for _, t := range plan.Retire {
+		wat.RemoveTree(t.Root)
+		errs.Remove(t.Root)
 	}
-	now := map[string]watch.Tree{}
-	for _, t := range trees {
-		now[t.Root] = t
+	for _, t := range plan.Retire {
+		k := reg.TreeRemoved(t.Root, func(p string) bool { _, in := wat.TreeOf(p); return in })
+		log.Info("watch root removed; its tracked files are written back once and forgotten",
+			zap.String("root", strconv.Quote(t.Root)), zap.Int("files", k))
 	}
-	added, removed := 0, 0
-	for _, root := range slices.Sorted(maps.Keys(was)) {
-		if t, ok := now[root]; ok && t == was[root] && wat.Served(root) {
-			continue
-		}
-		// Removed, or changed (taken out and put back with its new
-		// settings below).
-		wat.RemoveTree(root)
-		errs.Remove(root)
-		if _, ok := now[root]; !ok {
-			k := reg.TreeRemoved(root, func(p string) bool { _, in := wat.TreeOf(p); return in })
-			log.Info("watch root removed; its tracked files are written back once and forgotten",
-				zap.String("root", strconv.Quote(root)), zap.Int("files", k))
-			removed++
-		}
+	for _, t := range plan.Replace {
+		// Taken out and put back with its new settings below.
+		wat.RemoveTree(t.Root)
+		errs.Remove(t.Root)
 	}
-	var served []watch.Tree
-	for _, root := range slices.Sorted(maps.Keys(now)) {
-		if t, ok := was[root]; ok && t == now[root] && wat.Served(root) {
-			served = append(served, t)
-			continue
-		}
+	served := plan.Keep
+	for _, t := range plan.Add {
+		root := t.Root
 		if _, err := handles.AddMount(root); policy.Shortage(err) {
 			// Not served yet: the retried reload adds it.
 			short = true
@@ -218,7 +208,7 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		} else if err != nil {
 			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(root)), zap.Error(err))
 		}
-		if err := wat.AddTree(context.Background(), now[root]); err != nil {
+		if err := wat.AddTree(context.Background(), t); err != nil {
 			if policy.Shortage(err) {
 				short = true
 				continue
@@ -226,9 +216,9 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 			log.Error("cannot watch a root added by the reload", zap.String("root", strconv.Quote(root)), zap.Error(err))
 			continue
 		}
-		watchErrors(errs, now[root], log)
-		served = append(served, now[root])
-		if _, ok := was[root]; ok {
+		watchErrors(errs, t, log)
+		served = append(served, t)
+		if plan.Replaced(root) {
 			log.Info("watch root settings changed", zap.String("root", strconv.Quote(root)))
 		} else {
 			log.Info("watch root added", zap.String("root", strconv.Quote(root)))

@@ -1,4 +1,9 @@
-package main
+// Package service holds what flusherd's daemon decides beyond wiring: the
+// control socket's requests (a sync fanned out to the devices' writeback
+// goroutines, the dirty list, the stats) and the plan of a reload's tree
+// changes. Package main (cmd/flusherd) wires it to the signals, the
+// socket and systemd.
+package service
 
 import (
 	"bytes"
@@ -19,9 +24,9 @@ import (
 	"flusherd/watch"
 )
 
-// controlHandler serves the control socket's requests (see package
-// control): sync, dirty and stats.
-func controlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
+// ControlHandler serves the control socket's requests (see package
+// control): sync (Sync), dirty and stats.
+func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 	return func(ctx context.Context, req control.Request) control.Response {
 		switch req.Op {
 		case "sync":
@@ -29,7 +34,7 @@ func controlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 			for i, p := range req.Paths {
 				paths[i] = string(p)
 			}
-			return syncRequest(ctx, reg, wat, paths)
+			return Sync(ctx, reg, wat, paths)
 		case "dirty":
 			if req.Top < 0 {
 				return control.Response{Error: "dirty: top must not be negative"}
@@ -49,11 +54,11 @@ func controlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 	}
 }
 
-// syncRequest writes back, with WB_SYNC_ALL work of reason "sync" on each
+// Sync writes back, with WB_SYNC_ALL work of reason "sync" on each
 // device's goroutine: each named regular file in a watched tree, the
 // tracked files under each named directory, or every tracked file when no
 // path is named.
-func syncRequest(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []string) control.Response {
+func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []string) control.Response {
 	var files []control.FileResult
 	type slot struct {
 		work  *bdi.Work

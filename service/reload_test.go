@@ -1,0 +1,57 @@
+package service
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"flusherd/bdi"
+	"flusherd/watch"
+)
+
+// TestPlanTrees: a reload keeps what is unchanged and served, retires what
+// is no longer configured, replaces what changed or is not served any
+// more, and adds what is new; every list is in root order.
+func TestPlanTrees(t *testing.T) {
+	tree := func(root string, expire time.Duration, integrity bool) watch.Tree {
+		return watch.Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: expire, Integrity: integrity}}
+	}
+	running := []watch.Tree{
+		tree("/z/same", time.Second, false),
+		tree("/a/gone", time.Second, false),
+		tree("/m/expire", time.Second, false),
+		tree("/m/mode", time.Second, false),
+		tree("/u/unserved", time.Second, false),
+	}
+	configured := []watch.Tree{
+		tree("/z/same", time.Second, false),
+		tree("/m/expire", 5*time.Second, false),
+		tree("/m/mode", time.Second, true),
+		tree("/u/unserved", time.Second, false),
+		tree("/b/new", time.Second, false),
+	}
+	served := func(root string) bool { return root != "/u/unserved" }
+	got := PlanTrees(running, configured, served)
+	want := TreePlan{
+		Keep:    []watch.Tree{tree("/z/same", time.Second, false)},
+		Retire:  []watch.Tree{tree("/a/gone", time.Second, false)},
+		Replace: []watch.Tree{tree("/m/expire", time.Second, false), tree("/m/mode", time.Second, false), tree("/u/unserved", time.Second, false)},
+		Add:     []watch.Tree{tree("/b/new", time.Second, false), tree("/m/expire", 5*time.Second, false), tree("/m/mode", time.Second, true), tree("/u/unserved", time.Second, false)},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("PlanTrees (-want +got)\n%s", d)
+	}
+	for root, replaced := range map[string]bool{"/m/expire": true, "/u/unserved": true, "/b/new": false, "/z/same": false, "/a/gone": false} {
+		if got.Replaced(root) != replaced {
+			t.Errorf("Replaced(%s) = %v, want %v", root, !replaced, replaced)
+		}
+	}
+	// Nothing before: every tree is added; nothing after: every one retired.
+	if p := PlanTrees(nil, configured, served); len(p.Add) != len(configured) || len(p.Keep)+len(p.Retire)+len(p.Replace) != 0 {
+		t.Errorf("from nothing: %+v", p)
+	}
+	if p := PlanTrees(running, nil, served); len(p.Retire) != len(running) || len(p.Keep)+len(p.Add)+len(p.Replace) != 0 {
+		t.Errorf("to nothing: %+v", p)
+	}
+}
