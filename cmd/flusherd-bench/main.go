@@ -24,7 +24,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"flag"
 	"fmt"
@@ -39,6 +38,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/faultfs"
@@ -151,40 +151,33 @@ func (d *daemon) kill() {
 	<-d.done
 }
 
-// cpu returns the process's user+system CPU time.
+// cpu returns the process's user+system CPU time (procfs: utime + stime
+// of /proc/PID/stat, counted in USER_HZ ticks).
 func (d *daemon) cpu() time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	p, err := procfs.NewProc(d.cmd.Process.Pid)
 	if err != nil {
 		return 0
 	}
-	// Fields after the command name, which is in parentheses.
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+	st, err := p.Stat()
+	if err != nil {
+		return 0
+	}
+	return time.Duration(st.CPUTime() * float64(time.Second))
 }
 
 // switches returns the context switches, voluntary and not, of all the
 // process's threads: every wakeup of the writeback goroutine costs at least
 // one, so their rate bounds the wakeups from above.
 func (d *daemon) switches() uint64 {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", d.cmd.Process.Pid))
+	threads, err := procfs.AllThreads(d.cmd.Process.Pid)
+	if err != nil {
+		return 0
+	}
 	var n uint64
-	for _, t := range tasks {
-		f, err := os.Open(t)
-		if err != nil {
-			continue
+	for _, t := range threads {
+		if s, err := t.NewStatus(); err == nil {
+			n += s.VoluntaryCtxtSwitches + s.NonVoluntaryCtxtSwitches
 		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			k, v, ok := strings.Cut(sc.Text(), ":")
-			if ok && strings.HasSuffix(k, "ctxt_switches") {
-				x, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-				n += x
-			}
-		}
-		f.Close()
 	}
 	return n
 }

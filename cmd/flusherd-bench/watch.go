@@ -55,6 +55,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -194,7 +195,7 @@ func machineFacts(o watchOpts) string {
 	var u unix.Utsname
 	unix.Uname(&u)
 	mem := ""
-	if m := procKB("/proc/meminfo", "MemTotal"); m > 0 {
+	if m := meminfoKB().total; m > 0 {
 		mem = fmt.Sprintf(", %.0f GiB RAM", float64(m)/(1<<20))
 	}
 	ver := "?"
@@ -737,7 +738,7 @@ func fitInodes(dir string, n int) (int, string) {
 			n, why = m, "free disk"
 		}
 	}
-	if avail := int64(procKB("/proc/meminfo", "MemAvailable")) << 10; avail > 0 {
+	if avail := int64(meminfoKB().available) << 10; avail > 0 {
 		if m := int((avail*8/10 - 2<<30) / memPerFile); m < n {
 			n, why = m, "available memory"
 		}
@@ -793,8 +794,7 @@ func (r *watchRun) memory(ctx context.Context, backend string, want int) error {
 		return err
 	}
 	pid := d.cmd.Process.Pid
-	status := fmt.Sprintf("/proc/%d/status", pid)
-	base := procKB(status, "VmRSS")
+	base := procStatusKB(pid).rss
 	st0, _ := readWatchStats(statsDir)
 	ovLog0 := countOverflowLines(d.logText())
 	cpu0, t0 := d.cpu(), time.Now()
@@ -838,8 +838,8 @@ func (r *watchRun) memory(ctx context.Context, backend string, want int) error {
 		// above exits with the stats file, at most a second later.
 		tTracked = grew.Sub(t0)
 	}
-	rss := procKB(status, "VmRSS")
-	hwm := procKB(status, "VmHWM")
+	mem := procStatusKB(pid)
+	rss, hwm := mem.rss, mem.hwm
 	cpu := (d.cpu() - cpu0).Seconds()
 	st1, hasEv := readWatchStats(statsDir)
 	r.progress("%s: memory: %d tracked in %v, RSS %d kB", backend, got, tTracked.Round(time.Millisecond), rss)
@@ -975,14 +975,39 @@ func parseKV(data []byte) map[string]string {
 	return m
 }
 
-// procKB returns a "Key: N kB" line's N from a /proc file (0 if absent).
-func procKB(path, key string) uint64 {
-	data, err := os.ReadFile(path)
+// procStatusKB returns a process's VmRSS and VmHWM in kB (procfs,
+// /proc/PID/status); zeros when it cannot be read.
+func procStatusKB(pid int) (m struct{ rss, hwm uint64 }) {
+	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return 0
+		return m
 	}
-	n, _ := strconv.ParseUint(parseKV(data)[key], 10, 64)
-	return n
+	st, err := p.NewStatus()
+	if err != nil {
+		return m
+	}
+	m.rss, m.hwm = st.VmRSS>>10, st.VmHWM>>10
+	return m
+}
+
+// meminfoKB returns MemTotal and MemAvailable in kB (procfs,
+// /proc/meminfo); zeros when they cannot be read.
+func meminfoKB() (m struct{ total, available uint64 }) {
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return m
+	}
+	mi, err := fs.Meminfo()
+	if err != nil {
+		return m
+	}
+	if mi.MemTotal != nil {
+		m.total = *mi.MemTotal
+	}
+	if mi.MemAvailable != nil {
+		m.available = *mi.MemAvailable
+	}
+	return m
 }
 
 // watchStats is the daemon's <stats.dir>/watch/stats: "backend: NAME",
