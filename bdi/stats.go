@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/renameio/v2"
@@ -99,6 +101,115 @@ func (s *Stats) Format(w io.Writer, pageSize int) error {
 		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles, s.Throttled, s.DetachedCalls, s.ListLockMaxUs, s.LoopStallMaxUs)
 	return err
 }
+
+// statsFields maps each line of the stats file to its field, in file
+// order; kB marks the fields kept in pages and written in kB.
+func (s *Stats) statsFields() []struct {
+	key string
+	kB  bool
+	u   *uint64
+	i   *int64
+	n   *int
+} {
+	type f = struct {
+		key string
+		kB  bool
+		u   *uint64
+		i   *int64
+		n   *int
+	}
+	return []f{
+		{"BdiWriteback", true, &s.BdiWriteback, nil, nil},
+		{"BdiReclaimable", true, &s.BdiReclaimable, nil, nil},
+		{"BdiDirtyThresh", true, &s.BdiDirtyThresh, nil, nil},
+		{"DirtyThresh", true, &s.DirtyThresh, nil, nil},
+		{"BackgroundThresh", true, &s.BackgroundThresh, nil, nil},
+		{"BdiDirtied", true, &s.BdiDirtied, nil, nil},
+		{"BdiWritten", true, &s.BdiWritten, nil, nil},
+		{"BdiWriteBandwidth", false, &s.BdiWriteBandwidth, nil, nil},
+		{"b_dirty", false, nil, nil, &s.BDirty},
+		{"b_io", false, nil, nil, &s.BIO},
+		{"b_more_io", false, nil, nil, &s.BMoreIO},
+		{"b_more_io_wait", false, nil, nil, &s.BMoreIOWait},
+		{"b_dirty_time", false, nil, nil, &s.BDirtyTime},
+		{"bdi_list", false, nil, nil, &s.BdiList},
+		{"state", false, &s.State, nil, nil},
+		{"plug_requests", false, &s.PlugRequests, nil, nil},
+		{"plug_merges", false, &s.PlugMerges, nil, nil},
+		{"plug_batches", false, &s.PlugBatches, nil, nil},
+		{"retry_pause_ms", false, nil, &s.RetryPauseMs, nil},
+		{"writeback_errors", false, &s.WritebackErrors, nil, nil},
+		{"inodes_gone", false, &s.InodesGone, nil, nil},
+		{"rescans", false, &s.Rescans, nil, nil},
+		{"stuck_calls", false, nil, nil, &s.StuckCalls},
+		{"failed_files", false, nil, nil, &s.FailedFiles},
+		{"throttled", false, &s.Throttled, nil, nil},
+		{"detached_calls", false, &s.DetachedCalls, nil, nil},
+		{"list_lock_max_us", false, nil, &s.ListLockMaxUs, nil},
+		{"loop_stall_max_us", false, nil, &s.LoopStallMaxUs, nil},
+	}
+}
+
+// ErrStatsFormat is the error of ParseStats for a malformed stats file.
+var ErrStatsFormat = errors.New("malformed stats file")
+
+// ParseStats reads a stats file written by Format (pageSize in bytes, as
+// given to Format; kB values become pages): "key: value[ unit]" lines,
+// state in hex. Lines it does not know (a newer daemon's) are skipped. A
+// malformed line, or a file without the four lists of tracked files
+// (b_dirty, b_io, b_more_io, b_more_io_wait), is an error wrapping
+// ErrStatsFormat. Outcomes are not in the file and stay zero.
+func ParseStats(data []byte, pageSize int) (Stats, error) {
+	var s Stats
+	byKey := map[string]int{}
+	fields := s.statsFields()
+	for i, f := range fields {
+		byKey[f.key] = i
+	}
+	lists := 0
+	for n, line := range strings.Split(strings.TrimRight(string(data), "\n"), "\n") {
+		key, rest, ok := strings.Cut(line, ":")
+		v := strings.Fields(rest)
+		if !ok || len(v) < 1 || len(v) > 2 {
+			return Stats{}, fmt.Errorf("line %d: %q: %w", n+1, line, ErrStatsFormat)
+		}
+		i, known := byKey[strings.TrimSpace(key)]
+		if !known {
+			continue
+		}
+		f := fields[i]
+		base := 10
+		if f.key == "state" {
+			base = 16
+		}
+		x, err := strconv.ParseInt(v[0], base, 64)
+		if err != nil {
+			return Stats{}, fmt.Errorf("line %d: %q: %w: %w", n+1, line, ErrStatsFormat, err)
+		}
+		switch {
+		case f.kB:
+			*f.u = uint64(x) * 1024 / uint64(pageSize)
+		case f.u != nil:
+			*f.u = uint64(x)
+		case f.i != nil:
+			*f.i = x
+		default:
+			*f.n = int(x)
+		}
+		switch f.key {
+		case "b_dirty", "b_io", "b_more_io", "b_more_io_wait":
+			lists++
+		}
+	}
+	if lists != 4 {
+		return Stats{}, fmt.Errorf("b_dirty, b_io, b_more_io and b_more_io_wait not all there: %w", ErrStatsFormat)
+	}
+	return s, nil
+}
+
+// Tracked is the number of tracked files the stats count: b_dirty, b_io,
+// b_more_io and b_more_io_wait.
+func (s *Stats) Tracked() int { return s.BDirty + s.BIO + s.BMoreIO + s.BMoreIOWait }
 
 // Snapshot returns the device's statistics now. It walks the lists and the
 // tracked inodes under the list lock (as bdi_debug_stats_show does) and

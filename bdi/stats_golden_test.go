@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -62,5 +63,52 @@ func TestStatsKernelPrefix(t *testing.T) {
 	kk := keys(kernel)
 	if d := cmp.Diff(kk, ours[:len(kk)]); d != "" {
 		t.Errorf("kernel fields differ (-kernel +ours)\n%s", d)
+	}
+}
+
+// TestParseStatsRoundTrip: what Format writes, ParseStats reads back to
+// the same Stats (every field set to a distinct value, state included);
+// unknown lines are skipped; malformed ones, and a file without the four
+// lists, are errors.
+func TestParseStatsRoundTrip(t *testing.T) {
+	var s Stats
+	for i, f := range s.statsFields() {
+		v := int64(i*37 + 5)
+		switch {
+		case f.kB:
+			*f.u = uint64(v) * 3 // pages
+		case f.u != nil:
+			*f.u = uint64(v)
+		case f.i != nil:
+			*f.i = v
+		default:
+			*f.n = int(v)
+		}
+	}
+	s.State = 0x1f
+	for _, page := range []int{4096, 65536} {
+		var buf bytes.Buffer
+		if err := s.Format(&buf, page); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseStats(append(buf.Bytes(), "a_newer_line:   3\n"...), page)
+		if err != nil {
+			t.Fatalf("page %d: %v", page, err)
+		}
+		if d := cmp.Diff(s, got); d != "" {
+			t.Errorf("page %d: round trip (-wrote +read)\n%s", page, d)
+		}
+		if got.Tracked() != s.BDirty+s.BIO+s.BMoreIO+s.BMoreIOWait {
+			t.Errorf("Tracked = %d", got.Tracked())
+		}
+	}
+	lists := "b_dirty: 1\nb_io: 2\nb_more_io: 3\nb_more_io_wait: 4\n"
+	if st, err := ParseStats([]byte(lists), 4096); err != nil || st.Tracked() != 10 {
+		t.Errorf("the four lists alone: %d, %v", st.Tracked(), err)
+	}
+	for _, bad := range []string{"b_dirty: x\n" + lists, "b_dirty 3\n" + lists, "b_dirty: 1 2 3\n" + lists, "b_io: 3\nb_dirty: 1\nb_more_io: 3\n", ""} {
+		if _, err := ParseStats([]byte(bad), 4096); !errors.Is(err, ErrStatsFormat) {
+			t.Errorf("ParseStats(%q) = %v, want ErrStatsFormat", bad, err)
+		}
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"flusherd/bdi"
 	"fmt"
 	"io"
 	"io/fs"
@@ -1066,21 +1067,14 @@ func readWatchStats(statsDir string) (watchStats, bool) {
 	return s, true
 }
 
-// trackedLists are the lists of a bdi stats file that hold tracked files.
-var trackedLists = []string{"b_dirty", "b_io", "b_more_io", "b_more_io_wait"}
-
-// trackedIn sums the tracked-file lists of one bdi stats file.
+// trackedIn is the number of tracked files of one bdi stats file
+// (bdi.Stats.Tracked).
 func trackedIn(data []byte) (uint64, bool) {
-	m := parseKV(data)
-	var n uint64
-	for _, k := range trackedLists {
-		v, err := strconv.ParseUint(m[k], 10, 64)
-		if err != nil {
-			return 0, false
-		}
-		n += v
+	st, err := bdi.ParseStats(data, os.Getpagesize())
+	if err != nil {
+		return 0, false
 	}
-	return n, true
+	return uint64(st.Tracked()), true
 }
 
 // tracked sums the tracked files over every device's stats file
