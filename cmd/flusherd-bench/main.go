@@ -36,6 +36,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/prometheus/procfs"
@@ -338,11 +339,33 @@ func blocked(args []string) int {
 }
 
 func printTable(w io.Writer, rows []row) {
-	fmt.Fprintf(w, "| %-52s | %-14s | %-14s |\n", "measure", policies[0], policies[1])
-	fmt.Fprintf(w, "|%s|%s|%s|\n", strings.Repeat("-", 54), strings.Repeat("-", 16), strings.Repeat("-", 16))
+	var cells [][]string
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %-52s | %14s | %14s |\n", r.name, r.vals[policies[0]], r.vals[policies[1]])
+		cells = append(cells, []string{r.name, r.vals[policies[0]], r.vals[policies[1]]})
 	}
+	markdownTable(w, []string{"measure", policies[0], policies[1]}, cells)
+}
+
+// markdownTable writes a Markdown table, its columns aligned by
+// text/tabwriter.
+func markdownTable(w io.Writer, header []string, rows [][]string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	line := func(cells []string) {
+		for _, c := range cells {
+			fmt.Fprintf(tw, "| %s\t", c)
+		}
+		fmt.Fprintln(tw, "|")
+	}
+	line(header)
+	sep := make([]string, len(header))
+	for i := range sep {
+		sep[i] = "---"
+	}
+	line(sep)
+	for _, r := range rows {
+		line(r)
+	}
+	tw.Flush()
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.2fs", d.Seconds()) }

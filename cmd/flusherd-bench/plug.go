@@ -462,8 +462,7 @@ func plugBench(args []string) int {
 			}
 			med := func(k string) time.Duration { return median(times[k]) }
 			fmt.Printf("\n%s, %d files of %d KiB, direct-io loop device, median of %d interleaved runs\n", fstype, spec.n, spec.size>>10, *runs)
-			fmt.Printf("| %-36s | %9s | %9s | %-28s |\n", "method", "time", "x syncfs", "all runs")
-			fmt.Printf("|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 30))
+			var cells [][]string
 			for _, m := range methods {
 				if len(times[m.key]) == 0 {
 					continue
@@ -472,8 +471,10 @@ func plugBench(args []string) int {
 				for _, d := range times[m.key] {
 					all = append(all, fmt.Sprintf("%.2f", d.Seconds()))
 				}
-				fmt.Printf("| %-36s | %8.2fs | %9.2f | %-28s |\n", m.name, med(m.key).Seconds(), med(m.key).Seconds()/med("d").Seconds(), strings.Join(all, " "))
+				cells = append(cells, []string{m.name, fmt.Sprintf("%.2fs", med(m.key).Seconds()),
+					fmt.Sprintf("%.2f", med(m.key).Seconds()/med("d").Seconds()), strings.Join(all, " ")})
 			}
+			markdownTable(os.Stdout, []string{"method", "time", "x syncfs", "all runs"}, cells)
 			var ratios []string
 			for _, r := range [][2]string{{"a", "d"}, {"b", "a"}, {"c", "a"}, {"i", "d"}, {"c", "i"}} {
 				if len(times[r[0]]) > 0 && len(times[r[1]]) > 0 {

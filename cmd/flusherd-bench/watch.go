@@ -1125,8 +1125,8 @@ func (t *wtable) print(w io.Writer, backends []string) {
 	slices.SortStableFunc(rows, func(a, b *wrow) int { return a.section - b.section })
 	cols := append([]string{"measure"}, backends...)
 	cols = append(cols, "target")
-	width := make([]int, len(cols))
-	cells := func(r *wrow) []string {
+	var cells [][]string
+	for _, r := range rows {
 		c := []string{r.name}
 		for _, b := range backends {
 			v, ok := r.vals[b]
@@ -1135,42 +1135,10 @@ func (t *wtable) print(w io.Writer, backends []string) {
 			}
 			c = append(c, v)
 		}
-		return append(c, r.target)
+		cells = append(cells, append(c, r.target))
 	}
-	for i, c := range cols {
-		width[i] = runeLen(c)
-	}
-	for _, r := range rows {
-		for i, c := range cells(r) {
-			width[i] = max(width[i], runeLen(c))
-		}
-	}
-	line := func(c []string) {
-		var b strings.Builder
-		b.WriteString("|")
-		for i, s := range c {
-			pad := strings.Repeat(" ", width[i]-runeLen(s))
-			if i == 0 {
-				fmt.Fprintf(&b, " %s%s |", s, pad)
-			} else {
-				fmt.Fprintf(&b, " %s%s |", pad, s)
-			}
-		}
-		fmt.Fprintln(w, b.String())
-	}
-	line(cols)
-	var sep strings.Builder
-	sep.WriteString("|")
-	for _, n := range width {
-		sep.WriteString(strings.Repeat("-", n+2) + "|")
-	}
-	fmt.Fprintln(w, sep.String())
-	for _, r := range rows {
-		line(cells(r))
-	}
+	markdownTable(w, cols, cells)
 }
-
-func runeLen(s string) int { return len([]rune(s)) }
 
 func metIf(ok bool) string {
 	if ok {
