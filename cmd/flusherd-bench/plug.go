@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
@@ -17,74 +16,25 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/testfs"
 	"flusherd/policy"
 	"flusherd/sysfs"
 )
 
-// loopFS is a loop-mounted filesystem on a direct-io loop device.
-type loopFS struct {
-	dir, dev, img string
-}
+// benchFS makes and mounts a filesystem for the bench with testfs (the
+// tests' own loop-mount helper); Close undoes it.
+func benchFS(opt testfs.Options) (*testfs.FS, error) { return testfs.New(opt) }
 
-func run(name string, args ...string) (string, error) {
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+// closeFS unmounts a bench filesystem and reports what went wrong.
+func closeFS(fs *testfs.FS, who string) {
+	if err := fs.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "flusherd-bench %s: %v\n", who, err)
 	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-func mountLoop(base, fstype string, sizeMB int) (*loopFS, error) {
-	l := &loopFS{img: filepath.Join(base, fstype+".img"), dir: filepath.Join(base, fstype)}
-	if err := os.MkdirAll(l.dir, 0o755); err != nil {
-		return nil, err
-	}
-	if err := os.Truncate(l.img, int64(sizeMB)<<20); err != nil {
-		f, err := os.Create(l.img)
-		if err != nil {
-			return nil, err
-		}
-		f.Close()
-		if err := os.Truncate(l.img, int64(sizeMB)<<20); err != nil {
-			return nil, err
-		}
-	}
-	var err error
-	switch fstype {
-	case "ext4":
-		_, err = run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", l.img)
-	case "xfs":
-		_, err = run("mkfs.xfs", "-q", "-f", l.img)
-	default:
-		err = fmt.Errorf("unknown filesystem %q", fstype)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if l.dev, err = run("losetup", "--find", "--show", "--direct-io=on", l.img); err != nil {
-		return nil, err
-	}
-	if _, err := run("mount", l.dev, l.dir); err != nil {
-		run("losetup", "-d", l.dev)
-		return nil, err
-	}
-	return l, nil
-}
-
-func (l *loopFS) unmount() {
-	for range 50 {
-		if err := unix.Unmount(l.dir, 0); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	run("losetup", "-d", l.dev)
-	os.Remove(l.img)
 }
 
 // syncAndDrop cleans the filesystem and drops the page cache.
-func (l *loopFS) syncAndDrop() error {
-	fd, err := unix.Open(l.dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+func syncAndDrop(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return err
 	}
@@ -404,7 +354,7 @@ func plugBench(args []string) int {
 		}
 	}()
 	for _, fstype := range strings.Split(*fstypes, ",") {
-		l, err := mountLoop(base, fstype, 4096)
+		l, err := benchFS(testfs.Options{Type: fstype, SizeMB: 4096, DirectIO: true, ImageDir: base})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
 			return 1
@@ -416,30 +366,30 @@ func plugBench(args []string) int {
 			if spec.n == 0 {
 				continue
 			}
-			set, err := makeSet(l.dir, spec.name, spec.n, spec.size)
+			set, err := makeSet(l.Dir, spec.name, spec.n, spec.size)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
-				l.unmount()
+				closeFS(l, "plug")
 				return 1
 			}
 			times := map[string][]time.Duration{}
 			stats := map[string]plugStat{}
 			for r := range *runs {
 				for _, m := range methods {
-					if err := l.syncAndDrop(); err != nil {
+					if err := syncAndDrop(l.Dir); err != nil {
 						fmt.Fprintln(os.Stderr, err)
 					}
 					if err := set.redirty(); err != nil {
 						fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
-						l.unmount()
+						closeFS(l, "plug")
 						return 1
 					}
 					var st plugStat
-					runIt := func() error { return syncfs(l.dir) }
+					runIt := func() error { return syncfs(l.Dir) }
 					if m.prepare != nil {
 						if runIt, err = m.prepare(set, &st); err != nil {
 							fmt.Fprintf(os.Stderr, "flusherd-bench plug: %s: %v\n", m.name, err)
-							l.unmount()
+							closeFS(l, "plug")
 							return 1
 						}
 					}
@@ -494,9 +444,9 @@ func plugBench(args []string) int {
 				fmt.Printf("(%s) last run: %.1f syscalls per file (through inode.File), %d requests, %d merges, %d batches, %.2f merges per batch\n",
 					k, float64(st.syscalls)/float64(spec.n), st.requests, st.merges, st.batches, mpb)
 			}
-			os.RemoveAll(filepath.Join(l.dir, spec.name))
+			os.RemoveAll(filepath.Join(l.Dir, spec.name))
 		}
-		l.unmount()
+		closeFS(l, "plug")
 	}
 	return 0
 }

@@ -42,6 +42,7 @@ import (
 	"errors"
 	"flag"
 	"flusherd/bdi"
+	"flusherd/internal/testfs"
 	"fmt"
 	"io"
 	"io/fs"
@@ -277,17 +278,17 @@ func (r *watchRun) ingestAndIdle(ctx context.Context, backend string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	l, err := newBenchLoop(dir, "fs", r.o.fstype, 2048, 0)
+	l, err := newBenchLoop(dir, r.o.fstype, 2048, 0)
 	if err != nil {
 		return err
 	}
-	defer l.release()
-	root := filepath.Join(l.dir, "tree")
+	defer closeFS(l, "watch")
+	root := filepath.Join(l.Dir, "tree")
 	r.progress("%s: creating %d files", backend, r.o.files)
 	if err := createTree(ctx, root, r.o.files, 4096); err != nil {
 		return err
 	}
-	if err := syncfs(l.dir); err != nil {
+	if err := syncfs(l.Dir); err != nil {
 		return err
 	}
 	d, statsDir, err := r.startWatchDaemon(filepath.Join(dir, "ingest"), backend, root)
@@ -314,7 +315,7 @@ func (r *watchRun) ingestAndIdle(ctx context.Context, backend string) error {
 	d.kill()
 
 	// Idle: a new daemon on the same tree once it is clean.
-	if err := syncfs(l.dir); err != nil {
+	if err := syncfs(l.Dir); err != nil {
 		return err
 	}
 	d, _, err = r.startWatchDaemon(filepath.Join(dir, "idle"), backend, root)
@@ -764,7 +765,7 @@ func (r *watchRun) memory(ctx context.Context, backend string, want int) error {
 	}
 	defer os.RemoveAll(dir)
 	sizeMB := int64(n)*diskPerFile*5/4>>20 + 1024
-	l, err := newBenchLoop(dir, "fs", r.o.fstype, sizeMB, n+n/1000+4096)
+	l, err := newBenchLoop(dir, r.o.fstype, sizeMB, n+n/1000+4096)
 	if err != nil {
 		return err
 	}
@@ -775,14 +776,12 @@ func (r *watchRun) memory(ctx context.Context, backend string, want int) error {
 	// dropped with the image; finally drop the caches for the next run.
 	defer func() {
 		t := time.Now()
-		syncfs(l.dir)
-		if err := l.release(); err != nil {
-			fmt.Fprintln(os.Stderr, "flusherd-bench watch:", err)
-		}
+		syncfs(l.Dir)
+		closeFS(l, "watch")
 		os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
 		r.progress("%s: N=%d: clean-up took %v", backend, n, time.Since(t).Round(time.Millisecond))
 	}()
-	root := filepath.Join(l.dir, "tree")
+	root := filepath.Join(l.Dir, "tree")
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return err
 	}
@@ -871,91 +870,23 @@ func mib(kb uint64) string { return fmt.Sprintf("%.1f MiB", float64(kb)/1024) }
 
 // ---- loop filesystems ----
 
-// newBenchLoop makes an fstype filesystem of sizeMB in base/name.img,
+// newBenchLoop makes an fstype filesystem of sizeMB with its image in base,
 // with room for at least inodes files (0: mkfs's default), on a buffered
 // loop device (no direct I/O: the bench never measures I/O, and what is
 // written to the image stays in the host's page cache and is dropped with
-// the image), mounted on base/name. On error nothing is left behind.
-func newBenchLoop(base, name, fstype string, sizeMB int64, inodes int) (l *loopFS, err error) {
-	l = &loopFS{img: filepath.Join(base, name+".img"), dir: filepath.Join(base, name)}
-	if err := os.MkdirAll(l.dir, 0o755); err != nil {
-		return nil, err
-	}
-	f, err := os.Create(l.img)
-	if err != nil {
-		return nil, err
-	}
-	err = f.Truncate(sizeMB << 20)
-	f.Close()
-	defer func() {
-		if err != nil {
-			os.Remove(l.img)
-		}
-	}()
-	if err != nil {
-		return nil, err
-	}
-	var opts string
-	switch fstype {
-	case "ext4":
-		args := []string{"-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0"}
+// the image), with testfs. On error nothing is left behind.
+func newBenchLoop(base, fstype string, sizeMB int64, inodes int) (*testfs.FS, error) {
+	opt := testfs.Options{Type: fstype, SizeMB: int(sizeMB), ImageDir: base}
+	if fstype == "ext4" {
+		opt.MkfsArgs = []string{"-m", "0"}
 		if inodes > 0 {
-			args = append(args, "-N", strconv.Itoa(inodes))
+			opt.MkfsArgs = append(opt.MkfsArgs, "-N", strconv.Itoa(inodes))
 		}
-		_, err = run("mkfs.ext4", append(args, l.img)...)
 		// No cache flushes: nothing here needs durability, and a flush
 		// on a buffered loop device is an fsync of the image.
-		opts = "barrier=0"
-	case "xfs":
-		_, err = run("mkfs.xfs", "-q", "-f", l.img)
-	default:
-		err = fmt.Errorf("unknown filesystem %q", fstype)
+		opt.Data = "barrier=0"
 	}
-	if err != nil {
-		return nil, err
-	}
-	if l.dev, err = run("losetup", "--find", "--show", l.img); err != nil {
-		return nil, err
-	}
-	args := []string{l.dev, l.dir}
-	if opts != "" {
-		args = append(args, "-o", opts)
-	}
-	if _, err = run("mount", args...); err != nil {
-		run("losetup", "-d", l.dev)
-		return nil, err
-	}
-	return l, nil
-}
-
-// release unmounts, detaches the loop device and deletes the image. It is
-// idempotent.
-func (l *loopFS) release() error {
-	if l.dev == "" {
-		return nil
-	}
-	var errs []error
-	var err error
-	for range 100 {
-		if err = unix.Unmount(l.dir, 0); err == nil || err == unix.EINVAL {
-			err = nil
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		// Still busy: detach it lazily; the loop device (autoclear
-		// after losetup -d) goes with the last user.
-		errs = append(errs, fmt.Errorf("unmount %s: %v (detached lazily)", l.dir, err))
-		unix.Unmount(l.dir, unix.MNT_DETACH)
-	}
-	if _, err := run("losetup", "-d", l.dev); err != nil {
-		errs = append(errs, err)
-	}
-	l.dev = ""
-	os.Remove(l.img)
-	os.Remove(l.dir)
-	return errors.Join(errs...)
+	return testfs.New(opt)
 }
 
 // ---- the daemon's files ----

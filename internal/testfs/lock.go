@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
-	"testing"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,7 +22,7 @@ import (
 // mounts then need no shared lock.
 var exclusive atomic.Bool
 
-func lockFile(t testing.TB) int {
+func lockFile(t T) int {
 	t.Helper()
 	p := filepath.Join(os.TempDir(), "flusherd-test-mounts.lock")
 	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
@@ -33,7 +32,7 @@ func lockFile(t testing.TB) int {
 	return fd
 }
 
-func flock(t testing.TB, fd, how int) {
+func flock(t T, fd, how int) {
 	t.Helper()
 	for {
 		err := unix.Flock(fd, how)
@@ -50,7 +49,7 @@ func flock(t testing.TB, fd, how int) {
 // HoldMounts takes the shared lock until the test ends; call it before
 // mounting anything, so that its cleanup runs after the unmount. Mount
 // calls it.
-func HoldMounts(t testing.TB) {
+func HoldMounts(t T) {
 	t.Helper()
 	if exclusive.Load() {
 		return
@@ -63,7 +62,7 @@ func HoldMounts(t testing.TB) {
 // ExcludeMounts waits until no other test holds a mount (HoldMounts) and
 // keeps new ones out until the test ends; this process's own mounts go
 // ahead. Call it before anything that the container must not copy.
-func ExcludeMounts(t testing.TB) {
+func ExcludeMounts(t T) {
 	t.Helper()
 	fd := lockFile(t)
 	flock(t, fd, unix.LOCK_EX)

@@ -17,17 +17,28 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
+// T is what Mount needs of its caller: a *testing.T or *testing.B, or the
+// runner of New for programs that are not tests (the bench).
+type T interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Logf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+}
+
 // Missing reports that something a test needs (a tool, a device, a kernel
 // feature) is not there. Under CI (CI=true) as root it fails the test,
 // naming what is missing, since CI installs everything the tests need and
 // a skip there would hide a check that never ran; elsewhere it skips.
-func Missing(t testing.TB, format string, args ...any) {
+func Missing(t T, format string, args ...any) {
 	t.Helper()
 	if os.Getenv("CI") == "true" && os.Geteuid() == 0 {
 		t.Fatalf("missing under CI: "+format, args...)
@@ -45,6 +56,12 @@ type Options struct {
 	// the image is removed at cleanup, after the detach. Default: the
 	// test's temporary directory.
 	ImageDir string
+	// MkfsArgs are added to mkfs's arguments (e.g. "-N", "100000" for
+	// ext4's inode count).
+	MkfsArgs []string
+	// Data is mount(2)'s data: the filesystem's options (e.g.
+	// "barrier=0").
+	Data string
 }
 
 // FS is a mounted test filesystem.
@@ -57,6 +74,7 @@ type FS struct {
 
 	fstype string
 	td     *teardown
+	r      *runner // set by New
 }
 
 const (
@@ -84,7 +102,7 @@ type teardown struct {
 // loop device and mounts it. It skips the test when not running as root or
 // when the needed tools (mkfs.<type>, losetup) are missing, or when
 // DirectIO was requested but the loop driver would not enable it.
-func Mount(t testing.TB, opt Options) *FS {
+func Mount(t T, opt Options) *FS {
 	t.Helper()
 
 	if euid := os.Geteuid(); euid != 0 {
@@ -161,6 +179,7 @@ func Mount(t testing.TB, opt Options) *FS {
 		t.Fatalf("testfs: size image %s to %d MiB: %v", td.image, size, err)
 	}
 
+	mkfsArgs = append(mkfsArgs, opt.MkfsArgs...)
 	if out, err := exec.Command(mkfs, append(mkfsArgs, td.image)...).CombinedOutput(); err != nil {
 		t.Fatalf("testfs: %s %s %s: %v\n%s", mkfs, strings.Join(mkfsArgs, " "), td.image, err, out)
 	}
@@ -199,8 +218,8 @@ func Mount(t testing.TB, opt Options) *FS {
 	if err := os.Mkdir(td.dir, 0o755); err != nil {
 		t.Fatalf("testfs: mkdir mount point: %v", err)
 	}
-	if err := unix.Mount(dev, td.dir, typ, 0, ""); err != nil {
-		t.Fatalf("testfs: mount -t %s %s %s: %v", typ, dev, td.dir, err)
+	if err := unix.Mount(dev, td.dir, typ, 0, opt.Data); err != nil {
+		t.Fatalf("testfs: mount -t %s -o %q %s %s: %v", typ, opt.Data, dev, td.dir, err)
 	}
 	td.mounted = true
 
@@ -262,7 +281,7 @@ func (f *FS) Unmount() error {
 // RemountRO remounts the filesystem read-only (mount -o remount,ro).
 // It fails the test if the kernel refuses, e.g. with EBUSY while a file is
 // open for writing.
-func (f *FS) RemountRO(t testing.TB) {
+func (f *FS) RemountRO(t T) {
 	t.Helper()
 	if err := unix.Mount(f.Device, f.Dir, f.fstype, unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 		t.Fatalf("testfs: remount,ro %s: %v", f.Dir, err)
@@ -270,7 +289,7 @@ func (f *FS) RemountRO(t testing.TB) {
 }
 
 // RemountRW remounts the filesystem read-write (mount -o remount,rw).
-func (f *FS) RemountRW(t testing.TB) {
+func (f *FS) RemountRW(t T) {
 	t.Helper()
 	if err := unix.Mount(f.Device, f.Dir, f.fstype, unix.MS_REMOUNT, ""); err != nil {
 		t.Fatalf("testfs: remount,rw %s: %v", f.Dir, err)
@@ -281,7 +300,7 @@ func (f *FS) RemountRW(t testing.TB) {
 // /proc/sys/vm/drop_caches, dropping clean page cache, dentries and inodes
 // system-wide. Meant for benchmarks that want cold-cache runs. It skips the
 // test if /proc/sys/vm/drop_caches is not writable (e.g. in a container).
-func (f *FS) DropCaches(t testing.TB) {
+func (f *FS) DropCaches(t T) {
 	t.Helper()
 	fd, err := unix.Open(f.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -301,7 +320,7 @@ func (f *FS) DropCaches(t testing.TB) {
 }
 
 // run undoes what Mount did: umount, then detach the loop device.
-func (td *teardown) run(t testing.TB) {
+func (td *teardown) run(t T) {
 	t.Helper()
 	if td.mounted {
 		td.unmount(t)
@@ -339,7 +358,7 @@ func umountRetry(dir string) error {
 	}
 }
 
-func (td *teardown) unmount(t testing.TB) {
+func (td *teardown) unmount(t T) {
 	t.Helper()
 	err := umountRetry(td.dir)
 	if err == nil {
@@ -360,7 +379,7 @@ func (td *teardown) unmount(t testing.TB) {
 		td.dir, err, umountRetryBudget)
 }
 
-func (td *teardown) detach(t testing.TB) {
+func (td *teardown) detach(t T) {
 	t.Helper()
 	devs := []string{td.device}
 	if td.device == "" {
@@ -451,7 +470,7 @@ func setAutoclear(dev string) error {
 }
 
 // devicesFor lists the loop devices backed by image, via losetup -j.
-func devicesFor(t testing.TB, image string) []string {
+func devicesFor(t T, image string) []string {
 	t.Helper()
 	out, err := exec.Command("losetup", "-n", "-O", "NAME", "-j", image).Output()
 	if err != nil {
