@@ -42,7 +42,8 @@ type Options struct {
 
 // Registry holds the devices' writeback goroutines, created on the first
 // dirty inode of each device (bdi_register plus the on-demand flusher of
-// old kernels). Safe for concurrent use.
+// old kernels). The daemon makes one and owns it until Shutdown and Stop.
+// Safe for concurrent use.
 type Registry struct {
 	opt   Options
 	epoch time.Time

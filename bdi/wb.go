@@ -99,7 +99,9 @@ type Tree struct {
 }
 
 // Writeback is one device's writeback state and goroutine, struct
-// bdi_writeback.
+// bdi_writeback. A Registry makes and owns it (Registry.Device); its
+// exported methods are safe for concurrent use; its lists and inodes are
+// its goroutine's and the list lock's (see the package doc).
 type Writeback struct {
 	Name string
 

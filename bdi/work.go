@@ -15,7 +15,10 @@ const (
 	SyncAll                  // WB_SYNC_ALL: data integrity, fdatasync
 )
 
-// Work is a writeback work item, struct wb_writeback_work.
+// Work is a writeback work item, struct wb_writeback_work. The caller
+// makes it and hands it over with Queue; from then on the device's
+// goroutine owns it until Done is closed, after which the caller may read
+// Errs.
 type Work struct {
 	NrPages       int64 // pages to write before the work ends
 	SyncMode      SyncMode

@@ -31,7 +31,10 @@ import (
 // start writeback of (sync_file_range WRITE) or to write and wait for
 // (fdatasync, Integrity). Len 0 means "to the end of the file". O is the
 // submitter's owner type (a pointer); requests of different owners are
-// never merged.
+// never merged. The submitter owns a request until it adds it to a Plug;
+// the Plug's goroutine then owns it, and hands it to Submit, whose
+// Queue.Run hands it to a worker; a call that is detached or times out
+// keeps it on its worker until Hooks.Finished.
 type Request[O comparable] struct {
 	Dev, Ino  uint64
 	Off, Len  int64
