@@ -31,7 +31,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -424,48 +423,6 @@ func (b *base) checkRoots() {
 	}
 }
 
-// watchMounts calls checkMounts at once, then checkRoots and checkMounts
-// whenever the mount table changes (poll(2) on /proc/self/mountinfo
-// reports POLLPRI), until ctx ends. It blocks in poll, not on a timer: no
-// wakeups while nothing changes.
-func (b *base) watchMounts(ctx context.Context) {
-	mi, err := unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		b.log.Warn("cannot watch the mount table; an unmounted tree is noticed only by its events", zap.Error(err))
-		return
-	}
-	defer unix.Close(mi)
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		b.log.Warn("cannot watch the mount table", zap.Error(err))
-		return
-	}
-	defer unix.Close(p[0])
-	stop := context.AfterFunc(ctx, func() { unix.Close(p[1]) })
-	defer func() {
-		if stop() {
-			unix.Close(p[1])
-		}
-	}()
-	fds := []unix.PollFd{{Fd: int32(mi), Events: unix.POLLPRI}, {Fd: int32(p[0]), Events: unix.POLLIN}}
-	b.checkMounts(ctx)
-	for {
-		fds[0].Revents, fds[1].Revents = 0, 0
-		_, err := unix.Poll(fds, -1)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			b.log.Warn("poll on the mount table failed", zap.Error(err))
-			return
-		}
-		if fds[1].Revents != 0 || ctx.Err() != nil {
-			return
-		}
-		if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0 {
-			b.checkRoots()
-			b.checkMounts(ctx)
-		}
-	}
-}
-
 // noWriteback holds the statfs(2) f_type of filesystems that never hold
 // data to write back: pseudo filesystems, memory-backed ones (tmpfs,
 // ramfs: the data has no backing store) and read-only formats. A mount of
@@ -479,147 +436,6 @@ var noWriteback = map[int64]string{
 	unix.BINFMTFS_MAGIC: "binfmt_misc", unix.EFIVARFS_MAGIC: "efivarfs", unix.NSFS_MAGIC: "nsfs",
 	unix.TMPFS_MAGIC: "tmpfs", unix.RAMFS_MAGIC: "ramfs", unix.SQUASHFS_MAGIC: "squashfs",
 	unix.EROFS_SUPER_MAGIC_V1: "erofs", unix.ISOFS_SUPER_MAGIC: "iso9660", unix.CRAMFS_MAGIC: "cramfs",
-}
-
-// NoWriteback reports whether dir is on a filesystem whose data is never
-// written back (noWriteback: tmpfs, ramfs, proc, sysfs, squashfs, ...),
-// and its kind: a tree there is watched but has nothing to do. statfs(2)
-// errors report false.
-func NoWriteback(dir string) (fstype string, ok bool) {
-	var sfs unix.Statfs_t
-	if unix.Statfs(dir, &sfs) != nil {
-		return "", false
-	}
-	fstype, ok = noWriteback[int64(sfs.Type)]
-	return fstype, ok
-}
-
-// checkMounts finds the filesystems mounted inside a served recursive tree
-// (a mount point below its root, from /proc/self/mountinfo, parsed by
-// moby/sys/mountinfo) and hands each new mount, once per mount ID, to the
-// backend's nested hook, which marks or watches it and scans it: a file
-// written there is served as any other in the tree. A mount of a
-// filesystem without writeback (noWriteback) is skipped, logged at info;
-// an overlay mount is logged as not served (its dirty pages belong to
-// the upper layer's inode, see config's overlay check). It is called at
-// the start of watchMounts and whenever the mount table changes.
-func (b *base) checkMounts(ctx context.Context) {
-	if b.nested == nil {
-		return
-	}
-	infos, err := mountinfo.GetMounts(nil)
-	if err != nil {
-		b.log.Warn("cannot read the mount table; filesystems mounted inside trees may not be served", zap.Error(err))
-		return
-	}
-	trees := b.list()
-	present := make(map[int]bool, len(infos))
-	for _, m := range infos {
-		present[m.ID] = true
-	}
-	b.forgetUnmounted(present)
-	for _, m := range infos {
-		var in *tree
-		for _, t := range trees {
-			if !t.Recursive || m.Mountpoint == t.Root || !(t.Root == "/" || strings.HasPrefix(m.Mountpoint, t.Root+"/")) {
-				continue
-			}
-			if in == nil || len(t.Root) > len(in.Root) {
-				in = t
-			}
-		}
-		if in == nil || !b.served(in) {
-			continue
-		}
-		b.mountsMu.Lock()
-		_, met := b.mountsMet[m.ID]
-		if b.mountsMet == nil {
-			b.mountsMet = map[int]*nestedMount{}
-		}
-		if !met {
-			b.mountsMet[m.ID] = nil
-		}
-		b.mountsMu.Unlock()
-		if met {
-			continue
-		}
-		mp := zap.String("mountpoint", strconv.Quote(m.Mountpoint))
-		var sfs unix.Statfs_t
-		if err := unix.Statfs(m.Mountpoint, &sfs); err != nil {
-			// Unmounted meanwhile, or hidden by a mount above it.
-			continue
-		}
-		if kind, ok := noWriteback[int64(sfs.Type)]; ok {
-			b.log.Info("a filesystem without writeback is mounted inside a tree; nothing there to write back",
-				mp, zap.String("fstype", kind), zap.String("tree", strconv.Quote(in.Root)))
-			continue
-		}
-		if sfs.Type == unix.OVERLAYFS_SUPER_MAGIC {
-			b.ctr.Unserved.Add(1)
-			b.log.Warn("an overlayfs is mounted inside a tree; its writes are not served (an overlay file's dirty pages belong to its upper layer's inode): watch the upper layer's directory as a tree of its own",
-				mp, zap.String("tree", strconv.Quote(in.Root)))
-			continue
-		}
-		var st unix.Stat_t
-		if err := unix.Stat(m.Mountpoint, &st); err != nil {
-			continue
-		}
-		if b.nested(ctx, in.Tree, m.Mountpoint) {
-			b.mountsMu.Lock()
-			b.mountsMet[m.ID] = &nestedMount{mountpoint: m.Mountpoint, dev: st.Dev}
-			b.mountsMu.Unlock()
-			b.ctr.Nested.Add(1)
-			b.log.Info("a filesystem mounted inside a tree is served", mp, zap.String("fstype", m.FSType),
-				zap.String("tree", strconv.Quote(in.Root)))
-		} else {
-			b.ctr.Unserved.Add(1)
-		}
-	}
-}
-
-// nestedMount is a served filesystem mounted inside a tree.
-type nestedMount struct {
-	mountpoint string
-	dev        uint64 // st_dev of its root
-}
-
-// forgetUnmounted forgets the mounts seen inside trees that are no longer
-// in the mount table (present, by mount ID: the kernel reuses IDs, so a
-// later mount under a freed ID is new). The files of a served one are
-// dropped from the lists: the unmount wrote them back (a lazy unmount
-// writes them when its last user goes), and a retry could only fail with
-// ENODEV, forever.
-func (b *base) forgetUnmounted(present map[int]bool) {
-	var gone []*nestedMount
-	b.mountsMu.Lock()
-	for id, nm := range b.mountsMet {
-		if present[id] {
-			continue
-		}
-		delete(b.mountsMet, id)
-		if nm != nil {
-			gone = append(gone, nm)
-		}
-	}
-	still := map[uint64]bool{}
-	for _, nm := range b.mountsMet {
-		if nm != nil {
-			still[nm.dev] = true
-		}
-	}
-	b.mountsMu.Unlock()
-	for _, nm := range gone {
-		b.ctr.Nested.Add(^uint64(0))
-		last := !still[nm.dev]
-		for _, t := range b.list() {
-			if t.root.Dev == nm.dev {
-				last = false
-			}
-		}
-		b.log.Info("a filesystem mounted inside a tree was unmounted; its files are no longer tracked (the unmount wrote them back)",
-			zap.String("mountpoint", strconv.Quote(nm.mountpoint)))
-		b.sink.TreeGone(nm.mountpoint, nm.dev, last)
-	}
 }
 
 // rescan scans every served tree again with cachestat (after an
