@@ -1,11 +1,12 @@
 package bdi
 
 import (
-	"flusherd/inode"
-	"flusherd/lists"
 	"strings"
 	"testing"
 	"time"
+
+	"flusherd/inode"
+	"flusherd/lists"
 )
 
 // TestDirtyListClasses: an expire already in use shares its class and

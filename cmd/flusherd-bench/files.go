@@ -2,8 +2,6 @@ package main
 
 import (
 	"errors"
-	"flusherd/bdi"
-	"flusherd/internal/testfs"
 	"fmt"
 	"io"
 	"io/fs"
@@ -14,6 +12,9 @@ import (
 	"strings"
 
 	"github.com/prometheus/procfs"
+
+	"flusherd/bdi"
+	"flusherd/internal/testfs"
 )
 
 func mib(kb uint64) string { return fmt.Sprintf("%.1f MiB", float64(kb)/1024) }
