@@ -11,10 +11,14 @@ import (
 // cmdCheckConfig validates a configuration file the way `run` would and
 // prints the effective configuration (defaults filled in) as TOML.
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("check-config", "check-config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stderr)
+	fset := newFlagSet("check-config", "check-config FILE | check-config --config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stderr)
+	file := fset.String("config", "", "the configuration file (as the other commands take it; or give it as the argument)")
 	pos, err := parseArgs(fset, args)
 	if err != nil {
 		return parseExit(err)
+	}
+	if *file != "" {
+		pos = append(pos, *file)
 	}
 	if len(pos) != 1 {
 		fmt.Fprintln(stderr, "flusherd check-config: name one configuration file")
@@ -54,7 +58,7 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 	}
 	cfg := config.Default()
 	cfg.Watch = []config.Watch{{Path: "/var/log", Recursive: true, Mode: config.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}
-	fmt.Fprintln(stdout, "# flusherd's built-in defaults, watching /var/log: replace or add [[watch]] entries\n# for your trees. Durations need a unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB.")
+	fmt.Fprintln(stdout, "# flusherd's built-in defaults, with one [[watch]] entry as an example (the\n# defaults watch nothing): replace it with your trees. Durations need a unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB.")
 	if err := cfg.Encode(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd print-default-config: %v\n", err)
 		return exitFailed
