@@ -198,7 +198,9 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, err
 		return []*request{whole}, int64(att.dirtyBefore), nil
 	}
 	size := att.f.Size()
+	wb.mu.Lock()
 	start := wb.wbIndex[key]
+	wb.mu.Unlock()
 	if start >= size || start < 0 {
 		start = 0
 	}
@@ -255,11 +257,13 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, err
 	if off >= size {
 		off = 0
 	}
+	wb.mu.Lock()
 	if off == 0 {
 		delete(wb.wbIndex, key)
 	} else {
 		wb.wbIndex[key] = off
 	}
+	wb.mu.Unlock()
 	att.chunkUsed = budget <= 0
 	if len(reqs) == 0 {
 		// Dirty pages beyond the size seen at open (an append): write

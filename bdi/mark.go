@@ -241,6 +241,8 @@ func (wb *Writeback) DropUnder(root string) int {
 		}
 		lists.Remove(in)
 		delete(wb.inodes, k)
+		delete(wb.wbIndex, k)
+		delete(wb.lateErr, k)
 		wb.bDirty.unref(in.Class)
 		in.State = 0
 		wb.gone++

@@ -38,7 +38,7 @@
 //   - Writeback.mu, the list lock (a holdMutex: its longest hold is
 //     list_lock_max_us in the stats), guards the lists, the inode map,
 //     every tracked Inode's fields, the counters and the work list;
-//     wbIndex and the plug are the device goroutine's own. It is a leaf:
+//     the plug is the device goroutine's own. It is a leaf:
 //     no other lock is taken under it, and no system call that can block
 //     (open, close, cachestat, writeback, syncfs) is made under it.
 //   - ErrWatch: a filesystem's check mutex (held across its syncfs), then
@@ -225,6 +225,9 @@ type Writeback struct {
 	// wbIndex is each chunked file's writeback index: the byte offset its
 	// next attempt starts at (mapping->writeback_index). Only files larger
 	// than write_chunk have one, so it is kept here, not in every Inode.
+	// Guarded by the list lock: inodes are forgotten off the goroutine
+	// too (RetireUnder, DropUnder).
+	// +checklocks:mu
 	wbIndex     map[inode.Key]int64
 	fallback    map[uint64]bool // dev -> use fdatasync for start-writeback
 	lastBusyLog time.Duration
