@@ -65,45 +65,37 @@ const (
 // ("%-20s%10d") and kB units, with b_more_io_wait after b_more_io and
 // flusherd's fields after state. pageSize is in bytes.
 func (s *Stats) Format(w io.Writer, pageSize int) error {
-	k := func(pages uint64) uint64 { return pages * uint64(pageSize) / 1024 }
-	_, err := fmt.Fprintf(w,
-		"BdiWriteback:       %10d kB\n"+
-			"BdiReclaimable:     %10d kB\n"+
-			"BdiDirtyThresh:     %10d kB\n"+
-			"DirtyThresh:        %10d kB\n"+
-			"BackgroundThresh:   %10d kB\n"+
-			"BdiDirtied:         %10d kB\n"+
-			"BdiWritten:         %10d kB\n"+
-			"BdiWriteBandwidth:  %10d kBps\n"+
-			"b_dirty:            %10d\n"+
-			"b_io:               %10d\n"+
-			"b_more_io:          %10d\n"+
-			"b_more_io_wait:     %10d\n"+
-			"b_dirty_time:       %10d\n"+
-			"bdi_list:           %10d\n"+
-			"state:              %10x\n"+
-			"plug_requests:      %10d\n"+
-			"plug_merges:        %10d\n"+
-			"plug_batches:       %10d\n"+
-			"retry_pause_ms:     %10d\n"+
-			"writeback_errors:   %10d\n"+
-			"inodes_gone:        %10d\n"+
-			"rescans:            %10d\n"+
-			"stuck_calls:        %10d\n"+
-			"failed_files:       %10d\n"+
-			"throttled:          %10d\n"+
-			"detached_calls:     %10d\n"+
-			"list_lock_max_us:   %10d\n"+
-			"loop_stall_max_us:  %10d\n",
-		k(s.BdiWriteback), k(s.BdiReclaimable), k(s.BdiDirtyThresh), k(s.DirtyThresh), k(s.BackgroundThresh),
-		k(s.BdiDirtied), k(s.BdiWritten), s.BdiWriteBandwidth,
-		s.BDirty, s.BIO, s.BMoreIO, s.BMoreIOWait, s.BDirtyTime, s.BdiList, s.State,
-		s.PlugRequests, s.PlugMerges, s.PlugBatches, s.RetryPauseMs, s.WritebackErrors, s.InodesGone, s.Rescans, s.StuckCalls, s.FailedFiles, s.Throttled, s.DetachedCalls, s.ListLockMaxUs, s.LoopStallMaxUs)
+	var b strings.Builder
+	for _, f := range s.statsFields() {
+		var v int64
+		switch {
+		case f.kB:
+			v = int64(*f.u * uint64(pageSize) / 1024)
+		case f.u != nil:
+			v = int64(*f.u)
+		case f.i != nil:
+			v = *f.i
+		default:
+			v = int64(*f.n)
+		}
+		verb, unit := "%-20s%10d", ""
+		switch {
+		case f.key == "state":
+			verb = "%-20s%10x"
+		case f.kB:
+			unit = " kB"
+		case f.key == "BdiWriteBandwidth":
+			unit = " kBps"
+		}
+		fmt.Fprintf(&b, verb+unit+"\n", f.key+":", v)
+	}
+	_, err := io.WriteString(w, b.String())
 	return err
 }
 
 // statsFields maps each line of the stats file to its field, in file
-// order; kB marks the fields kept in pages and written in kB.
+// order, for Format and ParseStats; kB marks the fields kept in pages and
+// written in kB.
 func (s *Stats) statsFields() []struct {
 	key string
 	kB  bool
