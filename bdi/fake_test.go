@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,6 +21,8 @@ type fakeFS struct {
 	files map[string]*fakeFile
 	calls []call
 	now   func() time.Duration
+	// handles numbers the files' handles (handleFS).
+	handles int
 }
 
 type call struct {
@@ -42,6 +45,14 @@ type fakeFile struct {
 	sfrErr    error  // returned by StartWriteback only (sync_file_range unsupported)
 	onWrite   func() // runs during StartWriteback/DataSync, without fs.mu
 	onOpen    func() // runs during Open, without fs.mu
+	// cachestatErrAt: the file's cachestat calls fail with EIO from the
+	// cachestatErrAt'th (1-based) on; 0: never.
+	cachestatErrAt int
+	cachestats     int
+	// keepDirty: writes leave the pages dirty (the filesystem skipped
+	// them, as with locked pages).
+	keepDirty bool
+	handle    inode.Handle // its handle for handleFS: "h<n>"
 }
 
 func newFakeFS(now func() time.Duration) *fakeFS {
@@ -54,7 +65,8 @@ const pg = 4096
 func (fs *fakeFS) add(path string, ino uint64, size int64, dirtyPages int) *fakeFile {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	f := &fakeFile{fs: fs, path: path, key: inode.Key{Dev: 7, Ino: ino}, size: size, dirty: map[int64]bool{}}
+	fs.handles++
+	f := &fakeFile{fs: fs, path: path, key: inode.Key{Dev: 7, Ino: ino}, size: size, dirty: map[int64]bool{}, handle: inode.Handle(fmt.Sprintf("h%d", fs.handles))}
 	for i := range dirtyPages {
 		f.dirty[int64(i)] = true
 	}
@@ -107,6 +119,10 @@ func (h *fakeHandle) Cachestat(off, n int64) (uint64, uint64, error) {
 	f := h.f
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
+	f.cachestats++
+	if f.cachestatErrAt > 0 && f.cachestats >= f.cachestatErrAt {
+		return 0, 0, syscall.EIO
+	}
 	end := int64(1 << 62)
 	if n > 0 {
 		end = off + n
@@ -141,6 +157,9 @@ func (h *fakeHandle) write(op string, off, n int64) error {
 	}
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
+	if f.keepDirty {
+		return nil
+	}
 	end := int64(1 << 62)
 	if n > 0 {
 		end = off + n
@@ -158,6 +177,51 @@ func (h *fakeHandle) write(op string, off, n int64) error {
 
 func (h *fakeHandle) StartWriteback(off, n int64) error { return h.write("sync_file_range", off, n) }
 func (h *fakeHandle) DataSync() error                   { return h.write("fdatasync", 0, 0) }
+
+// handleFS is a fakeFS that also opens by handle (an inode.HandleOpener),
+// as inode.Handles does: a handle names one file for good, so the handle of
+// a file that was replaced (remove then add under the same path and key: a
+// reused inode number) is stale (inode.ErrUnlinked); with ebadf set, no
+// filesystem is registered for handles (EBADF).
+type handleFS struct {
+	*fakeFS
+	ebadf bool
+}
+
+func (fs *handleFS) HandleOf(path string, key inode.Key) (inode.Handle, error) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.record("handle_of", path, 0, 0)
+	if f := fs.files[path]; f != nil {
+		return f.handle, nil
+	}
+	return "", syscall.ENOENT
+}
+
+func (fs *handleFS) OpenHandle(h inode.Handle, key inode.Key) (inode.File, error) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.record("open_by_handle", string(h), 0, 0)
+	if fs.ebadf {
+		return nil, syscall.EBADF
+	}
+	for _, f := range fs.files {
+		if f.handle == h {
+			if f.openErr != nil {
+				return nil, f.openErr
+			}
+			return &fakeHandle{f}, nil
+		}
+	}
+	return nil, inode.ErrUnlinked
+}
+
+// remove deletes the file at path.
+func (fs *fakeFS) remove(path string) {
+	fs.mu.Lock()
+	delete(fs.files, path)
+	fs.mu.Unlock()
+}
 
 // set changes the file's script under the fake's lock.
 func (f *fakeFile) set(change func(f *fakeFile)) {
@@ -196,12 +260,17 @@ type harness struct {
 
 func (h *harness) now() time.Duration { return time.Since(h.epoch) }
 
-// withWB runs f in a synctest bubble with a running Writeback.
-func withWB(t *testing.T, cfg Config, f func(h *harness)) {
+// withWB runs f in a synctest bubble with a running Writeback; each setup
+// function runs before its goroutine starts (to set a logger, a Trace hook,
+// another opener).
+func withWB(t *testing.T, cfg Config, f func(h *harness), setup ...func(h *harness)) {
 	synctest.Test(t, func(t *testing.T) {
 		h := &harness{t: t, epoch: time.Now()}
 		h.fs = newFakeFS(h.now)
 		h.wb = New("7:0", cfg, h.now, h.fs, nil, nil)
+		for _, s := range setup {
+			s(h)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		go h.wb.Run(ctx)
 		t.Cleanup(func() { cancel(); <-h.wb.Stopped() })

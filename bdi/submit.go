@@ -193,10 +193,6 @@ func (wb *Writeback) updateBandwidth(pages uint64, took time.Duration) {
 // startIntegrity starts writeback of every integrity request of a batch
 // (sync_file_range WRITE) before any fdatasync, so the batch's data goes to
 // the device together and each fdatasync then mostly waits; it returns the
-
-// startIntegrity starts writeback of every integrity request of a batch
-// (sync_file_range WRITE) before any fdatasync, so the batch's data goes to
-// the device together and each fdatasync then mostly waits; it returns the
 // requests still to run, without those whose start already failed.
 func (wb *Writeback) startIntegrity(rest []*request) []*request {
 	var integ []*request

@@ -1,0 +1,274 @@
+package bdi
+
+import (
+	"errors"
+	"math"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"flusherd/inode"
+)
+
+// newIdleWB returns a device's Writeback over a fakeFS whose goroutine is
+// not running, for calling its steps directly; *now is its clock.
+func newIdleWB(t *testing.T, cfg Config) (*Writeback, *fakeFS, *time.Duration) {
+	t.Helper()
+	if os.Getpagesize() != pg {
+		t.Fatalf("page size %d, the fake assumes %d", os.Getpagesize(), pg)
+	}
+	var now time.Duration
+	clock := func() time.Duration { return now }
+	fs := newFakeFS(clock)
+	return New("7:0", cfg, clock, fs, nil, nil), fs, &now
+}
+
+// TestCongested: a device is congested once the writeback pages of its
+// tracked files reach max_inflight, the asking file's own count replaced by
+// the one just read; each deferral is counted; max_inflight 0 never is.
+func TestCongested(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxInflight = 10 * pg
+	wb, _, _ := newIdleWB(t, cfg)
+	self := &inode.Inode{Key: inode.Key{Dev: 7, Ino: 1}, WritebackPages: 100}
+	wb.mu.Lock()
+	wb.inodes[self.Key] = self
+	wb.inodes[inode.Key{Dev: 7, Ino: 2}] = &inode.Inode{Key: inode.Key{Dev: 7, Ino: 2}, WritebackPages: 4}
+	wb.inodes[inode.Key{Dev: 7, Ino: 3}] = &inode.Inode{Key: inode.Key{Dev: 7, Ino: 3}, WritebackPages: 3}
+	wb.mu.Unlock()
+	for _, tc := range []struct {
+		wbp  uint64
+		want bool
+	}{
+		{0, false}, // 7 pages in the others
+		{2, false}, // 9
+		{3, true},  // 10: at the bound
+		{4, true},
+	} {
+		before := wb.throttled
+		if got := wb.congested(self, tc.wbp); got != tc.want {
+			t.Errorf("own writeback %d pages, others 7, bound 10: congested = %v, want %v", tc.wbp, got, tc.want)
+		}
+		counted := wb.throttled - before
+		if want := map[bool]uint64{true: 1, false: 0}[tc.want]; counted != want || wb.pass.throttled < counted {
+			t.Errorf("own writeback %d: throttled counted %d (pass %d), want %d", tc.wbp, counted, wb.pass.throttled, want)
+		}
+	}
+	if wb.pass.throttled != 2 {
+		t.Errorf("pass.throttled = %d, want 2", wb.pass.throttled)
+	}
+	wb.cfg.MaxInflight = 0
+	if wb.congested(self, 1<<30) {
+		t.Error("max_inflight 0 (no bound): congested")
+	}
+}
+
+// TestRanges: the windows a chunked attempt writes, from the inode's
+// writeback index onwards, wrapping at the end, and where the index is
+// left (write_chunk 4 pages). Bisection halves the region (rounded down to
+// pages) until it is at most write_chunk long, keeping the half with the
+// first dirty page, so a window starts at most write_chunk before it.
+func TestRanges(t *testing.T) {
+	type win struct{ Off, Len int64 }
+	for _, tc := range []struct {
+		name        string
+		size        int64
+		dirty       []int64 // dirty pages
+		dirtyBefore uint64  // the attempt's cachestat count
+		start       int64   // writeback index before, -1: none
+		want        []win   // Len 0: the whole file
+		queued      int64
+		chunkUsed   bool
+		index       int64 // after; 0: none kept
+	}{
+		{"fits in write_chunk: the whole file", 16 * pg, []int64{0, 1, 2, 3}, 4, -1,
+			[]win{{0, 0}}, 4, false, 0},
+		{"one window uses the chunk", 16 * pg, []int64{0, 1, 2, 3, 8, 9, 10, 11}, 8, -1,
+			[]win{{0, 4 * pg}}, 4, true, 4 * pg},
+		{"from the index", 16 * pg, []int64{0, 1, 2, 3, 8, 9, 10, 11}, 8, 4 * pg,
+			[]win{{7 * pg, 4 * pg}, {11 * pg, 4 * pg}}, 4, true, 15 * pg},
+		{"index at the end restarts", 16 * pg, []int64{0, 1, 2, 3, 4}, 5, 16 * pg,
+			[]win{{0, 4 * pg}}, 4, true, 4 * pg},
+		{"negative index restarts", 16 * pg, []int64{0, 1, 2, 3, 4}, 5, -4 * pg,
+			[]win{{0, 4 * pg}}, 4, true, 4 * pg},
+		{"sparse: bisection finds each window", 16 * pg, []int64{1, 14}, 5, -1,
+			[]win{{0, 4 * pg}, {13 * pg, 3 * pg}}, 2, false, 0},
+		{"wraps to the start", 16 * pg, []int64{2, 3, 9}, 5, 8 * pg,
+			[]win{{8 * pg, 4 * pg}, {0, 4 * pg}}, 3, false, 8 * pg},
+		{"ends mid-file", 16 * pg, []int64{5, 6, 7, 8, 9}, 5, -1,
+			[]win{{4 * pg, 4 * pg}, {8 * pg, 4 * pg}}, 5, true, 12 * pg},
+		{"unaligned size", 10*pg + 100, []int64{9, 10}, 5, -1,
+			[]win{{7 * pg, 3*pg + 100}}, 2, false, 0},
+		{"dirty only past the size seen: the whole file", 4 * pg, []int64{6, 7, 8, 9, 10}, 5, -1,
+			[]win{{0, 0}}, 0, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.WriteChunk = 4 * pg
+			wb, fs, _ := newIdleWB(t, cfg)
+			f := fs.add("/f", 1, tc.size, 0)
+			for _, p := range tc.dirty {
+				f.dirty[p] = true
+			}
+			h, err := fs.Open("/f", f.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.start != -1 {
+				wb.mu.Lock()
+				wb.wbIndex[f.key] = tc.start
+				wb.mu.Unlock()
+			}
+			att := &attempt{f: h, dirtyBefore: tc.dirtyBefore}
+			reqs, queued, err := wb.ranges(att, f.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []win
+			for _, r := range reqs {
+				if r.Owner != att || r.Dev != f.key.Dev || r.Ino != f.key.Ino {
+					t.Errorf("request %+v not the attempt's", r)
+				}
+				got = append(got, win{r.Off, r.Len})
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("windows (-want +got):\n%s", diff)
+			}
+			if queued != tc.queued || att.chunkUsed != tc.chunkUsed {
+				t.Errorf("queued %d pages, chunk used %v; want %d, %v", queued, att.chunkUsed, tc.queued, tc.chunkUsed)
+			}
+			wb.mu.Lock()
+			index, kept := wb.wbIndex[f.key]
+			wb.mu.Unlock()
+			if index != tc.index || kept != (tc.index != 0) {
+				t.Errorf("writeback index after = %d (kept %v), want %d", index, kept, tc.index)
+			}
+		})
+	}
+}
+
+// TestRangesCachestatError: a failed cachestat while looking for windows
+// fails the attempt, at each of its three places (the region, a bisection
+// step, the window's count).
+func TestRangesCachestatError(t *testing.T) {
+	for fail := 1; fail <= 3; fail++ {
+		cfg := testConfig()
+		cfg.WriteChunk = 4 * pg
+		wb, fs, _ := newIdleWB(t, cfg)
+		f := fs.add("/f", 1, 16*pg, 0)
+		f.dirty[9] = true
+		f.cachestatErrAt = fail
+		h, _ := fs.Open("/f", f.key)
+		reqs, _, err := wb.ranges(&attempt{f: h, dirtyBefore: 5}, f.key)
+		if !errors.Is(err, syscall.EIO) || reqs != nil {
+			t.Errorf("cachestat call %d failed: requests %v, error %v; want none and EIO", fail, reqs, err)
+		}
+	}
+}
+
+// TestUpdateBandwidth: batches add up until a period of bandwidthInterval
+// has passed; its rate becomes the bandwidth, and later periods are
+// averaged in with weight 1/4 (wb_update_write_bandwidth's smoothing).
+func TestUpdateBandwidth(t *testing.T) {
+	wb, _, _ := newIdleWB(t, testConfig())
+	bw := func() uint64 {
+		wb.mu.Lock()
+		defer wb.mu.Unlock()
+		return wb.bandwidth
+	}
+	wb.updateBandwidth(0, time.Second) // nothing written: not a period
+	if wb.bwTime != 0 {
+		t.Fatalf("an empty batch counted %v", wb.bwTime)
+	}
+	wb.updateBandwidth(50, 100*time.Millisecond)
+	if b := bw(); b != 0 || wb.bwPages != 50 {
+		t.Fatalf("after half a period: bandwidth %d, pages %d; want 0, 50", b, wb.bwPages)
+	}
+	// 100 pages of 4 KiB in 200 ms: 2000 kB/s.
+	wb.updateBandwidth(50, 100*time.Millisecond)
+	if b := bw(); b != 2000 {
+		t.Fatalf("first period: %d kB/s, want 2000", b)
+	}
+	if wb.bwPages != 0 || wb.bwTime != 0 {
+		t.Fatalf("period not reset: %d pages, %v", wb.bwPages, wb.bwTime)
+	}
+	// 250 pages in 1 s: 1000 kB/s, averaged in: (3*2000 + 1000) / 4.
+	wb.updateBandwidth(250, time.Second)
+	if b := bw(); b != 1750 {
+		t.Fatalf("second period: %d kB/s, want 1750", b)
+	}
+}
+
+// TestOffLoopCalls: a call off the device's goroutine counts in
+// stuck_calls once it has run longer than attempt_timeout (not at it), and
+// says when it returns whether it overran; with no attempt_timeout nothing
+// is ever stuck.
+func TestOffLoopCalls(t *testing.T) {
+	cfg := testConfig()
+	cfg.AttemptTimeout = time.Second
+	wb, _, now := newIdleWB(t, cfg)
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	if n := wb.stuckOffLoopLocked(); n != 0 {
+		t.Fatalf("no calls: %d stuck", n)
+	}
+	a := wb.trackCallLocked(0)
+	b := wb.trackCallLocked(500 * time.Millisecond)
+	if a == b {
+		t.Fatalf("two calls share the id %d", a)
+	}
+	*now = time.Second
+	if n := wb.stuckOffLoopLocked(); n != 0 {
+		t.Errorf("a call at exactly attempt_timeout: %d stuck, want 0", n)
+	}
+	*now = time.Second + 1
+	if n := wb.stuckOffLoopLocked(); n != 1 {
+		t.Errorf("one call past attempt_timeout: %d stuck, want 1", n)
+	}
+	if took, overran := wb.returnedLocked(b); took != 500*time.Millisecond+1 || overran {
+		t.Errorf("call b: took %v, overran %v; want 500ms+1ns, false", took, overran)
+	}
+	if took, overran := wb.returnedLocked(a); took != time.Second+1 || !overran {
+		t.Errorf("call a: took %v, overran %v; want 1s+1ns, true", took, overran)
+	}
+	if n := wb.stuckOffLoopLocked(); n != 0 || len(wb.offLoop) != 0 {
+		t.Errorf("after both returned: %d stuck, %d recorded", n, len(wb.offLoop))
+	}
+	wb.cfg.AttemptTimeout = 0
+	c := wb.trackCallLocked(0)
+	*now = time.Hour
+	if n := wb.stuckOffLoopLocked(); n != 0 {
+		t.Errorf("no attempt_timeout: %d stuck", n)
+	}
+	if _, overran := wb.returnedLocked(c); overran {
+		t.Error("no attempt_timeout: overran")
+	}
+}
+
+// TestErrnoOfAndSatInc: an error's errno as the inode keeps it (LastErr,
+// one byte), and the saturating attempt counters.
+func TestErrnoOfAndSatInc(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want uint8
+	}{
+		{syscall.EIO, uint8(syscall.EIO)},
+		{ErrAttemptTimeout, uint8(syscall.ETIMEDOUT)},
+		{syscall.Errno(inode.ErrnoOther - 1), inode.ErrnoOther - 1},
+		{syscall.Errno(inode.ErrnoOther), inode.ErrnoOther},
+		{syscall.Errno(300), inode.ErrnoOther},
+		{errors.New("not an errno"), inode.ErrnoOther},
+	} {
+		if got := errnoOf(tc.err); got != tc.want {
+			t.Errorf("errnoOf(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ in, want uint16 }{{0, 1}, {7, 8}, {math.MaxUint16 - 1, math.MaxUint16}, {math.MaxUint16, math.MaxUint16}} {
+		if got := satInc(tc.in); got != tc.want {
+			t.Errorf("satInc(%d) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,489 @@
+package bdi
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"flusherd/inode"
+	"flusherd/policy"
+)
+
+// attemptRec is one Trace call: an attempt's path, outcome and destination.
+type attemptRec struct {
+	Path string
+	O    policy.Outcome
+	D    policy.Dest
+	Err  error
+}
+
+// tracer records a Writeback's Trace calls.
+type tracer struct {
+	mu   sync.Mutex
+	recs []attemptRec
+}
+
+// setup is a withWB setup that installs the tracer.
+func (tr *tracer) setup(h *harness) {
+	h.wb.Trace = func(path string, o policy.Outcome, d policy.Dest, err error) {
+		tr.mu.Lock()
+		tr.recs = append(tr.recs, attemptRec{path, o, d, err})
+		tr.mu.Unlock()
+	}
+}
+
+func (tr *tracer) all() []attemptRec {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]attemptRec(nil), tr.recs...)
+}
+
+// withLogs is a withWB setup that sends the Writeback's logs, unsampled,
+// to logs from level on.
+func withLogs(level zapcore.Level, logs **observer.ObservedLogs) func(h *harness) {
+	return func(h *harness) {
+		core, l := observer.New(level)
+		*logs = l
+		h.wb.log = zap.New(core)
+		h.wb.errLog = h.wb.log
+	}
+}
+
+// handles is a withWB setup that opens by handle (handleFS).
+func handles(ebadf bool) func(h *harness) {
+	return func(h *harness) { h.wb.open = &handleFS{fakeFS: h.fs, ebadf: ebadf} }
+}
+
+// outcomes returns the Trace calls without their errors.
+func outcomes(recs []attemptRec) []attemptRec {
+	out := make([]attemptRec, len(recs))
+	for i, r := range recs {
+		out[i] = attemptRec{Path: r.Path, O: r.O, D: r.D}
+	}
+	return out
+}
+
+// TestCompleteRouting: where complete sends an inode after its attempt
+// when something besides the outcome decides: its tree left the
+// configuration (Leaving), its tree went away during the attempt
+// (Dropped), its name is gone but another name of it is known (a hard
+// link), the daemon is shutting down (files it can never write are given
+// up), and its handle names a deleted inode whose number a new file took.
+func TestCompleteRouting(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.MaxPause = 100 * time.Millisecond
+
+	t.Run("leaving: one last attempt, then forgotten", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/t/a", 1, pg, 1)
+			f.writeErr = syscall.EAGAIN
+			h.mark(f, time.Hour)
+			if n := h.wb.RetireUnder("/t", func(string) bool { return false }); n != 1 {
+				h.t.Fatalf("RetireUnder = %d, want 1", n)
+			}
+			time.Sleep(2 * time.Second)
+			synctest.Wait()
+			want := []attemptRec{{"/t/a", policy.Blocked, policy.Forget, nil}}
+			if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
+				h.t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+			if h.wb.Tracked() != 0 {
+				h.t.Errorf("a retired file is still tracked on %q", h.lists()["/t/a"])
+			}
+		}, tr.setup)
+	})
+
+	t.Run("leaving and gone: dropped", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			h.wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: 1}, "/t/gone", "", Tree{Expire: time.Hour})
+			h.wb.RetireUnder("/t", func(string) bool { return false })
+			time.Sleep(2 * time.Second)
+			synctest.Wait()
+			want := []attemptRec{{"/t/gone", policy.Gone, policy.Drop, nil}}
+			if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
+				h.t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+			if s := h.wb.Snapshot(); s.InodesGone != 1 {
+				h.t.Errorf("inodes_gone = %d, want 1", s.InodesGone)
+			}
+		}, tr.setup)
+	})
+
+	t.Run("tree dropped during the attempt", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/t/a", 1, pg, 1)
+			f.keepDirty = true
+			f.onWrite = func() { h.wb.DropUnder("/t") }
+			h.mark(f, 0)
+			time.Sleep(2 * time.Second)
+			synctest.Wait()
+			want := []attemptRec{{"/t/a", policy.Skipped, policy.Drop, nil}}
+			if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
+				h.t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+			if s := h.wb.Snapshot(); s.InodesGone != 1 || s.Tracked() != 0 {
+				h.t.Errorf("inodes_gone %d, tracked %d; want 1, 0", s.InodesGone, s.Tracked())
+			}
+		}, tr.setup)
+	})
+
+	t.Run("name gone: its other name is tried", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/a", 1, pg, 1)
+			h.mark(f, 0)
+			// A second name of the same inode, since removed.
+			h.wb.MarkInodeDirty(f.key, "/b", "", Tree{})
+			time.Sleep(3 * time.Second)
+			synctest.Wait()
+			// Trace names the path the inode has after the
+			// attempt. The fake's writeback pages complete at the
+			// next look, so /a is clean at its second attempt.
+			want := []attemptRec{
+				{"/a", policy.Gone, policy.MoreIOWait, nil},
+				{"/a", policy.UnderWriteback, policy.MoreIOWait, nil},
+				{"/a", policy.Clean, policy.Forget, nil},
+			}
+			if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
+				h.t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+			if n := len(h.fs.callsOf("open", "/b")); n != 1 {
+				h.t.Errorf("%d opens of /b, want 1", n)
+			}
+			if s := h.wb.Snapshot(); s.InodesGone != 0 || s.WritebackErrors != 0 {
+				h.t.Errorf("inodes_gone %d, writeback_errors %d; want 0, 0", s.InodesGone, s.WritebackErrors)
+			}
+		}, tr.setup)
+	})
+
+	for _, c := range []struct {
+		err    error
+		given  bool
+		dest   policy.Dest
+		reason string
+	}{
+		{syscall.EROFS, true, policy.Forget, "its filesystem cannot be written"},
+		{syscall.ENOTCONN, true, policy.Forget, "its filesystem is gone"},
+		{syscall.EACCES, true, policy.Forget, "the daemon may not open it"},
+		{syscall.EPERM, true, policy.Forget, "the daemon may not open it"},
+		{syscall.EAGAIN, false, policy.MoreIOWait, "blocked: retried until shutdown_timeout"},
+		{syscall.EIO, false, policy.MoreIOWait, "an I/O error: retried until shutdown_timeout"},
+		{syscall.ENOENT, false, policy.Drop, "gone: not a file given up"},
+	} {
+		t.Run("shutting down, "+c.err.Error(), func(t *testing.T) {
+			var tr tracer
+			withWB(t, cfg, func(h *harness) {
+				f := h.fs.add("/a", 1, pg, 1)
+				f.openErr = c.err
+				h.wb.mu.Lock()
+				h.wb.shuttingDown = true
+				h.wb.mu.Unlock()
+				h.mark(f, 0)
+				time.Sleep(1100 * time.Millisecond)
+				synctest.Wait()
+				recs := tr.all()
+				if len(recs) == 0 || recs[0].D != c.dest || !errors.Is(recs[0].Err, c.err) {
+					h.t.Fatalf("attempts %+v, want the first to %v with %v (%s)", recs, c.dest, c.err, c.reason)
+				}
+				h.wb.mu.Lock()
+				given := h.wb.givenUp
+				h.wb.mu.Unlock()
+				if c.given != (len(given) == 1) || c.given && (given[0].Path != "/a" || !errors.Is(given[0].Err, c.err)) {
+					h.t.Errorf("given up %+v; want it given up: %v (%s)", given, c.given, c.reason)
+				}
+			}, tr.setup)
+		})
+	}
+
+	t.Run("handle of a deleted inode: the new file is written", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			old := h.fs.add("/r", 1, pg, 1)
+			old.writeErr = syscall.EAGAIN
+			h.mark(old, 0)
+			if in := h.inode("/r"); in == nil || in.Handle() != old.handle {
+				h.t.Fatalf("tracked %+v, want the handle %q taken at dirtying", in, old.handle)
+			}
+			time.Sleep(1100 * time.Millisecond)
+			synctest.Wait()
+			// Deleted; a new file takes its number and its name.
+			h.fs.remove("/r")
+			nf := h.fs.add("/r", 1, pg, 1)
+			nf.set(func(f *fakeFile) { f.keepDirty = true })
+			time.Sleep(time.Second)
+			synctest.Wait()
+			in := h.inode("/r")
+			if in == nil || in.Handle() != nf.handle || in.Errors != 0 || in.LastErr != 0 {
+				h.t.Fatalf("after the new file's attempt: %+v, want its handle %q and the old file's errors gone", in, nf.handle)
+			}
+			recs := outcomes(tr.all())
+			want := attemptRec{"/r", policy.Skipped, policy.MoreIOWait, nil}
+			if recs[0].O != policy.Blocked || recs[len(recs)-1] != want {
+				h.t.Errorf("attempts %+v, want blocked ones, then %+v", recs, want)
+			}
+		}, tr.setup, handles(false))
+	})
+
+	t.Run("handle of a deleted inode, no file at its path: dropped", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/r", 1, pg, 1)
+			h.mark(f, 0)
+			h.fs.remove("/r")
+			time.Sleep(1100 * time.Millisecond)
+			synctest.Wait()
+			recs := tr.all()
+			if len(recs) != 1 || recs[0].D != policy.Drop || !errors.Is(recs[0].Err, inode.ErrUnlinked) {
+				h.t.Fatalf("attempts %+v, want one, dropped with ErrUnlinked", recs)
+			}
+		}, tr.setup, handles(false))
+	})
+
+	t.Run("no filesystem registered for handles: by path", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/p", 1, pg, 1)
+			h.mark(f, 0)
+			time.Sleep(1100 * time.Millisecond)
+			synctest.Wait()
+			byPath, byHandle := len(h.fs.callsOf("open", "/p")), len(h.fs.callsOf("open_by_handle", string(f.handle)))
+			if byPath != 2 || byHandle != 2 {
+				h.t.Errorf("%d opens by path after %d by handle, want 2 after 2 (EBADF)", byPath, byHandle)
+			}
+			want := []attemptRec{
+				{"/p", policy.UnderWriteback, policy.MoreIOWait, nil},
+				{"/p", policy.Clean, policy.Forget, nil},
+			}
+			if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
+				h.t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+		}, tr.setup, handles(true))
+	})
+}
+
+// TestAttemptLogs: an attempt's error is logged when its errno is new for
+// the inode, not at every retry; a file that stays dirty after attempts
+// that wrote it is reported at 8, 16, 32... attempts; a gone file is
+// logged at debug level when it was removed (ENOENT) and at info level
+// when its path leads to another file; and writeback_errors counts every
+// failed attempt.
+func TestAttemptLogs(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.MinPause = 100 * time.Millisecond
+	cfg.MaxPause = 100 * time.Millisecond
+
+	t.Run("new errors only", func(t *testing.T) {
+		var tr tracer
+		var logs *observer.ObservedLogs
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/a", 1, pg, 1)
+			f.writeErr = syscall.EAGAIN
+			h.mark(f, 0)
+			for len(tr.all()) < 3 {
+				time.Sleep(50 * time.Millisecond)
+			}
+			f.set(func(f *fakeFile) { f.writeErr = syscall.EIO })
+			for len(tr.all()) < 4 {
+				time.Sleep(50 * time.Millisecond)
+			}
+			f.set(func(f *fakeFile) { f.writeErr = nil })
+			time.Sleep(3 * time.Second)
+			synctest.Wait()
+			warned := logs.FilterMessageSnippet("writeback failed").All()
+			var errs []string
+			for _, e := range warned {
+				errs = append(errs, e.ContextMap()["error"].(string))
+			}
+			if want := []string{syscall.EAGAIN.Error(), syscall.EIO.Error()}; !cmp.Equal(errs, want) {
+				h.t.Errorf("logged errors %q, want %q (one per new errno)", errs, want)
+			}
+			s := h.wb.Snapshot()
+			if s.WritebackErrors != 4 || s.Tracked() != 0 {
+				h.t.Errorf("writeback_errors %d, tracked %d; want 4, 0", s.WritebackErrors, s.Tracked())
+			}
+		}, tr.setup, withLogs(zapcore.InfoLevel, &logs))
+	})
+
+	t.Run("still dirty after repeated writeback", func(t *testing.T) {
+		var tr tracer
+		var logs *observer.ObservedLogs
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/a", 1, pg, 1)
+			f.keepDirty = true
+			h.mark(f, 0)
+			for len(tr.all()) < 17 {
+				time.Sleep(50 * time.Millisecond)
+			}
+			synctest.Wait()
+			var at []int64
+			for _, e := range logs.FilterMessageSnippet("still dirty after repeated writeback").All() {
+				at = append(at, int64(e.ContextMap()["attempts"].(uint16)))
+			}
+			if want := []int64{8, 16}; !cmp.Equal(at, want) {
+				h.t.Errorf("reported at attempts %v, want %v", at, want)
+			}
+			for _, r := range tr.all() {
+				if r.O != policy.Skipped || r.D != policy.MoreIOWait {
+					h.t.Fatalf("attempt %+v, want skipped, b_more_io_wait", r)
+				}
+			}
+			if s := h.wb.Snapshot(); s.WritebackErrors != 0 || s.BdiWritten != 0 {
+				h.t.Errorf("writeback_errors %d, written %d; want 0, 0 (nothing failed, nothing left the cache)", s.WritebackErrors, s.BdiWritten)
+			}
+		}, tr.setup, withLogs(zapcore.InfoLevel, &logs))
+	})
+
+	for _, c := range []struct {
+		err   error
+		level zapcore.Level
+		msg   string
+	}{
+		{syscall.ENOENT, zapcore.DebugLevel, "file gone; dropped"},
+		{syscall.ESTALE, zapcore.InfoLevel, "the path no longer leads to the tracked file; dropped"},
+		{inode.ErrNotRegular, zapcore.InfoLevel, "the path no longer leads to the tracked file; dropped"},
+	} {
+		t.Run("gone: "+c.err.Error(), func(t *testing.T) {
+			var logs *observer.ObservedLogs
+			withWB(t, cfg, func(h *harness) {
+				f := h.fs.add("/a", 1, pg, 1)
+				f.openErr = c.err
+				h.mark(f, 0)
+				time.Sleep(1100 * time.Millisecond)
+				synctest.Wait()
+				got := logs.All()
+				if len(got) != 1 || got[0].Level != c.level || got[0].Message != c.msg {
+					h.t.Fatalf("logs %+v, want one %v %q", got, c.level, c.msg)
+				}
+				s := h.wb.Snapshot()
+				if s.InodesGone != 1 || s.WritebackErrors != 0 {
+					h.t.Errorf("inodes_gone %d, writeback_errors %d; want 1, 0 (a gone file is not a failed writeback)", s.InodesGone, s.WritebackErrors)
+				}
+			}, withLogs(zapcore.DebugLevel, &logs))
+		})
+	}
+}
+
+// TestDataLost: a file whose writeback failed with an I/O error and whose
+// data then left the page cache without flusherd writing it (the kernel
+// dropped it) is parked as failed: reported in Failed with its errno and
+// failed_files, logged once as lost, and no longer counted as tracked;
+// written again, it is tracked as a new dirty file.
+func TestDataLost(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.MaxPause = 500 * time.Millisecond
+	var tr tracer
+	var logs *observer.ObservedLogs
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/a", 1, pg, 1)
+		f.writeErr = syscall.EIO
+		h.mark(f, 0)
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		in := h.inode("/a")
+		if in == nil || !in.Has(inode.DataError) || in.NextRetry == 0 {
+			t.Fatalf("after EIO: %+v, want DataError and a retry at max_pause", in)
+		}
+		// The kernel marks the failed pages clean.
+		f.set(func(f *fakeFile) { f.writeErr = nil; clear(f.dirty) })
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		want := []attemptRec{
+			{"/a", policy.IOError, policy.MoreIOWait, nil},
+			{"/a", policy.Clean, policy.Failed, nil},
+		}
+		if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
+			t.Fatalf("attempts (-want +got):\n%s", diff)
+		}
+		if err := tr.all()[1].Err; !errors.Is(err, syscall.EIO) {
+			t.Errorf("the loss's error %v, want EIO", err)
+		}
+		failed := h.wb.Failed()
+		if len(failed) != 1 || failed[0].Path != "/a" || !errors.Is(failed[0].Err, syscall.EIO) {
+			t.Errorf("Failed() = %+v, want /a with EIO", failed)
+		}
+		s := h.wb.Snapshot()
+		if s.FailedFiles != 1 || s.Tracked() != 0 || h.wb.Tracked() != 0 {
+			t.Errorf("failed_files %d, tracked %d/%d; want 1, 0", s.FailedFiles, s.Tracked(), h.wb.Tracked())
+		}
+		if n := len(logs.FilterMessageSnippet("data lost").All()); n != 1 {
+			t.Errorf("%d data-lost lines, want 1", n)
+		}
+		// Written again.
+		f.redirty(0)
+		h.mark(f, time.Hour)
+		in = h.inode("/a")
+		if in == nil || in.Errors != 0 || in.LastErr != 0 || in.Retries != 0 || !in.Has(inode.Dirty) {
+			t.Fatalf("written again: %+v, want a fresh dirty inode", in)
+		}
+		if s := h.wb.Snapshot(); s.FailedFiles != 0 || s.BDirty != 1 {
+			t.Errorf("written again: failed_files %d, b_dirty %d; want 0, 1", s.FailedFiles, s.BDirty)
+		}
+		if len(h.wb.Failed()) != 0 {
+			t.Errorf("Failed() = %+v after it was written again", h.wb.Failed())
+		}
+	}, tr.setup, withLogs(zapcore.InfoLevel, &logs))
+}
+
+// TestWrittenPagesCounted: BdiWritten counts the pages an attempt took from
+// dirty to clean, chunk by chunk; attempts that leave the pages dirty add
+// nothing; each outcome is counted.
+func TestWrittenPagesCounted(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 16 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		big := h.fs.add("/big", 1, 40*pg, 40)
+		small := h.fs.add("/small", 2, 8*pg, 8)
+		stuck := h.fs.add("/stuck", 3, 4*pg, 4)
+		stuck.keepDirty = true
+		for _, f := range []*fakeFile{big, small, stuck} {
+			h.mark(f, 0)
+		}
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		s := h.wb.Snapshot()
+		if s.BdiWritten != 48 {
+			t.Errorf("BdiWritten = %d pages, want 48 (40 + 8; the stuck file's 4 stay dirty)", s.BdiWritten)
+		}
+		h.wb.mu.Lock()
+		clean, chunk, skipped := h.wb.outcomes[policy.Clean], h.wb.outcomes[policy.ChunkUsed], h.wb.outcomes[policy.Skipped]
+		h.wb.mu.Unlock()
+		if clean != 2 || chunk != 3 || skipped < 1 {
+			t.Errorf("outcomes: clean %d, chunk_used %d, skipped %d; want 2, 3 (the whole-file attempt that found it too large, then two chunks), at least 1", clean, chunk, skipped)
+		}
+		if s.BdiReclaimable != 4 || s.BdiDirtied != 52 {
+			t.Errorf("reclaimable %d, dirtied %d; want 4, 52", s.BdiReclaimable, s.BdiDirtied)
+		}
+	})
+}
+
+// TestRenamedFileKeepsBoth: a second name for a tracked inode (a rename or
+// a hard link) becomes its path, and the first is kept as the other name.
+func TestRenamedFileKeepsBoth(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		f := h.fs.add("/a", 1, pg, 1)
+		h.mark(f, time.Hour)
+		h.wb.MarkInodeDirty(f.key, "/b", "", Tree{Expire: time.Hour})
+		in := h.inode("/b")
+		if in == nil || in.OtherPath() != "/a" || !strings.HasSuffix(in.Path(), "/b") {
+			h.t.Fatalf("after a second name: %+v, want path /b, other /a", in)
+		}
+	})
+}
