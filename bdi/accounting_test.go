@@ -2,10 +2,12 @@ package bdi
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -102,6 +104,8 @@ func TestRanges(t *testing.T) {
 			[]win{{4 * pg, 4 * pg}, {8 * pg, 4 * pg}}, 5, true, 12 * pg},
 		{"unaligned size", 10*pg + 100, []int64{9, 10}, 5, -1,
 			[]win{{7 * pg, 3*pg + 100}}, 2, false, 0},
+		{"used up at the end: the index restarts", 16 * pg, []int64{12, 13, 14, 15}, 5, 12 * pg,
+			[]win{{12 * pg, 4 * pg}}, 4, true, 0},
 		{"dirty only past the size seen: the whole file", 4 * pg, []int64{6, 7, 8, 9, 10}, 5, -1,
 			[]win{{0, 0}}, 0, false, 0},
 	} {
@@ -270,5 +274,80 @@ func TestErrnoOfAndSatInc(t *testing.T) {
 		if got := satInc(tc.in); got != tc.want {
 			t.Errorf("satInc(%d) = %d, want %d", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestCongestedDefersBigFiles: while the device has max_inflight under
+// writeback, a file whose last attempt saw more than write_chunk/4 and at
+// most write_chunk dirty is deferred without being opened; smaller files
+// are written; bigger ones take the chunked path, which opens the file and
+// defers it on a fresh count. Once the writeback in flight drops, the
+// deferred file is written.
+func TestCongestedDefersBigFiles(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 16 * pg
+	cfg.MaxInflight = 8 * pg
+	for _, c := range []struct {
+		pages    int
+		deferred bool
+		opened   bool
+	}{
+		{4, false, true}, // write_chunk/4: small enough
+		{5, true, false},
+		{16, true, false}, // write_chunk
+		{17, true, true},  // the chunked path
+	} {
+		t.Run(fmt.Sprintf("%d pages", c.pages), func(t *testing.T) {
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				busy := h.fs.add("/busy", 1, pg, 1)
+				h.mark(busy, time.Hour)
+				f := h.fs.add("/f", 2, int64(c.pages)*pg, c.pages)
+				h.mark(f, 0)
+				h.wb.mu.Lock()
+				h.wb.inodes[busy.key].WritebackPages = 8
+				h.wb.inodes[f.key].DirtyPages = uint32(c.pages) // as its last attempt saw
+				h.wb.mu.Unlock()
+				time.Sleep(1100 * time.Millisecond)
+				synctest.Wait()
+				wrote := len(h.fs.callsOf("sync_file_range", "/f")) > 0
+				opened := len(h.fs.callsOf("open", "/f")) > 0
+				if wrote == c.deferred || opened != c.opened {
+					t.Fatalf("%d dirty pages, 8 under writeback of 8 allowed: written %v, opened %v; want deferred %v, opened %v",
+						c.pages, wrote, opened, c.deferred, c.opened)
+				}
+				if th := h.wb.Snapshot().Throttled; (th > 0) != c.deferred {
+					t.Errorf("throttled = %d, want deferrals counted: %v", th, c.deferred)
+				}
+				h.wb.mu.Lock()
+				h.wb.inodes[busy.key].WritebackPages = 0
+				h.wb.mu.Unlock()
+				time.Sleep(200 * time.Millisecond) // throttleRetry
+				synctest.Wait()
+				if len(h.fs.callsOf("sync_file_range", "/f")) == 0 {
+					t.Errorf("not written once the device's writeback drained")
+				}
+			})
+		})
+	}
+}
+
+// TestAttemptRelease: the file of an attempt is closed by the last of its
+// holders, once.
+func TestAttemptRelease(t *testing.T) {
+	fs := newFakeFS(func() time.Duration { return 0 })
+	ff := fs.add("/a", 1, pg, 1)
+	f, _ := fs.Open("/a", ff.key)
+	att := &attempt{f: f}
+	att.refs.Store(1)
+	att.hold()
+	att.release()
+	if n := len(fs.callsOf("close", "/a")); n != 0 {
+		t.Fatalf("closed with a holder left (%d closes)", n)
+	}
+	att.release()
+	if n := len(fs.callsOf("close", "/a")); n != 1 {
+		t.Fatalf("%d closes after the last release, want 1", n)
 	}
 }

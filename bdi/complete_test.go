@@ -487,3 +487,182 @@ func TestRenamedFileKeepsBoth(t *testing.T) {
 		}
 	})
 }
+
+// TestCheckWritebackOnceClean: a file found clean (no dirty and no
+// writeback pages) is asked whether its last writeback failed (an unseen
+// error, errseq_t), whether it was found so before writing (a whole-file
+// request) or after writing its last chunk with fdatasync (a filesystem
+// without sync_file_range); a file that still holds dirty pages is not
+// asked. The unseen error is the attempt's.
+func TestCheckWritebackOnceClean(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.MaxPause = 100 * time.Millisecond
+
+	t.Run("whole file", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/a", 1, pg, 1)
+			f.checkErr = syscall.EIO
+			h.mark(f, 0)
+			time.Sleep(1500 * time.Millisecond)
+			synctest.Wait()
+			recs := outcomes(tr.all())
+			// Written (its writeback pages then complete), then found
+			// clean: asked, and the error reported.
+			if len(recs) < 2 || recs[0].O != policy.UnderWriteback || recs[1].O != policy.IOError {
+				h.t.Fatalf("attempts %+v, want under_writeback, then io_error", recs)
+			}
+			if n := len(h.fs.callsOf("check_writeback", "/a")); n < 1 {
+				h.t.Errorf("never asked")
+			}
+		}, tr.setup)
+	})
+
+	t.Run("chunks with fdatasync", func(t *testing.T) {
+		c := cfg
+		c.WriteChunk = 4 * pg
+		var tr tracer
+		withWB(t, c, func(h *harness) {
+			// The fallback is learned on a small file first.
+			probe := h.fs.add("/probe", 1, pg, 1)
+			probe.sfrErr = syscall.EINVAL
+			h.mark(probe, 0)
+			time.Sleep(1100 * time.Millisecond)
+			synctest.Wait()
+			f := h.fs.add("/big", 2, 10*pg, 10)
+			f.sfrErr = syscall.EINVAL
+			f.checkErr = syscall.EIO
+			h.mark(f, 0)
+			// Its writes leave it dirty: never asked.
+			stuck := h.fs.add("/stuck", 3, 10*pg, 10)
+			stuck.keepDirty = true
+			stuck.checkErr = syscall.EIO
+			h.mark(stuck, 0)
+			time.Sleep(2 * time.Second)
+			synctest.Wait()
+			var big []attemptRec
+			for _, r := range outcomes(tr.all()) {
+				if r.Path == "/big" {
+					big = append(big, r)
+				}
+			}
+			// Too large for a whole-file request; then its first
+			// chunk's fdatasync writes the whole file, which is then
+			// clean: asked, and the error reported.
+			want := []policy.Outcome{policy.ChunkUsed, policy.IOError}
+			var got []policy.Outcome
+			for _, r := range big {
+				got = append(got, r.O)
+			}
+			if len(got) < len(want) || !cmp.Equal(got[:len(want)], want) {
+				h.t.Fatalf("/big's attempts %v, want %v first", got, want)
+			}
+			for _, r := range tr.all() {
+				if r.Path == "/stuck" && r.Err != nil {
+					h.t.Fatalf("/stuck, still dirty, got %v", r.Err)
+				}
+			}
+			if n := len(h.fs.callsOf("check_writeback", "/stuck")); n != 0 {
+				h.t.Errorf("/stuck, still dirty, asked %d times", n)
+			}
+			if n := len(h.fs.callsOf("sync_file_range", "/big")); n != 0 {
+				h.t.Errorf("%d sync_file_range calls on a filesystem known not to support it", n)
+			}
+		}, tr.setup)
+	})
+}
+
+// TestLostByFilesystemError: in an integrity tree, a file found clean at
+// its first attempt, on a filesystem whose error cursor shows a writeback
+// error at or after the file was dirtied, is parked as failed with that
+// error; an error from before it was dirtied is not its own.
+func TestLostByFilesystemError(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		errAt time.Duration // relative to the file's dirtiedWhen
+		lost  bool
+	}{
+		{"error when it was dirtied", 0, true},
+		{"error after", time.Millisecond, true},
+		{"error just before", -1, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			errs := NewErrWatch()
+			defer errs.Close()
+			dev, err := errs.Add(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tr tracer
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = time.Second
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				time.Sleep(2 * time.Second) // dirtiedWhen away from 0
+				f := h.fs.add("/a", 1, pg, 0)
+				f.key.Dev = dev
+				h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: 0, Integrity: true})
+				dirtied := h.inode("/a").DirtiedWhen
+				errs.mu.Lock()
+				errs.fses[dev].lastErr, errs.fses[dev].lastErrno = dirtied+c.errAt, syscall.ENOSPC
+				errs.mu.Unlock()
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if n := errs.Checks(); n != 1 {
+					t.Errorf("%d checks of the filesystem's error cursor, want 1", n)
+				}
+				recs := outcomes(tr.all())
+				want := policy.Forget
+				if c.lost {
+					want = policy.Failed
+				}
+				if len(recs) != 1 || recs[0].O != policy.Clean || recs[0].D != want {
+					t.Fatalf("attempts %+v, want one, clean, to %v", recs, want)
+				}
+				failed := h.wb.Failed()
+				if c.lost && (len(failed) != 1 || !errors.Is(failed[0].Err, syscall.ENOSPC)) {
+					t.Errorf("Failed() = %+v, want /a with the filesystem's ENOSPC", failed)
+				}
+			}, tr.setup, func(h *harness) { h.wb.errs = errs })
+		})
+	}
+}
+
+// TestNewFileTakesNumberDuringAttempt: when the attempt finds the file gone
+// but a new file took the inode's number meanwhile (MarkInodeDirty with
+// another handle during the attempt), the inode is not dropped: the new
+// file is written.
+func TestNewFileTakesNumberDuringAttempt(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	var tr tracer
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/a", 1, pg, 1)
+		f.openErr = syscall.ENOENT
+		opens := 0
+		f.onOpen = func() {
+			// The first open fails, and meanwhile the new file is
+			// seen; the next opens find it.
+			if opens++; opens == 1 {
+				h.wb.MarkInodeDirty(f.key, f.path, "h-new", Tree{})
+			} else {
+				f.set(func(f *fakeFile) { f.openErr = nil })
+			}
+		}
+		h.mark(f, 0)
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		recs := outcomes(tr.all())
+		if len(recs) < 1 || recs[0].O != policy.Gone || recs[0].D != policy.MoreIOWait {
+			h.t.Fatalf("attempts %+v, want the first gone but kept (b_more_io_wait)", recs)
+		}
+		if len(recs) < 2 || recs[len(recs)-1].O != policy.Clean {
+			h.t.Fatalf("attempts %+v, want the new file written", recs)
+		}
+		if s := h.wb.Snapshot(); s.InodesGone != 0 {
+			h.t.Errorf("inodes_gone = %d, want 0", s.InodesGone)
+		}
+	}, tr.setup)
+}

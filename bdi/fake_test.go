@@ -22,7 +22,8 @@ type fakeFS struct {
 	calls []call
 	now   func() time.Duration
 	// handles numbers the files' handles (handleFS).
-	handles int
+	handles   int
+	syncfsErr error
 }
 
 type call struct {
@@ -53,6 +54,7 @@ type fakeFile struct {
 	// them, as with locked pages).
 	keepDirty bool
 	handle    inode.Handle // its handle for handleFS: "h<n>"
+	checkErr  error        // returned by CheckWriteback
 }
 
 func newFakeFS(now func() time.Duration) *fakeFS {
@@ -112,8 +114,43 @@ func (fs *fakeFS) Open(path string, key inode.Key) (inode.File, error) {
 
 type fakeHandle struct{ f *fakeFile }
 
-func (h *fakeHandle) Size() int64  { return h.f.size }
-func (h *fakeHandle) Close() error { return nil }
+func (h *fakeHandle) Size() int64 { return h.f.size }
+
+// Close records the close, so that tests can match every open with one.
+func (h *fakeHandle) Close() error {
+	h.f.fs.mu.Lock()
+	defer h.f.fs.mu.Unlock()
+	h.f.fs.record("close", h.f.path, 0, 0)
+	return nil
+}
+
+// CheckWriteback returns the file's scripted checkErr: an unseen error of
+// an earlier writeback (errseq_t), as inode's files report it.
+func (h *fakeHandle) CheckWriteback() error {
+	h.f.fs.mu.Lock()
+	defer h.f.fs.mu.Unlock()
+	h.f.fs.record("check_writeback", h.f.path, 0, 0)
+	return h.f.checkErr
+}
+
+// Syncfs records a syncfs(2) of the file's filesystem: every file of the
+// fake is written back (and its writeback completed).
+func (h *fakeHandle) Syncfs() error {
+	fs := h.f.fs
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.record("syncfs", h.f.path, 0, 0)
+	if fs.syncfsErr != nil {
+		return fs.syncfsErr
+	}
+	for _, f := range fs.files {
+		if !f.keepDirty {
+			clear(f.dirty)
+			f.writeback = 0
+		}
+	}
+	return nil
+}
 
 func (h *fakeHandle) Cachestat(off, n int64) (uint64, uint64, error) {
 	f := h.f
