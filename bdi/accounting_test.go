@@ -235,6 +235,10 @@ func TestOffLoopCalls(t *testing.T) {
 	if took, overran := wb.returnedLocked(b); took != 500*time.Millisecond+1 || overran {
 		t.Errorf("call b: took %v, overran %v; want 500ms+1ns, false", took, overran)
 	}
+	at := wb.trackCallLocked(1)
+	if took, overran := wb.returnedLocked(at); took != time.Second || overran {
+		t.Errorf("a call of exactly attempt_timeout: took %v, overran %v; want 1s, false", took, overran)
+	}
 	if took, overran := wb.returnedLocked(a); took != time.Second+1 || !overran {
 		t.Errorf("call a: took %v, overran %v; want 1s+1ns, true", took, overran)
 	}

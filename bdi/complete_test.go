@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"syscall"
@@ -83,23 +84,26 @@ func TestCompleteRouting(t *testing.T) {
 	cfg.DirtyWritebackInterval = time.Second
 	cfg.MaxPause = 100 * time.Millisecond
 
-	t.Run("leaving: one last attempt, then forgotten", func(t *testing.T) {
+	t.Run("leaving: one last attempt at once, then forgotten", func(t *testing.T) {
 		var tr tracer
-		withWB(t, cfg, func(h *harness) {
+		c := cfg
+		c.DirtyWritebackInterval = time.Hour
+		withWB(t, c, func(h *harness) {
 			f := h.fs.add("/t/a", 1, pg, 1)
 			f.writeErr = syscall.EAGAIN
 			h.mark(f, time.Hour)
-			if n := h.wb.RetireUnder("/t", func(string) bool { return false }); n != 1 {
+			kept := h.fs.add("/t/kept", 2, pg, 1)
+			h.mark(kept, time.Hour)
+			if n := h.wb.RetireUnder("/t", func(p string) bool { return p == "/t/kept" }); n != 1 {
 				h.t.Fatalf("RetireUnder = %d, want 1", n)
 			}
-			time.Sleep(2 * time.Second)
 			synctest.Wait()
 			want := []attemptRec{{"/t/a", policy.Blocked, policy.Forget, nil}}
 			if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
 				h.t.Errorf("attempts (-want +got):\n%s", diff)
 			}
-			if h.wb.Tracked() != 0 {
-				h.t.Errorf("a retired file is still tracked on %q", h.lists()["/t/a"])
+			if h.wb.Tracked() != 1 || h.inode("/t/kept") == nil {
+				h.t.Errorf("after the retired file's attempt: %v tracked, want only /t/kept", h.lists())
 			}
 		}, tr.setup)
 	})
@@ -126,7 +130,12 @@ func TestCompleteRouting(t *testing.T) {
 		withWB(t, cfg, func(h *harness) {
 			f := h.fs.add("/t/a", 1, pg, 1)
 			f.keepDirty = true
-			f.onWrite = func() { h.wb.DropUnder("/t") }
+			other := h.fs.add("/t/b", 2, pg, 1)
+			h.mark(other, time.Hour)
+			outside := h.fs.add("/u/c", 3, pg, 1)
+			h.mark(outside, time.Hour)
+			dropped := 0
+			f.onWrite = func() { dropped = h.wb.DropUnder("/t") }
 			h.mark(f, 0)
 			time.Sleep(2 * time.Second)
 			synctest.Wait()
@@ -134,8 +143,8 @@ func TestCompleteRouting(t *testing.T) {
 			if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
 				h.t.Errorf("attempts (-want +got):\n%s", diff)
 			}
-			if s := h.wb.Snapshot(); s.InodesGone != 1 || s.Tracked() != 0 {
-				h.t.Errorf("inodes_gone %d, tracked %d; want 1, 0", s.InodesGone, s.Tracked())
+			if s := h.wb.Snapshot(); s.InodesGone != 2 || s.Tracked() != 1 || dropped != 2 {
+				h.t.Errorf("DropUnder = %d, inodes_gone %d, tracked %d; want 2, 2, 1 (/u/c)", dropped, s.InodesGone, s.Tracked())
 			}
 		}, tr.setup)
 	})
@@ -665,4 +674,81 @@ func TestNewFileTakesNumberDuringAttempt(t *testing.T) {
 			h.t.Errorf("inodes_gone = %d, want 0", s.InodesGone)
 		}
 	}, tr.setup)
+}
+
+// TestDetachedOpenReturns: a chunked attempt's open (made by the device's
+// goroutine through the opener) that takes longer than detachAfter is
+// detached; when it returns, the file it opened is closed at once (every
+// open is matched by a close), a failed one closes nothing, and one that
+// ran past attempt_timeout says so. Meanwhile the stats show the attempt
+// in b_io and the open in stuck_calls.
+func TestDetachedOpenReturns(t *testing.T) {
+	for _, openErr := range []error{nil, syscall.EIO} {
+		t.Run(fmt.Sprint(openErr), func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = time.Second
+			cfg.WriteChunk = 4 * pg
+			cfg.AttemptTimeout = 300 * time.Millisecond
+			var logs *observer.ObservedLogs
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				f := h.fs.add("/big", 1, 10*pg, 10)
+				release := make(chan struct{})
+				slow := true
+				f.onOpen = func() {
+					if slow {
+						slow = false
+						<-release
+						f.set(func(f *fakeFile) { f.openErr = openErr })
+					} else {
+						f.set(func(f *fakeFile) { f.openErr = nil })
+					}
+				}
+				h.mark(f, 0)
+				h.wb.mu.Lock()
+				h.wb.inodes[f.key].DirtyPages = 10 // known to be big: the chunked path
+				h.wb.mu.Unlock()
+				time.Sleep(1500 * time.Millisecond)
+				synctest.Wait()
+				if s := h.wb.Snapshot(); s.StuckCalls != 1 || s.DetachedCalls != 1 {
+					t.Errorf("the open stuck 500 ms: stuck_calls %d, detached_calls %d; want 1, 1", s.StuckCalls, s.DetachedCalls)
+				}
+				close(release)
+				time.Sleep(2 * time.Second)
+				synctest.Wait()
+				opens, closes := 0, len(h.fs.callsOf("close", "/big"))
+				for range h.fs.callsOf("open", "/big") {
+					opens++
+				}
+				if openErr != nil {
+					opens-- // the slow open failed
+				}
+				if opens != closes {
+					t.Errorf("%d files opened, %d closed", opens, closes)
+				}
+				if n := logs.FilterMessageSnippet("an open returned after running past attempt_timeout").Len(); n != 1 {
+					t.Errorf("%d lines for the late open, want 1", n)
+				}
+				if h.wb.Tracked() != 0 {
+					t.Errorf("still tracked on %q", h.lists()["/big"])
+				}
+			}, withLogs(zapcore.DebugLevel, &logs))
+		})
+	}
+}
+
+// TestSnapshotDuringAttempt: while an attempt runs, its inode counts in
+// b_io, as the kernel's stats count an inode under writeback.
+func TestSnapshotDuringAttempt(t *testing.T) {
+	withWB(t, testConfig(), func(h *harness) {
+		var during Stats
+		f := h.fs.add("/a", 1, pg, 1)
+		f.onWrite = func() { during = h.wb.Snapshot() }
+		h.mark(f, 0)
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		if during.BIO != 1 || during.BDirty != 0 || during.State&WBWritebackRunning == 0 {
+			h.t.Errorf("during the attempt: b_io %d, b_dirty %d, state %#x; want 1, 0, writeback running", during.BIO, during.BDirty, during.State)
+		}
+	})
 }

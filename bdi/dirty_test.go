@@ -122,3 +122,38 @@ func TestMoveExpired(t *testing.T) {
 		}
 	}
 }
+
+// TestDirtyListTies: a new expire reuses the first free class, not a later
+// one; inodes of different classes dirtied at the same time move in class
+// order.
+func TestDirtyListTies(t *testing.T) {
+	var d dirtyList
+	for _, e := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second} {
+		d.class(e)
+	}
+	d.unref(0)
+	d.unref(2)
+	if c, exact := d.class(9 * time.Second); c != 0 || !exact {
+		t.Fatalf("two free classes, 0 and 2: took %d, want the first", c)
+	}
+	var e dirtyList
+	names := map[*inode.Inode]string{}
+	for _, f := range []struct {
+		name   string
+		expire time.Duration
+	}{{"x", time.Second}, {"y", 2 * time.Second}, {"z", 3 * time.Second}} {
+		c, _ := e.class(f.expire)
+		in := &inode.Inode{Class: c, DirtiedWhen: 5 * time.Second}
+		e.pushBack(in)
+		names[in] = f.name
+	}
+	var dst lists.List[*inode.Inode]
+	e.moveExpired(&dst, time.Minute, false)
+	var got []string
+	for in := dst.Front(); in != nil; in = dst.Next(in) {
+		got = append(got, names[in])
+	}
+	if g := strings.Join(got, " "); g != "x y z" {
+		t.Errorf("dirtied together: moved %q, want class order \"x y z\"", g)
+	}
+}

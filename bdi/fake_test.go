@@ -194,6 +194,9 @@ func (h *fakeHandle) write(op string, off, n int64) error {
 	}
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
+	if op == "fdatasync" {
+		f.writeback = 0 // it waits for the writeback in flight
+	}
 	if f.keepDirty {
 		return nil
 	}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -106,9 +108,16 @@ func TestParseStatsRoundTrip(t *testing.T) {
 	if st, err := ParseStats([]byte(lists), 4096); err != nil || st.Tracked() != 10 {
 		t.Errorf("the four lists alone: %d, %v", st.Tracked(), err)
 	}
-	for _, bad := range []string{"b_dirty: x\n" + lists, "b_dirty 3\n" + lists, "b_dirty: 1 2 3\n" + lists, "b_io: 3\nb_dirty: 1\nb_more_io: 3\n", ""} {
-		if _, err := ParseStats([]byte(bad), 4096); !errors.Is(err, ErrStatsFormat) {
-			t.Errorf("ParseStats(%q) = %v, want ErrStatsFormat", bad, err)
+	for _, bad := range []struct{ data, line string }{
+		{lists + "b_dirty: x\n", "line 5: "},
+		{lists + "b_dirty 3\n", "line 5: "},
+		{"b_dirty: 1\nb_io: 1 2 3\n" + lists, "line 2: "},
+		{"b_io: 3\nb_dirty: 1\nb_more_io: 3\n", ""},
+		{"", ""},
+	} {
+		_, err := ParseStats([]byte(bad.data), 4096)
+		if !errors.Is(err, ErrStatsFormat) || !strings.HasPrefix(fmt.Sprint(err), bad.line) {
+			t.Errorf("ParseStats(%q) = %v, want ErrStatsFormat naming %q", bad.data, err, bad.line)
 		}
 	}
 }

@@ -7,6 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestRemoveStaleTemps: the temporary files of WriteFileAtomic that a
@@ -65,5 +69,98 @@ func TestRemoveStaleTemps(t *testing.T) {
 	fi, err := os.Stat(filepath.Join(dir, "bdi", "7:0", "stats"))
 	if err != nil || fi.Mode().Perm() != 0o644 {
 		t.Errorf("stats file mode %v (%v), want 0644", fi.Mode(), err)
+	}
+}
+
+// TestStatsWriterSchedule: the stats file is written at once the first
+// time; a change is written once `every` has passed since the last write,
+// not before; no change, no write; a device that has gone idle is written
+// at once; after a failed write the next try waits its backoff (unless
+// forced), and a write that succeeds again says so.
+func TestStatsWriterSchedule(t *testing.T) {
+	dir := t.TempDir()
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := testConfig()
+	wb, fs, now := newIdleWB(t, cfg)
+	wb.stats = NewStatsWriter(dir, "7:0", time.Second, nil, zap.New(core))
+	path := filepath.Join(dir, "bdi", "7:0", "stats")
+	bDirty := func() int {
+		t.Helper()
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return -1
+		}
+		s, err := ParseStats(data, pg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.BDirty
+	}
+	wb.writeStats(false)
+	if n := bDirty(); n != 0 {
+		t.Fatalf("first write: b_dirty %d, want 0", n)
+	}
+	f := fs.add("/a", 1, pg, 1)
+	wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
+	*now = 999 * time.Millisecond
+	wb.writeStats(false)
+	if n := bDirty(); n != 0 {
+		t.Fatalf("a change within `every` of the last write was written (b_dirty %d)", n)
+	}
+	if at, due := wb.stats.due(wb.gen); !due || at != time.Second {
+		t.Fatalf("due = %v, %v; want at 1s", at, due)
+	}
+	*now = time.Second
+	wb.writeStats(false)
+	if n := bDirty(); n != 1 {
+		t.Fatalf("a change `every` after the last write: b_dirty %d, want 1", n)
+	}
+	if _, due := wb.stats.due(wb.gen); due {
+		t.Fatal("due with nothing new")
+	}
+	os.Remove(path)
+	*now = time.Minute
+	wb.writeStats(false)
+	if n := bDirty(); n != -1 {
+		t.Fatal("rewritten with nothing new")
+	}
+	wb.writeStats(true)
+	if n := bDirty(); n != 1 {
+		t.Fatalf("forced: b_dirty %d, want 1", n)
+	}
+	// Idle: written at once, within `every`.
+	*now += time.Millisecond
+	wb.DropUnder("/")
+	wb.writeStats(false)
+	if n := bDirty(); n != 0 {
+		t.Fatalf("gone idle: b_dirty %d, want 0 at once", n)
+	}
+	// The file cannot be written: bdi/ is a regular file.
+	if err := os.RemoveAll(filepath.Join(dir, "bdi")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bdi"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	failedAt := *now + time.Second
+	*now = failedAt
+	wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
+	wb.writeStats(false)
+	if at, due := wb.stats.due(wb.gen); !due || at != failedAt+statsRetryMin {
+		t.Fatalf("after a failed write: due %v, %v; want at %v", at, due, failedAt+statsRetryMin)
+	}
+	os.Remove(filepath.Join(dir, "bdi"))
+	*now = failedAt + statsRetryMin - 1
+	wb.writeStats(false)
+	if n := bDirty(); n != -1 {
+		t.Fatal("written before the backoff after a failure had passed")
+	}
+	*now = failedAt + statsRetryMin
+	wb.writeStats(false)
+	if n := bDirty(); n != 1 {
+		t.Fatalf("once the backoff passed: b_dirty %d, want 1", n)
+	}
+	if n := logs.FilterMessageSnippet("stats file written again").Len(); n != 1 {
+		t.Errorf("%d lines saying the file is written again, want 1", n)
 	}
 }

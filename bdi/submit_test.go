@@ -1,0 +1,131 @@
+package bdi
+
+import (
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestBandwidthOfABatch: the write bandwidth is the pages a batch wrote
+// over the time it took: two integrity files of 16 pages, one of whose
+// sync_file_range and fdatasync take 250 ms each, are 128 kB in 0.5 s,
+// 256 kB/s.
+func TestBandwidthOfABatch(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		a := h.fs.add("/a", 1, 16*pg, 16)
+		a.onWrite = func() { time.Sleep(250 * time.Millisecond) }
+		b := h.fs.add("/b", 2, 16*pg, 16)
+		for _, f := range []*fakeFile{a, b} {
+			h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Integrity: true})
+		}
+		time.Sleep(1600 * time.Millisecond)
+		synctest.Wait()
+		s := h.wb.Snapshot()
+		if s.BdiWritten != 32 || s.BdiWriteBandwidth != 256 {
+			h.t.Errorf("written %d pages, bandwidth %d kB/s; want 32, 256", s.BdiWritten, s.BdiWriteBandwidth)
+		}
+	})
+}
+
+// TestIntegrityBatch: integrity requests of one batch start their
+// writeback together (sync_file_range) before any fdatasync, once there are
+// two or more; a lone one is one fdatasync. With integrity_syncfs N, a
+// filesystem with at least N of them in the batch gets one syncfs instead
+// of their fdatasyncs; fewer, or N = 0, keep the fdatasyncs.
+func TestIntegrityBatch(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		files, syncfsAt int
+		sfr, fdatasync  int
+		syncfs          int
+	}{
+		{"one file", 1, 0, 0, 1, 0},
+		{"two files", 2, 0, 2, 2, 0},
+		{"three files, syncfs off", 3, 0, 3, 3, 0},
+		{"three files, syncfs at 3", 3, 3, 3, 0, 1},
+		{"two files, syncfs at 3", 2, 3, 2, 2, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = time.Second
+			cfg.IntegritySyncfs = c.syncfsAt
+			withWB(t, cfg, func(h *harness) {
+				for i := range c.files {
+					f := h.fs.add("/"+string(rune('a'+i)), uint64(i+1), 4*pg, 4)
+					h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Integrity: true})
+				}
+				time.Sleep(1100 * time.Millisecond)
+				synctest.Wait()
+				sfr, fds, sfs := len(h.fs.callsOf("sync_file_range", "")), len(h.fs.callsOf("fdatasync", "")), len(h.fs.callsOf("syncfs", ""))
+				if sfr != c.sfr || fds != c.fdatasync || sfs != c.syncfs {
+					h.t.Errorf("sync_file_range %d, fdatasync %d, syncfs %d; want %d, %d, %d", sfr, fds, sfs, c.sfr, c.fdatasync, c.syncfs)
+				}
+				if h.wb.Tracked() != 0 {
+					h.t.Errorf("%d files still tracked", h.wb.Tracked())
+				}
+			})
+		})
+	}
+}
+
+// TestDetachedCallTimes: a detached call counts in stuck_calls from when
+// it began, not from when it was detached (detachAfter later); when it
+// returns with an error, the error is logged once, and a call that
+// returns without one logs nothing.
+func TestDetachedCallTimes(t *testing.T) {
+	for _, callErr := range []error{nil, syscall.EIO} {
+		name := "ok"
+		if callErr != nil {
+			name = callErr.Error()
+		}
+		t.Run(name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = 500 * time.Millisecond
+			cfg.AttemptTimeout = time.Second
+			var logs *observer.ObservedLogs
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				f := h.fs.add("/slow", 1, pg, 1)
+				release := make(chan struct{})
+				first := true
+				f.writeErr = callErr
+				f.onWrite = func() {
+					if first {
+						first = false
+						<-release
+						f.set(func(f *fakeFile) { f.writeErr = nil })
+					}
+				}
+				h.mark(f, 0)
+				// The call begins at 500 ms (the first tick) and is
+				// detached at 600 ms.
+				time.Sleep(1500 * time.Millisecond)
+				synctest.Wait()
+				if n := h.wb.StuckCalls(); n != 0 {
+					t.Fatalf("1 s after it began: %d stuck, want 0", n)
+				}
+				time.Sleep(10 * time.Millisecond)
+				synctest.Wait()
+				if n := h.wb.StuckCalls(); n != 1 {
+					t.Fatalf("1.01 s after it began: %d stuck, want 1", n)
+				}
+				close(release)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				want := 0
+				if callErr != nil {
+					want = 1
+				}
+				if n := logs.FilterMessageSnippet("a detached writeback call failed").Len(); n != want {
+					t.Errorf("%d lines for the detached call's failure, want %d", n, want)
+				}
+			}, withLogs(zapcore.InfoLevel, &logs))
+		})
+	}
+}
