@@ -1,0 +1,300 @@
+package bdi
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestErrorLogSampled: the rate-limited log keeps the first 5 lines of a
+// message per 10 s and drops the rest.
+func TestErrorLogSampled(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	wb := New("7:0", testConfig(), func() time.Duration { return 0 }, newFakeFS(func() time.Duration { return 0 }), zap.New(core), nil)
+	for i := range 8 {
+		wb.errLog.Warn("writeback failed", zap.Int("i", i))
+		time.Sleep(time.Millisecond)
+	}
+	if n := logs.Len(); n != 5 {
+		t.Errorf("%d of 8 lines within 10 s logged, want 5", n)
+	}
+}
+
+// TestLoopStall: loop_stall_max_us is the longest time the device's
+// goroutine, awake, went without a sign of life: here a chunked attempt's
+// 50 ms open, which it waits for.
+func TestLoopStall(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 4 * pg
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/big", 1, 10*pg, 10)
+		f.onOpen = func() { time.Sleep(50 * time.Millisecond) }
+		h.mark(f, 0)
+		h.wb.mu.Lock()
+		h.wb.inodes[f.key].DirtyPages = 10
+		h.wb.mu.Unlock()
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		if us := h.wb.Snapshot().LoopStallMaxUs; us != 50000 {
+			h.t.Errorf("loop_stall_max_us = %d, want 50000", us)
+		}
+	})
+}
+
+// TestSetConfigClampsPause: a reload that lowers max_pause below the
+// current backoff pause cuts the pause to it at once, not after the next
+// retry.
+func TestSetConfigClampsPause(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.MinPause = 100 * time.Millisecond
+	cfg.MaxPause = 10 * time.Second
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/a", 1, pg, 1)
+		f.writeErr = syscall.EAGAIN
+		h.mark(f, 0)
+		for h.wb.Snapshot().RetryPauseMs < 3200 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		low := cfg
+		low.MaxPause = 500 * time.Millisecond
+		h.wb.SetConfig(low)
+		time.Sleep(1050 * time.Millisecond) // a kupdate tick, before the retry
+		synctest.Wait()
+		if ms := h.wb.Snapshot().RetryPauseMs; ms != 500 {
+			h.t.Errorf("retry_pause_ms = %d after max_pause became 500ms, want 500", ms)
+		}
+	})
+}
+
+// TestStatsDueWakesLoop: a change not yet in the stats file (held back by
+// the rate limit, or by the backoff after a failed write) that the loop
+// sees is written when it comes due, not at the next kupdate tick an hour
+// away, and the loop sleeps until then instead of spinning.
+func TestStatsDueWakesLoop(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Hour
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		epoch := time.Now()
+		now := func() time.Duration { return time.Since(epoch) }
+		fs := newFakeFS(now)
+		wb := New("7:0", cfg, now, fs, nil, NewStatsWriter(dir, "7:0", time.Second, nil, zap.NewNop()))
+		ctx, cancel := context.WithCancel(context.Background())
+		go wb.Run(ctx)
+		defer func() { cancel(); <-wb.Stopped() }()
+		path := filepath.Join(dir, "bdi", "7:0", "stats")
+		bDirty := func() int {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return -1
+			}
+			s, err := ParseStats(data, pg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s.BDirty
+		}
+		a, b := fs.add("/a", 1, pg, 1), fs.add("/b", 2, pg, 1)
+		wb.MarkInodeDirty(a.key, a.path, "", Tree{Expire: time.Hour})
+		synctest.Wait()
+		if n := bDirty(); n != 1 {
+			t.Fatalf("first write: b_dirty %d, want 1", n)
+		}
+		time.Sleep(500 * time.Millisecond)
+		// A second file (no wakeup: the device is not idle), then a
+		// wakeup for another reason (a reload) within `every`.
+		wb.MarkInodeDirty(b.key, b.path, "", Tree{Expire: time.Hour})
+		wb.SetConfig(cfg)
+		synctest.Wait()
+		loops := wb.Loops.Load()
+		time.Sleep(501 * time.Millisecond)
+		synctest.Wait()
+		if n := bDirty(); n != 2 {
+			t.Fatalf("1 s after the first write: b_dirty %d, want 2", n)
+		}
+		if n := wb.Loops.Load() - loops; n > 2 {
+			t.Errorf("the loop woke %d times waiting 0.5 s for the stats file", n)
+		}
+		// Idle, and the write fails: retried after the backoff (1 s).
+		time.Sleep(4 * time.Second)
+		if err := os.RemoveAll(filepath.Join(dir, "bdi")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "bdi"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		wb.DropUnder("/")
+		synctest.Wait()
+		time.Sleep(500 * time.Millisecond)
+		os.Remove(filepath.Join(dir, "bdi"))
+		time.Sleep(501 * time.Millisecond)
+		synctest.Wait()
+		if n := bDirty(); n != 0 {
+			t.Fatalf("1 s after the failed write of the idle state: b_dirty %d, want 0", n)
+		}
+	})
+}
+
+// TestWorkPageBudget: a work ends once it has queued its NrPages, even
+// with more inodes on b_io.
+func TestWorkPageBudget(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Hour
+	withWB(t, cfg, func(h *harness) {
+		a, b := h.fs.add("/a", 1, 16*pg, 16), h.fs.add("/b", 2, 16*pg, 16)
+		h.mark(a, time.Hour)
+		h.mark(b, time.Hour)
+		h.wb.mu.Lock()
+		h.wb.inodes[a.key].DirtyPages, h.wb.inodes[b.key].DirtyPages = 16, 16 // as last seen
+		h.wb.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		w := &Work{NrPages: 16, All: true, Reason: "test"}
+		h.wb.Queue(w)
+		<-w.Done()
+		synctest.Wait()
+		if na, nb := len(h.fs.callsOf("sync_file_range", "/a")), len(h.fs.callsOf("sync_file_range", "/b")); na != 1 || nb != 0 {
+			h.t.Errorf("a 16-page work over two 16-page files wrote /a %d times, /b %d times; want 1, 0", na, nb)
+		}
+	})
+}
+
+// TestBusyLoopWarning: a pass that makes no progress while b_more_io is
+// not empty (a big file whose pages the filesystem keeps skipping) is
+// logged, at most once a minute.
+func TestBusyLoopWarning(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 4 * pg
+	var logs *observer.ObservedLogs
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/big", 1, 10*pg, 10)
+		f.keepDirty = true
+		h.mark(f, 0)
+		time.Sleep(150 * time.Second)
+		synctest.Wait()
+		entries := logs.FilterMessageSnippet("possible busy loop").All()
+		if len(entries) != 3 {
+			h.t.Fatalf("%d warnings in 150 s, want 3 (once a minute)", len(entries))
+		}
+		for i := 1; i < len(entries); i++ {
+			if gap := entries[i].Time.Sub(entries[i-1].Time); gap != time.Minute {
+				h.t.Errorf("warning %d came %v after the previous, want 1m", i, gap)
+			}
+		}
+	}, withLogs(zapcore.InfoLevel, &logs))
+}
+
+// TestIOErrorRetryExactlyAtMaxPause: an inode whose writeback failed with
+// an I/O error is retried by the first pass at or after max_pause, here
+// the b_more_io_wait retry exactly max_pause later (min_pause = max_pause).
+func TestIOErrorRetryExactlyAtMaxPause(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 500 * time.Millisecond
+	cfg.MinPause = 2 * time.Second
+	cfg.MaxPause = 2 * time.Second
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/bad", 1, pg, 1)
+		f.writeErr = syscall.EIO
+		h.mark(f, 0)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		w := h.fs.callsOf("sync_file_range", "/bad")
+		if len(w) < 2 {
+			h.t.Fatalf("%d attempts in 5 s", len(w))
+		}
+		for i := 1; i < len(w); i++ {
+			if gap := w[i].at - w[i-1].at; gap != cfg.MaxPause {
+				h.t.Fatalf("retry %d came %v after the previous, want max_pause %v", i, gap, cfg.MaxPause)
+			}
+		}
+	})
+}
+
+// TestTimeSlice: once something is queued, a kupdate pass stops taking
+// inodes off b_io after timeSlice (100 ms), and the plug's batch goes out;
+// the rest follow in the next pass. Each file here costs a 50 ms open on
+// the device's goroutine (the chunked path), so the first batch holds two
+// files, written 100 ms into the pass.
+func TestTimeSlice(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 4 * pg
+	withWB(t, cfg, func(h *harness) {
+		var files []*fakeFile
+		for i := range 4 {
+			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 10*pg, 10)
+			f.onOpen = func() { time.Sleep(50 * time.Millisecond) }
+			files = append(files, f)
+			h.mark(f, 0)
+		}
+		h.wb.mu.Lock()
+		for _, f := range files {
+			h.wb.inodes[f.key].DirtyPages = 10
+		}
+		h.wb.mu.Unlock()
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		var at []time.Duration
+		for _, f := range files {
+			w := h.fs.callsOf("sync_file_range", f.path)
+			if len(w) == 0 {
+				h.t.Fatalf("%s not written", f.path)
+			}
+			at = append(at, w[0].at)
+		}
+		want := []time.Duration{1100 * time.Millisecond, 1100 * time.Millisecond, 1200 * time.Millisecond, 1200 * time.Millisecond}
+		if fmt.Sprint(at) != fmt.Sprint(want) {
+			h.t.Errorf("first writes at %v, want %v (two files per 100 ms slice)", at, want)
+		}
+	})
+}
+
+// TestSyncWaitsForBusyCall: with no attempt_timeout, a sync request for a
+// file whose detached call is still running waits for it (up to 10 s),
+// then writes the file itself.
+func TestSyncWaitsForBusyCall(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 500 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/slow", 1, pg, 1)
+		release := make(chan struct{})
+		first := true
+		f.onWrite = func() {
+			if first {
+				first = false
+				<-release
+			}
+		}
+		h.mark(f, 0)
+		time.Sleep(time.Second) // the call starts and is detached
+		synctest.Wait()
+		w := &Work{Reason: "sync", SyncMode: SyncAll, Files: []FileRef{{Key: f.key, Path: f.path}}}
+		h.wb.Queue(w)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		select {
+		case <-w.Done():
+			h.t.Fatalf("the sync did not wait for the running call: %v", w.Errs[0])
+		default:
+		}
+		close(release)
+		<-w.Done()
+		if w.Errs[0] != nil {
+			h.t.Errorf("sync after the call returned: %v", w.Errs[0])
+		}
+		if n := len(h.fs.callsOf("fdatasync", "/slow")); n != 1 {
+			h.t.Errorf("%d fdatasyncs by the sync, want 1", n)
+		}
+	})
+}
