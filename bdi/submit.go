@@ -100,6 +100,11 @@ type wholeCall struct {
 	// synced: a syncfs made its data durable (syncfsIntegrity); the
 	// second phase skips the fdatasync.
 	synced bool
+	// started: sync_file_range(SYNC_FILE_RANGE_WRITE) was called, so the
+	// request's error tells whether the filesystem supports it (submit's
+	// probe). A request that found its file clean, too large, or could
+	// not open it made no such call and tells nothing.
+	started bool
 }
 
 // submit is the plug's Submit: it learns once per filesystem whether
@@ -124,11 +129,18 @@ func (wb *Writeback) submit(batch []*request) {
 			// sync_file_range.
 			wb.probed[r.Dev] = true
 			wb.runTimed([]*request{r}, true)
-			if blk.IsUnsupported(r.Err) {
+			switch {
+			case blk.IsUnsupported(r.Err):
 				wb.fallback[r.Dev] = true
 				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
 				r.Rearm()
 				wb.runTimed([]*request{r}, false)
+			case r.State() == blk.Done && r.Owner.whole != nil && !r.Owner.whole.started:
+				// No sync_file_range was called (the file was clean,
+				// too large for a whole-file request, or not opened):
+				// the next request of the filesystem probes. (A
+				// detached one is looked at when it returns.)
+				delete(wb.probed, r.Dev)
 			}
 			continue
 		}
@@ -401,9 +413,11 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	if att.stuck == 0 && att.detached == 0 {
 		wb.unbusyLocked(in)
 	}
-	if blk.IsUnsupported(err) && !r.Integrity {
+	if w := att.whole; !r.Integrity && (blk.IsUnsupported(err) || w != nil && !w.started) {
 		// A detached first call of a filesystem (the probe) says
-		// sync_file_range does not work there: probe again.
+		// sync_file_range does not work there, or made no such call:
+		// probe again. (Any other detached call of a probed
+		// filesystem only probes it once more.)
 		if wb.reprobe == nil {
 			wb.reprobe = map[uint64]bool{}
 		}
@@ -498,6 +512,7 @@ func (wb *Writeback) doWhole(r *request) error {
 		}
 		return wb.closeWhole(r, err)
 	}
+	w.started = true
 	if err := w.f.StartWriteback(0, 0); err != nil {
 		return wb.closeWhole(r, err)
 	}

@@ -129,3 +129,45 @@ func TestDetachedCallTimes(t *testing.T) {
 		})
 	}
 }
+
+// TestProbeNeedsACall: on a filesystem without sync_file_range, the probe
+// is the first request that calls it. A first request that made no such
+// call (its file too large for a whole-file request, already clean, or not
+// opened) tells nothing, and the next request probes; so the files are
+// written with fdatasync, and sync_file_range fails once.
+func TestProbeNeedsACall(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		first func(f *fakeFile)
+	}{
+		{"too large", func(f *fakeFile) {}},
+		{"clean", func(f *fakeFile) { clear(f.dirty) }},
+		{"not opened", func(f *fakeFile) { f.openErr = syscall.EACCES }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = time.Second
+			cfg.WriteChunk = 4 * pg
+			withWB(t, cfg, func(h *harness) {
+				first := h.fs.add("/first", 1, 10*pg, 10)
+				first.sfrErr = syscall.EINVAL
+				c.first(first)
+				h.mark(first, 0)
+				time.Sleep(1100 * time.Millisecond)
+				synctest.Wait()
+				first.set(func(f *fakeFile) { f.openErr = nil })
+				second := h.fs.add("/second", 2, pg, 1)
+				second.sfrErr = syscall.EINVAL
+				h.mark(second, 0)
+				time.Sleep(5 * time.Second)
+				synctest.Wait()
+				if n := len(h.fs.callsOf("sync_file_range", "")); n != 1 {
+					h.t.Errorf("sync_file_range tried %d times, want once (the probe)", n)
+				}
+				if h.wb.Tracked() != 0 {
+					h.t.Errorf("still tracked: %v", h.lists())
+				}
+			})
+		})
+	}
+}
