@@ -23,18 +23,40 @@ import (
 // inode.HandleOpener. Safe for concurrent use.
 func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, t Tree) {
 	now := wb.now()
+	h = wb.handleFor(key, path, h)
 	wb.mu.Lock()
-	in := wb.inodes[key]
-	if in == nil && h == "" {
-		if ho, ok := wb.open.(inode.HandleOpener); ok {
-			// A new inode: its handle is taken once, without the lock
-			// (no handle: it is opened by path).
-			wb.mu.Unlock()
-			h, _ = ho.HandleOf(path, key)
-			wb.mu.Lock()
-			in = wb.inodes[key]
-		}
+	wasIdle := wb.markInodeDirtyLocked(key, path, h, t, now)
+	wb.mu.Unlock()
+	if wasIdle {
+		wb.kick()
 	}
+}
+
+// handleFor returns h, or for an inode not tracked yet the handle the
+// opener gives for path (inode.HandleOpener; "" when it has none). The
+// opener is asked without the list lock: HandleOf is a system call.
+func (wb *Writeback) handleFor(key inode.Key, path string, h inode.Handle) inode.Handle {
+	ho, ok := wb.open.(inode.HandleOpener)
+	if h != "" || !ok {
+		return h
+	}
+	wb.mu.Lock()
+	known := wb.inodes[key] != nil
+	wb.mu.Unlock()
+	if known {
+		return ""
+	}
+	h, _ = ho.HandleOf(path, key)
+	return h
+}
+
+// markInodeDirtyLocked is MarkInodeDirty's work under the list lock, at
+// now (daemon clock). It reports whether the device had nothing dirty
+// before (the caller wakes its goroutine then). Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t Tree, now time.Duration) (wasIdle bool) {
+	in := wb.inodes[key]
 	if in == nil {
 		class, exact := wb.bDirty.class(t.Expire)
 		if !exact && !wb.classWarned {
@@ -74,7 +96,6 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 			in.Errors, in.LastErr, in.Retries = 0, 0, 0
 		}
 	}
-	wasIdle := false
 	switch {
 	case in.Has(inode.Sync):
 		in.State |= inode.Dirty | inode.Redirtied
@@ -87,10 +108,7 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 		wb.bDirty.pushBack(in)
 	}
 	wb.gen++
-	wb.mu.Unlock()
-	if wasIdle {
-		wb.kick()
-	}
+	return wasIdle
 }
 
 // parkFailedLocked moves in to bFailed. Preconditions: wb.mu held.

@@ -99,6 +99,8 @@ func (wb *Writeback) syncFiles(w *Work) {
 			continue
 		}
 		first[f.Key] = i
+		h := wb.handleFor(f.Key, f.Path, "")
+		now := wb.now()
 		wb.mu.Lock()
 		if in := wb.inodes[f.Key]; in != nil && wb.failedLocked(in) {
 			// A sync is not a new write: its data stays lost.
@@ -106,9 +108,9 @@ func (wb *Writeback) syncFiles(w *Work) {
 			wb.mu.Unlock()
 			continue
 		}
-		wb.mu.Unlock()
-		wb.MarkInodeDirty(f.Key, f.Path, "", f.Tree)
-		wb.mu.Lock()
+		// Tracked from now on, as a write would (no wakeup: this is
+		// the device's goroutine).
+		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now)
 		in := wb.inodes[f.Key]
 		if in.Has(inode.Busy) && !wb.waitUnbusyLocked(in) {
 			wb.mu.Unlock()
