@@ -528,6 +528,38 @@ func TestCheckWritebackOnceClean(t *testing.T) {
 		}, tr.setup)
 	})
 
+	t.Run("known big, found clean or under writeback", func(t *testing.T) {
+		c := cfg
+		c.WriteChunk = 4 * pg
+		var tr tracer
+		withWB(t, c, func(h *harness) {
+			clean := h.fs.add("/clean", 1, 10*pg, 0)
+			clean.checkErr = syscall.EIO
+			inFlight := h.fs.add("/inflight", 2, 10*pg, 0)
+			inFlight.checkErr = syscall.EIO
+			inFlight.writeback = 10
+			for _, f := range []*fakeFile{clean, inFlight} {
+				h.mark(f, 0)
+			}
+			h.wb.mu.Lock()
+			for _, f := range []*fakeFile{clean, inFlight} {
+				h.wb.inodes[f.key].DirtyPages = 10 // the chunked path
+			}
+			h.wb.mu.Unlock()
+			time.Sleep(1050 * time.Millisecond)
+			synctest.Wait()
+			got := map[string]policy.Outcome{}
+			for _, r := range tr.all() {
+				if _, ok := got[r.Path]; !ok {
+					got[r.Path] = r.O
+				}
+			}
+			if got["/clean"] != policy.IOError || got["/inflight"] != policy.UnderWriteback {
+				h.t.Errorf("first outcomes %v, want /clean io_error (asked), /inflight under_writeback (not asked)", got)
+			}
+		}, tr.setup)
+	})
+
 	t.Run("chunks with fdatasync", func(t *testing.T) {
 		c := cfg
 		c.WriteChunk = 4 * pg

@@ -200,3 +200,25 @@ func TestRegistryShutdown(t *testing.T) {
 		}
 	})
 }
+
+// TestDrainPolls: Drain retries a file that stays dirty with a pause that
+// doubles from min_pause up to 100 ms, not in a busy loop, and returns
+// ctx's error when ctx ends with the file still tracked.
+func TestDrainPolls(t *testing.T) {
+	cfg := testConfig()
+	cfg.MinPause = 10 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/stuck", 1, pg, 1)
+		f.writeErr = syscall.EAGAIN
+		h.mark(f, time.Hour)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := h.wb.Drain(ctx, "test"); !errors.Is(err, context.DeadlineExceeded) {
+			h.t.Fatalf("Drain of a file that stays dirty: %v, want the deadline", err)
+		}
+		// Works at 0, 10, 30, 70, 150, 250, ... 950 ms.
+		if n := len(h.fs.callsOf("sync_file_range", "/stuck")); n != 14 {
+			h.t.Errorf("%d attempts in 1 s, want 14", n)
+		}
+	})
+}

@@ -118,6 +118,19 @@ func TestStatsWriterSchedule(t *testing.T) {
 	if _, due := wb.stats.due(wb.gen); due {
 		t.Fatal("due with nothing new")
 	}
+	// Another change half of `every` after that write: held back.
+	g := fs.add("/g", 2, pg, 1)
+	wb.MarkInodeDirty(g.key, g.path, "", Tree{Expire: time.Hour})
+	*now = 1500 * time.Millisecond
+	wb.writeStats(false)
+	if n := bDirty(); n != 1 {
+		t.Fatalf("a change 0.5 s after the last write was written (b_dirty %d)", n)
+	}
+	*now = 2 * time.Second
+	wb.writeStats(false)
+	if n := bDirty(); n != 2 {
+		t.Fatalf("`every` after the last write: b_dirty %d, want 2", n)
+	}
 	os.Remove(path)
 	*now = time.Minute
 	wb.writeStats(false)
@@ -125,8 +138,8 @@ func TestStatsWriterSchedule(t *testing.T) {
 		t.Fatal("rewritten with nothing new")
 	}
 	wb.writeStats(true)
-	if n := bDirty(); n != 1 {
-		t.Fatalf("forced: b_dirty %d, want 1", n)
+	if n := bDirty(); n != 2 {
+		t.Fatalf("forced: b_dirty %d, want 2", n)
 	}
 	// Idle: written at once, within `every`.
 	*now += time.Millisecond
