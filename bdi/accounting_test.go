@@ -55,12 +55,9 @@ func TestCongested(t *testing.T) {
 			t.Errorf("own writeback %d pages, others 7, bound 10: congested = %v, want %v", tc.wbp, got, tc.want)
 		}
 		counted := wb.throttled - before
-		if want := map[bool]uint64{true: 1, false: 0}[tc.want]; counted != want || wb.pass.throttled < counted {
-			t.Errorf("own writeback %d: throttled counted %d (pass %d), want %d", tc.wbp, counted, wb.pass.throttled, want)
+		if want := map[bool]uint64{true: 1, false: 0}[tc.want]; counted != want {
+			t.Errorf("own writeback %d: throttled counted %d, want %d", tc.wbp, counted, want)
 		}
-	}
-	if wb.pass.throttled != 2 {
-		t.Errorf("pass.throttled = %d, want 2", wb.pass.throttled)
 	}
 	wb.cfg.MaxInflight = 0
 	if wb.congested(self, 1<<30) {
@@ -68,46 +65,44 @@ func TestCongested(t *testing.T) {
 	}
 }
 
-// TestRanges: the windows a chunked attempt writes, from the inode's
-// writeback index onwards, wrapping at the end, and where the index is
-// left (write_chunk 4 pages). Bisection halves the region (rounded down to
-// pages) until it is at most write_chunk long, keeping the half with the
-// first dirty page, so a window starts at most write_chunk before it.
+// TestRanges: the windows a worker writes of a file holding more than
+// write_chunk, from the inode's writeback index onwards, wrapping at the
+// end, and where the index is left (write_chunk 4 pages). Bisection halves
+// the region (rounded down to pages) until it is at most write_chunk long,
+// keeping the half with the first dirty page, so a window starts at most
+// write_chunk before it; adjacent windows are folded into one.
 func TestRanges(t *testing.T) {
-	type win struct{ Off, Len int64 }
 	for _, tc := range []struct {
-		name        string
-		size        int64
-		dirty       []int64 // dirty pages
-		dirtyBefore uint64  // the attempt's cachestat count
-		start       int64   // writeback index before, -1: none
-		want        []win   // Len 0: the whole file
-		queued      int64
-		chunkUsed   bool
-		index       int64 // after; 0: none kept
+		name      string
+		size      int64
+		dirty     []int64 // dirty pages
+		start     int64   // writeback index before, -1: none
+		want      []window
+		queued    int64
+		chunkUsed bool
+		merged    uint64
+		index     int64 // after; 0: none kept
 	}{
-		{"fits in write_chunk: the whole file", 16 * pg, []int64{0, 1, 2, 3}, 4, -1,
-			[]win{{0, 0}}, 4, false, 0},
-		{"one window uses the chunk", 16 * pg, []int64{0, 1, 2, 3, 8, 9, 10, 11}, 8, -1,
-			[]win{{0, 4 * pg}}, 4, true, 4 * pg},
-		{"from the index", 16 * pg, []int64{0, 1, 2, 3, 8, 9, 10, 11}, 8, 4 * pg,
-			[]win{{7 * pg, 4 * pg}, {11 * pg, 4 * pg}}, 4, true, 15 * pg},
-		{"index at the end restarts", 16 * pg, []int64{0, 1, 2, 3, 4}, 5, 16 * pg,
-			[]win{{0, 4 * pg}}, 4, true, 4 * pg},
-		{"negative index restarts", 16 * pg, []int64{0, 1, 2, 3, 4}, 5, -4 * pg,
-			[]win{{0, 4 * pg}}, 4, true, 4 * pg},
-		{"sparse: bisection finds each window", 16 * pg, []int64{1, 14}, 5, -1,
-			[]win{{0, 4 * pg}, {13 * pg, 3 * pg}}, 2, false, 0},
-		{"wraps to the start", 16 * pg, []int64{2, 3, 9}, 5, 8 * pg,
-			[]win{{8 * pg, 4 * pg}, {0, 4 * pg}}, 3, false, 8 * pg},
-		{"ends mid-file", 16 * pg, []int64{5, 6, 7, 8, 9}, 5, -1,
-			[]win{{4 * pg, 4 * pg}, {8 * pg, 4 * pg}}, 5, true, 12 * pg},
-		{"unaligned size", 10*pg + 100, []int64{9, 10}, 5, -1,
-			[]win{{7 * pg, 3*pg + 100}}, 2, false, 0},
-		{"used up at the end: the index restarts", 16 * pg, []int64{12, 13, 14, 15}, 5, 12 * pg,
-			[]win{{12 * pg, 4 * pg}}, 4, true, 0},
-		{"dirty only past the size seen: the whole file", 4 * pg, []int64{6, 7, 8, 9, 10}, 5, -1,
-			[]win{{0, 0}}, 0, false, 0},
+		{"one window uses the chunk", 16 * pg, []int64{0, 1, 2, 3, 8, 9, 10, 11}, -1,
+			[]window{{0, 4 * pg}}, 4, true, 0, 4 * pg},
+		{"from the index, two windows folded", 16 * pg, []int64{0, 1, 2, 3, 8, 9, 10, 11}, 4 * pg,
+			[]window{{7 * pg, 8 * pg}}, 4, true, 1, 15 * pg},
+		{"index at the end restarts", 16 * pg, []int64{0, 1, 2, 3, 4}, 16 * pg,
+			[]window{{0, 4 * pg}}, 4, true, 0, 4 * pg},
+		{"negative index restarts", 16 * pg, []int64{0, 1, 2, 3, 4}, -4 * pg,
+			[]window{{0, 4 * pg}}, 4, true, 0, 4 * pg},
+		{"sparse: bisection finds each window", 16 * pg, []int64{1, 14}, -1,
+			[]window{{0, 4 * pg}, {13 * pg, 3 * pg}}, 2, false, 0, 0},
+		{"wraps to the start", 16 * pg, []int64{2, 3, 9}, 8 * pg,
+			[]window{{8 * pg, 4 * pg}, {0, 4 * pg}}, 3, false, 0, 8 * pg},
+		{"ends mid-file", 16 * pg, []int64{5, 6, 7, 8, 9}, -1,
+			[]window{{4 * pg, 8 * pg}}, 5, true, 1, 12 * pg},
+		{"used up at the end: the index restarts", 16 * pg, []int64{12, 13, 14, 15}, 12 * pg,
+			[]window{{12 * pg, 4 * pg}}, 4, true, 0, 0},
+		{"unaligned size", 10*pg + 100, []int64{9, 10}, -1,
+			[]window{{7 * pg, 3*pg + 100}}, 2, false, 0, 0},
+		{"dirty only past the size seen: the whole file", 4 * pg, []int64{6, 7, 8, 9, 10}, -1,
+			[]window{{0, 0}}, 0, false, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig()
@@ -126,23 +121,15 @@ func TestRanges(t *testing.T) {
 				wb.wbIndex[f.key] = tc.start
 				wb.mu.Unlock()
 			}
-			att := &attempt{f: h, dirtyBefore: tc.dirtyBefore}
-			reqs, queued, err := wb.ranges(att, f.key)
+			got, queued, used, merged, err := wb.ranges(h, f.key)
 			if err != nil {
 				t.Fatal(err)
-			}
-			var got []win
-			for _, r := range reqs {
-				if r.Owner != att || r.Dev != f.key.Dev || r.Ino != f.key.Ino {
-					t.Errorf("request %+v not the attempt's", r)
-				}
-				got = append(got, win{r.Off, r.Len})
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("windows (-want +got):\n%s", diff)
 			}
-			if queued != tc.queued || att.chunkUsed != tc.chunkUsed {
-				t.Errorf("queued %d pages, chunk used %v; want %d, %v", queued, att.chunkUsed, tc.queued, tc.chunkUsed)
+			if queued != tc.queued || used != tc.chunkUsed || merged != tc.merged {
+				t.Errorf("%d dirty pages found, chunk used %v, %d folded; want %d, %v, %d", queued, used, merged, tc.queued, tc.chunkUsed, tc.merged)
 			}
 			wb.mu.Lock()
 			index, kept := wb.wbIndex[f.key]
@@ -166,9 +153,9 @@ func TestRangesCachestatError(t *testing.T) {
 		f.dirty[9] = true
 		f.cachestatErrAt = fail
 		h, _ := fs.Open("/f", f.key)
-		reqs, _, err := wb.ranges(&attempt{f: h, dirtyBefore: 5}, f.key)
-		if !errors.Is(err, syscall.EIO) || reqs != nil {
-			t.Errorf("cachestat call %d failed: requests %v, error %v; want none and EIO", fail, reqs, err)
+		wins, _, _, _, err := wb.ranges(h, f.key)
+		if !errors.Is(err, syscall.EIO) || wins != nil {
+			t.Errorf("cachestat call %d failed: windows %v, error %v; want none and EIO", fail, wins, err)
 		}
 	}
 }
@@ -284,8 +271,8 @@ func TestErrnoOfAndSatInc(t *testing.T) {
 // TestCongestedDefersBigFiles: while the device has max_inflight under
 // writeback, a file whose last attempt saw more than write_chunk/4 and at
 // most write_chunk dirty is deferred without being opened; smaller files
-// are written; bigger ones take the chunked path, which opens the file and
-// defers it on a fresh count. Once the writeback in flight drops, the
+// are written; bigger ones are opened by their worker, which defers them
+// on a fresh count. Once the writeback in flight drops, the
 // deferred file is written.
 func TestCongestedDefersBigFiles(t *testing.T) {
 	cfg := testConfig()
@@ -300,7 +287,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 		{4, false, true}, // write_chunk/4: small enough
 		{5, true, false},
 		{16, true, false}, // write_chunk
-		{17, true, true},  // the chunked path
+		{17, true, true},  // more than write_chunk: its worker looks
 	} {
 		t.Run(fmt.Sprintf("%d pages", c.pages), func(t *testing.T) {
 			withWB(t, cfg, func(h *harness) {

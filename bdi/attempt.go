@@ -18,6 +18,9 @@ import (
 )
 
 // attempt is one writeback attempt on one inode, from open to requeue.
+// Its system calls run on a plug worker (doAttempt), which fills its
+// attemptCall; the device's goroutine reads that once the call has
+// returned in time (adoptCall) and completes the attempt (complete).
 type attempt struct {
 	in                    *inode.Inode
 	f                     inode.File
@@ -25,7 +28,13 @@ type attempt struct {
 	dirtyBefore, wbBefore uint64
 	pre                   policy.Outcome // when nothing was written
 	wrote, chunkUsed      bool
-	remaining             int // requests not yet finished
+	// deferred: not written because the device had max_inflight under
+	// writeback (counted in throttled).
+	deferred bool
+	// merged counts the write_chunk windows folded into their neighbours
+	// (plug_merges).
+	merged    uint64
+	remaining int // requests not yet finished
 	// refs counts holders of f: the attempt itself and each request whose
 	// system call is running; the last to let go closes it.
 	refs atomic.Int32
@@ -35,11 +44,10 @@ type attempt struct {
 	stuck, detached int
 	// result, if set, receives the attempt's error (a sync request).
 	result *error
-	// afterKnown: a whole-file request already read the state after the
-	// write (dirtyAfter, wbAfter).
+	// afterKnown: the worker already read the state after the write
+	// (dirtyAfter, wbAfter), or nothing was written.
 	afterKnown          bool
 	dirtyAfter, wbAfter uint64
-	sized               bool // a whole-file attempt found it too large
 	handle              inode.Handle
 	// renewed is the handle of a new file found under the inode's number
 	// (openFile); the inode takes it at completion.
@@ -53,10 +61,9 @@ type attempt struct {
 	// became dirty (inode.Wrote), so finding it clean is no surprise.
 	wroteBefore bool
 	path        string
-	// whole is the worker side of a whole-file attempt's one request;
-	// nil for an attempt of the chunked path.
-	whole *wholeCall
-	wb    *Writeback // closes the file (closeFile); nil in tests
+	// call is the worker side of the attempt's request.
+	call *attemptCall
+	wb   *Writeback // closes the file (closeFile); nil in tests
 }
 
 // hold takes a reference on the attempt's file.
@@ -75,10 +82,12 @@ func (a *attempt) release() {
 }
 
 // writebackSingleInode is __writeback_single_inode under an inner plug: it
-// opens the file safely, reads its page-cache state with cachestat, and
-// queues at most write_chunk of its dirty data (all of it for integrity
-// work, which is one fdatasync). It returns the dirty pages queued.
-// Attempts that need no write are completed at once.
+// queues one request for the inode, whose worker (doAttempt) opens the
+// file safely, reads its page-cache state with cachestat, and writes at
+// most write_chunk of its dirty data (all of it for integrity work, which
+// is one fdatasync). It returns the pages it expects to be written, for
+// the work's budget: the inode's last known dirty count, at most
+// write_chunk. Attempts that need no call are completed at once.
 func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool, result *error) int64 {
 	wb.plug.Start()
 	defer wb.plug.Finish()
@@ -100,77 +109,20 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	page := int64(os.Getpagesize())
 	if dp := int64(in.DirtyPages) * page; !integrity && dp > wb.cfg.WriteChunk/4 && dp <= wb.cfg.WriteChunk && wb.congested(in, 0) {
-		// Known to be biggish (its last attempt saw it) and bound for
-		// a worker, and the device has max_inflight under writeback
-		// in other files: it waits, small files go. (Its own count is
-		// left out: it is as old as its last attempt, and this one
-		// would not look again. Bigger files take the chunked path,
-		// which decides on a fresh cachestat.)
+		// Known to be biggish (its last attempt saw it), and the
+		// device has max_inflight under writeback in other files: it
+		// waits, small files go, and no open is spent on it. (Its own
+		// count is left out: it is as old as its last attempt. Bigger
+		// files are looked at by their worker, on a fresh cachestat.)
+		att.deferred = true
 		wb.assumeUnderWriteback(att)
 		wb.complete(att)
 		return 0
 	}
-	if integrity || int64(in.DirtyPages)*page <= wb.cfg.WriteChunk {
-		// The usual case: the whole attempt runs on a plug worker, in
-		// parallel with the others of the batch.
-		att.remaining = 1
-		att.whole = &wholeCall{}
-		wb.plug.Add(&request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att})
-		return max(1, int64(in.DirtyPages))
-	}
-	f, renewed, err := wb.openTimed(in, path, key, att.handle)
-	if errors.Is(err, errOpenDetached) {
-		// Not known to be written: tried again once the open returns.
-		wb.assumeUnderWriteback(att)
-		wb.complete(att)
-		return 0
-	}
-	if err != nil {
-		att.err = err
-		wb.complete(att)
-		return 0
-	}
-	att.f, att.renewed = f, renewed
-	// cachestat(2) runs on this goroutine, untimed: it cannot wait on a
-	// slow or hung filesystem. mm/filemap.c's filemap_cachestat walks
-	// the page cache's xarray under rcu_read_lock, taking no folio lock,
-	// calling into no filesystem and waiting for no I/O; its cost is the
-	// range walked (ranges bisects, so O(log size) calls).
-	dirty, wbp, err := f.Cachestat(0, 0)
-	if err != nil {
-		att.err = err
-		wb.complete(att)
-		return 0
-	}
-	att.dirtyBefore, att.wbBefore = dirty, wbp
-	o, write := policy.BeforeWrite(dirty, wbp, integrity)
-	if write && !integrity && wb.congested(in, wbp) {
-		// More than write_chunk to write, and the device has
-		// max_inflight under writeback: not now (b_more_io_wait, with
-		// backoff), so that a small file written meanwhile does not
-		// queue behind this one's stream.
-		write, o = false, policy.UnderWriteback
-	}
-	if !write {
-		att.pre = o
-		if dirty == 0 && wbp == 0 {
-			att.err = checkWriteback(f)
-		}
-		wb.complete(att)
-		return 0
-	}
-	att.wrote = true
-	reqs, queued, err := wb.ranges(att, key)
-	if err != nil {
-		att.err = err
-		wb.complete(att)
-		return 0
-	}
-	att.remaining = len(reqs)
-	for _, r := range reqs {
-		wb.plug.Add(r)
-	}
-	return queued
+	att.remaining = 1
+	att.call = &attemptCall{}
+	wb.plug.Add(&request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att})
+	return min(max(1, int64(in.DirtyPages)), max(1, wb.cfg.WriteChunk/page))
 }
 
 // assumeUnderWriteback gives an attempt that did not learn the file's state
@@ -184,20 +136,21 @@ func (wb *Writeback) assumeUnderWriteback(att *attempt) {
 	wb.mu.Unlock()
 }
 
-// ranges chooses what to write of an attempt's file: everything in one
-// request when its dirty data fits in write_chunk (integrity work never gets
-// here: it is always a whole-file request),
-// else write_chunk-sized windows from the inode's writeback index onwards
+// window is a byte range of a file to write back; Len 0 is to the end.
+type window struct{ Off, Len int64 }
+
+// ranges chooses what to write of a file with dirty pages, more than
+// write_chunk of them (its worker calls it, writeback_chunk_size's side):
+// write_chunk-sized windows from the inode's writeback index onwards
 // (wrapping at the end, like writeback_index) that cachestat shows dirty,
-// until write_chunk of dirty pages are queued.
-func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, error) {
+// until write_chunk of dirty pages are found. It returns the windows in
+// file order of writing, the dirty pages in them, and whether write_chunk
+// was used up (chunkUsed). Adjacent windows are folded into one; merged
+// counts the folds.
+func (wb *Writeback) ranges(f inode.File, key inode.Key) (wins []window, queued int64, chunkUsed bool, merged uint64, err error) {
 	page := int64(os.Getpagesize())
 	chunk := wb.cfg.WriteChunk
-	whole := &request{Dev: key.Dev, Ino: key.Ino, Owner: att}
-	if int64(att.dirtyBefore)*page <= chunk {
-		return []*request{whole}, int64(att.dirtyBefore), nil
-	}
-	size := att.f.Size()
+	size := f.Size()
 	wb.mu.Lock()
 	start := wb.wbIndex[key]
 	wb.mu.Unlock()
@@ -205,8 +158,6 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, err
 		start = 0
 	}
 	budget := chunk / page
-	var reqs []*request
-	queued := int64(0)
 	off, wrapped := start, false
 	for budget > 0 {
 		regionEnd := size
@@ -223,9 +174,9 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, err
 		// Find the first write_chunk window with dirty pages by
 		// bisection, so a sparse file of any size costs O(log size)
 		// cachestat calls, not one per window.
-		d, _, err := att.f.Cachestat(off, regionEnd-off)
+		d, _, err := f.Cachestat(off, regionEnd-off)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, false, 0, err
 		}
 		if d == 0 {
 			off = regionEnd
@@ -234,9 +185,9 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, err
 		lo, hi := off, regionEnd
 		for hi-lo > chunk {
 			mid := lo + max(page, (hi-lo)/2/page*page)
-			dm, _, err := att.f.Cachestat(lo, mid-lo)
+			dm, _, err := f.Cachestat(lo, mid-lo)
 			if err != nil {
-				return nil, 0, err
+				return nil, 0, false, 0, err
 			}
 			if dm > 0 {
 				hi = mid
@@ -245,11 +196,16 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, err
 			}
 		}
 		n := min(chunk, regionEnd-lo)
-		dw, _, err := att.f.Cachestat(lo, n)
+		dw, _, err := f.Cachestat(lo, n)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, false, 0, err
 		}
-		reqs = append(reqs, &request{Dev: key.Dev, Ino: key.Ino, Off: lo, Len: n, Owner: att})
+		if last := len(wins) - 1; last >= 0 && wins[last].Off+wins[last].Len == lo {
+			wins[last].Len += n
+			merged++
+		} else {
+			wins = append(wins, window{lo, n})
+		}
 		budget -= int64(dw)
 		queued += int64(dw)
 		off = lo + n
@@ -264,13 +220,12 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, err
 		wb.wbIndex[key] = off
 	}
 	wb.mu.Unlock()
-	att.chunkUsed = budget <= 0
-	if len(reqs) == 0 {
+	if len(wins) == 0 {
 		// Dirty pages beyond the size seen at open (an append): write
 		// from the old end onwards.
-		reqs = append(reqs, whole)
+		wins = append(wins, window{})
 	}
-	return reqs, queued, nil
+	return wins, queued, budget <= 0, merged, nil
 }
 
 // congested reports whether the device has writeback.max_inflight bytes
@@ -279,8 +234,9 @@ func (wb *Writeback) ranges(att *attempt, key inode.Key) ([]*request, int64, err
 // writeback flusherd puts in flight on one device, as the kernel's blk-wbt
 // bounds in-flight writes, so that a stream of big files cannot fill a
 // slow device's queue (a throttled cgroup's, a USB disk's) ahead of a
-// small file. Called on the device's goroutine; O(tracked files), only for
-// files with more than write_chunk/4 to write.
+// small file. O(tracked files), only for files with more than
+// write_chunk/4 to write; a deferral is counted in throttled. Safe on a
+// worker.
 func (wb *Writeback) congested(in *inode.Inode, wbp uint64) bool {
 	if wb.cfg.MaxInflight <= 0 {
 		return false
@@ -301,7 +257,6 @@ func (wb *Writeback) congested(in *inode.Inode, wbp uint64) bool {
 		return false
 	}
 	wb.throttled++
-	wb.pass.throttled++
 	return true
 }
 
@@ -338,8 +293,6 @@ func (wb *Writeback) complete(att *attempt) {
 			// Its writeback ended: did it succeed?
 			err = checkWriteback(att.f)
 		}
-	case att.f != nil:
-		dirty, wbp = att.dirtyBefore, att.wbBefore
 	}
 	att.release()
 	now := wb.now()
@@ -364,9 +317,10 @@ func (wb *Writeback) complete(att *attempt) {
 	default:
 		o = policy.AfterWrite(dirty, wbp, redirtied, att.chunkUsed)
 	}
-	if att.sized {
-		wb.pass.sized++
+	if att.deferred {
+		wb.pass.throttled++
 	}
+	wb.plug.Merges += att.merged
 	wb.outcomes[o]++
 	if att.wrote && err == nil && att.dirtyBefore > 0 {
 		// Its dirty data was written without an error: an earlier

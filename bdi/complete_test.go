@@ -474,8 +474,8 @@ func TestWrittenPagesCounted(t *testing.T) {
 		h.wb.mu.Lock()
 		clean, chunk, skipped := h.wb.outcomes[policy.Clean], h.wb.outcomes[policy.ChunkUsed], h.wb.outcomes[policy.Skipped]
 		h.wb.mu.Unlock()
-		if clean != 2 || chunk != 3 || skipped < 1 {
-			t.Errorf("outcomes: clean %d, chunk_used %d, skipped %d; want 2, 3 (the whole-file attempt that found it too large, then two chunks), at least 1", clean, chunk, skipped)
+		if clean != 2 || chunk != 2 || skipped < 1 {
+			t.Errorf("outcomes: clean %d, chunk_used %d, skipped %d; want 2, 2 (two chunks, then the rest), at least 1", clean, chunk, skipped)
 		}
 		if s.BdiReclaimable != 4 || s.BdiDirtied != 52 {
 			t.Errorf("reclaimable %d, dirtied %d; want 4, 52", s.BdiReclaimable, s.BdiDirtied)
@@ -543,7 +543,7 @@ func TestCheckWritebackOnceClean(t *testing.T) {
 			}
 			h.wb.mu.Lock()
 			for _, f := range []*fakeFile{clean, inFlight} {
-				h.wb.inodes[f.key].DirtyPages = 10 // the chunked path
+				h.wb.inodes[f.key].DirtyPages = 10 // as last seen
 			}
 			h.wb.mu.Unlock()
 			time.Sleep(1050 * time.Millisecond)
@@ -556,6 +556,33 @@ func TestCheckWritebackOnceClean(t *testing.T) {
 			}
 			if got["/clean"] != policy.IOError || got["/inflight"] != policy.UnderWriteback {
 				h.t.Errorf("first outcomes %v, want /clean io_error (asked), /inflight under_writeback (not asked)", got)
+			}
+		}, tr.setup)
+	})
+
+	t.Run("chunks left dirty", func(t *testing.T) {
+		c := cfg
+		c.WriteChunk = 4 * pg
+		var tr tracer
+		withWB(t, c, func(h *harness) {
+			// Its writes leave it dirty: never asked.
+			stuck := h.fs.add("/stuck", 3, 10*pg, 10)
+			stuck.keepDirty = true
+			stuck.checkErr = syscall.EIO
+			h.mark(stuck, 0)
+			time.Sleep(2 * time.Second)
+			synctest.Wait()
+			recs := tr.all()
+			if len(recs) == 0 {
+				h.t.Fatal("no attempts")
+			}
+			for _, r := range recs {
+				if r.Err != nil || r.O != policy.ChunkUsed {
+					h.t.Fatalf("attempt %+v of a file still dirty, want chunk_used without an error", r)
+				}
+			}
+			if n := len(h.fs.callsOf("check_writeback", "/stuck")); n != 0 {
+				h.t.Errorf("/stuck, still dirty, asked %d times", n)
 			}
 		}, tr.setup)
 	})
@@ -575,11 +602,6 @@ func TestCheckWritebackOnceClean(t *testing.T) {
 			f.sfrErr = syscall.EINVAL
 			f.checkErr = syscall.EIO
 			h.mark(f, 0)
-			// Its writes leave it dirty: never asked.
-			stuck := h.fs.add("/stuck", 3, 10*pg, 10)
-			stuck.keepDirty = true
-			stuck.checkErr = syscall.EIO
-			h.mark(stuck, 0)
 			time.Sleep(2 * time.Second)
 			synctest.Wait()
 			var big []attemptRec
@@ -588,24 +610,15 @@ func TestCheckWritebackOnceClean(t *testing.T) {
 					big = append(big, r)
 				}
 			}
-			// Too large for a whole-file request; then its first
-			// chunk's fdatasync writes the whole file, which is then
-			// clean: asked, and the error reported.
-			want := []policy.Outcome{policy.ChunkUsed, policy.IOError}
+			// Without sync_file_range, fdatasync writes the whole
+			// file and reports the unseen error.
+			want := []policy.Outcome{policy.IOError}
 			var got []policy.Outcome
 			for _, r := range big {
 				got = append(got, r.O)
 			}
 			if len(got) < len(want) || !cmp.Equal(got[:len(want)], want) {
 				h.t.Fatalf("/big's attempts %v, want %v first", got, want)
-			}
-			for _, r := range tr.all() {
-				if r.Path == "/stuck" && r.Err != nil {
-					h.t.Fatalf("/stuck, still dirty, got %v", r.Err)
-				}
-			}
-			if n := len(h.fs.callsOf("check_writeback", "/stuck")); n != 0 {
-				h.t.Errorf("/stuck, still dirty, asked %d times", n)
 			}
 			if n := len(h.fs.callsOf("sync_file_range", "/big")); n != 0 {
 				h.t.Errorf("%d sync_file_range calls on a filesystem known not to support it", n)
@@ -708,12 +721,11 @@ func TestNewFileTakesNumberDuringAttempt(t *testing.T) {
 	}, tr.setup)
 }
 
-// TestDetachedOpenReturns: a chunked attempt's open (made by the device's
-// goroutine through the opener) that takes longer than detachAfter is
-// detached; when it returns, the file it opened is closed at once (every
-// open is matched by a close), a failed one closes nothing, and one that
-// ran past attempt_timeout says so. Meanwhile the stats show the attempt
-// in b_io and the open in stuck_calls.
+// TestDetachedOpenReturns: an attempt whose open takes longer than
+// detachAfter is detached; when it returns, the file it opened is closed
+// (every open is matched by a close), a failed one closes nothing, and one
+// that ran past attempt_timeout says so. Meanwhile the stats show the
+// call in stuck_calls and detached_calls.
 func TestDetachedOpenReturns(t *testing.T) {
 	for _, openErr := range []error{nil, syscall.EIO} {
 		t.Run(fmt.Sprint(openErr), func(t *testing.T) {
@@ -738,7 +750,7 @@ func TestDetachedOpenReturns(t *testing.T) {
 				}
 				h.mark(f, 0)
 				h.wb.mu.Lock()
-				h.wb.inodes[f.key].DirtyPages = 10 // known to be big: the chunked path
+				h.wb.inodes[f.key].DirtyPages = 10 // as last seen
 				h.wb.mu.Unlock()
 				time.Sleep(1500 * time.Millisecond)
 				synctest.Wait()
@@ -758,7 +770,7 @@ func TestDetachedOpenReturns(t *testing.T) {
 				if opens != closes {
 					t.Errorf("%d files opened, %d closed", opens, closes)
 				}
-				if n := logs.FilterMessageSnippet("an open returned after running past attempt_timeout").Len(); n != 1 {
+				if n := logs.FilterMessageSnippet("a writeback call returned after running past attempt_timeout").Len(); n != 1 {
 					t.Errorf("%d lines for the late open, want 1", n)
 				}
 				if h.wb.Tracked() != 0 {

@@ -216,7 +216,16 @@ func (h *fakeHandle) write(op string, off, n int64) error {
 }
 
 func (h *fakeHandle) StartWriteback(off, n int64) error { return h.write("sync_file_range", off, n) }
-func (h *fakeHandle) DataSync() error                   { return h.write("fdatasync", 0, 0) }
+// DataSync is fdatasync(2): it writes the file and waits, and reports an
+// unseen error of an earlier writeback (checkErr) as fdatasync does.
+func (h *fakeHandle) DataSync() error {
+	if err := h.write("fdatasync", 0, 0); err != nil {
+		return err
+	}
+	h.f.fs.mu.Lock()
+	defer h.f.fs.mu.Unlock()
+	return h.f.checkErr
+}
 
 // handleFS is a fakeFS that also opens by handle (an inode.HandleOpener),
 // as inode.Handles does: a handle names one file for good, so the handle of

@@ -2,7 +2,6 @@ package bdi
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -217,45 +216,6 @@ func TestIOErrorRetryExactlyAtMaxPause(t *testing.T) {
 			if gap := w[i].at - w[i-1].at; gap != cfg.MaxPause {
 				h.t.Fatalf("retry %d came %v after the previous, want max_pause %v", i, gap, cfg.MaxPause)
 			}
-		}
-	})
-}
-
-// TestTimeSlice: once something is queued, a kupdate pass stops taking
-// inodes off b_io after timeSlice (100 ms), and the plug's batch goes out;
-// the rest follow in the next pass. Each file here costs a 50 ms open on
-// the device's goroutine (the chunked path), so the first batch holds two
-// files, written 100 ms into the pass.
-func TestTimeSlice(t *testing.T) {
-	cfg := testConfig()
-	cfg.DirtyWritebackInterval = time.Second
-	cfg.WriteChunk = 4 * pg
-	withWB(t, cfg, func(h *harness) {
-		var files []*fakeFile
-		for i := range 4 {
-			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 10*pg, 10)
-			f.onOpen = func() { time.Sleep(50 * time.Millisecond) }
-			files = append(files, f)
-			h.mark(f, 0)
-		}
-		h.wb.mu.Lock()
-		for _, f := range files {
-			h.wb.inodes[f.key].DirtyPages = 10
-		}
-		h.wb.mu.Unlock()
-		time.Sleep(1500 * time.Millisecond)
-		synctest.Wait()
-		var at []time.Duration
-		for _, f := range files {
-			w := h.fs.callsOf("sync_file_range", f.path)
-			if len(w) == 0 {
-				h.t.Fatalf("%s not written", f.path)
-			}
-			at = append(at, w[0].at)
-		}
-		want := []time.Duration{1100 * time.Millisecond, 1100 * time.Millisecond, 1200 * time.Millisecond, 1200 * time.Millisecond}
-		if fmt.Sprint(at) != fmt.Sprint(want) {
-			h.t.Errorf("first writes at %v, want %v (two files per 100 ms slice)", at, want)
 		}
 	})
 }

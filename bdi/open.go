@@ -2,14 +2,9 @@ package bdi
 
 import (
 	"errors"
-	"strconv"
-	"sync/atomic"
-	"time"
 
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"flusherd/blk"
 	"flusherd/inode"
 )
 
@@ -48,111 +43,6 @@ func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f ino
 		return nil, "", err
 	}
 	return nf, nh, nil
-}
-
-// openJob is an open handed to the opener goroutine.
-type openJob struct {
-	in    *inode.Inode
-	path  string
-	key   inode.Key
-	h     inode.Handle
-	state atomic.Int32 // blk.Running, blk.Done or blk.Detached
-	// began is when the open was handed over (daemon clock); id is its
-	// entry in Writeback.offLoop once detached.
-	began time.Duration
-	id    uint64
-}
-
-type openResult struct {
-	f       inode.File
-	renewed inode.Handle
-	err     error
-}
-
-// opener is a goroutine that opens files for the writeback goroutine, so
-// that an open that is slow or hangs (a frozen or unresponsive filesystem)
-// can be left to it. It is replaced when one of its opens is detached.
-type opener struct {
-	jobs    chan *openJob
-	results chan openResult
-}
-
-// startOpener starts an opener goroutine; it ends when jobs is closed or
-// after a detached open returns.
-func (wb *Writeback) startOpener() *opener {
-	o := &opener{jobs: make(chan *openJob), results: make(chan openResult)}
-	go func() {
-		for j := range o.jobs {
-			f, renewed, err := wb.openFile(j.path, j.key, j.h)
-			wb.mu.Lock()
-			inTime := j.state.CompareAndSwap(int32(blk.Running), int32(blk.Done))
-			var took time.Duration
-			overran := false
-			if !inTime {
-				// Detached: the attempt was completed without it and
-				// another opener took over.
-				took, overran = wb.returnedLocked(j.id)
-				wb.unbusyLocked(j.in)
-				wb.gen++
-			}
-			wb.mu.Unlock()
-			if inTime {
-				o.results <- openResult{f, renewed, err}
-				continue
-			}
-			if f != nil {
-				f.Close()
-			}
-			if overran {
-				wb.errLog.Warn("an open returned after running past attempt_timeout (counted in stuck_calls while it ran)",
-					zap.String("path", strconv.Quote(j.path)), zap.Duration("took", took), zap.Error(err))
-			} else {
-				wb.log.Debug("a detached open returned", zap.String("path", strconv.Quote(j.path)), zap.Error(err))
-			}
-			wb.kick()
-			return
-		}
-	}()
-	return o
-}
-
-// errOpenDetached is openTimed's answer for an open left to its opener.
-var errOpenDetached = errors.New("open detached")
-
-// openTimed opens the inode's file on the opener goroutine and waits for
-// it for detachAfter at most: an open can be as slow as a write, or hang.
-// An open still running then is detached (errOpenDetached): the inode is
-// Busy until the open(2) returns, the open counts in stuck_calls once it
-// runs past attempt_timeout, and the file it then yields is closed at once.
-// The opens run on a long-lived opener goroutine, not one goroutine each: a
-// blocked file is retried often.
-func (wb *Writeback) openTimed(in *inode.Inode, path string, key inode.Key, h inode.Handle) (inode.File, inode.Handle, error) {
-	if wb.opener == nil {
-		wb.opener = wb.startOpener()
-	}
-	j := &openJob{in: in, path: path, key: key, h: h, began: wb.now()}
-	wb.opener.jobs <- j
-	tc := blk.ResetTimer(&wb.openTimer, detachAfter)
-	defer wb.openTimer.Stop()
-	select {
-	case r := <-wb.opener.results:
-		return r.f, r.renewed, r.err
-	case <-tc:
-	}
-	wb.mu.Lock()
-	if j.state.CompareAndSwap(int32(blk.Running), int32(blk.Detached)) {
-		in.State |= inode.Busy
-		j.id = wb.trackCallLocked(j.began)
-		wb.detached++
-		wb.mu.Unlock()
-		// The detached opener ends when its open returns.
-		close(wb.opener.jobs)
-		wb.opener = nil
-		return nil, "", errOpenDetached
-	}
-	wb.mu.Unlock()
-	r := <-wb.opener.results
-	return r.f, r.renewed, r.err
 }
 
 // unbusyLocked clears in's Busy once no call for it is stuck or detached

@@ -77,23 +77,26 @@ func (wb *Writeback) stuckOffLoopLocked() int {
 
 // request is a writeback request of an attempt: a blk.Request whose
 // owner is the attempt. A whole-file attempt has exactly one request, and
-// its worker-side state is the attempt's whole (wholeCall).
+// its worker-side state is the attempt's whole (attemptCall).
 type request = blk.Request[*attempt]
 
-// wholeCall is what a whole-file request's worker (doWhole) writes: the
-// results of the attempt's every system call, run on the worker, read by
-// the device's goroutine only once the call has returned in time
-// (adoptWhole). A detached call keeps writing it; it is then not read.
-type wholeCall struct {
+// attemptCall is what an attempt's worker (doAttempt) writes: the results
+// of the attempt's every system call, run on the worker, read by the
+// device's goroutine only once the call has returned in time (adoptCall).
+// A detached call keeps writing it; it is then not read.
+type attemptCall struct {
 	f          inode.File
 	renewed    inode.Handle // see attempt.renewed
 	before     [2]uint64    // dirty, writeback pages before
 	after      [2]uint64    // and after the write
 	wrote      bool
-	afterKnown bool          // after was read (integrity: fdatasync waited)
-	tooLarge   bool          // more dirty than write_chunk: left for the chunked path
-	fsErrAt    time.Duration // see attempt.fsErrAt
-	fsErrno    syscall.Errno // see attempt.fsErrno
+	afterKnown bool // after was read (integrity: fdatasync waited)
+	// chunkUsed, merged: see attempt (a file holding more than
+	// write_chunk); deferred: see attempt.deferred.
+	chunkUsed, deferred bool
+	merged              uint64
+	fsErrAt             time.Duration // see attempt.fsErrAt
+	fsErrno             syscall.Errno // see attempt.fsErrno
 	// startOnly: the first phase of an integrity request (see
 	// startIntegrity).
 	startOnly bool
@@ -102,7 +105,7 @@ type wholeCall struct {
 	synced bool
 	// started: sync_file_range(SYNC_FILE_RANGE_WRITE) was called, so the
 	// request's error tells whether the filesystem supports it (submit's
-	// probe). A request that found its file clean, too large, or could
+	// probe). A request that found its file clean, deferred it, or could
 	// not open it made no such call and tells nothing.
 	started bool
 }
@@ -135,9 +138,9 @@ func (wb *Writeback) submit(batch []*request) {
 				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
 				r.Rearm()
 				wb.runTimed([]*request{r}, false)
-			case r.State() == blk.Done && r.Owner.whole != nil && !r.Owner.whole.started:
+			case r.State() == blk.Done && r.Owner.call != nil && !r.Owner.call.started:
 				// No sync_file_range was called (the file was clean,
-				// too large for a whole-file request, or not opened):
+				// deferred by max_inflight, or not opened):
 				// the next request of the filesystem probes. (A
 				// detached one is looked at when it returns.)
 				delete(wb.probed, r.Dev)
@@ -152,10 +155,10 @@ func (wb *Writeback) submit(batch []*request) {
 	for _, r := range batch {
 		att := r.Owner
 		switch st := r.State(); {
-		case att.whole != nil && st == blk.Done && r.Err == nil:
-			adoptWhole(r)
-		case att.whole != nil && st == blk.Detached:
-			// Its worker still runs (and owns the wholeCall): not
+		case st == blk.Done && r.Err == nil:
+			adoptCall(r)
+		case st == blk.Detached:
+			// Its worker still runs (and owns the attemptCall): not
 			// known to be written, so assumed dirty, and tried again
 			// once the call has returned.
 			wb.assumeUnderWriteback(att)
@@ -210,13 +213,13 @@ func (wb *Writeback) startIntegrity(rest []*request) []*request {
 	var integ []*request
 	for _, r := range rest {
 		if r.Integrity && !wb.fallback[r.Dev] {
-			r.Owner.whole.startOnly = true
+			r.Owner.call.startOnly = true
 			integ = append(integ, r)
 		}
 	}
 	if len(integ) < 2 {
 		for _, r := range integ {
-			r.Owner.whole.startOnly = false
+			r.Owner.call.startOnly = false
 		}
 		return rest
 	}
@@ -224,13 +227,13 @@ func (wb *Writeback) startIntegrity(rest []*request) []*request {
 	wb.syncfsIntegrity(integ)
 	out := rest[:0]
 	for _, r := range rest {
-		if r.Integrity && r.Owner.whole.startOnly {
+		if r.Integrity && r.Owner.call.startOnly {
 			if r.Err != nil {
 				// Failed or timed out: reported as it is. (A timed-out
-				// call's worker may still read its wholeCall.)
+				// call's worker may still read its attemptCall.)
 				continue
 			}
-			r.Owner.whole.startOnly = false
+			r.Owner.call.startOnly = false
 			r.Rearm()
 		}
 		out = append(out, r)
@@ -253,7 +256,7 @@ func (wb *Writeback) syncfsIntegrity(integ []*request) {
 	}
 	byDev := map[uint64][]*request{}
 	for _, r := range integ {
-		if r.Err == nil && r.Owner.whole.f != nil {
+		if r.Err == nil && r.Owner.call.f != nil {
 			byDev[r.Dev] = append(byDev[r.Dev], r)
 		}
 	}
@@ -261,7 +264,7 @@ func (wb *Writeback) syncfsIntegrity(integ []*request) {
 		if len(rs) < wb.cfg.IntegritySyncfs {
 			continue
 		}
-		sf, ok := rs[0].Owner.whole.f.(interface{ Syncfs() error })
+		sf, ok := rs[0].Owner.call.f.(interface{ Syncfs() error })
 		if !ok {
 			continue
 		}
@@ -280,7 +283,7 @@ func (wb *Writeback) syncfsIntegrity(integ []*request) {
 			continue
 		}
 		for _, r := range rs {
-			r.Owner.whole.synced = true
+			r.Owner.call.synced = true
 		}
 	}
 }
@@ -299,7 +302,7 @@ var ErrAttemptTimeout = fmt.Errorf("writeback call exceeded attempt_timeout: %w"
 // whole file as still dirty, retried once the call returns) and goes on to
 // other inodes. Integrity calls are waited for: their result is the
 // attempt's (a sync request's answer).
-const detachAfter = timeSlice
+const detachAfter = 100 * time.Millisecond
 
 // runTimed runs the requests' system calls on a blk.Queue: each on its own
 // worker, at most QueueDepth at a time, returning when each has returned,
@@ -336,7 +339,7 @@ func (h *queueHooks) Finished(r *request) { r.Owner.release() }
 func (h *queueHooks) Alive() { h.wb.alive() }
 
 // Do runs the request's system call.
-func (h *queueHooks) Do(r *request) error { return h.wb.do(r) }
+func (h *queueHooks) Do(r *request) error { return h.wb.doAttempt(r) }
 
 // DetachedLocked is reqDetachedLocked.
 //
@@ -403,7 +406,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		wb.gen++
 		return func() {
 			// close(2) can block (NFS, FUSE): never under the list lock.
-			wb.closeWhole(r, nil)
+			wb.closeCall(r, nil)
 			wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
 			wb.kick()
 		}
@@ -413,7 +416,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	if att.stuck == 0 && att.detached == 0 {
 		wb.unbusyLocked(in)
 	}
-	if w := att.whole; !r.Integrity && (blk.IsUnsupported(err) || w != nil && !w.started) {
+	if w := att.call; !r.Integrity && (blk.IsUnsupported(err) || w != nil && !w.started) {
 		// A detached first call of a filesystem (the probe) says
 		// sync_file_range does not work there, or made no such call:
 		// probe again. (Any other detached call of a probed
@@ -431,9 +434,9 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	}
 	wb.gen++
 	return func() {
-		// A whole-file request's worker may have kept its file open
+		// An attempt's worker may have kept its file open
 		// for complete, which did not wait for it.
-		wb.closeWhole(r, nil)
+		wb.closeCall(r, nil)
 		if overran {
 			wb.errLog.Warn("a writeback call returned after running past attempt_timeout (counted in stuck_calls while it ran)",
 				zap.String("path", strconv.Quote(att.path)), zap.Duration("took", took), zap.Error(err))
@@ -445,28 +448,20 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	}
 }
 
-// do runs one request's system call. It reads wb.fallback, which only the
-// writeback goroutine writes, before any request of a batch starts.
-func (wb *Writeback) do(r *request) error {
-	if r.Owner.whole != nil {
-		return wb.doWhole(r)
-	}
-	f := r.Owner.f
-	if r.Integrity || wb.fallback[r.Dev] {
-		return f.DataSync()
-	}
-	return f.StartWriteback(r.Off, r.Len)
-}
-
-// doWhole runs a whole-file attempt on a worker: it opens the file safely,
-// reads cachestat, writes it if it is dirty and fits in write_chunk (or is
-// integrity work), reads cachestat again and closes it. A file found to hold
-// more than write_chunk is left alone (tooLarge) for the chunked path. The
+// doAttempt runs an attempt on a worker: it opens the file safely, reads
+// cachestat and, if it is dirty (or the work is for integrity), writes it:
+// the whole file when its dirty data fits in write_chunk (or for
+// integrity, with fdatasync, or where sync_file_range is not supported),
+// else at most write_chunk of it in windows (writeChunks), unless the
+// device has max_inflight under writeback (deferred). It reads wb.fallback,
+// which only the writeback goroutine writes, before any request of a batch
+// starts. A file that was written stays open for complete's cachestat,
+// except after fdatasync, which waited: its state after is read here. The
 // first phase of a two-phase integrity request only opens and starts
 // writeback, and leaves the file open for the second.
-func (wb *Writeback) doWhole(r *request) error {
+func (wb *Writeback) doAttempt(r *request) error {
 	att := r.Owner
-	w := att.whole
+	w := att.call
 	if w.f == nil {
 		f, renewed, err := wb.openFile(att.path, inode.Key{Dev: r.Dev, Ino: r.Ino}, att.handle)
 		if err != nil {
@@ -475,18 +470,27 @@ func (wb *Writeback) doWhole(r *request) error {
 		w.f, w.renewed = f, renewed
 		d, wbp, err := f.Cachestat(0, 0)
 		if err != nil {
-			return wb.closeWhole(r, err)
+			return wb.closeCall(r, err)
 		}
 		w.before = [2]uint64{d, wbp}
 		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {
 			if d == 0 && wbp == 0 {
-				return wb.closeWhole(r, checkWriteback(f))
+				return wb.closeCall(r, checkWriteback(f))
 			}
-			return wb.closeWhole(r, nil)
+			return wb.closeCall(r, nil)
 		}
 		if !r.Integrity && int64(d)*int64(os.Getpagesize()) > wb.cfg.WriteChunk {
-			w.tooLarge = true
-			return wb.closeWhole(r, nil)
+			if wb.congested(att.in, wbp) {
+				// More than write_chunk to write, and the device has
+				// max_inflight under writeback: not now (b_more_io_wait,
+				// with backoff), so that a small file written
+				// meanwhile does not queue behind this one's stream.
+				w.deferred = true
+				return wb.closeCall(r, nil)
+			}
+			if !wb.fallback[r.Dev] {
+				return wb.writeChunks(r)
+			}
 		}
 	}
 	switch {
@@ -495,7 +499,7 @@ func (wb *Writeback) doWhole(r *request) error {
 	case r.Integrity || wb.fallback[r.Dev]:
 		if !w.synced {
 			if err := w.f.DataSync(); err != nil {
-				return wb.closeWhole(r, err)
+				return wb.closeCall(r, err)
 			}
 		}
 		// fdatasync has waited: the state after is final now.
@@ -510,11 +514,11 @@ func (wb *Writeback) doWhole(r *request) error {
 			// filesystem's own error cursor can (ErrWatch).
 			w.fsErrAt, w.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
 		}
-		return wb.closeWhole(r, err)
+		return wb.closeCall(r, err)
 	}
 	w.started = true
 	if err := w.f.StartWriteback(0, 0); err != nil {
-		return wb.closeWhole(r, err)
+		return wb.closeCall(r, err)
 	}
 	// The file stays open: complete looks at it once the whole batch is
 	// out, by when most of its writeback has finished.
@@ -522,21 +526,41 @@ func (wb *Writeback) doWhole(r *request) error {
 	return nil
 }
 
-// closeWhole closes a whole-file request's file, if it holds one, and
+// writeChunks writes at most write_chunk of the dirty data of a file that
+// holds more: ranges' windows, each with sync_file_range WRITE, which does
+// not wait. The file stays open for complete.
+func (wb *Writeback) writeChunks(r *request) error {
+	w := r.Owner.call
+	wins, _, used, merged, err := wb.ranges(w.f, inode.Key{Dev: r.Dev, Ino: r.Ino})
+	if err != nil {
+		return wb.closeCall(r, err)
+	}
+	w.chunkUsed, w.merged = used, merged
+	w.started = true
+	for _, win := range wins {
+		if err := w.f.StartWriteback(win.Off, win.Len); err != nil {
+			return wb.closeCall(r, err)
+		}
+	}
+	w.wrote = true
+	return nil
+}
+
+// closeCall closes an attempt's file, if it holds one, and
 // passes err on.
-func (wb *Writeback) closeWhole(r *request, err error) error {
-	if w := r.Owner.whole; w != nil && w.f != nil {
+func (wb *Writeback) closeCall(r *request, err error) error {
+	if w := r.Owner.call; w != nil && w.f != nil {
 		w.f.Close()
 		w.f = nil
 	}
 	return err
 }
 
-// adoptWhole moves a finished whole-file request's results, and its open
-// file if it kept one, into its attempt, for complete.
-func adoptWhole(r *request) {
+// adoptCall moves a finished attempt's results, and its open file if it
+// kept one, into its attempt, for complete.
+func adoptCall(r *request) {
 	att := r.Owner
-	w := att.whole
+	w := att.call
 	att.dirtyBefore, att.wbBefore = w.before[0], w.before[1]
 	att.fsErrAt, att.fsErrno = w.fsErrAt, w.fsErrno
 	if w.renewed != "" {
@@ -547,12 +571,10 @@ func adoptWhole(r *request) {
 		att.wrote, att.afterKnown = true, true
 		att.dirtyAfter, att.wbAfter = w.after[0], w.after[1]
 	case w.wrote:
-		att.wrote = true
+		att.wrote, att.chunkUsed, att.merged = true, w.chunkUsed, w.merged
 		att.f, w.f = w.f, nil // complete reads cachestat and closes it
-	case w.tooLarge:
-		// Not written: the next attempt takes the chunked path, since
-		// the inode's DirtyPages now shows the size.
-		att.pre, att.sized, att.afterKnown = policy.ChunkUsed, true, true
+	case w.deferred:
+		att.pre, att.deferred, att.afterKnown = policy.UnderWriteback, true, true
 		att.dirtyAfter, att.wbAfter = w.before[0], w.before[1]
 	default:
 		att.pre, _ = policy.BeforeWrite(w.before[0], w.before[1], r.Integrity)

@@ -18,9 +18,11 @@
 //	     wbWriteback, queueIO ─► b_io,
 //	     writebackSBInodes                           wb.go
 //	writebackSingleInode ─► blk.Plug.Add ─► Finish   attempt.go
-//	submit ─► runTimed (a blk.Queue): workers run
-//	     open, cachestat, sync_file_range /
-//	     fdatasync, syncfs (blk.Timed)                submit.go, open.go
+//	submit ─► runTimed (a blk.Queue): each attempt
+//	     on a worker (doAttempt): open, cachestat,
+//	     sync_file_range of the file or of its
+//	     write_chunk windows (ranges), or fdatasync;
+//	     syncfs for integrity batches (blk.Timed)     submit.go, open.go
 //	complete ─► requeueInodeLocked ─► b_more_io,
 //	     b_more_io_wait, b_dirty, forgotten, failed  attempt.go
 //
@@ -65,10 +67,6 @@ import (
 	"flusherd/lists"
 	"flusherd/policy"
 )
-
-// timeSlice bounds a pass once something was written (writeback_sb_inodes
-// stops after HZ/10).
-const timeSlice = 100 * time.Millisecond
 
 // Config holds a device's tunables. Durations are time.Duration
 // (nanoseconds); WriteChunk is in bytes.
@@ -231,17 +229,12 @@ type Writeback struct {
 	wbIndex     map[inode.Key]int64
 	fallback    map[uint64]bool // dev -> use fdatasync for start-writeback
 	lastBusyLog time.Duration
-	opener      *opener // nil until the first timed open
-	openTimer   *time.Timer
 	bwPages     uint64        // pages written in the current bandwidth period
 	bwTime      time.Duration // submission time in the current period
 }
 
 type passCounters struct {
 	pages, cleaned uint64
-	// sized counts whole-file attempts that found more than write_chunk
-	// and handed the file to the chunked path: no pages, but progress.
-	sized uint64
 	// throttled counts attempts deferred by max_inflight: they are
 	// retried after at most throttleRetry, not after the growing
 	// backoff, or the device would sit idle between them.
@@ -252,7 +245,7 @@ type passCounters struct {
 // max_inflight are tried again (b_more_io_wait's pause is cut to it).
 const throttleRetry = 50 * time.Millisecond
 
-func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 || p.sized > 0 }
+func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
 
 // New returns a device's writeback state; Run starts its goroutine. now is
 // the daemon's monotonic clock; stats may be nil (no stats file).
@@ -303,11 +296,6 @@ func (wb *Writeback) hasDirtyIOLocked() bool {
 // is done.
 func (wb *Writeback) Run(ctx context.Context) {
 	defer close(wb.stopped)
-	defer func() {
-		if wb.opener != nil {
-			close(wb.opener.jobs)
-		}
-	}()
 	wb.mu.Lock()
 	wb.running = true
 	wb.mu.Unlock()
@@ -588,10 +576,12 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 
 // writebackSBInodes is writeback_sb_inodes: it takes inodes off b_io one by
 // one and queues their writeback in the plug, until b_io is empty, the
-// work's pages are used up, or the time slice has passed after some were
-// queued.
+// work's pages are used up, or kupdate work yields to queued work. The
+// kernel also ends the pass after a time slice (HZ/10), because it writes
+// each inode before taking the next; here the calls run on the plug's
+// workers, so a pass only queues, and the plug's max_pending and the
+// workers' detachAfter bound how long the goroutine waits.
 func (wb *Writeback) writebackSBInodes(w *Work) {
-	start := wb.now()
 	for {
 		wb.alive()
 		wb.mu.Lock()
@@ -622,9 +612,6 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		if (w.ForKupdate || w.ForBackground) && wb.workQueued() {
 			// Yield to queued work (a sync) as soon as possible;
 			// what is in the plug goes out at Finish.
-			return
-		}
-		if queued > 0 && w.SyncMode == SyncNone && wb.now()-start >= timeSlice {
 			return
 		}
 	}

@@ -889,9 +889,6 @@ func TestDetachedCall(t *testing.T) {
 		{"whole-open", pg, 1, nil, true},
 		{"chunk", 8 << 20, 2048, nil, false},
 		{"chunk-error", 8 << 20, 2048, syscall.EIO, false},
-		// A big file's first attempt (a whole-file request) finds it
-		// too large; its second open is the chunked path's, which the
-		// device's goroutine makes through the opener (openTimed).
 		{"chunk-open", 8 << 20, 2048, nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -908,10 +905,7 @@ func TestDetachedCall(t *testing.T) {
 				unblock := func() { releaseOnce.Do(func() { close(release) }) }
 				defer unblock()
 				var calls atomic.Int32
-				slowCall := int32(1)
-				if c.slowOpen && c.size > pg {
-					slowCall = 2
-				}
+				const slowCall = 1
 				slow.set(func(f *fakeFile) {
 					// The fake reads writeErr before the hook: the
 					// first call (the slow one) fails with c.err,
