@@ -216,6 +216,7 @@ func (h *fakeHandle) write(op string, off, n int64) error {
 }
 
 func (h *fakeHandle) StartWriteback(off, n int64) error { return h.write("sync_file_range", off, n) }
+
 // DataSync is fdatasync(2): it writes the file and waits, and reports an
 // unseen error of an earlier writeback (checkErr) as fdatasync does.
 func (h *fakeHandle) DataSync() error {
