@@ -75,9 +75,9 @@ func (wb *Writeback) stuckOffLoopLocked() int {
 	return n
 }
 
-// request is a writeback request of an attempt: a blk.Request whose
-// owner is the attempt. A whole-file attempt has exactly one request, and
-// its worker-side state is the attempt's whole (attemptCall).
+// request is the writeback request of an attempt: a blk.Request whose
+// owner is the attempt. Each attempt has exactly one; its worker-side
+// state is the attempt's call (attemptCall).
 type request = blk.Request[*attempt]
 
 // attemptCall is what an attempt's worker (doAttempt) writes: the results
@@ -138,7 +138,7 @@ func (wb *Writeback) submit(batch []*request) {
 				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
 				r.Rearm()
 				wb.runTimed([]*request{r}, false)
-			case r.State() == blk.Done && r.Owner.call != nil && !r.Owner.call.started:
+			case r.State() == blk.Done && !r.Owner.call.started:
 				// No sync_file_range was called (the file was clean,
 				// deferred by max_inflight, or not opened):
 				// the next request of the filesystem probes. (A
@@ -293,15 +293,15 @@ func (wb *Writeback) syncfsIntegrity(integ []*request) {
 // policy.ClassifyErr counts as blocked.
 var ErrAttemptTimeout = fmt.Errorf("writeback call exceeded attempt_timeout: %w", unix.ETIMEDOUT)
 
-// detachAfter is how long the device's goroutine waits on a writeback call
-// that is not integrity work (a whole small file, or a chunk of a big one)
-// before leaving it to finish on its worker. On a slow device a call queues
-// behind the device's backlog (a full request queue, a loop device over
-// slow storage) for as long as that backlog takes to drain; the goroutine
-// does not wait on it: it completes the attempt (a chunk as written, a
-// whole file as still dirty, retried once the call returns) and goes on to
-// other inodes. Integrity calls are waited for: their result is the
-// attempt's (a sync request's answer).
+// detachAfter is how long the device's goroutine waits on an attempt's
+// call that is not integrity work before leaving it to finish on its
+// worker. On a slow device a call queues behind the device's backlog (a
+// full request queue, a loop device over slow storage) for as long as that
+// backlog takes to drain; the goroutine does not wait on it: it completes
+// the attempt as still dirty (retried once the call returns) and goes on
+// to other inodes. Integrity calls are waited for: their result is the
+// attempt's (a sync request's answer). (The kernel's writeback_sb_inodes
+// ends a pass after a time slice of the same 100 ms.)
 const detachAfter = 100 * time.Millisecond
 
 // runTimed runs the requests' system calls on a blk.Queue: each on its own
