@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -272,15 +273,7 @@ func (r *Registry) Devices() []*Writeback {
 	for _, wb := range r.byName {
 		out = append(out, wb)
 	}
-	slices.SortFunc(out, func(a, b *Writeback) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *Writeback) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

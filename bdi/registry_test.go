@@ -24,7 +24,6 @@ func newTestRegistry(t *testing.T, cfg Config, names map[uint64]string) (*Regist
 	r := NewRegistry(Options{
 		Config:     cfg,
 		StatsDir:   dir,
-		StatsEvery: time.Second,
 		Opener:     fs,
 		Thresholds: func() (uint64, uint64, error) { return 300, 100, nil },
 		Resolve: func(dev uint64, path string) (string, error) {
@@ -47,7 +46,7 @@ func newTestRegistry(t *testing.T, cfg Config, names map[uint64]string) (*Regist
 func TestRegistryDevices(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
-		r, fs, _ := newTestRegistry(t, cfg, map[uint64]string{10: "8:0", 11: "btrfs-1", 12: "btrfs-1"})
+		r, fs, _ := newTestRegistry(t, cfg, map[uint64]string{10: "8:0", 11: "btrfs-1", 12: "btrfs-1", 15: "7:3", 16: "9:1"})
 		r.Rescanned(11)
 		r.Rescanned(11)
 		a, err := r.Device(10, "/a")
@@ -78,6 +77,18 @@ func TestRegistryDevices(t *testing.T) {
 		}
 		if strings.Join(names, " ") != "8:0 btrfs-1" {
 			t.Errorf("Devices = %v, want [8:0 btrfs-1]", names)
+		}
+		r.Device(16, "/d")
+		r.Device(15, "/e")
+		names = nil
+		for _, wb := range r.Devices() {
+			names = append(names, wb.Name)
+		}
+		if strings.Join(names, " ") != "7:3 8:0 9:1 btrfs-1" {
+			t.Errorf("Devices = %v, want them sorted by name", names)
+		}
+		if every := a.stats.every; every != time.Second {
+			t.Errorf("stats every %v with StatsEvery unset, want the default 1s", every)
 		}
 		if s := r.Snapshot(a); s.DirtyThresh != 300 || s.BackgroundThresh != 100 || s.BdiDirtyThresh != 300 {
 			t.Errorf("thresholds %d/%d/%d, want 300/100/300", s.DirtyThresh, s.BackgroundThresh, s.BdiDirtyThresh)
@@ -187,6 +198,9 @@ func TestRegistryShutdown(t *testing.T) {
 		}
 		if l := rep.Left["8:16"]; len(l) != 1 || l[0] != "/b/stuck" {
 			t.Errorf("left on 8:16: %v, want [/b/stuck]", l)
+		}
+		if len(rep.GivenUp) != 1 || len(rep.Left) != 1 {
+			t.Errorf("report %+v, want one device in each part", rep)
 		}
 		for _, wb := range r.Devices() {
 			select {
