@@ -51,7 +51,7 @@ func TestCongested(t *testing.T) {
 		{4, true},
 	} {
 		before := wb.throttled
-		if got := wb.congested(self, tc.wbp); got != tc.want {
+		if got := wb.congested(self, tc.wbp, wb.cfg.MaxInflight); got != tc.want {
 			t.Errorf("own writeback %d pages, others 7, bound 10: congested = %v, want %v", tc.wbp, got, tc.want)
 		}
 		counted := wb.throttled - before
@@ -59,8 +59,7 @@ func TestCongested(t *testing.T) {
 			t.Errorf("own writeback %d: throttled counted %d, want %d", tc.wbp, counted, want)
 		}
 	}
-	wb.cfg.MaxInflight = 0
-	if wb.congested(self, 1<<30) {
+	if wb.congested(self, 1<<30, 0) {
 		t.Error("max_inflight 0 (no bound): congested")
 	}
 }
@@ -121,7 +120,7 @@ func TestRanges(t *testing.T) {
 				wb.wbIndex[f.key] = tc.start
 				wb.mu.Unlock()
 			}
-			got, queued, used, merged, err := wb.ranges(h, f.key)
+			got, queued, used, merged, err := wb.ranges(h, f.key, 4*pg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -153,7 +152,7 @@ func TestRangesCachestatError(t *testing.T) {
 		f.dirty[9] = true
 		f.cachestatErrAt = fail
 		h, _ := fs.Open("/f", f.key)
-		wins, _, _, _, err := wb.ranges(h, f.key)
+		wins, _, _, _, err := wb.ranges(h, f.key, 4*pg)
 		if !errors.Is(err, syscall.EIO) || wins != nil {
 			t.Errorf("cachestat call %d failed: windows %v, error %v; want none and EIO", fail, wins, err)
 		}

@@ -108,7 +108,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		return 0
 	}
 	page := int64(os.Getpagesize())
-	if dp := int64(in.DirtyPages) * page; !integrity && dp > wb.cfg.WriteChunk/4 && dp <= wb.cfg.WriteChunk && wb.congested(in, 0) {
+	if dp := int64(in.DirtyPages) * page; !integrity && dp > wb.cfg.WriteChunk/4 && dp <= wb.cfg.WriteChunk && wb.congested(in, 0, wb.cfg.MaxInflight) {
 		// Known to be biggish (its last attempt saw it), and the
 		// device has max_inflight under writeback in other files: it
 		// waits, small files go, and no open is spent on it. (Its own
@@ -120,7 +120,9 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		return 0
 	}
 	att.remaining = 1
-	att.call = &attemptCall{}
+	// The worker takes the tunables it needs now: a reload replaces
+	// wb.cfg while a detached call may still run.
+	att.call = &attemptCall{chunk: wb.cfg.WriteChunk, maxInflight: wb.cfg.MaxInflight}
 	wb.plug.Add(&request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att})
 	return min(max(1, int64(in.DirtyPages)), max(1, wb.cfg.WriteChunk/page))
 }
@@ -140,16 +142,15 @@ func (wb *Writeback) assumeUnderWriteback(att *attempt) {
 type window struct{ Off, Len int64 }
 
 // ranges chooses what to write of a file with dirty pages, more than
-// write_chunk of them (its worker calls it, writeback_chunk_size's side):
+// write_chunk (chunk, in bytes) of them (its worker calls it, writeback_chunk_size's side):
 // write_chunk-sized windows from the inode's writeback index onwards
 // (wrapping at the end, like writeback_index) that cachestat shows dirty,
 // until write_chunk of dirty pages are found. It returns the windows in
 // file order of writing, the dirty pages in them, and whether write_chunk
 // was used up (chunkUsed). Adjacent windows are folded into one; merged
 // counts the folds.
-func (wb *Writeback) ranges(f inode.File, key inode.Key) (wins []window, queued int64, chunkUsed bool, merged uint64, err error) {
+func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []window, queued int64, chunkUsed bool, merged uint64, err error) {
 	page := int64(os.Getpagesize())
-	chunk := wb.cfg.WriteChunk
 	size := f.Size()
 	wb.mu.Lock()
 	start := wb.wbIndex[key]
@@ -228,8 +229,8 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key) (wins []window, queued 
 	return wins, queued, budget <= 0, merged, nil
 }
 
-// congested reports whether the device has writeback.max_inflight bytes
-// or more under writeback: the writeback pages that cachestat last saw in
+// congested reports whether the device has maxInflight bytes
+// (writeback.max_inflight; 0: no bound) or more under writeback: the writeback pages that cachestat last saw in
 // every tracked file, in's own replaced by wbp (just read). It bounds the
 // writeback flusherd puts in flight on one device, as the kernel's blk-wbt
 // bounds in-flight writes, so that a stream of big files cannot fill a
@@ -237,11 +238,11 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key) (wins []window, queued 
 // small file. O(tracked files), only for files with more than
 // write_chunk/4 to write; a deferral is counted in throttled. Safe on a
 // worker.
-func (wb *Writeback) congested(in *inode.Inode, wbp uint64) bool {
-	if wb.cfg.MaxInflight <= 0 {
+func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) bool {
+	if maxInflight <= 0 {
 		return false
 	}
-	limit := uint64(wb.cfg.MaxInflight / int64(os.Getpagesize()))
+	limit := uint64(maxInflight / int64(os.Getpagesize()))
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	sum := wbp

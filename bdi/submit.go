@@ -91,6 +91,9 @@ type attemptCall struct {
 	after      [2]uint64    // and after the write
 	wrote      bool
 	afterKnown bool // after was read (integrity: fdatasync waited)
+	// chunk and maxInflight are write_chunk and max_inflight (bytes) when
+	// the attempt was queued.
+	chunk, maxInflight int64
 	// chunkUsed, merged: see attempt (a file holding more than
 	// write_chunk); deferred: see attempt.deferred.
 	chunkUsed, deferred bool
@@ -479,8 +482,8 @@ func (wb *Writeback) doAttempt(r *request) error {
 			}
 			return wb.closeCall(r, nil)
 		}
-		if !r.Integrity && int64(d)*int64(os.Getpagesize()) > wb.cfg.WriteChunk {
-			if wb.congested(att.in, wbp) {
+		if !r.Integrity && int64(d)*int64(os.Getpagesize()) > w.chunk {
+			if wb.congested(att.in, wbp, w.maxInflight) {
 				// More than write_chunk to write, and the device has
 				// max_inflight under writeback: not now (b_more_io_wait,
 				// with backoff), so that a small file written
@@ -531,7 +534,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 // not wait. The file stays open for complete.
 func (wb *Writeback) writeChunks(r *request) error {
 	w := r.Owner.call
-	wins, _, used, merged, err := wb.ranges(w.f, inode.Key{Dev: r.Dev, Ino: r.Ino})
+	wins, _, used, merged, err := wb.ranges(w.f, inode.Key{Dev: r.Dev, Ino: r.Ino}, w.chunk)
 	if err != nil {
 		return wb.closeCall(r, err)
 	}

@@ -171,3 +171,38 @@ func TestProbeNeedsACall(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadWhileCallDetached: a reload (SetConfig) while an attempt's
+// call is detached and still running does not change what that call
+// writes: the call took its tunables when it was queued (run under -race,
+// where the worker's read of the device's config raced with the reload).
+func TestReloadWhileCallDetached(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 500 * time.Millisecond
+	cfg.WriteChunk = 4 * pg
+	cfg.MaxInflight = 1 << 30
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/big", 1, 10*pg, 10)
+		release := make(chan struct{})
+		first := true
+		f.onOpen = func() {
+			if first {
+				first = false
+				<-release
+			}
+		}
+		h.mark(f, 0)
+		time.Sleep(time.Second) // the open is detached
+		synctest.Wait()
+		big := cfg
+		big.WriteChunk = 64 * pg
+		h.wb.SetConfig(big)
+		synctest.Wait()
+		close(release)
+		synctest.Wait()
+		w := h.fs.callsOf("sync_file_range", "/big")
+		if len(w) == 0 || w[0].n != 4*pg {
+			h.t.Errorf("the detached call wrote %v, want a window of the write_chunk it was queued with (4 pages)", w)
+		}
+	})
+}
