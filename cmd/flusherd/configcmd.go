@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"strings"
 
 	"flusherd/config"
 	"flusherd/watch"
@@ -50,7 +52,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 
 // cmdPrintDefaultConfig prints the built-in defaults as a configuration
 // file that check-config accepts unchanged: its one [[watch]] is /var/log,
-// which every Linux system has.
+// which every Linux system has. Keys whose default follows another key
+// (max_pause, a tree's expire) are printed commented out, so that changing
+// the key they follow changes them too.
 func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 	fset := newFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > flusherd.toml && flusherd check-config flusherd.toml", stderr)
 	if code, stop := parseFlags(fset, args); stop {
@@ -58,10 +62,29 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 	}
 	cfg := config.Default()
 	cfg.Watch = []config.Watch{{Path: "/var/log", Recursive: true, Mode: config.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}
-	fmt.Fprintln(stdout, "# flusherd's built-in defaults, with one [[watch]] entry as an example (the\n# defaults watch nothing): replace it with your trees. Durations need a unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB.")
-	if err := cfg.Encode(stdout); err != nil {
+	fmt.Fprintln(stdout, "# flusherd's built-in defaults, with one [[watch]] entry as an example (the\n# defaults watch nothing): replace it with your trees. Durations need a\n# unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB. Commented keys\n# follow another key unless set.")
+	var buf bytes.Buffer
+	if err := cfg.Encode(&buf); err != nil {
 		fmt.Fprintf(stderr, "flusherd print-default-config: %v\n", err)
 		return exitFailed
+	}
+	follows := map[string]string{
+		"writeback.max_pause": "dirty_writeback_interval",
+		"watch.expire":        "[writeback] dirty_expire_interval",
+	}
+	table := ""
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		switch t := strings.TrimSpace(line); {
+		case strings.HasPrefix(t, "["):
+			table = strings.Trim(t, "[]")
+		case strings.Contains(t, " = "):
+			key, _, _ := strings.Cut(t, " = ")
+			if f, ok := follows[table+"."+key]; ok {
+				fmt.Fprintf(stdout, "# default: as %s\n# %s", f, line)
+				continue
+			}
+		}
+		fmt.Fprint(stdout, line)
 	}
 	return exitOK
 }

@@ -12,7 +12,10 @@ import (
 
 // TestPrintDefaultConfigRoundTrip: print-default-config is accepted
 // unchanged by check-config (its watch is /var/log), which prints the same
-// configuration back.
+// configuration back, with the keys it printed commented out (their
+// default follows another key) set; and in the printed file, changing the
+// kupdate interval and the expiry changes max_pause and the tree's expire
+// with them, as they would without a file.
 func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := Main([]string{"print-default-config"}, &out, &errb); code != exitOK {
@@ -31,9 +34,32 @@ func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 	if code := Main([]string{"check-config", file}, &checked, &errb); code != exitOK {
 		t.Fatalf("check-config of the defaults: exit %d: %s", code, errb.String())
 	}
-	body := text[strings.Index(text, "[writeback]"):]
-	if checked.String() != body {
-		t.Errorf("check-config printed\n%s\nwant\n%s", checked.String(), body)
+	var want strings.Builder
+	for _, line := range strings.SplitAfter(text[strings.Index(text, "[writeback]"):], "\n") {
+		switch {
+		case strings.HasPrefix(line, "# default: as "):
+		case strings.HasPrefix(line, "# "):
+			want.WriteString(strings.TrimPrefix(line, "# "))
+		default:
+			want.WriteString(line)
+		}
+	}
+	if checked.String() != want.String() {
+		t.Errorf("check-config printed\n%s\nwant\n%s", checked.String(), want.String())
+	}
+	kernel := strings.Replace(strings.Replace(text, `dirty_expire_interval = "5s"`, `dirty_expire_interval = "30s"`, 1),
+		`dirty_writeback_interval = "1s"`, `dirty_writeback_interval = "5s"`, 1)
+	if err := os.WriteFile(file, []byte(kernel), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	checked.Reset()
+	if code := Main([]string{"check-config", file}, &checked, &errb); code != exitOK {
+		t.Fatalf("check-config with the kernel's intervals: exit %d: %s", code, errb.String())
+	}
+	for _, line := range []string{`max_pause = "5s"`, `expire = "30s"`} {
+		if !strings.Contains(checked.String(), "\n"+line+"\n") {
+			t.Errorf("the printed defaults with the kernel's intervals give\n%s\nwant %s", checked.String(), line)
+		}
 	}
 }
 

@@ -14,9 +14,10 @@ import (
 
 func cmdDirty(args []string, stdout, stderr io.Writer) int {
 	fset := newFlagSet("dirty", "dirty [--config FILE] [--stats-dir DIR] [--top N] [--json]\n\n"+
-		"The files the running daemon tracks, oldest dirty data first: device, list\n"+
-		"(b_dirty, b_io, b_more_io, b_more_io_wait), dirty and writeback pages (cachestat,\n"+
-		"now), age of the dirty data, attempts since last clean, and the last error.",
+		"The files the running daemon tracks, oldest dirty data first: age of the dirty\n"+
+		"data, device, list (b_dirty, b_io, b_more_io, b_more_io_wait, or failed: data\n"+
+		"lost after a failed writeback), dirty and writeback pages (cachestat, now),\n"+
+		"attempts since last clean, and the last error. --top defaults to 20.",
 		"flusherd dirty --top 10\n  flusherd dirty --json | jq '.[] | select(.list == \"b_more_io_wait\")'", stderr)
 	var c commonFlags
 	c.register(fset)
