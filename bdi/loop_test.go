@@ -93,17 +93,7 @@ func TestStatsDueWakesLoop(t *testing.T) {
 		go wb.Run(ctx)
 		defer func() { cancel(); <-wb.Stopped() }()
 		path := filepath.Join(dir, "bdi", "7:0", "stats")
-		bDirty := func() int {
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return -1
-			}
-			s, err := ParseStats(data, pg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s.BDirty
-		}
+		bDirty := func() int { return statsBDirty(t, path) }
 		synctest.Wait()
 		if n := bDirty(); n != 0 {
 			t.Fatalf("first write, at start: b_dirty %d, want 0", n)

@@ -84,18 +84,7 @@ func TestStatsWriterSchedule(t *testing.T) {
 	wb, fs, now := newIdleWB(t, cfg)
 	wb.stats = NewStatsWriter(dir, "7:0", time.Second, nil, zap.New(core))
 	path := filepath.Join(dir, "bdi", "7:0", "stats")
-	bDirty := func() int {
-		t.Helper()
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return -1
-		}
-		s, err := ParseStats(data, pg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.BDirty
-	}
+	bDirty := func() int { t.Helper(); return statsBDirty(t, path) }
 	wb.writeStats(false)
 	if n := bDirty(); n != 0 {
 		t.Fatalf("first write: b_dirty %d, want 0", n)
@@ -176,4 +165,19 @@ func TestStatsWriterSchedule(t *testing.T) {
 	if n := logs.FilterMessageSnippet("stats file written again").Len(); n != 1 {
 		t.Errorf("%d lines saying the file is written again, want 1", n)
 	}
+}
+
+// statsBDirty returns b_dirty from the stats file at path, -1 when there
+// is none.
+func statsBDirty(t *testing.T, path string) int {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return -1
+	}
+	s, err := ParseStats(data, pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.BDirty
 }
