@@ -33,8 +33,7 @@ type attempt struct {
 	deferred bool
 	// merged counts the write_chunk windows folded into their neighbours
 	// (plug_merges).
-	merged    uint64
-	remaining int // requests not yet finished
+	merged uint64
 	// refs counts holders of f: the attempt itself and each request whose
 	// system call is running; the last to let go closes it.
 	refs atomic.Int32
@@ -119,7 +118,6 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		wb.complete(att)
 		return 0
 	}
-	att.remaining = 1
 	// The worker takes the tunables it needs now: a reload replaces
 	// wb.cfg while a detached call may still run.
 	att.call = &attemptCall{chunk: wb.cfg.WriteChunk, maxInflight: wb.cfg.MaxInflight}

@@ -528,6 +528,22 @@ func TestCheckWritebackOnceClean(t *testing.T) {
 		}, tr.setup)
 	})
 
+	t.Run("written, and clean at once", func(t *testing.T) {
+		var tr tracer
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/fast", 1, pg, 1)
+			f.fastDevice = true
+			f.checkErr = syscall.EIO
+			h.mark(f, 0)
+			time.Sleep(1050 * time.Millisecond)
+			synctest.Wait()
+			recs := outcomes(tr.all())
+			if len(recs) < 1 || recs[0].O != policy.IOError {
+				h.t.Fatalf("attempts %+v, want the first io_error: written, clean right after, and asked", recs)
+			}
+		}, tr.setup)
+	})
+
 	t.Run("known big, found clean or under writeback", func(t *testing.T) {
 		c := cfg
 		c.WriteChunk = 4 * pg

@@ -253,3 +253,47 @@ func TestSyncWaitsForBusyCall(t *testing.T) {
 		}
 	})
 }
+
+// TestWorkPageBudgetBigFile: an attempt on a file holding more than
+// write_chunk counts write_chunk against the work's budget, not its whole
+// dirty count: a 5-page work over two 10-page files with write_chunk 4
+// pages takes both.
+func TestWorkPageBudgetBigFile(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Hour
+	cfg.WriteChunk = 4 * pg
+	withWB(t, cfg, func(h *harness) {
+		a, b := h.fs.add("/a", 1, 10*pg, 10), h.fs.add("/b", 2, 10*pg, 10)
+		h.mark(a, time.Hour)
+		h.mark(b, time.Hour)
+		h.wb.mu.Lock()
+		h.wb.inodes[a.key].DirtyPages, h.wb.inodes[b.key].DirtyPages = 10, 10 // as last seen
+		h.wb.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		w := &Work{NrPages: 5, All: true, Reason: "test"}
+		h.wb.Queue(w)
+		<-w.Done()
+		synctest.Wait()
+		if na, nb := len(h.fs.callsOf("sync_file_range", "/a")), len(h.fs.callsOf("sync_file_range", "/b")); na != 1 || nb != 1 {
+			h.t.Errorf("a 5-page work wrote /a %d times, /b %d times; want 1, 1", na, nb)
+		}
+	})
+}
+
+// TestExactlyWriteChunk: a file whose dirty data is exactly write_chunk is
+// written whole, in one call over the whole file.
+func TestExactlyWriteChunk(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 4 * pg
+	withWB(t, cfg, func(h *harness) {
+		f := h.fs.add("/f", 1, 8*pg, 4)
+		h.mark(f, 0)
+		time.Sleep(1050 * time.Millisecond)
+		synctest.Wait()
+		w := h.fs.callsOf("sync_file_range", "/f")
+		if len(w) != 1 || w[0].off != 0 || w[0].n != 0 {
+			h.t.Errorf("calls %+v, want one over the whole file", w)
+		}
+	})
+}

@@ -82,12 +82,24 @@ func TestStatsWriterSchedule(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	cfg := testConfig()
 	wb, fs, now := newIdleWB(t, cfg)
-	wb.stats = NewStatsWriter(dir, "7:0", time.Second, nil, zap.New(core))
+	thresholdErr := error(nil)
+	wb.stats = NewStatsWriter(dir, "7:0", time.Second, func() (uint64, uint64, error) { return 300, 100, thresholdErr }, zap.New(core))
 	path := filepath.Join(dir, "bdi", "7:0", "stats")
 	bDirty := func() int { t.Helper(); return statsBDirty(t, path) }
 	wb.writeStats(false)
 	if n := bDirty(); n != 0 {
 		t.Fatalf("first write: b_dirty %d, want 0", n)
+	}
+	thresholds := func() (uint64, uint64) {
+		data, _ := os.ReadFile(path)
+		s, err := ParseStats(data, pg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.DirtyThresh, s.BackgroundThresh
+	}
+	if d, b := thresholds(); d != 300 || b != 100 {
+		t.Errorf("thresholds in the file %d, %d; want 300, 100", d, b)
 	}
 	f := fs.add("/a", 1, pg, 1)
 	wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
@@ -126,9 +138,13 @@ func TestStatsWriterSchedule(t *testing.T) {
 	if n := bDirty(); n != -1 {
 		t.Fatal("rewritten with nothing new")
 	}
+	thresholdErr = errors.New("no /proc/vmstat")
 	wb.writeStats(true)
 	if n := bDirty(); n != 2 {
 		t.Fatalf("forced: b_dirty %d, want 2", n)
+	}
+	if d, b := thresholds(); d != 0 || b != 0 {
+		t.Errorf("thresholds that could not be read: %d, %d in the file, want 0, 0", d, b)
 	}
 	// Idle: written at once, within `every`.
 	*now += time.Millisecond

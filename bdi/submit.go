@@ -166,15 +166,12 @@ func (wb *Writeback) submit(batch []*request) {
 			// once the call has returned.
 			wb.assumeUnderWriteback(att)
 		}
-		if r.Err != nil && att.err == nil {
-			att.err = r.Err
-		}
-		att.remaining -= 1 + r.Merged // merged requests of the attempt finish with it
-		if att.remaining == 0 {
-			before := wb.pass.pages
-			wb.complete(att)
-			pages += wb.pass.pages - before
-		}
+		att.err = r.Err
+		// One request per attempt (distinct owners never merge): it
+		// completes the attempt.
+		before := wb.pass.pages
+		wb.complete(att)
+		pages += wb.pass.pages - before
 	}
 	wb.updateBandwidth(pages, time.Since(began))
 }
@@ -419,7 +416,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	if att.stuck == 0 && att.detached == 0 {
 		wb.unbusyLocked(in)
 	}
-	if w := att.call; !r.Integrity && (blk.IsUnsupported(err) || w != nil && !w.started) {
+	if !r.Integrity && (blk.IsUnsupported(err) || !att.call.started) {
 		// A detached first call of a filesystem (the probe) says
 		// sync_file_range does not work there, or made no such call:
 		// probe again. (Any other detached call of a probed
