@@ -57,7 +57,7 @@ type fakeFile struct {
 	// device finished at once).
 	fastDevice bool
 	handle     inode.Handle // its handle for handleFS: "h<n>"
-	checkErr  error        // returned by CheckWriteback
+	checkErr   error        // returned by CheckWriteback
 }
 
 func newFakeFS(now func() time.Duration) *fakeFS {
