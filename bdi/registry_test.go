@@ -230,8 +230,9 @@ func TestDrainPolls(t *testing.T) {
 		if err := h.wb.Drain(ctx, "test"); !errors.Is(err, context.DeadlineExceeded) {
 			h.t.Fatalf("Drain of a file that stays dirty: %v, want the deadline", err)
 		}
-		// Works at 0, 10, 30, 70, 150, 250, ... 950 ms: 14 (13 when
-		// the deadline wins the tie with a retry at 1 s).
+		// Drain's works at 0, 10, 30, 70, 150, 250, ... 950 ms (13);
+		// the device's own b_more_io_wait retry, due at the same
+		// instant as one of them, sometimes runs as a pass of its own.
 		if n := len(h.fs.callsOf("sync_file_range", "/stuck")); n < 13 || n > 14 {
 			h.t.Errorf("%d attempts in 1 s, want 13 or 14", n)
 		}
