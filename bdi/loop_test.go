@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -294,6 +295,55 @@ func TestExactlyWriteChunk(t *testing.T) {
 		w := h.fs.callsOf("sync_file_range", "/f")
 		if len(w) != 1 || w[0].off != 0 || w[0].n != 0 {
 			h.t.Errorf("calls %+v, want one over the whole file", w)
+		}
+	})
+}
+
+// TestTimeSlice: a pass whose plug flushes at max_pending, and so waits
+// for its batches, ends once 100 ms have passed, and the stats file is
+// brought up to date between passes: here 40 files, two per batch, 90 ms
+// a batch, with the stats rewritten at most once a second. By the last
+// file's write the stats file shows the files taken off b_dirty.
+func TestTimeSlice(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.MaxPending = 2
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		epoch := time.Now()
+		now := func() time.Duration { return time.Since(epoch) }
+		fs := newFakeFS(now)
+		wb := New("7:0", cfg, now, fs, nil, NewStatsWriter(dir, "7:0", time.Second, nil, zap.NewNop()))
+		ctx, cancel := context.WithCancel(context.Background())
+		go wb.Run(ctx)
+		defer func() { cancel(); <-wb.Stopped() }()
+		path := filepath.Join(dir, "bdi", "7:0", "stats")
+		seen := -2
+		synctest.Wait()
+		time.Sleep(time.Second)
+		// Marked at 1 s, due at the 2 s tick; the stats file shows them
+		// on b_dirty meanwhile.
+		for i := range 40 {
+			f := fs.add(fmt.Sprintf("/f%02d", i), uint64(i+1), pg, 1)
+			f.onWrite = func() {
+				time.Sleep(90 * time.Millisecond)
+				if i == 39 {
+					seen = statsBDirty(t, path)
+				}
+			}
+			wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: 500 * time.Millisecond})
+		}
+		synctest.Wait()
+		if n := statsBDirty(t, path); n != 40 {
+			t.Fatalf("before the pass: b_dirty %d in the stats file, want 40", n)
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if seen != 0 {
+			t.Errorf("b_dirty in the stats file at the last file's write: %d, want 0 (rewritten during the work)", seen)
+		}
+		if wb.Tracked() != 0 {
+			t.Errorf("%d files still tracked", wb.Tracked())
 		}
 	})
 }

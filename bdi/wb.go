@@ -68,6 +68,10 @@ import (
 	"flusherd/policy"
 )
 
+// timeSlice bounds a pass once something was queued (writeback_sb_inodes
+// stops after HZ/10).
+const timeSlice = 100 * time.Millisecond
+
 // Config holds a device's tunables. Durations are time.Duration
 // (nanoseconds); WriteChunk is in bytes.
 type Config struct {
@@ -576,12 +580,14 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 
 // writebackSBInodes is writeback_sb_inodes: it takes inodes off b_io one by
 // one and queues their writeback in the plug, until b_io is empty, the
-// work's pages are used up, or kupdate work yields to queued work. The
-// kernel also ends the pass after a time slice (HZ/10), because it writes
-// each inode before taking the next; here the calls run on the plug's
-// workers, so a pass only queues, and the plug's max_pending and the
-// workers' detachAfter bound how long the goroutine waits.
+// work's pages are used up, kupdate work yields to queued work, or the time
+// slice has passed after some were queued. The calls run on the plug's
+// workers, but a plug that reaches max_pending flushes within the pass and
+// waits for its batch: on a slow device a pass over thousands of files
+// would otherwise run for many seconds without a stats write between
+// passes.
 func (wb *Writeback) writebackSBInodes(w *Work) {
+	start := wb.now()
 	for {
 		wb.alive()
 		wb.mu.Lock()
@@ -612,6 +618,9 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		if (w.ForKupdate || w.ForBackground) && wb.workQueued() {
 			// Yield to queued work (a sync) as soon as possible;
 			// what is in the plug goes out at Finish.
+			return
+		}
+		if queued > 0 && w.SyncMode == SyncNone && wb.now()-start >= timeSlice {
 			return
 		}
 	}
