@@ -1,6 +1,8 @@
 package bdi
 
 import (
+	"fmt"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -203,6 +205,48 @@ func TestReloadWhileCallDetached(t *testing.T) {
 		w := h.fs.callsOf("sync_file_range", "/big")
 		if len(w) == 0 || w[0].n != 4*pg {
 			h.t.Errorf("the detached call wrote %v, want a window of the write_chunk it was queued with (4 pages)", w)
+		}
+	})
+}
+
+// TestStuckCallsBounded: on a filesystem whose opens all stall, a device
+// starts no more than maxStuckCalls calls; once they return, every file is
+// written.
+func TestStuckCallsBounded(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 500 * time.Millisecond
+	cfg.MaxPause = 200 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		release := make(chan struct{})
+		var inOpen, most atomic.Int32
+		n := maxStuckCalls + 100
+		for i := range n {
+			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), pg, 1)
+			f.onOpen = func() {
+				c := inOpen.Add(1)
+				for m := most.Load(); c > m && !most.CompareAndSwap(m, c); m = most.Load() {
+				}
+				<-release
+				inOpen.Add(-1)
+			}
+			h.mark(f, 0)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if m := most.Load(); m > maxStuckCalls {
+			t.Errorf("%d opens stalled at once, want at most %d", m, maxStuckCalls)
+		}
+		if m := most.Load(); m < maxStuckCalls {
+			t.Errorf("only %d opens started, want %d", m, maxStuckCalls)
+		}
+		if th := h.wb.Snapshot().Throttled; th == 0 {
+			t.Error("the files held back are not counted in throttled")
+		}
+		close(release)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if left := h.wb.Tracked(); left != 0 {
+			t.Errorf("%d files still tracked after the opens returned", left)
 		}
 	})
 }

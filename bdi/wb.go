@@ -72,6 +72,14 @@ import (
 // stops after HZ/10).
 const timeSlice = 100 * time.Millisecond
 
+// maxStuckCalls bounds the calls of one device that run on after its
+// goroutine stopped waiting for them (detached, timed out, closes). Each
+// holds an OS thread while the kernel blocks it (a stalled FUSE server, a
+// frozen filesystem), and the Go runtime ends the process at 10,000
+// threads. While a device has this many, no attempt starts there: its files
+// wait on b_more_io_wait (counted in throttled) until calls return.
+const maxStuckCalls = 1024
+
 // Config holds a device's tunables. Durations are time.Duration
 // (nanoseconds); WriteChunk is in bytes.
 type Config struct {
@@ -599,6 +607,15 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		if in.Has(inode.Busy) || (in.NextRetry > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < in.NextRetry) {
 			// A call for it is still stuck, or it failed with an I/O
 			// error and waits for max_pause: not now.
+			wb.requeueIOWaitLocked(in)
+			wb.mu.Unlock()
+			continue
+		}
+		if wb.stuck+len(wb.offLoop) >= maxStuckCalls {
+			// The device's filesystem holds this many calls already
+			// (stalled): no new one until some return.
+			wb.throttled++
+			wb.pass.throttled++
 			wb.requeueIOWaitLocked(in)
 			wb.mu.Unlock()
 			continue
