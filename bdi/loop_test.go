@@ -320,9 +320,10 @@ func TestTimeSlice(t *testing.T) {
 		path := filepath.Join(dir, "bdi", "7:0", "stats")
 		seen := -2
 		synctest.Wait()
-		time.Sleep(time.Second)
-		// Marked at 1 s, due at the 2 s tick; the stats file shows them
-		// on b_dirty meanwhile.
+		time.Sleep(500 * time.Millisecond)
+		// Marked at 0.5 s (within `every` of the first stats write at
+		// 0), shown on b_dirty by the write at the 1 s tick, due at the
+		// 2 s tick.
 		for i := range 40 {
 			f := fs.add(fmt.Sprintf("/f%02d", i), uint64(i+1), pg, 1)
 			f.onWrite = func() {
@@ -331,8 +332,9 @@ func TestTimeSlice(t *testing.T) {
 					seen = statsBDirty(t, path)
 				}
 			}
-			wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: 500 * time.Millisecond})
+			wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Second})
 		}
+		time.Sleep(600 * time.Millisecond)
 		synctest.Wait()
 		if n := statsBDirty(t, path); n != 40 {
 			t.Fatalf("before the pass: b_dirty %d in the stats file, want 40", n)
