@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/blk"
 	"flusherd/inode"
 	"flusherd/lists"
 	"flusherd/policy"
@@ -268,13 +269,22 @@ func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) b
 // still reports it; file_check_and_advance_wb_err). The kernel marks the
 // pages of a failed writeback clean and drops the data, so without this a
 // file whose asynchronous writeback failed (EIO from the device, an ext4
-// that aborted its journal) would be forgotten as clean. Files that do not
-// offer the check (test fakes) report nil.
+// that aborted its journal) would be forgotten as clean. Where
+// sync_file_range is not supported, fdatasync (nothing dirty, so it writes
+// nothing) reports that error instead. Files that do not offer the check
+// report nil.
 func checkWriteback(f inode.File) error {
-	if c, ok := f.(interface{ CheckWriteback() error }); ok {
-		return c.CheckWriteback()
+	c, ok := f.(interface{ CheckWriteback() error })
+	if !ok {
+		return nil
 	}
-	return nil
+	err := c.CheckWriteback()
+	if blk.IsUnsupported(err) {
+		// No sync_file_range on this filesystem: fdatasync, with
+		// nothing dirty, only reports the unseen error.
+		return f.DataSync()
+	}
+	return err
 }
 
 // complete ends an attempt, as the end of writeback_single_inode does: it

@@ -133,6 +133,9 @@ func (h *fakeHandle) CheckWriteback() error {
 	h.f.fs.mu.Lock()
 	defer h.f.fs.mu.Unlock()
 	h.f.fs.record("check_writeback", h.f.path, 0, 0)
+	if h.f.sfrErr != nil {
+		return h.f.sfrErr // it is sync_file_range(WAIT_BEFORE)
+	}
 	return h.f.checkErr
 }
 

@@ -111,6 +111,9 @@ type attemptCall struct {
 	// probe). A request that found its file clean, deferred it, or could
 	// not open it made no such call and tells nothing.
 	started bool
+	// unsupported: sync_file_range failed as not supported (EINVAL,
+	// ESPIPE, EOPNOTSUPP) outside the probe (which was detached).
+	unsupported bool
 }
 
 // submit is the plug's Submit: it learns once per filesystem whether
@@ -139,6 +142,7 @@ func (wb *Writeback) submit(batch []*request) {
 			case blk.IsUnsupported(r.Err):
 				wb.fallback[r.Dev] = true
 				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
+				r.Owner.call.unsupported = false
 				r.Rearm()
 				wb.runTimed([]*request{r}, false)
 			case r.State() == blk.Done && !r.Owner.call.started:
@@ -158,6 +162,17 @@ func (wb *Writeback) submit(batch []*request) {
 	for _, r := range batch {
 		att := r.Owner
 		switch st := r.State(); {
+		case st == blk.Done && att.call.unsupported:
+			// The filesystem's probe was left to its worker, and this
+			// request found sync_file_range unsupported: fdatasync
+			// from now on, and the file is tried again (not an I/O
+			// error of its own).
+			if !wb.fallback[r.Dev] {
+				wb.fallback[r.Dev] = true
+				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
+			}
+			r.Err = nil
+			wb.assumeUnderWriteback(att)
 		case st == blk.Done && r.Err == nil:
 			adoptCall(r)
 		case st == blk.Detached:
@@ -518,6 +533,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 	}
 	w.started = true
 	if err := w.f.StartWriteback(0, 0); err != nil {
+		w.unsupported = blk.IsUnsupported(err)
 		return wb.closeCall(r, err)
 	}
 	// The file stays open: complete looks at it once the whole batch is
@@ -539,6 +555,7 @@ func (wb *Writeback) writeChunks(r *request) error {
 	w.started = true
 	for _, win := range wins {
 		if err := w.f.StartWriteback(win.Off, win.Len); err != nil {
+			w.unsupported = blk.IsUnsupported(err)
 			return wb.closeCall(r, err)
 		}
 	}

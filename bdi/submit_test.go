@@ -8,6 +8,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"flusherd/policy"
+
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -249,4 +251,56 @@ func TestStuckCallsBounded(t *testing.T) {
 			t.Errorf("%d files still tracked after the opens returned", left)
 		}
 	})
+}
+
+// TestUnsupportedOutsideTheProbe: on a filesystem without sync_file_range
+// whose probe call is left to its worker (a slow first file), the other
+// requests of the batch that fail with EINVAL switch the filesystem to
+// fdatasync and are retried: no file counts an I/O error, none is
+// reported lost, and a file already clean is forgotten (its check uses
+// fdatasync there).
+func TestUnsupportedOutsideTheProbe(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 500 * time.Millisecond
+	cfg.MaxPause = 200 * time.Millisecond
+	var tr tracer
+	withWB(t, cfg, func(h *harness) {
+		slow := h.fs.add("/slow", 1, pg, 1)
+		slow.sfrErr = syscall.EINVAL
+		release := make(chan struct{})
+		first := true
+		slow.onOpen = func() {
+			if first {
+				first = false
+				<-release
+			}
+		}
+		h.mark(slow, 0)
+		time.Sleep(700 * time.Millisecond) // the probe is detached
+		synctest.Wait()
+		for i := range 5 {
+			f := h.fs.add(fmt.Sprintf("/s%d", i), uint64(i+2), pg, 1)
+			f.sfrErr = syscall.EINVAL
+			h.mark(f, 0)
+		}
+		clean := h.fs.add("/clean", 10, pg, 0)
+		clean.sfrErr = syscall.EINVAL
+		h.mark(clean, 0)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		close(release)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		for _, r := range tr.all() {
+			if r.O == policy.IOError || r.D == policy.Failed {
+				t.Errorf("attempt %+v: an unsupported sync_file_range counted as the file's error", r)
+			}
+		}
+		if left := h.wb.Tracked(); left != 0 {
+			t.Errorf("still tracked: %v", h.lists())
+		}
+		if s := h.wb.Snapshot(); s.FailedFiles != 0 || s.WritebackErrors != 0 {
+			t.Errorf("failed_files %d, writeback_errors %d; want 0, 0", s.FailedFiles, s.WritebackErrors)
+		}
+	}, tr.setup)
 }
