@@ -111,6 +111,9 @@ type attemptCall struct {
 	// probe). A request that found its file clean, deferred it, or could
 	// not open it made no such call and tells nothing.
 	started bool
+	// queued is the dirty pages the call started writing back: the
+	// whole file's, or those in its windows.
+	queued uint64
 	// unsupported: sync_file_range failed as not supported (EINVAL,
 	// ESPIPE, EOPNOTSUPP) outside the probe (which was detached).
 	unsupported bool
@@ -427,6 +430,13 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		}
 	}
 	took, overran := wb.returnedLocked(r.Tag)
+	if w := att.call; err == nil && w.wrote && !w.afterKnown {
+		// Its attempt was completed without it (as still dirty): the
+		// pages it started writing back count in BdiWritten now. (An
+		// fdatasync's afterKnown call is integrity work, never
+		// detached.)
+		wb.written += w.queued
+	}
 	att.detached--
 	if att.stuck == 0 && att.detached == 0 {
 		wb.unbusyLocked(in)
@@ -531,7 +541,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 		}
 		return wb.closeCall(r, err)
 	}
-	w.started = true
+	w.started, w.queued = true, w.before[0]
 	if err := w.f.StartWriteback(0, 0); err != nil {
 		w.unsupported = blk.IsUnsupported(err)
 		return wb.closeCall(r, err)
@@ -547,11 +557,11 @@ func (wb *Writeback) doAttempt(r *request) error {
 // not wait. The file stays open for complete.
 func (wb *Writeback) writeChunks(r *request) error {
 	w := r.Owner.call
-	wins, _, used, merged, err := wb.ranges(w.f, inode.Key{Dev: r.Dev, Ino: r.Ino}, w.chunk)
+	wins, queued, used, merged, err := wb.ranges(w.f, inode.Key{Dev: r.Dev, Ino: r.Ino}, w.chunk)
 	if err != nil {
 		return wb.closeCall(r, err)
 	}
-	w.chunkUsed, w.merged = used, merged
+	w.chunkUsed, w.merged, w.queued = used, merged, uint64(queued)
 	w.started = true
 	for _, win := range wins {
 		if err := w.f.StartWriteback(win.Off, win.Len); err != nil {

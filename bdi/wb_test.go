@@ -982,6 +982,12 @@ func TestDetachedCall(t *testing.T) {
 				if c.err == nil && errs != 0 {
 					t.Errorf("writeback_errors = %d with no error", errs)
 				}
+				// Every page counted once in BdiWritten, those of the
+				// detached call too (when it returns): /slow's and
+				// /ok's one.
+				if w := h.wb.Snapshot().BdiWritten; c.err == nil && w != uint64(c.dirtyPages)+1 {
+					t.Errorf("BdiWritten = %d pages, want %d", w, c.dirtyPages+1)
+				}
 			})
 		})
 	}
