@@ -121,7 +121,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	// The worker takes the tunables it needs now: a reload replaces
 	// wb.cfg while a detached call may still run.
-	att.call = &attemptCall{chunk: wb.cfg.WriteChunk, maxInflight: wb.cfg.MaxInflight}
+	att.call = &attemptCall{chunk: wb.cfg.WriteChunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.fallback[key.Dev]}
 	wb.plug.Add(&request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att})
 	return min(max(1, int64(in.DirtyPages)), max(1, wb.cfg.WriteChunk/page))
 }

@@ -92,8 +92,11 @@ type attemptCall struct {
 	wrote      bool
 	afterKnown bool // after was read (integrity: fdatasync waited)
 	// chunk and maxInflight are write_chunk and max_inflight (bytes) when
-	// the attempt was queued.
+	// the attempt was queued, and fallback whether its filesystem was
+	// known then to lack sync_file_range (fdatasync instead): wb.fallback
+	// is the device goroutine's, and a detached worker runs on.
 	chunk, maxInflight int64
+	fallback           bool
 	// chunkUsed, merged: see attempt (a file holding more than
 	// write_chunk); deferred: see attempt.deferred.
 	chunkUsed, deferred bool
@@ -145,7 +148,7 @@ func (wb *Writeback) submit(batch []*request) {
 			case blk.IsUnsupported(r.Err):
 				wb.fallback[r.Dev] = true
 				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
-				r.Owner.call.unsupported = false
+				r.Owner.call.unsupported, r.Owner.call.fallback = false, true
 				r.Rearm()
 				wb.runTimed([]*request{r}, false)
 			case r.State() == blk.Done && !r.Owner.call.started:
@@ -157,6 +160,8 @@ func (wb *Writeback) submit(batch []*request) {
 			}
 			continue
 		}
+		// What the probe found holds for the rest of the batch.
+		r.Owner.call.fallback = wb.fallback[r.Dev]
 		rest = append(rest, r)
 	}
 	rest = wb.startIntegrity(rest)
@@ -451,7 +456,9 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		}
 		wb.reprobe[r.Dev] = true
 	}
-	if err != nil && wb.inodes[in.Key] == in {
+	if err != nil && !att.call.unsupported && wb.inodes[in.Key] == in {
+		// (An unsupported sync_file_range is the filesystem's, not
+		// the file's: the probe again, and the file is retried.)
 		if wb.lateErr == nil {
 			wb.lateErr = map[inode.Key]error{}
 		}
@@ -478,9 +485,10 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 // the whole file when its dirty data fits in write_chunk (or for
 // integrity, with fdatasync, or where sync_file_range is not supported),
 // else at most write_chunk of it in windows (writeChunks), unless the
-// device has max_inflight under writeback (deferred). It reads wb.fallback,
-// which only the writeback goroutine writes, before any request of a batch
-// starts. A file that was written stays open for complete's cachestat,
+// device has max_inflight under writeback (deferred). It reads no state of
+// the device's goroutine: the tunables and whether to use fdatasync were
+// taken into its attemptCall, since a detached call outlives its batch. A
+// file that was written stays open for complete's cachestat,
 // except after fdatasync, which waited: its state after is read here. The
 // first phase of a two-phase integrity request only opens and starts
 // writeback, and leaves the file open for the second.
@@ -513,7 +521,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 				w.deferred = true
 				return wb.closeCall(r, nil)
 			}
-			if !wb.fallback[r.Dev] {
+			if !w.fallback {
 				return wb.writeChunks(r)
 			}
 		}
@@ -521,7 +529,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 	switch {
 	case w.startOnly:
 		return w.f.StartWriteback(0, 0) // the file stays open for the fdatasync
-	case r.Integrity || wb.fallback[r.Dev]:
+	case r.Integrity || w.fallback:
 		if !w.synced {
 			if err := w.f.DataSync(); err != nil {
 				return wb.closeCall(r, err)
