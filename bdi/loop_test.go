@@ -142,26 +142,39 @@ func TestStatsDueWakesLoop(t *testing.T) {
 }
 
 // TestWorkPageBudget: a work ends once it has queued its NrPages, even
-// with more inodes on b_io.
+// with more inodes on b_io; an attempt counts the inode's last known dirty
+// pages against it, at most write_chunk: a 16-page work over two 16-page
+// files takes one, a 5-page work over two 10-page files with write_chunk 4
+// pages takes both.
 func TestWorkPageBudget(t *testing.T) {
-	cfg := testConfig()
-	cfg.DirtyWritebackInterval = time.Hour
-	withWB(t, cfg, func(h *harness) {
-		a, b := h.fs.add("/a", 1, 16*pg, 16), h.fs.add("/b", 2, 16*pg, 16)
-		h.mark(a, time.Hour)
-		h.mark(b, time.Hour)
-		h.wb.mu.Lock()
-		h.wb.inodes[a.key].DirtyPages, h.wb.inodes[b.key].DirtyPages = 16, 16 // as last seen
-		h.wb.mu.Unlock()
-		time.Sleep(time.Millisecond)
-		w := &Work{NrPages: 16, All: true, Reason: "test"}
-		h.wb.Queue(w)
-		<-w.Done()
-		synctest.Wait()
-		if na, nb := len(h.fs.callsOf("sync_file_range", "/a")), len(h.fs.callsOf("sync_file_range", "/b")); na != 1 || nb != 0 {
-			h.t.Errorf("a 16-page work over two 16-page files wrote /a %d times, /b %d times; want 1, 0", na, nb)
-		}
-	})
+	for _, c := range []struct {
+		pages, chunk, budget int64
+		wantB                int
+	}{
+		{16, 4 << 20, 16, 0},
+		{10, 4 * pg, 5, 1},
+	} {
+		cfg := testConfig()
+		cfg.DirtyWritebackInterval = time.Hour
+		cfg.WriteChunk = c.chunk
+		withWB(t, cfg, func(h *harness) {
+			a, b := h.fs.add("/a", 1, c.pages*pg, int(c.pages)), h.fs.add("/b", 2, c.pages*pg, int(c.pages))
+			h.mark(a, time.Hour)
+			h.mark(b, time.Hour)
+			h.wb.mu.Lock()
+			h.wb.inodes[a.key].DirtyPages, h.wb.inodes[b.key].DirtyPages = uint32(c.pages), uint32(c.pages) // as last seen
+			h.wb.mu.Unlock()
+			time.Sleep(time.Millisecond)
+			w := &Work{NrPages: c.budget, All: true, Reason: "test"}
+			h.wb.Queue(w)
+			<-w.Done()
+			synctest.Wait()
+			if na, nb := len(h.fs.callsOf("sync_file_range", "/a")), len(h.fs.callsOf("sync_file_range", "/b")); na != 1 || nb != c.wantB {
+				h.t.Errorf("a %d-page work over two %d-page files (write_chunk %d B) wrote /a %d times, /b %d times; want 1, %d",
+					c.budget, c.pages, c.chunk, na, nb, c.wantB)
+			}
+		})
+	}
 }
 
 // TestBusyLoopWarning: a pass that makes no progress while b_more_io is
@@ -251,32 +264,6 @@ func TestSyncWaitsForBusyCall(t *testing.T) {
 		}
 		if n := len(h.fs.callsOf("fdatasync", "/slow")); n != 1 {
 			h.t.Errorf("%d fdatasyncs by the sync, want 1", n)
-		}
-	})
-}
-
-// TestWorkPageBudgetBigFile: an attempt on a file holding more than
-// write_chunk counts write_chunk against the work's budget, not its whole
-// dirty count: a 5-page work over two 10-page files with write_chunk 4
-// pages takes both.
-func TestWorkPageBudgetBigFile(t *testing.T) {
-	cfg := testConfig()
-	cfg.DirtyWritebackInterval = time.Hour
-	cfg.WriteChunk = 4 * pg
-	withWB(t, cfg, func(h *harness) {
-		a, b := h.fs.add("/a", 1, 10*pg, 10), h.fs.add("/b", 2, 10*pg, 10)
-		h.mark(a, time.Hour)
-		h.mark(b, time.Hour)
-		h.wb.mu.Lock()
-		h.wb.inodes[a.key].DirtyPages, h.wb.inodes[b.key].DirtyPages = 10, 10 // as last seen
-		h.wb.mu.Unlock()
-		time.Sleep(time.Millisecond)
-		w := &Work{NrPages: 5, All: true, Reason: "test"}
-		h.wb.Queue(w)
-		<-w.Done()
-		synctest.Wait()
-		if na, nb := len(h.fs.callsOf("sync_file_range", "/a")), len(h.fs.callsOf("sync_file_range", "/b")); na != 1 || nb != 1 {
-			h.t.Errorf("a 5-page work wrote /a %d times, /b %d times; want 1, 1", na, nb)
 		}
 	})
 }
