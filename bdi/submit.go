@@ -146,8 +146,7 @@ func (wb *Writeback) submit(batch []*request) {
 			wb.runTimed([]*request{r}, true)
 			switch {
 			case blk.IsUnsupported(r.Err):
-				wb.fallback[r.Dev] = true
-				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
+				wb.useFdatasync(r.Dev, r.Err)
 				r.Owner.call.unsupported, r.Owner.call.fallback = false, true
 				r.Rearm()
 				wb.runTimed([]*request{r}, false)
@@ -175,10 +174,7 @@ func (wb *Writeback) submit(batch []*request) {
 			// request found sync_file_range unsupported: fdatasync
 			// from now on, and the file is tried again (not an I/O
 			// error of its own).
-			if !wb.fallback[r.Dev] {
-				wb.fallback[r.Dev] = true
-				wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", r.Dev), zap.Error(r.Err))
-			}
+			wb.useFdatasync(r.Dev, r.Err)
 			r.Err = nil
 			wb.assumeUnderWriteback(att)
 		case st == blk.Done && r.Err == nil:
@@ -197,6 +193,18 @@ func (wb *Writeback) submit(batch []*request) {
 		pages += wb.pass.pages - before
 	}
 	wb.updateBandwidth(pages, time.Since(began))
+}
+
+// useFdatasync records that filesystem dev does not support
+// sync_file_range (err said so): its start-writeback requests use
+// fdatasync from now on. Logged once per filesystem. Called on the
+// device's goroutine.
+func (wb *Writeback) useFdatasync(dev uint64, err error) {
+	if wb.fallback[dev] {
+		return
+	}
+	wb.fallback[dev] = true
+	wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", dev), zap.Error(err))
 }
 
 // bandwidthInterval is the shortest period the write bandwidth is measured

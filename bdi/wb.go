@@ -613,9 +613,10 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		}
 		if wb.stuck+len(wb.offLoop) >= maxStuckCalls {
 			// The device's filesystem holds this many calls already
-			// (stalled): no new one until some return.
+			// (stalled): no new one until some return. (Not a
+			// max_inflight deferral: the wait follows the backoff,
+			// and a returning call retries b_more_io_wait at once.)
 			wb.throttled++
-			wb.pass.throttled++
 			wb.requeueIOWaitLocked(in)
 			wb.mu.Unlock()
 			continue

@@ -99,9 +99,8 @@ func (wb *Writeback) syncFiles(w *Work) {
 			continue
 		}
 		first[f.Key] = i
-		h := wb.handleFor(f.Key, f.Path, "")
 		now := wb.now()
-		wb.mu.Lock()
+		h := wb.lockWithHandle(f.Key, f.Path, "")
 		if in := wb.inodes[f.Key]; in != nil && wb.failedLocked(in) {
 			// A sync is not a new write: its data stays lost.
 			w.Errs[i] = fmt.Errorf("%w: the data was dropped after a failed writeback", errnoError(in.LastErr))
