@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"flusherd/inode"
+	"flusherd/lists"
 )
 
 // newIdleWB returns a device's Writeback over a fakeFS whose goroutine is
@@ -159,36 +160,90 @@ func TestRangesCachestatError(t *testing.T) {
 	}
 }
 
-// TestUpdateBandwidth: batches add up until a period of bandwidthInterval
-// has passed; its rate becomes the bandwidth, and later periods are
-// averaged in with weight 1/4 (wb_update_write_bandwidth's smoothing).
+// TestWriteBandwidth pins wb_update_write_bandwidth's arithmetic: the
+// first figure is taken as it is; later ones are folded in with weight
+// elapsed/period; avg_write_bandwidth follows write_bandwidth by 1/8 of
+// the gap, only when both moved the same way; a period of over 4.096 s
+// replaces both.
+func TestWriteBandwidth(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		old, avg, written uint64
+		elapsed           time.Duration
+		wantBw, wantAvg   uint64
+	}{
+		// 2,048,000 bytes in 1 s: 2000 kB/s.
+		{"first figure", 0, 0, 2048000, time.Second, 2000, 2000},
+		// (4000*1024 ms + 2000*3072 ms) / 4096 ms = 2500; avg < old
+		// <= bw: avg += (old-avg)/8 = 1000 + 125.
+		{"rising", 2000, 1000, 4194304, 1024 * time.Millisecond, 2500, 1125},
+		// (0*1024 + 2000*3072)/4096 = 1500; avg > old >= bw: avg -=
+		// (avg-old)/8 = 3000 - 125.
+		{"falling", 2000, 3000, 0, 1024 * time.Millisecond, 1500, 2875},
+		// bw falls but avg is below old: avg stays.
+		{"avg not chasing", 2000, 1000, 0, 1024 * time.Millisecond, 1500, 1000},
+		{"over a period", 2000, 1000, 1024000 * 5, 5 * time.Second, 1000, 1000},
+	} {
+		bw, avg := writeBandwidth(tc.old, tc.avg, tc.written, tc.elapsed)
+		if bw != tc.wantBw || avg != tc.wantAvg {
+			t.Errorf("%s: writeBandwidth(%d, %d, %d, %v) = %d, %d; want %d, %d", tc.name, tc.old, tc.avg, tc.written, tc.elapsed, bw, avg, tc.wantBw, tc.wantAvg)
+		}
+	}
+}
+
+// TestUpdateBandwidth: the estimator reads the device's completed writes
+// (diskWritten) at least bandwidthInterval apart while the device has dirty
+// io; the first look and a look after an idle second only take a stamp;
+// a bdi without block statistics falls back to flusherd's own written
+// pages.
 func TestUpdateBandwidth(t *testing.T) {
-	wb, _, _ := newIdleWB(t, testConfig())
-	bw := func() uint64 {
+	wb, _, now := newIdleWB(t, testConfig())
+	var disk uint64
+	wb.diskWritten = func() (uint64, error) { return disk, nil }
+	wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: 1}, "/f", "", Tree{Expire: time.Hour}) // dirty io
+	bw := func() (uint64, uint64) {
 		wb.mu.Lock()
 		defer wb.mu.Unlock()
-		return wb.bandwidth
+		return wb.bandwidth, wb.avgBandwidth
 	}
-	wb.updateBandwidth(0, time.Second) // nothing written: not a period
-	if wb.bwTime != 0 {
-		t.Fatalf("an empty batch counted %v", wb.bwTime)
+	wb.updateBandwidth(*now) // stamp
+	disk += 1 << 20
+	*now += 100 * time.Millisecond
+	wb.updateBandwidth(*now)
+	if b, _ := bw(); b != 0 {
+		t.Fatalf("within bandwidthInterval: %d kB/s, want 0", b)
 	}
-	wb.updateBandwidth(50, 100*time.Millisecond)
-	if b := bw(); b != 0 || wb.bwPages != 50 {
-		t.Fatalf("after half a period: bandwidth %d, pages %d; want 0, 50", b, wb.bwPages)
+	// 2 MiB in 200 ms since the stamp: 10240 kB/s.
+	disk += 1 << 20
+	*now += 100 * time.Millisecond
+	wb.updateBandwidth(*now)
+	if b, a := bw(); b != 10240 || a != 10240 {
+		t.Fatalf("first period: %d, %d kB/s; want 10240, 10240", b, a)
 	}
-	// 100 pages of 4 KiB in 200 ms: 2000 kB/s.
-	wb.updateBandwidth(50, 100*time.Millisecond)
-	if b := bw(); b != 2000 {
-		t.Fatalf("first period: %d kB/s, want 2000", b)
+	// Idle for 3 s with nothing dirty: a new stamp, the figure kept.
+	wb.mu.Lock()
+	in := wb.inodes[inode.Key{Dev: 7, Ino: 1}]
+	lists.Remove(in)
+	delete(wb.inodes, in.Key)
+	wb.mu.Unlock()
+	*now += 3 * time.Second
+	disk += 100 << 20
+	wb.updateBandwidth(*now)
+	if b, _ := bw(); b != 10240 {
+		t.Fatalf("after an idle spell: %d kB/s, want 10240 kept", b)
 	}
-	if wb.bwPages != 0 || wb.bwTime != 0 {
-		t.Fatalf("period not reset: %d pages, %v", wb.bwPages, wb.bwTime)
-	}
-	// 250 pages in 1 s: 1000 kB/s, averaged in: (3*2000 + 1000) / 4.
-	wb.updateBandwidth(250, time.Second)
-	if b := bw(); b != 1750 {
-		t.Fatalf("second period: %d kB/s, want 1750", b)
+	// No block statistics: flusherd's written pages (1000 pages of 4 KiB
+	// in 400 ms: 10000 kB/s, folded in with weight 400/4096).
+	wb.diskWritten = func() (uint64, error) { return 0, os.ErrNotExist }
+	wb.updateBandwidth(*now) // falls back, takes a stamp
+	wb.mu.Lock()
+	wb.written += 1000
+	wb.mu.Unlock()
+	*now += 400 * time.Millisecond
+	wb.updateBandwidth(*now)
+	want, _ := writeBandwidth(10240, 10240, 1000*pg, 400*time.Millisecond)
+	if b, _ := bw(); b != want || wb.diskWritten != nil {
+		t.Fatalf("flusherd's own pages: %d kB/s, want %d (diskWritten dropped: %v)", b, want, wb.diskWritten == nil)
 	}
 }
 

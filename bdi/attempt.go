@@ -108,7 +108,8 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		return 0
 	}
 	page := int64(os.Getpagesize())
-	if dp := int64(in.DirtyPages) * page; !integrity && dp > wb.cfg.WriteChunk/4 && dp <= wb.cfg.WriteChunk && wb.congested(in, 0, wb.cfg.MaxInflight) {
+	chunk := wb.writeChunk()
+	if dp := int64(in.DirtyPages) * page; !integrity && dp > chunk/4 && dp <= chunk && wb.congested(in, 0, wb.cfg.MaxInflight) {
 		// Known to be biggish (its last attempt saw it), and the
 		// device has max_inflight under writeback in other files: it
 		// waits, small files go, and no open is spent on it. (Its own
@@ -121,9 +122,9 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	// The worker takes the tunables it needs now: a reload replaces
 	// wb.cfg while a detached call may still run.
-	att.call = &attemptCall{chunk: wb.cfg.WriteChunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.fallback[key.Dev]}
+	att.call = &attemptCall{chunk: chunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.fallback[key.Dev]}
 	wb.plug.Add(&request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att})
-	return min(max(1, int64(in.DirtyPages)), max(1, wb.cfg.WriteChunk/page))
+	return min(max(1, int64(in.DirtyPages)), max(1, chunk/page))
 }
 
 // assumeUnderWriteback gives an attempt that did not learn the file's state
@@ -293,15 +294,21 @@ func checkWriteback(f inode.File) error {
 func (wb *Writeback) complete(att *attempt) {
 	var dirty, wbp uint64
 	err := att.err
+	known := true
 	switch {
 	case att.afterKnown:
 		dirty, wbp = att.dirtyAfter, att.wbAfter
 	case att.f != nil && err == nil && att.wrote:
 		dirty, wbp, err = att.f.Cachestat(0, 0)
+		known = err == nil
 		if err == nil && dirty == 0 && wbp == 0 {
 			// Its writeback ended: did it succeed?
 			err = checkWriteback(att.f)
 		}
+	default:
+		// Failed before its state was read (an open, a cachestat):
+		// the last known counts stand.
+		known = false
 	}
 	att.release()
 	now := wb.now()
@@ -345,7 +352,14 @@ func (wb *Writeback) complete(att *attempt) {
 		wb.pass.pages += n
 		wb.written += n
 	}
-	in.DirtyPages, in.WritebackPages = uint32(min(dirty, math.MaxUint32)), uint32(min(wbp, math.MaxUint32))
+	if att.dirtyBefore != 0 || att.wbBefore != 0 {
+		// What its worker saw before writing: the growth since it was
+		// last looked at counts in BdiDirtied.
+		wb.setPagesLocked(in, att.dirtyBefore, att.wbBefore)
+	}
+	if known {
+		wb.setPagesLocked(in, dirty, wbp)
+	}
 	in.Retries = satInc(in.Retries)
 	newErr := false
 	if err != nil && o != policy.Gone {
@@ -478,11 +492,7 @@ func (wb *Writeback) requeueInodeLocked(in *inode.Inode, dest policy.Dest, now t
 // +checklocks:wb.mu
 func (wb *Writeback) forgetLocked(in *inode.Inode, gone bool) {
 	lists.Remove(in)
-	delete(wb.inodes, in.Key)
-	delete(wb.wbIndex, in.Key)
-	delete(wb.lateErr, in.Key)
-	wb.bDirty.unref(in.Class)
-	in.State = 0
+	wb.dropInodeLocked(in)
 	wb.pass.cleaned++
 	if gone {
 		wb.gone++

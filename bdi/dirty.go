@@ -125,3 +125,30 @@ func (d *dirtyList) moveExpired(dst *lists.List[*inode.Inode], now time.Duration
 		moved++
 	}
 }
+
+// moveOldest moves inodes from b_dirty to the tail of dst, oldest
+// dirtiedWhen first, whatever their age, until their dirty pages as last
+// seen (at least one each) reach budget: background work's share of
+// b_dirty (it takes what brings the device under its threshold, and
+// leaves the rest where kupdate finds it). It returns the number moved.
+func (d *dirtyList) moveOldest(dst *lists.List[*inode.Inode], budget int64) int {
+	moved := 0
+	for budget > 0 {
+		best := -1
+		var bestWhen time.Duration
+		for i := range d.classes {
+			in := d.classes[i].list.Front()
+			if in != nil && (best < 0 || in.DirtiedWhen < bestWhen) {
+				best, bestWhen = i, in.DirtiedWhen
+			}
+		}
+		if best < 0 {
+			return moved
+		}
+		in := d.classes[best].list.Front()
+		budget -= max(1, int64(in.DirtyPages))
+		dst.MoveToBack(in)
+		moved++
+	}
+	return moved
+}

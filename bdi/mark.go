@@ -110,6 +110,9 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 		in.DirtiedWhen = now
 		wb.bDirty.pushBack(in)
 	}
+	if wb.touchLocked(in) {
+		wasIdle = true // the goroutine schedules the background check
+	}
 	wb.gen++
 	return wasIdle
 }
@@ -130,10 +133,7 @@ func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
 func (wb *Writeback) forgetFailedLocked(in *inode.Inode) {
 	lists.Remove(in)
 	wb.nfailed--
-	delete(wb.inodes, in.Key)
-	delete(wb.wbIndex, in.Key)
-	wb.bDirty.unref(in.Class)
-	in.State = 0
+	wb.dropInodeLocked(in)
 }
 
 // failedLocked reports whether in is on bFailed. Preconditions: wb.mu held.
@@ -248,7 +248,7 @@ func (wb *Writeback) MaxDirtyAge() time.Duration {
 func (wb *Writeback) DropUnder(root string) int {
 	n := 0
 	wb.mu.Lock()
-	for k, in := range wb.inodes {
+	for _, in := range wb.inodes {
 		if !in.InDir(root) {
 			continue
 		}
@@ -261,11 +261,7 @@ func (wb *Writeback) DropUnder(root string) int {
 			wb.nfailed--
 		}
 		lists.Remove(in)
-		delete(wb.inodes, k)
-		delete(wb.wbIndex, k)
-		delete(wb.lateErr, k)
-		wb.bDirty.unref(in.Class)
-		in.State = 0
+		wb.dropInodeLocked(in)
 		wb.gone++
 	}
 	wb.gen++

@@ -31,8 +31,15 @@ type Options struct {
 	// Thresholds returns nr_dirty_threshold and
 	// nr_dirty_background_threshold in pages; may be nil.
 	Thresholds func() (dirty, background uint64, err error)
-	Opener     inode.Opener
-	Log        *zap.Logger
+	// NrDirty returns /proc/vmstat nr_dirty (pages), read by devices with
+	// a background threshold; may be nil (then unknown: every freshly
+	// written file is looked at).
+	NrDirty func() (uint64, error)
+	// DiskWritten returns the bytes block device name has completed
+	// writing (sysfs.FS.DiskWritten), for the write bandwidth; may be nil.
+	DiskWritten func(name string) (uint64, error)
+	Opener      inode.Opener
+	Log         *zap.Logger
 	// BeforePass, if set, becomes each new device's BeforePass (a test
 	// hook).
 	BeforePass func()
@@ -120,6 +127,10 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		wb = New(name, r.opt.Config, r.Now, r.opt.Opener, r.opt.Log, sw)
 		wb.errs = r.opt.Errs
 		wb.BeforePass = r.opt.BeforePass
+		wb.thresholds, wb.vmDirty = r.opt.Thresholds, r.opt.NrDirty
+		if dw := r.opt.DiskWritten; dw != nil {
+			wb.diskWritten = func() (uint64, error) { return dw(name) }
+		}
 		r.byName[name] = wb
 		ctx, cancel := context.WithCancel(r.ctx)
 		r.cancel[name] = cancel

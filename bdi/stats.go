@@ -22,14 +22,14 @@ import (
 // /sys/kernel/debug/bdi/<dev>/stats (mm/backing-dev.c bdi_debug_stats_show)
 // followed by flusherd's own. Page counts are in pages; Format prints kB.
 type Stats struct {
-	BdiWriteback      uint64 // pages under writeback in tracked inodes, as last seen by cachestat
-	BdiReclaimable    uint64 // dirty pages in tracked inodes, as last seen by cachestat
+	BdiWriteback      uint64 // pages under writeback in tracked inodes, as last seen by cachestat (at attempts and background checks)
+	BdiReclaimable    uint64 // dirty pages in tracked inodes, as last seen by cachestat (at attempts and background checks)
 	BdiDirtyThresh    uint64 // pages; no per-bdi share in user space: DirtyThresh
 	DirtyThresh       uint64 // pages, /proc/vmstat nr_dirty_threshold
 	BackgroundThresh  uint64 // pages, /proc/vmstat nr_dirty_background_threshold
-	BdiDirtied        uint64 // pages: BdiWritten plus BdiReclaimable
-	BdiWritten        uint64 // pages written back by flusherd
-	BdiWriteBandwidth uint64 // kB/s, smoothed over plug batches
+	BdiDirtied        uint64 // pages seen newly dirty in tracked inodes since the start (the growth of each inode's count between looks)
+	BdiWritten        uint64 // pages written back by flusherd (attempts and range writebacks)
+	BdiWriteBandwidth uint64 // kB/s, the device's completed writes, smoothed as wb_update_write_bandwidth does
 	BDirty            int
 	BIO               int // includes inodes under an attempt
 	BMoreIO           int
@@ -37,6 +37,9 @@ type Stats struct {
 	BDirtyTime        int // always 0: lazytime timestamps are not tracked
 	BdiList           int // 1 while the writeback goroutine runs
 	State             uint64
+	BackgroundWorks   uint64 // background writeback works run (the threshold was passed)
+	RangeWritebacks   uint64 // range writebacks behind streaming writers
+	InflightBytes     uint64 // bytes under writeback in tracked inodes (BdiWriteback, in bytes)
 
 	PlugRequests, PlugMerges, PlugBatches uint64
 	RetryPauseMs                          int64
@@ -126,6 +129,9 @@ func (s *Stats) statsFields() []struct {
 		{"b_dirty_time", false, nil, nil, &s.BDirtyTime},
 		{"bdi_list", false, nil, nil, &s.BdiList},
 		{"state", false, &s.State, nil, nil},
+		{"background_works", false, &s.BackgroundWorks, nil, nil},
+		{"range_writebacks", false, &s.RangeWritebacks, nil, nil},
+		{"inflight_bytes", false, &s.InflightBytes, nil, nil},
 		{"plug_requests", false, &s.PlugRequests, nil, nil},
 		{"plug_merges", false, &s.PlugMerges, nil, nil},
 		{"plug_batches", false, &s.PlugBatches, nil, nil},
@@ -204,18 +210,17 @@ func ParseStats(data []byte, pageSize int) (Stats, error) {
 func (s *Stats) Tracked() int { return s.BDirty + s.BIO + s.BMoreIO + s.BMoreIOWait }
 
 // Snapshot returns the device's statistics now. It walks the lists and the
-// tracked inodes under the list lock (as bdi_debug_stats_show does) and
-// makes no system calls; thresholds are left zero.
+// lists under the list lock (as bdi_debug_stats_show does) and makes no
+// system calls; thresholds are left zero.
 func (wb *Writeback) Snapshot() Stats {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	var s Stats
-	for _, in := range wb.inodes {
-		s.BdiReclaimable += uint64(in.DirtyPages)
-		s.BdiWriteback += uint64(in.WritebackPages)
-	}
+	s.BdiReclaimable, s.BdiWriteback = wb.dirtySum, wb.wbSum
+	s.InflightBytes = wb.wbSum * uint64(os.Getpagesize())
+	s.BackgroundWorks, s.RangeWritebacks = wb.backgroundWorks, wb.rangeWritebacks
 	s.BdiWritten = wb.written
-	s.BdiDirtied = wb.written + s.BdiReclaimable
+	s.BdiDirtied = max(wb.dirtied, wb.written)
 	s.BdiWriteBandwidth = wb.bandwidth
 	s.BDirty = wb.bDirty.len()
 	s.BIO = wb.BIO.Len() + wb.inflight.Len()

@@ -129,7 +129,6 @@ type attemptCall struct {
 // work is left to its worker after detachAfter), and completes the
 // attempts whose requests have all finished.
 func (wb *Writeback) submit(batch []*request) {
-	began := time.Now()
 	wb.mu.Lock()
 	for dev := range wb.reprobe {
 		delete(wb.probed, dev)
@@ -165,7 +164,6 @@ func (wb *Writeback) submit(batch []*request) {
 	}
 	rest = wb.startIntegrity(rest)
 	wb.runTimed(rest, true)
-	var pages uint64
 	for _, r := range batch {
 		att := r.Owner
 		switch st := r.State(); {
@@ -179,6 +177,10 @@ func (wb *Writeback) submit(batch []*request) {
 			wb.assumeUnderWriteback(att)
 		case st == blk.Done && r.Err == nil:
 			adoptCall(r)
+		case st == blk.Done:
+			// Failed after reading the file's state (a write that
+			// returned EROFS): what it read stands (BdiReclaimable).
+			att.dirtyBefore, att.wbBefore = att.call.before[0], att.call.before[1]
 		case st == blk.Detached:
 			// Its worker still runs (and owns the attemptCall): not
 			// known to be written, so assumed dirty, and tried again
@@ -188,11 +190,8 @@ func (wb *Writeback) submit(batch []*request) {
 		att.err = r.Err
 		// One request per attempt (distinct owners never merge): it
 		// completes the attempt.
-		before := wb.pass.pages
 		wb.complete(att)
-		pages += wb.pass.pages - before
 	}
-	wb.updateBandwidth(pages, time.Since(began))
 }
 
 // useFdatasync records that filesystem dev does not support
@@ -205,35 +204,6 @@ func (wb *Writeback) useFdatasync(dev uint64, err error) {
 	}
 	wb.fallback[dev] = true
 	wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", dev), zap.Error(err))
-}
-
-// bandwidthInterval is the shortest period the write bandwidth is measured
-// over (the kernel's BANDWIDTH_INTERVAL is 200ms).
-const bandwidthInterval = 200 * time.Millisecond
-
-// updateBandwidth adds a batch's pages and submission time to the current
-// period and, once the period is long enough, folds its rate into the
-// smoothed bandwidth (kB/s), like wb_update_write_bandwidth. With
-// sync_file_range the time is that of submission, not of the device's
-// completion.
-func (wb *Writeback) updateBandwidth(pages uint64, took time.Duration) {
-	if pages == 0 {
-		return
-	}
-	wb.bwPages += pages
-	wb.bwTime += took
-	if wb.bwTime < bandwidthInterval {
-		return
-	}
-	kbps := wb.bwPages * uint64(os.Getpagesize()) / 1024 * uint64(time.Second) / uint64(wb.bwTime)
-	wb.bwPages, wb.bwTime = 0, 0
-	wb.mu.Lock()
-	if wb.bandwidth == 0 {
-		wb.bandwidth = kbps
-	} else {
-		wb.bandwidth = (3*wb.bandwidth + kbps) / 4
-	}
-	wb.mu.Unlock()
 }
 
 // startIntegrity starts writeback of every integrity request of a batch

@@ -86,11 +86,23 @@ type Config struct {
 	DirtyWritebackInterval time.Duration // kupdate period
 	MinPause, MaxPause     time.Duration // b_more_io_wait backoff
 	WriteChunk             int64         // most bytes written per inode per attempt
-	MaxInflight            int64         // bytes under writeback on the device before big files wait; 0: no bound
-	Requeue                policy.RequeueBlocked
-	PlugEnabled            bool
-	MaxPending             int // plug requests before a forced flush
-	QueueDepth             int // requests in flight during a flush
+	// WriteChunkAuto: the chunk follows the device's write bandwidth
+	// (writeChunk), WriteChunk is ignored.
+	WriteChunkAuto bool
+	MaxInflight    int64 // bytes under writeback on the device before big files, ranges and background work wait; 0: no bound
+	// DirtyBackgroundBytes and DirtyBackgroundRatio (a percentage of the
+	// kernel's nr_dirty_background_threshold) set the device's background
+	// threshold (the lower one when both are set); 0: off.
+	DirtyBackgroundBytes int64
+	DirtyBackgroundRatio int
+	// RangeBytes is the hot tail of a streaming file left to its writer;
+	// what lies behind it is written back once the file has grown by
+	// 2 × RangeBytes past the last range writeback. 0: off.
+	RangeBytes  int64
+	Requeue     policy.RequeueBlocked
+	PlugEnabled bool
+	MaxPending  int // plug requests before a forced flush
+	QueueDepth  int // requests in flight during a flush
 	// IntegritySyncfs: a batch holding at least this many integrity
 	// requests for one filesystem makes them durable with one syncfs(2)
 	// (sync_inodes_sb plus sync_fs, as the kernel's syncfs does) instead
@@ -201,6 +213,43 @@ type Writeback struct {
 	// +checklocks:mu
 	givenUp []GivenUp
 
+	// dirtySum and wbSum are the sums of the tracked inodes' DirtyPages
+	// and WritebackPages (setPagesLocked keeps them): BdiReclaimable and
+	// BdiWriteback, and what the background threshold is checked against.
+	// +checklocks:mu
+	dirtySum, wbSum uint64
+	// dirtied counts pages seen newly dirty (BdiDirtied): at each look
+	// at an inode, the growth of its dirty count since the last.
+	// +checklocks:mu
+	dirtied uint64
+	// touched holds the inodes marked dirty since the last background
+	// check (each has inode.Touched), and streaming those the last check
+	// took (each has inode.Streaming until a check finds it untouched).
+	// +checklocks:mu
+	touched []*inode.Inode
+	// +checklocks:mu
+	streaming []*inode.Inode
+	// rangeOff is each streaming file's range writeback offset: the
+	// byte up to which its range behind the tail was written.
+	// +checklocks:mu
+	rangeOff map[inode.Key]int64
+	// +checklocks:mu
+	sampled []sampleResult // a finished sample, for the goroutine
+	// +checklocks:mu
+	sampling bool // a sample call runs
+	// +checklocks:mu
+	backgroundWorks, rangeWritebacks uint64
+	// bgThresh is the device's background threshold in pages as of the
+	// last check (0: off).
+	// +checklocks:mu
+	bgThresh uint64
+	// globalDirty is /proc/vmstat nr_dirty in pages at the last check
+	// (only read with a background threshold).
+	// +checklocks:mu
+	globalDirty uint64
+	// +checklocks:mu
+	avgBandwidth uint64 // kB/s, avg_write_bandwidth
+
 	wake    chan struct{}
 	stopped chan struct{}
 
@@ -241,8 +290,16 @@ type Writeback struct {
 	wbIndex     map[inode.Key]int64
 	fallback    map[uint64]bool // dev -> use fdatasync for start-writeback
 	lastBusyLog time.Duration
-	bwPages     uint64        // pages written in the current bandwidth period
-	bwTime      time.Duration // submission time in the current period
+	// The bandwidth estimator (updateBandwidth): the written count and
+	// daemon time at the last update; bwStarted: the stamp is set.
+	bwStamp     time.Duration
+	bwWritten   uint64
+	bwStarted   bool
+	bwIdle      bool          // the device had no dirty io at the stamp
+	lastCheck   time.Duration // the last background check (daemon clock)
+	thresholds  func() (dirty, background uint64, err error)
+	vmDirty     func() (uint64, error)
+	diskWritten func() (uint64, error)
 }
 
 type passCounters struct {
@@ -258,6 +315,16 @@ type passCounters struct {
 const throttleRetry = 50 * time.Millisecond
 
 func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
+
+// resetPass starts a pass's counters, and passDone returns them. Called
+// on the device's goroutine, which alone counts them (complete and
+// forgetLocked run there, under the list lock).
+//
+// +checklocksignore: the pass counters are the device goroutine's.
+func (wb *Writeback) resetPass() { wb.pass = passCounters{} }
+
+// +checklocksignore: the pass counters are the device goroutine's.
+func (wb *Writeback) passDone() passCounters { return wb.pass }
 
 // New returns a device's writeback state; Run starts its goroutine. now is
 // the daemon's monotonic clock; stats may be nil (no stats file).
@@ -280,6 +347,7 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		backoff:  policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
 		probed:   make(map[uint64]bool),
 		wbIndex:  make(map[inode.Key]int64),
+		rangeOff: make(map[inode.Key]int64),
 		fallback: make(map[uint64]bool),
 	}
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
@@ -434,6 +502,16 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if statsDue {
 		tick = min(tick, max(at-now, time.Millisecond))
 	}
+	if wb.sampled != nil {
+		return 0, true
+	}
+	if len(wb.touched) > 0 && !wb.sampling {
+		// Freshly written files: the next background check.
+		tick = min(tick, max(wb.lastCheck+backgroundCheckInterval-now, time.Millisecond))
+		if !wb.hasDirtyIOLocked() {
+			return tick, true
+		}
+	}
 	if !wb.BMoreIOWait.Empty() {
 		return min(wb.waitRetryAt-now, tick), true
 	}
@@ -446,7 +524,11 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	return 0, false
 }
 
-// wbDoWriteback is wb_do_writeback: queued work first, then kupdate.
+// wbDoWriteback is wb_do_writeback: queued work (sync requests) first,
+// then background writeback over the threshold, then kupdate. (The kernel
+// checks kupdate before background; here a device over its background
+// threshold writes its oldest files first, which includes the expired
+// ones, and kupdate follows when it is under.)
 func (wb *Writeback) wbDoWriteback() {
 	for w := wb.dequeue(); w != nil; w = wb.dequeue() {
 		if w.Files != nil {
@@ -459,6 +541,7 @@ func (wb *Writeback) wbDoWriteback() {
 		}
 		close(w.done)
 	}
+	wb.wbCheckBackgroundFlush()
 	wb.wbCheckOldDataFlush()
 }
 
@@ -498,6 +581,15 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		if (w.ForKupdate || w.ForBackground) && wb.workQueued() {
 			break
 		}
+		if w.ForBackground {
+			wb.mu.Lock()
+			over := wb.wbOverBgThreshLocked()
+			w.NrPages = int64(wb.dirtySum) - int64(wb.bgThresh)
+			wb.mu.Unlock()
+			if !over {
+				break
+			}
+		}
 		now := wb.now()
 		wb.mu.Lock()
 		if wb.BIO.Empty() {
@@ -508,20 +600,22 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		if empty {
 			break
 		}
-		wb.pass = passCounters{}
+		wb.resetPass()
 		wb.plug.Start()
 		wb.writebackSBInodes(w)
 		wb.plug.Finish()
 		wb.mu.Lock()
 		wb.publishPlugStatsLocked()
 		wb.mu.Unlock()
+		wb.updateBandwidth(wb.now())
 		// A work can run for long while files keep expiring: keep the
 		// stats file fresh (writeStats is rate-limited).
 		wb.writeStats(false)
-		if wb.pass.throttled > 0 {
+		pass := wb.passDone()
+		if pass.throttled > 0 {
 			w.throttled = true
 		}
-		if wb.pass.progress() {
+		if pass.progress() {
 			w.progress = true
 			continue
 		}
@@ -570,7 +664,8 @@ func (wb *Writeback) publishPlugStatsLocked() {
 
 // queueIOLocked is queue_io: b_more_io, then b_more_io_wait (once per work,
 // and only once its pause has passed, or for sync work), then the expired
-// part of b_dirty, oldest first, go to b_io. Preconditions: wb.mu held.
+// part of b_dirty (all of it for sync work, the oldest NrPages' worth for
+// background work), oldest first, go to b_io. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
@@ -579,9 +674,17 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 		wb.BIO.SpliceBackInit(&wb.BMoreIOWait)
 		w.waitSpliced = true
 	}
-	if w.All || w.SyncMode == SyncAll {
+	switch {
+	case w.All || w.SyncMode == SyncAll:
 		wb.bDirty.moveExpired(&wb.BIO, w.start, true)
-	} else {
+	case w.ForBackground:
+		// The expired inodes (kupdate's, which a long background work
+		// must not hold back), then the oldest, whatever their age
+		// (wb_writeback's dirtied_before = jiffies for background
+		// work), as many as the work's pages.
+		wb.bDirty.moveExpired(&wb.BIO, now, false)
+		wb.bDirty.moveOldest(&wb.BIO, w.NrPages)
+	default:
 		wb.bDirty.moveExpired(&wb.BIO, now, false)
 	}
 }

@@ -798,7 +798,7 @@ func TestBdiDirtied(t *testing.T) {
 		held := h.fs.add("/h", 2, 8*pg, 8)
 		h.mark(held, time.Hour)
 		h.wb.mu.Lock()
-		h.wb.inodes[held.key].DirtyPages = 8
+		h.wb.setPagesLocked(h.wb.inodes[held.key], 8, 0)
 		h.wb.mu.Unlock()
 		time.Sleep(10 * time.Second)
 		synctest.Wait()

@@ -8,8 +8,10 @@
 //	dirty_expire_interval    = "30s"  # age at which dirty data is written back
 //	min_pause        = "10ms"         # first backoff pause for b_more_io_wait
 //	max_pause        = "5s"           # default: the effective dirty_writeback_interval
-//	write_chunk      = "4MiB"         # most written back per inode per attempt
-//	max_inflight     = "16MiB"        # writeback in flight per device before big files wait
+//	write_chunk      = "4MiB"         # most written back per inode per attempt; "auto": half a second of the device's bandwidth
+//	dirty_background_bytes = "0"      # background writeback above this much dirty data per device; "0": off
+//	dirty_background_ratio = 0        # or above this percentage of the kernel's background threshold; 0: off
+//	range_bytes      = "1MiB"         # streaming files: write what lies behind the last range_bytes; "0": off
 //	requeue_blocked  = "io_wait"      # or "redirty_tail"
 //	attempt_timeout  = "10s"          # a longer call counts in stuck_calls; an integrity call is given up on
 //	shutdown_timeout = "30s"          # bound on the final writeback at SIGTERM
@@ -19,6 +21,7 @@
 //	max_pending = 256                 # requests held before a forced flush
 //	queue_depth = 8                   # requests in flight during a flush
 //	integrity_syncfs = 64             # integrity batches of this many files of one filesystem use syncfs(2); 0: never
+//	max_inflight_bytes = "16MiB"      # writeback in flight per device before big files, ranges and background work wait
 //
 //	[watcher]
 //	backend         = "auto"          # "fanotify", "inotify", or auto: fanotify when permitted
@@ -48,7 +51,11 @@
 // a whole number followed by an optional unit: "B" (or no unit) for bytes,
 // "KiB" or "K" for 1024 bytes, "MiB" or "M" for 1024², "GiB" or "G" for
 // 1024³; units are case-sensitive and always binary ("KB" and "MB" are
-// rejected as ambiguous). write_chunk must be at least 4096 bytes.
+// rejected as ambiguous). write_chunk must be at least 4096 bytes, or
+// "auto". A size of "0" turns dirty_background_bytes and range_bytes off.
+//
+// writeback.max_inflight, the key plug.max_inflight_bytes had before, is
+// still read; giving both is an error.
 //
 // metrics.listen is empty (no metrics endpoint) or a host:port as
 // [net.SplitHostPort] reads it with a numeric port from 1 to 65535; the host
@@ -140,17 +147,32 @@ type Writeback struct {
 	// the effective DirtyWritebackInterval.
 	MaxPause time.Duration
 	// WriteChunk is the most bytes written back per inode per attempt; at
-	// least MinWriteChunk. Default 4 MiB.
+	// least MinWriteChunk. Default 4 MiB. Ignored when WriteChunkAuto.
 	WriteChunk int64
-	// MaxInflight bounds the writeback in flight on one device, in bytes
-	// (pages under writeback, as cachestat last saw them in the files
-	// flusherd tracks): a file with more than write_chunk/4 to write
-	// waits (b_more_io_wait) while this much is in flight, so a big
-	// stream cannot queue ahead of a small file on a slow device (the
-	// kernel's blk-wbt bounds in-flight writes for the same reason).
-	// Small files always go. At least write_chunk. Default 16 MiB, or
-	// write_chunk when that is larger.
-	MaxInflight int64
+	// WriteChunkAuto (write_chunk = "auto") sizes each attempt's slice
+	// from the device's measured write bandwidth, as the kernel's
+	// writeback_chunk_size does: half a second of it, rounded down to
+	// 4 MiB, between 4 MiB and 128 MiB (and at most max_inflight_bytes);
+	// 4 MiB until the bandwidth is known.
+	WriteChunkAuto bool
+	// DirtyBackgroundBytes is the background threshold, in bytes of dirty
+	// data in the tracked files of one device: above it the device's
+	// goroutine writes the oldest files first, whatever their age, until
+	// it is under (the kernel's wb_over_bg_thresh for one bdi). 0 (the
+	// default): no byte threshold.
+	DirtyBackgroundBytes int64
+	// DirtyBackgroundRatio is the background threshold as a percentage
+	// (0 to 100) of the kernel's own, /proc/vmstat
+	// nr_dirty_background_threshold. When both it and
+	// DirtyBackgroundBytes are set, the lower threshold holds. 0 (the
+	// default): off.
+	DirtyBackgroundRatio int
+	// RangeBytes, for files being written over time (streaming writers):
+	// once a file has grown by 2 × RangeBytes past what was written back,
+	// what lies behind its last RangeBytes is written back
+	// (sync_file_range WRITE), as RocksDB's bytes_per_sync does; the hot
+	// tail is left to the writer. 0: off. Default 1 MiB.
+	RangeBytes int64
 	// RequeueBlocked is RequeueIOWait (default) or RequeueRedirtyTail.
 	RequeueBlocked string
 	// AttemptTimeout: a writeback attempt running longer than this counts as
@@ -175,6 +197,16 @@ type Plug struct {
 	// syncfs(2) instead of an fdatasync(2) per file; 0 disables it.
 	// syncfs also writes the filesystem's other dirty data. Default 64.
 	IntegritySyncfs int
+	// MaxInflightBytes bounds the writeback in flight on one device, in
+	// bytes (pages under writeback, as cachestat last saw them in the
+	// files flusherd tracks), as the kernel's writeback throttling
+	// (blk-wbt) bounds in-flight writes: a file with more than
+	// write_chunk/4 to write, a range writeback and background work wait
+	// while this much is in flight, so the device queue stays short and a
+	// small file's or another program's write does not wait behind a
+	// stream. Small files always go. 0: no bound. Default 16 MiB, or
+	// write_chunk when that is larger.
+	MaxInflightBytes int64
 }
 
 // Watcher backends, the values of [Watcher.Backend].
@@ -276,12 +308,12 @@ func Default() *Config {
 			MinPause:               10 * time.Millisecond,
 			MaxPause:               time.Second,
 			WriteChunk:             4 << 20,
-			MaxInflight:            16 << 20,
+			RangeBytes:             1 << 20,
 			RequeueBlocked:         RequeueIOWait,
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
 		},
-		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64},
+		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
 		Stats:   Stats{Dir: "/run/flusherd"},
 		Log:     Log{Level: "info"},
@@ -420,6 +452,15 @@ func (s *source) line(key string) int {
 		return 0
 	}
 	return s.lines[key]
+}
+
+// inflightKey is the key plug.max_inflight_bytes was given under: its old
+// name, writeback.max_inflight, if the file used that.
+func (s *source) inflightKey() string {
+	if s.line("writeback.max_inflight") > 0 {
+		return "writeback.max_inflight"
+	}
+	return "plug.max_inflight_bytes"
 }
 
 func (s *source) name() string {

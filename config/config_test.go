@@ -28,12 +28,12 @@ func TestDefault(t *testing.T) {
 			MinPause:               10 * time.Millisecond,
 			MaxPause:               time.Second,
 			WriteChunk:             4 << 20,
-			MaxInflight:            16 << 20,
+			RangeBytes:             1 << 20,
 			RequeueBlocked:         RequeueIOWait,
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
 		},
-		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64},
+		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
 		Stats:   Stats{Dir: "/run/flusherd"},
 		Log:     Log{Level: "info"},
@@ -72,7 +72,9 @@ dirty_expire_interval = "1m"
 min_pause = "5ms"
 max_pause = "1s"
 write_chunk = "8MiB"
-max_inflight = "32MiB"
+dirty_background_bytes = "64MiB"
+dirty_background_ratio = 25
+range_bytes = "2MiB"
 requeue_blocked = "redirty_tail"
 attempt_timeout = "1500ms"
 shutdown_timeout = "1m30s"
@@ -81,6 +83,7 @@ shutdown_timeout = "1m30s"
 enabled = false
 max_pending = 64
 queue_depth = 4
+max_inflight_bytes = "32MiB"
 
 [stats]
 dir = "/var/lib/flusherd"
@@ -107,12 +110,14 @@ path = "rel/../tree"
 					MinPause:               5 * time.Millisecond,
 					MaxPause:               time.Second,
 					WriteChunk:             8 << 20,
-					MaxInflight:            32 << 20,
+					DirtyBackgroundBytes:   64 << 20,
+					DirtyBackgroundRatio:   25,
+					RangeBytes:             2 << 20,
 					RequeueBlocked:         RequeueRedirtyTail,
 					AttemptTimeout:         1500 * time.Millisecond,
 					ShutdownTimeout:        90 * time.Second,
 				}
-				c.Plug = Plug{Enabled: false, MaxPending: 64, QueueDepth: 4, IntegritySyncfs: 64}
+				c.Plug = Plug{Enabled: false, MaxPending: 64, QueueDepth: 4, IntegritySyncfs: 64, MaxInflightBytes: 32 << 20}
 				c.Stats.Dir = "/var/lib/flusherd"
 				c.Log.Level = "debug"
 				c.Metrics.Listen = "127.0.0.1:9469"
@@ -271,8 +276,18 @@ func TestParseErrors(t *testing.T) {
 		{"size overflow", "[writeback]\nwrite_chunk = \"9999999999999GiB\"\n", "writeback.write_chunk", 2, "too large"},
 		{"size too small", "[writeback]\nwrite_chunk = \"2KiB\"\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
 		{"size zero", "[writeback]\nwrite_chunk = 0\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
-		{"max_inflight below write_chunk", "[writeback]\nmax_inflight = \"1MiB\"\n", "writeback.max_inflight", 2, "must be at least write_chunk"},
-		{"max_inflight below write_chunk, write_chunk first", "[writeback]\nwrite_chunk = \"64MiB\"\nmax_inflight = \"32MiB\"\n", "writeback.max_inflight", 3, "must be at least write_chunk"},
+		{"max_inflight below write_chunk", "[writeback]\nmax_inflight = \"1MiB\"\n", "writeback.max_inflight", 2, "must be 0 (no bound) or at least write_chunk"},
+		{"max_inflight_bytes below write_chunk", "[plug]\nmax_inflight_bytes = \"1MiB\"\n", "plug.max_inflight_bytes", 2, "must be 0 (no bound) or at least write_chunk"},
+		{"max_inflight_bytes negative", "[plug]\nmax_inflight_bytes = -1\n", "plug.max_inflight_bytes", 2, "must be 0 (no bound) or at least write_chunk"},
+		{"both inflight keys", "[writeback]\nmax_inflight = \"32MiB\"\n[plug]\nmax_inflight_bytes = \"32MiB\"\n", "writeback.max_inflight", 2, "plug.max_inflight_bytes is given too"},
+		{"dirty_background_bytes negative", "[writeback]\ndirty_background_bytes = -4096\n", "writeback.dirty_background_bytes", 2, "must be 0 (off) or positive"},
+		{"dirty_background_ratio over 100", "[writeback]\ndirty_background_ratio = 101\n", "writeback.dirty_background_ratio", 2, "percentage from 0 (off) to 100"},
+		{"dirty_background_ratio negative", "[writeback]\ndirty_background_ratio = -1\n", "writeback.dirty_background_ratio", 2, "percentage from 0 (off) to 100"},
+		{"dirty_background_ratio a string", "[writeback]\ndirty_background_ratio = \"10%\"\n", "writeback.dirty_background_ratio", 2, "want an integer"},
+		{"range_bytes below a page", "[writeback]\nrange_bytes = 100\n", "writeback.range_bytes", 2, "must be 0 (off) or at least 4096"},
+		{"range_bytes bad unit", "[writeback]\nrange_bytes = \"1MB\"\n", "writeback.range_bytes", 2, "ambiguous unit"},
+		{"write_chunk another word", "[writeback]\nwrite_chunk = \"automatic\"\n", "writeback.write_chunk", 2, "bad size"},
+		{"max_inflight below write_chunk, write_chunk first", "[writeback]\nwrite_chunk = \"64MiB\"\nmax_inflight = \"32MiB\"\n", "writeback.max_inflight", 3, "must be 0 (no bound) or at least write_chunk"},
 		{"size negative", "[writeback]\nwrite_chunk = -4096\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
 
 		// Non-positive values.
@@ -546,12 +561,13 @@ func TestEncodeRoundTrip(t *testing.T) {
 		MinPause:               2500 * time.Microsecond,
 		MaxPause:               7 * time.Second,
 		WriteChunk:             3 << 30,
-		MaxInflight:            5 << 30,
+		DirtyBackgroundBytes:   7 << 20,
+		DirtyBackgroundRatio:   100,
 		RequeueBlocked:         RequeueRedirtyTail,
 		AttemptTimeout:         15 * time.Millisecond,
 		ShutdownTimeout:        time.Minute,
 	}
-	full.Plug = Plug{Enabled: false, MaxPending: 1, QueueDepth: 1000}
+	full.Plug = Plug{Enabled: false, MaxPending: 1, QueueDepth: 1000, MaxInflightBytes: 5 << 30}
 	full.Stats.Dir = `/run/flusherd "quoted" \ dir`
 	full.Log.Level = "warn"
 	full.Metrics.Listen = "[::1]:9469"
@@ -845,8 +861,8 @@ func TestMaxInflightFollowsWriteChunk(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
-	if c.Writeback.MaxInflight != 64<<20 {
-		t.Errorf("max_inflight = %d, want write_chunk (%d)", c.Writeback.MaxInflight, 64<<20)
+	if c.Plug.MaxInflightBytes != 64<<20 {
+		t.Errorf("max_inflight_bytes = %d, want write_chunk (%d)", c.Plug.MaxInflightBytes, 64<<20)
 	}
 }
 
@@ -885,7 +901,7 @@ func TestBoundaries(t *testing.T) {
 		key    string // "" : valid
 	}{
 		{"min_pause = max_pause", func(c *Config) { c.Writeback.MinPause, c.Writeback.MaxPause = time.Second, time.Second }, ""},
-		{"write_chunk = MinWriteChunk", func(c *Config) { c.Writeback.WriteChunk, c.Writeback.MaxInflight = MinWriteChunk, MinWriteChunk }, ""},
+		{"write_chunk = MinWriteChunk", func(c *Config) { c.Writeback.WriteChunk, c.Plug.MaxInflightBytes = MinWriteChunk, MinWriteChunk }, ""},
 		{"MaxExpireClasses expiries", func(c *Config) { c.Watch = watches(MaxExpireClasses) }, ""},
 		{"one expiry more", func(c *Config) { c.Watch = watches(MaxExpireClasses + 1) }, "watch"},
 	} {

@@ -47,7 +47,7 @@ func (d *decoder) table(prefix string, v any, fields map[string]field) {
 func (d *decoder) config(m map[string]any) *Config {
 	c := Default()
 	wb := &c.Writeback
-	maxPauseSet, maxInflightSet := false, false
+	maxPauseSet, oldInflight, newInflight := false, false, false
 	var watches []any
 	d.table("", m, map[string]field{
 		"writeback": func(key string, v any) {
@@ -59,10 +59,20 @@ func (d *decoder) config(m map[string]any) *Config {
 					maxPauseSet = true
 					d.duration(&wb.MaxPause)(key, v)
 				},
-				"write_chunk": d.size(&wb.WriteChunk),
+				"write_chunk": func(key string, v any) {
+					if v == "auto" {
+						wb.WriteChunkAuto = true
+						return
+					}
+					d.size(&wb.WriteChunk)(key, v)
+				},
+				"dirty_background_bytes": d.size(&wb.DirtyBackgroundBytes),
+				"dirty_background_ratio": d.integer(&wb.DirtyBackgroundRatio),
+				"range_bytes":            d.size(&wb.RangeBytes),
+				// The key plug.max_inflight_bytes had before.
 				"max_inflight": func(key string, v any) {
-					maxInflightSet = true
-					d.size(&wb.MaxInflight)(key, v)
+					oldInflight = true
+					d.size(&c.Plug.MaxInflightBytes)(key, v)
 				},
 				"requeue_blocked":  d.str(&wb.RequeueBlocked),
 				"attempt_timeout":  d.duration(&wb.AttemptTimeout),
@@ -75,6 +85,10 @@ func (d *decoder) config(m map[string]any) *Config {
 				"max_pending":      d.integer(&c.Plug.MaxPending),
 				"queue_depth":      d.integer(&c.Plug.QueueDepth),
 				"integrity_syncfs": d.integer(&c.Plug.IntegritySyncfs),
+				"max_inflight_bytes": func(key string, v any) {
+					newInflight = true
+					d.size(&c.Plug.MaxInflightBytes)(key, v)
+				},
 			})
 		},
 		"watcher": func(key string, v any) {
@@ -108,9 +122,12 @@ func (d *decoder) config(m map[string]any) *Config {
 	if !maxPauseSet {
 		wb.MaxPause = wb.DirtyWritebackInterval
 	}
-	if !maxInflightSet {
+	if oldInflight && newInflight {
+		d.errorf("writeback.max_inflight", "plug.max_inflight_bytes is given too: keep that one (writeback.max_inflight is its old name)")
+	}
+	if !oldInflight && !newInflight && !wb.WriteChunkAuto {
 		// The default follows a larger write_chunk.
-		wb.MaxInflight = max(wb.MaxInflight, wb.WriteChunk)
+		c.Plug.MaxInflightBytes = max(c.Plug.MaxInflightBytes, wb.WriteChunk)
 	}
 	for i, v := range watches {
 		key := fmt.Sprintf("watch[%d]", i)

@@ -18,16 +18,21 @@ func (c *Config) Encode(w io.Writer) error {
 			MinPause:               wb.MinPause.String(),
 			MaxPause:               wb.MaxPause.String(),
 			WriteChunk:             formatSize(wb.WriteChunk),
-			MaxInflight:            formatSize(wb.MaxInflight),
+			DirtyBackgroundBytes:   formatSize(wb.DirtyBackgroundBytes),
+			DirtyBackgroundRatio:   wb.DirtyBackgroundRatio,
+			RangeBytes:             formatSize(wb.RangeBytes),
 			RequeueBlocked:         wb.RequeueBlocked,
 			AttemptTimeout:         wb.AttemptTimeout.String(),
 			ShutdownTimeout:        wb.ShutdownTimeout.String(),
 		},
-		Plug:    encPlug(c.Plug),
+		Plug:    encPlug{c.Plug.Enabled, c.Plug.MaxPending, c.Plug.QueueDepth, c.Plug.IntegritySyncfs, formatSize(c.Plug.MaxInflightBytes)},
 		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String()},
 		Stats:   encStats(c.Stats),
 		Log:     encLog(c.Log),
 		Metrics: encMetrics(c.Metrics),
+	}
+	if wb.WriteChunkAuto {
+		e.Writeback.WriteChunk = "auto"
 	}
 	for _, x := range c.Watch {
 		e.Watch = append(e.Watch, encWatch{Path: x.Path, Recursive: x.Recursive, Mode: x.Mode, Expire: x.Expire.String()})
@@ -58,17 +63,20 @@ type encWriteback struct {
 	MinPause               string `toml:"min_pause"`
 	MaxPause               string `toml:"max_pause"`
 	WriteChunk             string `toml:"write_chunk"`
-	MaxInflight            string `toml:"max_inflight"`
+	DirtyBackgroundBytes   string `toml:"dirty_background_bytes"`
+	DirtyBackgroundRatio   int    `toml:"dirty_background_ratio"`
+	RangeBytes             string `toml:"range_bytes"`
 	RequeueBlocked         string `toml:"requeue_blocked"`
 	AttemptTimeout         string `toml:"attempt_timeout"`
 	ShutdownTimeout        string `toml:"shutdown_timeout"`
 }
 
 type encPlug struct {
-	Enabled         bool `toml:"enabled"`
-	MaxPending      int  `toml:"max_pending"`
-	QueueDepth      int  `toml:"queue_depth"`
-	IntegritySyncfs int  `toml:"integrity_syncfs"`
+	Enabled          bool   `toml:"enabled"`
+	MaxPending       int    `toml:"max_pending"`
+	QueueDepth       int    `toml:"queue_depth"`
+	IntegritySyncfs  int    `toml:"integrity_syncfs"`
+	MaxInflightBytes string `toml:"max_inflight_bytes"`
 }
 
 type encWatcher struct {

@@ -65,11 +65,20 @@ func (c *Config) check(stat bool) error {
 		}
 		add(key, "min_pause %s is greater than max_pause %s%s", wb.MinPause, wb.MaxPause, note)
 	}
-	if wb.MaxInflight < wb.WriteChunk {
-		add("writeback.max_inflight", "must be at least write_chunk (%d bytes), got %d", wb.WriteChunk, wb.MaxInflight)
+	if inflight := c.Plug.MaxInflightBytes; inflight < 0 || (inflight > 0 && !wb.WriteChunkAuto && inflight < wb.WriteChunk) {
+		add(s.inflightKey(), "must be 0 (no bound) or at least write_chunk (%d bytes), got %d", wb.WriteChunk, inflight)
 	}
-	if wb.WriteChunk < MinWriteChunk {
-		add("writeback.write_chunk", "must be at least %d bytes (4KiB), got %d", MinWriteChunk, wb.WriteChunk)
+	if !wb.WriteChunkAuto && wb.WriteChunk < MinWriteChunk {
+		add("writeback.write_chunk", "must be at least %d bytes (4KiB) or \"auto\", got %d", MinWriteChunk, wb.WriteChunk)
+	}
+	if wb.DirtyBackgroundBytes < 0 {
+		add("writeback.dirty_background_bytes", "must be 0 (off) or positive, got %d", wb.DirtyBackgroundBytes)
+	}
+	if wb.DirtyBackgroundRatio < 0 || wb.DirtyBackgroundRatio > 100 {
+		add("writeback.dirty_background_ratio", "must be a percentage from 0 (off) to 100, got %d", wb.DirtyBackgroundRatio)
+	}
+	if wb.RangeBytes < 0 || (wb.RangeBytes > 0 && wb.RangeBytes < MinWriteChunk) {
+		add("writeback.range_bytes", "must be 0 (off) or at least %d bytes (4KiB), got %d", MinWriteChunk, wb.RangeBytes)
 	}
 	oneOf("writeback.requeue_blocked", wb.RequeueBlocked, RequeueIOWait, RequeueRedirtyTail)
 

@@ -59,6 +59,13 @@ const (
 	// error) since it became dirty. If a later attempt finds it clean,
 	// flusherd wrote its data: nothing left the page cache behind its back.
 	Wrote
+	// Touched: it was marked dirty since the device's last background
+	// check (bdi's wbCheckBackgroundFlush), which looks at such inodes.
+	Touched
+	// Streaming: it was marked dirty before the last background check
+	// too: a file being written over time, whose range behind its tail
+	// may be written back (range_bytes).
+	Streaming
 )
 
 // ErrnoOther is LastErr for an error that is not an errno.

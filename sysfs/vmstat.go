@@ -61,3 +61,19 @@ func (fs FS) DirtyThresholds() (dirty, background uint64, err error) {
 	}
 	return dirty, background, nil
 }
+
+// NrDirty returns /proc/vmstat nr_dirty: the pages of the page cache that
+// are dirty now, on every device (the count the kernel compares with its
+// background threshold in domain_over_bg_thresh). A missing key is an error
+// wrapping ErrFormat.
+func (fs FS) NrDirty() (uint64, error) {
+	m, err := fs.VMStat()
+	if err != nil {
+		return 0, err
+	}
+	n, ok := m["nr_dirty"]
+	if !ok {
+		return 0, fmt.Errorf("sysfs: %s/vmstat lacks nr_dirty: %w", fs.Proc, ErrFormat)
+	}
+	return n, nil
+}

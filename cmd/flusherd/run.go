@@ -133,7 +133,11 @@ func bdiConfig(cfg *config.Config) bdi.Config {
 		MinPause:               cfg.Writeback.MinPause,
 		MaxPause:               cfg.Writeback.MaxPause,
 		WriteChunk:             cfg.Writeback.WriteChunk,
-		MaxInflight:            cfg.Writeback.MaxInflight,
+		WriteChunkAuto:         cfg.Writeback.WriteChunkAuto,
+		MaxInflight:            cfg.Plug.MaxInflightBytes,
+		DirtyBackgroundBytes:   cfg.Writeback.DirtyBackgroundBytes,
+		DirtyBackgroundRatio:   cfg.Writeback.DirtyBackgroundRatio,
+		RangeBytes:             cfg.Writeback.RangeBytes,
 		Requeue:                req,
 		PlugEnabled:            cfg.Plug.Enabled,
 		MaxPending:             cfg.Plug.MaxPending,
@@ -251,14 +255,16 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	errs := bdi.NewErrWatch()
 	defer errs.Close()
 	reg := bdi.NewRegistry(bdi.Options{
-		Config:     bdiConfig(cfg),
-		StatsDir:   cfg.Stats.Dir,
-		StatsEvery: min(time.Second, cfg.Writeback.DirtyWritebackInterval),
-		Resolve:    resolveBdi(sys),
-		Thresholds: sys.DirtyThresholds,
-		Opener:     handles,
-		Log:        log,
-		Errs:       errs,
+		Config:      bdiConfig(cfg),
+		StatsDir:    cfg.Stats.Dir,
+		StatsEvery:  min(time.Second, cfg.Writeback.DirtyWritebackInterval),
+		Resolve:     resolveBdi(sys),
+		Thresholds:  sys.DirtyThresholds,
+		NrDirty:     sys.NrDirty,
+		DiskWritten: sys.DiskWritten,
+		Opener:      handles,
+		Log:         log,
+		Errs:        errs,
 	})
 	trees, err := treesOf(cfg)
 	if err != nil {

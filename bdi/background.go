@@ -1,0 +1,422 @@
+package bdi
+
+import (
+	"math"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"flusherd/blk"
+	"flusherd/inode"
+)
+
+// backgroundCheckInterval is how often a device with freshly written files
+// looks at them (wbCheckBackgroundFlush): the background threshold and
+// range writeback act within it. The kernel checks its background threshold
+// from the writers' side (balance_dirty_pages, every few dirtied pages);
+// flusherd learns of writes from the watcher, and checks at most this
+// often, and only while files are being written.
+const backgroundCheckInterval = 100 * time.Millisecond
+
+// maxSample bounds the files one check opens: the rest wait for the next.
+const maxSample = 256
+
+// Auto write_chunk bounds (writeback_chunk_size rounds to
+// MIN_WRITEBACK_PAGES, 4 MiB).
+const (
+	minAutoChunk = 4 << 20
+	maxAutoChunk = 128 << 20
+)
+
+// setPagesLocked records cachestat's counts for in (pages), keeping the
+// device's sums (BdiReclaimable, BdiWriteback, the background threshold's
+// input) and BdiDirtied, which grows by what in gained since it was last
+// looked at. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
+	d, w := uint32(min(dirty, math.MaxUint32)), uint32(min(wbp, math.MaxUint32))
+	if d > in.DirtyPages {
+		wb.dirtied += uint64(d - in.DirtyPages)
+	}
+	wb.dirtySum += uint64(d) - uint64(in.DirtyPages)
+	wb.wbSum += uint64(w) - uint64(in.WritebackPages)
+	in.DirtyPages, in.WritebackPages = d, w
+}
+
+// dropInodeLocked removes what the device keeps of an inode besides its
+// list entry: its map entries and its share of the page sums. Every path
+// that forgets an inode calls it. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
+	wb.setPagesLocked(in, 0, 0)
+	delete(wb.inodes, in.Key)
+	delete(wb.wbIndex, in.Key)
+	delete(wb.rangeOff, in.Key)
+	delete(wb.lateErr, in.Key)
+	wb.bDirty.unref(in.Class)
+	in.State = 0
+}
+
+// checksWantedLocked reports whether the device looks at freshly written
+// files: with range writeback or a background threshold configured.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) checksWantedLocked() bool {
+	return wb.cfg.RangeBytes > 0 || wb.cfg.DirtyBackgroundBytes > 0 || wb.cfg.DirtyBackgroundRatio > 0
+}
+
+// touchLocked records that in was written (for the next background check)
+// and reports whether it is the first file since the last check, when the
+// goroutine must be woken to schedule the check. Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) touchLocked(in *inode.Inode) bool {
+	if in.Has(inode.Touched) || !wb.checksWantedLocked() {
+		return false
+	}
+	in.State |= inode.Touched
+	wb.touched = append(wb.touched, in)
+	return len(wb.touched) == 1
+}
+
+// sampleProbe is one file a background check looks at; sampleResult is
+// what its worker saw and did.
+type sampleProbe struct {
+	in        *inode.Inode
+	key       inode.Key
+	path      string
+	handle    inode.Handle
+	streaming bool  // range writeback may apply
+	rangeOff  int64 // bytes already range-written
+}
+
+type sampleResult struct {
+	sampleProbe
+	ok         bool   // dirty, wbp were read
+	dirty, wbp uint64 // after the range writeback, if any
+	// rangeEnd > 0: the range [rangeOff, rangeEnd) was written back,
+	// ranged pages of it dirty.
+	rangeEnd    int64
+	ranged      uint64
+	unsupported error // sync_file_range is not supported there
+}
+
+// wbCheckBackgroundFlush is wb_check_background_flush, with flusherd's
+// range writeback: it takes in what the last sample saw, writes the
+// device's oldest files first while the tracked files' dirty data is over
+// the background threshold (wbOverBgThreshLocked), and starts the next
+// sample of freshly written files when one is due. Called on the device's
+// goroutine, after queued (sync) work and before kupdate.
+//
+// How the dirty bytes are learned: from cachestat, which is exact for a
+// file at the time it is read, at every attempt and at these samples. A
+// sample opens only files written since the last check that are streaming
+// (written across two checks: range writeback needs their size), and,
+// with a background threshold, every freshly written file, but only while
+// /proc/vmstat nr_dirty, the whole machine's dirty pages, is at or over the
+// threshold: the tracked files cannot be over it before the machine is,
+// so a device under it costs one read of /proc/vmstat per check and no
+// open at all.
+func (wb *Writeback) wbCheckBackgroundFlush() {
+	now := wb.now()
+	wb.mu.Lock()
+	var unsupported []sampleResult
+	if res := wb.sampled; res != nil {
+		wb.sampled = nil
+		unsupported = wb.applySampleLocked(res)
+	}
+	due := !wb.sampling && len(wb.touched) > 0 && now-wb.lastCheck >= backgroundCheckInterval
+	wb.mu.Unlock()
+	for _, r := range unsupported {
+		wb.useFdatasync(r.key.Dev, r.unsupported)
+	}
+	wb.updateBandwidth(now)
+	if due {
+		wb.lastCheck = now
+		wb.startSample(now)
+	}
+	wb.mu.Lock()
+	over := wb.wbOverBgThreshLocked()
+	excess := int64(wb.dirtySum) - int64(wb.bgThresh)
+	if over {
+		wb.backgroundWorks++
+	}
+	wb.mu.Unlock()
+	if over {
+		// The kernel's background work has no page budget and checks
+		// wb_over_bg_thresh after each writeback_sb_inodes round; the
+		// counts here are learned when a batch completes, so a pass
+		// queues the excess over the threshold, and the next pass
+		// checks again.
+		wb.wbWriteback(&Work{NrPages: excess, ForBackground: true, Reason: "background"})
+	}
+}
+
+// bgThreshold computes the device's background threshold in pages from
+// the configuration and the kernel's (ratio), 0 when off.
+func (wb *Writeback) bgThreshold(cfg Config, kernelBg uint64) uint64 {
+	page := uint64(os.Getpagesize())
+	var t uint64
+	if cfg.DirtyBackgroundBytes > 0 {
+		t = max(1, uint64(cfg.DirtyBackgroundBytes)/page)
+	}
+	if cfg.DirtyBackgroundRatio > 0 && kernelBg > 0 {
+		r := max(1, kernelBg*uint64(cfg.DirtyBackgroundRatio)/100)
+		if t == 0 || r < t {
+			t = r
+		}
+	}
+	return t
+}
+
+// wbOverBgThreshLocked is wb_over_bg_thresh for the tracked files: their
+// dirty pages, as last seen, are over the device's background threshold,
+// and so is the whole machine's dirty count (nr_dirty, read at the last
+// check; a file's count may be older than its writeback by the kernel).
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) wbOverBgThreshLocked() bool {
+	return wb.bgThresh > 0 && wb.dirtySum > wb.bgThresh && wb.globalDirty > wb.bgThresh
+}
+
+// startSample picks the files to look at (see wbCheckBackgroundFlush) and
+// runs the sample on a goroutine of its own, as a call off the device's
+// goroutine (counted in stuck_calls past attempt_timeout: an open on a
+// stalled filesystem). Its results are taken in by the next check.
+func (wb *Writeback) startSample(now time.Duration) {
+	wb.mu.Lock()
+	cfg := wb.cfg
+	wb.mu.Unlock()
+	var kernelBg, global uint64
+	if cfg.DirtyBackgroundRatio > 0 && wb.thresholds != nil {
+		if _, b, err := wb.thresholds(); err == nil {
+			kernelBg = b
+		}
+	}
+	thresh := wb.bgThreshold(cfg, kernelBg)
+	if thresh > 0 {
+		global = math.MaxUint64 // unknown means over: look
+		if wb.vmDirty != nil {
+			if n, err := wb.vmDirty(); err == nil {
+				global = n
+			}
+		}
+	}
+	wb.mu.Lock()
+	wb.bgThresh, wb.globalDirty = thresh, global
+	all := thresh > 0 && global >= thresh
+	// Files the last check took but that were not written since are not
+	// streaming any more.
+	for _, in := range wb.streaming {
+		if !in.Has(inode.Touched) {
+			in.State &^= inode.Streaming
+		}
+	}
+	wb.streaming = wb.streaming[:0]
+	var probes []sampleProbe
+	rest := wb.touched[:0]
+	for _, in := range wb.touched {
+		if wb.inodes[in.Key] != in || !in.Has(inode.Touched) {
+			continue // forgotten meanwhile
+		}
+		if len(probes) >= maxSample {
+			rest = append(rest, in)
+			continue
+		}
+		in.State &^= inode.Touched
+		streaming := in.Has(inode.Streaming) && cfg.RangeBytes > 0 && !wb.fallback[in.Key.Dev]
+		in.State |= inode.Streaming
+		wb.streaming = append(wb.streaming, in)
+		if (!streaming && !all) || in.Has(inode.Sync) || in.Has(inode.Busy) || !in.Has(inode.Dirty) {
+			// Not looked at now (an attempt in flight will read it).
+			continue
+		}
+		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.rangeOff[in.Key]})
+	}
+	clear(wb.touched[len(rest):])
+	wb.touched = rest
+	if len(probes) == 0 {
+		wb.mu.Unlock()
+		return
+	}
+	wb.sampling = true
+	id := wb.trackCallLocked(now)
+	wb.mu.Unlock()
+	go func() {
+		res := wb.runSample(probes, cfg)
+		wb.mu.Lock()
+		wb.returnedLocked(id)
+		wb.sampling = false
+		wb.sampled = res
+		wb.mu.Unlock()
+		wb.kick()
+	}()
+}
+
+// runSample opens each probed file (as attempts do), reads cachestat and,
+// for a streaming file that has grown by 2 × range_bytes past its range
+// offset, starts writeback (sync_file_range WRITE) of what lies between
+// that offset and its last range_bytes, unless the device has
+// max_inflight under writeback (then it waits for the next check). Runs
+// off the device's goroutine.
+func (wb *Writeback) runSample(probes []sampleProbe, cfg Config) []sampleResult {
+	page := int64(os.Getpagesize())
+	out := make([]sampleResult, 0, len(probes))
+	for _, p := range probes {
+		r := sampleResult{sampleProbe: p}
+		f, _, err := wb.openFile(p.path, p.key, p.handle)
+		if err != nil {
+			out = append(out, r) // unknown: left as it was
+			continue
+		}
+		d, w, err := f.Cachestat(0, 0)
+		if err == nil {
+			r.ok, r.dirty, r.wbp = true, d, w
+		}
+		size, off := f.Size(), p.rangeOff
+		if off > size {
+			off = 0 // truncated
+		}
+		end := (size - cfg.RangeBytes) / page * page
+		if err == nil && p.streaming && d > 0 && size-off > 2*cfg.RangeBytes && end > off && !wb.congested(p.in, w, cfg.MaxInflight) {
+			rd, _, cerr := f.Cachestat(off, end-off)
+			if cerr == nil {
+				if err := f.StartWriteback(off, end-off); err == nil {
+					r.rangeEnd, r.ranged = end, rd
+					if d2, w2, err := f.Cachestat(0, 0); err == nil {
+						r.dirty, r.wbp = d2, w2
+					}
+				} else if blk.IsUnsupported(err) {
+					r.unsupported = err
+				}
+			}
+		}
+		f.Close()
+		out = append(out, r)
+	}
+	return out
+}
+
+// applySampleLocked takes in a sample's results: the files' page counts,
+// their range offsets and the range writebacks' pages (BdiWritten). It
+// returns the results that found sync_file_range unsupported, for
+// useFdatasync. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sampleResult) {
+	for _, r := range res {
+		if r.unsupported != nil {
+			unsupported = append(unsupported, r)
+		}
+		in := r.in
+		if wb.inodes[r.key] != in || in.Has(inode.Sync) {
+			continue // forgotten, or an attempt's count is newer
+		}
+		if r.ok {
+			wb.setPagesLocked(in, r.dirty, r.wbp)
+		}
+		if r.rangeEnd > 0 {
+			wb.rangeOff[r.key] = r.rangeEnd
+			wb.rangeWritebacks++
+			wb.written += r.ranged
+			in.State |= inode.Wrote
+		}
+	}
+	wb.gen++
+	return unsupported
+}
+
+// writeChunk is the most bytes one attempt writes of a file: write_chunk,
+// or with write_chunk = "auto" writeback_chunk_size's rule: half a second
+// of the device's average write bandwidth (avg_write_bandwidth), rounded
+// down to 4 MiB after adding 4 MiB (so at least 4 MiB), at most 128 MiB
+// and at most max_inflight. Called on the device's goroutine.
+func (wb *Writeback) writeChunk() int64 {
+	if !wb.cfg.WriteChunkAuto {
+		return wb.cfg.WriteChunk
+	}
+	wb.mu.Lock()
+	bw := int64(wb.avgBandwidth) * 1024 // bytes/s
+	wb.mu.Unlock()
+	c := min((bw/2+minAutoChunk)/minAutoChunk*minAutoChunk, maxAutoChunk)
+	if wb.cfg.MaxInflight > 0 {
+		c = min(c, max(wb.cfg.MaxInflight, 4096))
+	}
+	return c
+}
+
+// bandwidthInterval is the shortest period the write bandwidth is measured
+// over (the kernel's BANDWIDTH_INTERVAL is 200ms), and bandwidthPeriod the
+// smoothing period (roundup_pow_of_two(3 * HZ) jiffies at HZ=1000).
+const (
+	bandwidthInterval = 200 * time.Millisecond
+	bandwidthPeriod   = 4096 * time.Millisecond
+)
+
+// updateBandwidth is __wb_update_bandwidth and wb_update_write_bandwidth:
+// every bandwidthInterval or more while the device has dirty io, the bytes
+// written since the last update, over the time since, are folded into
+// write_bandwidth (BdiWriteBandwidth) with weight elapsed/period, and that
+// into avg_write_bandwidth (auto write_chunk) with the kernel's extra
+// smoothing. What is written is the device's completed writes, from
+// /sys/dev/block/<bdi>/stat, for a block device; for another bdi (FUSE,
+// NFS, btrfs), the pages flusherd's attempts wrote back. An idle spell of
+// over a second is not counted (the kernel skips such a period too). Called
+// on the device's goroutine.
+func (wb *Writeback) updateBandwidth(now time.Duration) {
+	wb.mu.Lock()
+	has := wb.hasDirtyIOLocked()
+	flusherdWritten := wb.written * uint64(os.Getpagesize())
+	wb.mu.Unlock()
+	written := flusherdWritten
+	if wb.diskWritten != nil {
+		if n, err := wb.diskWritten(); err == nil {
+			written = n
+		} else {
+			wb.diskWritten = nil // not a block device: no stat file to read
+			wb.log.Debug("no block device statistics for this bdi; its bandwidth is flusherd's own writeback", zap.Error(err))
+			wb.bwStarted = false
+		}
+	}
+	elapsed := now - wb.bwStamp
+	switch {
+	case !wb.bwStarted || (elapsed > time.Second && (wb.bwIdle || !has)):
+		// The first look, or the device was idle for a while: a new
+		// stamp, no rate.
+		wb.bwStarted = true
+	case elapsed < bandwidthInterval:
+		return
+	default:
+		wb.mu.Lock()
+		wb.bandwidth, wb.avgBandwidth = writeBandwidth(wb.bandwidth, wb.avgBandwidth, written-min(written, wb.bwWritten), elapsed)
+		wb.mu.Unlock()
+	}
+	wb.bwStamp, wb.bwWritten, wb.bwIdle = now, written, !has
+}
+
+// writeBandwidth is wb_update_write_bandwidth's arithmetic: given the
+// old write_bandwidth and avg_write_bandwidth (kB/s) and the bytes
+// written over elapsed, it returns the new ones.
+func writeBandwidth(old, avg, written uint64, elapsed time.Duration) (bw, newAvg uint64) {
+	rate := written * uint64(time.Second) / uint64(elapsed) / 1024 // kB/s
+	if elapsed > bandwidthPeriod || (old == 0 && avg == 0) {
+		// A period's worth, or the first figure (the kernel starts
+		// from a guess, INIT_BW; flusherd from its first measurement).
+		return rate, rate
+	}
+	bw = (rate*uint64(elapsed) + old*uint64(bandwidthPeriod-elapsed)) / uint64(bandwidthPeriod)
+	newAvg = avg
+	if newAvg > old && old >= bw {
+		newAvg -= (newAvg - old) >> 3
+	}
+	if newAvg < old && old <= bw {
+		newAvg += (old - newAvg) >> 3
+	}
+	return bw, newAvg
+}

@@ -1,0 +1,390 @@
+package bdi
+
+import (
+	"context"
+	"slices"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"flusherd/inode"
+)
+
+// bgConfig is testConfig with a background threshold of thresh pages and
+// range writeback off.
+func bgConfig(thresh int64) Config {
+	cfg := testConfig()
+	cfg.DirtyBackgroundBytes = thresh * pg
+	return cfg
+}
+
+// machineDirty makes the device read /proc/vmstat nr_dirty as n pages.
+func machineDirty(n uint64) func(h *harness) {
+	return func(h *harness) { h.wb.vmDirty = func() (uint64, error) { return n, nil } }
+}
+
+// writeOrder returns the paths of the fake's writes (sync_file_range,
+// fdatasync), in order, each once.
+func writeOrder(fs *fakeFS) []string {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	var out []string
+	for _, c := range fs.calls {
+		if (c.op == "sync_file_range" || c.op == "fdatasync") && !slices.Contains(out, c.path) {
+			out = append(out, c.path)
+		}
+	}
+	return out
+}
+
+// appendPages grows the file by n dirty pages (a writer appending).
+func (f *fakeFile) appendPages(n int) {
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	first := (f.size + pg - 1) / pg
+	for i := range int64(n) {
+		f.dirty[first+i] = true
+	}
+	f.size = (first + int64(n)) * pg
+}
+
+// dirtyCount returns the file's dirty pages now.
+func (f *fakeFile) dirtyCount() int {
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	return len(f.dirty)
+}
+
+// TestBackgroundThreshold: over dirty_background_bytes, the background
+// check writes files that are not due, oldest first, and stops once the
+// tracked files are under the threshold: of three files of 40 pages
+// against 64, the two oldest are written (120 → 80 → 40), the newest is
+// not. Nothing is written before the first check (100 ms), and the work
+// is counted in background_works.
+func TestBackgroundThreshold(t *testing.T) {
+	withWB(t, bgConfig(64), func(h *harness) {
+		t := h.t
+		// Marked in an order that is neither path nor inode order.
+		c := h.fs.add("/c", 3, 40*pg, 40)
+		h.mark(c, time.Hour)
+		time.Sleep(10 * time.Millisecond)
+		a := h.fs.add("/a", 1, 40*pg, 40)
+		h.mark(a, time.Hour)
+		time.Sleep(10 * time.Millisecond)
+		b := h.fs.add("/b", 2, 40*pg, 40)
+		h.mark(b, time.Hour)
+		synctest.Wait()
+		if got := writeOrder(h.fs); len(got) != 0 {
+			t.Fatalf("written before the background check: %v", got)
+		}
+		time.Sleep(300 * time.Millisecond)
+		synctest.Wait()
+		got := writeOrder(h.fs)
+		slices.Sort(got) // a batch's calls run in parallel
+		if want := []string{"/a", "/c"}; !slices.Equal(got, want) {
+			t.Errorf("background writes %v, want %v (oldest first, until under the threshold)", got, want)
+		}
+		if n := b.dirtyCount(); n != 40 {
+			t.Errorf("the newest file has %d dirty pages, want 40 (the device is under the threshold without it)", n)
+		}
+		s := h.wb.Snapshot()
+		if s.BackgroundWorks == 0 || s.BdiReclaimable != 40 {
+			t.Errorf("background_works %d, BdiReclaimable %d; want > 0 and 40", s.BackgroundWorks, s.BdiReclaimable)
+		}
+		// Under the threshold from now on: no more background work.
+		works := s.BackgroundWorks
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.BackgroundWorks != works || b.dirtyCount() != 40 {
+			t.Errorf("under the threshold: background_works %d → %d, newest file %d dirty pages; want no change", works, s.BackgroundWorks, b.dirtyCount())
+		}
+	}, machineDirty(1<<20))
+}
+
+// TestBackgroundGate: while the whole machine's dirty pages (nr_dirty) are
+// under the threshold, the tracked files cannot be over it: the check
+// opens no file and starts no background work, however much the
+// device's files hold. Once nr_dirty is over, the same files are looked at
+// and written.
+func TestBackgroundGate(t *testing.T) {
+	var global uint64 = 10
+	withWB(t, bgConfig(64), func(h *harness) {
+		t := h.t
+		for i := range 4 {
+			f := h.fs.add("/f"+string(rune('0'+i)), uint64(i+1), 40*pg, 40)
+			h.mark(f, time.Hour)
+		}
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		if opens := h.fs.callsOf("open", ""); len(opens) != 0 {
+			t.Fatalf("%d opens while nr_dirty was under the threshold, want 0", len(opens))
+		}
+		h.wb.mu.Lock()
+		global = 1 << 20
+		h.wb.mu.Unlock()
+		for i := range 4 { // written again
+			h.wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: uint64(i + 1)}, "/f"+string(rune('0'+i)), "", Tree{Expire: time.Hour})
+		}
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		if got := writeOrder(h.fs); len(got) != 3 {
+			t.Errorf("over nr_dirty: background writes %v, want 3 files (160 → 40 pages, under 64)", got)
+		}
+	}, func(h *harness) {
+		h.wb.vmDirty = func() (uint64, error) {
+			h.wb.mu.Lock()
+			defer h.wb.mu.Unlock()
+			return global, nil
+		}
+	})
+}
+
+// TestBackgroundYieldsToSync: a sync request queued while background work
+// runs is served before the background work's next file: background work
+// yields between inodes (writeback_sb_inodes' check of the work list).
+func TestBackgroundYieldsToSync(t *testing.T) {
+	cfg := bgConfig(8)
+	cfg.MaxPending = 1 // each attempt is its own batch
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		var bg []*fakeFile
+		for i := range 5 {
+			f := h.fs.add("/bg"+string(rune('0'+i)), uint64(i+1), 16*pg, 16)
+			f.onWrite = func() { time.Sleep(20 * time.Millisecond) }
+			h.mark(f, time.Hour)
+			time.Sleep(time.Millisecond)
+			bg = append(bg, f)
+		}
+		urgent := h.fs.add("/urgent", 99, pg, 1)
+		var w *Work
+		bg[0].set(func(f *fakeFile) {
+			f.onWrite = func() {
+				time.Sleep(20 * time.Millisecond)
+				w = &Work{SyncMode: SyncAll, Reason: "sync", Files: []FileRef{{Key: urgent.key, Path: urgent.path, Tree: Tree{Expire: time.Hour}}}}
+				h.wb.Queue(w)
+			}
+		})
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		got := writeOrder(h.fs)
+		i := slices.Index(got, "/urgent")
+		if w == nil || i < 0 {
+			t.Fatalf("writes %v: the sync request was not served", got)
+		}
+		// /bg0 was being written when it was queued; the plug's batch
+		// of one may hold /bg1 as well, no more.
+		if i > 2 {
+			t.Errorf("writes %v: the sync request waited behind %d background files, want at most 2", got, i)
+		}
+		if len(got) < 5 {
+			t.Errorf("writes %v: the background work did not go on after the sync", got)
+		}
+	}, machineDirty(1<<20))
+}
+
+// TestKupdateDuringBackground: a file that expires while a long background
+// work writes a big file (16-page chunks, one per pass) is written before
+// that work ends: each pass's queue_io takes the dirty list again.
+func TestKupdateDuringBackground(t *testing.T) {
+	cfg := bgConfig(64)
+	cfg.WriteChunk = 16 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		big := h.fs.add("/big", 1, 4000*pg, 4000)
+		big.onWrite = func() { time.Sleep(10 * time.Millisecond) }
+		h.mark(big, time.Hour)
+		time.Sleep(300 * time.Millisecond) // the background work runs
+		synctest.Wait()
+		small := h.fs.add("/small", 2, pg, 1)
+		h.mark(small, 50*time.Millisecond)
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		if n := small.dirtyCount(); n != 0 {
+			t.Errorf("the expired file still has %d dirty pages during the background work", n)
+		}
+		if n := big.dirtyCount(); n < 64 {
+			t.Fatalf("the big file is down to %d pages: the background work is over, the test shows nothing", n)
+		}
+	}, machineDirty(1<<20))
+}
+
+// TestRangeWriteback: a file appended 8 pages every 50 ms has what lies
+// behind its last range_bytes (16 pages) written back once it has grown by
+// 32 pages past the last range writeback: the ranges follow the writer
+// (each starts where the last ended), never reach into the hot tail, and
+// its dirty pages stay within 2 × range_bytes plus a check interval's
+// growth, long before its expiry (an hour).
+func TestRangeWriteback(t *testing.T) {
+	cfg := testConfig()
+	cfg.RangeBytes = 16 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/log", 1, 0, 0)
+		maxDirty := 0
+		type rng struct{ off, end, size int64 }
+		var ranges []rng
+		f.onWrite = func() {}
+		for range 60 {
+			f.appendPages(8)
+			h.mark(f, time.Hour)
+			time.Sleep(50 * time.Millisecond)
+			synctest.Wait()
+			maxDirty = max(maxDirty, f.dirtyCount())
+		}
+		f.fs.mu.Lock()
+		size := f.size
+		for _, c := range f.fs.calls {
+			if c.op == "sync_file_range" {
+				ranges = append(ranges, rng{c.off, c.off + c.n, 0})
+			}
+		}
+		f.fs.mu.Unlock()
+		if len(ranges) < 10 {
+			t.Fatalf("%d range writebacks of a file grown to %d pages, want at least 10", len(ranges), size/pg)
+		}
+		for i, r := range ranges {
+			if r.end > size-cfg.RangeBytes {
+				t.Errorf("range %d [%d, %d) reaches into the last range_bytes of the file (size %d)", i, r.off, r.end, size)
+			}
+			if i > 0 && r.off != ranges[i-1].end {
+				t.Errorf("range %d starts at %d, want %d (where the last ended)", i, r.off, ranges[i-1].end)
+			}
+		}
+		if bound := 2*16 + 16; maxDirty > bound {
+			t.Errorf("dirty pages peaked at %d, want at most %d (2 × range_bytes + 100 ms of writes)", maxDirty, bound)
+		}
+		if s := h.wb.Snapshot(); s.RangeWritebacks != uint64(len(ranges)) || s.BdiWritten == 0 {
+			t.Errorf("range_writebacks %d (want %d), BdiWritten %d (want > 0)", s.RangeWritebacks, len(ranges), s.BdiWritten)
+		}
+	})
+}
+
+// TestRangeWritebackSkipsTheTail: a file written once, in one burst, is
+// not streaming: no range writeback, whatever its size; neither is a file
+// that stops growing (its tail is written at expiry, not before).
+func TestRangeWritebackSkipsTheTail(t *testing.T) {
+	cfg := testConfig()
+	cfg.RangeBytes = 16 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		once := h.fs.add("/once", 1, 1000*pg, 1000)
+		h.mark(once, time.Hour)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if c := h.fs.callsOf("sync_file_range", "/once"); len(c) != 0 {
+			t.Errorf("a file written once had %d range writebacks, want 0", len(c))
+		}
+		if opens := h.fs.callsOf("open", "/once"); len(opens) != 0 {
+			t.Errorf("a file written once was opened %d times by background checks, want 0", len(opens))
+		}
+		// Written in two checks, then no more: one range writeback,
+		// leaving the last 16 pages, and nothing after.
+		s := h.fs.add("/stops", 2, 0, 0)
+		for range 3 {
+			s.appendPages(40)
+			h.mark(s, time.Hour)
+			time.Sleep(60 * time.Millisecond)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		calls := h.fs.callsOf("sync_file_range", "/stops")
+		if len(calls) == 0 {
+			t.Fatalf("no range writeback of a file written across checks")
+		}
+		last := calls[len(calls)-1]
+		if end := last.off + last.n; end != 120*pg-cfg.RangeBytes {
+			t.Errorf("the last range ends at page %d, want %d (all but the last range_bytes)", end/pg, 120-16)
+		}
+		if n := s.dirtyCount(); n != 16 {
+			t.Errorf("%d dirty pages left, want the 16 of the tail (written at expiry)", n)
+		}
+	})
+}
+
+// TestCountsKeptOnFailure: an attempt that fails after reading the file's
+// state (its write returns EROFS: an ext4 remounted read-only after an
+// error) leaves BdiReclaimable at what it read, not 0; one that fails at
+// open leaves the last known count.
+func TestCountsKeptOnFailure(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 100 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/ro", 1, 8*pg, 8)
+		f.writeErr = syscall.EROFS
+		h.mark(f, 50*time.Millisecond)
+		time.Sleep(300 * time.Millisecond)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.BdiReclaimable != 8 || s.WritebackErrors == 0 {
+			t.Fatalf("after a failed write: BdiReclaimable %d, errors %d; want 8, > 0", s.BdiReclaimable, s.WritebackErrors)
+		}
+		f.set(func(f *fakeFile) { f.openErr = syscall.EIO })
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.BdiReclaimable != 8 {
+			t.Errorf("after failed opens: BdiReclaimable %d, want the last known 8", s.BdiReclaimable)
+		}
+	})
+}
+
+// TestAutoWriteChunk: write_chunk = "auto" is writeback_chunk_size's rule:
+// 4 MiB until the bandwidth is known, then half a second of it rounded
+// down to 4 MiB after adding 4 MiB, at most 128 MiB and at most
+// max_inflight.
+func TestAutoWriteChunk(t *testing.T) {
+	for _, tc := range []struct {
+		avgKBps     uint64
+		maxInflight int64
+		want        int64
+	}{
+		{0, 0, 4 << 20},
+		{40 * 1024, 0, 24 << 20},          // 20 MiB + 4 MiB
+		{10 * 1024, 0, 8 << 20},           // 5 MiB + 4 → 9 → 8 MiB
+		{1024 * 1024, 0, 128 << 20},       // 512 MiB: clamped
+		{1024 * 1024, 16 << 20, 16 << 20}, // max_inflight
+	} {
+		cfg := testConfig()
+		cfg.WriteChunkAuto, cfg.WriteChunk, cfg.MaxInflight = true, 1, tc.maxInflight
+		wb := New("7:0", cfg, func() time.Duration { return 0 }, newFakeFS(nil), nil, nil)
+		wb.mu.Lock()
+		wb.avgBandwidth = tc.avgKBps
+		wb.mu.Unlock()
+		if got := wb.writeChunk(); got != tc.want {
+			t.Errorf("avg %d kB/s, max_inflight %d: chunk %d, want %d", tc.avgKBps, tc.maxInflight, got, tc.want)
+		}
+	}
+	cfg := testConfig()
+	cfg.WriteChunk = 12345
+	if got := New("7:0", cfg, nil, newFakeFS(nil), nil, nil).writeChunk(); got != 12345 {
+		t.Errorf("fixed write_chunk: %d, want 12345", got)
+	}
+}
+
+// TestNoChecksWhenOff: with range writeback and the background threshold
+// off, marking files keeps no touched list and wakes no check.
+func TestNoChecksWhenOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		epoch := time.Now()
+		now := func() time.Duration { return time.Since(epoch) }
+		fs := newFakeFS(now)
+		wb := New("7:0", testConfig(), now, fs, nil, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		go wb.Run(ctx)
+		defer func() { cancel(); <-wb.Stopped() }()
+		for i := range 10 {
+			f := fs.add("/f"+string(rune('0'+i)), uint64(i+1), 4*pg, 4)
+			wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
+		}
+		synctest.Wait()
+		loops := wb.Loops.Load()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		wb.mu.Lock()
+		n := len(wb.touched)
+		wb.mu.Unlock()
+		if n != 0 || wb.Loops.Load() != loops {
+			t.Errorf("touched %d, loops %d → %d; want 0 and no wakeup before the kupdate tick", n, loops, wb.Loops.Load())
+		}
+	})
+}
