@@ -661,7 +661,7 @@ func TestSize(t *testing.T) {
 		in   int64
 		want string
 	}{
-		{4 << 20, "4MiB"}, {3 << 30, "3GiB"}, {1536 << 10, "1536KiB"}, {4097, "4097B"}, {0, "0B"},
+		{4 << 20, "4MiB"}, {3 << 30, "3GiB"}, {1536 << 10, "1536KiB"}, {4097, "4097B"}, {0, "0"},
 	} {
 		if got := formatSize(tt.in); got != tt.want {
 			t.Errorf("formatSize(%d) = %q, want %q", tt.in, got, tt.want)
@@ -960,4 +960,34 @@ func levelOf(c *Config) string {
 		return ""
 	}
 	return c.Log.Level
+}
+
+// TestWriteChunkAuto: write_chunk = "auto" is read, written back as
+// "auto", and frees max_inflight_bytes from following write_chunk (the
+// chunk follows the bandwidth, and is bounded by max_inflight_bytes).
+func TestWriteChunkAuto(t *testing.T) {
+	c, err := Parse("f.toml", []byte("[writeback]\nwrite_chunk = \"auto\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if !c.Writeback.WriteChunkAuto || c.Plug.MaxInflightBytes != 16<<20 {
+		t.Errorf("auto: WriteChunkAuto %v, max_inflight_bytes %d; want true, 16MiB", c.Writeback.WriteChunkAuto, c.Plug.MaxInflightBytes)
+	}
+	var buf bytes.Buffer
+	if err := c.Encode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "write_chunk = \"auto\"") {
+		t.Errorf("encoded without write_chunk = \"auto\":\n%s", buf.String())
+	}
+	back, err := Parse("g.toml", buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(c, back, ignoreSrc); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
 }

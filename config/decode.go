@@ -304,6 +304,9 @@ func parseSize(s string) (int64, error) {
 
 // formatSize writes n bytes with the largest binary unit that divides it.
 func formatSize(n int64) string {
+	if n == 0 {
+		return "0"
+	}
 	for _, u := range []struct {
 		name string
 		mult int64

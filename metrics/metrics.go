@@ -91,6 +91,7 @@ type Collector struct {
 	written, plugRequests, plugMerges, plugBatches, wbErrors, rescans *prometheus.Desc
 	watchEvents, watchOverflows, watchRescans, watchUnwatched         *prometheus.Desc
 	watchBackend                                                      *prometheus.Desc
+	backgroundWorks, rangeWritebacks, inflight, bandwidth, dirtied    *prometheus.Desc
 }
 
 // NewCollector returns a Collector over src; pageSize (bytes) converts the
@@ -109,9 +110,9 @@ func NewCollector(src Source, pageSize int) *Collector {
 			"b_more_io_wait (could not be written now, retried after a pause), failed (data lost after a failed "+
 			"writeback, until written again; failed_files in the stats file).", "bdi", "list"),
 		dirty: d("dirty_bytes", "Dirty page-cache data in tracked files, as cachestat saw it at each file's last "+
-			"writeback attempt (BdiReclaimable).", dev...),
+			"writeback attempt or background check (BdiReclaimable).", dev...),
 		writeback: d("writeback_bytes", "Page-cache data under writeback in tracked files, as cachestat saw it at "+
-			"each file's last writeback attempt (BdiWriteback).", dev...),
+			"each file's last writeback attempt or background check (BdiWriteback, inflight_bytes).", dev...),
 		retryPause: d("retry_pause_seconds", "Current pause before files on b_more_io_wait are retried; "+
 			"0 when none waits.", dev...),
 		maxDirtyAge: d("max_dirty_age_seconds", "Age of the oldest dirty data of a tracked file on the device; "+
@@ -133,6 +134,15 @@ func NewCollector(src Source, pageSize int) *Collector {
 		watchRescans:   d("watch_rescans_total", "Cachestat rescans of the watched trees."),
 		watchUnwatched: d("watch_unwatched_directories", "Directories inotify could not watch (fs.inotify.max_user_watches "+
 			"reached); they are rescanned every watcher.rescan_interval."),
+		backgroundWorks: d("background_works_total", "Background writeback works run: the tracked files' dirty data was "+
+			"over dirty_background_bytes or dirty_background_ratio (background_works).", dev...),
+		rangeWritebacks: d("range_writebacks_total", "Range writebacks behind streaming writers (range_bytes; "+
+			"range_writebacks).", dev...),
+		inflight: d("inflight_bytes", "Data under writeback in tracked files (inflight_bytes; what "+
+			"max_inflight_bytes bounds).", dev...),
+		bandwidth: d("write_bandwidth_bytes_per_second", "The device's completed write bandwidth, smoothed as the "+
+			"kernel's wb_update_write_bandwidth (BdiWriteBandwidth).", dev...),
+		dirtied: d("dirtied_bytes_total", "Data seen newly dirty in tracked files (BdiDirtied).", dev...),
 		watchBackend: d("watch_backend_info", "The watcher backend in use, in the label backend (fanotify or inotify); always 1.",
 			"backend"),
 	}
@@ -144,6 +154,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.inodes, c.dirty, c.writeback, c.retryPause, c.maxDirtyAge, c.stuckCalls,
 		c.written, c.plugRequests, c.plugMerges, c.plugBatches, c.wbErrors, c.rescans,
 		c.watchEvents, c.watchOverflows, c.watchRescans, c.watchUnwatched, c.watchBackend,
+		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.bandwidth, c.dirtied,
 	} {
 		ch <- d
 	}
@@ -178,6 +189,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.wbErrors, s.Outcomes[o], n, o.String())
 		}
 		counter(c.rescans, s.Rescans, n)
+		counter(c.backgroundWorks, s.BackgroundWorks, n)
+		counter(c.rangeWritebacks, s.RangeWritebacks, n)
+		gauge(c.inflight, float64(s.InflightBytes), n)
+		gauge(c.bandwidth, float64(s.BdiWriteBandwidth)*1024, n)
+		ch <- prometheus.MustNewConstMetric(c.dirtied, prometheus.CounterValue, bytes(s.BdiDirtied), n)
 	}
 	backend, w := c.src.Watch()
 	if w == nil {

@@ -47,6 +47,8 @@ func newFake() *fakeSource {
 	sda.StuckCalls = 2
 	sda.FailedFiles = 1
 	sda.Rescans = 3
+	sda.BackgroundWorks, sda.RangeWritebacks, sda.InflightBytes = 4, 11, 12288
+	sda.BdiWriteBandwidth, sda.BdiDirtied = 40960, 54715
 	sda.Outcomes[policy.Clean] = 900 // not an error: not exported
 	sda.Outcomes[policy.Blocked] = 5
 	sda.Outcomes[policy.FSUnavailable] = 1

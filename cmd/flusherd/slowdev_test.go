@@ -43,11 +43,11 @@ func throttleWrites(t *testing.T, majMin string, bps int64) (unthrottle func()) 
 
 // TestSlowDeviceSmallFile: on a device throttled to 20 MB/s, a small file
 // written 2 s into a 96 MiB stream is clean within expire + interval + 1 s:
-// flusherd keeps at most writeback.max_inflight under writeback on the
+// flusherd keeps at most plug.max_inflight_bytes under writeback on the
 // device, so the stream cannot queue ahead of it. Before the bound, the
 // whole stream was put in flight (the throttle queue takes every
 // submission without blocking) and the small file waited behind it: about
-// 4.2 s here, which the "unbounded" case (max_inflight 64GiB) shows side by
+// 4.2 s here, which the "unbounded" case (max_inflight_bytes 64GiB) shows side by
 // side.
 //
 // The daemon is the plain build (plainBinary) also under -race: the bound
@@ -69,7 +69,8 @@ func TestSlowDeviceSmallFile(t *testing.T) {
 [writeback]
 dirty_writeback_interval = "500ms"
 dirty_expire_interval = "1s"
-max_inflight = %q
+[plug]
+max_inflight_bytes = %q
 [[watch]]
 path = %q
 `, c.inflight, tree), nil)
@@ -170,7 +171,8 @@ dirty_writeback_interval = "200ms"
 dirty_expire_interval = "500ms"
 attempt_timeout = "1s"
 write_chunk = "16KiB"
-max_inflight = "16KiB"
+[plug]
+max_inflight_bytes = "16KiB"
 [[watch]]
 path = %q
 `, ffs.Dir))
