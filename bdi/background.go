@@ -248,8 +248,9 @@ func (wb *Writeback) startSample(now time.Duration) {
 	wb.sampling = true
 	id := wb.trackCallLocked(now)
 	wb.mu.Unlock()
+	chunk := wb.writeChunk()
 	go func() {
-		res := wb.runSample(probes, cfg)
+		res := wb.runSample(probes, cfg, chunk)
 		wb.mu.Lock()
 		wb.returnedLocked(id)
 		wb.sampling = false
@@ -262,10 +263,12 @@ func (wb *Writeback) startSample(now time.Duration) {
 // runSample opens each probed file (as attempts do), reads cachestat and,
 // for a streaming file that has grown by 2 × range_bytes past its range
 // offset, starts writeback (sync_file_range WRITE) of what lies between
-// that offset and its last range_bytes, unless the device has
-// max_inflight under writeback (then it waits for the next check). Runs
-// off the device's goroutine.
-func (wb *Writeback) runSample(probes []sampleProbe, cfg Config) []sampleResult {
+// that offset and its last range_bytes, at most chunk bytes of it (a
+// writer faster than a chunk per check is followed over several checks,
+// and background work takes the rest), unless the device has max_inflight
+// under writeback (then it waits for the next check). Runs off the
+// device's goroutine.
+func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []sampleResult {
 	page := int64(os.Getpagesize())
 	out := make([]sampleResult, 0, len(probes))
 	for _, p := range probes {
@@ -283,7 +286,7 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config) []sampleResult 
 		if off > size {
 			off = 0 // truncated
 		}
-		end := (size - cfg.RangeBytes) / page * page
+		end := min((size-cfg.RangeBytes)/page*page, off+max(chunk, page)/page*page)
 		if err == nil && p.streaming && d > 0 && size-off > 2*cfg.RangeBytes && end > off && !wb.congested(p.in, w, cfg.MaxInflight) {
 			rd, _, cerr := f.Cachestat(off, end-off)
 			if cerr == nil {

@@ -388,3 +388,34 @@ func TestNoChecksWhenOff(t *testing.T) {
 		}
 	})
 }
+
+// TestRangeWritebackAtMostAChunk: a writer faster than write_chunk per
+// check (64 pages per 50 ms, with write_chunk 16 pages) gets range
+// writebacks of at most write_chunk each, one after the other, so one
+// range writeback never puts a whole burst in flight.
+func TestRangeWritebackAtMostAChunk(t *testing.T) {
+	cfg := testConfig()
+	cfg.RangeBytes, cfg.WriteChunk = 4*pg, 16*pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/fast", 1, 0, 0)
+		for range 20 {
+			f.appendPages(64)
+			h.mark(f, time.Hour)
+			time.Sleep(50 * time.Millisecond)
+		}
+		synctest.Wait()
+		calls := h.fs.callsOf("sync_file_range", "/fast")
+		if len(calls) < 5 {
+			t.Fatalf("%d range writebacks, want at least 5", len(calls))
+		}
+		for i, c := range calls {
+			if c.n <= 0 || c.n > cfg.WriteChunk {
+				t.Errorf("range writeback %d writes %d bytes, want 1 to %d (write_chunk)", i, c.n, cfg.WriteChunk)
+			}
+			if i > 0 && c.off != calls[i-1].off+calls[i-1].n {
+				t.Errorf("range writeback %d starts at %d, want %d", i, c.off, calls[i-1].off+calls[i-1].n)
+			}
+		}
+	})
+}
