@@ -84,6 +84,16 @@ func (wb *Writeback) touchLocked(in *inode.Inode) bool {
 	return len(wb.touched) == 1
 }
 
+// shrink empties a list of inodes for reuse, keeping its capacity unless
+// a burst made it large.
+func shrink(l []*inode.Inode) []*inode.Inode {
+	if cap(l) > 4096 {
+		return nil
+	}
+	clear(l)
+	return l[:0]
+}
+
 // sampleProbe is one file a background check looks at; sampleResult is
 // what its worker saw and did.
 type sampleProbe struct {
@@ -137,8 +147,11 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 	}
 	wb.updateBandwidth(now)
 	if due {
+		// Streaming means written in consecutive checks: after a pause
+		// of more than one interval without writes, nothing is.
+		consecutive := now-wb.lastCheck <= 2*backgroundCheckInterval
 		wb.lastCheck = now
-		wb.startSample(now)
+		wb.startSample(now, consecutive)
 	}
 	wb.mu.Lock()
 	over := wb.wbOverBgThreshLocked()
@@ -189,7 +202,7 @@ func (wb *Writeback) wbOverBgThreshLocked() bool {
 // runs the sample on a goroutine of its own, as a call off the device's
 // goroutine (counted in stuck_calls past attempt_timeout: an open on a
 // stalled filesystem). Its results are taken in by the next check.
-func (wb *Writeback) startSample(now time.Duration) {
+func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	wb.mu.Lock()
 	cfg := wb.cfg
 	wb.mu.Unlock()
@@ -214,11 +227,11 @@ func (wb *Writeback) startSample(now time.Duration) {
 	// Files the last check took but that were not written since are not
 	// streaming any more.
 	for _, in := range wb.streaming {
-		if !in.Has(inode.Touched) {
+		if !in.Has(inode.Touched) || !consecutive {
 			in.State &^= inode.Streaming
 		}
 	}
-	wb.streaming = wb.streaming[:0]
+	wb.streaming = shrink(wb.streaming)
 	var probes []sampleProbe
 	rest := wb.touched[:0]
 	for _, in := range wb.touched {
@@ -241,6 +254,9 @@ func (wb *Writeback) startSample(now time.Duration) {
 	}
 	clear(wb.touched[len(rest):])
 	wb.touched = rest
+	if cap(wb.touched) > 4096 && len(rest) < cap(wb.touched)/4 {
+		wb.touched = append([]*inode.Inode(nil), rest...) // a burst's capacity is not kept
+	}
 	if len(probes) == 0 {
 		wb.mu.Unlock()
 		return

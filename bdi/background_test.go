@@ -419,3 +419,32 @@ func TestRangeWritebackAtMostAChunk(t *testing.T) {
 		}
 	})
 }
+
+// TestStreamingNeedsConsecutiveChecks: a file written, then again a second
+// later, is not streaming (no check saw it written in between): no range
+// writeback; written again within the next check, it is.
+func TestStreamingNeedsConsecutiveChecks(t *testing.T) {
+	cfg := testConfig()
+	cfg.RangeBytes = 16 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/f", 1, 0, 0)
+		f.appendPages(100)
+		h.mark(f, time.Hour)
+		time.Sleep(time.Second)
+		f.appendPages(100)
+		h.mark(f, time.Hour)
+		time.Sleep(150 * time.Millisecond)
+		synctest.Wait()
+		if c := h.fs.callsOf("sync_file_range", "/f"); len(c) != 0 {
+			t.Fatalf("range writeback of a file written twice a second apart: %v", c)
+		}
+		f.appendPages(100)
+		h.mark(f, time.Hour)
+		time.Sleep(150 * time.Millisecond)
+		synctest.Wait()
+		if c := h.fs.callsOf("sync_file_range", "/f"); len(c) != 1 {
+			t.Errorf("written in consecutive checks: %d range writebacks, want 1", len(c))
+		}
+	})
+}
