@@ -378,6 +378,43 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 	}
 }
 
+// TestInflightRoomLimitsTheChunk: a big file's attempt writes no more than
+// the room left under max_inflight: 16 pages allowed, 4 under writeback
+// in another file, so a window of 12 pages although write_chunk is 64; a
+// file of write_chunk/4 or less goes whole, room or not.
+func TestInflightRoomLimitsTheChunk(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 64 * pg
+	cfg.MaxInflight = 16 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		busy := h.fs.add("/busy", 1, pg, 1)
+		h.mark(busy, time.Hour)
+		h.wb.mu.Lock()
+		h.wb.inodes[busy.key].WritebackPages = 4
+		h.wb.mu.Unlock()
+		big := h.fs.add("/big", 2, 100*pg, 100)
+		h.mark(big, 0)
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		c := h.fs.callsOf("sync_file_range", "/big")
+		if len(c) == 0 || c[0].n != 12*pg {
+			t.Fatalf("first write of the big file: %v, want one window of 12 pages (16 allowed, 4 in flight)", c)
+		}
+		h.wb.mu.Lock()
+		h.wb.inodes[busy.key].WritebackPages = 16
+		h.wb.mu.Unlock()
+		small := h.fs.add("/small", 3, 16*pg, 16)
+		h.mark(small, 0)
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		if c := h.fs.callsOf("sync_file_range", "/small"); len(c) != 1 || c[0].n != 0 {
+			t.Errorf("a file of write_chunk/4 with no room: %v, want one whole-file write", c)
+		}
+	})
+}
+
 // TestAttemptRelease: the file of an attempt is closed by the last of its
 // holders, once.
 func TestAttemptRelease(t *testing.T) {

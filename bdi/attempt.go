@@ -229,20 +229,23 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 	return wins, queued, budget <= 0, merged, nil
 }
 
-// congested reports whether the device has maxInflight bytes
-// (writeback.max_inflight; 0: no bound) or more under writeback: the writeback pages that cachestat last saw in
-// every tracked file, in's own replaced by wbp (just read). It bounds the
+// inflightRoom returns how many more bytes may go under writeback on the
+// device before maxInflight (plug.max_inflight_bytes; 0: no bound, room
+// math.MaxInt64) is reached: maxInflight less the writeback pages that
+// cachestat last saw in every tracked file, in's own replaced by wbp (just
+// read); 0 or less when the device is at or over the bound. It bounds the
 // writeback flusherd puts in flight on one device, as the kernel's blk-wbt
-// bounds in-flight writes, so that a stream of big files cannot fill a
-// slow device's queue (a throttled cgroup's, a USB disk's) ahead of a
-// small file. O(tracked files), only for files with more than
-// write_chunk/4 to write; a deferral is counted in throttled. Safe on a
-// worker.
-func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) bool {
+// bounds in-flight writes, so that a stream of big files, a range
+// writeback or background work cannot fill a slow device's queue (a
+// throttled cgroup's, a USB disk's) ahead of a small file or another
+// program's write. O(tracked files), only for files with more than
+// write_chunk/4 to write and for range writebacks. Safe on a worker.
+func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64) int64 {
 	if maxInflight <= 0 {
-		return false
+		return math.MaxInt64
 	}
-	limit := uint64(maxInflight / int64(os.Getpagesize()))
+	page := int64(os.Getpagesize())
+	limit := uint64(maxInflight / page)
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	sum := wbp
@@ -254,10 +257,18 @@ func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) b
 			sum += uint64(o.WritebackPages)
 		}
 	}
-	if sum < limit {
+	return maxInflight - int64(min(sum, limit))*page
+}
+
+// congested reports whether the device has no room for a page more under
+// writeback (inflightRoom), and counts that deferral in throttled.
+func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) bool {
+	if wb.inflightRoom(in, wbp, maxInflight) >= int64(os.Getpagesize()) {
 		return false
 	}
+	wb.mu.Lock()
 	wb.throttled++
+	wb.mu.Unlock()
 	return true
 }
 

@@ -279,10 +279,11 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 // runSample opens each probed file (as attempts do), reads cachestat and,
 // for a streaming file that has grown by 2 × range_bytes past its range
 // offset, starts writeback (sync_file_range WRITE) of what lies between
-// that offset and its last range_bytes, at most chunk bytes of it (a
-// writer faster than a chunk per check is followed over several checks,
-// and background work takes the rest), unless the device has max_inflight
-// under writeback (then it waits for the next check). Runs off the
+// that offset and its last range_bytes, at most chunk bytes of it and no
+// more than the room under max_inflight_bytes (a writer faster than that
+// per check is followed over several checks, and background work takes
+// the rest; with no room it waits for the next check, counted in
+// throttled). Runs off the
 // device's goroutine.
 func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []sampleResult {
 	page := int64(os.Getpagesize())
@@ -302,8 +303,17 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 		if off > size {
 			off = 0 // truncated
 		}
-		end := min((size-cfg.RangeBytes)/page*page, off+max(chunk, page)/page*page)
-		if err == nil && p.streaming && d > 0 && size-off > 2*cfg.RangeBytes && end > off && !wb.congested(p.in, w, cfg.MaxInflight) {
+		room := int64(0)
+		if err == nil && p.streaming && d > 0 && size-off > 2*cfg.RangeBytes {
+			room = wb.inflightRoom(p.in, w, cfg.MaxInflight) / page * page
+			if room <= 0 {
+				wb.mu.Lock()
+				wb.throttled++
+				wb.mu.Unlock()
+			}
+		}
+		end := min((size-cfg.RangeBytes)/page*page, off+min(max(chunk, page)/page*page, room))
+		if room > 0 && end > off {
 			rd, _, cerr := f.Cachestat(off, end-off)
 			if cerr == nil {
 				if err := f.StartWriteback(off, end-off); err == nil {

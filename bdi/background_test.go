@@ -448,3 +448,31 @@ func TestStreamingNeedsConsecutiveChecks(t *testing.T) {
 		}
 	})
 }
+
+// TestThrottleRetry: files deferred by max_inflight_bytes are retried after
+// the time half the bound takes to drain at the device's bandwidth, within
+// [5 ms, 50 ms]; 50 ms while the bandwidth is not known.
+func TestThrottleRetry(t *testing.T) {
+	for _, tc := range []struct {
+		kBps     uint64
+		inflight int64
+		want     time.Duration
+	}{
+		{0, 16 << 20, 50 * time.Millisecond},
+		{40 * 1024, 2 << 20, 25 * time.Millisecond},  // 1 MiB at 40 MiB/s
+		{40 * 1024, 16 << 20, 50 * time.Millisecond}, // 200 ms: capped
+		{4 << 20, 2 << 20, 5 * time.Millisecond},     // 4 GiB/s: floor
+		{40 * 1024, 0, 50 * time.Millisecond},        // no bound
+	} {
+		cfg := testConfig()
+		cfg.MaxInflight = tc.inflight
+		wb := New("7:0", cfg, nil, newFakeFS(nil), nil, nil)
+		wb.mu.Lock()
+		wb.avgBandwidth = tc.kBps
+		got := wb.throttleRetryLocked()
+		wb.mu.Unlock()
+		if got != tc.want {
+			t.Errorf("%d kB/s, max_inflight %d: retry after %v, want %v", tc.kBps, tc.inflight, got, tc.want)
+		}
+	}
+}

@@ -490,16 +490,25 @@ func (wb *Writeback) doAttempt(r *request) error {
 			}
 			return wb.closeCall(r, nil)
 		}
-		if !r.Integrity && int64(d)*int64(os.Getpagesize()) > w.chunk {
-			if wb.congested(att.in, wbp, w.maxInflight) {
-				// More than write_chunk to write, and the device has
-				// max_inflight under writeback: not now (b_more_io_wait,
-				// with backoff), so that a small file written
-				// meanwhile does not queue behind this one's stream.
+		page := int64(os.Getpagesize())
+		if dirty := int64(d) * page; !r.Integrity && dirty > w.chunk/4 {
+			room := wb.inflightRoom(att.in, wbp, w.maxInflight) / page * page
+			if room <= 0 {
+				// More than write_chunk/4 to write, and the device has
+				// max_inflight_bytes under writeback: not now
+				// (b_more_io_wait, retried soon), so that a small file
+				// written meanwhile does not queue behind this one's
+				// stream.
 				w.deferred = true
+				wb.mu.Lock()
+				wb.throttled++
+				wb.mu.Unlock()
 				return wb.closeCall(r, nil)
 			}
-			if !w.fallback {
+			if limit := min(w.chunk, room); dirty > limit && !w.fallback {
+				// At most write_chunk, and no more than the room left
+				// under max_inflight_bytes.
+				w.chunk = limit
 				return wb.writeChunks(r)
 			}
 		}

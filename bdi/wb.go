@@ -311,8 +311,30 @@ type passCounters struct {
 }
 
 // throttleRetry is the longest wait before the files deferred by
-// max_inflight are tried again (b_more_io_wait's pause is cut to it).
-const throttleRetry = 50 * time.Millisecond
+// max_inflight are tried again (b_more_io_wait's pause is cut to it), and
+// minThrottleRetry the shortest (throttleRetryLocked).
+const (
+	throttleRetry    = 50 * time.Millisecond
+	minThrottleRetry = 5 * time.Millisecond
+)
+
+// throttleRetryLocked is the wait before files deferred by
+// max_inflight_bytes are tried again: the time the device takes to write
+// half of max_inflight_bytes at its average write bandwidth, between
+// minThrottleRetry and throttleRetry (throttleRetry while the bandwidth is
+// unknown). A small bound on a fast device is then refilled before it
+// drains, and a slow device is not polled more than it needs.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) throttleRetryLocked() time.Duration {
+	bw := int64(wb.avgBandwidth) * 1024 // bytes/s
+	if bw <= 0 || wb.cfg.MaxInflight <= 0 {
+		return throttleRetry
+	}
+	d := time.Duration(float64(wb.cfg.MaxInflight/2) / float64(bw) * float64(time.Second))
+	return min(max(d, minThrottleRetry), throttleRetry)
+}
 
 func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
 
@@ -643,7 +665,7 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		// that did not reach them must not postpone them.
 		d := wb.backoff.Next(w.progress)
 		if w.throttled {
-			d = min(d, throttleRetry)
+			d = min(d, wb.throttleRetryLocked())
 		}
 		wb.waitRetryAt = wb.now() + d
 	}

@@ -65,8 +65,8 @@ func (c *Config) check(stat bool) error {
 		}
 		add(key, "min_pause %s is greater than max_pause %s%s", wb.MinPause, wb.MaxPause, note)
 	}
-	if inflight := c.Plug.MaxInflightBytes; inflight < 0 || (inflight > 0 && !wb.WriteChunkAuto && inflight < wb.WriteChunk) {
-		add(s.inflightKey(), "must be 0 (no bound) or at least write_chunk (%d bytes), got %d", wb.WriteChunk, inflight)
+	if inflight := c.Plug.MaxInflightBytes; inflight < 0 || (inflight > 0 && inflight < MinWriteChunk) {
+		add(s.inflightKey(), "must be 0 (no bound) or at least %d bytes (4KiB), got %d", MinWriteChunk, inflight)
 	}
 	if !wb.WriteChunkAuto && wb.WriteChunk < MinWriteChunk {
 		add("writeback.write_chunk", "must be at least %d bytes (4KiB) or \"auto\", got %d", MinWriteChunk, wb.WriteChunk)
