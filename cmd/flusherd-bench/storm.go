@@ -114,7 +114,7 @@ const defaultFConfig = `[writeback]
 dirty_background_bytes = "32MiB"
 range_bytes = "1MiB"
 [plug]
-max_inflight_bytes = "8MiB"`
+max_inflight_bytes = "1MiB"`
 
 // notClean stands for "not clean within --max-wait" in a time to clean.
 const notClean = time.Duration(math.MaxInt64)
@@ -447,6 +447,9 @@ type stormRun struct {
 	sizeMB int
 	vm     map[string]string
 	queue  string // the loop device's queue settings, from the first run
+	// statsFile is the running daemon's stats file of the loop device
+	// (method f).
+	statsFile string
 }
 
 func (r *stormRun) methodName(m byte) string {
@@ -476,7 +479,15 @@ type stormSample struct {
 	dirty, wb uint64 // bytes
 }
 
+// estSample is flusherd's estimate of the tree's dirty bytes (the stats
+// file's BdiReclaimable, rewritten at most once a second) beside a
+// cachestat of every file in the tree, at a moment (method f).
+type estSample struct {
+	est, truth uint64 // bytes
+}
+
 type stormResult struct {
+	ests                 []estSample
 	method               byte
 	run                  int
 	burstStart, burstEnd int64 // the writer's first write and its end (monotonic ns)
@@ -566,6 +577,7 @@ func (r *stormRun) once(m byte, run int) (res *stormResult, err error) {
 				res, err = nil, serr
 			}
 		}()
+		r.statsFile = filepath.Join(ddir, "run", "bdi", fs.MajMin, "stats")
 		res, err = r.measure(ctx, m, run, fs, probePath, burstPath, d)
 		if err != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w\ndaemon log (last lines):\n%s", err, tail(d.logText(), 20))
@@ -705,6 +717,12 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 			return nil, err
 		}
 		res.samples = append(res.samples, stormSample{at: now, dirty: dirty, wb: wb})
+		if d != nil {
+			if est, ok := reclaimable(r.statsFile); ok {
+				pd, _, _ := cachestatPath(probePath)
+				res.ests = append(res.ests, estSample{est: est, truth: dirty + pd})
+			}
+		}
 		res.sampleWaits(probe.cmd.Process.Pid)
 		if writerFinished && dirty+wb == 0 {
 			res.cleanAt = now
@@ -743,6 +761,52 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 		}
 	}
 	return res, nil
+}
+
+// reclaimable reads BdiReclaimable (kB) from a flusherd stats file, in
+// bytes; false when the file is not there yet or has no such line.
+func reclaimable(path string) (uint64, bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	for l := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(l, "BdiReclaimable:"); ok {
+			f := strings.Fields(v)
+			if len(f) == 0 {
+				return 0, false
+			}
+			n, err := strconv.ParseUint(f[0], 10, 64)
+			return n * 1024, err == nil
+		}
+	}
+	return 0, false
+}
+
+// cachestatPath is cachestatBytes of the file at path.
+func cachestatPath(path string) (uint64, uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	return cachestatBytes(f)
+}
+
+// estimateError summarises flusherd's dirty-bytes estimate against the
+// cachestat truth over the samples: the median and the largest absolute
+// error, in bytes.
+func estimateError(es []estSample) (median, worst uint64) {
+	var errs []uint64
+	for _, e := range es {
+		d := e.est - e.truth
+		if e.truth > e.est {
+			d = e.truth - e.est
+		}
+		errs = append(errs, d)
+		worst = max(worst, d)
+	}
+	return medianOf(errs), worst
 }
 
 // cachestatBytes returns the dirty and writeback bytes of the whole file.
@@ -1231,6 +1295,17 @@ func (r *stormRun) printReport(w io.Writer, results map[byte][]*stormResult) {
 				fmt.Fprintf(w, "  %s run %d: %d calls, pwrite max %s ms\n", r.methodName(m), res.run, st.probes, fmtMs(st.pwriteMax))
 			}
 		}
+	}
+	for _, res := range results['f'] {
+		if len(res.ests) == 0 {
+			continue
+		}
+		med, worst := estimateError(res.ests)
+		fmt.Fprintf(w, "\nf run %d: flusherd's dirty bytes (stats file BdiReclaimable, rewritten at most once a second) against cachestat of the tree, %d samples every %v: median error %s MiB, largest %s MiB",
+			res.run, len(res.ests), sampleEvery, mibOf(med), mibOf(worst))
+	}
+	if len(results['f']) > 0 {
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "\nwhere the probe waited (kernel stack tops of its threads in D state, sampled every %v over all runs):\n", sampleEvery)
 	for _, m := range o.methods {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"testing"
 	"time"
 )
@@ -140,5 +141,21 @@ func TestKnobStack(t *testing.T) {
 	ks.restoreAll()
 	if got := len(order); got != 3 || order[0] != "a" || order[1] != "c" || order[2] != "b" {
 		t.Errorf("undo order %v, want [a c b], each once", order)
+	}
+}
+
+func TestEstimateError(t *testing.T) {
+	med, worst := estimateError([]estSample{{est: 10, truth: 10}, {est: 4, truth: 10}, {est: 13, truth: 10}})
+	if med != 3 || worst != 6 {
+		t.Errorf("estimateError = %d, %d; want median 3, largest 6", med, worst)
+	}
+	dir := t.TempDir()
+	p := dir + "/stats"
+	if _, ok := reclaimable(p); ok {
+		t.Error("a missing stats file read as an estimate")
+	}
+	os.WriteFile(p, []byte("BdiWriteback:               12 kB\nBdiReclaimable:           4000 kB\n"), 0o644)
+	if n, ok := reclaimable(p); !ok || n != 4000*1024 {
+		t.Errorf("reclaimable = %d, %v; want 4096000, true", n, ok)
 	}
 }
