@@ -354,7 +354,9 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 			wb.rangeOff[r.key] = r.rangeEnd
 			wb.rangeWritebacks++
 			wb.written += r.ranged
-			in.State |= inode.Wrote
+			// (Not inode.Wrote: that writeback's outcome is not known
+			// here, and an integrity file found clean later must still
+			// have its filesystem's error cursor read.)
 		}
 	}
 	wb.gen++
@@ -409,7 +411,7 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 			written = n
 		} else {
 			wb.diskWritten = nil // not a block device: no stat file to read
-			wb.log.Debug("no block device statistics for this bdi; its bandwidth is flusherd's own writeback", zap.Error(err))
+			wb.log.Info("no block device statistics for this device: its write bandwidth (BdiWriteBandwidth, write_chunk = \"auto\") is measured from flusherd's own writeback", zap.Error(err))
 			wb.bwStarted = false
 		}
 	}

@@ -222,6 +222,32 @@ func TestUnderSystemd(t *testing.T) {
 		h.reload("configuration reloaded")
 	})
 
+	t.Run("06b-background-writeback", func(t *testing.T) {
+		h.t = t
+		// A 32 MiB file in the tree whose expiry is 60 s, with
+		// dirty_background_bytes = 8MiB: written back to under 8 MiB
+		// within seconds, reading /proc/vmstat and the device's
+		// /sys/dev/block/<dev>/stat under the sandbox.
+		h.writeConfig(strings.Replace(baseConfig, "[writeback]\n", "[writeback]\ndirty_background_bytes = \"8MiB\"\n", 1))
+		h.reload("configuration reloaded")
+		h.must(h.sh("head -c 33554432 /dev/urandom > /srv/data/slow/bg1"))
+		h.waitFor("bg1 under dirty_background_bytes (cachestat)", 15*time.Second, func() bool { return h.dirtyBytes("/srv/data/slow/bg1") <= 8<<20 })
+		if n := h.dirtyBytes("/srv/data/slow/bg1"); n == 0 {
+			t.Errorf("bg1 written back whole: background writeback did not stop at the threshold (expiry 60 s)")
+		}
+		h.waitFor("background_works in flusherd stats", 5*time.Second, func() bool {
+			out, _ := h.sh("flusherd stats | awk '/^background_works:/ {print $2}'")
+			n, _ := strconv.Atoi(strings.TrimSpace(out))
+			return n > 0
+		})
+		if out := h.journal(); strings.Contains(out, "no block device statistics") {
+			t.Errorf("the device's block statistics could not be read under the unit; journal:\n%s", out)
+		}
+		h.must(h.sh("flusherd sync /srv/data/slow/bg1"))
+		h.writeConfig(baseConfig)
+		h.reload("configuration reloaded")
+	})
+
 	t.Run("syscalls-under-the-unit", func(t *testing.T) {
 		h.t = t
 		calls := tr.stop()
@@ -583,6 +609,21 @@ func (h *harness) dirty(p string) bool {
 		h.t.Fatalf("cachestat %s: %v", p, err)
 	}
 	return cs.Dirty+cs.Writeback > 0
+}
+
+// dirtyBytes returns p's dirty bytes by cachestat(2) from the host.
+func (h *harness) dirtyBytes(p string) uint64 {
+	h.t.Helper()
+	fd, err := unix.Open(h.host(p), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		h.t.Fatalf("open %s: %v", p, err)
+	}
+	defer unix.Close(fd)
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(fd), &unix.CachestatRange{}, &cs, 0); err != nil {
+		h.t.Fatalf("cachestat %s: %v", p, err)
+	}
+	return cs.Dirty * uint64(os.Getpagesize())
 }
 
 // waitClean waits until p is clean by cachestat and fails if that takes
