@@ -595,9 +595,9 @@ func (h *harness) host(p string) string {
 	return ""
 }
 
-// dirty reports whether the file has dirty or writeback pages, by
-// cachestat(2) from the host: ground truth, outside the daemon.
-func (h *harness) dirty(p string) bool {
+// cachestat returns p's page-cache state by cachestat(2) from the host:
+// ground truth, outside the daemon.
+func (h *harness) cachestat(p string) unix.Cachestat_t {
 	h.t.Helper()
 	fd, err := unix.Open(h.host(p), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -608,22 +608,20 @@ func (h *harness) dirty(p string) bool {
 	if err := unix.Cachestat(uint(fd), &unix.CachestatRange{}, &cs, 0); err != nil {
 		h.t.Fatalf("cachestat %s: %v", p, err)
 	}
+	return cs
+}
+
+// dirty reports whether the file has dirty or writeback pages.
+func (h *harness) dirty(p string) bool {
+	h.t.Helper()
+	cs := h.cachestat(p)
 	return cs.Dirty+cs.Writeback > 0
 }
 
-// dirtyBytes returns p's dirty bytes by cachestat(2) from the host.
+// dirtyBytes returns p's dirty bytes.
 func (h *harness) dirtyBytes(p string) uint64 {
 	h.t.Helper()
-	fd, err := unix.Open(h.host(p), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		h.t.Fatalf("open %s: %v", p, err)
-	}
-	defer unix.Close(fd)
-	var cs unix.Cachestat_t
-	if err := unix.Cachestat(uint(fd), &unix.CachestatRange{}, &cs, 0); err != nil {
-		h.t.Fatalf("cachestat %s: %v", p, err)
-	}
-	return cs.Dirty * uint64(os.Getpagesize())
+	return h.cachestat(p).Dirty * uint64(os.Getpagesize())
 }
 
 // waitClean waits until p is clean by cachestat and fails if that takes

@@ -10,16 +10,11 @@ import (
 	"flusherd/internal/testfs"
 )
 
-// TestStreamingWriterBounded: a file appended 64 KiB every 10 ms (6.4 MB/s)
-// for 4 s, with range_bytes = 1MiB and an expiry of an hour, never holds
-// much more than 2 × range_bytes of dirty data: what lies behind its last
-// range_bytes is written back as it grows (range_writebacks in the stats),
-// without waiting for the expiry. The bound checked is 2 × range_bytes plus
-// what the writer adds in two background checks (2 × 100 ms × 6.4 MB/s)
-// plus 1 MiB of margin for a busy machine: 4.25 MiB. Without range
-// writeback the file would hold all of its 25 MiB dirty (the kernel's
-// thresholds on this machine are gigabytes, its expiry 30 s).
-func TestStreamingWriterBounded(t *testing.T) {
+// storageWithDaemon mounts an ext4 on a direct-I/O loop device and runs
+// the daemon on its tree "w", with an expiry of an hour (so that only the
+// keys under test write anything) and the [writeback] lines given.
+func storageWithDaemon(t *testing.T, writeback string) (*testfs.FS, string, *flusherdProc) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -30,10 +25,24 @@ func TestStreamingWriterBounded(t *testing.T) {
 [writeback]
 dirty_writeback_interval = "1s"
 dirty_expire_interval = "1h"
-range_bytes = "1MiB"
+%s
 [[watch]]
 path = %q
-`, tree))
+`, writeback, tree))
+	return mnt, tree, d
+}
+
+// TestStreamingWriterBounded: a file appended 64 KiB every 10 ms (6.4 MB/s)
+// for 4 s, with range_bytes = 1MiB and an expiry of an hour, never holds
+// much more than 2 × range_bytes of dirty data: what lies behind its last
+// range_bytes is written back as it grows (range_writebacks in the stats),
+// without waiting for the expiry. The bound checked is 2 × range_bytes plus
+// what the writer adds in two background checks (2 × 100 ms × 6.4 MB/s)
+// plus 1 MiB of margin for a busy machine: 4.25 MiB. Without range
+// writeback the file would hold all of its 25 MiB dirty (the kernel's
+// thresholds on this machine are gigabytes, its expiry 30 s).
+func TestStreamingWriterBounded(t *testing.T) {
+	mnt, tree, d := storageWithDaemon(t, `range_bytes = "1MiB"`)
 	path := filepath.Join(tree, "stream.log")
 	f, err := os.Create(path)
 	if err != nil {
@@ -79,21 +88,7 @@ path = %q
 // estimate of the dirty bytes (BdiReclaimable) against a cachestat scan
 // of the files.
 func TestBackgroundThresholdBurst(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop mounts")
-	}
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", DirectIO: true})
-	tree := filepath.Join(mnt.Dir, "w")
-	mkdirs(t, tree)
-	d := startDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "1s"
-dirty_expire_interval = "1h"
-dirty_background_bytes = "16MiB"
-range_bytes = "0"
-[[watch]]
-path = %q
-`, tree))
+	mnt, tree, d := storageWithDaemon(t, "dirty_background_bytes = \"16MiB\"\nrange_bytes = \"0\"")
 	buf := make([]byte, 16<<20)
 	for i := range buf {
 		buf[i] = byte(i * 3)
