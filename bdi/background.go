@@ -167,6 +167,24 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		// queues the excess over the threshold, and the next pass
 		// checks again.
 		wb.wbWriteback(&Work{NrPages: excess, ForBackground: true, Reason: "background"})
+		wb.mu.Lock()
+		wb.returnMoreIOLocked()
+		wb.mu.Unlock()
+	}
+}
+
+// returnMoreIOLocked puts the files a background work left on b_more_io
+// (a big file with more chunks to write) back at the head of b_dirty,
+// where their dirtiedWhen places them (background work takes the oldest
+// first): once the device is under its threshold they wait for their
+// expiry, as the rest of b_dirty does, instead of being written to the
+// end by the next kupdate pass, which splices b_more_io whatever its age.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) returnMoreIOLocked() {
+	for in := wb.BMoreIO.Back(); in != nil; in = wb.BMoreIO.Back() {
+		wb.bDirty.pushFront(in)
 	}
 }
 

@@ -476,3 +476,32 @@ func TestThrottleRetry(t *testing.T) {
 		}
 	}
 }
+
+// TestBackgroundLeavesTheRestToExpiry: a big file written in chunks by
+// background work keeps what is left under the threshold once the work
+// stops: kupdate, which takes b_more_io whatever its age, does not go on
+// with it (the work put it back on b_dirty, at its age).
+func TestBackgroundLeavesTheRestToExpiry(t *testing.T) {
+	cfg := bgConfig(64)
+	cfg.WriteChunk = 16 * pg
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		big := h.fs.add("/big", 1, 200*pg, 200)
+		h.mark(big, time.Hour)
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		left := big.dirtyCount()
+		if left == 0 || left > 64 {
+			t.Fatalf("after the background work: %d dirty pages, want 1 to 64", left)
+		}
+		time.Sleep(5 * time.Second) // five kupdate ticks
+		synctest.Wait()
+		if n := big.dirtyCount(); n != left {
+			t.Errorf("kupdate went on with a file that is not due: %d dirty pages, then %d", left, n)
+		}
+		if l := h.lists()["/big"]; l != "b_dirty" {
+			t.Errorf("the file is on %s, want b_dirty (waiting for its expiry)", l)
+		}
+	}, machineDirty(1<<20))
+}

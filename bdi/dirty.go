@@ -82,6 +82,12 @@ func (d *dirtyList) pushBack(in *inode.Inode) {
 	d.classes[in.Class].list.PushBack(in)
 }
 
+// pushFront moves in, from whatever list it is on, to the head of its
+// class: in.DirtiedWhen must not be newer than the head's.
+func (d *dirtyList) pushFront(in *inode.Inode) {
+	d.classes[in.Class].list.MoveToFront(in)
+}
+
 func (d *dirtyList) empty() bool {
 	for i := range d.classes {
 		if !d.classes[i].list.Empty() {
