@@ -173,18 +173,19 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 	}
 }
 
-// returnMoreIOLocked puts the files a background work left on b_more_io
-// (a big file with more chunks to write) back at the head of b_dirty,
-// where their dirtiedWhen places them (background work takes the oldest
-// first): once the device is under its threshold they wait for their
-// expiry, as the rest of b_dirty does, instead of being written to the
-// end by the next kupdate pass, which splices b_more_io whatever its age.
-// Preconditions: wb.mu held.
+// returnMoreIOLocked puts the files on b_more_io (a big file with more
+// chunks to write) back on b_dirty, where their dirtiedWhen places them.
+// Background work does so before each queue_io, so that it takes the
+// oldest data first, partly written files included (the kernel's queue_io
+// takes b_more_io first, whatever its age), and when it stops under its
+// threshold, so that those files wait for their expiry as the rest of
+// b_dirty does, instead of being written to the end by the next kupdate
+// pass. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) returnMoreIOLocked() {
-	for in := wb.BMoreIO.Back(); in != nil; in = wb.BMoreIO.Back() {
-		wb.bDirty.pushFront(in)
+	for in := wb.BMoreIO.Front(); in != nil; in = wb.BMoreIO.Front() {
+		wb.bDirty.insertByAge(in)
 	}
 }
 
@@ -387,12 +388,19 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 // down to 4 MiB after adding 4 MiB (so at least 4 MiB), at most 128 MiB
 // and at most max_inflight. Called on the device's goroutine.
 func (wb *Writeback) writeChunk() int64 {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return wb.writeChunkLocked()
+}
+
+// writeChunkLocked is writeChunk. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) writeChunkLocked() int64 {
 	if !wb.cfg.WriteChunkAuto {
 		return wb.cfg.WriteChunk
 	}
-	wb.mu.Lock()
 	bw := int64(wb.avgBandwidth) * 1024 // bytes/s
-	wb.mu.Unlock()
 	c := min((bw/2+minAutoChunk)/minAutoChunk*minAutoChunk, maxAutoChunk)
 	if wb.cfg.MaxInflight > 0 {
 		c = min(c, max(wb.cfg.MaxInflight, 4096))

@@ -505,3 +505,43 @@ func TestBackgroundLeavesTheRestToExpiry(t *testing.T) {
 		}
 	}, machineDirty(1<<20))
 }
+
+// TestKupdateLeavesRedirtiedBackgroundFiles: files that background work
+// took before they were due and that were written during their attempts
+// (redirtied: b_more_io_wait, retried early by kupdate) are not written to
+// the end by kupdate once the device is under its threshold: kupdate puts
+// them back on b_dirty, at their age.
+func TestKupdateLeavesRedirtiedBackgroundFiles(t *testing.T) {
+	cfg := bgConfig(64)
+	cfg.WriteChunk = 16 * pg
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		var files []*fakeFile
+		for i := range 3 {
+			f := h.fs.add("/f"+string(rune('0'+i)), uint64(i+1), 60*pg, 60)
+			f.onWrite = func() { h.mark(f, time.Hour) } // a write during each attempt
+			h.mark(f, time.Hour)
+			time.Sleep(time.Millisecond)
+			files = append(files, f)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		total := func() int {
+			n := 0
+			for _, f := range files {
+				n += f.dirtyCount()
+			}
+			return n
+		}
+		left := total()
+		if left == 0 || left > 64 {
+			t.Fatalf("after the background work: %d dirty pages, want 1 to 64", left)
+		}
+		time.Sleep(5 * time.Second) // kupdate ticks, and early retries of b_more_io_wait
+		synctest.Wait()
+		if n := total(); n != left {
+			t.Errorf("kupdate went on with files that are not due: %d dirty pages, then %d", left, n)
+		}
+	}, machineDirty(1<<20))
+}

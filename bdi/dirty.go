@@ -82,10 +82,23 @@ func (d *dirtyList) pushBack(in *inode.Inode) {
 	d.classes[in.Class].list.PushBack(in)
 }
 
-// pushFront moves in, from whatever list it is on, to the head of its
-// class: in.DirtiedWhen must not be newer than the head's.
-func (d *dirtyList) pushFront(in *inode.Inode) {
-	d.classes[in.Class].list.MoveToFront(in)
+// insertByAge moves in, from whatever list it is on, into its class at the
+// place its dirtiedWhen gives it (after every inode dirtied at or before
+// it), keeping the class ordered. It walks the class from the head: it is
+// for inodes that were taken oldest-first (b_more_io after background
+// work), which sit near it.
+func (d *dirtyList) insertByAge(in *inode.Inode) {
+	l := &d.classes[in.Class].list
+	if in.Link().Linked() {
+		lists.Remove(in)
+	}
+	for x := l.Front(); x != nil; x = l.Next(x) {
+		if x.DirtiedWhen > in.DirtiedWhen {
+			l.InsertBefore(in, x)
+			return
+		}
+	}
+	l.PushBack(in)
 }
 
 func (d *dirtyList) empty() bool {
@@ -134,10 +147,12 @@ func (d *dirtyList) moveExpired(dst *lists.List[*inode.Inode], now time.Duration
 
 // moveOldest moves inodes from b_dirty to the tail of dst, oldest
 // dirtiedWhen first, whatever their age, until their dirty pages as last
-// seen (at least one each) reach budget: background work's share of
-// b_dirty (it takes what brings the device under its threshold, and
-// leaves the rest where kupdate finds it). It returns the number moved.
-func (d *dirtyList) moveOldest(dst *lists.List[*inode.Inode], budget int64) int {
+// seen reach budget: background work's share of b_dirty (it takes what
+// brings the device under its threshold, and leaves the rest where kupdate
+// finds it). An inode not looked at since it was dirtied (no count yet)
+// counts as unknown pages, what one attempt may write of it. It returns
+// the number moved.
+func (d *dirtyList) moveOldest(dst *lists.List[*inode.Inode], budget, unknown int64) int {
 	moved := 0
 	for budget > 0 {
 		best := -1
@@ -152,7 +167,11 @@ func (d *dirtyList) moveOldest(dst *lists.List[*inode.Inode], budget int64) int 
 			return moved
 		}
 		in := d.classes[best].list.Front()
-		budget -= max(1, int64(in.DirtyPages))
+		pages := int64(in.DirtyPages)
+		if pages == 0 && in.WritebackPages == 0 {
+			pages = unknown
+		}
+		budget -= max(1, pages)
 		dst.MoveToBack(in)
 		moved++
 	}

@@ -56,6 +56,7 @@ package bdi
 import (
 	"context"
 	"math"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -684,13 +685,17 @@ func (wb *Writeback) publishPlugStatsLocked() {
 	wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
 }
 
-// queueIOLocked is queue_io: b_more_io, then b_more_io_wait (once per work,
+// queueIOLocked is queue_io: b_more_io (for background work, back on
+// b_dirty by age first: returnMoreIOLocked), then b_more_io_wait (once per work,
 // and only once its pause has passed, or for sync work), then the expired
 // part of b_dirty (all of it for sync work, the oldest NrPages' worth for
 // background work), oldest first, go to b_io. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
+	if w.ForBackground {
+		wb.returnMoreIOLocked()
+	}
 	wb.BIO.SpliceBackInit(&wb.BMoreIO)
 	if !w.waitSpliced && (w.All || w.SyncMode == SyncAll || now >= wb.waitRetryAt) {
 		wb.BIO.SpliceBackInit(&wb.BMoreIOWait)
@@ -705,7 +710,7 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 		// (wb_writeback's dirtied_before = jiffies for background
 		// work), as many as the work's pages.
 		wb.bDirty.moveExpired(&wb.BIO, now, false)
-		wb.bDirty.moveOldest(&wb.BIO, w.NrPages)
+		wb.bDirty.moveOldest(&wb.BIO, w.NrPages, wb.writeChunkLocked()/int64(os.Getpagesize()))
 	default:
 		wb.bDirty.moveExpired(&wb.BIO, now, false)
 	}
@@ -728,6 +733,23 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		if in == nil {
 			wb.mu.Unlock()
 			return
+		}
+		if in.Has(inode.Background) && !w.ForBackground {
+			if w.ForKupdate && !policy.Expired(wb.now(), in.DirtiedWhen, wb.bDirty.classes[in.Class].expire) {
+				// Background work took it before it was due, and
+				// left it on b_more_io or b_more_io_wait (a chunk
+				// written, a redirty during its attempt): kupdate
+				// writes expired data only, so it goes back to
+				// b_dirty, at its age, until it expires or
+				// background work takes it again.
+				wb.bDirty.insertByAge(in)
+				wb.mu.Unlock()
+				continue
+			}
+			in.State &^= inode.Background
+		}
+		if w.ForBackground {
+			in.State |= inode.Background
 		}
 		if in.Has(inode.Busy) || (in.NextRetry > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < in.NextRetry) {
 			// A call for it is still stuck, or it failed with an I/O

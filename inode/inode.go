@@ -66,6 +66,11 @@ const (
 	// too: a file being written over time, whose range behind its tail
 	// may be written back (range_bytes).
 	Streaming
+	// Background: background work took it before it expired; kupdate
+	// leaves it to background work until it expires (it is on
+	// b_more_io_wait or b_more_io for a reason of background work's: a
+	// chunk written, a redirty during its attempt).
+	Background
 )
 
 // ErrnoOther is LastErr for an error that is not an errno.
