@@ -198,7 +198,7 @@ func TestMoveOldestAndInsertByAge(t *testing.T) {
 		{10, 100, "a1"},
 		{11, 100, "a1 b1"},
 		{30, 100, "a1 b1 b2"},
-		{31, 100, "a1 b1 b2 a2"},    // a2 unknown: counts 100
+		{31, 100, "a1 b1 b2 a2"},     // a2 unknown: counts 100
 		{131, 100, "a1 b1 b2 a2 a3"}, // 10+10+10+100 = 130 < 131
 		{1000, 100, "a1 b1 b2 a2 a3"},
 	} {
