@@ -13,7 +13,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"flusherd/inode"
-	"flusherd/lists"
 )
 
 // newIdleWB returns a device's Writeback over a fakeFS whose goroutine is
@@ -193,9 +192,10 @@ func TestWriteBandwidth(t *testing.T) {
 
 // TestUpdateBandwidth: the estimator reads the device's completed writes
 // (diskWritten) at least bandwidthInterval apart while the device has dirty
-// io; the first look and a look after an idle second only take a stamp;
-// a bdi without block statistics falls back to flusherd's own written
-// pages.
+// io; the first look only takes a stamp; a period in which nothing was
+// written, or a long one that began so, takes a new stamp and keeps the
+// figure (a file waiting on b_dirty does not wear it down to 0); a bdi
+// without block statistics falls back to flusherd's own written pages.
 func TestUpdateBandwidth(t *testing.T) {
 	wb, _, now := newIdleWB(t, testConfig())
 	var disk uint64
@@ -206,31 +206,32 @@ func TestUpdateBandwidth(t *testing.T) {
 		defer wb.mu.Unlock()
 		return wb.bandwidth, wb.avgBandwidth
 	}
-	wb.updateBandwidth(*now) // stamp
-	disk += 1 << 20
-	*now += 100 * time.Millisecond
-	wb.updateBandwidth(*now)
+	step := func(d time.Duration, bytes uint64) {
+		*now += d
+		disk += bytes
+		wb.updateBandwidth(*now)
+	}
+	step(0, 0) // stamp
+	step(100*time.Millisecond, 1<<20)
 	if b, _ := bw(); b != 0 {
 		t.Fatalf("within bandwidthInterval: %d kB/s, want 0", b)
 	}
 	// 2 MiB in 200 ms since the stamp: 10240 kB/s.
-	disk += 1 << 20
-	*now += 100 * time.Millisecond
-	wb.updateBandwidth(*now)
+	step(100*time.Millisecond, 1<<20)
 	if b, a := bw(); b != 10240 || a != 10240 {
 		t.Fatalf("first period: %d, %d kB/s; want 10240, 10240", b, a)
 	}
-	// Idle for 3 s with nothing dirty: a new stamp, the figure kept.
-	wb.mu.Lock()
-	in := wb.inodes[inode.Key{Dev: 7, Ino: 1}]
-	lists.Remove(in)
-	delete(wb.inodes, in.Key)
-	wb.mu.Unlock()
-	*now += 3 * time.Second
-	disk += 100 << 20
-	wb.updateBandwidth(*now)
+	// The file waits, nothing is written for 3 s, then 100 MiB within
+	// 2 s after that: neither period is a rate.
+	step(3*time.Second, 0)
+	step(2*time.Second, 100<<20)
 	if b, _ := bw(); b != 10240 {
 		t.Fatalf("after an idle spell: %d kB/s, want 10240 kept", b)
+	}
+	// 4 MiB in 400 ms: 10240 kB/s again, folded in.
+	step(400*time.Millisecond, 4<<20)
+	if b, _ := bw(); b != 10240 {
+		t.Fatalf("a busy period after the idle one: %d kB/s, want 10240", b)
 	}
 	// No block statistics: flusherd's written pages (1000 pages of 4 KiB
 	// in 400 ms: 10000 kB/s, folded in with weight 400/4096).

@@ -43,6 +43,11 @@ func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 	wb.dirtySum += uint64(d) - uint64(in.DirtyPages)
 	wb.wbSum += uint64(w) - uint64(in.WritebackPages)
 	in.DirtyPages, in.WritebackPages = d, w
+	if w > 0 {
+		wb.underWB[in] = struct{}{}
+	} else {
+		delete(wb.underWB, in)
+	}
 }
 
 // dropInodeLocked removes what the device keeps of an inode besides its
@@ -108,6 +113,7 @@ type sampleProbe struct {
 type sampleResult struct {
 	sampleProbe
 	ok         bool   // dirty, wbp were read
+	before     uint64 // dirty pages before the range writeback
 	dirty, wbp uint64 // after the range writeback, if any
 	// rangeEnd > 0: the range [rangeOff, rangeEnd) was written back,
 	// ranged pages of it dirty.
@@ -126,7 +132,8 @@ type sampleResult struct {
 // How the dirty bytes are learned: from cachestat, which is exact for a
 // file at the time it is read, at every attempt and at these samples. A
 // sample opens only files written since the last check that are streaming
-// (written across two checks: range writeback needs their size), and,
+// (written at three consecutive checks: range writeback needs their
+// size), files whose writeback was in flight at their last look, and,
 // with a background threshold, every freshly written file, but only while
 // /proc/vmstat nr_dirty, the whole machine's dirty pages, is at or over the
 // threshold: the tracked files cannot be over it before the machine is,
@@ -140,7 +147,8 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		wb.sampled = nil
 		unsupported = wb.applySampleLocked(res)
 	}
-	due := !wb.sampling && len(wb.touched) > 0 && now-wb.lastCheck >= backgroundCheckInterval
+	due := !wb.sampling && (len(wb.touched) > 0 || len(wb.underWB) > 0 && wb.checksWantedLocked()) &&
+		now-wb.lastCheck >= backgroundCheckInterval
 	wb.mu.Unlock()
 	for _, r := range unsupported {
 		wb.useFdatasync(r.key.Dev, r.unsupported)
@@ -247,11 +255,12 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	// streaming any more.
 	for _, in := range wb.streaming {
 		if !in.Has(inode.Touched) || !consecutive {
-			in.State &^= inode.Streaming
+			in.State &^= inode.Streaming | inode.Streaming2
 		}
 	}
 	wb.streaming = shrink(wb.streaming)
 	var probes []sampleProbe
+	probed := map[*inode.Inode]bool{}
 	rest := wb.touched[:0]
 	for _, in := range wb.touched {
 		if wb.inodes[in.Key] != in || !in.Has(inode.Touched) {
@@ -262,14 +271,30 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 			continue
 		}
 		in.State &^= inode.Touched
-		streaming := in.Has(inode.Streaming) && cfg.RangeBytes > 0 && !wb.fallback[in.Key.Dev]
+		// Written at the last two checks and since: three in a row.
+		streaming := in.Has(inode.Streaming2) && cfg.RangeBytes > 0 && !wb.fallback[in.Key.Dev]
+		if in.Has(inode.Streaming) {
+			in.State |= inode.Streaming2
+		}
 		in.State |= inode.Streaming
 		wb.streaming = append(wb.streaming, in)
 		if (!streaming && !all) || in.Has(inode.Sync) || in.Has(inode.Busy) || !in.Has(inode.Dirty) {
 			// Not looked at now (an attempt in flight will read it).
 			continue
 		}
+		probed[in] = true
 		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.rangeOff[in.Key]})
+	}
+	// Files whose writeback was in flight at their last look, and that
+	// no attempt looks at now: their count again.
+	for in := range wb.underWB {
+		if len(probes) >= maxSample {
+			break
+		}
+		if probed[in] || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.inodes[in.Key] != in {
+			continue
+		}
+		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle()})
 	}
 	clear(wb.touched[len(rest):])
 	wb.touched = rest
@@ -316,7 +341,7 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 		}
 		d, w, err := f.Cachestat(0, 0)
 		if err == nil {
-			r.ok, r.dirty, r.wbp = true, d, w
+			r.ok, r.before, r.dirty, r.wbp = true, d, d, w
 		}
 		size, off := f.Size(), p.rangeOff
 		if off > size {
@@ -366,8 +391,16 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 		if wb.inodes[r.key] != in || in.Has(inode.Sync) {
 			continue // forgotten, or an attempt's count is newer
 		}
-		if r.ok {
+		switch {
+		case r.ok:
+			wb.setPagesLocked(in, r.before, r.wbp) // the growth before the range writeback counts in BdiDirtied
 			wb.setPagesLocked(in, r.dirty, r.wbp)
+		case !r.streaming && in.WritebackPages > 0:
+			// Its writeback cannot be followed (it cannot be opened
+			// now): not counted as in flight any longer, or its last
+			// count would hold the room under max_inflight_bytes
+			// until its next attempt.
+			wb.setPagesLocked(in, uint64(in.DirtyPages), 0)
 		}
 		if r.rangeEnd > 0 {
 			wb.rangeOff[r.key] = r.rangeEnd
@@ -423,9 +456,10 @@ const (
 // into avg_write_bandwidth (auto write_chunk) with the kernel's extra
 // smoothing. What is written is the device's completed writes, from
 // /sys/dev/block/<bdi>/stat, for a block device; for another bdi (FUSE,
-// NFS, btrfs), the pages flusherd's attempts wrote back. An idle spell of
-// over a second is not counted (the kernel skips such a period too). Called
-// on the device's goroutine.
+// NFS, btrfs), the pages flusherd's attempts wrote back. A period in which
+// nothing was written is not counted, nor a long one that began so (the
+// kernel skips such a period too): a file waiting on b_dirty does not
+// wear the figure down to 0. Called on the device's goroutine.
 func (wb *Writeback) updateBandwidth(now time.Duration) {
 	wb.mu.Lock()
 	has := wb.hasDirtyIOLocked()
@@ -442,19 +476,24 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 		}
 	}
 	elapsed := now - wb.bwStamp
+	idle := written == wb.bwWritten
 	switch {
-	case !wb.bwStarted || (elapsed > time.Second && (wb.bwIdle || !has)):
-		// The first look, or the device was idle for a while: a new
-		// stamp, no rate.
+	case !wb.bwStarted:
 		wb.bwStarted = true
 	case elapsed < bandwidthInterval:
 		return
+	case idle, elapsed > time.Second && wb.bwIdle, !has && elapsed > time.Second:
+		// Nothing written since the last stamp, or a period that
+		// began idle and ran long (the kernel skips such a period:
+		// its writes began somewhere in it): a new stamp, no rate. A
+		// device that writes nothing has no bandwidth to measure,
+		// not one of 0.
 	default:
 		wb.mu.Lock()
 		wb.bandwidth, wb.avgBandwidth = writeBandwidth(wb.bandwidth, wb.avgBandwidth, written-min(written, wb.bwWritten), elapsed)
 		wb.mu.Unlock()
 	}
-	wb.bwStamp, wb.bwWritten, wb.bwIdle = now, written, !has
+	wb.bwStamp, wb.bwWritten, wb.bwIdle = now, written, idle
 }
 
 // writeBandwidth is wb_update_write_bandwidth's arithmetic: given the

@@ -421,8 +421,9 @@ func TestRangeWritebackAtMostAChunk(t *testing.T) {
 }
 
 // TestStreamingNeedsConsecutiveChecks: a file written, then again a second
-// later, is not streaming (no check saw it written in between): no range
-// writeback; written again within the next check, it is.
+// later, is not streaming (no check saw it written in between), nor after
+// one more write within the next check (a one-off write that spans a check
+// boundary looks like that); written at a third check in a row, it is.
 func TestStreamingNeedsConsecutiveChecks(t *testing.T) {
 	cfg := testConfig()
 	cfg.RangeBytes = 16 * pg
@@ -441,10 +442,17 @@ func TestStreamingNeedsConsecutiveChecks(t *testing.T) {
 		}
 		f.appendPages(100)
 		h.mark(f, time.Hour)
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		if c := h.fs.callsOf("sync_file_range", "/f"); len(c) != 0 {
+			t.Fatalf("written at two checks in a row: %d range writebacks, want 0", len(c))
+		}
+		f.appendPages(100)
+		h.mark(f, time.Hour)
+		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
 		if c := h.fs.callsOf("sync_file_range", "/f"); len(c) != 1 {
-			t.Errorf("written in consecutive checks: %d range writebacks, want 1", len(c))
+			t.Errorf("written at three checks in a row: %d range writebacks, want 1", len(c))
 		}
 	})
 }
@@ -542,6 +550,35 @@ func TestKupdateLeavesRedirtiedBackgroundFiles(t *testing.T) {
 		synctest.Wait()
 		if n := total(); n != left {
 			t.Errorf("kupdate went on with files that are not due: %d dirty pages, then %d", left, n)
+		}
+	}, machineDirty(1<<20))
+}
+
+// TestInflightCountsFollowed: a file left on b_dirty by background work
+// right after its last chunk was written (pages under writeback then) has
+// its count read again by the background checks until its writeback is
+// done: inflight_bytes and BdiWriteback go back to 0, and its stale count
+// does not hold the room under max_inflight_bytes.
+func TestInflightCountsFollowed(t *testing.T) {
+	cfg := bgConfig(64)
+	cfg.WriteChunk = 16 * pg
+	cfg.MaxInflight = 16 * pg
+	cfg.RangeBytes = 1 << 20 // checks on, as by default
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		big := h.fs.add("/big", 1, 200*pg, 200)
+		h.mark(big, time.Hour)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if n := big.dirtyCount(); n == 0 || n > 64 {
+			t.Fatalf("after the background work: %d dirty pages, want 1 to 64", n)
+		}
+		s := h.wb.Snapshot()
+		if s.InflightBytes != 0 || s.BdiWriteback != 0 {
+			t.Errorf("inflight_bytes %d, BdiWriteback %d pages after the writeback ended; want 0 and 0", s.InflightBytes, s.BdiWriteback)
+		}
+		if room := h.wb.inflightRoom(nil, 0, cfg.MaxInflight); room != cfg.MaxInflight {
+			t.Errorf("room under max_inflight_bytes %d, want all of it (%d)", room, cfg.MaxInflight)
 		}
 	}, machineDirty(1<<20))
 }

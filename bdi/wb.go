@@ -234,6 +234,13 @@ type Writeback struct {
 	// byte up to which its range behind the tail was written.
 	// +checklocks:mu
 	rangeOff map[inode.Key]int64
+	// underWB holds the tracked inodes whose last count had pages under
+	// writeback (setPagesLocked keeps it): the background checks read
+	// them again until their writeback is done, so that inflight_bytes
+	// and the room under max_inflight_bytes do not keep a file's count
+	// from the moment after its write while it waits on b_dirty.
+	// +checklocks:mu
+	underWB map[*inode.Inode]struct{}
 	// +checklocks:mu
 	sampled []sampleResult // a finished sample, for the goroutine
 	// +checklocks:mu
@@ -371,6 +378,7 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		probed:   make(map[uint64]bool),
 		wbIndex:  make(map[inode.Key]int64),
 		rangeOff: make(map[inode.Key]int64),
+		underWB:  make(map[*inode.Inode]struct{}),
 		fallback: make(map[uint64]bool),
 	}
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
@@ -528,8 +536,9 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if wb.sampled != nil {
 		return 0, true
 	}
-	if len(wb.touched) > 0 && !wb.sampling {
-		// Freshly written files: the next background check.
+	if (len(wb.touched) > 0 || len(wb.underWB) > 0 && wb.checksWantedLocked()) && !wb.sampling {
+		// Freshly written files, or writeback to follow: the next
+		// background check.
 		tick = min(tick, max(wb.lastCheck+backgroundCheckInterval-now, time.Millisecond))
 		if !wb.hasDirtyIOLocked() {
 			return tick, true

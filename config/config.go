@@ -454,6 +454,17 @@ func (s *source) line(key string) int {
 	return s.lines[key]
 }
 
+// Notes returns remarks on a valid configuration that the operator
+// should see (check-config prints them, the daemon logs them): keys given
+// under an old name. Each is "file:line: key: text".
+func (c *Config) Notes() []string {
+	if n := c.src.line("writeback.max_inflight"); n > 0 {
+		return []string{(&Error{File: c.src.name(), Line: n, Key: "writeback.max_inflight",
+			Msg: "the old name of plug.max_inflight_bytes, still read: rename it"}).Error()}
+	}
+	return nil
+}
+
 // inflightKey is the key plug.max_inflight_bytes was given under: its old
 // name, writeback.max_inflight, if the file used that.
 func (s *source) inflightKey() string {

@@ -280,7 +280,9 @@ func TestParseErrors(t *testing.T) {
 		{"max_inflight_bytes below a page", "[plug]\nmax_inflight_bytes = 4095\n", "plug.max_inflight_bytes", 2, "must be 0 (no bound) or at least 4096 bytes"},
 		{"max_inflight_bytes negative", "[plug]\nmax_inflight_bytes = -1\n", "plug.max_inflight_bytes", 2, "must be 0 (no bound) or at least 4096 bytes"},
 		{"both inflight keys", "[writeback]\nmax_inflight = \"32MiB\"\n[plug]\nmax_inflight_bytes = \"32MiB\"\n", "writeback.max_inflight", 2, "plug.max_inflight_bytes is given too"},
-		{"dirty_background_bytes negative", "[writeback]\ndirty_background_bytes = -4096\n", "writeback.dirty_background_bytes", 2, "must be 0 (off) or positive"},
+		{"dirty_background_bytes negative", "[writeback]\ndirty_background_bytes = -4096\n", "writeback.dirty_background_bytes", 2, "must be 0 (off) or at least 4096 bytes"},
+		{"dirty_background_bytes below a page", "[writeback]\ndirty_background_bytes = 1000\n", "writeback.dirty_background_bytes", 2, "must be 0 (off) or at least 4096 bytes"},
+		{"write_chunk Auto", "[writeback]\nwrite_chunk = \"Auto\"\n", "writeback.write_chunk", 2, `or "auto"`},
 		{"dirty_background_ratio over 100", "[writeback]\ndirty_background_ratio = 101\n", "writeback.dirty_background_ratio", 2, "percentage from 0 (off) to 100"},
 		{"dirty_background_ratio negative", "[writeback]\ndirty_background_ratio = -1\n", "writeback.dirty_background_ratio", 2, "percentage from 0 (off) to 100"},
 		{"dirty_background_ratio a string", "[writeback]\ndirty_background_ratio = \"10%\"\n", "writeback.dirty_background_ratio", 2, "want an integer"},
@@ -990,5 +992,27 @@ func TestWriteChunkAuto(t *testing.T) {
 	}
 	if diff := cmp.Diff(c, back, ignoreSrc); diff != "" {
 		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+}
+
+// TestNotes: a key given under its old name is accepted and noted, with
+// the file and line; the new name is not.
+func TestNotes(t *testing.T) {
+	c, err := Parse("f.toml", []byte("[writeback]\nmin_pause = \"10ms\"\nmax_inflight = \"8MiB\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Notes(); len(n) != 1 || n[0] != "f.toml:3: writeback.max_inflight: the old name of plug.max_inflight_bytes, still read: rename it" {
+		t.Errorf("Notes() = %q", n)
+	}
+	if c.Plug.MaxInflightBytes != 8<<20 {
+		t.Errorf("max_inflight = %d, want 8MiB", c.Plug.MaxInflightBytes)
+	}
+	c, err = Parse("g.toml", []byte("[plug]\nmax_inflight_bytes = \"8MiB\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Notes(); n != nil {
+		t.Errorf("Notes() = %q, want none", n)
 	}
 }

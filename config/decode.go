@@ -64,6 +64,12 @@ func (d *decoder) config(m map[string]any) *Config {
 						wb.WriteChunkAuto = true
 						return
 					}
+					if str, ok := v.(string); ok {
+						if _, err := parseSize(str); err != nil {
+							d.errorf(key, "bad size %q: %v; or \"auto\" (from the device's bandwidth)", str, err)
+							return
+						}
+					}
 					d.size(&wb.WriteChunk)(key, v)
 				},
 				"dirty_background_bytes": d.size(&wb.DirtyBackgroundBytes),

@@ -71,8 +71,8 @@ func (c *Config) check(stat bool) error {
 	if !wb.WriteChunkAuto && wb.WriteChunk < MinWriteChunk {
 		add("writeback.write_chunk", "must be at least %d bytes (4KiB) or \"auto\", got %d", MinWriteChunk, wb.WriteChunk)
 	}
-	if wb.DirtyBackgroundBytes < 0 {
-		add("writeback.dirty_background_bytes", "must be 0 (off) or positive, got %d", wb.DirtyBackgroundBytes)
+	if wb.DirtyBackgroundBytes < 0 || (wb.DirtyBackgroundBytes > 0 && wb.DirtyBackgroundBytes < MinWriteChunk) {
+		add("writeback.dirty_background_bytes", "must be 0 (off) or at least %d bytes (4KiB), got %d", MinWriteChunk, wb.DirtyBackgroundBytes)
 	}
 	if wb.DirtyBackgroundRatio < 0 || wb.DirtyBackgroundRatio > 100 {
 		add("writeback.dirty_background_ratio", "must be a percentage from 0 (off) to 100, got %d", wb.DirtyBackgroundRatio)

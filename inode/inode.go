@@ -64,8 +64,12 @@ const (
 	Touched
 	// Streaming: it was marked dirty before the last background check
 	// too: a file being written over time, whose range behind its tail
-	// may be written back (range_bytes).
+	// may be written back (range_bytes) once it is Streaming2 too.
 	Streaming
+	// Streaming2: it was Streaming at the last check and written since:
+	// written across three consecutive checks, over 200 ms or more (a
+	// one-off write that spans one check boundary is not streaming).
+	Streaming2
 	// Background: background work took it before it expired; kupdate
 	// leaves it to background work until it expires (it is on
 	// b_more_io_wait or b_more_io for a reason of background work's: a

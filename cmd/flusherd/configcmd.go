@@ -35,6 +35,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 		printErr(stderr, "flusherd check-config", err)
 		return exitUsage
 	}
+	for _, n := range cfg.Notes() {
+		fmt.Fprintf(stderr, "flusherd check-config: note: %s\n", n)
+	}
 	if len(cfg.Watch) == 0 {
 		fmt.Fprintln(stderr, "flusherd check-config: note: no [[watch]] entries; the daemon will start idle until one is added and the configuration reloaded")
 	}

@@ -72,6 +72,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	log := newLogger(level, stderr)
 	defer log.Sync()
+	for _, n := range cfg.Notes() {
+		log.Warn("configuration: " + n)
+	}
 	reload := func() (*config.Config, error) {
 		cfg, err := loadConfig(c, watches)
 		if err == nil {
