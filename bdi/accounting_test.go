@@ -333,7 +333,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 	cfg := testConfig()
 	cfg.DirtyWritebackInterval = time.Second
 	cfg.WriteChunk = 16 * pg
-	cfg.MaxInflight = 8 * pg
+	cfg.MaxInflight = 16 * pg
 	for _, c := range []struct {
 		pages    int
 		deferred bool
@@ -352,7 +352,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 				f := h.fs.add("/f", 2, int64(c.pages)*pg, c.pages)
 				h.mark(f, 0)
 				h.wb.mu.Lock()
-				h.wb.inodes[busy.key].WritebackPages = 8
+				h.wb.inodes[busy.key].WritebackPages = 16
 				h.wb.inodes[f.key].DirtyPages = uint32(c.pages) // as its last attempt saw
 				h.wb.mu.Unlock()
 				time.Sleep(1100 * time.Millisecond)
@@ -360,7 +360,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 				wrote := len(h.fs.callsOf("sync_file_range", "/f")) > 0
 				opened := len(h.fs.callsOf("open", "/f")) > 0
 				if wrote == c.deferred || opened != c.opened {
-					t.Fatalf("%d dirty pages, 8 under writeback of 8 allowed: written %v, opened %v; want deferred %v, opened %v",
+					t.Fatalf("%d dirty pages, 16 under writeback of 16 allowed: written %v, opened %v; want deferred %v, opened %v",
 						c.pages, wrote, opened, c.deferred, c.opened)
 				}
 				if th := h.wb.Snapshot().Throttled; (th > 0) != c.deferred {
@@ -382,7 +382,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 // TestInflightRoomLimitsTheChunk: a big file's attempt writes no more than
 // the room left under max_inflight: 16 pages allowed, 4 under writeback
 // in another file, so a window of 12 pages although write_chunk is 64; a
-// file of write_chunk/4 or less goes whole, room or not.
+// file of a quarter of the bound or less goes whole, room or not.
 func TestInflightRoomLimitsTheChunk(t *testing.T) {
 	cfg := testConfig()
 	cfg.DirtyWritebackInterval = time.Second
@@ -406,12 +406,12 @@ func TestInflightRoomLimitsTheChunk(t *testing.T) {
 		h.wb.mu.Lock()
 		h.wb.inodes[busy.key].WritebackPages = 16
 		h.wb.mu.Unlock()
-		small := h.fs.add("/small", 3, 16*pg, 16)
+		small := h.fs.add("/small", 3, 4*pg, 4)
 		h.mark(small, 0)
 		time.Sleep(1100 * time.Millisecond)
 		synctest.Wait()
 		if c := h.fs.callsOf("sync_file_range", "/small"); len(c) != 1 || c[0].n != 0 {
-			t.Errorf("a file of write_chunk/4 with no room: %v, want one whole-file write", c)
+			t.Errorf("a file of a quarter of the bound with no room: %v, want one whole-file write", c)
 		}
 	})
 }
@@ -433,4 +433,42 @@ func TestAttemptRelease(t *testing.T) {
 	if n := len(fs.callsOf("close", "/a")); n != 1 {
 		t.Fatalf("%d closes after the last release, want 1", n)
 	}
+}
+
+// TestSmallFileFollowsTheBound: files up to a quarter of write_chunk go
+// whole whatever is in flight, unless max_inflight_bytes is smaller than
+// write_chunk: then the share is a quarter of the bound, so a 16 MiB file
+// is not written whole past a 1 MiB bound because write_chunk is 64 MiB.
+func TestSmallFileFollowsTheBound(t *testing.T) {
+	for _, tc := range []struct{ chunk, inflight, want int64 }{
+		{4 << 20, 16 << 20, 1 << 20},
+		{4 << 20, 0, 1 << 20},
+		{64 << 20, 1 << 20, 256 << 10},
+		{4 << 20, 4 << 20, 1 << 20},
+	} {
+		if got := smallFile(tc.chunk, tc.inflight); got != tc.want {
+			t.Errorf("smallFile(%d, %d) = %d, want %d", tc.chunk, tc.inflight, got, tc.want)
+		}
+	}
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 64 * pg
+	cfg.MaxInflight = 16 * pg
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		busy := h.fs.add("/busy", 1, pg, 1)
+		h.mark(busy, time.Hour)
+		h.wb.mu.Lock()
+		h.wb.inodes[busy.key].WritebackPages = 12
+		h.wb.mu.Unlock()
+		// More than 16/4 pages, less than write_chunk/4 (16 pages).
+		f := h.fs.add("/f", 2, 10*pg, 10)
+		h.mark(f, 0)
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		c := h.fs.callsOf("sync_file_range", "/f")
+		if len(c) == 0 || c[0].n != 4*pg {
+			t.Errorf("first write of a 10-page file with 12 of 16 pages in flight (write_chunk 64): %v, want one window of the 4 left", c)
+		}
+	})
 }

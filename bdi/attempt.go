@@ -109,7 +109,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	page := int64(os.Getpagesize())
 	chunk := wb.writeChunk()
-	if dp := int64(in.DirtyPages) * page; !integrity && dp > chunk/4 && dp <= chunk && wb.congested(in, 0, wb.cfg.MaxInflight) {
+	if dp := int64(in.DirtyPages) * page; !integrity && dp > smallFile(chunk, wb.cfg.MaxInflight) && dp <= chunk && wb.congested(in, 0, wb.cfg.MaxInflight) {
 		// Known to be biggish (its last attempt saw it), and the
 		// device has max_inflight under writeback in other files: it
 		// waits, small files go, and no open is spent on it. (Its own
@@ -125,6 +125,17 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	att.call = &attemptCall{chunk: chunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.fallback[key.Dev]}
 	wb.plug.Add(&request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att})
 	return min(max(1, int64(in.DirtyPages)), max(1, chunk/page))
+}
+
+// smallFile is the most dirty bytes a file may have to be written whole
+// whatever the writeback in flight: a quarter of write_chunk, or of
+// max_inflight_bytes when that is smaller (0: no bound), so that the
+// bound holds for every file bigger than a quarter of it.
+func smallFile(chunk, maxInflight int64) int64 {
+	if maxInflight > 0 {
+		chunk = min(chunk, maxInflight)
+	}
+	return chunk / 4
 }
 
 // assumeUnderWriteback gives an attempt that did not learn the file's state

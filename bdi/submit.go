@@ -491,11 +491,11 @@ func (wb *Writeback) doAttempt(r *request) error {
 			return wb.closeCall(r, nil)
 		}
 		page := int64(os.Getpagesize())
-		if dirty := int64(d) * page; !r.Integrity && dirty > w.chunk/4 {
+		if dirty := int64(d) * page; !r.Integrity && dirty > smallFile(w.chunk, w.maxInflight) {
 			room := wb.inflightRoom(att.in, wbp, w.maxInflight) / page * page
 			if room <= 0 {
-				// More than write_chunk/4 to write, and the device has
-				// max_inflight_bytes under writeback: not now
+				// More than a small file's share to write, and the
+				// device has max_inflight_bytes under writeback: not now
 				// (b_more_io_wait, retried soon), so that a small file
 				// written meanwhile does not queue behind this one's
 				// stream.

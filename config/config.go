@@ -117,6 +117,12 @@ const MaxExpireClasses = 255
 // MinWriteChunk is the smallest accepted [Writeback.WriteChunk], in bytes.
 const MinWriteChunk = 4096
 
+// MinMaxInflight is the smallest accepted [Plug.MaxInflightBytes] other
+// than 0, in bytes: no attempt writes more than the bound, so one of a
+// few pages writes a page or two per attempt, far below any device's
+// rate (4 KiB made a file appended at 6.4 MB/s miss its expiry by seconds).
+const MinMaxInflight = 256 << 10
+
 // Config is the whole flusherd configuration. Use [Default], [Parse] or
 // [Load] to get one; the zero value is not valid.
 type Config struct {

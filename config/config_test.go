@@ -276,9 +276,9 @@ func TestParseErrors(t *testing.T) {
 		{"size overflow", "[writeback]\nwrite_chunk = \"9999999999999GiB\"\n", "writeback.write_chunk", 2, "too large"},
 		{"size too small", "[writeback]\nwrite_chunk = \"2KiB\"\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
 		{"size zero", "[writeback]\nwrite_chunk = 0\n", "writeback.write_chunk", 2, "must be at least 4096 bytes"},
-		{"max_inflight below a page", "[writeback]\nmax_inflight = \"1K\"\n", "writeback.max_inflight", 2, "must be 0 (no bound) or at least 4096 bytes"},
-		{"max_inflight_bytes below a page", "[plug]\nmax_inflight_bytes = 4095\n", "plug.max_inflight_bytes", 2, "must be 0 (no bound) or at least 4096 bytes"},
-		{"max_inflight_bytes negative", "[plug]\nmax_inflight_bytes = -1\n", "plug.max_inflight_bytes", 2, "must be 0 (no bound) or at least 4096 bytes"},
+		{"max_inflight below 256KiB", "[writeback]\nmax_inflight = \"1K\"\n", "writeback.max_inflight", 2, "must be 0 (no bound) or at least 262144 bytes"},
+		{"max_inflight_bytes a page", "[plug]\nmax_inflight_bytes = 4096\n", "plug.max_inflight_bytes", 2, "must be 0 (no bound) or at least 262144 bytes"},
+		{"max_inflight_bytes negative", "[plug]\nmax_inflight_bytes = -1\n", "plug.max_inflight_bytes", 2, "must be 0 (no bound) or at least 262144 bytes"},
 		{"both inflight keys", "[writeback]\nmax_inflight = \"32MiB\"\n[plug]\nmax_inflight_bytes = \"32MiB\"\n", "writeback.max_inflight", 2, "plug.max_inflight_bytes is given too"},
 		{"dirty_background_bytes negative", "[writeback]\ndirty_background_bytes = -4096\n", "writeback.dirty_background_bytes", 2, "must be 0 (off) or at least 4096 bytes"},
 		{"dirty_background_bytes below a page", "[writeback]\ndirty_background_bytes = 1000\n", "writeback.dirty_background_bytes", 2, "must be 0 (off) or at least 4096 bytes"},
@@ -902,9 +902,9 @@ func TestBoundaries(t *testing.T) {
 		key    string // "" : valid
 	}{
 		{"min_pause = max_pause", func(c *Config) { c.Writeback.MinPause, c.Writeback.MaxPause = time.Second, time.Second }, ""},
-		{"write_chunk = MinWriteChunk", func(c *Config) { c.Writeback.WriteChunk, c.Plug.MaxInflightBytes = MinWriteChunk, MinWriteChunk }, ""},
-		{"max_inflight_bytes of a page, below write_chunk", func(c *Config) { c.Plug.MaxInflightBytes = MinWriteChunk }, ""},
-		{"max_inflight_bytes a byte under a page", func(c *Config) { c.Plug.MaxInflightBytes = MinWriteChunk - 1 }, "plug.max_inflight_bytes"},
+		{"write_chunk = MinWriteChunk", func(c *Config) { c.Writeback.WriteChunk, c.Plug.MaxInflightBytes = MinWriteChunk, MinMaxInflight }, ""},
+		{"max_inflight_bytes of 256KiB, below write_chunk", func(c *Config) { c.Plug.MaxInflightBytes = MinMaxInflight }, ""},
+		{"max_inflight_bytes a byte under 256KiB", func(c *Config) { c.Plug.MaxInflightBytes = MinMaxInflight - 1 }, "plug.max_inflight_bytes"},
 		{"MaxExpireClasses expiries", func(c *Config) { c.Watch = watches(MaxExpireClasses) }, ""},
 		{"one expiry more", func(c *Config) { c.Watch = watches(MaxExpireClasses + 1) }, "watch"},
 	} {

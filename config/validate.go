@@ -65,8 +65,8 @@ func (c *Config) check(stat bool) error {
 		}
 		add(key, "min_pause %s is greater than max_pause %s%s", wb.MinPause, wb.MaxPause, note)
 	}
-	if inflight := c.Plug.MaxInflightBytes; inflight < 0 || (inflight > 0 && inflight < MinWriteChunk) {
-		add(s.inflightKey(), "must be 0 (no bound) or at least %d bytes (4KiB), got %d", MinWriteChunk, inflight)
+	if inflight := c.Plug.MaxInflightBytes; inflight < 0 || (inflight > 0 && inflight < MinMaxInflight) {
+		add(s.inflightKey(), "must be 0 (no bound) or at least %d bytes (256KiB; no attempt writes more than the bound, and a smaller one starves writeback), got %d", MinMaxInflight, inflight)
 	}
 	if !wb.WriteChunkAuto && wb.WriteChunk < MinWriteChunk {
 		add("writeback.write_chunk", "must be at least %d bytes (4KiB) or \"auto\", got %d", MinWriteChunk, wb.WriteChunk)

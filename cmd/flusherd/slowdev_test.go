@@ -172,7 +172,7 @@ dirty_expire_interval = "500ms"
 attempt_timeout = "1s"
 write_chunk = "16KiB"
 [plug]
-max_inflight_bytes = "16KiB"
+max_inflight_bytes = "256KiB"
 [[watch]]
 path = %q
 `, ffs.Dir))
