@@ -357,6 +357,8 @@ func (wb *Writeback) complete(att *attempt) {
 	}
 	if att.deferred {
 		wb.pass.throttled++
+	} else {
+		wb.countAttemptLocked(err)
 	}
 	wb.plug.Merges += att.merged
 	wb.outcomes[o]++
@@ -463,6 +465,32 @@ func (wb *Writeback) complete(att *attempt) {
 		} else {
 			wb.log.Info("the path no longer leads to the tracked file; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
 		}
+	}
+}
+
+// countAttemptLocked counts an attempt that made a call in the pass's
+// counters (the device goes probing when every one of a work's fails with
+// one device-level error), and ends probing when it got past such an
+// error: every waiting inode is retried at once (detachReturned).
+// Preconditions: wb.mu held; on the device's goroutine.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) countAttemptLocked(err error) {
+	wb.pass.attempts++
+	errno, dev := policy.DeviceLevel(err)
+	if dev {
+		wb.pass.devFails++
+		if wb.pass.devErr == 0 {
+			wb.pass.devErr = errno
+		} else if wb.pass.devErr != errno {
+			wb.pass.devMixed = true
+		}
+		return
+	}
+	if wb.probing {
+		wb.probing, wb.probeErr = false, 0
+		wb.detachReturned = true
+		wb.log.Info("a writeback attempt got through on a probing device: every waiting file is retried", zap.Error(err))
 	}
 }
 

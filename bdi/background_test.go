@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"syscall"
 	"testing"
@@ -581,4 +582,86 @@ func TestInflightCountsFollowed(t *testing.T) {
 			t.Errorf("room under max_inflight_bytes %d, want all of it (%d)", room, cfg.MaxInflight)
 		}
 	}, machineDirty(1<<20))
+}
+
+// TestProbingDeadDevice: when every retry of a work fails with one
+// device-level error (20 files whose opens fail with ENOTCONN: a FUSE
+// server that died), the device goes probing: each pause retries one file,
+// not 20, and expired files wait too. When the probe gets through, every
+// waiting file is retried at once, and probing ends.
+func TestProbingDeadDevice(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 200 * time.Millisecond
+	cfg.MaxPause = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		var files []*fakeFile
+		for i := range 20 {
+			f := h.fs.add(fmt.Sprintf("/f%02d", i), uint64(i+1), pg, 1)
+			f.openErr = syscall.ENOTCONN
+			h.mark(f, 100*time.Millisecond)
+			files = append(files, f)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.Probing != 1 {
+			t.Fatalf("probing = %d after every retry failed with ENOTCONN, want 1", s.Probing)
+		}
+		if infos := h.wb.Inodes(); len(infos) == 0 || !infos[0].Probing {
+			t.Errorf("flusherd dirty's view does not say the device is probing: %+v", infos)
+		}
+		late := h.fs.add("/late", 99, pg, 1) // dirtied while probing
+		h.mark(late, 100*time.Millisecond)
+		before := len(h.fs.callsOf("open", ""))
+		time.Sleep(5 * time.Second) // at max_pause: about 5 retries
+		synctest.Wait()
+		if n := len(h.fs.callsOf("open", "")) - before; n == 0 || n > 7 {
+			t.Errorf("%d opens in 5 s of probing, want one per pause (1 to 7)", n)
+		}
+		for _, f := range files {
+			f.set(func(f *fakeFile) { f.openErr = nil })
+		}
+		late.set(func(f *fakeFile) { f.openErr = nil })
+		time.Sleep(1500 * time.Millisecond) // one pause for the probe, then all
+		synctest.Wait()
+		if n := h.wb.Tracked(); n != 0 {
+			t.Errorf("%d files still tracked 1.5 s after the device came back, want 0", n)
+		}
+		if s := h.wb.Snapshot(); s.Probing != 0 {
+			t.Errorf("probing = %d after the device came back, want 0", s.Probing)
+		}
+	})
+}
+
+// TestProbingNeedsOneDeviceError: failures that are the files' own, or
+// device-level errors of two kinds, or a single file, do not make a device
+// probe: each waiting file keeps being retried.
+func TestProbingNeedsOneDeviceError(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		errs []error
+	}{
+		{"EAGAIN", []error{syscall.EAGAIN, syscall.EAGAIN, syscall.EAGAIN}},
+		{"mixed", []error{syscall.ENOTCONN, syscall.EAGAIN, syscall.ENOTCONN}},
+		{"two device errors", []error{syscall.ENOTCONN, syscall.ENODEV, syscall.ENOTCONN}},
+		{"one file", []error{syscall.ENOTCONN}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = 200 * time.Millisecond
+			cfg.MaxPause = time.Second
+			withWB(t, cfg, func(h *harness) {
+				for i, err := range tc.errs {
+					f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), pg, 1)
+					f.openErr = err
+					h.mark(f, 100*time.Millisecond)
+				}
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				if s := h.wb.Snapshot(); s.Probing != 0 {
+					h.t.Errorf("probing = %d, want 0", s.Probing)
+				}
+			})
+		})
+	}
 }

@@ -124,8 +124,19 @@ func (d *dirtyList) len() int {
 // now (sync work passes its start, so that inodes dirtied during it cannot
 // livelock it). It returns the number moved.
 func (d *dirtyList) moveExpired(dst *lists.List[*inode.Inode], now time.Duration, all bool) int {
+	return d.moveExpiredLimit(dst, now, all, -1)
+}
+
+// moveExpiredN is moveExpired of at most n expired inodes (a probing
+// device's one).
+func (d *dirtyList) moveExpiredN(dst *lists.List[*inode.Inode], now time.Duration, n int) int {
+	return d.moveExpiredLimit(dst, now, false, n)
+}
+
+// moveExpiredLimit is moveExpired stopping after limit inodes (-1: none).
+func (d *dirtyList) moveExpiredLimit(dst *lists.List[*inode.Inode], now time.Duration, all bool, limit int) int {
 	moved := 0
-	for {
+	for moved != limit {
 		best := -1
 		var bestWhen time.Duration
 		for i := range d.classes {
@@ -143,6 +154,7 @@ func (d *dirtyList) moveExpired(dst *lists.List[*inode.Inode], now time.Duration
 		dst.MoveToBack(d.classes[best].list.Front())
 		moved++
 	}
+	return moved
 }
 
 // moveOldest moves inodes from b_dirty to the tail of dst, oldest

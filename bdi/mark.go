@@ -308,6 +308,9 @@ type InodeInfo struct {
 	Retries, Errors     uint16
 	LastErr             uint8 // errno; inode.ErrnoOther for an error that is not one
 	Busy                bool  // a call for it exceeded attempt_timeout and has not returned
+	// Probing: its device is probed with one file per pause (every retry
+	// failed with one device-level error, Stats.Probing).
+	Probing bool
 }
 
 // Inodes describes every tracked inode.
@@ -318,7 +321,7 @@ func (wb *Writeback) Inodes() []InodeInfo {
 	add := func(list string, in *inode.Inode) {
 		out = append(out, InodeInfo{Path: in.Path(), Key: in.Key, Handle: in.Handle(), List: list,
 			DirtiedWhen: in.DirtiedWhen, DirtyPages: in.DirtyPages, WBPages: in.WritebackPages,
-			Retries: in.Retries, Errors: in.Errors, LastErr: in.LastErr, Busy: in.Has(inode.Busy)})
+			Retries: in.Retries, Errors: in.Errors, LastErr: in.LastErr, Busy: in.Has(inode.Busy), Probing: wb.probing})
 	}
 	for _, c := range wb.bDirty.classes {
 		for in := range c.list.All {

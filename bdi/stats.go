@@ -40,6 +40,7 @@ type Stats struct {
 	BackgroundWorks   uint64 // background writeback works run (the threshold was passed)
 	RangeWritebacks   uint64 // range writebacks behind streaming writers
 	InflightBytes     uint64 // bytes under writeback in tracked inodes (BdiWriteback, in bytes)
+	Probing           int    // 1 while the device is probed with one file per pause (every retry failed with one device-level error)
 
 	PlugRequests, PlugMerges, PlugBatches uint64
 	RetryPauseMs                          int64
@@ -132,6 +133,7 @@ func (s *Stats) statsFields() []struct {
 		{"background_works", false, &s.BackgroundWorks, nil, nil},
 		{"range_writebacks", false, &s.RangeWritebacks, nil, nil},
 		{"inflight_bytes", false, &s.InflightBytes, nil, nil},
+		{"probing", false, nil, nil, &s.Probing},
 		{"plug_requests", false, &s.PlugRequests, nil, nil},
 		{"plug_merges", false, &s.PlugMerges, nil, nil},
 		{"plug_batches", false, &s.PlugBatches, nil, nil},
@@ -219,6 +221,9 @@ func (wb *Writeback) Snapshot() Stats {
 	s.BdiReclaimable, s.BdiWriteback = wb.dirtySum, wb.wbSum
 	s.InflightBytes = wb.wbSum * uint64(os.Getpagesize())
 	s.BackgroundWorks, s.RangeWritebacks = wb.backgroundWorks, wb.rangeWritebacks
+	if wb.probing {
+		s.Probing = 1
+	}
 	s.BdiWritten = wb.written
 	s.BdiDirtied = max(wb.dirtied, wb.written)
 	s.BdiWriteBandwidth = wb.bandwidth

@@ -62,6 +62,7 @@ import (
 	"math"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -221,6 +222,16 @@ type Writeback struct {
 	globalDirty uint64
 	// +checklocks:mu
 	avgBandwidth uint64 // kB/s, avg_write_bandwidth
+	// probing: every retry of a kupdate or background work failed with
+	// one device-level error (policy.DeviceLevel: probeErr), so until an
+	// attempt gets past it, those works retry one inode per pause instead
+	// of every waiting one (a dead FUSE server, a vanished disk). An
+	// attempt that succeeds, or fails otherwise, ends it, and every
+	// waiting inode is retried at once.
+	// +checklocks:mu
+	probing bool
+	// +checklocks:mu
+	probeErr syscall.Errno
 
 	wake    chan struct{}
 	stopped chan struct{}
@@ -276,6 +287,12 @@ type Writeback struct {
 
 type passCounters struct {
 	pages, cleaned uint64
+	// attempts counts the pass's attempts that made a call (not
+	// deferred), devFails those that failed with a device-level error,
+	// devErr the first such error, and devMixed whether another differed.
+	attempts, devFails int
+	devErr             syscall.Errno
+	devMixed           bool
 	// throttled counts attempts deferred by max_inflight: they are
 	// retried after at most throttleRetry, not after the growing
 	// backoff, or the device would sit idle between them.
@@ -577,6 +594,12 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		// stats file fresh (writeStats is rate-limited).
 		wb.writeStats(false)
 		pass := wb.passDone()
+		w.attempts += pass.attempts
+		w.devFails += pass.devFails
+		w.devMixed = w.devMixed || pass.devMixed || (w.devErr != 0 && pass.devErr != 0 && pass.devErr != w.devErr)
+		if w.devErr == 0 {
+			w.devErr = pass.devErr
+		}
 		if pass.throttled > 0 {
 			w.throttled = true
 		}
@@ -599,6 +622,11 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		break
 	}
 	wb.mu.Lock()
+	if (w.ForKupdate || w.ForBackground) && !wb.probing && w.attempts >= 2 && w.devFails == w.attempts && !w.devMixed {
+		wb.probing, wb.probeErr = true, w.devErr
+		wb.errLog.Warn("every writeback retry on this device failed with the same device-level error: probing it with one file per pause until one gets through",
+			zap.Int("attempts", w.attempts), zap.Error(w.devErr))
+	}
 	switch {
 	case wb.BMoreIOWait.Empty():
 		wb.backoff.Reset()
@@ -639,9 +667,24 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 		wb.returnMoreIOLocked()
 	}
 	wb.BIO.SpliceBackInit(&wb.BMoreIO)
-	if !w.waitSpliced && (w.All || w.SyncMode == SyncAll || now >= wb.waitRetryAt) {
-		wb.BIO.SpliceBackInit(&wb.BMoreIOWait)
+	integrity := w.All || w.SyncMode == SyncAll
+	probe := wb.probing && !integrity
+	if !w.waitSpliced && (integrity || now >= wb.waitRetryAt) {
+		if probe {
+			// The device is probing: one waiting inode is tried,
+			// the rest wait for it to get through.
+			if in := wb.BMoreIOWait.Front(); in != nil {
+				wb.BIO.MoveToBack(in)
+			} else {
+				wb.bDirty.moveExpiredN(&wb.BIO, now, 1)
+			}
+		} else {
+			wb.BIO.SpliceBackInit(&wb.BMoreIOWait)
+		}
 		w.waitSpliced = true
+	}
+	if probe {
+		return // expired inodes would fail as the probe does: they wait for it
 	}
 	switch {
 	case w.All || w.SyncMode == SyncAll:

@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"fmt"
+	"syscall"
 	"time"
 
 	"flusherd/inode"
@@ -38,7 +39,12 @@ type Work struct {
 	waitSpliced bool
 	progress    bool
 	throttled   bool // an attempt was deferred by max_inflight
-	done        chan struct{}
+	// The work's attempts, as passCounters counts them: they decide
+	// whether the device goes probing.
+	attempts, devFails int
+	devErr             syscall.Errno
+	devMixed           bool
+	done               chan struct{}
 }
 
 // FileRef names one file of a sync request.

@@ -78,6 +78,10 @@ type DirtyFile struct {
 	// Busy: a writeback call for it exceeded attempt_timeout and has not
 	// returned (a frozen or hung filesystem).
 	Busy bool `json:"busy,omitempty"`
+	// Probing: its device is probed with one file per pause, every retry
+	// having failed with one device-level error (a dead FUSE server, a
+	// vanished disk); the others wait for the probe to get through.
+	Probing bool `json:"probing,omitempty"`
 }
 
 // DeviceStats is one device in a "stats" answer.

@@ -92,6 +92,7 @@ type Collector struct {
 	watchEvents, watchOverflows, watchRescans, watchUnwatched         *prometheus.Desc
 	watchBackend                                                      *prometheus.Desc
 	backgroundWorks, rangeWritebacks, inflight, bandwidth, dirtied    *prometheus.Desc
+	probing                                                           *prometheus.Desc
 }
 
 // NewCollector returns a Collector over src; pageSize (bytes) converts the
@@ -143,6 +144,8 @@ func NewCollector(src Source, pageSize int) *Collector {
 		bandwidth: d("write_bandwidth_bytes_per_second", "The device's completed write bandwidth, smoothed as the "+
 			"kernel's wb_update_write_bandwidth (BdiWriteBandwidth).", dev...),
 		dirtied: d("dirtied_bytes_total", "Data seen newly dirty in tracked files (BdiDirtied).", dev...),
+		probing: d("probing", "1 while the device is probed with one file per retry pause: every retry failed with the "+
+			"same device-level error (ENOTCONN, ENODEV, EROFS, EIO on open, attempt_timeout).", dev...),
 		watchBackend: d("watch_backend_info", "The watcher backend in use, in the label backend (fanotify or inotify); always 1.",
 			"backend"),
 	}
@@ -154,7 +157,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.inodes, c.dirty, c.writeback, c.retryPause, c.maxDirtyAge, c.stuckCalls,
 		c.written, c.plugRequests, c.plugMerges, c.plugBatches, c.wbErrors, c.rescans,
 		c.watchEvents, c.watchOverflows, c.watchRescans, c.watchUnwatched, c.watchBackend,
-		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.bandwidth, c.dirtied,
+		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.bandwidth, c.dirtied, c.probing,
 	} {
 		ch <- d
 	}
@@ -194,6 +197,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.inflight, float64(s.InflightBytes), n)
 		gauge(c.bandwidth, float64(s.BdiWriteBandwidth)*1024, n)
 		ch <- prometheus.MustNewConstMetric(c.dirtied, prometheus.CounterValue, bytes(s.BdiDirtied), n)
+		gauge(c.probing, float64(s.Probing), n)
 	}
 	backend, w := c.src.Watch()
 	if w == nil {

@@ -14,6 +14,8 @@ package policy
 
 import (
 	"errors"
+	"os"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -159,6 +161,31 @@ func ClassifyErr(err error) Outcome {
 		return Gone
 	}
 	return IOError
+}
+
+// DeviceLevel reports whether err says that the file's device, not the
+// file, failed, and returns its errno: the filesystem is gone or read-only
+// (EROFS, ESHUTDOWN, ENODEV, ENXIO, ENOTCONN: a FUSE server that died), a
+// call ran past the attempt timeout (ETIMEDOUT), or the open itself failed
+// with EIO (an error from opening, an *os.PathError whose Op begins with
+// "open", such as open_by_handle_at; EIO from a write is the file's data).
+// A device whose every retry fails so is probed with one file at a time
+// (bdi's probing state) instead of retrying all of them.
+func DeviceLevel(err error) (syscall.Errno, bool) {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return 0, false
+	}
+	switch errno {
+	case syscall.EROFS, syscall.ESHUTDOWN, syscall.ENODEV, syscall.ENXIO, syscall.ENOTCONN, syscall.ETIMEDOUT:
+		return errno, true
+	case syscall.EIO:
+		var pe *os.PathError
+		if errors.As(err, &pe) && strings.HasPrefix(pe.Op, "open") {
+			return errno, true
+		}
+	}
+	return 0, false
 }
 
 // Shortage reports whether err says that a resource ran out for a moment

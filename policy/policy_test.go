@@ -209,3 +209,28 @@ func TestLost(t *testing.T) {
 		t.Errorf("Failed.String() = %q", Failed.String())
 	}
 }
+
+func TestDeviceLevel(t *testing.T) {
+	for _, tc := range []struct {
+		err   error
+		errno syscall.Errno
+		ok    bool
+	}{
+		{syscall.ENOTCONN, syscall.ENOTCONN, true},
+		{&os.PathError{Op: "open_by_handle_at", Path: "h", Err: syscall.ENODEV}, syscall.ENODEV, true},
+		{fmt.Errorf("x: %w", syscall.ETIMEDOUT), syscall.ETIMEDOUT, true},
+		{syscall.EROFS, syscall.EROFS, true},
+		{&os.PathError{Op: "open", Path: "/f", Err: syscall.EIO}, syscall.EIO, true},
+		{&os.PathError{Op: "sync_file_range", Path: "/f", Err: syscall.EIO}, 0, false},
+		{syscall.EIO, 0, false},
+		{syscall.EAGAIN, 0, false},
+		{syscall.ENOENT, 0, false},
+		{errors.New("not an errno"), 0, false},
+		{nil, 0, false},
+	} {
+		errno, ok := DeviceLevel(tc.err)
+		if errno != tc.errno || ok != tc.ok {
+			t.Errorf("DeviceLevel(%v) = %v, %v; want %v, %v", tc.err, errno, ok, tc.errno, tc.ok)
+		}
+	}
+}

@@ -192,7 +192,7 @@ func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
 		d := control.DirtyFile{Path: control.Name(e.in.Path), Bdi: e.wb.Name, List: e.in.List,
 			DirtyPages: uint64(e.in.DirtyPages), WritebackPages: uint64(e.in.WBPages),
 			AgeSeconds: (now - e.in.DirtiedWhen).Seconds(), Retries: int(e.in.Retries),
-			Errors: int(e.in.Errors), Busy: e.in.Busy}
+			Errors: int(e.in.Errors), Busy: e.in.Busy, Probing: e.in.Probing}
 		if e.in.LastErr != 0 {
 			d.LastError = unix.ErrnoName(unix.Errno(e.in.LastErr))
 			if d.LastError == "" {

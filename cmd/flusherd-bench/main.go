@@ -8,12 +8,13 @@
 // side in one run, on FUSE filesystems whose opens fail or stall on demand
 // (internal/faultfs):
 //
-//	(a) unblock latency: 50 files whose opens fail with EAGAIN for 20s;
+//	(a) unblock latency: 50 files whose opens fail with EAGAIN (--a-error) for 20s;
 //	    the time from unblock until cachestat shows each clean.
 //	(b) starvation: a file appended every 20ms for 60s whose every
 //	    writeback attempt sees a redirty (its open takes 30ms); the longest
 //	    time any byte stayed dirty.
-//	(c) no busy loop: 1,000 files blocked for 60s; the daemon's context
+//	(c) no busy loop: 1,000 files blocked for 60s (--c-error: their opens
+//	    fail with ENOTCONN, a dead FUSE server, or EAGAIN); the daemon's context
 //	    switches per second once the pause has saturated, and its CPU time.
 //
 //	flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N]
@@ -288,6 +289,8 @@ func blocked(args []string) int {
 	phases := fl.String("phases", "abc", "which experiments to run")
 	blockFor := fl.Duration("block", 20*time.Second, "(a) how long opens fail")
 	runFor := fl.Duration("run", 60*time.Second, "(b), (c) run time")
+	aErr := fl.String("a-error", "EAGAIN", "(a) the error of every open while blocked: EAGAIN or ENOTCONN")
+	cErr := fl.String("c-error", "ENOTCONN", "(c) the error of every open: ENOTCONN (a FUSE server that died: the device is probed) or EAGAIN (a file-level block: each file is retried)")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -339,13 +342,20 @@ func blocked(args []string) int {
 		}
 		return true
 	}
-	if strings.Contains(*phases, "a") && !run("(a)", func(s *setup) ([]row, error) { return unblockLatency(s, *blockFor) }) {
+	errnos := map[string]syscall.Errno{"ENOTCONN": syscall.ENOTCONN, "EAGAIN": syscall.EAGAIN}
+	aErrno, okA := errnos[*aErr]
+	cErrno, okC := errnos[*cErr]
+	if !okA || !okC {
+		fmt.Fprintf(os.Stderr, "flusherd-bench blocked: --a-error %q, --c-error %q: each is ENOTCONN or EAGAIN\n", *aErr, *cErr)
+		return 2
+	}
+	if strings.Contains(*phases, "a") && !run("(a)", func(s *setup) ([]row, error) { return unblockLatency(s, *blockFor, aErrno) }) {
 		return 1
 	}
 	if strings.Contains(*phases, "b") && !run("(b)", func(s *setup) ([]row, error) { return starvation(s, *runFor) }) {
 		return 1
 	}
-	if strings.Contains(*phases, "c") && !run("(c)", func(s *setup) ([]row, error) { return busyLoop(s, *runFor) }) {
+	if strings.Contains(*phases, "c") && !run("(c)", func(s *setup) ([]row, error) { return busyLoop(s, *runFor, cErrno) }) {
 		return 1
 	}
 	printTable(os.Stdout, rows)
@@ -393,14 +403,15 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-// unblockLatency is experiment (a).
-func unblockLatency(s *setup, blockFor time.Duration) ([]row, error) {
+// unblockLatency is experiment (a): 50 files whose opens fail with errno
+// for blockFor.
+func unblockLatency(s *setup, blockFor time.Duration, errno syscall.Errno) ([]row, error) {
 	files, err := createFiles(s.fs.Dir, 50)
 	if err != nil {
 		return nil, err
 	}
 	defer closeAll(files)
-	s.fs.Set(faultfs.Faults{OpenErr: syscall.EAGAIN})
+	s.fs.Set(faultfs.Faults{OpenErr: errno})
 	for _, f := range files {
 		if _, err := f.Write(make([]byte, 64<<10)); err != nil {
 			return nil, err
@@ -434,7 +445,7 @@ func unblockLatency(s *setup, blockFor time.Duration) ([]row, error) {
 	}
 	p := s.policy
 	return []row{
-		{"(a) unblock -> clean, median of 50 files", map[string]string{p: secs(median(lat))}},
+		{fmt.Sprintf("(a) unblock (%s) -> clean, median of 50 files", unix.ErrnoName(errno)), map[string]string{p: secs(median(lat))}},
 		{"(a) unblock -> clean, slowest of 50 files", map[string]string{p: secs(slices.Max(lat))}},
 		{"(a) failed opens while blocked (20s)", map[string]string{p: strconv.Itoa(opensBlocked)}},
 	}, nil
@@ -521,14 +532,15 @@ func starvation(s *setup, runFor time.Duration) ([]row, error) {
 	}, nil
 }
 
-// busyLoop is experiment (c).
-func busyLoop(s *setup, runFor time.Duration) ([]row, error) {
+// busyLoop is experiment (c): 1,000 files whose every open fails with
+// errno.
+func busyLoop(s *setup, runFor time.Duration, errno syscall.Errno) ([]row, error) {
 	files, err := createFiles(s.fs.Dir, 1000)
 	if err != nil {
 		return nil, err
 	}
 	defer closeAll(files)
-	s.fs.Set(faultfs.Faults{OpenErr: syscall.EAGAIN})
+	s.fs.Set(faultfs.Faults{OpenErr: errno})
 	for _, f := range files {
 		if _, err := f.Write(make([]byte, 4096)); err != nil {
 			return nil, err
@@ -543,7 +555,7 @@ func busyLoop(s *setup, runFor time.Duration) ([]row, error) {
 	el := t1.Sub(t0).Seconds()
 	p := s.policy
 	return []row{
-		{fmt.Sprintf("(c) 1000 blocked: context switches/s (last %.0fs)", el), map[string]string{p: fmt.Sprintf("%.1f", float64(sw1-sw0)/el)}},
+		{fmt.Sprintf("(c) 1000 blocked (%s): context switches/s (last %.0fs)", unix.ErrnoName(errno), el), map[string]string{p: fmt.Sprintf("%.1f", float64(sw1-sw0)/el)}},
 		{"(c) 1000 blocked: retry passes/s (opens/s / 1000)", map[string]string{p: fmt.Sprintf("%.2f", float64(opens1-opens0)/el/1000)}},
 		{"(c) 1000 blocked: daemon CPU, % of one core", map[string]string{p: fmt.Sprintf("%.2f%%", 100*(cpu1-cpu0).Seconds()/el)}},
 	}, nil

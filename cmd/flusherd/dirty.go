@@ -69,7 +69,11 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		if f.Busy {
 			last += " (busy)"
 		}
-		fmt.Fprintf(tw, "%.1fs\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", f.AgeSeconds, f.Bdi, f.List, f.DirtyPages, f.WritebackPages, f.Retries, last, strconv.Quote(string(f.Path)))
+		list := f.List
+		if f.Probing {
+			list += " (probing)"
+		}
+		fmt.Fprintf(tw, "%.1fs\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", f.AgeSeconds, f.Bdi, list, f.DirtyPages, f.WritebackPages, f.Retries, last, strconv.Quote(string(f.Path)))
 	}
 	tw.Flush()
 	return exitOK
