@@ -355,9 +355,12 @@ func (wb *Writeback) complete(att *attempt) {
 	default:
 		o = policy.AfterWrite(dirty, wbp, redirtied, att.chunkUsed)
 	}
-	if att.deferred {
+	switch {
+	case att.deferred:
 		wb.pass.throttled++
-	} else {
+	case att.detached == 0:
+		// (A detached call has not returned: it tells nothing of the
+		// device yet.)
 		wb.countAttemptLocked(err)
 	}
 	wb.plug.Merges += att.merged

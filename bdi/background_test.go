@@ -665,3 +665,50 @@ func TestProbingNeedsOneDeviceError(t *testing.T) {
 		})
 	}
 }
+
+// TestProbingDetachedCallTellsNothing: on a probing device, a probe whose
+// call is left to its worker (detached after 100 ms: the device is slow
+// or stalled) does not end probing; its return, and the retry that gets
+// through, do.
+func TestProbingDetachedCallTellsNothing(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 200 * time.Millisecond
+	cfg.MaxPause = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		var files []*fakeFile
+		for i := range 3 {
+			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), pg, 1)
+			f.openErr = syscall.ENOTCONN
+			h.mark(f, 100*time.Millisecond)
+			files = append(files, f)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.Probing != 1 {
+			t.Fatalf("probing = %d, want 1", s.Probing)
+		}
+		for _, f := range files {
+			f.set(func(f *fakeFile) {
+				f.openErr = nil
+				f.onWrite = func() { time.Sleep(3 * time.Second) }
+			})
+		}
+		time.Sleep(1500 * time.Millisecond) // a probe was made and detached
+		synctest.Wait()
+		if h.wb.Snapshot().DetachedCalls == 0 {
+			t.Fatalf("no call was detached: the test shows nothing")
+		}
+		if s := h.wb.Snapshot(); s.Probing != 1 {
+			t.Errorf("probing = %d while the probe's call is detached, want 1", s.Probing)
+		}
+		for _, f := range files {
+			f.set(func(f *fakeFile) { f.onWrite = nil })
+		}
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.Probing != 0 || h.wb.Tracked() != 0 {
+			t.Errorf("after the call returned: probing %d, %d files tracked; want 0, 0", s.Probing, h.wb.Tracked())
+		}
+	})
+}
