@@ -379,6 +379,16 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 	}
 }
 
+// inFlight marks a file tracked with pages under writeback as its last
+// attempt saw them: the room they take under max_inflight.
+func inFlight(h *harness, pages uint32) {
+	busy := h.fs.add("/busy", 1, pg, 1)
+	h.mark(busy, time.Hour)
+	h.wb.mu.Lock()
+	h.wb.inodes[busy.key].WritebackPages = pages
+	h.wb.mu.Unlock()
+}
+
 // TestInflightRoomLimitsTheChunk: a big file's attempt writes no more than
 // the room left under max_inflight: 16 pages allowed, 4 under writeback
 // in another file, so a window of 12 pages although write_chunk is 64; a
@@ -390,11 +400,7 @@ func TestInflightRoomLimitsTheChunk(t *testing.T) {
 	cfg.MaxInflight = 16 * pg
 	withWB(t, cfg, func(h *harness) {
 		t := h.t
-		busy := h.fs.add("/busy", 1, pg, 1)
-		h.mark(busy, time.Hour)
-		h.wb.mu.Lock()
-		h.wb.inodes[busy.key].WritebackPages = 4
-		h.wb.mu.Unlock()
+		inFlight(h, 4)
 		big := h.fs.add("/big", 2, 100*pg, 100)
 		h.mark(big, 0)
 		time.Sleep(1100 * time.Millisecond)
@@ -404,7 +410,7 @@ func TestInflightRoomLimitsTheChunk(t *testing.T) {
 			t.Fatalf("first write of the big file: %v, want one window of 12 pages (16 allowed, 4 in flight)", c)
 		}
 		h.wb.mu.Lock()
-		h.wb.inodes[busy.key].WritebackPages = 16
+		h.wb.inodes[inode.Key{Dev: 7, Ino: 1}].WritebackPages = 16
 		h.wb.mu.Unlock()
 		small := h.fs.add("/small", 3, 4*pg, 4)
 		h.mark(small, 0)
@@ -456,11 +462,7 @@ func TestSmallFileFollowsTheBound(t *testing.T) {
 	cfg.MaxInflight = 16 * pg
 	withWB(t, cfg, func(h *harness) {
 		t := h.t
-		busy := h.fs.add("/busy", 1, pg, 1)
-		h.mark(busy, time.Hour)
-		h.wb.mu.Lock()
-		h.wb.inodes[busy.key].WritebackPages = 12
-		h.wb.mu.Unlock()
+		inFlight(h, 12)
 		// More than 16/4 pages, less than write_chunk/4 (16 pages).
 		f := h.fs.add("/f", 2, 10*pg, 10)
 		h.mark(f, 0)

@@ -584,29 +584,43 @@ func TestInflightCountsFollowed(t *testing.T) {
 	}, machineDirty(1<<20))
 }
 
+// probingConfig is testConfig with a 200 ms kupdate period and a 1 s
+// longest pause, for the probing tests.
+func probingConfig() Config {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 200 * time.Millisecond
+	cfg.MaxPause = time.Second
+	return cfg
+}
+
+// deadDevice adds n files whose opens fail with ENOTCONN (a FUSE server
+// that died), marks them, and waits until the device is probing.
+func deadDevice(h *harness, n int) []*fakeFile {
+	h.t.Helper()
+	var files []*fakeFile
+	for i := range n {
+		f := h.fs.add(fmt.Sprintf("/f%02d", i), uint64(i+1), pg, 1)
+		f.openErr = syscall.ENOTCONN
+		h.mark(f, 100*time.Millisecond)
+		files = append(files, f)
+	}
+	time.Sleep(2 * time.Second)
+	synctest.Wait()
+	if s := h.wb.Snapshot(); s.Probing != 1 {
+		h.t.Fatalf("probing = %d after every retry failed with ENOTCONN, want 1", s.Probing)
+	}
+	return files
+}
+
 // TestProbingDeadDevice: when every retry of a work fails with one
 // device-level error (20 files whose opens fail with ENOTCONN: a FUSE
 // server that died), the device goes probing: each pause retries one file,
 // not 20, and expired files wait too. When the probe gets through, every
 // waiting file is retried at once, and probing ends.
 func TestProbingDeadDevice(t *testing.T) {
-	cfg := testConfig()
-	cfg.DirtyWritebackInterval = 200 * time.Millisecond
-	cfg.MaxPause = time.Second
-	withWB(t, cfg, func(h *harness) {
+	withWB(t, probingConfig(), func(h *harness) {
 		t := h.t
-		var files []*fakeFile
-		for i := range 20 {
-			f := h.fs.add(fmt.Sprintf("/f%02d", i), uint64(i+1), pg, 1)
-			f.openErr = syscall.ENOTCONN
-			h.mark(f, 100*time.Millisecond)
-			files = append(files, f)
-		}
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
-		if s := h.wb.Snapshot(); s.Probing != 1 {
-			t.Fatalf("probing = %d after every retry failed with ENOTCONN, want 1", s.Probing)
-		}
+		files := deadDevice(h, 20)
 		if infos := h.wb.Inodes(); len(infos) == 0 || !infos[0].Probing {
 			t.Errorf("flusherd dirty's view does not say the device is probing: %+v", infos)
 		}
@@ -647,10 +661,7 @@ func TestProbingNeedsOneDeviceError(t *testing.T) {
 		{"one file", []error{syscall.ENOTCONN}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig()
-			cfg.DirtyWritebackInterval = 200 * time.Millisecond
-			cfg.MaxPause = time.Second
-			withWB(t, cfg, func(h *harness) {
+			withWB(t, probingConfig(), func(h *harness) {
 				for i, err := range tc.errs {
 					f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), pg, 1)
 					f.openErr = err
@@ -671,23 +682,9 @@ func TestProbingNeedsOneDeviceError(t *testing.T) {
 // or stalled) does not end probing; its return, and the retry that gets
 // through, do.
 func TestProbingDetachedCallTellsNothing(t *testing.T) {
-	cfg := testConfig()
-	cfg.DirtyWritebackInterval = 200 * time.Millisecond
-	cfg.MaxPause = time.Second
-	withWB(t, cfg, func(h *harness) {
+	withWB(t, probingConfig(), func(h *harness) {
 		t := h.t
-		var files []*fakeFile
-		for i := range 3 {
-			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), pg, 1)
-			f.openErr = syscall.ENOTCONN
-			h.mark(f, 100*time.Millisecond)
-			files = append(files, f)
-		}
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
-		if s := h.wb.Snapshot(); s.Probing != 1 {
-			t.Fatalf("probing = %d, want 1", s.Probing)
-		}
+		files := deadDevice(h, 3)
 		for _, f := range files {
 			f.set(func(f *fakeFile) {
 				f.openErr = nil

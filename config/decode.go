@@ -281,6 +281,12 @@ var sizeUnits = map[string]int64{
 
 // parseSize parses a whole number of bytes with an optional binary unit
 // (see the package documentation).
+// ParseSize parses a size as the configuration writes one: a whole number
+// of bytes with an optional binary unit, "B", "KiB" or "K", "MiB" or "M",
+// "GiB" or "G" (case-sensitive; "KB" and "MB" are refused as ambiguous).
+// The error says what is wrong ("too large", a fraction, an unknown unit).
+func ParseSize(s string) (int64, error) { return parseSize(s) }
+
 func parseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	j := 0

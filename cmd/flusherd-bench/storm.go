@@ -85,6 +85,8 @@ import (
 	"syscall"
 	"time"
 
+	"flusherd/config"
+
 	"golang.org/x/sys/unix"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -294,26 +296,14 @@ func stormRoom(dir string, burst int64, sizeMB int) error {
 	return nil
 }
 
-// parseBytes parses a whole number of bytes with an optional binary unit
-// (B, K/KiB, M/MiB, G/GiB), as the daemon's configuration does.
+// parseBytes parses a size as the daemon's configuration does
+// (config.ParseSize: B, K/KiB, M/MiB, G/GiB).
 func parseBytes(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	j := 0
-	for j < len(t) && '0' <= t[j] && t[j] <= '9' {
-		j++
+	n, err := config.ParseSize(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q: %w", s, err)
 	}
-	if j == 0 {
-		return 0, fmt.Errorf("%q: want a whole number with an optional unit B, KiB, MiB or GiB", s)
-	}
-	mult, ok := map[string]int64{"": 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20, "G": 1 << 30, "GiB": 1 << 30}[strings.TrimSpace(t[j:])]
-	if !ok {
-		return 0, fmt.Errorf("%q: unknown unit, want B, KiB, MiB or GiB", s)
-	}
-	n, err := strconv.ParseInt(t[:j], 10, 64)
-	if err != nil || n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("%q: too large", s)
-	}
-	return n * mult, nil
+	return n, nil
 }
 
 // ---- kernel settings ----
