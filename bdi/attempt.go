@@ -490,11 +490,22 @@ func (wb *Writeback) countAttemptLocked(err error) {
 		}
 		return
 	}
-	if wb.probing {
-		wb.probing, wb.probeErr = false, 0
-		wb.detachReturned = true
-		wb.log.Info("a writeback attempt got through on a probing device: every waiting file is retried", zap.Error(err))
+	wb.endProbingLocked(err)
+}
+
+// endProbingLocked ends the device's probing, if it is probing, because a
+// call got past its device-level error (err: nil, or the file's own
+// error): every waiting inode is retried at once (detachReturned).
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) endProbingLocked(err error) {
+	if !wb.probing {
+		return
 	}
+	wb.probing, wb.probeErr = false, 0
+	wb.detachReturned = true
+	wb.log.Info("a writeback call got through on a probing device: every waiting file is retried", zap.Error(err))
 }
 
 func classify(err error) policy.Outcome {

@@ -3,6 +3,7 @@ package bdi
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"syscall"
 	"testing"
@@ -615,8 +616,8 @@ func deadDevice(h *harness, n int) []*fakeFile {
 // TestProbingDeadDevice: when every retry of a work fails with one
 // device-level error (20 files whose opens fail with ENOTCONN: a FUSE
 // server that died), the device goes probing: each pause retries one file,
-// not 20, and expired files wait too. When the probe gets through, every
-// waiting file is retried at once, and probing ends.
+// not 20 (a file dirtied meanwhile is one of the probes). When the probe
+// gets through, every waiting file is retried at once, and probing ends.
 func TestProbingDeadDevice(t *testing.T) {
 	withWB(t, probingConfig(), func(h *harness) {
 		t := h.t
@@ -625,6 +626,7 @@ func TestProbingDeadDevice(t *testing.T) {
 			t.Errorf("flusherd dirty's view does not say the device is probing: %+v", infos)
 		}
 		late := h.fs.add("/late", 99, pg, 1) // dirtied while probing
+		late.openErr = syscall.ENOTCONN
 		h.mark(late, 100*time.Millisecond)
 		before := len(h.fs.callsOf("open", ""))
 		time.Sleep(5 * time.Second) // at max_pause: about 5 retries
@@ -706,6 +708,61 @@ func TestProbingDetachedCallTellsNothing(t *testing.T) {
 		synctest.Wait()
 		if s := h.wb.Snapshot(); s.Probing != 0 || h.wb.Tracked() != 0 {
 			t.Errorf("after the call returned: probing %d, %d files tracked; want 0, 0", s.Probing, h.wb.Tracked())
+		}
+	})
+}
+
+// TestProbingLetsHealthyFilesThrough: two files that fail with EIO on
+// open (a FUSE server that cannot serve those two objects) make the device
+// probe; files written afterwards, which the device serves, are probed
+// first once expired, get through, and end probing: they are not held
+// behind the two failing ones.
+func TestProbingLetsHealthyFilesThrough(t *testing.T) {
+	withWB(t, probingConfig(), func(h *harness) {
+		t := h.t
+		for i := range 2 {
+			f := h.fs.add(fmt.Sprintf("/bad%d", i), uint64(i+1), pg, 1)
+			f.openErr = &os.PathError{Op: "open_by_handle_at", Path: "h", Err: syscall.EIO}
+			h.mark(f, 100*time.Millisecond)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.Probing != 1 {
+			t.Fatalf("probing = %d after two EIO opens, want 1", s.Probing)
+		}
+		var good []*fakeFile
+		for i := range 10 {
+			f := h.fs.add(fmt.Sprintf("/good%d", i), uint64(10+i), pg, 1)
+			h.mark(f, 100*time.Millisecond)
+			good = append(good, f)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		for _, f := range good {
+			if n := f.dirtyCount(); n != 0 {
+				t.Errorf("%s still has %d dirty pages 3 s after its write: held behind the probing", f.path, n)
+			}
+		}
+	})
+}
+
+// TestProbingEndsOnASlowReturn: a probe that is left to its worker (the
+// device answers, but slower than 100 ms) ends probing when its call
+// returns without a device-level error.
+func TestProbingEndsOnASlowReturn(t *testing.T) {
+	withWB(t, probingConfig(), func(h *harness) {
+		t := h.t
+		files := deadDevice(h, 5)
+		for _, f := range files {
+			f.set(func(f *fakeFile) {
+				f.openErr = nil
+				f.onWrite = func() { time.Sleep(150 * time.Millisecond) }
+			})
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.Probing != 0 || s.DetachedCalls == 0 {
+			t.Errorf("probing = %d, detached_calls %d after slow calls returned; want 0 and some", s.Probing, s.DetachedCalls)
 		}
 	})
 }

@@ -398,6 +398,11 @@ func (wb *Writeback) reqTimedOutLocked(r *request) func() {
 func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	att := r.Owner
 	in := att.in
+	if _, dev := policy.DeviceLevel(err); !dev {
+		// A call left to its worker (slow, or past attempt_timeout)
+		// came back past the device's error: the device serves again.
+		wb.endProbingLocked(err)
+	}
 	if r.State() == blk.TimedOut {
 		att.stuck--
 		wb.stuck--

@@ -671,12 +671,15 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 	probe := wb.probing && !integrity
 	if !w.waitSpliced && (integrity || now >= wb.waitRetryAt) {
 		if probe {
-			// The device is probing: one waiting inode is tried,
-			// the rest wait for it to get through.
-			if in := wb.BMoreIOWait.Front(); in != nil {
-				wb.BIO.MoveToBack(in)
-			} else {
-				wb.bDirty.moveExpiredN(&wb.BIO, now, 1)
+			// The device is probing: one inode is tried, the rest
+			// wait for it to get through. An expired one not tried
+			// since goes first (a newer write, perhaps to a file
+			// the device can still serve), then the waiting ones in
+			// turn.
+			if wb.bDirty.moveExpiredN(&wb.BIO, now, 1) == 0 {
+				if in := wb.BMoreIOWait.Front(); in != nil {
+					wb.BIO.MoveToBack(in)
+				}
 			}
 		} else {
 			wb.BIO.SpliceBackInit(&wb.BMoreIOWait)
