@@ -349,6 +349,26 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
+// LoadValues is Load without the file system checks of the watch paths:
+// the file is read, parsed and its values checked. It is for the client
+// commands (stats, dirty, sync), which need stats.dir and must work while
+// a watched filesystem is dead (a stat of its root fails with ENOTCONN)
+// or missing.
+func LoadValues(path string) (*Config, error) {
+	data, err := readConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.check(false); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
 // MaxFileSize is the largest configuration file Load reads, in bytes.
 const MaxFileSize = 16 << 20
 

@@ -30,7 +30,7 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "flusherd dirty: --top must not be negative")
 		return exitUsage
 	}
-	cfg, err := loadConfig(c, nil)
+	cfg, err := loadClientConfig(c)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
 		return exitUsage

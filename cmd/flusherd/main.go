@@ -240,16 +240,27 @@ func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
 // loadConfig reads the configuration: --config, else the default path if it
 // exists, else the defaults. It applies --stats-dir and the extra watches.
 func loadConfig(c commonFlags, watches []string) (*config.Config, error) {
+	return loadConfigWith(config.Load, c, watches)
+}
+
+// loadClientConfig is loadConfig for the client commands (stats, dirty,
+// sync): the watch paths are not looked at (config.LoadValues), so they
+// work while a watched filesystem is dead, which is when they are needed.
+func loadClientConfig(c commonFlags) (*config.Config, error) {
+	return loadConfigWith(config.LoadValues, c, nil)
+}
+
+func loadConfigWith(load func(string) (*config.Config, error), c commonFlags, watches []string) (*config.Config, error) {
 	var cfg *config.Config
 	switch {
 	case c.config != "":
 		var err error
-		if cfg, err = config.Load(c.config); err != nil {
+		if cfg, err = load(c.config); err != nil {
 			return nil, err
 		}
 	default:
 		if _, err := os.Stat(defaultConfigPath); err == nil {
-			if cfg, err = config.Load(defaultConfigPath); err != nil {
+			if cfg, err = load(defaultConfigPath); err != nil {
 				return nil, err
 			}
 		} else {

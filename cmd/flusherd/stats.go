@@ -58,7 +58,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 	if len(pos) == 1 {
 		dev = pos[0]
 	}
-	cfg, err := loadConfig(c, nil)
+	cfg, err := loadClientConfig(c)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd stats: %v\n", err)
 		return exitUsage

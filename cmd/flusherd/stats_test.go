@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,5 +55,30 @@ func TestStatsCommand(t *testing.T) {
 	}
 	if want := "==> bdi/7:0 <==\nb_dirty:                     3\n"; out.String() != want {
 		t.Errorf("output %q, want %q", out.String(), want)
+	}
+}
+
+// TestClientCommandsWithADeadTree: stats, dirty and sync read the
+// configuration for its stats.dir only, so a watch path that cannot be
+// looked at (missing here; a dead FUSE server's root fails with ENOTCONN)
+// does not stop them, while run and check-config still refuse it.
+func TestClientCommandsWithADeadTree(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "flusherd.toml")
+	statsDir := filepath.Join(dir, "run")
+	os.MkdirAll(filepath.Join(statsDir, "bdi", "7:0"), 0o755)
+	os.WriteFile(filepath.Join(statsDir, "bdi", "7:0", "stats"), []byte("b_dirty:                     3\n"), 0o644)
+	os.WriteFile(conf, []byte(fmt.Sprintf("[stats]\ndir = %q\n[[watch]]\npath = %q\n", statsDir, filepath.Join(dir, "gone"))), 0o644)
+	var out, errb bytes.Buffer
+	if code := Main([]string{"stats", "--config", conf, "--files"}, &out, &errb); code != exitOK || !strings.Contains(out.String(), "b_dirty:") {
+		t.Errorf("flusherd stats with a missing watch root: exit %d, stdout %q, stderr %q; want the stats", code, out.String(), errb.String())
+	}
+	errb.Reset()
+	if code := Main([]string{"dirty", "--config", conf}, &out, &errb); code == exitUsage || strings.Contains(errb.String(), "watch[0].path") {
+		t.Errorf("flusherd dirty with a missing watch root: exit %d, stderr %q; want it to try the daemon, not refuse the watch path", code, errb.String())
+	}
+	errb.Reset()
+	if code := Main([]string{"check-config", conf}, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "watch[0].path") {
+		t.Errorf("check-config with a missing watch root: exit %d, stderr %q; want exit 2 naming watch[0].path", code, errb.String())
 	}
 }

@@ -32,7 +32,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return parseExit(err)
 	}
-	cfg, err := loadConfig(c, nil)
+	cfg, err := loadClientConfig(c)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
 		return exitUsage
