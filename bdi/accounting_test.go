@@ -35,11 +35,15 @@ func TestCongested(t *testing.T) {
 	cfg := testConfig()
 	cfg.MaxInflight = 10 * pg
 	wb, _, _ := newIdleWB(t, cfg)
-	self := &inode.Inode{Key: inode.Key{Dev: 7, Ino: 1}, WritebackPages: 100}
+	self := &inode.Inode{Key: inode.Key{Dev: 7, Ino: 1}}
 	wb.mu.Lock()
 	wb.inodes[self.Key] = self
-	wb.inodes[inode.Key{Dev: 7, Ino: 2}] = &inode.Inode{Key: inode.Key{Dev: 7, Ino: 2}, WritebackPages: 4}
-	wb.inodes[inode.Key{Dev: 7, Ino: 3}] = &inode.Inode{Key: inode.Key{Dev: 7, Ino: 3}, WritebackPages: 3}
+	wb.setPagesLocked(self, 0, 100)
+	for ino, pages := range map[uint64]uint64{2: 4, 3: 3} {
+		in := &inode.Inode{Key: inode.Key{Dev: 7, Ino: ino}}
+		wb.inodes[in.Key] = in
+		wb.setPagesLocked(in, 0, pages)
+	}
 	wb.mu.Unlock()
 	for _, tc := range []struct {
 		wbp  uint64
@@ -352,7 +356,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 				f := h.fs.add("/f", 2, int64(c.pages)*pg, c.pages)
 				h.mark(f, 0)
 				h.wb.mu.Lock()
-				h.wb.inodes[busy.key].WritebackPages = 16
+				h.wb.setPagesLocked(h.wb.inodes[busy.key], 0, 16)
 				h.wb.inodes[f.key].DirtyPages = uint32(c.pages) // as its last attempt saw
 				h.wb.mu.Unlock()
 				time.Sleep(1100 * time.Millisecond)
@@ -367,7 +371,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 					t.Errorf("throttled = %d, want deferrals counted: %v", th, c.deferred)
 				}
 				h.wb.mu.Lock()
-				h.wb.inodes[busy.key].WritebackPages = 0
+				h.wb.setPagesLocked(h.wb.inodes[busy.key], 0, 0)
 				h.wb.mu.Unlock()
 				time.Sleep(200 * time.Millisecond) // throttleRetry
 				synctest.Wait()
@@ -379,13 +383,32 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 	}
 }
 
+// roomConfig is testConfig with a 1 s kupdate period, write_chunk 64 pages
+// and max_inflight 16, for the tests of the room under the bound.
+func roomConfig() Config {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 64 * pg
+	cfg.MaxInflight = 16 * pg
+	return cfg
+}
+
+// firstWrites marks f due now and returns its sync_file_range calls after
+// the next kupdate tick.
+func firstWrites(h *harness, f *fakeFile) []call {
+	h.mark(f, 0)
+	time.Sleep(1100 * time.Millisecond)
+	synctest.Wait()
+	return h.fs.callsOf("sync_file_range", f.path)
+}
+
 // inFlight marks a file tracked with pages under writeback as its last
 // attempt saw them: the room they take under max_inflight.
 func inFlight(h *harness, pages uint32) {
 	busy := h.fs.add("/busy", 1, pg, 1)
 	h.mark(busy, time.Hour)
 	h.wb.mu.Lock()
-	h.wb.inodes[busy.key].WritebackPages = pages
+	h.wb.setPagesLocked(h.wb.inodes[busy.key], 0, uint64(pages))
 	h.wb.mu.Unlock()
 }
 
@@ -394,29 +417,17 @@ func inFlight(h *harness, pages uint32) {
 // in another file, so a window of 12 pages although write_chunk is 64; a
 // file of a quarter of the bound or less goes whole, room or not.
 func TestInflightRoomLimitsTheChunk(t *testing.T) {
-	cfg := testConfig()
-	cfg.DirtyWritebackInterval = time.Second
-	cfg.WriteChunk = 64 * pg
-	cfg.MaxInflight = 16 * pg
-	withWB(t, cfg, func(h *harness) {
+	withWB(t, roomConfig(), func(h *harness) {
 		t := h.t
 		inFlight(h, 4)
-		big := h.fs.add("/big", 2, 100*pg, 100)
-		h.mark(big, 0)
-		time.Sleep(1100 * time.Millisecond)
-		synctest.Wait()
-		c := h.fs.callsOf("sync_file_range", "/big")
+		c := firstWrites(h, h.fs.add("/big", 2, 100*pg, 100))
 		if len(c) == 0 || c[0].n != 12*pg {
 			t.Fatalf("first write of the big file: %v, want one window of 12 pages (16 allowed, 4 in flight)", c)
 		}
 		h.wb.mu.Lock()
-		h.wb.inodes[inode.Key{Dev: 7, Ino: 1}].WritebackPages = 16
+		h.wb.setPagesLocked(h.wb.inodes[inode.Key{Dev: 7, Ino: 1}], 0, 16)
 		h.wb.mu.Unlock()
-		small := h.fs.add("/small", 3, 4*pg, 4)
-		h.mark(small, 0)
-		time.Sleep(1100 * time.Millisecond)
-		synctest.Wait()
-		if c := h.fs.callsOf("sync_file_range", "/small"); len(c) != 1 || c[0].n != 0 {
+		if c := firstWrites(h, h.fs.add("/small", 3, 4*pg, 4)); len(c) != 1 || c[0].n != 0 {
 			t.Errorf("a file of a quarter of the bound with no room: %v, want one whole-file write", c)
 		}
 	})
@@ -456,19 +467,11 @@ func TestSmallFileFollowsTheBound(t *testing.T) {
 			t.Errorf("smallFile(%d, %d) = %d, want %d", tc.chunk, tc.inflight, got, tc.want)
 		}
 	}
-	cfg := testConfig()
-	cfg.DirtyWritebackInterval = time.Second
-	cfg.WriteChunk = 64 * pg
-	cfg.MaxInflight = 16 * pg
-	withWB(t, cfg, func(h *harness) {
+	withWB(t, roomConfig(), func(h *harness) {
 		t := h.t
 		inFlight(h, 12)
 		// More than 16/4 pages, less than write_chunk/4 (16 pages).
-		f := h.fs.add("/f", 2, 10*pg, 10)
-		h.mark(f, 0)
-		time.Sleep(1100 * time.Millisecond)
-		synctest.Wait()
-		c := h.fs.callsOf("sync_file_range", "/f")
+		c := firstWrites(h, h.fs.add("/f", 2, 10*pg, 10))
 		if len(c) == 0 || c[0].n != 4*pg {
 			t.Errorf("first write of a 10-page file with 12 of 16 pages in flight (write_chunk 64): %v, want one window of the 4 left", c)
 		}

@@ -243,32 +243,26 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 // inflightRoom returns how many more bytes may go under writeback on the
 // device before maxInflight (plug.max_inflight_bytes; 0: no bound, room
 // math.MaxInt64) is reached: maxInflight less the writeback pages that
-// cachestat last saw in every tracked file, in's own replaced by wbp (just
-// read); 0 or less when the device is at or over the bound. It bounds the
-// writeback flusherd puts in flight on one device, as the kernel's blk-wbt
-// bounds in-flight writes, so that a stream of big files, a range
-// writeback or background work cannot fill a slow device's queue (a
-// throttled cgroup's, a USB disk's) ahead of a small file or another
-// program's write. O(tracked files), only for files with more than
-// write_chunk/4 to write and for range writebacks. Safe on a worker.
+// cachestat last saw in every tracked file (wbSum, kept by
+// setPagesLocked), in's own replaced by wbp (just read); 0 or less when the
+// device is at or over the bound. It bounds the writeback flusherd puts in
+// flight on one device, as the kernel's blk-wbt bounds in-flight writes,
+// so that a stream of big files, a range writeback or background work
+// cannot fill a slow device's queue (a throttled cgroup's, a USB disk's)
+// ahead of a small file or another program's write. O(1). Safe on a
+// worker.
 func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64) int64 {
 	if maxInflight <= 0 {
 		return math.MaxInt64
 	}
-	page := int64(os.Getpagesize())
-	limit := uint64(maxInflight / page)
 	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	sum := wbp
-	for _, o := range wb.inodes {
-		if sum >= limit {
-			break
-		}
-		if o != in {
-			sum += uint64(o.WritebackPages)
-		}
+	sum := wb.wbSum + wbp
+	if in != nil && wb.inodes[in.Key] == in {
+		sum -= min(sum, uint64(in.WritebackPages))
 	}
-	return maxInflight - int64(min(sum, limit))*page
+	wb.mu.Unlock()
+	page := int64(os.Getpagesize())
+	return maxInflight - int64(min(sum, uint64(maxInflight/page)))*page
 }
 
 // congested reports whether the device has no room for a page more under

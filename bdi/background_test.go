@@ -613,6 +613,16 @@ func deadDevice(h *harness, n int) []*fakeFile {
 	return files
 }
 
+// revive makes the files' device answer again, each write taking delay.
+func revive(files []*fakeFile, delay time.Duration) {
+	for _, f := range files {
+		f.set(func(f *fakeFile) {
+			f.openErr = nil
+			f.onWrite = func() { time.Sleep(delay) }
+		})
+	}
+}
+
 // TestProbingDeadDevice: when every retry of a work fails with one
 // device-level error (20 files whose opens fail with ENOTCONN: a FUSE
 // server that died), the device goes probing: each pause retries one file,
@@ -687,12 +697,7 @@ func TestProbingDetachedCallTellsNothing(t *testing.T) {
 	withWB(t, probingConfig(), func(h *harness) {
 		t := h.t
 		files := deadDevice(h, 3)
-		for _, f := range files {
-			f.set(func(f *fakeFile) {
-				f.openErr = nil
-				f.onWrite = func() { time.Sleep(3 * time.Second) }
-			})
-		}
+		revive(files, 3*time.Second)
 		time.Sleep(1500 * time.Millisecond) // a probe was made and detached
 		synctest.Wait()
 		if h.wb.Snapshot().DetachedCalls == 0 {
@@ -753,12 +758,7 @@ func TestProbingEndsOnASlowReturn(t *testing.T) {
 	withWB(t, probingConfig(), func(h *harness) {
 		t := h.t
 		files := deadDevice(h, 5)
-		for _, f := range files {
-			f.set(func(f *fakeFile) {
-				f.openErr = nil
-				f.onWrite = func() { time.Sleep(150 * time.Millisecond) }
-			})
-		}
+		revive(files, 150*time.Millisecond)
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
 		if s := h.wb.Snapshot(); s.Probing != 0 || s.DetachedCalls == 0 {

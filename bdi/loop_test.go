@@ -85,15 +85,7 @@ func TestStatsDueWakesLoop(t *testing.T) {
 	cfg := testConfig()
 	cfg.DirtyWritebackInterval = time.Hour
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		epoch := time.Now()
-		now := func() time.Duration { return time.Since(epoch) }
-		fs := newFakeFS(now)
-		wb := New("7:0", cfg, now, fs, nil, NewStatsWriter(dir, "7:0", time.Second, nil, zap.NewNop()))
-		ctx, cancel := context.WithCancel(context.Background())
-		go wb.Run(ctx)
-		defer func() { cancel(); <-wb.Stopped() }()
-		path := filepath.Join(dir, "bdi", "7:0", "stats")
+		wb, fs, path := runWithStats(t, cfg)
 		bDirty := func() int { return statsBDirty(t, path) }
 		synctest.Wait()
 		if n := bDirty(); n != 0 {
@@ -122,6 +114,7 @@ func TestStatsDueWakesLoop(t *testing.T) {
 			t.Errorf("the loop woke %d times waiting 0.5 s for the stats file", n)
 		}
 		// Idle, and the write fails: retried after the backoff (1 s).
+		dir := filepath.Dir(filepath.Dir(filepath.Dir(path)))
 		time.Sleep(4 * time.Second)
 		if err := os.RemoveAll(filepath.Join(dir, "bdi")); err != nil {
 			t.Fatal(err)
@@ -296,15 +289,7 @@ func TestTimeSlice(t *testing.T) {
 	cfg.DirtyWritebackInterval = time.Second
 	cfg.MaxPending = 2
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		epoch := time.Now()
-		now := func() time.Duration { return time.Since(epoch) }
-		fs := newFakeFS(now)
-		wb := New("7:0", cfg, now, fs, nil, NewStatsWriter(dir, "7:0", time.Second, nil, zap.NewNop()))
-		ctx, cancel := context.WithCancel(context.Background())
-		go wb.Run(ctx)
-		defer func() { cancel(); <-wb.Stopped() }()
-		path := filepath.Join(dir, "bdi", "7:0", "stats")
+		wb, fs, path := runWithStats(t, cfg)
 		seen := -2
 		synctest.Wait()
 		time.Sleep(500 * time.Millisecond)
@@ -335,4 +320,19 @@ func TestTimeSlice(t *testing.T) {
 			t.Errorf("%d files still tracked", wb.Tracked())
 		}
 	})
+}
+
+// runWithStats runs a Writeback over a fakeFS with a stats file rewritten
+// at most once a second, inside the caller's synctest bubble, until the
+// test ends; it returns the stats file's path.
+func runWithStats(t *testing.T, cfg Config) (*Writeback, *fakeFS, string) {
+	dir := t.TempDir()
+	epoch := time.Now()
+	now := func() time.Duration { return time.Since(epoch) }
+	fs := newFakeFS(now)
+	wb := New("7:0", cfg, now, fs, nil, NewStatsWriter(dir, "7:0", time.Second, nil, zap.NewNop()))
+	ctx, cancel := context.WithCancel(context.Background())
+	go wb.Run(ctx)
+	t.Cleanup(func() { cancel(); <-wb.Stopped() })
+	return wb, fs, filepath.Join(dir, "bdi", "7:0", "stats")
 }

@@ -332,29 +332,19 @@ func Default() *Config {
 //
 // Load does not require at least one watch, so that command-line flags can
 // add watches afterwards; call [Config.Validate] on the final configuration.
-func Load(path string) (*Config, error) {
-	data, err := readConfigFile(path)
-	if err != nil {
-		return nil, err
-	}
-	c, err := parse(path, data)
-	if err != nil {
-		return nil, err
-	}
-	// The value and file system checks in one run: every problem is
-	// reported at once.
-	if err := c.check(true); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
+func Load(path string) (*Config, error) { return load(path, true) }
 
 // LoadValues is Load without the file system checks of the watch paths:
 // the file is read, parsed and its values checked. It is for the client
 // commands (stats, dirty, sync), which need stats.dir and must work while
 // a watched filesystem is dead (a stat of its root fails with ENOTCONN)
 // or missing.
-func LoadValues(path string) (*Config, error) {
+func LoadValues(path string) (*Config, error) { return load(path, false) }
+
+// load reads, parses and checks the file at path; stat adds the file
+// system checks of the watch paths. The value and file system checks run
+// together: every problem is reported at once.
+func load(path string, stat bool) (*Config, error) {
 	data, err := readConfigFile(path)
 	if err != nil {
 		return nil, err
@@ -363,7 +353,7 @@ func LoadValues(path string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.check(false); err != nil {
+	if err := c.check(stat); err != nil {
 		return nil, err
 	}
 	return c, nil
