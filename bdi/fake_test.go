@@ -112,12 +112,18 @@ func (fs *fakeFS) Open(path string, key inode.Key) (inode.File, error) {
 	if f.openErr != nil {
 		return nil, f.openErr
 	}
-	return &fakeHandle{f}, nil
+	return &fakeHandle{f, f.size}, nil
 }
 
-type fakeHandle struct{ f *fakeFile }
+// fakeHandle is an open fakeFile; size is st_size at open, as
+// inode.File's Size is (taken under the fake's lock: a test may grow the
+// file meanwhile).
+type fakeHandle struct {
+	f    *fakeFile
+	size int64
+}
 
-func (h *fakeHandle) Size() int64 { return h.f.size }
+func (h *fakeHandle) Size() int64 { return h.size }
 
 // Close records the close, so that tests can match every open with one.
 func (h *fakeHandle) Close() error {
@@ -266,7 +272,7 @@ func (fs *handleFS) OpenHandle(h inode.Handle, key inode.Key) (inode.File, error
 			if f.openErr != nil {
 				return nil, f.openErr
 			}
-			return &fakeHandle{f}, nil
+			return &fakeHandle{f, f.size}, nil
 		}
 	}
 	return nil, inode.ErrUnlinked
