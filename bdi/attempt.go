@@ -162,7 +162,10 @@ type window struct{ Off, Len int64 }
 // counts the folds.
 func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []window, queued int64, chunkUsed bool, merged uint64, err error) {
 	page := int64(os.Getpagesize())
-	size := f.Size()
+	size, err := f.Size()
+	if err != nil {
+		return nil, 0, false, 0, err
+	}
 	wb.mu.Lock()
 	start := wb.wbIndex[key]
 	wb.mu.Unlock()

@@ -343,7 +343,14 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 		if err == nil {
 			r.ok, r.before, r.dirty, r.wbp = true, d, d, w
 		}
-		size, off := f.Size(), p.rangeOff
+		// Only a streaming file needs its size (one fstat, when opened
+		// by handle).
+		size, off := int64(0), p.rangeOff
+		if err == nil && p.streaming && d > 0 {
+			if size, err = f.Size(); err != nil {
+				size, err = 0, nil // its counts stand; no range writeback
+			}
+		}
 		if off > size {
 			off = 0 // truncated
 		}

@@ -123,7 +123,7 @@ type fakeHandle struct {
 	size int64
 }
 
-func (h *fakeHandle) Size() int64 { return h.size }
+func (h *fakeHandle) Size() (int64, error) { return h.size, nil }
 
 // Close records the close, so that tests can match every open with one.
 func (h *fakeHandle) Close() error {

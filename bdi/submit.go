@@ -15,21 +15,53 @@ import (
 	"flusherd/policy"
 )
 
-// closeFile closes f on a goroutine of its own: close(2) can block for
+// closeFile closes f off the device's goroutine: close(2) can block for
 // long (a FUSE or NFS file's flush writes it back and waits; a stalled
-// server holds it), and the device's goroutine, which completes attempts,
-// must not. A close still running after attempt_timeout counts in
-// StuckCalls (and stuck_calls) until it returns.
+// server holds it; the last close of a deleted file frees its blocks), and
+// the device's goroutine, which completes attempts, must not. Closes queue
+// for the device's closer goroutine (closer), which runs them one after
+// another; another closer starts when the last close begun has run for
+// detachAfter, so one stalled close holds up no more than that. Each close
+// is recorded from the time it is queued, and counts in StuckCalls (and
+// stuck_calls) once past attempt_timeout until it returns.
 func (wb *Writeback) closeFile(f inode.File) {
 	wb.mu.Lock()
-	id := wb.trackCallLocked(wb.now())
+	now := wb.now()
+	id := wb.trackCallLocked(now)
+	wb.closeQ = append(wb.closeQ, queuedClose{f, id})
+	start := wb.closers == 0 || now-wb.closeBegan > detachAfter
+	if start {
+		wb.closers++
+		wb.closeBegan = now
+	}
 	wb.mu.Unlock()
-	go func() {
-		f.Close()
-		wb.mu.Lock()
-		wb.returnedLocked(id)
+	if start {
+		go wb.closer()
+	}
+}
+
+// queuedClose is a file waiting for the closer, and its offLoop record.
+type queuedClose struct {
+	f  inode.File
+	id uint64
+}
+
+// closer runs the queued closes (closeFile) until none is left.
+func (wb *Writeback) closer() {
+	wb.mu.Lock()
+	for len(wb.closeQ) > 0 {
+		c := wb.closeQ[0]
+		wb.closeQ[0] = queuedClose{}
+		wb.closeQ = wb.closeQ[1:]
+		wb.closeBegan = wb.now()
 		wb.mu.Unlock()
-	}()
+		c.f.Close()
+		wb.mu.Lock()
+		wb.returnedLocked(c.id)
+	}
+	wb.closeQ = nil
+	wb.closers--
+	wb.mu.Unlock()
 }
 
 // trackCallLocked records a call that runs off the device's goroutine (a

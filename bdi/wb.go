@@ -157,6 +157,12 @@ type Writeback struct {
 	// +checklocks:mu
 	offLoopSeq uint64
 	// +checklocks:mu
+	closeQ []queuedClose // files waiting for the closer (closeFile)
+	// +checklocks:mu
+	closers int // closer goroutines running
+	// +checklocks:mu
+	closeBegan time.Duration // when the last close began (daemon clock)
+	// +checklocks:mu
 	classWarned bool // the expire-class limit was logged
 	// +checklocks:mu
 	newCfg *Config // a reload's tunables, taken by the goroutine

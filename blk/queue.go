@@ -60,17 +60,24 @@ type result[O comparable] struct {
 	err error
 }
 
-// Run runs the requests' calls, each on a goroutine of its own, at most
-// Depth at a time, and returns when each has returned (State Done, Err
-// its error), has timed out (TimedOut) or, with detach, has been
-// detached (Detached, Err nil: its data is on its way, as with any
-// sync_file_range). Requests must be Running.
+// Run runs the requests' calls on at most Depth workers at a time, and
+// returns when each has returned (State Done, Err its error), has timed out
+// (TimedOut) or, with detach, has been detached (Detached, Err nil: its
+// data is on its way, as with any sync_file_range). Requests must be
+// Running.
+//
+// A worker is a goroutine that runs one call after another (its stack,
+// grown by the first, serves the rest); one whose call is detached or
+// times out is replaced by a new one and ends when that call returns.
 func (q *Queue[O]) Run(reqs []*Request[O], detach bool) {
 	if len(reqs) == 0 {
 		return
 	}
 	depth := max(1, q.Depth)
 	results := make(chan result[O], len(reqs))
+	work := make(chan *Request[O])
+	defer close(work)
+	live := 0 // workers not held by a detached or timed-out call
 	type running struct {
 		r        *Request[O]
 		began    time.Time
@@ -98,7 +105,11 @@ func (q *Queue[O]) Run(reqs []*Request[O], detach bool) {
 				x.detachAt = x.began.Add(q.DetachAfter)
 			}
 			inflight = append(inflight, x)
-			go q.call(r, results)
+			if live < depth {
+				live++
+				go q.worker(work, results)
+			}
+			work <- r
 		}
 		var earliest time.Time
 		for _, x := range inflight {
@@ -135,6 +146,7 @@ func (q *Queue[O]) Run(reqs []*Request[O], detach bool) {
 					q.Hooks.DetachedLocked(x.r, x.began)
 					q.Lock.Unlock()
 					finished++
+					live-- // its worker ends when the call returns
 					continue
 				case timedOut && x.r.state.CompareAndSwap(int32(Running), int32(TimedOut)):
 					after := q.Hooks.TimedOutLocked(x.r)
@@ -143,6 +155,7 @@ func (q *Queue[O]) Run(reqs []*Request[O], detach bool) {
 						after()
 					}
 					finished++
+					live--
 					continue
 				}
 				q.Lock.Unlock()
@@ -153,15 +166,28 @@ func (q *Queue[O]) Run(reqs []*Request[O], detach bool) {
 	}
 }
 
-// call runs one request's call on its worker and reports it (see Run).
-func (q *Queue[O]) call(r *Request[O], results chan<- result[O]) {
+// worker runs the calls of the requests Run hands it, until work is
+// closed or one of its calls was detached or timed out (Run has started
+// another worker in its place).
+func (q *Queue[O]) worker(work <-chan *Request[O], results chan<- result[O]) {
+	for r := range work {
+		if !q.call(r, results) {
+			return
+		}
+	}
+}
+
+// call runs one request's call on its worker and reports it (see Run). It
+// returns false when Run had stopped waiting for the call (detached or
+// timed out).
+func (q *Queue[O]) call(r *Request[O], results chan<- result[O]) bool {
 	err := q.Hooks.Do(r)
 	q.Lock.Lock()
 	if r.state.CompareAndSwap(int32(Running), int32(Done)) {
 		q.Lock.Unlock()
 		results <- result[O]{r, err}
 		q.Hooks.Finished(r)
-		return
+		return true
 	}
 	after := q.Hooks.ReturnedLocked(r, err)
 	q.Lock.Unlock()
@@ -169,6 +195,7 @@ func (q *Queue[O]) call(r *Request[O], results chan<- result[O]) {
 		after()
 	}
 	q.Hooks.Finished(r)
+	return false
 }
 
 // ResetTimer arms *t to fire after d, making it on first use, and returns

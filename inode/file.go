@@ -31,8 +31,9 @@ type File interface {
 	// DataSync writes the file's data and waits for it (fdatasync(2),
 	// WB_SYNC_ALL).
 	DataSync() error
-	// Size is st_size at open, in bytes.
-	Size() int64
+	// Size is st_size in bytes, read once (fstat(2) on the first call,
+	// unless the open already did); errors are fstat's, wrapped.
+	Size() (int64, error)
 	Close() error
 }
 
@@ -44,7 +45,7 @@ type Opener interface {
 // OSFile is a File on a real file descriptor.
 type OSFile struct {
 	fd   int
-	size int64
+	size int64 // -1 until read
 }
 
 // OS opens real files. Its zero value is ready to use.
@@ -95,8 +96,19 @@ func (OS) Open(path string, key Key) (File, error) {
 // Fd returns the descriptor.
 func (f *OSFile) Fd() int { return f.fd }
 
-// Size implements File.
-func (f *OSFile) Size() int64 { return f.size }
+// Size implements File: the st_size seen at open (by path), or one
+// fstat(2) on the first call (opened by handle). Not safe for concurrent
+// first calls.
+func (f *OSFile) Size() (int64, error) {
+	if f.size < 0 {
+		var st unix.Stat_t
+		if err := unix.Fstat(f.fd, &st); err != nil {
+			return 0, fmt.Errorf("fstat: %w", err)
+		}
+		f.size = st.Size
+	}
+	return f.size, nil
+}
 
 // Cachestat implements File with cachestat(2) (Linux 6.5+).
 func (f *OSFile) Cachestat(off, n int64) (dirty, writeback uint64, err error) {

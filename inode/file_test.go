@@ -109,8 +109,8 @@ func TestWritebackSyscalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if f.Size() != 1<<20 {
-		t.Fatalf("size %d", f.Size())
+	if size, err := f.Size(); err != nil || size != 1<<20 {
+		t.Fatalf("size %d, %v", size, err)
 	}
 	dirty, _, err := f.Cachestat(0, 0)
 	if err != nil {

@@ -38,10 +38,10 @@ func (h Handle) unix() (unix.FileHandle, bool) {
 	return unix.NewFileHandle(int32(binary.NativeEndian.Uint32([]byte(h[:4]))), []byte(h[4:])), true
 }
 
-// ErrUnlinked is returned by OpenHandle for an inode that has no name left
-// (st_nlink 0: deleted, or replaced by a rename, while still open
-// somewhere): writing it back would be wasted. It wraps unix.ESTALE, so
-// policy.ClassifyErr treats it as gone.
+// ErrUnlinked is returned by PathOfHandle for an inode that has no name
+// left (st_nlink 0: deleted, or replaced by a rename, while still open
+// somewhere). It wraps unix.ESTALE, so policy.ClassifyErr treats it as
+// gone.
 var ErrUnlinked = fmt.Errorf("inode: file has been deleted: %w", unix.ESTALE)
 
 // HandleOpener is an Opener that also works with file handles.
@@ -354,22 +354,24 @@ func (h *Handles) Identify(dev uint64, hd Handle) (key Key, regular bool, err er
 }
 
 // OpenHandle implements HandleOpener: open_by_handle_at(2) with
-// O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_NOATIME (O_NOATIME dropped on EPERM),
-// then fstat. The handle must have been made of a regular file (HandleOf,
-// or Identify's check): a handle names one inode for good, and an inode
-// never changes type, so nothing else can be opened this way. Errors:
-// ESTALE (as *os.PathError) when the inode was deleted, ErrUnlinked when it
-// lives on without a name, ErrReplaced when the handle names another inode
-// than key.
+// O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_NOATIME (O_NOATIME dropped on EPERM), one
+// system call. A handle names one inode for good, and it was made of a
+// regular file with the identity key (HandleOf, or Identify's check) on the
+// filesystem whose registered directory it is opened on (key.Dev): so no
+// fstat checks type or identity, and the size is read only if asked for
+// (File.Size). An inode deleted while open elsewhere (st_nlink 0) still
+// opens, and its dirty pages are written back, as the kernel's flusher
+// writes them. Errors: *os.PathError wrapping ESTALE once the inode is
+// freed, EBADF when no directory of key.Dev is registered, the errno of a
+// filesystem that cannot be opened (acquire), or open_by_handle_at's.
 func (h *Handles) OpenHandle(hd Handle, key Key) (File, error) {
 	fh, ok := hd.unix()
-	name := "handle:" + strconv.Quote(string(hd))
 	if !ok {
-		return nil, &os.PathError{Op: "open_by_handle_at", Path: name, Err: unix.EINVAL}
+		return nil, handleError(hd, unix.EINVAL)
 	}
 	mfd, err := h.acquire(key.Dev)
 	if err != nil {
-		return nil, &os.PathError{Op: "open_by_handle_at", Path: name, Err: err}
+		return nil, handleError(hd, err)
 	}
 	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC
 	fd, err := unix.OpenByHandleAt(mfd, fh, flags|unix.O_NOATIME)
@@ -378,25 +380,15 @@ func (h *Handles) OpenHandle(hd Handle, key Key) (File, error) {
 	}
 	h.release(key.Dev)
 	if err != nil {
-		return nil, &os.PathError{Op: "open_by_handle_at", Path: name, Err: err}
+		return nil, handleError(hd, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, &os.PathError{Op: "fstat", Path: name, Err: err}
-	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		unix.Close(fd)
-		return nil, ErrNotRegular
-	case st.Dev != key.Dev || st.Ino != key.Ino:
-		unix.Close(fd)
-		return nil, ErrReplaced
-	case st.Nlink == 0:
-		unix.Close(fd)
-		return nil, ErrUnlinked
-	}
-	return &OSFile{fd: fd, size: st.Size}, nil
+	return &OSFile{fd: fd, size: -1}, nil
+}
+
+// handleError is open_by_handle_at's error for handle hd, named after the
+// handle (quoted only when there is an error to report).
+func handleError(hd Handle, err error) error {
+	return &os.PathError{Op: "open_by_handle_at", Path: "handle:" + strconv.Quote(string(hd)), Err: err}
 }
 
 // PathOf returns the current path of the open file f (readlink of

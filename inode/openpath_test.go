@@ -134,8 +134,8 @@ func TestOpenWithoutOpenat2(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open without openat2: %v", err)
 	}
-	if f.Size() != 4 {
-		t.Errorf("Size = %d, want 4", f.Size())
+	if size, err := f.Size(); err != nil || size != 4 {
+		t.Errorf("Size = %d, %v; want 4", size, err)
 	}
 	f.Close()
 	if _, err := (OS{}).Open(filepath.Join(dir, "l"), Key{}); !errors.Is(err, ErrNotRegular) {
