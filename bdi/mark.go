@@ -13,6 +13,14 @@ import (
 	"flusherd/lists"
 )
 
+// Tracks reports whether the inode key is tracked (on any list, the
+// failed one included).
+func (wb *Writeback) Tracks(key inode.Key) bool {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return wb.inodes[key] != nil
+}
+
 // MarkInodeDirty is __mark_inode_dirty for a write seen on the file key at
 // path: the first time an inode is dirtied it gets dirtiedWhen = now and
 // goes onto b_dirty; an inode that is already dirty keeps its dirtiedWhen

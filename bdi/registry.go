@@ -276,6 +276,16 @@ func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t 
 	return nil
 }
 
+// Tracks reports whether the inode key is tracked on its device (on any
+// list, the failed one included). It names no device: an unknown st_dev
+// has nothing tracked.
+func (r *Registry) Tracks(key inode.Key) bool {
+	r.mu.Lock()
+	wb := r.byDev[key.Dev]
+	r.mu.Unlock()
+	return wb != nil && wb.Tracks(key)
+}
+
 // Devices returns the devices, sorted by name.
 func (r *Registry) Devices() []*Writeback {
 	r.mu.Lock()

@@ -38,7 +38,25 @@ type Watcher struct {
 	unwatched map[string]Tree     // directories out of watches, rescanned periodically
 	limitLogs int                 // unwatched count last logged
 	kick      chan struct{}
+
+	// keys caches the identity of the regular files that Write events
+	// named, by path, so that a stream of writes to a file costs one
+	// lstat(2), not one per event. Only Run's goroutine uses it. An entry
+	// goes when an event says the name may now lead elsewhere (Create,
+	// Rename, Remove of it), and the whole cache when a directory is
+	// made, moved or removed (the paths below it change) or when it
+	// holds maxKeys entries.
+	keys map[string]inode.Key
+
+	// The rescan after a queue overflow runs on a goroutine of its own,
+	// so that the queue keeps being read meanwhile; an overflow during
+	// it asks for one more (rescanAgain).
+	rmu                     sync.Mutex
+	rescanning, rescanAgain bool
 }
+
+// maxKeys bounds Watcher.keys: about 1.5 MiB of paths and keys.
+const maxKeys = 16384
 
 // NewInotify returns an inotify backend for trees. Its inotify instance is
 // made now; no watch is added until Start.
@@ -51,7 +69,7 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1)}
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
 	iw.statsTrees = iw.Trees
@@ -302,8 +320,23 @@ func (w *Watcher) Run(ctx context.Context) {
 			if !ok {
 				return
 			}
-			w.ctr.Events.Add(1)
+			// Then the events already waiting, without a select each.
+			n := uint64(1)
 			w.handle(ev)
+		drain:
+			for n < 1024 {
+				select {
+				case ev, ok = <-w.w.Events:
+					if !ok {
+						break drain
+					}
+					n++
+					w.handle(ev)
+				default:
+					break drain
+				}
+			}
+			w.ctr.Events.Add(n)
 			w.touched("inotify")
 			w.doneBatches.Add(1)
 		case err, ok := <-w.w.Errors:
@@ -313,13 +346,49 @@ func (w *Watcher) Run(ctx context.Context) {
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				w.ctr.Overflows.Add(1)
 				w.log.Warn("inotify event queue overflowed; rescanning the trees with cachestat")
-				w.rescan(ctx, w.addOrNote)
+				w.overflowRescan(ctx)
 				w.touched("inotify")
 				continue
 			}
 			w.log.Warn("watch error", zap.Error(err))
 		}
 	}
+}
+
+// overflowRescan rescans the trees after a queue overflow, on a goroutine
+// of its own while Run goes on reading events; if one is running, it runs
+// once more when done (the events lost meanwhile may be in parts it has
+// scanned already).
+func (w *Watcher) overflowRescan(ctx context.Context) {
+	w.rmu.Lock()
+	if w.rescanning {
+		w.rescanAgain = true
+		w.rmu.Unlock()
+		return
+	}
+	w.rescanning = true
+	w.rmu.Unlock()
+	go func() {
+		for {
+			w.rescan(ctx, w.addOrNote)
+			w.touched("inotify")
+			w.rmu.Lock()
+			if !w.rescanAgain || ctx.Err() != nil {
+				w.rescanning = false
+				w.rmu.Unlock()
+				return
+			}
+			w.rescanAgain = false
+			w.rmu.Unlock()
+		}
+	}()
+}
+
+// rescanBusy reports whether an overflow rescan runs or is due.
+func (w *Watcher) rescanBusy() bool {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	return w.rescanning
 }
 
 // rescanUnwatched tries again to watch each directory that was out of
@@ -375,6 +444,9 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 	if !ok {
 		return
 	}
+	if !ev.Has(fsnotify.Write) {
+		w.forgetKey(ev.Name) // (a Create of a directory clears all of it below)
+	}
 	switch {
 	case ev.Has(fsnotify.Create):
 		var st unix.Stat_t
@@ -386,6 +458,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
+			clear(w.keys) // a directory moved in: the paths below it are new
 			if !t.Recursive || w.isRoot(ev.Name, t) {
 				return
 			}
@@ -401,7 +474,24 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			w.report(t, ev.Name, inode.Key{Dev: st.Dev, Ino: st.Ino}, false)
 		}
 	case ev.Has(fsnotify.Write):
-		w.reportPath(t, ev.Name, false)
+		if key, ok := w.keys[ev.Name]; ok {
+			w.report(t, ev.Name, key, false)
+			return
+		}
+		key, regular, err := inode.Stat(ev.Name)
+		if err != nil {
+			if policy.Shortage(err) {
+				w.scanIncomplete(err)
+			}
+			return
+		}
+		if regular {
+			if len(w.keys) >= maxKeys {
+				clear(w.keys)
+			}
+			w.keys[ev.Name] = key
+			w.report(t, ev.Name, key, false)
+		}
 	case ev.Has(fsnotify.Rename), ev.Has(fsnotify.Remove):
 		// A directory renamed away keeps its watch under the old name:
 		// drop the watches below it; its new name, if in a tree, comes
@@ -412,6 +502,22 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 	}
 }
 
+// forgetKey drops what keys knows of path, after an event that says the
+// name may lead elsewhere now: its entry, or every entry when path is a
+// watched directory (moved or removed: the paths below it change).
+func (w *Watcher) forgetKey(path string) {
+	if _, ok := w.keys[path]; ok {
+		delete(w.keys, path)
+		return
+	}
+	w.dmu.Lock()
+	_, dir := w.dirs[path]
+	w.dmu.Unlock()
+	if dir {
+		clear(w.keys)
+	}
+}
+
 // Quiesce implements Backend. fsnotify reads the inotify queue on a
 // goroutine of its own, out of sight, so this waits until no event has
 // been handled for 50ms and none waits in fsnotify's channel.
@@ -419,7 +525,7 @@ func (w *Watcher) Quiesce(ctx context.Context) {
 	last, since := w.doneBatches.Load(), time.Now()
 	for ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
-		if n := w.doneBatches.Load(); n != last || len(w.w.Events) > 0 {
+		if n := w.doneBatches.Load(); n != last || len(w.w.Events) > 0 || w.rescanBusy() {
 			last, since = n, time.Now()
 			continue
 		}

@@ -137,11 +137,17 @@ func direntName(b []byte) string {
 }
 
 // report hands the regular file key at path to the sink; with onlyDirty
-// only if cachestat shows dirty or writeback pages. A file whose state
+// (a scan) only if it is not tracked yet and cachestat shows dirty or
+// writeback pages. A file whose state
 // cannot be told (it cannot be opened or cachestat fails, other than
 // because it is gone) is reported as dirty: unknown means tracked, and the
 // writeback attempt finds out.
 func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
+	if onlyDirty && b.sink.Tracks(key) {
+		// Tracked already: a rescan after lost events has nothing to
+		// add, and opens only the files it does not know.
+		return
+	}
 	if onlyDirty {
 		f, err := b.open.Open(path, key)
 		if err == nil {

@@ -50,6 +50,10 @@ type Sink interface {
 	// MarkInodeDirty reports a regular file with dirty data; h is its
 	// file handle when the backend has one.
 	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
+	// Tracks reports whether the inode key is tracked already: a scan
+	// need not open it to look (its writeback attempt reads its state
+	// with cachestat, whatever events were lost).
+	Tracks(key inode.Key) bool
 	// Rescanned counts a cachestat rescan of a tree on filesystem dev.
 	Rescanned(dev uint64)
 	// TreeGone reports that a tree's root was removed, renamed or
@@ -142,6 +146,7 @@ type base struct {
 	statsDir  string
 	statsMu   sync.Mutex
 	statsNext *time.Timer // armed while a stats write is due
+	statsDue  atomic.Bool // statsNext is armed (read without statsMu)
 
 	mu    sync.Mutex
 	trees []*tree // replaced as a whole (AddTree, RemoveTree), never changed in place
@@ -255,17 +260,19 @@ func (b *base) removeTree(root string) (*tree, bool) {
 // one is already due: at most one write a second while events come, and
 // no timer at all while none do.
 func (b *base) touched(name string) {
-	if b.statsDir == "" {
-		return
+	if b.statsDir == "" || b.statsDue.Load() {
+		return // (one event in a stream of them costs one atomic load)
 	}
 	b.statsMu.Lock()
 	defer b.statsMu.Unlock()
 	if b.statsNext != nil {
 		return
 	}
+	b.statsDue.Store(true)
 	b.statsNext = time.AfterFunc(time.Second, func() {
 		b.statsMu.Lock()
 		b.statsNext = nil
+		b.statsDue.Store(false)
 		b.statsMu.Unlock()
 		if b.statsName != nil {
 			name = b.statsName()
@@ -314,7 +321,7 @@ func (b *base) treeAt(path string) *tree {
 		if t.gone {
 			continue
 		}
-		if path == t.Root || strings.HasPrefix(path, t.Root+"/") || t.Root == "/" {
+		if path == t.Root || t.Root == "/" || (len(path) > len(t.Root) && path[len(t.Root)] == '/' && strings.HasPrefix(path, t.Root)) {
 			if !t.Recursive && filepath.Dir(path) != t.Root && path != t.Root {
 				continue
 			}

@@ -217,7 +217,7 @@ func (f *countingFile) CheckWriteback() error {
 	f.n.Add(1)
 	return f.File.(interface{ CheckWriteback() error }).CheckWriteback()
 }
-func (f *countingFile) Close() error    { f.n.Add(1); return f.File.Close() }
+func (f *countingFile) Close() error { f.n.Add(1); return f.File.Close() }
 func (f *countingFile) Syncfs() error {
 	f.n.Add(1)
 	return f.File.(interface{ Syncfs() error }).Syncfs()
