@@ -37,11 +37,11 @@ func TestCongested(t *testing.T) {
 	wb, _, _ := newIdleWB(t, cfg)
 	self := &inode.Inode{Key: inode.Key{Dev: 7, Ino: 1}}
 	wb.mu.Lock()
-	wb.inodes[self.Key] = self
+	wb.inodes.Set(self)
 	wb.setPagesLocked(self, 0, 100)
 	for ino, pages := range map[uint64]uint64{2: 4, 3: 3} {
 		in := &inode.Inode{Key: inode.Key{Dev: 7, Ino: ino}}
-		wb.inodes[in.Key] = in
+		wb.inodes.Set(in)
 		wb.setPagesLocked(in, 0, pages)
 	}
 	wb.mu.Unlock()
@@ -356,8 +356,8 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 				f := h.fs.add("/f", 2, int64(c.pages)*pg, c.pages)
 				h.mark(f, 0)
 				h.wb.mu.Lock()
-				h.wb.setPagesLocked(h.wb.inodes[busy.key], 0, 16)
-				h.wb.inodes[f.key].DirtyPages = uint32(c.pages) // as its last attempt saw
+				h.wb.setPagesLocked(h.wb.inodes.Get(busy.key), 0, 16)
+				h.wb.inodes.Get(f.key).DirtyPages = uint32(c.pages) // as its last attempt saw
 				h.wb.mu.Unlock()
 				time.Sleep(1100 * time.Millisecond)
 				synctest.Wait()
@@ -371,7 +371,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 					t.Errorf("throttled = %d, want deferrals counted: %v", th, c.deferred)
 				}
 				h.wb.mu.Lock()
-				h.wb.setPagesLocked(h.wb.inodes[busy.key], 0, 0)
+				h.wb.setPagesLocked(h.wb.inodes.Get(busy.key), 0, 0)
 				h.wb.mu.Unlock()
 				time.Sleep(200 * time.Millisecond) // throttleRetry
 				synctest.Wait()
@@ -408,7 +408,7 @@ func inFlight(h *harness, pages uint32) {
 	busy := h.fs.add("/busy", 1, pg, 1)
 	h.mark(busy, time.Hour)
 	h.wb.mu.Lock()
-	h.wb.setPagesLocked(h.wb.inodes[busy.key], 0, uint64(pages))
+	h.wb.setPagesLocked(h.wb.inodes.Get(busy.key), 0, uint64(pages))
 	h.wb.mu.Unlock()
 }
 
@@ -425,7 +425,7 @@ func TestInflightRoomLimitsTheChunk(t *testing.T) {
 			t.Fatalf("first write of the big file: %v, want one window of 12 pages (16 allowed, 4 in flight)", c)
 		}
 		h.wb.mu.Lock()
-		h.wb.setPagesLocked(h.wb.inodes[inode.Key{Dev: 7, Ino: 1}], 0, 16)
+		h.wb.setPagesLocked(h.wb.inodes.Get(inode.Key{Dev: 7, Ino: 1}), 0, 16)
 		h.wb.mu.Unlock()
 		if c := firstWrites(h, h.fs.add("/small", 3, 4*pg, 4)); len(c) != 1 || c[0].n != 0 {
 			t.Errorf("a file of a quarter of the bound with no room: %v, want one whole-file write", c)

@@ -260,7 +260,7 @@ func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64
 	}
 	wb.mu.Lock()
 	sum := wb.wbSum + wbp
-	if in != nil && wb.inodes[in.Key] == in {
+	if in != nil && wb.inodes.Get(in.Key) == in {
 		sum -= min(sum, uint64(in.WritebackPages))
 	}
 	wb.mu.Unlock()
@@ -395,9 +395,9 @@ func (wb *Writeback) complete(att *attempt) {
 		}
 	}
 	if o == policy.IOError {
-		in.NextRetry = now + wb.cfg.MaxPause
+		wb.setNextRetryLocked(in, now+wb.cfg.MaxPause)
 	} else {
-		in.NextRetry = 0
+		wb.setNextRetryLocked(in, 0)
 	}
 	// An I/O error of its own before this attempt, or one on its
 	// filesystem since it was dirtied that may have been its own.

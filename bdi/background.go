@@ -57,12 +57,38 @@ func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 // +checklocks:wb.mu
 func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
 	wb.setPagesLocked(in, 0, 0)
-	delete(wb.inodes, in.Key)
+	wb.inodes.Delete(in.Key)
 	delete(wb.wbIndex, in.Key)
 	delete(wb.rangeOff, in.Key)
 	delete(wb.lateErr, in.Key)
+	delete(wb.retryAt, in.Key)
 	wb.bDirty.unref(in.Class)
 	in.State = 0
+}
+
+// nextRetryLocked returns the earliest time (daemon clock, nanoseconds) of
+// in's next attempt after an I/O error, 0 for none (see retryAt).
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) nextRetryLocked(in *inode.Inode) time.Duration {
+	return wb.retryAt[in.Key]
+}
+
+// setNextRetryLocked records at (daemon clock, nanoseconds) as the
+// earliest time of in's next attempt; 0 clears it. Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) setNextRetryLocked(in *inode.Inode, at time.Duration) {
+	if at == 0 {
+		delete(wb.retryAt, in.Key)
+		return
+	}
+	if wb.retryAt == nil {
+		wb.retryAt = make(map[inode.Key]time.Duration)
+	}
+	wb.retryAt[in.Key] = at
 }
 
 // checksWantedLocked reports whether the device looks at freshly written
@@ -263,7 +289,7 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	probed := map[*inode.Inode]bool{}
 	rest := wb.touched[:0]
 	for _, in := range wb.touched {
-		if wb.inodes[in.Key] != in || !in.Has(inode.Touched) {
+		if wb.inodes.Get(in.Key) != in || !in.Has(inode.Touched) {
 			continue // forgotten meanwhile
 		}
 		if len(probes) >= maxSample {
@@ -291,7 +317,7 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		if len(probes) >= maxSample {
 			break
 		}
-		if probed[in] || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.inodes[in.Key] != in {
+		if probed[in] || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.inodes.Get(in.Key) != in {
 			continue
 		}
 		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle()})
@@ -395,7 +421,7 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 			unsupported = append(unsupported, r)
 		}
 		in := r.in
-		if wb.inodes[r.key] != in || in.Has(inode.Sync) {
+		if wb.inodes.Get(r.key) != in || in.Has(inode.Sync) {
 			continue // forgotten, or an attempt's count is newer
 		}
 		switch {

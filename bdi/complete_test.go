@@ -405,8 +405,11 @@ func TestDataLost(t *testing.T) {
 		time.Sleep(1100 * time.Millisecond)
 		synctest.Wait()
 		in := h.inode("/a")
-		if in == nil || !in.Has(inode.DataError) || in.NextRetry == 0 {
-			t.Fatalf("after EIO: %+v, want DataError and a retry at max_pause", in)
+		h.wb.mu.Lock()
+		next := h.wb.retryAt[f.key]
+		h.wb.mu.Unlock()
+		if in == nil || !in.Has(inode.DataError) || next == 0 {
+			t.Fatalf("after EIO: %+v, next retry %v, want DataError and a retry at max_pause", in, next)
 		}
 		// The kernel marks the failed pages clean.
 		f.set(func(f *fakeFile) { f.writeErr = nil; clear(f.dirty) })
@@ -559,7 +562,7 @@ func TestCheckWritebackOnceClean(t *testing.T) {
 			}
 			h.wb.mu.Lock()
 			for _, f := range []*fakeFile{clean, inFlight} {
-				h.wb.inodes[f.key].DirtyPages = 10 // as last seen
+				h.wb.inodes.Get(f.key).DirtyPages = 10 // as last seen
 			}
 			h.wb.mu.Unlock()
 			time.Sleep(1050 * time.Millisecond)
@@ -766,7 +769,7 @@ func TestDetachedOpenReturns(t *testing.T) {
 				}
 				h.mark(f, 0)
 				h.wb.mu.Lock()
-				h.wb.inodes[f.key].DirtyPages = 10 // as last seen
+				h.wb.inodes.Get(f.key).DirtyPages = 10 // as last seen
 				h.wb.mu.Unlock()
 				time.Sleep(1500 * time.Millisecond)
 				synctest.Wait()

@@ -366,7 +366,7 @@ func (h *harness) lists() map[string]string {
 func (h *harness) inode(path string) *inode.Inode {
 	h.wb.mu.Lock()
 	defer h.wb.mu.Unlock()
-	for _, in := range h.wb.inodes {
+	for in := range h.wb.inodes.All {
 		if in.Path() == path {
 			c := *in
 			return &c

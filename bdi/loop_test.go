@@ -41,7 +41,7 @@ func TestLoopStall(t *testing.T) {
 		f.onOpen = func() { time.Sleep(50 * time.Millisecond) }
 		h.mark(f, 0)
 		h.wb.mu.Lock()
-		h.wb.inodes[f.key].DirtyPages = 10
+		h.wb.inodes.Get(f.key).DirtyPages = 10
 		h.wb.mu.Unlock()
 		time.Sleep(1100 * time.Millisecond)
 		synctest.Wait()
@@ -155,7 +155,7 @@ func TestWorkPageBudget(t *testing.T) {
 			h.mark(a, time.Hour)
 			h.mark(b, time.Hour)
 			h.wb.mu.Lock()
-			h.wb.inodes[a.key].DirtyPages, h.wb.inodes[b.key].DirtyPages = uint32(c.pages), uint32(c.pages) // as last seen
+			h.wb.inodes.Get(a.key).DirtyPages, h.wb.inodes.Get(b.key).DirtyPages = uint32(c.pages), uint32(c.pages) // as last seen
 			h.wb.mu.Unlock()
 			time.Sleep(time.Millisecond)
 			w := &Work{NrPages: c.budget, All: true, Reason: "test"}

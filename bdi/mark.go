@@ -18,7 +18,7 @@ import (
 func (wb *Writeback) Tracks(key inode.Key) bool {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return wb.inodes[key] != nil
+	return wb.inodes.Get(key) != nil
 }
 
 // MarkInodeDirty is __mark_inode_dirty for a write seen on the file key at
@@ -48,7 +48,7 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 // +checklocksacquire:wb.mu
 func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) inode.Handle {
 	wb.mu.Lock()
-	if h != "" || wb.inodes[key] != nil {
+	if h != "" || wb.inodes.Get(key) != nil {
 		return h
 	}
 	ho, ok := wb.open.(inode.HandleOpener)
@@ -67,7 +67,7 @@ func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) 
 //
 // +checklocks:wb.mu
 func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t Tree, now time.Duration) (wasIdle bool) {
-	in := wb.inodes[key]
+	in := wb.inodes.Get(key)
 	if in == nil {
 		class, exact := wb.bDirty.class(t.Expire)
 		if !exact && !wb.classWarned {
@@ -81,7 +81,7 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 		if t.Integrity {
 			in.State |= inode.Integrity
 		}
-		wb.inodes[key] = in
+		wb.inodes.Set(in)
 	} else {
 		switch old := in.Handle(); {
 		case h == "" || h == old:
@@ -183,7 +183,7 @@ func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
 	}
 	var cands []cand
 	wb.mu.Lock()
-	for _, in := range wb.inodes {
+	for in := range wb.inodes.All {
 		if in.InDir(root) {
 			cands = append(cands, cand{in, in.Path()})
 		}
@@ -198,7 +198,7 @@ func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
 	n := 0
 	wb.mu.Lock()
 	for in := range leaving {
-		if wb.inodes[in.Key] != in {
+		if wb.inodes.Get(in.Key) != in {
 			continue // forgotten meanwhile
 		}
 		n++
@@ -256,10 +256,16 @@ func (wb *Writeback) MaxDirtyAge() time.Duration {
 func (wb *Writeback) DropUnder(root string) int {
 	n := 0
 	wb.mu.Lock()
-	for _, in := range wb.inodes {
-		if !in.InDir(root) {
-			continue
+	// The inodes are gathered first, then dropped: the body of a range
+	// over Table.All is a function literal, in which checklocks does not
+	// see wb.mu held.
+	var under []*inode.Inode
+	for in := range wb.inodes.All {
+		if in.InDir(root) {
+			under = append(under, in)
 		}
+	}
+	for _, in := range under {
 		n++
 		if in.Has(inode.Sync) {
 			in.State |= inode.Dropped
@@ -282,7 +288,7 @@ func (wb *Writeback) DropUnder(root string) int {
 func (wb *Writeback) Tracked() int {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return len(wb.inodes) - wb.nfailed
+	return wb.inodes.Len() - wb.nfailed
 }
 
 // Refs returns a FileRef for every tracked inode whose path is under dir
@@ -292,12 +298,13 @@ func (wb *Writeback) Refs(dir string) []FileRef {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	var out []FileRef
-	for _, in := range wb.inodes {
+	classes := wb.bDirty.classes // (read here: checklocks does not see wb.mu held in the loop's body)
+	for in := range wb.inodes.All {
 		if dir != "" && !in.InDir(dir) {
 			continue
 		}
 		out = append(out, FileRef{Key: in.Key, Path: in.Path(),
-			Tree: Tree{Expire: wb.bDirty.classes[in.Class].expire, Integrity: in.Has(inode.Integrity)}})
+			Tree: Tree{Expire: classes[in.Class].expire, Integrity: in.Has(inode.Integrity)}})
 	}
 	return out
 }
@@ -325,7 +332,7 @@ type InodeInfo struct {
 func (wb *Writeback) Inodes() []InodeInfo {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	out := make([]InodeInfo, 0, len(wb.inodes))
+	out := make([]InodeInfo, 0, wb.inodes.Len())
 	add := func(list string, in *inode.Inode) {
 		out = append(out, InodeInfo{Path: in.Path(), Key: in.Key, Handle: in.Handle(), List: list,
 			DirtiedWhen: in.DirtiedWhen, DirtyPages: in.DirtyPages, WBPages: in.WritebackPages,

@@ -181,7 +181,7 @@ func TestRealOutcomes(t *testing.T) {
 func inodeOf(wb *Writeback, key inode.Key) *inode.Inode {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	if in := wb.inodes[key]; in != nil {
+	if in := wb.inodes.Get(key); in != nil {
 		c := *in
 		return &c
 	}

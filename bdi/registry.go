@@ -333,8 +333,8 @@ func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 // TrackedPaths returns the paths of the tracked inodes, sorted.
 func (wb *Writeback) TrackedPaths() []string {
 	wb.mu.Lock()
-	out := make([]string, 0, len(wb.inodes))
-	for _, in := range wb.inodes {
+	out := make([]string, 0, wb.inodes.Len())
+	for in := range wb.inodes.All {
 		out = append(out, in.Path())
 	}
 	wb.mu.Unlock()

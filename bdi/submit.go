@@ -471,7 +471,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		}
 		wb.reprobe[r.Dev] = true
 	}
-	if err != nil && !att.call.unsupported && wb.inodes[in.Key] == in {
+	if err != nil && !att.call.unsupported && wb.inodes.Get(in.Key) == in {
 		// (An unsupported sync_file_range is the filesystem's, not
 		// the file's: the probe again, and the file is retried.)
 		if wb.lateErr == nil {

@@ -101,8 +101,17 @@ type Writeback struct {
 	stats  *statsWriter
 
 	mu holdMutex // the list lock (its longest hold is in the stats)
+	// inodes holds every tracked inode, by key (the package doc's inode
+	// map).
 	// +checklocks:mu
-	inodes map[inode.Key]*inode.Inode
+	inodes inode.Table
+	// retryAt is the earliest time (daemon clock, nanoseconds) of the
+	// next attempt of each inode whose last attempt failed with an I/O
+	// error (policy.IOError): such a file is retried at max_pause, not at
+	// every pass. Only such inodes have one, so it is kept here, not in
+	// every Inode (setNextRetryLocked, nextRetryLocked).
+	// +checklocks:mu
+	retryAt map[inode.Key]time.Duration
 	// +checklocks:mu
 	bDirty dirtyList
 	// +checklocks:mu
@@ -358,7 +367,6 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		log:      log,
 		errLog:   log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0) })),
 		stats:    stats,
-		inodes:   make(map[inode.Key]*inode.Inode),
 		wake:     make(chan struct{}, 1),
 		stopped:  make(chan struct{}),
 		backoff:  policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
@@ -745,7 +753,7 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		if w.ForBackground {
 			in.State |= inode.Background
 		}
-		if in.Has(inode.Busy) || (in.NextRetry > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < in.NextRetry) {
+		if next := wb.nextRetryLocked(in); in.Has(inode.Busy) || (next > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < next) {
 			// A call for it is still stuck, or it failed with an I/O
 			// error and waits for max_pause: not now.
 			wb.requeueIOWaitLocked(in)

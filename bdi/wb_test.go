@@ -700,7 +700,7 @@ func TestMarkKnownInodeAllocates(t *testing.T) {
 	// A rename is recorded.
 	wb.MarkInodeDirty(f.key, "/srv/data/other", "", Tree{Expire: time.Hour})
 	wb.mu.Lock()
-	in := wb.inodes[f.key]
+	in := wb.inodes.Get(f.key)
 	got, other := in.Path(), in.OtherPath()
 	wb.mu.Unlock()
 	if got != "/srv/data/other" || other != f.path {
@@ -798,7 +798,7 @@ func TestBdiDirtied(t *testing.T) {
 		held := h.fs.add("/h", 2, 8*pg, 8)
 		h.mark(held, time.Hour)
 		h.wb.mu.Lock()
-		h.wb.setPagesLocked(h.wb.inodes[held.key], 8, 0)
+		h.wb.setPagesLocked(h.wb.inodes.Get(held.key), 8, 0)
 		h.wb.mu.Unlock()
 		time.Sleep(10 * time.Second)
 		synctest.Wait()

@@ -107,7 +107,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		first[f.Key] = i
 		now := wb.now()
 		h := wb.lockWithHandle(f.Key, f.Path, "")
-		if in := wb.inodes[f.Key]; in != nil && wb.failedLocked(in) {
+		if in := wb.inodes.Get(f.Key); in != nil && wb.failedLocked(in) {
 			// A sync is not a new write: its data stays lost.
 			w.Errs[i] = fmt.Errorf("%w: the data was dropped after a failed writeback", errnoError(in.LastErr))
 			wb.mu.Unlock()
@@ -116,7 +116,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		// Tracked from now on, as a write would (no wakeup: this is
 		// the device's goroutine).
 		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now)
-		in := wb.inodes[f.Key]
+		in := wb.inodes.Get(f.Key)
 		if in.Has(inode.Busy) && !wb.waitUnbusyLocked(in) {
 			wb.mu.Unlock()
 			w.Errs[i] = ErrAttemptTimeout

@@ -11,6 +11,7 @@
 package inode
 
 import (
+	"encoding/binary"
 	"strings"
 	"time"
 	"unique"
@@ -43,8 +44,8 @@ const (
 	// Dropped: its tree went away while an attempt was in flight; the
 	// attempt's completion forgets it.
 	Dropped
-	// hasHandle: the inode's alt field is its file handle (else the
-	// other path).
+	// hasHandle: the inode's alt (held in its names field) is its file
+	// handle (else the other path).
 	hasHandle
 	// Leaving: its tree was removed from the configuration; it is written
 	// back once more and then forgotten, whatever the outcome.
@@ -81,32 +82,40 @@ const (
 const ErrnoOther = 255
 
 // Inode is one tracked file. Keep it small: a daemon may track millions.
+// Its fields are ordered so that it has no padding: 96 bytes on 64-bit
+// platforms, one allocation of Go's 96-byte size class (inode_test.go
+// checks it), with one more for its name and handle or other path (see
+// names).
 type Inode struct {
 	lists.Entry[*Inode]
 
 	Key Key
-	// The absolute path at which it was last seen, as its directory,
-	// interned (files of one directory share it), and its name: see Path.
-	dir  unique.Handle[string]
-	name string
-	// alt is the inode's file handle when its filesystem supports opens
-	// by handle (Handles; such an inode is opened by handle, so a rename
-	// never loses it), else its other path: the name it was seen under
-	// before (a hard link, or the name before a rename), tried before the
-	// inode is dropped when its path is gone. See Handle and OtherPath.
-	alt string
+	// The absolute path at which it was last seen is its directory,
+	// interned (the files of one directory share it), and its name,
+	// held in names: see Path.
+	dir unique.Handle[string]
+	// names holds, in one string (one allocation), the inode's name
+	// and its alt: the uvarint length of the name in bytes
+	// (encoding/binary's encoding: 1 byte for a name shorter than 128
+	// bytes), the name, then alt, which runs to the end. names is ""
+	// when both are empty. alt is the inode's file handle when its
+	// filesystem supports opens by handle (hasHandle is set; such an
+	// inode is opened by handle, so a rename never loses it), else its
+	// other path: the name it was seen under before (a hard link, or the
+	// name before a rename), tried before the inode is dropped when its
+	// path is gone. See Handle and OtherPath.
+	names string
+	// hnext is the next inode in its Table bucket's chain (nil for the
+	// last, or outside a Table).
+	hnext *Inode
 
 	// DirtiedWhen is when the inode went from clean to dirty, on the
 	// daemon's monotonic clock (nanoseconds since its epoch). A re-dirty
 	// never moves it (__mark_inode_dirty).
 	DirtiedWhen time.Duration
-	// NextRetry is the earliest time of the next attempt after an I/O
-	// error (monotonic clock, nanoseconds): such a file is retried at
-	// max_pause, not at every pass.
-	NextRetry time.Duration
 
 	// DirtyPages and WritebackPages are cachestat(2)'s counts as last seen,
-	// for statistics.
+	// in pages, for statistics.
 	DirtyPages, WritebackPages uint32
 	// Retries counts attempts since the inode was last clean; Errors counts
 	// failed ones.
@@ -121,22 +130,70 @@ type Inode struct {
 	LastErr uint8
 }
 
+// name returns the inode's name, the last element of its path ("" for
+// none).
+func (in *Inode) name() string {
+	name, _ := in.split()
+	return name
+}
+
+// alt returns the inode's handle or other path ("" for none): see names.
+func (in *Inode) alt() string {
+	_, alt := in.split()
+	return alt
+}
+
+// split decodes names into the name and alt.
+func (in *Inode) split() (name, alt string) {
+	s := in.names
+	var n uint64
+	var shift uint
+	i := 0
+	for i < len(s) {
+		b := s[i]
+		i++
+		n |= uint64(b&0x7f) << shift
+		if b < 0x80 {
+			break
+		}
+		shift += 7
+	}
+	return s[i : i+int(n)], s[i+int(n):]
+}
+
+// setNames stores name and alt in names, in one new allocation.
+func (in *Inode) setNames(name, alt string) {
+	if name == "" && alt == "" {
+		in.names = ""
+		return
+	}
+	var pre [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(pre[:], uint64(len(name)))
+	var b strings.Builder
+	b.Grow(k + len(name) + len(alt))
+	b.Write(pre[:k])
+	b.WriteString(name)
+	b.WriteString(alt)
+	in.names = b.String()
+}
+
 // Path returns the absolute path at which the inode was last seen.
 func (in *Inode) Path() string {
-	if in.name == "" {
+	name := in.name()
+	if name == "" {
 		return ""
 	}
 	d := in.dir.Value()
 	if d == "/" {
-		return "/" + in.name
+		return "/" + name
 	}
-	return d + "/" + in.name
+	return d + "/" + name
 }
 
 // HasPath reports whether path is the inode's path, without building it.
 func (in *Inode) HasPath(path string) bool {
 	i := strings.LastIndexByte(path, '/')
-	if i < 0 || path[i+1:] != in.name {
+	if i < 0 || path[i+1:] != in.name() {
 		return false
 	}
 	d := path[:i]
@@ -150,27 +207,29 @@ func (in *Inode) HasPath(path string) bool {
 func (in *Inode) SetPath(path string) {
 	i := strings.LastIndexByte(path, '/')
 	if i < 0 {
-		in.dir, in.name = unique.Make(""), path
+		in.dir = unique.Make("")
+		in.setNames(path, in.alt())
 		return
 	}
 	d := path[:i]
 	if d == "" {
 		d = "/"
 	}
-	in.dir, in.name = unique.Make(d), strings.Clone(path[i+1:])
+	in.dir = unique.Make(d)
+	in.setNames(path[i+1:], in.alt())
 }
 
 // InDir reports whether the inode's path is below the directory dir (an
 // absolute path without a trailing slash), without building the path.
 func (in *Inode) InDir(dir string) bool {
 	d := in.dir.Value()
-	return d == dir || strings.HasPrefix(d, dir+"/") || (dir == "/" && in.name != "")
+	return d == dir || strings.HasPrefix(d, dir+"/") || (dir == "/" && in.name() != "")
 }
 
 // Handle returns the inode's file handle, or "" when it has none.
 func (in *Inode) Handle() Handle {
 	if in.State&hasHandle != 0 {
-		return Handle(in.alt)
+		return Handle(in.alt())
 	}
 	return ""
 }
@@ -178,7 +237,7 @@ func (in *Inode) Handle() Handle {
 // SetHandle records the inode's file handle; it replaces the other path.
 func (in *Inode) SetHandle(h Handle) {
 	if h != "" {
-		in.alt = string(h)
+		in.setNames(in.name(), string(h))
 		in.State |= hasHandle
 	}
 }
@@ -189,13 +248,13 @@ func (in *Inode) OtherPath() string {
 	if in.State&hasHandle != 0 {
 		return ""
 	}
-	return in.alt
+	return in.alt()
 }
 
 // SetOtherPath records p as the other path, unless the inode has a handle.
 func (in *Inode) SetOtherPath(p string) {
 	if in.State&hasHandle == 0 {
-		in.alt = p
+		in.setNames(in.name(), p)
 	}
 }
 
