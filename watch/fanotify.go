@@ -309,7 +309,7 @@ func (fa *Fanotify) Quiesce(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		if n == 0 && fa.readBatches.Load() == fa.doneBatches.Load() {
+		if n == 0 && fa.readBatches.Load() == fa.doneBatches.Load() && !fa.rescanBusy() {
 			quiet++
 		} else {
 			quiet = 0
@@ -348,7 +348,7 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) (relevant bool) {
 			fa.ctr.Overflows.Add(1)
 			fa.log.Warn("fanotify event queue overflowed; rescanning the trees with cachestat")
 			fa.clearCaches()
-			fa.rescan(ctx, nil)
+			fa.overflowRescan(ctx, "fanotify", func() { fa.rescan(ctx, nil) })
 			relevant = true
 			b = b[evLen:]
 			continue

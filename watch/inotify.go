@@ -47,12 +47,6 @@ type Watcher struct {
 	// made, moved or removed (the paths below it change) or when it
 	// holds maxKeys entries.
 	keys map[string]inode.Key
-
-	// The rescan after a queue overflow runs on a goroutine of its own,
-	// so that the queue keeps being read meanwhile; an overflow during
-	// it asks for one more (rescanAgain).
-	rmu                     sync.Mutex
-	rescanning, rescanAgain bool
 }
 
 // maxKeys bounds Watcher.keys: about 1.5 MiB of paths and keys.
@@ -346,49 +340,12 @@ func (w *Watcher) Run(ctx context.Context) {
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				w.ctr.Overflows.Add(1)
 				w.log.Warn("inotify event queue overflowed; rescanning the trees with cachestat")
-				w.overflowRescan(ctx)
-				w.touched("inotify")
+				w.overflowRescan(ctx, "inotify", func() { w.rescan(ctx, w.addOrNote) })
 				continue
 			}
 			w.log.Warn("watch error", zap.Error(err))
 		}
 	}
-}
-
-// overflowRescan rescans the trees after a queue overflow, on a goroutine
-// of its own while Run goes on reading events; if one is running, it runs
-// once more when done (the events lost meanwhile may be in parts it has
-// scanned already).
-func (w *Watcher) overflowRescan(ctx context.Context) {
-	w.rmu.Lock()
-	if w.rescanning {
-		w.rescanAgain = true
-		w.rmu.Unlock()
-		return
-	}
-	w.rescanning = true
-	w.rmu.Unlock()
-	go func() {
-		for {
-			w.rescan(ctx, w.addOrNote)
-			w.touched("inotify")
-			w.rmu.Lock()
-			if !w.rescanAgain || ctx.Err() != nil {
-				w.rescanning = false
-				w.rmu.Unlock()
-				return
-			}
-			w.rescanAgain = false
-			w.rmu.Unlock()
-		}
-	}()
-}
-
-// rescanBusy reports whether an overflow rescan runs or is due.
-func (w *Watcher) rescanBusy() bool {
-	w.rmu.Lock()
-	defer w.rmu.Unlock()
-	return w.rescanning
 }
 
 // rescanUnwatched tries again to watch each directory that was out of

@@ -143,6 +143,11 @@ type base struct {
 	retry                    retryState
 	permWarned               atomic.Bool // a file the daemon may not open was logged
 
+	// An overflow rescan running (overflowRescan), and one more asked
+	// for.
+	rmu                     sync.Mutex
+	rescanning, rescanAgain bool
+
 	statsDir  string
 	statsMu   sync.Mutex
 	statsNext *time.Timer // armed while a stats write is due
@@ -460,6 +465,45 @@ func (b *base) rescan(ctx context.Context, onDir func(t Tree, path string)) {
 		}
 		b.scanDir(ctx, t.Tree, t.Root, true, f)
 	}
+}
+
+// overflowRescan runs rescan (a rescan of the trees after an event queue
+// overflow) on a goroutine of its own, so that the backend goes on
+// reading its queue meanwhile (the reading stalled by a rescan is what
+// makes the next overflow); if one runs already, it runs once more when
+// that one is done (the events lost meanwhile may concern parts it has
+// scanned). The stats file is rewritten after each (name: the backend's).
+func (b *base) overflowRescan(ctx context.Context, name string, rescan func()) {
+	b.rmu.Lock()
+	if b.rescanning {
+		b.rescanAgain = true
+		b.rmu.Unlock()
+		return
+	}
+	b.rescanning = true
+	b.rmu.Unlock()
+	go func() {
+		for {
+			rescan()
+			b.touched(name)
+			b.rmu.Lock()
+			if !b.rescanAgain || ctx.Err() != nil {
+				b.rescanning, b.rescanAgain = false, false
+				b.rmu.Unlock()
+				return
+			}
+			b.rescanAgain = false
+			b.rmu.Unlock()
+		}
+	}()
+}
+
+// rescanBusy reports whether an overflow rescan runs (Quiesce waits for
+// it: the files it finds are to be written before a shutdown ends).
+func (b *base) rescanBusy() bool {
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
+	return b.rescanning
 }
 
 // Options configure New.

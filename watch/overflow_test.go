@@ -1,0 +1,156 @@
+package watch
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"flusherd/bdi"
+	"flusherd/inode"
+)
+
+// TestOverflowRescan: the rescan after an overflow runs beside the caller
+// (which goes on reading its queue); overflows during it ask for exactly
+// one more, and rescanBusy holds until the last is done.
+func TestOverflowRescan(t *testing.T) {
+	var b base
+	var runs atomic.Int32
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	rescan := func() {
+		runs.Add(1)
+		started <- struct{}{}
+		<-release
+	}
+	ctx := context.Background()
+	b.overflowRescan(ctx, "test", rescan) // returns at once
+	<-started
+	if !b.rescanBusy() {
+		t.Fatal("rescanBusy false while a rescan runs")
+	}
+	// Three more overflows while it runs: one more rescan, not three.
+	for range 3 {
+		b.overflowRescan(ctx, "test", rescan)
+	}
+	release <- struct{}{}
+	<-started
+	release <- struct{}{}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.rescanBusy() {
+		if time.Now().After(deadline) {
+			t.Fatal("rescanBusy still true 10s after the last rescan")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := runs.Load(); n != 2 {
+		t.Errorf("%d rescans, want 2 (the first and one for the overflows during it)", n)
+	}
+	// A later overflow starts a new one.
+	b.overflowRescan(ctx, "test", rescan)
+	<-started
+	release <- struct{}{}
+	for b.rescanBusy() {
+		time.Sleep(time.Millisecond)
+	}
+	if n := runs.Load(); n != 3 {
+		t.Errorf("%d rescans after a later overflow, want 3", n)
+	}
+}
+
+// lastKeySink records the key of the last report of each path.
+type lastKeySink struct {
+	sink
+	last map[string]inode.Key
+}
+
+func (s *lastKeySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+	s.mu.Lock()
+	s.last[path] = key
+	s.mu.Unlock()
+	return s.sink.MarkInodeDirty(path, key, h, t)
+}
+
+// TestInotifyKeyCache: a Write event for a path seen before costs no
+// lstat (Watcher.keys), yet the key reported last is always that of the
+// file now at the path: after the name was replaced by a rename over it,
+// and after its directory was moved away and another made in its place.
+// (Each step's last event is a Write, reported from the cache when the
+// cache is kept.)
+func TestInotifyKeyCache(t *testing.T) {
+	root := t.TempDir()
+	s := &lastKeySink{sink: sink{seen: map[string]int{}}, last: map[string]inode.Key{}}
+	w, err := New([]Tree{{Root: root, Recursive: true}}, s, Options{Backend: "inotify"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); w.Close(); <-done })
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	write := func(p string) {
+		t.Helper()
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	// settled waits for the watcher to have handled every event so far,
+	// then says whether p's last report has the key of the file at p.
+	settled := func(p string) bool {
+		t.Helper()
+		qctx, qcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		w.Quiesce(qctx)
+		qcancel()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.last[p] == keyOf(t, p)
+	}
+	a := filepath.Join(root, "a")
+	write(a)
+	write(a) // (from the cache)
+	if !settled(a) {
+		t.Fatal("a: the last report does not have a's key")
+	}
+
+	// Replaced by a rename over it, then written.
+	b := filepath.Join(root, "b")
+	write(b)
+	if err := os.Rename(b, a); err != nil {
+		t.Fatal(err)
+	}
+	write(a)
+	if !settled(a) {
+		t.Error("a renamed over: the last report has the old file's key")
+	}
+
+	// Its directory moved away, another made under the same name.
+	d := filepath.Join(root, "d")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(d, "f")
+	eventually(t, "d watched", func() bool { write(f); return settled(f) })
+	if err := os.Rename(d, filepath.Join(root, "e")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	g := filepath.Join(d, "g")
+	eventually(t, "the new d/g reported", func() bool { write(g); return settled(g) })
+	write(f) // a new d/f: its Create, then a Write
+	write(f)
+	if !settled(f) {
+		t.Error("d moved and made again: the last report of d/f has the old file's key")
+	}
+}
