@@ -442,12 +442,19 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.writeStats(true)
 }
 
-// alive records a sign of life of the goroutine, and the time since the
-// last one when it is the longest yet (loop_stall_max_us).
+// alive records a sign of life of the goroutine (or of the calls it waits
+// on, see blk.Hooks.Alive), and the time since the last one when it is the
+// longest yet (loop_stall_max_us). Safe for concurrent use.
 func (wb *Writeback) alive() {
 	now := int64(wb.now())
-	if gap := now - wb.beat.Swap(now); gap > wb.stallMax.Load() {
-		wb.stallMax.Store(gap)
+	gap := now - wb.beat.Swap(now)
+	for {
+		// (The plug's workers call it too, concurrently: the largest
+		// gap wins.)
+		m := wb.stallMax.Load()
+		if gap <= m || wb.stallMax.CompareAndSwap(m, gap) {
+			return
+		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package blk
 
 import (
-	"slices"
 	"sync"
 	"time"
 )
@@ -11,8 +10,9 @@ import (
 // Queue's Lock held and must not block; the func they return, if any, runs
 // once it is released.
 type Hooks[O comparable] interface {
-	// Start is called on Run's goroutine before r's worker starts: take
-	// what the call uses (a reference on its file).
+	// Start is called on r's worker before its call, under a lock of
+	// the Queue's own, so it must not block: take what the call uses (a
+	// reference on its file).
 	Start(r *Request[O])
 	// Do makes r's system call, on r's worker, and returns its error.
 	Do(r *Request[O]) error
@@ -20,8 +20,11 @@ type Hooks[O comparable] interface {
 	// r's result was handed to Run, or after ReturnedLocked's func. Drop
 	// what Start took.
 	Finished(r *Request[O])
-	// Alive is called on Run's goroutine each time a call ends, is
-	// detached or times out: Run's goroutine is not wedged.
+	// Alive says the goroutine that called Run is not wedged: it is
+	// waiting on calls that make progress. It is called on a worker each
+	// time a call ends in time, and on Run's goroutine each time it
+	// wakes for a call that is due (detached or timed out); calls may be
+	// concurrent.
 	Alive()
 	// DetachedLocked: r's call has run for DetachAfter and Run stops
 	// waiting for it (r.State() is Detached); began is when it started.
@@ -66,136 +69,222 @@ type result[O comparable] struct {
 // data is on its way, as with any sync_file_range). Requests must be
 // Running.
 //
-// A worker is a goroutine that runs one call after another (its stack,
-// grown by the first, serves the rest); one whose call is detached or
-// times out is replaced by a new one and ends when that call returns.
+// A worker is a goroutine that takes one request after another, in order,
+// and runs its call (its stack, grown by the first, serves the rest); a
+// call's end costs no wakeup of Run's goroutine, which sleeps until the
+// last has ended or the earliest running call is due to be detached or
+// given up on. A worker whose call is detached or times out is replaced
+// (while requests are left) and ends when that call returns.
 func (q *Queue[O]) Run(reqs []*Request[O], detach bool) {
 	if len(reqs) == 0 {
 		return
 	}
-	depth := max(1, q.Depth)
-	results := make(chan result[O], len(reqs))
-	work := make(chan *Request[O])
-	defer close(work)
-	live := 0 // workers not held by a detached or timed-out call
-	type running struct {
-		r        *Request[O]
-		began    time.Time
-		deadline time.Time // zero: no timeout
-		detachAt time.Time // zero: waited for
+	r := &run[O]{q: q, reqs: reqs, detach: detach, done: make(chan struct{})}
+	for range min(max(1, q.Depth), len(reqs)) {
+		r.spawn()
 	}
-	var inflight []running
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
 	}()
-	next, finished := 0, 0
-	for finished < len(reqs) {
-		for len(inflight) < depth && next < len(reqs) {
-			r := reqs[next]
-			next++
-			q.Hooks.Start(r)
-			x := running{r: r, began: time.Now()}
-			if q.Timeout > 0 {
-				x.deadline = x.began.Add(q.Timeout)
-			}
-			if detach && !r.Integrity {
-				x.detachAt = x.began.Add(q.DetachAfter)
-			}
-			inflight = append(inflight, x)
-			if live < depth {
-				live++
-				go q.worker(work, results)
-			}
-			work <- r
-		}
-		var earliest time.Time
-		for _, x := range inflight {
-			for _, t := range []time.Time{x.deadline, x.detachAt} {
-				if !t.IsZero() && (earliest.IsZero() || t.Before(earliest)) {
-					earliest = t
-				}
-			}
-		}
+	for {
+		earliest := r.earliest()
 		var tc <-chan time.Time
 		if !earliest.IsZero() {
 			tc = ResetTimer(&timer, time.Until(earliest))
 		}
 		select {
-		case res := <-results:
-			q.Hooks.Alive()
-			res.r.Err = res.err
-			inflight = slices.DeleteFunc(inflight, func(x running) bool { return x.r == res.r })
-			finished++
+		case <-r.done:
+			return
 		case <-tc:
 			q.Hooks.Alive()
-			now := time.Now()
-			keep := inflight[:0]
-			for _, x := range inflight {
-				detachNow := !x.detachAt.IsZero() && !now.Before(x.detachAt)
-				timedOut := !x.deadline.IsZero() && !now.Before(x.deadline)
-				if !detachNow && !timedOut {
-					keep = append(keep, x)
-					continue
-				}
-				q.Lock.Lock()
-				switch {
-				case detachNow && x.r.state.CompareAndSwap(int32(Running), int32(Detached)):
-					q.Hooks.DetachedLocked(x.r, x.began)
-					q.Lock.Unlock()
-					finished++
-					live-- // its worker ends when the call returns
-					continue
-				case timedOut && x.r.state.CompareAndSwap(int32(Running), int32(TimedOut)):
-					after := q.Hooks.TimedOutLocked(x.r)
-					q.Lock.Unlock()
-					if after != nil {
-						after()
-					}
-					finished++
-					live--
-					continue
-				}
-				q.Lock.Unlock()
-				keep = append(keep, x) // its result is on the way
-			}
-			inflight = keep
+			r.overdue(time.Now())
 		}
 	}
 }
 
-// worker runs the calls of the requests Run hands it, until work is
-// closed or one of its calls was detached or timed out (Run has started
-// another worker in its place).
-func (q *Queue[O]) worker(work <-chan *Request[O], results chan<- result[O]) {
-	for r := range work {
-		if !q.call(r, results) {
+// run is one Run's state.
+type run[O comparable] struct {
+	q      *Queue[O]
+	reqs   []*Request[O]
+	detach bool
+	done   chan struct{} // closed when every request has finished
+	// finished counts the requests Done, Detached or TimedOut. Guarded
+	// by q.Lock.
+	finished int
+	// slots are the workers' current calls, and next the index in reqs
+	// of the next request to take. Guarded by mu, which only the
+	// workers (at each call's start and end) and Run's goroutine (when a
+	// call is due) take.
+	mu    sync.Mutex
+	slots []*slot[O]
+	next  int
+}
+
+// slot is a worker's current call: its request (nil between calls, and
+// once detached or timed out) and when the call began.
+type slot[O comparable] struct {
+	r     *Request[O]
+	began time.Time
+}
+
+// spawn starts a worker.
+func (r *run[O]) spawn() {
+	s := &slot[O]{}
+	r.mu.Lock()
+	r.slots = append(r.slots, s)
+	r.mu.Unlock()
+	go r.worker(s)
+}
+
+// worker takes the requests in order and runs their calls until none is
+// left or one of its calls was detached or timed out.
+func (r *run[O]) worker(s *slot[O]) {
+	q := r.q
+	for {
+		// The request is taken and shown in the slot at once, so that
+		// Run never waits without a timer on a call it cannot see.
+		r.mu.Lock()
+		if r.next >= len(r.reqs) {
+			r.mu.Unlock()
 			return
 		}
+		req := r.reqs[r.next]
+		r.next++
+		q.Hooks.Start(req)
+		s.r, s.began = req, time.Now()
+		r.mu.Unlock()
+		err := q.Hooks.Do(req)
+		r.mu.Lock()
+		if s.r == req {
+			s.r = nil
+		}
+		r.mu.Unlock()
+		q.Lock.Lock()
+		if req.state.CompareAndSwap(int32(Running), int32(Done)) {
+			req.Err = err
+			last := r.finishedLocked()
+			q.Lock.Unlock()
+			q.Hooks.Alive()
+			q.Hooks.Finished(req)
+			if last {
+				close(r.done)
+			}
+			continue
+		}
+		after := q.Hooks.ReturnedLocked(req, err)
+		q.Lock.Unlock()
+		if after != nil {
+			after()
+		}
+		q.Hooks.Finished(req)
+		return
 	}
 }
 
-// call runs one request's call on its worker and reports it (see Run). It
-// returns false when Run had stopped waiting for the call (detached or
-// timed out).
-func (q *Queue[O]) call(r *Request[O], results chan<- result[O]) bool {
-	err := q.Hooks.Do(r)
-	q.Lock.Lock()
-	if r.state.CompareAndSwap(int32(Running), int32(Done)) {
+// finishedLocked counts a finished request and reports whether it was the
+// last. Preconditions: q.Lock held.
+func (r *run[O]) finishedLocked() bool {
+	r.finished++
+	return r.finished == len(r.reqs)
+}
+
+// deadlines returns when the call of req, begun at began, is to be
+// detached and given up on (zero: never).
+func (r *run[O]) deadlines(req *Request[O], began time.Time) (detachAt, deadline time.Time) {
+	if r.q.Timeout > 0 {
+		deadline = began.Add(r.q.Timeout)
+	}
+	if r.detach && !req.Integrity {
+		detachAt = began.Add(r.q.DetachAfter)
+	}
+	return detachAt, deadline
+}
+
+// earliest returns the first time a running call is due (zero: none).
+// A call that begins meanwhile is due no earlier than DetachAfter (or
+// Timeout) from now, so Run also wakes then while requests are left to
+// take.
+func (r *run[O]) earliest() time.Time {
+	var earliest time.Time
+	consider := func(t time.Time) {
+		if !t.IsZero() && (earliest.IsZero() || t.Before(earliest)) {
+			earliest = t
+		}
+	}
+	r.mu.Lock()
+	for _, s := range r.slots {
+		if s.r != nil {
+			d, t := r.deadlines(s.r, s.began)
+			consider(d)
+			consider(t)
+		}
+	}
+	left := r.next < len(r.reqs)
+	r.mu.Unlock()
+	if left {
+		d, t := r.deadlines(&Request[O]{}, time.Now())
+		consider(d)
+		consider(t)
+	}
+	return earliest
+}
+
+// overdue detaches or gives up on the calls due by now, and replaces
+// their workers while requests are left to take.
+func (r *run[O]) overdue(now time.Time) {
+	q := r.q
+	r.mu.Lock()
+	type due struct {
+		s        *slot[O]
+		req      *Request[O]
+		began    time.Time
+		detachIt bool
+	}
+	var dues []due
+	for _, s := range r.slots {
+		if s.r == nil {
+			continue
+		}
+		detachAt, deadline := r.deadlines(s.r, s.began)
+		detachNow := !detachAt.IsZero() && !now.Before(detachAt)
+		timedOut := !deadline.IsZero() && !now.Before(deadline)
+		if detachNow || timedOut {
+			dues = append(dues, due{s, s.r, s.began, detachNow})
+		}
+	}
+	r.mu.Unlock()
+	for _, d := range dues {
+		q.Lock.Lock()
+		var after func()
+		switch {
+		case d.detachIt && d.req.state.CompareAndSwap(int32(Running), int32(Detached)):
+			q.Hooks.DetachedLocked(d.req, d.began)
+		case !d.detachIt && d.req.state.CompareAndSwap(int32(Running), int32(TimedOut)):
+			after = q.Hooks.TimedOutLocked(d.req)
+		default:
+			q.Lock.Unlock()
+			continue // it returned just now: its worker reports it
+		}
+		last := r.finishedLocked()
 		q.Lock.Unlock()
-		results <- result[O]{r, err}
-		q.Hooks.Finished(r)
-		return true
+		if after != nil {
+			after()
+		}
+		r.mu.Lock()
+		if d.s.r == d.req {
+			d.s.r = nil // (its worker ends when the call returns)
+		}
+		left := r.next < len(r.reqs)
+		r.mu.Unlock()
+		if last {
+			close(r.done)
+		} else if left {
+			r.spawn()
+		}
 	}
-	after := q.Hooks.ReturnedLocked(r, err)
-	q.Lock.Unlock()
-	if after != nil {
-		after()
-	}
-	q.Hooks.Finished(r)
-	return false
 }
 
 // ResetTimer arms *t to fire after d, making it on first use, and returns
