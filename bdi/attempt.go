@@ -63,7 +63,13 @@ type attempt struct {
 	path        string
 	// call is the worker side of the attempt's request.
 	call *attemptCall
-	wb   *Writeback // closes the file (closeFile); nil in tests
+	// queued is the dirty pages its call started writing back (see
+	// attemptCall.queued); counted: its pages before and as the write
+	// left them were accounted when its completion was deferred
+	// (deferComplete), so complete does not count its growth again.
+	queued  uint64
+	counted bool
+	wb      *Writeback // closes the file (closeFile); nil in tests
 }
 
 // hold takes a reference on the attempt's file.
@@ -90,7 +96,7 @@ func (a *attempt) release() {
 // write_chunk. Attempts that need no call are completed at once.
 func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool, result *error) int64 {
 	wb.plug.Start()
-	defer wb.plug.Finish()
+	defer wb.finishPlug()
 	att := &attempt{in: in, result: result, path: path, wb: wb}
 	wb.mu.Lock()
 	att.handle = in.Handle()
@@ -376,7 +382,7 @@ func (wb *Writeback) complete(att *attempt) {
 		wb.pass.pages += n
 		wb.written += n
 	}
-	if att.dirtyBefore != 0 || att.wbBefore != 0 {
+	if (att.dirtyBefore != 0 || att.wbBefore != 0) && !att.counted {
 		// What its worker saw before writing: the growth since it was
 		// last looked at counts in BdiDirtied.
 		wb.setPagesLocked(in, att.dirtyBefore, att.wbBefore)

@@ -195,7 +195,15 @@ func (wb *Writeback) submit(batch []*request) {
 		rest = append(rest, r)
 	}
 	rest = wb.startIntegrity(rest)
-	wb.runTimed(rest, true)
+	// The previous batch's attempts are completed while this one's calls
+	// run (its writeback has had that long to end), the rest once they
+	// have returned.
+	wb.runTimedIdle(rest, true, wb.completeDeferred)
+	for wb.completeDeferred() {
+	}
+	// This batch's attempts are completed now at the plug's end, else
+	// during the next batch (deferComplete).
+	later := wb.plug.Depth() > 0
 	for _, r := range batch {
 		att := r.Owner
 		switch st := r.State(); {
@@ -222,7 +230,58 @@ func (wb *Writeback) submit(batch []*request) {
 		att.err = r.Err
 		// One request per attempt (distinct owners never merge): it
 		// completes the attempt.
-		wb.complete(att)
+		if later && att.f != nil && att.err == nil {
+			wb.deferComplete(att)
+		} else {
+			wb.complete(att)
+		}
+	}
+}
+
+// deferComplete leaves the completion of an attempt whose writeback was
+// started (sync_file_range WRITE, under way) to the next batch's submit,
+// which completes it while its own calls run (blk.Queue.Idle): its state
+// after the write is read then, when most of its writeback has ended,
+// rather than at once. Meanwhile its pages count as under writeback
+// (max_inflight_bytes' room), as the write left them. Called on the
+// device's goroutine inside a plug; finishPlug completes what is left.
+func (wb *Writeback) deferComplete(att *attempt) {
+	if att.dirtyBefore != 0 || att.wbBefore != 0 {
+		q := min(att.queued, att.dirtyBefore)
+		wb.mu.Lock()
+		wb.setPagesLocked(att.in, att.dirtyBefore, att.wbBefore) // (the growth since its last look)
+		wb.setPagesLocked(att.in, att.dirtyBefore-q, att.wbBefore+q)
+		wb.mu.Unlock()
+		att.counted = true
+	}
+	wb.deferred = append(wb.deferred, att)
+}
+
+// completeDeferred completes the oldest attempt left by deferComplete,
+// and reports whether there was one.
+func (wb *Writeback) completeDeferred() bool {
+	if len(wb.deferred) == 0 {
+		return false
+	}
+	att := wb.deferred[0]
+	wb.deferred[0] = nil
+	wb.deferred = wb.deferred[1:]
+	if len(wb.deferred) == 0 {
+		wb.deferred = nil
+	}
+	wb.complete(att)
+	return true
+}
+
+// finishPlug ends a plug (blk.Plug.Finish); at the outermost, once its
+// last batch is submitted, it completes the attempts left by
+// deferComplete, so that a pass or a sync request ends with every attempt
+// completed.
+func (wb *Writeback) finishPlug() {
+	wb.plug.Finish()
+	if wb.plug.Depth() == 0 {
+		for wb.completeDeferred() {
+		}
 	}
 }
 
@@ -354,8 +413,14 @@ const detachAfter = 100 * time.Millisecond
 // stuck_calls once it runs past attempt_timeout. An error it returns is not
 // lost: the inode's next attempt reports it (lateErr).
 func (wb *Writeback) runTimed(reqs []*request, detach bool) {
+	wb.runTimedIdle(reqs, detach, nil)
+}
+
+// runTimedIdle is runTimed with work to do on the device's goroutine while
+// the calls run (blk.Queue.Idle).
+func (wb *Writeback) runTimedIdle(reqs []*request, detach bool, idle func() bool) {
 	q := blk.Queue[*attempt]{Depth: wb.cfg.QueueDepth, Timeout: wb.cfg.AttemptTimeout, DetachAfter: detachAfter,
-		Lock: &wb.mu, Hooks: &queueHooks{wb}}
+		Lock: &wb.mu, Hooks: &queueHooks{wb}, Idle: idle}
 	q.Run(reqs, detach)
 }
 
@@ -630,7 +695,7 @@ func adoptCall(r *request) {
 		att.wrote, att.afterKnown = true, true
 		att.dirtyAfter, att.wbAfter = w.after[0], w.after[1]
 	case w.wrote:
-		att.wrote, att.chunkUsed, att.merged = true, w.chunkUsed, w.merged
+		att.wrote, att.chunkUsed, att.merged, att.queued = true, w.chunkUsed, w.merged, w.queued
 		att.f, w.f = w.f, nil // complete reads cachestat and closes it
 	case w.deferred:
 		att.pre, att.deferred, att.afterKnown = policy.UnderWriteback, true, true

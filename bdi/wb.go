@@ -273,7 +273,11 @@ type Writeback struct {
 	Trace func(path string, o policy.Outcome, d policy.Dest, err error)
 
 	// Owned by the writeback goroutine.
-	plug         blk.Plug[*attempt]
+	plug blk.Plug[*attempt]
+	// deferred are the attempts of the last batch whose completion waits
+	// for the next batch's calls (deferComplete). The device goroutine's
+	// own.
+	deferred     []*attempt
 	backoff      policy.Backoff
 	lastOldFlush time.Duration
 	waitRetryAt  time.Duration
@@ -606,7 +610,7 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		wb.resetPass()
 		wb.plug.Start()
 		wb.writebackSBInodes(w)
-		wb.plug.Finish()
+		wb.finishPlug()
 		wb.mu.Lock()
 		wb.publishPlugStatsLocked()
 		wb.mu.Unlock()

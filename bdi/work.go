@@ -130,7 +130,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		wb.writebackSingleInode(in, path, f.Key, true, &w.Errs[i])
 	}
 	wb.plug.Flush()
-	wb.plug.Finish()
+	wb.finishPlug()
 	for _, d := range dups {
 		w.Errs[d[0]] = w.Errs[d[1]]
 	}

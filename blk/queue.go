@@ -56,6 +56,11 @@ type Queue[O comparable] struct {
 	// State and the Hooks' ...Locked methods.
 	Lock  sync.Locker
 	Hooks Hooks[O]
+	// Idle, if set, is called on Run's goroutine while calls run, again
+	// and again until it returns false: work of the submitter's own (the
+	// completion of an earlier batch) done in the time Run would wait.
+	// Each call must be short: due calls are looked at between them.
+	Idle func() bool
 }
 
 type result[O comparable] struct {
@@ -89,7 +94,18 @@ func (q *Queue[O]) Run(reqs []*Request[O], detach bool) {
 			timer.Stop()
 		}
 	}()
+	idle := q.Idle
 	for {
+		for idle != nil {
+			if !idle() {
+				idle = nil
+			}
+			select {
+			case <-r.done:
+				return
+			default:
+			}
+		}
 		earliest := r.earliest()
 		var tc <-chan time.Time
 		if !earliest.IsZero() {
