@@ -82,17 +82,7 @@ func (s *lastKeySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle,
 func TestInotifyKeyCache(t *testing.T) {
 	root := t.TempDir()
 	s := &lastKeySink{sink: sink{seen: map[string]int{}}, last: map[string]inode.Key{}}
-	w, err := New([]Tree{{Root: root, Recursive: true}}, s, Options{Backend: "inotify"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); w.Close(); <-done })
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	w := startWith(t, root, "inotify", s)
 	write := func(p string) {
 		t.Helper()
 		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE, 0o644)

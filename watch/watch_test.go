@@ -41,10 +41,17 @@ var backends = []string{"inotify", "fanotify"}
 
 func start(t *testing.T, root, backend string) (Backend, *sink) {
 	t.Helper()
+	s := &sink{seen: map[string]int{}}
+	return startWith(t, root, backend, s), s
+}
+
+// startWith starts a backend on one recursive tree at root, reporting to
+// s, and stops it when the test ends.
+func startWith(t *testing.T, root, backend string, s Sink) Backend {
+	t.Helper()
 	if backend == "fanotify" && os.Geteuid() != 0 {
 		t.Skip("fanotify needs root")
 	}
-	s := &sink{seen: map[string]int{}}
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
 	w, err := New([]Tree{{Root: root, Recursive: true}}, s, Options{Backend: backend, Opener: h})
@@ -58,7 +65,7 @@ func start(t *testing.T, root, backend string) (Backend, *sink) {
 	if err := w.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return w, s
+	return w
 }
 
 func eventually(t *testing.T, what string, ok func() bool) {
