@@ -381,7 +381,7 @@ func plugBench(args []string) int {
 	small := fl.Int("small", 20000, "number of 16 KiB files")
 	large := fl.Int("large", 200, "number of 8 MiB files")
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
-	only := fl.String("methods", "abcdei", "methods to run, of abcdefi (d, syncfs, is always run: the ratios need it)")
+	only := fl.String("methods", "abcdei", "methods to run, of abcdefiu (d, syncfs, is always run: the ratios need it)")
 	depth := fl.Int("queue-depth", 8, "flusherd's plug.queue_depth")
 	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile of the timed parts to this file")
 	if err := fl.Parse(args); err != nil {
@@ -410,6 +410,7 @@ func plugBench(args []string) int {
 		{"d", "(d) syncfs(2)", nil},
 		{"e", "(e) per-file sync_file_range loop", plain(perFileStartWriteback)},
 		{"f", "(f) per-file write and wait, 8 threads", plain(parallelSyncRange)},
+		{"u", "(u) (e) with io_uring, 256 per submit", plain(uringStartWriteback)},
 		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, *depth, st) }},
 	}
 	methods = slices.DeleteFunc(methods, func(m method) bool { return m.key != "d" && !strings.Contains(*only, m.key) })
