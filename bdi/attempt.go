@@ -466,10 +466,14 @@ func (wb *Writeback) complete(att *attempt) {
 		wb.errLog.Warn("file still dirty after repeated writeback; it stays tracked and is retried",
 			zap.String("path", strconv.Quote(path)), zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", dirty), zap.Uint64("writeback_pages", wbp))
 	} else if o == policy.Gone {
-		if errors.Is(err, unix.ENOENT) {
+		switch {
+		case errors.Is(err, unix.ENOENT):
 			wb.log.Debug("file gone; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
-		} else {
+		case errors.Is(err, inode.ErrReplaced) || errors.Is(err, inode.ErrNotRegular):
 			wb.log.Info("the path no longer leads to the tracked file; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
+		default:
+			// ESTALE from its file handle: the inode was deleted.
+			wb.log.Debug("file deleted; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
 		}
 	}
 }

@@ -362,7 +362,8 @@ func TestAttemptLogs(t *testing.T) {
 		msg   string
 	}{
 		{syscall.ENOENT, zapcore.DebugLevel, "file gone; dropped"},
-		{syscall.ESTALE, zapcore.InfoLevel, "the path no longer leads to the tracked file; dropped"},
+		{syscall.ESTALE, zapcore.DebugLevel, "file deleted; dropped"}, // (its handle names a deleted inode)
+		{inode.ErrReplaced, zapcore.InfoLevel, "the path no longer leads to the tracked file; dropped"},
 		{inode.ErrNotRegular, zapcore.InfoLevel, "the path no longer leads to the tracked file; dropped"},
 	} {
 		t.Run("gone: "+c.err.Error(), func(t *testing.T) {

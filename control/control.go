@@ -94,6 +94,10 @@ type DeviceStats struct {
 type FileResult struct {
 	Path  Name   `json:"path"`
 	Error string `json:"error,omitempty"`
+	// Gone: the file was deleted before its writeback (ESTALE, ENOENT,
+	// or its path now names another file): it had nothing left to
+	// write, which is no failure.
+	Gone bool `json:"gone,omitempty"`
 }
 
 // Response is the answer to a Request.

@@ -2,6 +2,7 @@ package inode
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -386,9 +387,10 @@ func (h *Handles) OpenHandle(hd Handle, key Key) (File, error) {
 }
 
 // handleError is open_by_handle_at's error for handle hd, named after the
-// handle (quoted only when there is an error to report).
+// handle in hexadecimal ("file handle 01000000..."), made only when there
+// is an error to report.
 func handleError(hd Handle, err error) error {
-	return &os.PathError{Op: "open_by_handle_at", Path: "handle:" + strconv.Quote(string(hd)), Err: err}
+	return &os.PathError{Op: "open_by_handle_at", Path: "file handle " + hex.EncodeToString([]byte(hd)), Err: err}
 }
 
 // PathOf returns the current path of the open file f (readlink of

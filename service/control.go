@@ -16,6 +16,7 @@ import (
 	"flusherd/blk"
 	"flusherd/control"
 	"flusherd/inode"
+	"flusherd/policy"
 	"flusherd/watch"
 )
 
@@ -52,7 +53,8 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 // Sync writes back, with WB_SYNC_ALL work of reason "sync" on each
 // device's goroutine: each named regular file in a watched tree, the
 // tracked files under each named directory, or every tracked file when no
-// path is named.
+// path is named. A file deleted before its writeback is reported Gone, not
+// failed.
 func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []string) control.Response {
 	var files []control.FileResult
 	type slot struct {
@@ -125,7 +127,14 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 			return control.Response{Error: "daemon shutting down"}
 		}
 		for j, i := range s.index {
-			if err := s.work.Errs[j]; err != nil {
+			switch err := s.work.Errs[j]; {
+			case err == nil:
+			case policy.ClassifyErr(err) == policy.Gone:
+				// Deleted since it was tracked or named: nothing
+				// of it is left to write (as fsync(2) of a
+				// deleted file succeeds).
+				files[i].Gone = true
+			default:
 				files[i].Error = err.Error()
 			}
 		}

@@ -13,7 +13,7 @@ import (
 // cmdCheckConfig validates a configuration file the way `run` would and
 // prints the effective configuration (defaults filled in) as TOML.
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("check-config", "check-config FILE | check-config --config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stderr)
+	fset := newFlagSet("check-config", "check-config FILE | check-config --config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
 	file := fset.String("config", "", "the configuration file (as the other commands take it; or give it as the argument)")
 	pos, err := parseArgs(fset, args)
 	if err != nil {
@@ -59,7 +59,7 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 // (max_pause, a tree's expire) are printed commented out, so that changing
 // the key they follow changes them too.
 func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > flusherd.toml && flusherd check-config flusherd.toml", stderr)
+	fset := newFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > flusherd.toml && flusherd check-config flusherd.toml", stdout, stderr)
 	if code, stop := parseFlags(fset, args); stop {
 		return code
 	}

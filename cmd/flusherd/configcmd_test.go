@@ -79,7 +79,7 @@ func TestCheckConfigRejects(t *testing.T) {
 // TestFlagsAfterArguments: flags may follow positional arguments; "--"
 // ends the flags.
 func TestFlagsAfterArguments(t *testing.T) {
-	fs := newFlagSet("x", "x", "x", io.Discard)
+	fs := newFlagSet("x", "x", "x", io.Discard, io.Discard)
 	n := fs.Int("n", 0, "")
 	b := fs.Bool("b", false, "")
 	for _, tc := range []struct {
@@ -97,6 +97,26 @@ func TestFlagsAfterArguments(t *testing.T) {
 		pos, err := parseArgs(fs, tc.args)
 		if err != nil || !slices.Equal(pos, tc.pos) || *n != tc.n || *b != tc.b {
 			t.Errorf("parseArgs(%q) = %q, %v, n=%d b=%v; want %q, n=%d b=%v", tc.args, pos, err, *n, *b, tc.pos, tc.n, tc.b)
+		}
+	}
+}
+
+// TestSubcommandHelp: each command's -h and --help print its usage on
+// standard output and exit 0 (flusherd run --help | less works); a usage
+// error prints the usage on standard error and exits 2.
+func TestSubcommandHelp(t *testing.T) {
+	for _, cmd := range []string{"run", "sync", "dirty", "stats", "check-config", "print-default-config"} {
+		for _, h := range []string{"-h", "--help"} {
+			var stdout, stderr bytes.Buffer
+			if code := Main([]string{cmd, h}, &stdout, &stderr); code != exitOK || stderr.Len() != 0 ||
+				!strings.HasPrefix(stdout.String(), "Usage: flusherd "+cmd) {
+				t.Errorf("%s %s: exit %d, stdout %q, stderr %q; want 0 and the usage on stdout only", cmd, h, code, stdout.String(), stderr.String())
+			}
+		}
+		var stdout, stderr bytes.Buffer
+		if code := Main([]string{cmd, "--no-such-flag"}, &stdout, &stderr); code != exitUsage || stdout.Len() != 0 ||
+			!strings.Contains(stderr.String(), "Usage: flusherd "+cmd) {
+			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q; want 2 and the usage on stderr only", cmd, code, stdout.String(), stderr.String())
 		}
 	}
 }

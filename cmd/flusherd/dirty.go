@@ -18,7 +18,7 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		"data, device, list (b_dirty, b_io, b_more_io, b_more_io_wait, or failed: data\n"+
 		"lost after a failed writeback), dirty and writeback pages (cachestat, now),\n"+
 		"attempts since last clean, and the last error. --top defaults to 20.",
-		"flusherd dirty --top 10\n  flusherd dirty --json | jq '.[] | select(.list == \"b_more_io_wait\")'", stderr)
+		"flusherd dirty --top 10\n  flusherd dirty --json | jq '.[] | select(.list == \"b_more_io_wait\")'", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
 	top := fset.Int("top", 20, "show the N oldest files (0: all)")

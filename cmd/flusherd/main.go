@@ -175,9 +175,14 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.statsDir, "stats-dir", "", "directory for the stats files; overrides stats.dir")
 }
 
-func newFlagSet(name, synopsis, example string, stderr io.Writer) *flag.FlagSet {
+func newFlagSet(name, synopsis, example string, stdout, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	// -h and --help print the usage on stdout (it was asked for, as with
+	// flusherd --help); a usage error prints it on stderr.
+	help := &helpFlag{fs: fs, out: stdout}
+	fs.Var(help, "help", "print this help on standard output")
+	fs.Var(help, "h", "the same as --help")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: flusherd %s\n", synopsis)
 		n := 0
@@ -191,12 +196,35 @@ func newFlagSet(name, synopsis, example string, stderr io.Writer) *flag.FlagSet 
 	return fs
 }
 
+// helpFlag is the -h and --help flag: set, it prints the flag set's usage
+// on out and stops the parse (parseArgs returns flag.ErrHelp).
+type helpFlag struct {
+	fs    *flag.FlagSet
+	out   io.Writer
+	asked bool
+}
+
+func (h *helpFlag) String() string   { return "" }
+func (h *helpFlag) IsBoolFlag() bool { return true }
+func (h *helpFlag) Set(string) error {
+	h.asked = true
+	h.fs.SetOutput(h.out)
+	h.fs.Usage()
+	h.fs.SetOutput(io.Discard) // (the parse error that follows says nothing)
+	return flag.ErrHelp
+}
+
 // parseArgs parses args with flags allowed before, between and after the
 // positional arguments (which it returns); "--" ends the flags.
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
+			if f := fs.Lookup("help"); f != nil {
+				if h, ok := f.Value.(*helpFlag); ok && h.asked {
+					return nil, flag.ErrHelp
+				}
+			}
 			return nil, err
 		}
 		rest := fs.Args()

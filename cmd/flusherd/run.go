@@ -37,7 +37,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	fset := newFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]",
-		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stderr)
+		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
 	var watches multiFlag

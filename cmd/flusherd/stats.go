@@ -42,7 +42,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		"Each device's statistics in the kernel's debugfs bdi stats layout: live from the\n"+
 		"running daemon, or from its stats files when it does not answer (or with --files).\n"+
 		"DEV (a bdi name such as 7:0 or 8:0) limits the output to that device.",
-		"flusherd stats\n  flusherd stats --stats-dir /run/flusherd 7:0", stderr)
+		"flusherd stats\n  flusherd stats --stats-dir /run/flusherd 7:0", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
 	filesOnly := fset.Bool("files", false, "read the stats files; do not ask the daemon")

@@ -22,9 +22,10 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		"daemon, ahead of background writeback; waits for it. A named file must be a regular\n"+
 		"file in a watched tree, and is written whether or not it is tracked; a directory means\n"+
 		"every tracked file under it; no PATH means every tracked file. Flags may come after\n"+
-		"the paths. Exit 1 naming each file that failed, 3 if no daemon answers. When --timeout\n"+
+		"the paths. A file deleted before its writeback is counted, not failed. Exit 1 naming\n"+
+		"each file that failed, 3 if no daemon answers. When --timeout\n"+
 		"passes first, the command gives up (exit 1) and the daemon finishes the sync anyway.",
-		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stderr)
+		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
 	timeout := fset.Duration("timeout", 0, "give up waiting after this long (0: wait as long as it takes); the daemon finishes the sync anyway")
@@ -62,22 +63,32 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitFailed
 	}
-	failed := 0
+	failed, gone := 0, 0
 	for _, f := range resp.Files {
-		if f.Error != "" {
+		switch {
+		case f.Error != "":
 			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", strconv.Quote(string(f.Path)), f.Error)
 			failed++
+		case f.Gone:
+			gone++
 		}
 	}
 	if resp.Error != "" {
 		fmt.Fprintf(stderr, "flusherd sync: %s\n", resp.Error)
 		return exitFailed
 	}
-	if ok := len(resp.Files) - failed; ok == 1 {
-		fmt.Fprintln(stdout, "1 file written back")
+	if ok := len(resp.Files) - failed - gone; ok == 1 {
+		fmt.Fprint(stdout, "1 file written back")
 	} else {
-		fmt.Fprintf(stdout, "%d files written back\n", ok)
+		fmt.Fprintf(stdout, "%d files written back", ok)
 	}
+	switch {
+	case gone == 1:
+		fmt.Fprint(stdout, "; 1 deleted before its writeback (nothing to write)")
+	case gone > 1:
+		fmt.Fprintf(stdout, "; %d deleted before their writeback (nothing to write)", gone)
+	}
+	fmt.Fprintln(stdout)
 	if failed > 0 || !resp.OK {
 		return exitFailed
 	}

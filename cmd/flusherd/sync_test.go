@@ -219,3 +219,35 @@ func TestSyncTimeoutBeforeSend(t *testing.T) {
 		t.Errorf("sync --timeout 1ns: exit %d, %q", code, out.String())
 	}
 }
+
+// TestSyncDeletedFile: a tracked file deleted before a sync reaches it
+// (`flusherd sync` of its directory, or with no path) is counted as
+// deleted, with nothing to write, not failed: the command exits 0 and the
+// other file is written back.
+func TestSyncDeletedFile(t *testing.T) {
+	mnt, tree := mountTree(t, "ext4")
+	d := startDaemon(t, fmt.Sprintf("[writeback]\ndirty_expire_interval = \"1h\"\n[[watch]]\npath = %q\n", tree))
+	stats := d.devStats(mnt.MajMin)
+	for _, args := range [][]string{{tree}, nil} {
+		gone, keep := filepath.Join(tree, "gone"), filepath.Join(tree, "keep")
+		writeDirty(t, gone, 64<<10)
+		writeDirty(t, keep, 64<<10)
+		if !poll(10*time.Second, func() bool { return tracked(readStats(t, stats)) >= 2 }) {
+			t.Fatal("the files were not tracked")
+		}
+		if err := os.Remove(gone); err != nil {
+			t.Fatal(err)
+		}
+		code, out := runSync(t, d, args...)
+		if code != 0 || !strings.Contains(out, "1 file written back; 1 deleted before its writeback") {
+			t.Errorf("sync %q with a tracked file deleted: exit %d, %q; want 0 and the deleted file counted", args, code, out)
+		}
+		if dirty, wb, err := cachestat(keep, 0, 0); err != nil || dirty+wb != 0 {
+			t.Errorf("after the sync, keep has %d dirty and %d writeback pages (err %v)", dirty, wb, err)
+		}
+		d.mustRun(t)
+		if err := os.Remove(keep); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
