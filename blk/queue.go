@@ -63,11 +63,6 @@ type Queue[O comparable] struct {
 	Idle func() bool
 }
 
-type result[O comparable] struct {
-	r   *Request[O]
-	err error
-}
-
 // Run runs the requests' calls on at most Depth workers at a time, and
 // returns when each has returned (State Done, Err its error), has timed out
 // (TimedOut) or, with detach, has been detached (Detached, Err nil: its
