@@ -220,27 +220,28 @@ func (r *run[O]) deadlines(req *Request[O], began time.Time) (detachAt, deadline
 // take.
 func (r *run[O]) earliest() time.Time {
 	var earliest time.Time
-	consider := func(t time.Time) {
-		if !t.IsZero() && (earliest.IsZero() || t.Before(earliest)) {
-			earliest = t
-		}
-	}
 	r.mu.Lock()
 	for _, s := range r.slots {
 		if s.r != nil {
 			d, t := r.deadlines(s.r, s.began)
-			consider(d)
-			consider(t)
+			earliest = earlier(earlier(earliest, d), t)
 		}
 	}
 	left := r.next < len(r.reqs)
 	r.mu.Unlock()
 	if left {
 		d, t := r.deadlines(&Request[O]{}, time.Now())
-		consider(d)
-		consider(t)
+		earliest = earlier(earlier(earliest, d), t)
 	}
 	return earliest
+}
+
+// earlier returns the earlier of a and b, a zero time being none.
+func earlier(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 // overdue detaches or gives up on the calls due by now, and replaces
