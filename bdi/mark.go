@@ -14,11 +14,16 @@ import (
 )
 
 // Tracks reports whether the inode key is tracked (on any list, the
-// failed one included).
-func (wb *Writeback) Tracks(key inode.Key) bool {
+// failed one included) under the name path. (st_dev, st_ino) alone is not
+// an identity: ext4 gives a deleted file's number to the next file at
+// once, so a file whose number is tracked under another name may be a new
+// file, to be looked at (MarkInodeDirty then gives the inode its name, and
+// its attempt its new handle).
+func (wb *Writeback) Tracks(key inode.Key, path string) bool {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return wb.inodes.Get(key) != nil
+	in := wb.inodes.Get(key)
+	return in != nil && in.HasPath(path)
 }
 
 // MarkInodeDirty is __mark_inode_dirty for a write seen on the file key at

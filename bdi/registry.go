@@ -276,14 +276,14 @@ func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t 
 	return nil
 }
 
-// Tracks reports whether the inode key is tracked on its device (on any
-// list, the failed one included). It names no device: an unknown st_dev
-// has nothing tracked.
-func (r *Registry) Tracks(key inode.Key) bool {
+// Tracks reports whether the inode key is tracked on its device under the
+// name path (Writeback.Tracks). It names no device: an unknown st_dev has
+// nothing tracked.
+func (r *Registry) Tracks(key inode.Key, path string) bool {
 	r.mu.Lock()
 	wb := r.byDev[key.Dev]
 	r.mu.Unlock()
-	return wb != nil && wb.Tracks(key)
+	return wb != nil && wb.Tracks(key, path)
 }
 
 // Devices returns the devices, sorted by name.

@@ -238,3 +238,22 @@ func TestDrainPolls(t *testing.T) {
 		}
 	})
 }
+
+// TestTracksByName: a scan skips a file only when its number is tracked
+// under its own name: a new file that took a deleted file's number (ext4
+// reuses them at once) is looked at, as is another name of a tracked
+// inode.
+func TestTracksByName(t *testing.T) {
+	epoch := time.Now()
+	wb := New("8:0", testConfig(), func() time.Duration { return time.Since(epoch) }, memOpener{}, nil, nil)
+	key := inode.Key{Dev: 8, Ino: 12}
+	wb.MarkInodeDirty(key, "/srv/x/old", "", Tree{Expire: time.Hour})
+	for path, want := range map[string]bool{"/srv/x/old": true, "/srv/y/new": false, "/srv/x/old2": false} {
+		if got := wb.Tracks(key, path); got != want {
+			t.Errorf("Tracks(%v, %q) = %v, want %v", key, path, got, want)
+		}
+	}
+	if wb.Tracks(inode.Key{Dev: 8, Ino: 13}, "/srv/x/old") {
+		t.Error("Tracks of an untracked number: true")
+	}
+}

@@ -17,7 +17,7 @@ func (s *nopSink) MarkInodeDirty(string, inode.Key, inode.Handle, bdi.Tree) erro
 	s.n++
 	return nil
 }
-func (s *nopSink) Tracks(inode.Key) bool         { return false }
+func (s *nopSink) Tracks(inode.Key, string) bool { return false }
 func (s *nopSink) Rescanned(uint64)              {}
 func (s *nopSink) TreeGone(string, uint64, bool) {}
 

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -47,6 +48,8 @@ type Watcher struct {
 	// made, moved or removed (the paths below it change) or when it
 	// holds maxKeys entries.
 	keys map[string]inode.Key
+
+	removePanicked atomic.Bool // removeWatch recovered a panic of fsnotify (logged once)
 }
 
 // maxKeys bounds Watcher.keys: about 1.5 MiB of paths and keys.
@@ -149,11 +152,32 @@ func (w *Watcher) forget(dir string) bool {
 	prefix := dir + "/"
 	for p := range w.dirs {
 		if p == dir || strings.HasPrefix(p, prefix) {
-			w.w.Remove(p)
+			w.removeWatch(p)
 			delete(w.dirs, p)
 		}
 	}
 	return true
+}
+
+// removeWatch stops watching the directory path. fsnotify (up to 1.10.1 at
+// least) keeps a path whose watch it has forgotten when a directory moved
+// onto a watched name is added while the name's old watch is still
+// registered (directories swapped while a rescan adds them by name: the
+// rescan sees the new tree before the event queue says how it got there);
+// its Remove of that path then dereferences the missing watch and panics
+// (github.com/fsnotify/fsnotify issue 652 is the same fault reached through
+// symlinks). The entry is deleted before the panic, under a lock released
+// by a defer, so the panic is recovered here and the path taken as
+// unwatched: the kernel's watch of that directory, if any is left, reports
+// to no path until the directory is removed. Logged once.
+func (w *Watcher) removeWatch(path string) {
+	defer func() {
+		if r := recover(); r != nil && !w.removePanicked.Swap(true) {
+			w.log.Warn("fsnotify lost track of a directory's watch (a directory moved onto a watched name); recovered, the name is unwatched",
+				Q(path), zap.Any("panic", r))
+		}
+	}()
+	w.w.Remove(path)
 }
 
 // Close implements Backend.
@@ -272,7 +296,7 @@ func (w *Watcher) RemoveTree(root string) bool {
 		if o := w.treeAt(p); o != nil {
 			continue // still inside a tree
 		}
-		w.w.Remove(p)
+		w.removeWatch(p)
 		delete(w.dirs, p)
 	}
 	for p := range w.unwatched {

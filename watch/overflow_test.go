@@ -144,3 +144,83 @@ func TestInotifyKeyCache(t *testing.T) {
 		t.Error("d moved and made again: the last report of d/f has the old file's key")
 	}
 }
+
+// TestInotifySwapRemove: a directory moved onto a watched name and added
+// by that name while the name's old watch is still registered (a rescan
+// ahead of the event queue) leaves fsnotify with a path whose watch it has
+// forgotten; removing it must not panic (removeWatch), and the tree stays
+// served: a file written in the moved directory afterwards is reported.
+func TestInotifySwapRemove(t *testing.T) {
+	root := t.TempDir()
+	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
+	for _, d := range []string{a, b} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &sink{seen: map[string]int{}}
+	iw, err := NewInotify([]Tree{{Root: root, Recursive: true}}, s, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { iw.Close() })
+	if err := iw.add(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := iw.add(b); err != nil {
+		t.Fatal(err)
+	}
+	// Swap: a's directory away, b's onto the name a; then the name a is
+	// added again (as a rescan would) before any event is handled.
+	if err := os.Rename(a, filepath.Join(root, "a.old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(b, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := iw.add(a); err != nil {
+		t.Fatal(err)
+	}
+	iw.forget(a) // fsnotify's Remove of a panics without removeWatch
+	iw.forget(b)
+	if err := iw.add(a); err != nil {
+		t.Fatalf("watching a again: %v", err)
+	}
+}
+
+// trackedSink tracks each key under one name (Tracks as bdi's).
+type trackedSink struct {
+	sink
+	names map[inode.Key]string
+}
+
+func (s *trackedSink) Tracks(key inode.Key, path string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.names[key] == path
+}
+
+// TestRescanNumberReused: a rescan skips the files tracked under their own
+// name, but not a dirty file whose number is tracked under another name
+// (a new file that took a deleted file's number): it is reported.
+func TestRescanNumberReused(t *testing.T) {
+	root := t.TempDir()
+	known, reused := filepath.Join(root, "known"), filepath.Join(root, "new")
+	for _, p := range []string{known, reused} {
+		if err := os.WriteFile(p, make([]byte, 8192), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &trackedSink{sink: sink{seen: map[string]int{}}, names: map[inode.Key]string{
+		keyOf(t, known):  known,
+		keyOf(t, reused): filepath.Join(root, "deleted"), // its number, under a gone name
+	}}
+	b := newScanner(t, root, s, inode.OS{})
+	b.rescan(context.Background(), nil)
+	if s.has(known) {
+		t.Error("the file tracked under its own name was reported again")
+	}
+	if !s.has(reused) {
+		t.Error("the dirty file whose number is tracked under another name was not reported")
+	}
+}

@@ -143,7 +143,7 @@ func direntName(b []byte) string {
 // because it is gone) is reported as dirty: unknown means tracked, and the
 // writeback attempt finds out.
 func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
-	if onlyDirty && b.sink.Tracks(key) {
+	if onlyDirty && b.sink.Tracks(key, path) {
 		// Tracked already: a rescan after lost events has nothing to
 		// add, and opens only the files it does not know.
 		return

@@ -50,10 +50,12 @@ type Sink interface {
 	// MarkInodeDirty reports a regular file with dirty data; h is its
 	// file handle when the backend has one.
 	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
-	// Tracks reports whether the inode key is tracked already: a scan
-	// need not open it to look (its writeback attempt reads its state
-	// with cachestat, whatever events were lost).
-	Tracks(key inode.Key) bool
+	// Tracks reports whether the inode key is tracked already under the
+	// name path: a scan need not open it to look (its writeback attempt
+	// reads its state with cachestat, whatever events were lost). A file
+	// whose number is tracked under another name may be a new file that
+	// took a deleted one's number: it is looked at.
+	Tracks(key inode.Key, path string) bool
 	// Rescanned counts a cachestat rescan of a tree on filesystem dev.
 	Rescanned(dev uint64)
 	// TreeGone reports that a tree's root was removed, renamed or

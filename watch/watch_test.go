@@ -26,7 +26,7 @@ func (s *sink) MarkInodeDirty(path string, key inode.Key, _ inode.Handle, t bdi.
 	return nil
 }
 
-func (s *sink) Tracks(inode.Key) bool                            { return false }
+func (s *sink) Tracks(inode.Key, string) bool                    { return false }
 func (s *sink) Rescanned(dev uint64)                             {}
 func (s *sink) TreeGone(root string, dev uint64, lastOnDev bool) {}
 
