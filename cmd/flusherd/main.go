@@ -185,11 +185,21 @@ func newFlagSet(name, synopsis, example string, stdout, stderr io.Writer) *flag.
 	fs.Var(help, "h", "the same as --help")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: flusherd %s\n", synopsis)
+		// The flags but -h and --help (said in flusherd --help and
+		// flusherd(8) once, for every command).
+		shown := flag.NewFlagSet(name, flag.ContinueOnError)
+		shown.SetOutput(fs.Output())
+		fs.VisitAll(func(f *flag.Flag) {
+			if _, isHelp := f.Value.(*helpFlag); !isHelp {
+				shown.Var(f.Value, f.Name, f.Usage)
+				shown.Lookup(f.Name).DefValue = f.DefValue
+			}
+		})
 		n := 0
-		fs.VisitAll(func(*flag.Flag) { n++ })
+		shown.VisitAll(func(*flag.Flag) { n++ })
 		if n > 0 {
 			fmt.Fprintf(fs.Output(), "\nFlags:\n")
-			fs.PrintDefaults()
+			shown.PrintDefaults()
 		}
 		fmt.Fprintf(fs.Output(), "\nExample:\n  %s\n", example)
 	}

@@ -22,9 +22,9 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		"daemon, ahead of background writeback; waits for it. A named file must be a regular\n"+
 		"file in a watched tree, and is written whether or not it is tracked; a directory means\n"+
 		"every tracked file under it; no PATH means every tracked file. Flags may come after\n"+
-		"the paths. A file deleted before its writeback is counted, not failed. Exit 1 naming\n"+
-		"each file that failed, 3 if no daemon answers. When --timeout\n"+
-		"passes first, the command gives up (exit 1) and the daemon finishes the sync anyway.",
+		"the paths. A file deleted before its writeback is counted, not failed. Exit 1\n"+
+		"naming each file that failed, 3 if no daemon answers. When --timeout passes first,\n"+
+		"the command gives up (exit 1) and the daemon finishes the sync anyway.",
 		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
