@@ -341,7 +341,7 @@ func (h *Handles) Identify(dev uint64, hd Handle) (key Key, regular bool, err er
 	if err != nil {
 		return Key{}, false, err
 	}
-	fd, err := unix.OpenByHandleAt(mfd, fh, unix.O_PATH|unix.O_CLOEXEC)
+	fd, err := openByHandleAt(mfd, fh, unix.O_PATH|unix.O_CLOEXEC)
 	h.release(dev)
 	if err != nil {
 		return Key{}, false, err
@@ -375,9 +375,9 @@ func (h *Handles) OpenHandle(hd Handle, key Key) (File, error) {
 		return nil, handleError(hd, err)
 	}
 	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC
-	fd, err := unix.OpenByHandleAt(mfd, fh, flags|unix.O_NOATIME)
+	fd, err := openByHandleAt(mfd, fh, flags|unix.O_NOATIME)
 	if errors.Is(err, unix.EPERM) {
-		fd, err = unix.OpenByHandleAt(mfd, fh, flags)
+		fd, err = openByHandleAt(mfd, fh, flags)
 	}
 	h.release(key.Dev)
 	if err != nil {
@@ -385,6 +385,30 @@ func (h *Handles) OpenHandle(hd Handle, key Key) (File, error) {
 	}
 	return &OSFile{fd: fd, size: -1}, nil
 }
+
+// sysOpenByHandleAt is open_by_handle_at(2); tests replace it.
+var sysOpenByHandleAt = unix.OpenByHandleAt
+
+// openByHandleAt is open_by_handle_at(2), tried again up to creatingRetries
+// times, a little later each time, while it fails with ENOMEM. ext4 says
+// ENOMEM for a handle whose inode number is being given to a new file at
+// that moment, not for a want of memory: find_inode_fast (fs/inode.c)
+// returns -ESTALE for an I_CREATING inode, iget_locked turns that into
+// NULL, and __ext4_iget turns NULL into -ENOMEM. ext4 reuses a deleted
+// file's number at once, so under a stream of creations and deletions an
+// event's handle meets this often; once the creation is done the handle
+// says ESTALE. A real shortage stays ENOMEM (about 0.4 ms later).
+func openByHandleAt(mountFD int, h unix.FileHandle, flags int) (int, error) {
+	fd, err := sysOpenByHandleAt(mountFD, h, flags)
+	for i := 1; i <= creatingRetries && err == unix.ENOMEM; i++ {
+		time.Sleep(time.Duration(i) * 40 * time.Microsecond)
+		fd, err = sysOpenByHandleAt(mountFD, h, flags)
+	}
+	return fd, err
+}
+
+// creatingRetries bounds openByHandleAt's retries after ENOMEM.
+const creatingRetries = 4
 
 // handleError is open_by_handle_at's error for handle hd, named after the
 // handle in hexadecimal ("file handle 01000000..."), made only when there
@@ -419,7 +443,7 @@ func (h *Handles) PathOfHandle(dev uint64, hd Handle) (path string, ok bool, err
 	if err != nil {
 		return "", false, err
 	}
-	fd, err := unix.OpenByHandleAt(mfd, fh, unix.O_PATH|unix.O_CLOEXEC)
+	fd, err := openByHandleAt(mfd, fh, unix.O_PATH|unix.O_CLOEXEC)
 	h.release(dev)
 	if err != nil {
 		return "", false, err

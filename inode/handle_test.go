@@ -113,3 +113,34 @@ func TestHandles(t *testing.T) {
 		t.Errorf("mount descriptor still open after the idle time")
 	}
 }
+
+// TestOpenByHandleAtCreating: ENOMEM from open_by_handle_at (ext4's answer
+// for a number being given to a new file at that moment) is tried again,
+// and what the retry says stands; a lasting ENOMEM is returned as it is.
+func TestOpenByHandleAtCreating(t *testing.T) {
+	defer func(f func(int, unix.FileHandle, int) (int, error)) { sysOpenByHandleAt = f }(sysOpenByHandleAt)
+	for _, c := range []struct {
+		answers []error
+		want    error
+		calls   int
+	}{
+		{[]error{unix.ENOMEM, unix.ENOMEM, unix.ESTALE}, unix.ESTALE, 3},
+		{[]error{unix.ENOMEM, nil}, nil, 2},
+		{[]error{unix.EACCES}, unix.EACCES, 1},
+		{[]error{unix.ENOMEM, unix.ENOMEM, unix.ENOMEM, unix.ENOMEM, unix.ENOMEM, unix.ESTALE}, unix.ENOMEM, 1 + creatingRetries},
+	} {
+		calls := 0
+		sysOpenByHandleAt = func(int, unix.FileHandle, int) (int, error) {
+			err := c.answers[min(calls, len(c.answers)-1)]
+			calls++
+			if err != nil {
+				return -1, err
+			}
+			return 7, nil
+		}
+		fd, err := openByHandleAt(3, unix.FileHandle{}, unix.O_PATH)
+		if !errors.Is(err, c.want) || (err == nil) != (c.want == nil) || calls != c.calls || (err == nil && fd != 7) {
+			t.Errorf("answers %v: fd %d, err %v after %d calls; want %v after %d", c.answers, fd, err, calls, c.want, c.calls)
+		}
+	}
+}
