@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -186,13 +187,22 @@ func (d *decoder) duration(dst *time.Duration) field {
 			return
 		}
 		x, err := time.ParseDuration(strings.TrimSpace(s))
-		if err != nil {
+		switch {
+		case err != nil && durationSyntax.MatchString(strings.TrimSpace(s)):
+			// Well formed: too large for time.Duration.
+			d.errorf(key, "bad duration %q: too large, at most %s", s, time.Duration(math.MaxInt64))
+			return
+		case err != nil:
 			d.errorf(key, "bad duration %q: want a number with a unit (ns, us, ms, s, m, h), e.g. \"5s\" or \"1m30s\"", s)
 			return
 		}
 		*dst = x
 	}
 }
+
+// durationSyntax is time.ParseDuration's syntax: a string it matches and
+// ParseDuration refuses is out of range.
+var durationSyntax = regexp.MustCompile(`^[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+$`)
 
 func (d *decoder) size(dst *int64) field {
 	return func(key string, v any) {

@@ -45,7 +45,11 @@ func (c *Config) check(stat bool) error {
 	positive("writeback.dirty_expire_interval", wb.DirtyExpireInterval)
 	positive("writeback.min_pause", wb.MinPause)
 	atLeast("writeback.min_pause", wb.MinPause, time.Millisecond)
-	positive("writeback.max_pause", wb.MaxPause)
+	if s.line("writeback.max_pause") != 0 || s == nil || wb.MaxPause != wb.DirtyWritebackInterval {
+		// (Not when it is dirty_writeback_interval's default copy:
+		// that key's own error says it.)
+		positive("writeback.max_pause", wb.MaxPause)
+	}
 	positive("writeback.attempt_timeout", wb.AttemptTimeout)
 	atLeast("writeback.attempt_timeout", wb.AttemptTimeout, MinInterval)
 	positive("writeback.shutdown_timeout", wb.ShutdownTimeout)
