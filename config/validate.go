@@ -45,9 +45,10 @@ func (c *Config) check(stat bool) error {
 	positive("writeback.dirty_expire_interval", wb.DirtyExpireInterval)
 	positive("writeback.min_pause", wb.MinPause)
 	atLeast("writeback.min_pause", wb.MinPause, time.Millisecond)
-	if s.line("writeback.max_pause") != 0 || s == nil || wb.MaxPause != wb.DirtyWritebackInterval {
-		// (Not when it is dirty_writeback_interval's default copy:
-		// that key's own error says it.)
+	// max_pause unset takes dirty_writeback_interval's value.
+	maxPauseDefault := s != nil && s.line("writeback.max_pause") == 0 && wb.MaxPause == wb.DirtyWritebackInterval
+	if !maxPauseDefault {
+		// (A default copy's error is dirty_writeback_interval's own.)
 		positive("writeback.max_pause", wb.MaxPause)
 	}
 	positive("writeback.attempt_timeout", wb.AttemptTimeout)
@@ -58,7 +59,7 @@ func (c *Config) check(stat bool) error {
 		// conflict arises; max_pause may come from dirty_writeback_interval.
 		key, note := "writeback.min_pause", ""
 		cands := []string{"writeback.min_pause", "writeback.max_pause"}
-		if s.line("writeback.max_pause") == 0 && s != nil && wb.MaxPause == wb.DirtyWritebackInterval {
+		if maxPauseDefault {
 			cands = append(cands, "writeback.dirty_writeback_interval")
 			note = " (max_pause defaults to dirty_writeback_interval)"
 		}

@@ -459,19 +459,11 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			w.report(t, ev.Name, key, false)
 			return
 		}
-		key, regular, err := inode.Stat(ev.Name)
-		if err != nil {
-			if policy.Shortage(err) {
-				w.scanIncomplete(err)
-			}
-			return
-		}
-		if regular {
+		if key, ok := w.reportPath(t, ev.Name, false); ok {
 			if len(w.keys) >= maxKeys {
 				clear(w.keys)
 			}
 			w.keys[ev.Name] = key
-			w.report(t, ev.Name, key, false)
 		}
 	case ev.Has(fsnotify.Rename), ev.Has(fsnotify.Remove):
 		// A directory renamed away keeps its watch under the old name:

@@ -180,18 +180,20 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 
 // reportPath is report for a path an event named: lstat(2) classifies it
 // (only a regular file is reported; the writeback attempt opens it with
-// inode.OpenPath, which refuses symlinks in any component).
-func (b *base) reportPath(t Tree, path string, onlyDirty bool) {
+// inode.OpenPath, which refuses symlinks in any component). It returns the
+// file's key and whether it was a regular file, reported.
+func (b *base) reportPath(t Tree, path string, onlyDirty bool) (inode.Key, bool) {
 	key, regular, err := inode.Stat(path)
 	if err != nil {
 		if policy.Shortage(err) {
 			b.scanIncomplete(err)
 		}
-		return
+		return inode.Key{}, false
 	}
 	if regular {
 		b.report(t, path, key, onlyDirty)
 	}
+	return key, regular
 }
 
 // ErrUnsettled is Settle's error: events or scans were lost for want of a
