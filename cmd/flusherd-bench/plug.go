@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -316,6 +317,34 @@ func perFileStartWriteback(s *fileSet) error {
 	return nil
 }
 
+// parallelStartWriteback is (e) on one thread per CPU, each taking every
+// n-th file: method (p), which shows whether the filesystem lets
+// file-by-file writeback run in parallel.
+func parallelStartWriteback(s *fileSet) error {
+	n := runtime.GOMAXPROCS(0)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for w := range n {
+		wg.Go(func() {
+			for i := w; i < len(s.paths); i += n {
+				fd, err := unix.Open(s.paths[i], unix.O_RDONLY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				err = unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+				unix.Close(fd)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
 // parallelSyncRange writes each file back and waits for it, on 8
 // threads: open, sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE|WRITE|
 // WAIT_AFTER) (WB_SYNC_ALL, no journal commit), close. It is what a flusher
@@ -356,6 +385,28 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// machineBusy returns the CPU time all CPUs of the machine have spent
+// busy so far (/proc/stat's first line: every field but idle and
+// iowait, in USER_HZ ticks, 100 per second on Linux): with processCPU, it
+// tells the bench's own CPU from the kernel threads' (the loop device's
+// workers, the filesystem's) and shows whether the machine was the limit.
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var busy int64
+	for i, f := range strings.Fields(line)[1:] {
+		var v int64
+		fmt.Sscan(f, &v)
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return time.Duration(busy) * 10 * time.Millisecond
+}
+
 func syncfs(dir string) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
@@ -381,7 +432,7 @@ func plugBench(args []string) int {
 	small := fl.Int("small", 20000, "number of 16 KiB files")
 	large := fl.Int("large", 200, "number of 8 MiB files")
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
-	only := fl.String("methods", "abcdei", "methods to run, of abcdefiu (d, syncfs, is always run: the ratios need it)")
+	only := fl.String("methods", "abcdei", "methods to run, of abcdefipu (d, syncfs, is always run: the ratios need it)")
 	depth := fl.Int("queue-depth", 8, "flusherd's plug.queue_depth")
 	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile of the timed parts to this file")
 	if err := fl.Parse(args); err != nil {
@@ -410,6 +461,7 @@ func plugBench(args []string) int {
 		{"d", "(d) syncfs(2)", nil},
 		{"e", "(e) per-file sync_file_range loop", plain(perFileStartWriteback)},
 		{"f", "(f) per-file write and wait, 8 threads", plain(parallelSyncRange)},
+		{"p", "(p) (e) on one thread per CPU", plain(parallelStartWriteback)},
 		{"u", "(u) (e) with io_uring, 256 per submit", plain(uringStartWriteback)},
 		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, *depth, st) }},
 	}
@@ -448,6 +500,7 @@ func plugBench(args []string) int {
 			}
 			times := map[string][]time.Duration{}
 			cpus := map[string][]time.Duration{}
+			busy := map[string][]time.Duration{}
 			stats := map[string]plugStat{}
 			for r := range *runs {
 				for _, m := range methods {
@@ -473,11 +526,12 @@ func plugBench(args []string) int {
 							pprof.StartCPUProfile(profile)
 						}
 					}
-					start, cpu0 := time.Now(), processCPU()
+					start, cpu0, busy0 := time.Now(), processCPU(), machineBusy()
 					err = runIt()
 					cpus[m.key] = append(cpus[m.key], processCPU()-cpu0)
 					set.waitClean()
 					el := time.Since(start)
+					busy[m.key] = append(busy[m.key], machineBusy()-busy0)
 					if err != nil {
 						fmt.Fprintf(os.Stderr, "flusherd-bench plug: %s: %v\n", m.name, err)
 					}
@@ -499,9 +553,10 @@ func plugBench(args []string) int {
 				}
 				cells = append(cells, []string{m.name, fmt.Sprintf("%.2fs", med(m.key).Seconds()),
 					fmt.Sprintf("%.2f", med(m.key).Seconds()/med("d").Seconds()),
-					fmt.Sprintf("%.1f", float64(median(cpus[m.key]).Microseconds())/float64(spec.n)), strings.Join(all, " ")})
+					fmt.Sprintf("%.1f", float64(median(cpus[m.key]).Microseconds())/float64(spec.n)),
+					fmt.Sprintf("%.1f", float64(median(busy[m.key]).Microseconds())/float64(spec.n)), strings.Join(all, " ")})
 			}
-			markdownTable(os.Stdout, []string{"method", "time", "x syncfs", "process CPU µs/file", "all runs"}, cells)
+			markdownTable(os.Stdout, []string{"method", "time", "x syncfs", "process CPU µs/file", "machine CPU µs/file", "all runs"}, cells)
 			var ratios []string
 			for _, r := range [][2]string{{"a", "d"}, {"a", "e"}, {"b", "a"}, {"c", "a"}, {"i", "d"}, {"c", "i"}} {
 				if len(times[r[0]]) > 0 && len(times[r[1]]) > 0 {
