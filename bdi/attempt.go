@@ -70,6 +70,10 @@ type attempt struct {
 	queued  uint64
 	counted bool
 	wb      *Writeback // closes the file (closeFile); nil in tests
+	// callMem and reqMem hold the attempt's call and request, so that an
+	// attempt is one allocation; call and the plug point to them.
+	callMem attemptCall
+	reqMem  request
 }
 
 // hold takes a reference on the attempt's file.
@@ -101,8 +105,12 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	wb.mu.Lock()
 	att.handle = in.Handle()
 	att.wroteBefore = in.Has(inode.Wrote)
-	late, failedLate := wb.lateErr[key]
-	delete(wb.lateErr, key)
+	var late error
+	failedLate := false
+	if len(wb.lateErr) > 0 {
+		late, failedLate = wb.lateErr[key]
+		delete(wb.lateErr, key)
+	}
 	wb.mu.Unlock()
 	att.refs.Store(1)
 	if failedLate {
@@ -128,8 +136,10 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	// The worker takes the tunables it needs now: a reload replaces
 	// wb.cfg while a detached call may still run.
-	att.call = &attemptCall{chunk: chunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.fallback[key.Dev]}
-	wb.plug.Add(&request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att})
+	att.callMem = attemptCall{chunk: chunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.fallback[key.Dev]}
+	att.call = &att.callMem
+	att.reqMem = request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att}
+	wb.plug.Add(&att.reqMem)
 	return min(max(1, int64(in.DirtyPages)), max(1, chunk/page))
 }
 
