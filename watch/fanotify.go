@@ -249,11 +249,14 @@ func (fa *Fanotify) Scan(ctx context.Context) {
 	}
 }
 
-// AddTree implements Backend: it marks the tree's filesystem if it is new
-// and scans the tree.
+// AddTree implements Backend: it marks the tree's filesystem (again, if
+// it was marked before) and scans the tree.
 func (fa *Fanotify) AddTree(ctx context.Context, t Tree) error {
 	fa.markMu.Lock()
-	err := fa.mark(int(fa.f.Fd()), t.Root, false)
+	// Marked again even when its fsid is known: a tree added by a
+	// reload may be one whose filesystem was unmounted and mounted
+	// again (a new superblock with the same fsid, whose old mark died).
+	err := fa.mark(int(fa.f.Fd()), t.Root, true)
 	fa.markMu.Unlock()
 	if err != nil {
 		return err

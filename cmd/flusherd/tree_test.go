@@ -107,6 +107,7 @@ func testTreeChanges(t *testing.T, backend string) {
 		t.Run("13-unreadable", s.unreadable)
 	}
 	t.Run("14-inode-reuse", s.inodeReuse)
+	t.Run("15-root-remounted", s.rootRemounted)
 }
 
 // kernelDirtyExpire reads vm.dirty_expire_centisecs.
@@ -652,6 +653,61 @@ func (s *treeSuite) rootUnmounted(t *testing.T) {
 		t.Errorf("the stats file of the unmounted filesystem, %s, came back", stats2)
 	}
 	d.mustRun(t)
+	d.stop(t)
+}
+
+// 15. A watched tree on its own filesystem, unmounted (its root gone) and
+// mounted again, then a reload (SIGHUP, configuration unchanged), as the
+// README asks: the tree is served again, and a file written in it after
+// the reload is written back by flusherd. (The filesystem comes back with
+// a new superblock and the same fsid: a fanotify mark of the old one died
+// with it, and the reload must mark the new one.)
+func (s *treeSuite) rootRemounted(t *testing.T) {
+	t.Parallel()
+	mnt2 := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 32})
+	tree := filepath.Join(mnt2.Dir, "tree")
+	mkdirs(t, tree)
+	// An open descriptor keeps the (autoclear) loop device attached
+	// across the umount; it is closed after the second umount, and
+	// testfs's cleanup checks that the device then went away. (This
+	// cleanup runs after the daemon's, which stops it.)
+	dev, err := os.Open(mnt2.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remounted := false
+	t.Cleanup(func() {
+		if remounted {
+			if err := unix.Unmount(mnt2.Dir, 0); err != nil {
+				t.Errorf("umount %s: %v", mnt2.Dir, err)
+			}
+		}
+		dev.Close()
+	})
+	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	f1 := filepath.Join(tree, "f1")
+	writeDirty(t, f1, 16<<10)
+	waitClean(t, f1, cleanBound)
+	from := len(d.log.String())
+	if err := mnt2.Unmount(); err != nil {
+		t.Fatalf("unmounting the watched filesystem with its files clean: %v", err)
+	}
+	if !poll(cleanBound, func() bool { return strings.Contains(d.log.String()[from:], "root is gone") }) {
+		t.Fatalf("the unmount of the tree's filesystem was not logged within %v; log since: %q", cleanBound, d.log.String()[from:])
+	}
+	if err := unix.Mount(mnt2.Device, mnt2.Dir, "ext4", 0, ""); err != nil {
+		t.Fatalf("mounting %s again on %s: %v", mnt2.Device, mnt2.Dir, err)
+	}
+	remounted = true
+	from = len(d.log.String())
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	if !poll(cleanBound, func() bool { return strings.Contains(d.log.String()[from:], "configuration reloaded") }) {
+		t.Fatalf("no reload within %v; log since: %q", cleanBound, d.log.String()[from:])
+	}
+	d.mustRun(t)
+	f2 := filepath.Join(tree, "f2")
+	writeDirty(t, f2, 16<<10)
+	waitClean(t, f2, cleanBound)
 	d.stop(t)
 }
 
