@@ -322,3 +322,30 @@ func TestServeListenerError(t *testing.T) {
 		t.Errorf("Serve on a closed listener = %v, want the accept error", err)
 	}
 }
+
+// TestReadmeListsEveryMetric: every metric of the exposition (the golden
+// file's TYPE lines) has a row in the README's tables.
+func TestReadmeListsEveryMetric(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for line := range strings.Lines(string(g)) {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "#" || f[1] != "TYPE" {
+			continue
+		}
+		n++
+		if !strings.Contains(string(readme), "| `"+f[2]+"{") && !strings.Contains(string(readme), "| `"+f[2]+"`") {
+			t.Errorf("README.md has no row for the metric %s", f[2])
+		}
+	}
+	if n == 0 {
+		t.Fatalf("%s has no TYPE line", golden)
+	}
+}
