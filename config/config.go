@@ -265,6 +265,10 @@ type Watch struct {
 	// expire key, or else Writeback.DirtyExpireInterval. Positive; a Watch
 	// built in code (e.g. from flags) must set it.
 	Expire time.Duration
+	// Flag is the command-line flag that added the entry (e.g.
+	// "--watch"), "" for a [[watch]] table of the file: Validate's errors
+	// name it rather than watch[i].
+	Flag string
 }
 
 // Error is a configuration error. Errors from Parse, Load and Validate are
@@ -498,6 +502,10 @@ func (s *source) name() string {
 }
 
 func (s *source) errorf(key, format string, args ...any) *Error {
+	if strings.HasPrefix(key, "-") {
+		// A command-line flag's (Watch.Flag): not from the file.
+		return &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
+	}
 	return &Error{File: s.name(), Line: s.line(key), Key: key, Msg: fmt.Sprintf(format, args...)}
 }
 

@@ -1019,3 +1019,42 @@ func TestNotes(t *testing.T) {
 		t.Errorf("Notes() = %q, want none", n)
 	}
 }
+
+// TestFlagWatchErrors: an entry added by a command-line flag (Watch.Flag)
+// is named by the flag in Validate's errors, with no file or line; one
+// that repeats a file's entry names that entry with its file and line.
+func TestFlagWatchErrors(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.toml")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf("[[watch]]\npath = %q\nmode = \"integrity\"\n", dir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flagWatch := func(c *Config, p string) {
+		c.Watch = append(c.Watch, Watch{Path: p, Recursive: true, Mode: ModeWriteback, Expire: c.Writeback.DirtyExpireInterval, Flag: "--watch"})
+	}
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"missing", filepath.Join(dir, "nope"), `--watch: "` + filepath.Join(dir, "nope") + `" does not exist`},
+		{"a file", file, `--watch: "` + file + `" is not a directory`},
+		{"the file's", dir, `--watch: "` + dir + `" is already watched by watch[0] (` + file + `:2)`},
+	} {
+		c, err := Load(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flagWatch(c, tc.path)
+		e := asError(t, c.Validate())
+		if e.Key != "--watch" || e.File != "" || e.Line != 0 || e.Error() != tc.want {
+			t.Errorf("%s: got %q (key %q, file %q, line %d), want %q", tc.name, e.Error(), e.Key, e.File, e.Line, tc.want)
+		}
+	}
+	// The same flag twice.
+	c := Default()
+	flagWatch(c, dir)
+	flagWatch(c, dir+"/")
+	e := asError(t, c.Validate())
+	if want := `--watch: "` + dir + `" is already watched by --watch "` + dir + `"`; e.Error() != want {
+		t.Errorf("twice: got %q, want %q", e.Error(), want)
+	}
+}

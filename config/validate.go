@@ -124,16 +124,28 @@ func (c *Config) check(stat bool) error {
 	seen := make(map[string]int)
 	resolved := make(map[string]int) // symlinks resolved, when stat is set
 	// ref names watch[j] with its line, for "already watched" errors.
+	fromFlag := false // the entry being checked is a flag's
 	ref := func(j int) string {
+		if f := c.Watch[j].Flag; f != "" {
+			return fmt.Sprintf("%s %q", f, c.Watch[j].Path)
+		}
 		r := fmt.Sprintf("watch[%d]", j)
 		if l := s.line(r + ".path"); l > 0 {
 			r += fmt.Sprintf(" (line %d)", l)
+			if s.name() != "" && fromFlag {
+				// The error names no file: the reference does.
+				r = fmt.Sprintf("watch[%d] (%s:%d)", j, s.name(), l)
+			}
 		}
 		return r
 	}
 	for i, w := range c.Watch {
 		key := fmt.Sprintf("watch[%d]", i)
 		pkey := key + ".path"
+		fromFlag = w.Flag != ""
+		if fromFlag {
+			key, pkey = w.Flag, w.Flag
+		}
 		positive(key+".expire", w.Expire)
 		oneOf(key+".mode", w.Mode, ModeWriteback, ModeIntegrity)
 		switch {

@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"strings"
 
 	"flusherd/config"
@@ -320,14 +319,15 @@ func loadConfigWith(load func(string) (*config.Config, error), c commonFlags, wa
 		if err != nil {
 			return nil, err
 		}
-		if slices.ContainsFunc(cfg.Watch, func(x config.Watch) bool { return x.Path == abs }) {
-			continue
-		}
+		// A directory the file watches already is an error of
+		// Validate's ("already watched"), not silently dropped: the
+		// two entries may differ in mode and expiry.
 		cfg.Watch = append(cfg.Watch, config.Watch{
 			Path:      abs,
 			Recursive: true,
 			Mode:      config.ModeWriteback,
 			Expire:    cfg.Writeback.DirtyExpireInterval,
+			Flag:      "--watch",
 		})
 	}
 	return cfg, nil
