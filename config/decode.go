@@ -182,22 +182,33 @@ func (d *decoder) duration(dst *time.Duration) field {
 			}
 			return
 		}
-		if _, err := strconv.ParseFloat(strings.TrimSpace(s), 64); err == nil {
-			d.errorf(key, "bad duration %q: a duration needs a unit, e.g. \"%sms\"", s, strings.TrimSpace(s))
-			return
-		}
-		x, err := time.ParseDuration(strings.TrimSpace(s))
-		switch {
-		case err != nil && durationSyntax.MatchString(strings.TrimSpace(s)):
-			// Well formed: too large for time.Duration.
-			d.errorf(key, "bad duration %q: too large, at most %s", s, time.Duration(math.MaxInt64))
-			return
-		case err != nil:
-			d.errorf(key, "bad duration %q: want a number with a unit (ns, us, ms, s, m, h), e.g. \"5s\" or \"1m30s\"", s)
+		x, err := ParseDuration(s)
+		if err != nil {
+			d.errorf(key, "%v", err)
 			return
 		}
 		*dst = x
 	}
+}
+
+// ParseDuration parses a duration as the configuration writes it: Go's
+// time.ParseDuration syntax, surrounding spaces ignored. Its errors say
+// what is wrong: a number without a unit, a value too large for
+// time.Duration (about 292 years), or other syntax.
+func ParseDuration(s string) (time.Duration, error) {
+	t := strings.TrimSpace(s)
+	if _, err := strconv.ParseFloat(t, 64); err == nil {
+		return 0, fmt.Errorf("bad duration %q: a duration needs a unit, e.g. \"%sms\"", s, t)
+	}
+	x, err := time.ParseDuration(t)
+	switch {
+	case err != nil && durationSyntax.MatchString(t):
+		// Well formed: too large for time.Duration.
+		return 0, fmt.Errorf("bad duration %q: too large, at most %s", s, time.Duration(math.MaxInt64))
+	case err != nil:
+		return 0, fmt.Errorf("bad duration %q: want a number with a unit (ns, us, ms, s, m, h), e.g. \"5s\" or \"1m30s\"", s)
+	}
+	return x, nil
 }
 
 // durationSyntax is time.ParseDuration's syntax: a string it matches and

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"flusherd/config"
 )
@@ -144,6 +145,25 @@ type multiFlag []string
 
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// durationFlag is a flag.Value for a duration written as in the
+// configuration (config.ParseDuration), whose errors say what is wrong
+// ("needs a unit") where flag.Duration says only "parse error". It is
+// never negative.
+type durationFlag time.Duration
+
+func (d *durationFlag) String() string { return time.Duration(*d).String() }
+func (d *durationFlag) Set(v string) error {
+	x, err := config.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if x < 0 {
+		return fmt.Errorf("%s is negative", v)
+	}
+	*d = durationFlag(x)
+	return nil
+}
 
 // commonFlags are the flags shared by the commands that read the config.
 type commonFlags struct {

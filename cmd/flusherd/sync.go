@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"flusherd/control"
 )
@@ -28,7 +29,9 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
-	timeout := fset.Duration("timeout", 0, "give up waiting after this long (0: wait as long as it takes); the daemon finishes the sync anyway")
+	var timeoutFlag durationFlag
+	fset.Var(&timeoutFlag, "timeout", "give up waiting after this `duration`, e.g. 30s (0: wait as long as it takes); the daemon finishes the sync anyway")
+	timeout := (*time.Duration)(&timeoutFlag)
 	args, err := parseArgs(fset, args)
 	if err != nil {
 		return parseExit(err)

@@ -251,3 +251,20 @@ func TestSyncDeletedFile(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncTimeoutFlagErrors: a --timeout that is not a duration says
+// what is wrong with it (exit 2), as the configuration's durations do.
+func TestSyncTimeoutFlagErrors(t *testing.T) {
+	for _, tc := range []struct{ arg, want string }{
+		{"5", `bad duration "5": a duration needs a unit`},
+		{"-5s", "-5s is negative"},
+		{"5 minutes", `want a number with a unit (ns, us, ms, s, m, h)`},
+		{"9999999999h", "too large"},
+	} {
+		var out bytes.Buffer
+		code := Main([]string{"sync", "--stats-dir", t.TempDir(), "--timeout", tc.arg}, &out, &out)
+		if code != exitUsage || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("sync --timeout %q: exit %d, want %d and %q in %q", tc.arg, code, exitUsage, tc.want, out.String())
+		}
+	}
+}
