@@ -3,6 +3,7 @@ package watch
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -57,22 +58,74 @@ func (b *base) dirError(dir string, err error) {
 	}
 }
 
-// walk scans the directory open as fd (which it closes), whose path is dir.
+// walk scans the directory open as fd (which it closes), whose path is
+// dir, and (in a recursive tree) the directories below it, depth first.
+// The walk is iterative: a frame per directory level holds its descriptor
+// (so that a subdirectory is opened relative to its parent, never by a
+// path that could meet a swapped-in symlink) and the names of the
+// subdirectories left to visit; one getdents buffer serves every level. A
+// directory whose path would reach PATH_MAX is neither entered nor
+// reported (logged once, longPath): its files could not be opened by path,
+// inotify cannot watch it, and fanotify cannot name its tree. That bounds
+// the depth, and so the descriptors held, at about 2,048 levels.
 func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty bool, onDir func(string)) {
-	defer unix.Close(fd)
-	b.dirsScanned.Add(1)
+	type frame struct {
+		fd      int
+		path    string
+		subdirs []string // names of subdirectories not yet visited
+	}
 	buf := make([]byte, 32<<10)
-	for {
+	stack := []frame{{fd: fd, path: dir}}
+	defer func() {
+		for _, f := range stack {
+			unix.Close(f.fd)
+		}
+	}()
+	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, nil)
+	for len(stack) > 0 {
 		if ctx.Err() != nil {
 			return
+		}
+		top := &stack[len(stack)-1]
+		if len(top.subdirs) == 0 {
+			unix.Close(top.fd)
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		name := top.subdirs[len(top.subdirs)-1]
+		top.subdirs = top.subdirs[:len(top.subdirs)-1]
+		path := joinPath(top.path, name)
+		cfd, err := unix.Openat(top.fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			b.dirError(path, err)
+			continue
+		}
+		if onDir != nil {
+			onDir(path)
+		}
+		stack = append(stack, frame{fd: cfd, path: path})
+		stack[len(stack)-1].subdirs = b.readDir(ctx, t, path, cfd, buf, onlyDirty, nil)
+	}
+}
+
+// readDir reads the entries of the directory open as fd (path dir) with
+// getdents64 into buf, reports its regular files and returns the names of
+// the subdirectories to walk (appended to subdirs): none when the tree is
+// not recursive, and never another tree's root (scanned with its own
+// settings). Symlinks, FIFOs, sockets and device nodes are never opened.
+func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []byte, onlyDirty bool, subdirs []string) []string {
+	b.dirsScanned.Add(1)
+	for {
+		if ctx.Err() != nil {
+			return subdirs
 		}
 		n, err := unix.Getdents(fd, buf)
 		if err != nil {
 			b.dirError(dir, err)
-			return
+			return subdirs
 		}
 		if n <= 0 {
-			return
+			return subdirs
 		}
 		for off := 0; off < n; {
 			reclen := int(buf[off+16]) | int(buf[off+17])<<8
@@ -82,48 +135,49 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 			if name == "." || name == ".." || name == "" {
 				continue
 			}
-			b.entry(ctx, t, dir, fd, name, typ, onlyDirty, onDir)
+			path := joinPath(dir, name)
+			if len(path) >= unix.PathMax {
+				b.longPath(path)
+				continue
+			}
+			if typ == unix.DT_REG || typ == unix.DT_UNKNOWN {
+				var st unix.Stat_t
+				if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					if policy.Shortage(err) {
+						b.scanIncomplete(err)
+					}
+					continue
+				}
+				switch st.Mode & unix.S_IFMT {
+				case unix.S_IFREG:
+					b.report(t, path, inode.Key{Dev: st.Dev, Ino: st.Ino}, onlyDirty)
+					continue
+				case unix.S_IFDIR:
+					typ = unix.DT_DIR
+				}
+			}
+			if typ == unix.DT_DIR && t.Recursive && !b.isRoot(path, t) {
+				subdirs = append(subdirs, name)
+			}
 		}
 	}
 }
 
-// entry handles one directory entry of the directory open as fd.
-func (b *base) entry(ctx context.Context, t Tree, dir string, fd int, name string, typ byte, onlyDirty bool, onDir func(string)) {
-	path := dir + "/" + name
+// joinPath is dir + "/" + name, for a dir that may be "/".
+func joinPath(dir, name string) string {
 	if dir == "/" {
-		path = "/" + name
+		return "/" + name
 	}
-	switch typ {
-	case unix.DT_DIR:
-		if !t.Recursive || b.isRoot(path, t) {
-			// Another tree's root is scanned with its own settings.
-			return
-		}
-		cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			b.dirError(path, err)
-			return
-		}
-		if onDir != nil {
-			onDir(path)
-		}
-		b.walk(ctx, t, path, cfd, onlyDirty, onDir)
-	case unix.DT_REG, unix.DT_UNKNOWN:
-		var st unix.Stat_t
-		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			if policy.Shortage(err) {
-				b.scanIncomplete(err)
-			}
-			return
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFREG:
-			b.report(t, path, inode.Key{Dev: st.Dev, Ino: st.Ino}, onlyDirty)
-		case unix.S_IFDIR:
-			b.entry(ctx, t, dir, fd, name, unix.DT_DIR, onlyDirty, onDir)
-		}
+	return dir + "/" + name
+}
+
+// longPath logs, once per backend, that an entry whose path reaches
+// PATH_MAX (4,096 bytes) is left out of the scan.
+func (b *base) longPath(path string) {
+	if !b.longPathWarned.Swap(true) {
+		b.log.Warn("a path in a tree is longer than PATH_MAX; such directories are not scanned or watched, and their files are not tracked (logged once)",
+			zap.Int("bytes", len(path)), zap.String("start", strconv.Quote(path[:200])+"..."))
 	}
-	// Symlinks, FIFOs, sockets and device nodes are never opened.
 }
 
 // direntName returns the NUL-terminated name at the start of b.

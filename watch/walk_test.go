@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 
 	"flusherd/bdi"
@@ -303,4 +305,80 @@ func deepFile(t *testing.T, root string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestScanDeepTree: a chain of 5,000 nested directories (twice as deep as
+// a path of PATH_MAX allows) is scanned without recursion: the daemon
+// neither overflows its stack nor keeps a descriptor per level beyond
+// PATH_MAX. Files up to PATH_MAX are reported; those beyond are not, and
+// that is logged once. Every descriptor the walk opened is closed.
+func TestScanDeepTree(t *testing.T) {
+	root := t.TempDir()
+	const depth = 5000
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Made relative to each level's descriptor: the paths pass PATH_MAX.
+	files := map[int]inode.Key{}
+	path := root
+	for i := range depth {
+		if i == 10 || i == 1500 || i == 4000 {
+			ffd, err := unix.Openat(fd, "f", unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st unix.Stat_t
+			unix.Fstat(ffd, &st)
+			unix.Close(ffd)
+			files[i] = inode.Key{Dev: st.Dev, Ino: st.Ino}
+		}
+		if err := unix.Mkdirat(fd, "d", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cfd, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = cfd
+		path += "/d"
+	}
+	unix.Close(fd)
+	fdsBefore := openFDs(t)
+
+	core, logs := observer.New(zap.WarnLevel)
+	ks := &keySink{sink: sink{seen: map[string]int{}}, keys: map[inode.Key]string{}}
+	b := &base{}
+	b.init([]Tree{{Root: root, Recursive: true}}, ks, Options{Opener: inode.OS{}, Log: zap.New(core)})
+	var dirs atomic.Int64
+	b.scanDir(context.Background(), b.list()[0].Tree, root, false, func(string) { dirs.Add(1) })
+
+	for _, i := range []int{10, 1500} {
+		if _, ok := ks.keys[files[i]]; !ok {
+			t.Errorf("the file at depth %d (path %d bytes) was not reported", i, len(root)+2*i+2)
+		}
+	}
+	if p, ok := ks.keys[files[4000]]; ok {
+		t.Errorf("the file at depth 4000, beyond PATH_MAX, was reported as %d bytes of path", len(p))
+	}
+	if n := dirs.Load(); n < 1500 || n > unix.PathMax/2 {
+		t.Errorf("%d directories entered; want those whose path is under PATH_MAX (about %d)", n, (unix.PathMax-len(root))/2)
+	}
+	if n := logs.FilterMessageSnippet("longer than PATH_MAX").Len(); n != 1 {
+		t.Errorf("%d warnings about PATH_MAX, want 1: %v", n, logs.All())
+	}
+	if after := openFDs(t); after != fdsBefore {
+		t.Errorf("%d descriptors open after the walk, %d before", after, fdsBefore)
+	}
+}
+
+// openFDs counts the process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }

@@ -144,6 +144,7 @@ type base struct {
 	readBatches, doneBatches atomic.Uint64
 	retry                    retryState
 	permWarned               atomic.Bool // a file the daemon may not open was logged
+	longPathWarned           atomic.Bool // a path longer than PATH_MAX was logged (longPath)
 
 	// An overflow rescan running (overflowRescan), and one more asked
 	// for.
