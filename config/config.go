@@ -117,6 +117,12 @@ const MaxExpireClasses = 255
 // MinWriteChunk is the smallest accepted [Writeback.WriteChunk], in bytes.
 const MinWriteChunk = 4096
 
+// MaxWriteChunk is the largest accepted [Writeback.WriteChunk], in bytes
+// (1 GiB): half a second of a 2 GB/s device, as the kernel's
+// writeback_chunk_size allows half a second of the device's bandwidth.
+// A larger slice would also lift max_inflight_bytes' default with it.
+const MaxWriteChunk = 1 << 30
+
 // MinMaxInflight is the smallest accepted [Plug.MaxInflightBytes] other
 // than 0, in bytes: no attempt writes more than the bound, so one of a
 // few pages writes a page or two per attempt, far below any device's
@@ -419,6 +425,11 @@ func Parse(name string, data []byte) (*Config, error) {
 
 // parse is Parse without the value checks.
 func parse(name string, data []byte) (*Config, error) {
+	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		// The TOML decoder drops a UTF-16 byte-order mark as if it were
+		// UTF-8's, and would read what follows as garbage or nothing.
+		return nil, &Error{File: name, Line: 1, Msg: "the file starts with a UTF-16 byte-order mark: a configuration is TOML in UTF-8 (convert it, e.g. with iconv -f UTF-16 -t UTF-8)"}
+	}
 	lines, tooDeep := scanLines(string(data))
 	if tooDeep > 0 {
 		return nil, &Error{File: name, Line: tooDeep, Msg: fmt.Sprintf("nested more than %d levels deep (dotted key parts, arrays and inline tables)", MaxDepth)}

@@ -76,6 +76,9 @@ func (c *Config) check(stat bool) error {
 	if !wb.WriteChunkAuto && wb.WriteChunk < MinWriteChunk {
 		add("writeback.write_chunk", "must be at least %d bytes (4KiB) or \"auto\", got %d", MinWriteChunk, wb.WriteChunk)
 	}
+	if !wb.WriteChunkAuto && wb.WriteChunk > MaxWriteChunk {
+		add("writeback.write_chunk", "must be at most %d bytes (1GiB) or \"auto\", got %d", MaxWriteChunk, wb.WriteChunk)
+	}
 	if wb.DirtyBackgroundBytes < 0 || (wb.DirtyBackgroundBytes > 0 && wb.DirtyBackgroundBytes < MinWriteChunk) {
 		add("writeback.dirty_background_bytes", "must be 0 (off) or at least %d bytes (4KiB), got %d", MinWriteChunk, wb.DirtyBackgroundBytes)
 	}

@@ -228,6 +228,10 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 	log.Info("configuration reloaded", zap.Int("roots_added", added), zap.Int("roots_removed", removed),
 		zap.Stringer("dirty_writeback_interval", cfg.Writeback.DirtyWritebackInterval))
 	if len(served) == 0 {
+		if len(running) > 0 {
+			log.Warn("the reloaded configuration leaves no tree watched: idle until a tree is added and the configuration reloaded (SIGHUP; systemctl reload flusherd)",
+				zap.Int("trees_before", len(running)))
+		}
 		n.send("STATUS=idle: no [[watch]] entries configured; configuration reloaded")
 	} else {
 		n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(served), wat.Name()))

@@ -357,6 +357,17 @@ func TestNotifyAndReload(t *testing.T) {
 	fb3 := filepath.Join(b, "f3")
 	writeDirty(t, fb3, 4096)
 	waitClean(t, fb3, 5*time.Second)
+
+	// A configuration with no tree left: accepted, and the daemon says it
+	// is now idle (a warning, as at start-up).
+	if err := os.WriteFile(cfgPath, []byte("[writeback]\ndirty_writeback_interval = \"200ms\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from = len(d.log.String())
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	waitFor(t, "the idle warning after a reload to no tree", 5*time.Second, func() bool {
+		return strings.Contains(d.log.String()[from:], "WARN\tthe reloaded configuration leaves no tree watched")
+	})
 	d.stop(t)
 	if sd.count("STOPPING=1", 0) != 1 {
 		t.Errorf("no STOPPING=1: %s", sd.all())
