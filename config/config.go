@@ -73,6 +73,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"slices"
@@ -387,7 +388,7 @@ func readConfigFile(path string) ([]byte, error) {
 		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fileKind(fi.Mode()))
 	}
 	if fi.Size() > MaxFileSize {
 		return nil, fmt.Errorf("%s: %d bytes; a configuration file may have at most %d", path, fi.Size(), MaxFileSize)
@@ -518,6 +519,25 @@ func (s *source) errorf(key, format string, args ...any) *Error {
 		return &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
 	}
 	return &Error{File: s.name(), Line: s.line(key), Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// fileKind names the type of a file that is not a regular one.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	case m&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	}
+	return "mode " + m.String()
 }
 
 // Errors is every problem found in a configuration, in file order (lowest

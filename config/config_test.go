@@ -819,8 +819,14 @@ func TestValidateStatsDir(t *testing.T) {
 			}
 			continue
 		}
-		if e := asError(t, err); e.Key != "stats.dir" || !strings.Contains(e.Msg, c.msg) {
-			t.Errorf("%s: Validate() = %v, want a stats.dir error containing %q", c.name, err, c.msg)
+		// No file sets stats.dir here: a tree that holds it is blamed
+		// (watch[0].path, with its line where a file gives one).
+		key := "watch[0].path"
+		if c.msg == "too long" {
+			key = "stats.dir"
+		}
+		if e := asError(t, err); e.Key != key || !strings.Contains(e.Msg, c.msg) {
+			t.Errorf("%s: Validate() = %v, want a %s error containing %q", c.name, err, key, c.msg)
 		}
 	}
 }
@@ -1060,5 +1066,28 @@ func TestFlagWatchErrors(t *testing.T) {
 	e := asError(t, c.Validate())
 	if want := `--watch: "` + dir + `" is already watched by --watch "` + dir + `"`; e.Error() != want {
 		t.Errorf("twice: got %q, want %q", e.Error(), want)
+	}
+}
+
+// TestLoadErrorTexts: a configuration path that is not a regular file
+// names its kind; a watch path holding a NUL is quoted, never written raw.
+func TestLoadErrorTexts(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "not a regular file (a directory)") {
+		t.Errorf("Load(a directory) = %v, want \"not a regular file (a directory)\"", err)
+	}
+	if _, err := Load("/dev/null"); err == nil || !strings.Contains(err.Error(), "not a regular file (a character device)") {
+		t.Errorf("Load(/dev/null) = %v, want \"not a regular file (a character device)\"", err)
+	}
+	file := filepath.Join(dir, "c.toml")
+	if err := os.WriteFile(file, []byte("[[watch]]\npath = \"/tmp/a\\u0000b\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(file)
+	if err == nil {
+		err = c.Validate()
+	}
+	if err == nil || strings.ContainsRune(err.Error(), 0) || !strings.Contains(err.Error(), `watch[0].path: "/tmp/a\x00b": invalid argument`) {
+		t.Errorf("a path with a NUL: %q", err)
 	}
 }

@@ -127,6 +127,17 @@ func (c *Config) check(stat bool) error {
 	seen := make(map[string]int)
 	resolved := make(map[string]int) // symlinks resolved, when stat is set
 	// ref names watch[j] with its line, for "already watched" errors.
+	// statsInside reports the stats dir inside a watched tree: on
+	// stats.dir where the file sets it, else on the tree's path (the
+	// stats dir is then the default or --stats-dir's, and the tree's
+	// line is the one to look at).
+	statsInside := func(pkey, format string, args ...any) {
+		if s.line("stats.dir") > 0 {
+			add("stats.dir", format, args...)
+			return
+		}
+		add(pkey, "stats.dir "+format, args...)
+	}
 	fromFlag := false // the entry being checked is a flag's
 	ref := func(j int) string {
 		if f := c.Watch[j].Flag; f != "" {
@@ -166,7 +177,7 @@ func (c *Config) check(stat bool) error {
 			seen[p] = i
 		}
 		if sd := filepath.Clean(c.Stats.Dir); sd == p || strings.HasPrefix(sd, p+"/") || p == "/" {
-			add("stats.dir", "%q is inside the watched tree %q: its own stats files would keep it busy", c.Stats.Dir, p)
+			statsInside(pkey, "%q is inside the watched tree %q: its own stats files would keep it busy", c.Stats.Dir, p)
 		}
 		if !stat {
 			continue
@@ -178,7 +189,13 @@ func (c *Config) check(stat bool) error {
 			e.err = err
 			errs = append(errs, e)
 		case err != nil:
-			e := s.errorf(pkey, "%v", err)
+			// The path quoted, as elsewhere (it may hold a NUL or a
+			// newline), then stat's reason.
+			msg := err.Error()
+			if pe, ok := errors.AsType[*fs.PathError](err); ok {
+				msg = pe.Err.Error()
+			}
+			e := s.errorf(pkey, "%q: %s", p, msg)
 			e.err = err
 			errs = append(errs, e)
 		case !fi.IsDir():
@@ -195,7 +212,7 @@ func (c *Config) check(stat bool) error {
 			if r, err := filepath.EvalSymlinks(p); err == nil {
 				if sd, err := evalExisting(c.Stats.Dir); err == nil && (sd == r || strings.HasPrefix(sd, r+"/") || r == "/") &&
 					!(c.Stats.Dir == p || strings.HasPrefix(filepath.Clean(c.Stats.Dir), p+"/") || p == "/") {
-					add("stats.dir", "%q is %q, inside the watched tree %q (%q): its own stats files would keep it busy", c.Stats.Dir, sd, p, r)
+					statsInside(pkey, "%q is %q, inside the watched tree %q (%q): its own stats files would keep it busy", c.Stats.Dir, sd, p, r)
 				}
 			}
 			// The same directory under another name (a symlink): it

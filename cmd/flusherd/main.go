@@ -165,6 +165,26 @@ func (d *durationFlag) Set(v string) error {
 	return nil
 }
 
+// nonEmpty is a string flag that refuses an empty value: "--stats-dir
+// \"\"" (an unset shell variable, say) is a mistake, not a request for
+// the default.
+type nonEmpty struct{ p *string }
+
+func (n nonEmpty) String() string {
+	if n.p == nil {
+		return ""
+	}
+	return *n.p
+}
+
+func (n nonEmpty) Set(v string) error {
+	if v == "" {
+		return errors.New("empty value")
+	}
+	*n.p = v
+	return nil
+}
+
 // commonFlags are the flags shared by the commands that read the config.
 type commonFlags struct {
 	config   string
@@ -190,8 +210,8 @@ func (c *commonFlags) readsFile() bool {
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.config, "config", "", "configuration file (default "+defaultConfigPath+" if it exists)")
-	fs.StringVar(&c.statsDir, "stats-dir", "", "directory for the stats files; overrides stats.dir")
+	fs.Var(nonEmpty{&c.config}, "config", "configuration `file` (default "+defaultConfigPath+" if it exists)")
+	fs.Var(nonEmpty{&c.statsDir}, "stats-dir", "`directory` for the stats files; overrides stats.dir")
 }
 
 func newFlagSet(name, synopsis, example string, stdout, stderr io.Writer) *flag.FlagSet {

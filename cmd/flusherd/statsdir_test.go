@@ -47,3 +47,19 @@ func TestStatsDirClaimed(t *testing.T) {
 		t.Errorf("stats dir inside the tree through a symlink: exit %d:\n%s", code, out.String())
 	}
 }
+
+// TestEmptyPathFlags: --stats-dir "" and --config "" (an unset shell
+// variable) are usage errors, not a quiet fall back to the defaults.
+func TestEmptyPathFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"run", "--watch", t.TempDir(), "--stats-dir", ""},
+		{"run", "--config", "", "--watch", t.TempDir()},
+		{"dirty", "--stats-dir", ""},
+		{"sync", "--config", ""},
+	} {
+		var out bytes.Buffer
+		if code := Main(args, &out, &out); code != exitUsage || !strings.Contains(out.String(), `invalid value "" for flag`) {
+			t.Errorf("%q: exit %d, %q", args, code, out.String())
+		}
+	}
+}
