@@ -464,7 +464,7 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 func (fa *Fanotify) lost(err error) {
 	if errors.Is(err, unix.ENAMETOOLONG) {
 		if !fa.longWarned.Swap(true) {
-			fa.log.Warn("fanotify: a directory's path is longer than PATH_MAX; writes in such directories are not tracked (logged once)", zap.Error(err))
+			fa.log.Warn("fanotify: a write on a marked filesystem was in a directory whose path is longer than PATH_MAX (maybe outside the trees: the mark covers the whole filesystem); writes in such directories are not tracked (logged once)", zap.Error(err))
 		}
 		return
 	}

@@ -76,8 +76,7 @@ func (m *Mixed) AddTree(ctx context.Context, t Tree) error {
 	if err == nil {
 		return nil
 	}
-	m.fa.log.Info("this tree's filesystem refuses fanotify; it is served by inotify",
-		zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+	m.fa.log.Info(fanotifyRefused(err), zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
 	return m.in.AddTree(ctx, t)
 }
 

@@ -51,6 +51,8 @@ func (b *base) dirError(dir string, err error) {
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP):
 		// Gone, or replaced by a file or a symlink: nothing to scan.
+	case errors.Is(err, unix.ENAMETOOLONG):
+		b.longPath(dir)
 	case policy.Shortage(err):
 		b.scanIncomplete(err)
 	default:
@@ -176,7 +178,7 @@ func joinPath(dir, name string) string {
 func (b *base) longPath(path string) {
 	if !b.longPathWarned.Swap(true) {
 		b.log.Warn("a path in a tree is longer than PATH_MAX; such directories are not scanned or watched, and their files are not tracked (logged once)",
-			zap.Int("bytes", len(path)), zap.String("start", strconv.Quote(path[:200])+"..."))
+			zap.Int("bytes", len(path)), zap.String("start", strconv.Quote(path[:min(len(path), 200)])+"..."))
 	}
 }
 

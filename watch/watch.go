@@ -541,6 +541,16 @@ func (o *Options) progress() {
 	}
 }
 
+// fanotifyRefused is the log message for a tree that fanotify does not
+// serve: a missing privilege (EPERM: filesystem marks need CAP_SYS_ADMIN,
+// opens by handle CAP_DAC_READ_SEARCH) is not the filesystem's doing.
+func fanotifyRefused(err error) string {
+	if errors.Is(err, unix.EPERM) {
+		return "fanotify is not permitted (it needs CAP_SYS_ADMIN and CAP_DAC_READ_SEARCH, which the daemon does not have); this tree is served by inotify"
+	}
+	return "this tree's filesystem refuses fanotify; it is served by inotify"
+}
+
 // New returns the backend opt.Backend asks for. "auto" picks fanotify when
 // the process may use it (CAP_SYS_ADMIN, and the kernel accepts
 // FAN_REPORT_DFID_NAME|FAN_REPORT_FID with a filesystem mark on every
@@ -577,8 +587,7 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 		}
 		var inTrees []Tree
 		for _, r := range refused {
-			log.Info("this tree's filesystem refuses fanotify; it is served by inotify",
-				zap.String("root", strconv.Quote(r.Root)), zap.Error(r.Err))
+			log.Info(fanotifyRefused(r.Err), zap.String("root", strconv.Quote(r.Root)), zap.Error(r.Err))
 			for _, t := range trees {
 				if t.Root == r.Root {
 					inTrees = append(inTrees, t)
@@ -596,7 +605,11 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 		case len(refused) == 0:
 			log.Info("watch backend: fanotify (auto: filesystem marks accepted)")
 		case len(inTrees) == len(trees):
-			log.Info("watch backend: inotify (auto: no tree's filesystem takes a fanotify mark)")
+			why := "no tree's filesystem takes a fanotify mark"
+			if len(refused) > 0 && errors.Is(refused[0].Err, unix.EPERM) {
+				why = "fanotify needs CAP_SYS_ADMIN and CAP_DAC_READ_SEARCH"
+			}
+			log.Info("watch backend: inotify (auto: " + why + ")")
 		default:
 			log.Info("watch backend: fanotify+inotify (auto: per filesystem)",
 				zap.Int("fanotify_trees", len(trees)-len(inTrees)), zap.Int("inotify_trees", len(inTrees)))

@@ -53,8 +53,8 @@ Commands:
            wait: the named files, the tracked files under a named
            directory, or with no PATH every tracked file; names each file
            that failed
-  dirty    the tracked files, oldest first: device, list, dirty and
-           writeback pages, age, retries, last error
+  dirty    the tracked files, oldest first: age, device, list, dirty and
+           writeback pages, retries, last error, path
   check-config          validate a configuration file and print the
                         effective configuration
   print-default-config  print the defaults as a configuration file
