@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"flusherd/control"
@@ -43,6 +45,19 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 	}
 	var paths []string
 	for _, p := range args {
+		if p == "" {
+			// An unset shell variable, not the current directory.
+			fmt.Fprintln(stderr, "flusherd sync: an empty path")
+			return exitUsage
+		}
+		if strings.HasSuffix(p, "/") {
+			// filepath.Abs drops the slash, which asks for a directory:
+			// "file/" is ENOTDIR, as for any other command.
+			if _, err := os.Stat(p); errors.Is(err, syscall.ENOTDIR) {
+				fmt.Fprintf(stderr, "flusherd sync: %s: not a directory\n", strconv.Quote(p))
+				return exitFailed
+			}
+		}
 		abs, err := filepath.Abs(p)
 		if err != nil {
 			fmt.Fprintf(stderr, "flusherd sync: %v\n", err)

@@ -268,3 +268,27 @@ func TestSyncTimeoutFlagErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncPathErrors: an empty path is a usage error, not the current
+// directory; a regular file named with a trailing slash is not a
+// directory (exit 1), before any daemon is asked.
+func TestSyncPathErrors(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		arg  string
+		code int
+		want string
+	}{
+		{"", exitUsage, "an empty path"},
+		{f + "/", exitFailed, "not a directory"},
+	} {
+		var out bytes.Buffer
+		code := Main([]string{"sync", "--stats-dir", t.TempDir(), tc.arg}, &out, &out)
+		if code != tc.code || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("sync %q: exit %d, %q; want exit %d and %q", tc.arg, code, out.String(), tc.code, tc.want)
+		}
+	}
+}
