@@ -321,7 +321,22 @@ func perFileStartWriteback(s *fileSet) error {
 // n-th file: method (p), which shows whether the filesystem lets
 // file-by-file writeback run in parallel.
 func parallelStartWriteback(s *fileSet) error {
-	n := runtime.GOMAXPROCS(0)
+	return syncRangeThreads(s, runtime.GOMAXPROCS(0), unix.SYNC_FILE_RANGE_WRITE)
+}
+
+// parallelSyncRange writes each file back and waits for it, on 8
+// threads: open, sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE|WRITE|
+// WAIT_AFTER) (WB_SYNC_ALL, no journal commit), close. It is what a flusher
+// that learns each file's result in its one call would do; method (f),
+// not run by default.
+func parallelSyncRange(s *fileSet) error {
+	return syncRangeThreads(s, 8, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+}
+
+// syncRangeThreads opens each file of the set, calls sync_file_range with
+// flags on the whole of it and closes it, on n threads, each taking every
+// n-th file; it stops a thread at its first error and returns them all.
+func syncRangeThreads(s *fileSet, n int, flags int) error {
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for w := range n {
@@ -332,36 +347,7 @@ func parallelStartWriteback(s *fileSet) error {
 					errs[w] = err
 					return
 				}
-				err = unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-				unix.Close(fd)
-				if err != nil {
-					errs[w] = err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// parallelSyncRange writes each file back and waits for it, on 8
-// threads: open, sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE|WRITE|
-// WAIT_AFTER) (WB_SYNC_ALL, no journal commit), close. It is what a flusher
-// that learns each file's result in its one call would do; method (f),
-// not run by default.
-func parallelSyncRange(s *fileSet) error {
-	var wg sync.WaitGroup
-	errs := make([]error, 8)
-	for w := range 8 {
-		wg.Go(func() {
-			for i := w; i < len(s.paths); i += 8 {
-				fd, err := unix.Open(s.paths[i], unix.O_RDONLY|unix.O_CLOEXEC, 0)
-				if err != nil {
-					errs[w] = err
-					return
-				}
-				err = unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+				err = unix.SyncFileRange(fd, 0, 0, flags)
 				unix.Close(fd)
 				if err != nil {
 					errs[w] = err
