@@ -386,23 +386,42 @@ func WriteFileAtomic(path string, write func(io.Writer) error) (err error) {
 // os.CreateTemp in earlier versions.
 var staleTemp = regexp.MustCompile(`^\.stats-?[0-9]+$`)
 
-// RemoveStaleTemps removes, under dir, the temporary files that
-// WriteFileAtomic leaves when the process is killed between their creation
-// and their rename, and returns how many it removed. Call it only while no
-// other process writes there (the daemon holds stats.dir's lock). Symlinks
-// are neither followed nor removed.
+// RemoveStaleTemps removes the temporary files that WriteFileAtomic
+// leaves when the process is killed between their creation and their
+// rename, and returns how many it removed. It looks only where the daemon
+// writes stats files: dir/watch and each directory dir/bdi/<dev>, not
+// below them (a watched tree may lie under stats.dir, and a user's file
+// of the same name there is not the daemon's). Call it only while no other
+// process writes there (the daemon holds stats.dir's lock). Symlinks are
+// neither followed nor removed. A directory that does not exist is not an
+// error.
 func RemoveStaleTemps(dir string) (removed int, err error) {
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	dirs := []string{filepath.Join(dir, "watch")}
+	ents, err := os.ReadDir(filepath.Join(dir, "bdi"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, err
+	}
+	for _, e := range ents {
+		if e.IsDir() { // (a symlink is not: DirEntry's type is lstat's)
+			dirs = append(dirs, filepath.Join(dir, "bdi", e.Name()))
+		}
+	}
+	for _, d := range dirs {
+		ents, err := os.ReadDir(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
 		if err != nil {
-			return err
+			return removed, err
 		}
-		if d.Type().IsRegular() && staleTemp.MatchString(d.Name()) {
-			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
+		for _, e := range ents {
+			if e.Type().IsRegular() && staleTemp.MatchString(e.Name()) {
+				if err := os.Remove(filepath.Join(d, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return removed, err
+				}
+				removed++
 			}
-			removed++
 		}
-		return nil
-	})
-	return removed, err
+	}
+	return removed, nil
 }

@@ -15,8 +15,10 @@ import (
 
 // TestRemoveStaleTemps: the temporary files of WriteFileAtomic that a
 // killed process left (renameio's ".stats<digits>" and the older
-// ".stats-<digits>"), at any depth, are removed; the stats files, other
-// names, directories and symlinks are not; and WriteFileAtomic itself
+// ".stats-<digits>") are removed where the daemon writes stats files
+// (watch/ and bdi/<dev>/); the stats files, other names, directories,
+// symlinks, and files of those names anywhere else under stats.dir (a
+// user's, in a watched tree below it) are not; and WriteFileAtomic itself
 // leaves none behind.
 func TestRemoveStaleTemps(t *testing.T) {
 	dir := t.TempDir()
@@ -29,8 +31,9 @@ func TestRemoveStaleTemps(t *testing.T) {
 	if n, err := RemoveStaleTemps(dir); n != 0 || err != nil {
 		t.Fatalf("after WriteFileAtomic alone: %d removed (%v), want none left behind", n, err)
 	}
-	stale := []string{".stats123", "bdi/7:0/.stats-4567", "bdi/7:0/.stats98765432", "watch/.stats1"}
-	kept := []string{"bdi/7:0/stats", "watch/stats", ".statsx1", "bdi/.dirty123", "stats123", ".stats-"}
+	stale := []string{"bdi/7:0/.stats-4567", "bdi/7:0/.stats98765432", "bdi/8:1/.stats2", "watch/.stats1"}
+	kept := []string{"bdi/7:0/stats", "watch/stats", ".statsx1", "bdi/.dirty123", "stats123", ".stats-",
+		".stats123", "tree/data/.stats2024", "tree/.stats-7", "bdi/7:0/sub/.stats9", "watch/x/.stats3", "bdi/.stats5"}
 	for _, p := range append(append([]string{}, stale...), kept...) {
 		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755); err != nil {
 			t.Fatal(err)
