@@ -121,8 +121,14 @@ type Server struct {
 	done    chan struct{}
 }
 
-// Listen creates the socket at path (removing a stale one) with mode 0600.
+// Listen creates the socket at path (removing a stale socket there) with
+// mode 0600. Any other file at path is an error, left in place.
 func Listen(path string, h Handler, log *zap.Logger) (*Server, error) {
+	// Only a socket is removed (one a killed daemon left): any other
+	// file of that name is not flusherd's to delete.
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() != os.ModeSocket {
+		return nil, fmt.Errorf("control: %s exists and is not a socket; not removing it", path)
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("control: removing stale socket: %w", err)
 	}

@@ -200,3 +200,38 @@ func TestNamesLossless(t *testing.T) {
 		t.Errorf("a non-UTF-8 name encodes as %s", b)
 	}
 }
+
+// TestListenKeepsOtherFiles: a stale socket at the path is replaced; a
+// regular file or a directory of that name is an error and stays.
+func TestListenKeepsOtherFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "flusherd.sock")
+	// A stale socket (a listener closed without unlinking).
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	s, err := Listen(path, func(context.Context, Request) Response { return Response{OK: true} }, zap.NewNop())
+	if err != nil {
+		t.Fatalf("over a stale socket: %v", err)
+	}
+	go s.Serve(context.Background())
+	s.Close()
+	for _, mk := range []func(string) error{
+		func(p string) error { return os.WriteFile(p, []byte("a user's file"), 0o644) },
+		func(p string) error { return os.Mkdir(p, 0o755) },
+	} {
+		os.Remove(path)
+		if err := mk(path); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Listen(path, nil, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "is not a socket") {
+			t.Errorf("Listen over a non-socket: %v, want \"is not a socket\"", err)
+		}
+		if _, err := os.Lstat(path); err != nil {
+			t.Errorf("the file at the socket path was removed: %v", err)
+		}
+	}
+}
