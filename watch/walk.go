@@ -62,17 +62,23 @@ func (b *base) dirError(dir string, err error) {
 
 // walk scans the directory open as fd (which it closes), whose path is
 // dir, and (in a recursive tree) the directories below it, depth first.
-// The walk is iterative: a frame per directory level holds its descriptor
-// (so that a subdirectory is opened relative to its parent, never by a
-// path that could meet a swapped-in symlink) and the names of the
-// subdirectories left to visit; one getdents buffer serves every level. A
-// directory whose path would reach PATH_MAX is neither entered nor
-// reported (logged once, longPath): its files could not be opened by path,
-// inotify cannot watch it, and fanotify cannot name its tree. That bounds
-// the depth, and so the descriptors held, at about 2,048 levels.
+// The walk is iterative: a frame per directory level holds the names of
+// the subdirectories left to visit and, for the first heldLevels levels
+// and every heldLevels-th after, the level's descriptor. A subdirectory is
+// opened relative to its parent's descriptor, or, where the parent's was
+// let go, by walking the names down from the deepest descriptor held, one
+// openat(O_NOFOLLOW) per level: never by a path that could meet a
+// swapped-in symlink, and with at most about heldLevels+32 descriptors
+// held however deep the tree (a hard RLIMIT_NOFILE of 1,024 still lets a
+// scan finish). One getdents buffer serves every level. A directory whose
+// path would reach PATH_MAX is neither entered nor reported (logged once,
+// longPath): its files could not be opened by path, inotify cannot watch
+// it, and fanotify cannot name its tree; that bounds the depth at about
+// 2,048 levels.
 func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty bool, onDir func(string)) {
 	type frame struct {
-		fd      int
+		fd      int // -1: let go (reopened from an ancestor when needed)
+		name    string
 		path    string
 		subdirs []string // names of subdirectories not yet visited
 	}
@@ -80,24 +86,64 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 	stack := []frame{{fd: fd, path: dir}}
 	defer func() {
 		for _, f := range stack {
-			unix.Close(f.fd)
+			if f.fd >= 0 {
+				unix.Close(f.fd)
+			}
 		}
 	}()
 	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, nil)
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	// parentFD returns a descriptor of the top frame's directory: its own,
+	// or one reached from the deepest held ancestor by name; temp says
+	// the caller closes it.
+	parentFD := func() (fd int, temp bool, err error) {
+		top := len(stack) - 1
+		if stack[top].fd >= 0 {
+			return stack[top].fd, false, nil
+		}
+		a := top - 1
+		for stack[a].fd < 0 {
+			a--
+		}
+		fd = stack[a].fd
+		for j := a + 1; j <= top; j++ {
+			next, err := unix.Openat(fd, stack[j].name, flags, 0)
+			if j > a+1 {
+				unix.Close(fd)
+			}
+			if err != nil {
+				return -1, false, err
+			}
+			fd = next
+		}
+		return fd, true, nil
+	}
 	for len(stack) > 0 {
 		if ctx.Err() != nil {
 			return
 		}
 		top := &stack[len(stack)-1]
 		if len(top.subdirs) == 0 {
-			unix.Close(top.fd)
+			if top.fd >= 0 {
+				unix.Close(top.fd)
+			}
 			stack = stack[:len(stack)-1]
 			continue
 		}
 		name := top.subdirs[len(top.subdirs)-1]
 		top.subdirs = top.subdirs[:len(top.subdirs)-1]
 		path := joinPath(top.path, name)
-		cfd, err := unix.Openat(top.fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		pfd, temp, err := parentFD()
+		if err != nil {
+			// The parent went away (or was replaced) since it was read.
+			b.dirError(top.path, err)
+			top.subdirs = nil
+			continue
+		}
+		cfd, err := unix.Openat(pfd, name, flags, 0)
+		if temp {
+			unix.Close(pfd)
+		}
 		if err != nil {
 			b.dirError(path, err)
 			continue
@@ -105,10 +151,18 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		if onDir != nil {
 			onDir(path)
 		}
-		stack = append(stack, frame{fd: cfd, path: path})
-		stack[len(stack)-1].subdirs = b.readDir(ctx, t, path, cfd, buf, onlyDirty, nil)
+		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, nil)
+		if depth := len(stack); depth >= heldLevels && depth%heldLevels != 0 && len(subdirs) > 0 {
+			unix.Close(cfd)
+			cfd = -1
+		}
+		stack = append(stack, frame{fd: cfd, name: name, path: path, subdirs: subdirs})
 	}
 }
+
+// heldLevels is how many directory levels of a walk keep their descriptor
+// (and, below them, one level in heldLevels does).
+const heldLevels = 64
 
 // readDir reads the entries of the directory open as fd (path dir) with
 // getdents64 into buf, reports its regular files and returns the names of

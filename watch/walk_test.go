@@ -309,9 +309,11 @@ func deepFile(t *testing.T, root string) string {
 
 // TestScanDeepTree: a chain of 5,000 nested directories (twice as deep as
 // a path of PATH_MAX allows) is scanned without recursion: the daemon
-// neither overflows its stack nor keeps a descriptor per level beyond
-// PATH_MAX. Files up to PATH_MAX are reported; those beyond are not, and
-// that is logged once. Every descriptor the walk opened is closed.
+// neither overflows its stack, nor goes beyond PATH_MAX, nor holds a
+// descriptor per level (a hard RLIMIT_NOFILE of 1,024 must not stop a
+// scan of a legal depth). Files up to PATH_MAX are reported; those beyond
+// are not, and that is logged once. Every descriptor the walk opened is
+// closed.
 func TestScanDeepTree(t *testing.T) {
 	root := t.TempDir()
 	const depth = 5000
@@ -352,7 +354,12 @@ func TestScanDeepTree(t *testing.T) {
 	b := &base{}
 	b.init([]Tree{{Root: root, Recursive: true}}, ks, Options{Opener: inode.OS{}, Log: zap.New(core)})
 	var dirs atomic.Int64
-	b.scanDir(context.Background(), b.list()[0].Tree, root, false, func(string) { dirs.Add(1) })
+	maxFDs := 0
+	b.scanDir(context.Background(), b.list()[0].Tree, root, false, func(string) {
+		if dirs.Add(1)%50 == 0 {
+			maxFDs = max(maxFDs, openFDs(t))
+		}
+	})
 
 	for _, i := range []int{10, 1500} {
 		if _, ok := ks.keys[files[i]]; !ok {
@@ -367,6 +374,11 @@ func TestScanDeepTree(t *testing.T) {
 	}
 	if n := logs.FilterMessageSnippet("longer than PATH_MAX").Len(); n != 1 {
 		t.Errorf("%d warnings about PATH_MAX, want 1: %v", n, logs.All())
+	}
+	// The walk holds the descriptors of its first heldLevels levels and of
+	// one level in heldLevels below (about 31 at 2,000), plus a few.
+	if held := maxFDs - fdsBefore; held > heldLevels+40 {
+		t.Errorf("the walk held %d descriptors at once; want at most about %d", held, heldLevels+32)
 	}
 	if after := openFDs(t); after != fdsBefore {
 		t.Errorf("%d descriptors open after the walk, %d before", after, fdsBefore)
