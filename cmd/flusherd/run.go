@@ -410,10 +410,15 @@ loop:
 	if stopSig == nil {
 		stopSig = syscall.SIGTERM
 	}
+	// scanCut: the initial scan was stopped before it had reached every
+	// directory, so a dirty file there is not tracked, and the last line
+	// must not say that all is clean.
+	var scanCut error
 	select {
 	case <-scanned:
 	default:
 		log.Info("signal received during the initial scan; stopping it", zap.String("signal", stopSig.String()))
+		scanCut = errors.New("the initial scan was stopped by the signal before it had finished: files it had not reached may be dirty and are not tracked")
 	}
 	stopScan()
 	<-scanned
@@ -429,7 +434,7 @@ loop:
 	defer scancel()
 	// Events lost to a shortage: their files are found by the rescan
 	// that makes up for them, now rather than after its delay.
-	unsettled := wat.Settle(sctx)
+	unsettled := errors.Join(scanCut, wat.Settle(sctx))
 	cancel()
 	wat.Close()
 	<-done
