@@ -426,12 +426,16 @@ func Parse(name string, data []byte) (*Config, error) {
 
 // parse is Parse without the value checks.
 func parse(name string, data []byte) (*Config, error) {
-	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) || bytes.HasPrefix(data, []byte{0, 0, 0xfe, 0xff}) {
 		// The TOML decoder drops a UTF-16 byte-order mark as if it were
 		// UTF-8's, and would read what follows as garbage or nothing.
-		return nil, &Error{File: name, Line: 1, Msg: "the file starts with a UTF-16 byte-order mark: a configuration is TOML in UTF-8 (convert it, e.g. with iconv -f UTF-16 -t UTF-8)"}
+		// (FF FE 00 00 is UTF-32's, little-endian; 00 00 FE FF its
+		// big-endian one.)
+		return nil, &Error{File: name, Line: 1, Msg: "the file starts with a UTF-16 or UTF-32 byte-order mark: a configuration is TOML in UTF-8 (convert it, e.g. with iconv -f UTF-16 -t UTF-8)"}
 	}
-	lines, tooDeep := scanLines(string(data))
+	// A UTF-8 byte-order mark is allowed (the decoder skips it); the key
+	// lines are found without it, so that the first header counts.
+	lines, tooDeep := scanLines(string(bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))))
 	if tooDeep > 0 {
 		return nil, &Error{File: name, Line: tooDeep, Msg: fmt.Sprintf("nested more than %d levels deep (dotted key parts, arrays and inline tables)", MaxDepth)}
 	}
