@@ -349,7 +349,7 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) (relevant bool) {
 		fa.ctr.Events.Add(1)
 		if ev.mask&unix.FAN_Q_OVERFLOW != 0 {
 			fa.ctr.Overflows.Add(1)
-			fa.log.Warn("fanotify event queue overflowed; rescanning the trees with cachestat")
+			fa.logOverflow("fanotify")
 			fa.clearCaches()
 			fa.overflowRescan(ctx, "fanotify", func() { fa.rescan(ctx, nil) })
 			relevant = true

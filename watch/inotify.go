@@ -363,7 +363,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			}
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				w.ctr.Overflows.Add(1)
-				w.log.Warn("inotify event queue overflowed; rescanning the trees with cachestat")
+				w.logOverflow("inotify")
 				w.overflowRescan(ctx, "inotify", func() { w.rescan(ctx, w.addOrNote) })
 				continue
 			}

@@ -394,3 +394,25 @@ func openFDs(t *testing.T) int {
 	}
 	return len(ents)
 }
+
+// TestLogOverflowThrottled: a burst of queue overflows gives one warning;
+// the next, once overflowLogEvery has passed, counts those in between.
+func TestLogOverflowThrottled(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	b := &base{}
+	b.init(nil, &sink{seen: map[string]int{}}, Options{Log: zap.New(core)})
+	for range 17 {
+		b.logOverflow("inotify")
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("%d warnings for a burst of 17 overflows, want 1", n)
+	}
+	b.rmu.Lock()
+	b.overflowLogged = b.overflowLogged.Add(-overflowLogEvery)
+	b.rmu.Unlock()
+	b.logOverflow("inotify")
+	all := logs.All()
+	if len(all) != 2 || all[1].ContextMap()["overflows"] != int64(17) {
+		t.Errorf("second warning: %v, want one counting the 16 held back and this one (17)", all)
+	}
+}

@@ -150,6 +150,9 @@ type base struct {
 	// for.
 	rmu                     sync.Mutex
 	rescanning, rescanAgain bool
+	// The last overflow warning, and the overflows since (logOverflow).
+	overflowLogged    time.Time
+	overflowsUnlogged int
 
 	statsDir  string
 	statsMu   sync.Mutex
@@ -499,6 +502,29 @@ func (b *base) overflowRescan(ctx context.Context, name string, rescan func()) {
 			b.rmu.Unlock()
 		}
 	}()
+}
+
+// overflowLogEvery is the least time between two warnings of event queue
+// overflows; the overflows between are counted in the next one (and each
+// is counted in the stats and metrics at once).
+const overflowLogEvery = 10 * time.Second
+
+// logOverflow warns of an event queue overflow of backend name, at most
+// once per overflowLogEvery, with how many overflowed since the last
+// warning.
+func (b *base) logOverflow(name string) {
+	b.rmu.Lock()
+	b.overflowsUnlogged++
+	now := time.Now()
+	if !b.overflowLogged.IsZero() && now.Sub(b.overflowLogged) < overflowLogEvery {
+		b.rmu.Unlock()
+		return
+	}
+	n := b.overflowsUnlogged
+	b.overflowsUnlogged, b.overflowLogged = 0, now
+	b.rmu.Unlock()
+	b.log.Warn(name+" event queue overflowed; rescanning the trees with cachestat",
+		zap.Int("overflows", n), zap.Stringer("logged_at_most_every", overflowLogEvery))
 }
 
 // rescanBusy reports whether an overflow rescan runs (Quiesce waits for
