@@ -77,6 +77,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -295,9 +296,9 @@ func (e *Error) Error() string {
 	var b strings.Builder
 	switch {
 	case e.File != "" && e.Line > 0:
-		fmt.Fprintf(&b, "%s:%d: ", e.File, e.Line)
+		fmt.Fprintf(&b, "%s:%d: ", displayPath(e.File), e.Line)
 	case e.File != "":
-		b.WriteString(e.File + ": ")
+		b.WriteString(displayPath(e.File) + ": ")
 	case e.Line > 0:
 		fmt.Fprintf(&b, "line %d: ", e.Line)
 	}
@@ -379,6 +380,9 @@ const MaxFileSize = 16 << 20
 // hang.
 func readConfigFile(path string) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if pe, ok := errors.AsType[*fs.PathError](err); ok {
+		return nil, fmt.Errorf("%s: %w", displayPath(path), pe.Err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -388,17 +392,17 @@ func readConfigFile(path string) ([]byte, error) {
 		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fileKind(fi.Mode()))
+		return nil, fmt.Errorf("%s: not a regular file (%s)", displayPath(path), fileKind(fi.Mode()))
 	}
 	if fi.Size() > MaxFileSize {
-		return nil, fmt.Errorf("%s: %d bytes; a configuration file may have at most %d", path, fi.Size(), MaxFileSize)
+		return nil, fmt.Errorf("%s: %d bytes; a configuration file may have at most %d", displayPath(path), fi.Size(), MaxFileSize)
 	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
 		return nil, err
 	}
 	if len(data) > MaxFileSize {
-		return nil, fmt.Errorf("%s: more than %d bytes; a configuration file may have at most %d", path, MaxFileSize, MaxFileSize)
+		return nil, fmt.Errorf("%s: more than %d bytes; a configuration file may have at most %d", displayPath(path), MaxFileSize, MaxFileSize)
 	}
 	return data, nil
 }
@@ -523,6 +527,16 @@ func (s *source) errorf(key, format string, args ...any) *Error {
 		return &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
 	}
 	return &Error{File: s.name(), Line: s.line(key), Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// displayPath is a file name as errors show it: as is when it is plain
+// printable text without spaces, else quoted (strconv.Quote), so that a
+// newline, a NUL or blanks in it cannot garble or hide in the message.
+func displayPath(p string) string {
+	if q := strconv.Quote(p); p == "" || q[1:len(q)-1] != p || strings.ContainsAny(p, " \t") {
+		return q
+	}
+	return p
 }
 
 // fileKind names the type of a file that is not a regular one.

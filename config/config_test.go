@@ -1093,3 +1093,22 @@ func TestLoadErrorTexts(t *testing.T) {
 		t.Errorf("a path with a NUL: %q", err)
 	}
 }
+
+// TestDisplayPath: configuration file names with a newline, blanks or no
+// name at all are quoted in errors; plain ones are not.
+func TestDisplayPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/etc/flusherd/flusherd.toml": "/etc/flusherd/flusherd.toml",
+		"a\nb":                        `"a\nb"`,
+		" ":                           `" "`,
+		"":                            `""`,
+		"x\x00y":                      `"x\x00y"`,
+	} {
+		if got := displayPath(in); got != want {
+			t.Errorf("displayPath(%q) = %s, want %s", in, got, want)
+		}
+	}
+	if _, err := Load("a\nb"); err == nil || err.Error() != `"a\nb": no such file or directory` {
+		t.Errorf("Load(a newline b) = %v", err)
+	}
+}
