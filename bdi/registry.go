@@ -352,9 +352,11 @@ type GivenUp struct {
 // ShutdownReport is what Registry.Shutdown could not write, by device name.
 type ShutdownReport struct {
 	// Left are the paths still tracked (dirty, or under writeback) when
-	// ctx ended: writeback of them was started, but not seen to finish.
+	// ctx ended: not seen clean, whether their writeback was started or
+	// their attempts failed.
 	Left map[string][]string
-	// GivenUp are the files whose filesystem could not be written.
+	// GivenUp are the files whose filesystem could not be written, or
+	// that the daemon may not open (EACCES, EPERM).
 	GivenUp map[string][]GivenUp
 }
 

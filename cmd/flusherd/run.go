@@ -462,17 +462,22 @@ func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, timeout time.Duration,
 	for dev, g := range rep.GivenUp {
 		given += len(g)
 		byErr := map[string][]string{}
+		denied := map[string]bool{} // errors that are a missing permission
 		for _, f := range g {
 			byErr[f.Err.Error()] = append(byErr[f.Err.Error()], f.Path)
+			denied[f.Err.Error()] = errors.Is(f.Err, syscall.EACCES) || errors.Is(f.Err, syscall.EPERM)
 		}
 		for e, paths := range byErr {
-			log.Error("shutdown: files given up, their filesystem cannot be written (their dirty data is not on disk)",
-				zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)))
+			msg := "shutdown: files given up, their filesystem cannot be written (their dirty data is not on disk)"
+			if denied[e] {
+				msg = "shutdown: files given up, the daemon may not open or inspect them (their dirty data is not on disk)"
+			}
+			log.Error(msg, zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)))
 		}
 	}
 	for dev, paths := range rep.Left {
 		left += len(paths)
-		log.Error("shutdown: files still dirty or under writeback when shutdown_timeout ended (their writeback was started; the kernel's flusher goes on with it)",
+		log.Error("shutdown: files still dirty or under writeback when shutdown_timeout ended (the kernel's flusher writes back what it can)",
 			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)), zap.Stringer("shutdown_timeout", timeout))
 	}
 	switch {

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"flusherd/bdi"
+)
+
+// TestLogShutdownWording: files given up for a missing permission are not
+// blamed on their filesystem; files left at the timeout are not said to
+// have had their writeback started (their attempts may have failed); a
+// cut scan or lost events turn "every tracked file is clean" into an error.
+func TestLogShutdownWording(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	rep := bdi.ShutdownReport{
+		GivenUp: map[string][]bdi.GivenUp{"7:0": {
+			{Path: "/t/ro", Err: fmt.Errorf("sync_file_range: %w", syscall.EROFS)},
+			{Path: "/t/denied", Err: fmt.Errorf("cachestat: %w", syscall.EPERM)},
+		}},
+		Left: map[string][]string{"7:0": {"/t/slow"}},
+	}
+	logShutdown(zap.New(core), rep, time.Second, nil)
+	msgs := map[string]string{} // error text -> message
+	for _, e := range logs.All() {
+		if s, ok := e.ContextMap()["error"].(string); ok {
+			msgs[s] = e.Message
+		}
+	}
+	if m := msgs["cachestat: operation not permitted"]; !strings.Contains(m, "may not open or inspect") || strings.Contains(m, "filesystem") {
+		t.Errorf("EPERM given up: %q", m)
+	}
+	if m := msgs["sync_file_range: read-only file system"]; !strings.Contains(m, "their filesystem cannot be written") {
+		t.Errorf("EROFS given up: %q", m)
+	}
+	if n := logs.FilterMessageSnippet("shutdown_timeout ended").Len(); n != 1 {
+		t.Errorf("%d lines for the files left at the timeout, want 1", n)
+	}
+	if n := logs.FilterMessageSnippet("was started").Len(); n != 0 {
+		t.Errorf("a line says the left files' writeback was started")
+	}
+
+	core, logs = observer.New(zap.InfoLevel)
+	logShutdown(zap.New(core), bdi.ShutdownReport{}, time.Second, errors.New("the initial scan was stopped"))
+	if n := logs.FilterMessageSnippet("may be dirty and untracked").Len(); n != 1 || logs.FilterMessageSnippet("every tracked file is clean").Len() != 0 {
+		t.Errorf("after a cut scan: %v", logs.All())
+	}
+}
