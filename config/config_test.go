@@ -830,6 +830,9 @@ func TestValidateStatsDir(t *testing.T) {
 		if e := asError(t, err); e.Key != key || !strings.Contains(e.Msg, c.msg) {
 			t.Errorf("%s: Validate() = %v, want a %s error containing %q", c.name, err, key, c.msg)
 		}
+		if e := asError(t, err); strings.Contains(e.Msg, fmt.Sprintf("%q (%q)", c.stats, c.stats)) || strings.Contains(e.Msg, fmt.Sprintf("%q (%q)", c.tree, c.tree)) {
+			t.Errorf("%s: a path is repeated as what it resolves to: %v", c.name, err)
+		}
 	}
 }
 
@@ -1110,5 +1113,31 @@ func TestDisplayPath(t *testing.T) {
 	}
 	if _, err := Load("a\nb"); err == nil || err.Error() != `"a\nb": no such file or directory` {
 		t.Errorf("Load(a newline b) = %v", err)
+	}
+}
+
+// TestSymlinkDuplicateOnce: a --watch path that repeats a file's entry
+// by name, through a symlink both give, is one error, not two.
+func TestSymlinkDuplicateOnce(t *testing.T) {
+	dir := t.TempDir()
+	real, link := filepath.Join(dir, "a"), filepath.Join(dir, "link")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "c.toml")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf("[[watch]]\npath = %q\n", link+"/")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Watch = append(c.Watch, Watch{Path: link, Recursive: true, Mode: ModeWriteback, Expire: time.Minute, Flag: "--watch"})
+	err = c.Validate()
+	if err == nil || strings.Count(err.Error(), "\n") != 0 || !strings.Contains(err.Error(), "already watched by watch[0]") {
+		t.Errorf("Validate() = %v, want one \"already watched\" error", err)
 	}
 }

@@ -171,7 +171,8 @@ func (c *Config) check(stat bool) error {
 			continue
 		}
 		p := filepath.Clean(w.Path)
-		if j, dup := seen[p]; dup {
+		j, dupName := seen[p]
+		if dupName {
 			add(pkey, "%q is already watched by %s", p, ref(j))
 		} else {
 			seen[p] = i
@@ -212,12 +213,22 @@ func (c *Config) check(stat bool) error {
 			if r, err := filepath.EvalSymlinks(p); err == nil {
 				if sd, err := evalExisting(c.Stats.Dir); err == nil && (sd == r || strings.HasPrefix(sd, r+"/") || r == "/") &&
 					!(c.Stats.Dir == p || strings.HasPrefix(filepath.Clean(c.Stats.Dir), p+"/") || p == "/") {
-					statsInside(pkey, "%q is %q, inside the watched tree %q (%q): its own stats files would keep it busy", c.Stats.Dir, sd, p, r)
+					// Each path with what it resolves to, where that
+					// differs.
+					name := func(a, b string) string {
+						if a == b {
+							return strconv.Quote(a)
+						}
+						return fmt.Sprintf("%q (%q)", a, b)
+					}
+					statsInside(pkey, "%s is inside the watched tree %s: its own stats files would keep it busy", name(c.Stats.Dir, sd), name(p, r))
 				}
 			}
 			// The same directory under another name (a symlink): it
 			// would be watched twice.
-			if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
+			if r, err := filepath.EvalSymlinks(p); dupName {
+				// Said already, by name.
+			} else if err == nil && r != p {
 				if j, dup := resolved[r]; dup {
 					add(pkey, "%q is %q, already watched by %s", p, r, ref(j))
 				} else if j, dup := seen[r]; dup && j != i {
