@@ -67,3 +67,20 @@ func (p TreePlan) Replaced(root string) bool {
 	}
 	return false
 }
+
+// Returned reports whether root is in Replace with the same settings as in
+// Add: a root that was gone (removed, renamed or unmounted) and is served
+// again, not one whose settings changed.
+func (p TreePlan) Returned(root string) bool {
+	for _, t := range p.Replace {
+		if t.Root != root {
+			continue
+		}
+		for _, a := range p.Add {
+			if a.Root == root {
+				return a == t
+			}
+		}
+	}
+	return false
+}

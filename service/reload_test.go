@@ -47,6 +47,12 @@ func TestPlanTrees(t *testing.T) {
 			t.Errorf("Replaced(%s) = %v, want %v", root, !replaced, replaced)
 		}
 	}
+	// Returned: replaced with the same settings (it was not served).
+	for root, returned := range map[string]bool{"/u/unserved": true, "/m/expire": false, "/m/mode": false, "/b/new": false, "/z/same": false} {
+		if got.Returned(root) != returned {
+			t.Errorf("Returned(%s) = %v, want %v", root, !returned, returned)
+		}
+	}
 	// Nothing before: every tree is added; nothing after: every one retired.
 	if p := PlanTrees(nil, configured, served); len(p.Add) != len(configured) || len(p.Keep)+len(p.Retire)+len(p.Replace) != 0 {
 		t.Errorf("from nothing: %+v", p)

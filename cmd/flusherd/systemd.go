@@ -218,9 +218,12 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		}
 		watchErrors(errs, t, log)
 		served = append(served, t)
-		if plan.Replaced(root) {
+		switch {
+		case plan.Returned(root):
+			log.Info("watch root served again (it was gone)", zap.String("root", strconv.Quote(root)))
+		case plan.Replaced(root):
 			log.Info("watch root settings changed", zap.String("root", strconv.Quote(root)))
-		} else {
+		default:
 			log.Info("watch root added", zap.String("root", strconv.Quote(root)))
 			added++
 		}

@@ -704,6 +704,9 @@ func (s *treeSuite) rootRemounted(t *testing.T) {
 	if !poll(cleanBound, func() bool { return strings.Contains(d.log.String()[from:], "configuration reloaded") }) {
 		t.Fatalf("no reload within %v; log since: %q", cleanBound, d.log.String()[from:])
 	}
+	if !strings.Contains(d.log.String()[from:], "watch root served again (it was gone)") {
+		t.Errorf("the reload did not say the root is served again; log since: %q", d.log.String()[from:])
+	}
 	d.mustRun(t)
 	f2 := filepath.Join(tree, "f2")
 	writeDirty(t, f2, 16<<10)
