@@ -226,9 +226,9 @@ func (c *Config) check(stat bool) error {
 			}
 			// The same directory under another name (a symlink): it
 			// would be watched twice.
-			if r, err := filepath.EvalSymlinks(p); dupName {
+			if dupName {
 				// Said already, by name.
-			} else if err == nil && r != p {
+			} else if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
 				if j, dup := resolved[r]; dup {
 					add(pkey, "%q is %q, already watched by %s", p, r, ref(j))
 				} else if j, dup := seen[r]; dup && j != i {

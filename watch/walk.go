@@ -91,7 +91,7 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 			}
 		}
 	}()
-	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, nil)
+	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty)
 	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
 	// parentFD returns a descriptor of the top frame's directory: its own,
 	// or one reached from the deepest held ancestor by name; temp says
@@ -151,8 +151,12 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		if onDir != nil {
 			onDir(path)
 		}
-		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, nil)
-		if depth := len(stack); depth >= heldLevels && depth%heldLevels != 0 && len(subdirs) > 0 {
+		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty)
+		if len(subdirs) == 0 {
+			unix.Close(cfd) // a leaf: nothing below to open
+			continue
+		}
+		if depth := len(stack); depth >= heldLevels && depth%heldLevels != 0 {
 			unix.Close(cfd)
 			cfd = -1
 		}
@@ -166,10 +170,10 @@ const heldLevels = 64
 
 // readDir reads the entries of the directory open as fd (path dir) with
 // getdents64 into buf, reports its regular files and returns the names of
-// the subdirectories to walk (appended to subdirs): none when the tree is
+// the subdirectories to walk: none when the tree is
 // not recursive, and never another tree's root (scanned with its own
 // settings). Symlinks, FIFOs, sockets and device nodes are never opened.
-func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []byte, onlyDirty bool, subdirs []string) []string {
+func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []byte, onlyDirty bool) (subdirs []string) {
 	b.dirsScanned.Add(1)
 	for {
 		if ctx.Err() != nil {
