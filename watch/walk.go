@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"strconv"
 	"sync/atomic"
@@ -83,6 +84,7 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		subdirs []string // names of subdirectories not yet visited
 	}
 	buf := make([]byte, 32<<10)
+	var ids dirIdentity
 	stack := []frame{{fd: fd, path: dir}}
 	defer func() {
 		for _, f := range stack {
@@ -91,7 +93,7 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 			}
 		}
 	}()
-	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty)
+	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, &ids)
 	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
 	// parentFD returns a descriptor of the top frame's directory: its own,
 	// or one reached from the deepest held ancestor by name; temp says
@@ -151,7 +153,7 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		if onDir != nil {
 			onDir(path)
 		}
-		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty)
+		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, &ids)
 		if len(subdirs) == 0 {
 			unix.Close(cfd) // a leaf: nothing below to open
 			continue
@@ -173,8 +175,15 @@ const heldLevels = 64
 // the subdirectories to walk: none when the tree is
 // not recursive, and never another tree's root (scanned with its own
 // settings). Symlinks, FIFOs, sockets and device nodes are never opened.
-func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []byte, onlyDirty bool) (subdirs []string) {
+//
+// In a scan for dirty files (onlyDirty), a regular file's entry on a
+// filesystem whose entries carry the file's own inode number (dirIdentity)
+// is first looked up by that number: a file tracked already under its name
+// costs no fstatat. An overflow rescan of a tree whose files are all
+// tracked thus reads directories only.
+func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []byte, onlyDirty bool, ids *dirIdentity) (subdirs []string) {
 	b.dirsScanned.Add(1)
+	looked := false // ids describes fd's filesystem
 	for {
 		if ctx.Err() != nil {
 			return subdirs
@@ -190,6 +199,7 @@ func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []by
 		for off := 0; off < n; {
 			reclen := int(buf[off+16]) | int(buf[off+17])<<8
 			typ := buf[off+18]
+			ino := binary.NativeEndian.Uint64(buf[off:])
 			name := direntName(buf[off+19 : off+reclen])
 			off += reclen
 			if name == "." || name == ".." || name == "" {
@@ -200,7 +210,17 @@ func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []by
 				b.longPath(path)
 				continue
 			}
+			if typ == unix.DT_REG && onlyDirty {
+				if !looked {
+					looked = true
+					ids.look(fd)
+				}
+				if ids.direct && b.sink.Tracks(inode.Key{Dev: ids.dev, Ino: ino}, path) {
+					continue
+				}
+			}
 			if typ == unix.DT_REG || typ == unix.DT_UNKNOWN {
+				b.entriesStatted.Add(1)
 				var st unix.Stat_t
 				if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 					if policy.Shortage(err) {
@@ -221,6 +241,53 @@ func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []by
 			}
 		}
 	}
+}
+
+// dirIdentity is what a walk knows of the filesystem of the directory it
+// reads: its st_dev, and whether a directory entry's d_ino there is the
+// st_ino of the regular file it names (direct). That holds on the local
+// filesystems in inoDirect, which store the inode number in the entry. It
+// is not assumed elsewhere: a FUSE server chooses its d_ino (libfuse
+// sends an unknown number by default), overlayfs may report a merged
+// directory's entries with the lower layer's, and network filesystems are
+// the server's word. The one exception on every filesystem, a file
+// mounted over an entry (a bind mount of a file), is named by the entry's
+// number, not the mounted file's.
+type dirIdentity struct {
+	dev    uint64
+	direct bool
+	// The filesystem last looked at by statfs(2), which is asked again
+	// only when a directory's st_dev changes (a mount point).
+	fsDev    uint64
+	fsDirect bool
+	fsKnown  bool
+}
+
+// inoDirect holds the statfs(2) f_type of the filesystems whose directory
+// entries give a regular file's inode number as d_ino (getdents64(2)).
+var inoDirect = map[int64]bool{
+	unix.EXT4_SUPER_MAGIC: true, unix.XFS_SUPER_MAGIC: true, unix.BTRFS_SUPER_MAGIC: true,
+	unix.F2FS_SUPER_MAGIC: true, unix.TMPFS_MAGIC: true,
+}
+
+// look sets ids for the directory open as fd: fstat(2), and statfs(2)
+// when its st_dev is not the last one's. What cannot be told is not
+// direct: every entry is then looked at with fstatat.
+func (ids *dirIdentity) look(fd int) {
+	ids.direct = false
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return
+	}
+	ids.dev = st.Dev
+	if !ids.fsKnown || ids.fsDev != st.Dev {
+		var fs unix.Statfs_t
+		if unix.Fstatfs(fd, &fs) != nil {
+			return
+		}
+		ids.fsDev, ids.fsDirect, ids.fsKnown = st.Dev, inoDirect[int64(fs.Type)], true
+	}
+	ids.direct = ids.fsDirect
 }
 
 // joinPath is dir + "/" + name, for a dir that may be "/".

@@ -3,6 +3,7 @@ package watch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,8 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/faultfs"
+	"flusherd/internal/testfs"
 )
 
 // keySink records the keys and paths reported.
@@ -414,5 +417,83 @@ func TestLogOverflowThrottled(t *testing.T) {
 	all := logs.All()
 	if len(all) != 2 || all[1].ContextMap()["overflows"] != int64(17) {
 		t.Errorf("second warning: %v, want one counting the 16 held back and this one (17)", all)
+	}
+}
+
+// TestRescanSkipsTrackedEntries: a scan for dirty files looks at a file
+// tracked already under its name by its directory entry's inode number
+// alone, with no fstatat, on the filesystems whose entries carry it (ext4,
+// xfs); a file whose number is tracked under another name, and an
+// untracked one, are looked at and reported when dirty. On FUSE, where
+// the server chooses d_ino, every entry is looked at.
+func TestRescanSkipsTrackedEntries(t *testing.T) {
+	for _, fsType := range []string{"ext4", "xfs", "fuse"} {
+		t.Run(fsType, func(t *testing.T) {
+			var root string
+			direct := true
+			if fsType == "fuse" {
+				root, direct = faultfs.MountT(t).Dir, false
+			} else {
+				root = testfs.Mount(t, testfs.Options{Type: fsType}).Dir
+			}
+			s := &trackedSink{sink: sink{seen: map[string]int{}}, names: map[inode.Key]string{}}
+			const n = 20
+			for _, d := range []string{root, filepath.Join(root, "a")} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				for i := range n {
+					p := filepath.Join(d, fmt.Sprintf("f%d", i))
+					if err := os.WriteFile(p, []byte("dirty"), 0o644); err != nil {
+						t.Fatal(err)
+					}
+					s.names[keyOf(t, p)] = p
+				}
+			}
+			// Untracked and dirty; and one whose number is tracked under
+			// another name (a hard link made after it was tracked).
+			// Both are written through descriptors held open until the
+			// end: FUSE writes a file's cached pages back when it is
+			// closed.
+			untracked := filepath.Join(root, "a", "new")
+			link := filepath.Join(root, "link")
+			if err := os.Link(filepath.Join(root, "f0"), link); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range []string{untracked, link} {
+				f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { f.Close() })
+				if _, err := f.Write([]byte("dirty again")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			b := newScanner(t, root, s, inode.OS{})
+			b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+
+			// (On FUSE the scan's own open writes the file's cached
+			// pages back: without FOPEN_KEEP_CACHE, fuse_open
+			// invalidates the page cache. Found clean, it is not
+			// reported.)
+			for _, p := range []string{untracked, link} {
+				if fsType != "fuse" && !s.has(p) {
+					t.Errorf("%s (dirty, not tracked under that name) was not reported", p)
+				}
+			}
+			for _, p := range s.names {
+				if s.has(p) {
+					t.Errorf("%s, tracked already, was reported again", p)
+				}
+			}
+			want := uint64(2*n + 2) // every regular file
+			if direct {
+				want = 2 // the two not tracked under their names
+			}
+			if got := b.entriesStatted.Load(); got != want {
+				t.Errorf("entries looked at with fstatat: %d, want %d", got, want)
+			}
+		})
 	}
 }

@@ -139,6 +139,8 @@ type base struct {
 	statsName   func() string    // the backend's name in watch/stats; nil means the caller's
 	statsTrees  func() []TreeUse // the trees in watch/stats (the whole backend's, for a Mixed half)
 	dirsScanned atomic.Uint64
+	// Directory entries looked at with fstatat by scans (readDir).
+	entriesStatted atomic.Uint64
 	// Batches of events read (readBatches) and handled (doneBatches), for
 	// Quiesce.
 	readBatches, doneBatches atomic.Uint64

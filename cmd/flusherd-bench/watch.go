@@ -45,6 +45,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -70,6 +71,12 @@ type watchOpts struct {
 	files    int
 	duration time.Duration
 	fstype   string
+	// placements of the daemon and the writers in the ingest phase:
+	// "shared" (the bench's own cgroup, where the scheduler shares the
+	// CPU between threads) and "service" (two sibling cgroups of equal
+	// CPU weight, as systemd puts the daemon's service and the writing
+	// application).
+	placements []string
 }
 
 func watchBench(args []string) int {
@@ -83,12 +90,20 @@ func watchBench(args []string) int {
 	duration := fl.Duration("duration", 10*time.Second, "ingest phase length (per mode)")
 	fstype := fl.String("fs", "ext4", "filesystem: ext4 or xfs")
 	modes := fl.String("modes", "pwrite,reopen", "ingest write patterns: pwrite (files kept open), reopen (open, pwrite, close each time)")
+	placements := fl.String("placement", "shared,service", "where the ingest phase runs the daemon and the writers: shared (all in the bench's cgroup), service (daemon and writers in two sibling cgroups of equal CPU weight, as under systemd; needs the cpu cgroup controller)")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
 	o := watchOpts{bin: *bin, idle: *idle, writers: *writers, files: *files, duration: *duration, fstype: *fstype}
 	o.backends = splitList(*backends)
 	o.modes = splitList(*modes)
+	o.placements = splitList(*placements)
+	for _, p := range o.placements {
+		if p != "shared" && p != "service" {
+			fmt.Fprintf(os.Stderr, "flusherd-bench watch: --placement: unknown placement %q\n", p)
+			return 2
+		}
+	}
 	for _, m := range o.modes {
 		if m != "pwrite" && m != "reopen" {
 			fmt.Fprintf(os.Stderr, "flusherd-bench watch: --modes: unknown mode %q\n", m)
@@ -151,6 +166,22 @@ func watchBench(args []string) int {
 	defer restore()
 
 	r := &watchRun{o: o, base: base}
+	if slices.Contains(o.placements, "service") {
+		gs, remove, err := newCPUGroups("daemon", "writers")
+		if err != nil {
+			explicit := false
+			fl.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "placement" })
+			if explicit {
+				fmt.Fprintln(os.Stderr, "flusherd-bench watch: --placement service:", err)
+				return 1
+			}
+			r.o.placements = slices.DeleteFunc(r.o.placements, func(p string) bool { return p == "service" })
+			r.notes = append(r.notes, "placement service left out: "+err.Error())
+		} else {
+			defer remove()
+			r.daemonGroup, r.writerGroup = gs[0], gs[1]
+		}
+	}
 	failed := false
 	for _, b := range o.backends {
 		if err := r.backend(ctx, b); err != nil {
@@ -206,6 +237,8 @@ type watchRun struct {
 	base  string
 	t     wtable
 	notes []string
+	// The cgroups of placement "service" (nil without it).
+	daemonGroup, writerGroup *cpuGroup
 }
 
 func (r *watchRun) progress(format string, args ...any) {
@@ -291,12 +324,16 @@ func (r *watchRun) ingestAndIdle(ctx context.Context, backend string) error {
 	if err := sleepCtx(ctx, settle); err != nil {
 		return err
 	}
-	for _, mode := range r.o.modes {
-		if err := r.ingest(ctx, backend, mode, d, statsDir, root); err != nil {
-			if ctx.Err() != nil {
-				return err
+	// "shared" first: once moved into its own cgroup, the daemon stays
+	// there.
+	for _, place := range r.o.placements {
+		for _, mode := range r.o.modes {
+			if err := r.ingest(ctx, backend, mode, place, d, statsDir, root); err != nil {
+				if ctx.Err() != nil {
+					return err
+				}
+				return fmt.Errorf("ingest %s (%s): %w (daemon log:\n%s)", mode, place, err, tail(d.logText(), 20))
 			}
-			return fmt.Errorf("ingest %s: %w (daemon log:\n%s)", mode, err, tail(d.logText(), 20))
 		}
 	}
 	if ws, ok := readWatchStats(statsDir); ok && ws.Backend != "" {
@@ -333,9 +370,20 @@ func (r *watchRun) ingestAndIdle(ctx context.Context, backend string) error {
 	return nil
 }
 
-func (r *watchRun) ingest(ctx context.Context, backend, mode string, d *daemon, statsDir, root string) error {
-	r.progress("%s: ingest %s, %d writers, %d files, %v", backend, mode, r.o.writers, r.o.files, r.o.duration)
-	ws, err := startWriters(ctx, r.o, root, mode)
+func (r *watchRun) ingest(ctx context.Context, backend, mode, place string, d *daemon, statsDir, root string) error {
+	r.progress("%s: ingest %s, %d writers, %d files, %v, placement %s", backend, mode, r.o.writers, r.o.files, r.o.duration, place)
+	var wg *cpuGroup
+	if place == "service" {
+		pid := d.cmd.Process.Pid
+		if err := r.daemonGroup.add(pid); err != nil {
+			return fmt.Errorf("moving the daemon into %s: %w", r.daemonGroup.dir, err)
+		}
+		if in, all, err := r.daemonGroup.threadsIn(pid); err != nil || in != all || all == 0 {
+			return fmt.Errorf("the daemon's threads in %s: %d of %d (%v)", r.daemonGroup.dir, in, all, err)
+		}
+		wg = r.writerGroup
+	}
+	ws, err := startWriters(ctx, r.o, root, mode, wg)
 	if err != nil {
 		return err
 	}
@@ -397,6 +445,9 @@ func (r *watchRun) ingest(ctx context.Context, backend, mode string, d *daemon, 
 		}
 	}
 	name := func(s string) string { return fmt.Sprintf("ingest %s: %s", mode, s) }
+	if place == "service" {
+		name = func(s string) string { return fmt.Sprintf("ingest %s, own cgroups: %s", mode, s) }
+	}
 	for _, c := range [][3]string{
 		{fmt.Sprintf("writes issued/s (%d procs, %s files)", r.o.writers, thousands(uint64(r.o.files))), "", thousands(uint64(rate))},
 		{"events absorbed/s (daemon's events counter)", "", evRate},

@@ -31,7 +31,7 @@ type writerLine struct {
 	err  error
 }
 
-func startWriters(ctx context.Context, o watchOpts, root, mode string) (*writerSet, error) {
+func startWriters(ctx context.Context, o watchOpts, root, mode string, g *cpuGroup) (*writerSet, error) {
 	ws := &writerSet{lines: make(chan writerLine, 4*o.writers)}
 	for i := range o.writers {
 		cmd := exec.Command(o.self, watchWriterCmd, "--root", root, "--files", strconv.Itoa(o.files),
@@ -54,6 +54,13 @@ func startWriters(ctx context.Context, o watchOpts, root, mode string) (*writerS
 		}
 		ws.procs = append(ws.procs, cmd)
 		ws.stdin = append(ws.stdin, in)
+		if g != nil {
+			// Before it says "ready": it writes only when told to.
+			if err := g.add(cmd.Process.Pid); err != nil {
+				ws.kill()
+				return nil, fmt.Errorf("moving writer %d into %s: %w", i, g.dir, err)
+			}
+		}
 		go func() {
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
