@@ -2,6 +2,8 @@ package watch
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -12,6 +14,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/testfs"
 )
 
 type sink struct {
@@ -221,5 +224,64 @@ func TestOddDirectoryName(t *testing.T) {
 			}
 			eventually(t, p, func() bool { return s.has(p) })
 		})
+	}
+}
+
+// TestFanotifyRunEnds: Close alone ends a running Run (it waits in poll,
+// which closing a descriptor would not wake), after which the group is
+// closed; a Run started after Close returns at once; a burst of writes
+// while Run reads is seen whole.
+func TestFanotifyRunEnds(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fanotify needs root")
+	}
+	root := testfs.Mount(t, testfs.Options{Type: "ext4"}).Dir
+	s := &sink{seen: map[string]int{}}
+	h := inode.NewHandles()
+	t.Cleanup(h.Close)
+	fa, err := NewFanotify([]Tree{{Root: root, Recursive: true}}, s, Options{Opener: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); fa.Run(context.Background()) }()
+	if err := fa.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(root, fmt.Sprintf("f%d", i)), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "every file of the burst reported", func() bool {
+		for i := range n {
+			if !s.has(filepath.Join(root, fmt.Sprintf("f%d", i))) {
+				return false
+			}
+		}
+		return true
+	})
+	fd := fa.fd
+	if err := fa.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after Close")
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
+		t.Errorf("the fanotify descriptor is still open after Close and Run's end (fcntl: %v)", err)
+	}
+	if err := fa.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	again := make(chan struct{})
+	go func() { defer close(again); fa.Run(context.Background()) }()
+	select {
+	case <-again:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run after Close did not return")
 	}
 }
