@@ -63,14 +63,16 @@ type Fanotify struct {
 	// the netpoller (an edge-triggered epoll reports each wake-up of
 	// the group's wait queue), one wake-up per event while Run was
 	// handling the previous batch.
-	fd, stop int
-	fdMu     sync.Mutex         // guards running and closed; the fds are closed once both say so
-	running  bool               // Run is reading fd
-	closed   bool               // Close was called
-	markMu   sync.Mutex         // serializes mark
-	fsidsMu  sync.RWMutex       // guards fsids and mounts
-	fsids    map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
-	mounts   map[uint64]bool    // st_dev -> mount mark (no dirent events)
+	fd, stop  int
+	fdMu      sync.Mutex // guards the three below: the fds are closed once Close was called and Run is not running
+	running   bool       // Run is reading fd
+	closed    bool       // Close was called
+	fdsClosed bool       // fd and stop are closed (their numbers may be another file's)
+
+	markMu  sync.Mutex         // serializes mark
+	fsidsMu sync.RWMutex       // guards fsids and mounts
+	fsids   map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
+	mounts  map[uint64]bool    // st_dev -> mount mark (no dirent events)
 
 	longWarned atomic.Bool
 
@@ -244,14 +246,26 @@ func (fa *Fanotify) Close() error {
 	}
 	fa.closed = true
 	if fa.running {
-		fa.wake()
+		fa.wakeLocked()
 		return nil
 	}
 	return fa.closeFDs()
 }
 
-// wake ends Run's wait: it makes the stop eventfd readable.
+// wake ends Run's wait: it makes the stop eventfd readable. It may come
+// after Run has returned (ctx's AfterFunc), and then writes nothing once
+// the descriptors are closed.
 func (fa *Fanotify) wake() {
+	fa.fdMu.Lock()
+	defer fa.fdMu.Unlock()
+	fa.wakeLocked()
+}
+
+// wakeLocked is wake with fdMu held.
+func (fa *Fanotify) wakeLocked() {
+	if fa.fdsClosed {
+		return
+	}
 	var one [8]byte // an eventfd counter is a uint64 in host order
 	binary.NativeEndian.PutUint64(one[:], 1)
 	unix.Write(fa.stop, one[:])
@@ -259,6 +273,7 @@ func (fa *Fanotify) wake() {
 
 // closeFDs closes the group and the eventfd; fdMu is held.
 func (fa *Fanotify) closeFDs() error {
+	fa.fdsClosed = true
 	err := unix.Close(fa.fd)
 	unix.Close(fa.stop)
 	return err
@@ -385,7 +400,7 @@ func (fa *Fanotify) Run(ctx context.Context) {
 func (fa *Fanotify) queued() (int, error) {
 	fa.fdMu.Lock()
 	defer fa.fdMu.Unlock()
-	if fa.closed {
+	if fa.fdsClosed {
 		return 0, os.ErrClosed
 	}
 	return unix.IoctlGetInt(fa.fd, unix.TIOCINQ)
