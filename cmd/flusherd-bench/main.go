@@ -34,6 +34,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -56,8 +57,11 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" {
-		fmt.Fprint(os.Stderr, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N]\n  flusherd-bench watch [--backends inotify,fanotify] [--inodes 100000,1000000] [--idle 60s] [--writers 8] [--files 10000] [--duration 10s] [--fs ext4]\n  flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--max-wait 180s] [--wbt-lat 75000] [--f-config TOML] [--flusherd BIN] [--png storm.png] [--fs-mib N] [--verbose]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nwatch: the daemon's cost of watching: event ingest rate and CPU, RSS per tracked inode, idle wakeups.\nstorm: a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.\nAll need root and print tables.\n")
-		os.Exit(2)
+		fmt.Fprint(os.Stderr, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N] [--methods abcdei] [--queue-depth 8] [--cpuprofile FILE]\n  flusherd-bench watch [--backends inotify,fanotify] [--inodes 100000,1000000] [--idle 60s] [--writers 8] [--files 10000] [--duration 10s] [--fs ext4] [--modes pwrite,reopen] [--placement shared,service]\n  flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--max-wait 180s] [--wbt-lat 75000] [--f-config TOML] [--flusherd BIN] [--png storm.png] [--fs-mib N] [--verbose]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nwatch: the daemon's cost of watching: event ingest rate and CPU, RSS per tracked inode, idle wakeups.\nstorm: a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.\nAll need root and print tables. flusherd-bench COMMAND --help lists a command's flags.\n")
+		if len(os.Args) < 2 {
+			os.Exit(2)
+		}
+		os.Exit(0)
 	}
 	switch os.Args[1] {
 	case "blocked":
@@ -77,6 +81,30 @@ func main() {
 	}
 	fmt.Fprintf(os.Stderr, "flusherd-bench: unknown command %q\n", os.Args[1])
 	os.Exit(2)
+}
+
+// newFlags is a command's flag set, whose --help says what the command
+// does and gives an example before the flags.
+func newFlags(name, summary, example string) *flag.FlagSet {
+	fl := flag.NewFlagSet(name, flag.ContinueOnError)
+	fl.Usage = func() {
+		fmt.Fprintf(fl.Output(), "Usage: flusherd-bench %s [flags]\n\n%s\nNeeds root; prints a table.\n\nExample:\n  %s\n\nFlags:\n", name, summary, example)
+		fl.PrintDefaults()
+	}
+	return fl
+}
+
+// parseFlags parses args into fl. It reports false, with the exit code,
+// when the command is not to run: 0 after --help, 2 after a bad flag
+// (flag has printed why and the usage).
+func parseFlags(fl *flag.FlagSet, args []string) (code int, ok bool) {
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	return 0, true
 }
 
 // buildFlusherd builds cmd/flusherd into dir.
@@ -284,15 +312,15 @@ type row struct {
 var policies = []string{"io_wait", "redirty_tail"}
 
 func blocked(args []string) int {
-	fl := flag.NewFlagSet("blocked", flag.ContinueOnError)
+	fl := newFlags("blocked", "the blocked-files experiment: requeue_blocked = \"io_wait\" beside \"redirty_tail\", each with its own daemon and FUSE filesystem whose opens fail or stall on demand.", "go run ./cmd/flusherd-bench blocked --phases c")
 	bin := fl.String("flusherd", "", "flusherd binary (default: go build ./cmd/flusherd)")
 	phases := fl.String("phases", "abc", "which experiments to run")
 	blockFor := fl.Duration("block", 20*time.Second, "(a) how long opens fail")
 	runFor := fl.Duration("run", 60*time.Second, "(b), (c) run time")
 	aErr := fl.String("a-error", "EAGAIN", "(a) the error of every open while blocked: EAGAIN or ENOTCONN")
 	cErr := fl.String("c-error", "ENOTCONN", "(c) the error of every open: ENOTCONN (a FUSE server that died: the device is probed) or EAGAIN (a file-level block: each file is retried)")
-	if err := fl.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fl, args); !ok {
+		return code
 	}
 	if err := faultfs.Available(); err != nil {
 		fmt.Fprintln(os.Stderr, "flusherd-bench:", err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -413,7 +412,7 @@ func plain(run func(s *fileSet) error) func(*fileSet, *plugStat) (func() error, 
 }
 
 func plugBench(args []string) int {
-	fl := flag.NewFlagSet("plug", flag.ContinueOnError)
+	fl := newFlags("plug", "time to clean a tree of dirty files with flusherd (plug on, off, integrity) against per-file loops and syncfs(2), on loop-mounted ext4 and xfs.", "go run ./cmd/flusherd-bench plug --fs ext4,xfs --large 0 --runs 3 --methods aep")
 	fstypes := fl.String("fs", "ext4,xfs", "filesystems to run on")
 	small := fl.Int("small", 20000, "number of 16 KiB files")
 	large := fl.Int("large", 200, "number of 8 MiB files")
@@ -421,8 +420,8 @@ func plugBench(args []string) int {
 	only := fl.String("methods", "abcdei", "methods to run, of abcdefipu (d, syncfs, is always run: the ratios need it)")
 	depth := fl.Int("queue-depth", 8, "flusherd's plug.queue_depth")
 	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile of the timed parts to this file")
-	if err := fl.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fl, args); !ok {
+		return code
 	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "flusherd-bench plug: needs root (loop devices, drop_caches)")

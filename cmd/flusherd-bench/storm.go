@@ -135,7 +135,7 @@ type stormOpts struct {
 }
 
 func stormBench(args []string) int {
-	fl := flag.NewFlagSet("storm", flag.ContinueOnError)
+	fl := newFlags("storm", "a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.", "go run ./cmd/flusherd-bench storm --burst 256MiB --runs 1")
 	burst := fl.String("burst", "1GiB", "bytes the bulk writer writes (B, KiB, MiB, GiB)")
 	rate := fl.String("rate", "41943040", "the loop device's write rate, bytes per second (blkio throttle)")
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
@@ -148,8 +148,8 @@ func stormBench(args []string) int {
 	png := fl.String("png", "storm.png", "write the plots to this PNG file (empty: none)")
 	verbose := fl.Bool("verbose", false, "also print one row per run")
 	fsMiB := fl.Int("fs-mib", 0, "filesystem size, MiB (0: 2.5 × the burst + 512 MiB; ext4 writes everything back itself once dirty data passes half its free space)")
-	if err := fl.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fl, args); !ok {
+		return code
 	}
 	fail := func(code int, format string, a ...any) int {
 		fmt.Fprintf(os.Stderr, "flusherd-bench storm: "+format+"\n", a...)

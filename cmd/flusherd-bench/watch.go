@@ -80,7 +80,7 @@ type watchOpts struct {
 }
 
 func watchBench(args []string) int {
-	fl := flag.NewFlagSet("watch", flag.ContinueOnError)
+	fl := newFlags("watch", "the daemon's cost of watching: event ingest rate and CPU (with the daemon and writers in one cgroup, and in sibling cgroups as under systemd), RSS per tracked inode, idle wakeups.", "go run ./cmd/flusherd-bench watch --inodes 100000 --idle 10s")
 	bin := fl.String("flusherd", "", "flusherd binary (default: go build ./cmd/flusherd into a temporary directory)")
 	backends := fl.String("backends", "inotify,fanotify", "watcher backends to measure ([watcher] backend), one column each")
 	inodes := fl.String("inodes", "100000,1000000", "tracked-file counts for the memory phase")
@@ -91,8 +91,8 @@ func watchBench(args []string) int {
 	fstype := fl.String("fs", "ext4", "filesystem: ext4 or xfs")
 	modes := fl.String("modes", "pwrite,reopen", "ingest write patterns: pwrite (files kept open), reopen (open, pwrite, close each time)")
 	placements := fl.String("placement", "shared,service", "where the ingest phase runs the daemon and the writers: shared (all in the bench's cgroup), service (daemon and writers in two sibling cgroups of equal CPU weight, as under systemd; needs the cpu cgroup controller)")
-	if err := fl.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fl, args); !ok {
+		return code
 	}
 	o := watchOpts{bin: *bin, idle: *idle, writers: *writers, files: *files, duration: *duration, fstype: *fstype}
 	o.backends = splitList(*backends)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 )
@@ -58,5 +59,29 @@ func TestThousandsAndTable(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	if len(lines) != 4 || !strings.HasPrefix(lines[2], "| ingest") || !strings.Contains(lines[3], "-") {
 		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+// TestParseFlags: --help is not an error (exit 0, the command does not
+// run), a bad flag is (exit 2), and good flags let the command run.
+func TestParseFlags(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		code    int
+		proceed bool
+	}{
+		{[]string{"--help"}, 0, false},
+		{[]string{"-h"}, 0, false},
+		{[]string{"--bogus"}, 2, false},
+		{[]string{"--n", "x"}, 2, false},
+		{[]string{"--n", "3"}, 0, true},
+	} {
+		fl := newFlags("test", "a test.", "flusherd-bench test")
+		fl.SetOutput(io.Discard)
+		fl.Int("n", 1, "a number")
+		code, ok := parseFlags(fl, c.args)
+		if code != c.code || ok != c.proceed {
+			t.Errorf("%v: code %d, run %v; want %d, %v", c.args, code, ok, c.code, c.proceed)
+		}
 	}
 }

@@ -96,7 +96,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdPrintDefaultConfig(args[1:], stdout, stderr)
 	case "version", "--version":
 		if len(args) > 1 && (args[1] == "-h" || args[1] == "--help" || args[1] == "-help") {
-			fmt.Fprint(stdout, "Usage: flusherd version\n\nPrints the version (a release tag, or devel-<commit> for a build from a checkout).\n\nExample:\n  flusherd version\n")
+			fmt.Fprint(stdout, "Usage: flusherd version\n\nPrints the version: the package's version for a packaged build; devel-<commit> for a build from a checkout, or devel when the build has no version-control information (-buildvcs=false).\n\nExample:\n  flusherd version\n")
 			return exitOK
 		}
 		if len(args) > 1 {

@@ -82,3 +82,18 @@ func TestClientCommandsWithADeadTree(t *testing.T) {
 		t.Errorf("check-config with a missing watch root: exit %d, stderr %q; want exit 2 naming watch[0].path", code, errb.String())
 	}
 }
+
+// TestStatsMissingDir: a stats dir that does not exist gets one message
+// saying so, not first a promise to show the files "as the daemon last
+// wrote them".
+func TestStatsMissingDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "nowhere")
+	var out, errb bytes.Buffer
+	if code := Main([]string{"stats", "--stats-dir", dir}, &out, &errb); code != exitFailed {
+		t.Errorf("exit %d, want %d", code, exitFailed)
+	}
+	want := fmt.Sprintf("flusherd stats: %s does not exist: is flusherd running with this stats dir?\n", dir)
+	if errb.String() != want {
+		t.Errorf("stderr %q, want %q", errb.String(), want)
+	}
+}
