@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -38,11 +41,62 @@ func (b *base) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool, 
 		fd, err = unix.Openat(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		unix.Close(pfd)
 		if err == nil {
-			b.walk(ctx, t, dir, fd, onlyDirty, onDir)
+			var ids dirIdentity
+			if onlyDirty {
+				ids.mounts, ids.mountsKnown = mountPointsUnder(dir)
+			}
+			b.walk(ctx, t, dir, fd, onlyDirty, onDir, &ids)
+			if ids.mountsKnown && ctx.Err() == nil {
+				b.lookAtNewMounts(t, dir, ids.mounts)
+			}
 			return
 		}
 	}
 	b.dirError(dir, err)
+}
+
+// mountPointsUnder returns the mount points strictly below dir, from
+// /proc/self/mountinfo; ok is false when the table cannot be read.
+func mountPointsUnder(dir string) (mps map[string]bool, ok bool) {
+	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return !(dir == "/" && m.Mountpoint != "/" || strings.HasPrefix(m.Mountpoint, dir+"/")), false
+	})
+	if err != nil {
+		return nil, false
+	}
+	mps = make(map[string]bool, len(infos))
+	for _, m := range infos {
+		mps[m.Mountpoint] = true
+	}
+	return mps, true
+}
+
+// lookAtNewMounts looks, after a walk of dir in tree t that knew the mount
+// points in before, at the regular files mounted below dir since (a bind
+// mount of a file made while the walk ran): the walk may have known such
+// an entry by the number of the file it hides. Each is looked at with
+// fstatat from its parent opened without following symlinks, and reported
+// as the walk would have.
+func (b *base) lookAtNewMounts(t Tree, dir string, before map[string]bool) {
+	after, ok := mountPointsUnder(dir)
+	if !ok {
+		return
+	}
+	for p := range after {
+		if before[p] || len(p) >= unix.PathMax || !t.Recursive && filepath.Dir(p) != dir {
+			continue
+		}
+		pfd, err := inode.OpenPath(filepath.Dir(p))
+		if err != nil {
+			continue // gone, or reached through a symlink: not in the tree
+		}
+		var st unix.Stat_t
+		err = unix.Fstatat(pfd, filepath.Base(p), &st, unix.AT_SYMLINK_NOFOLLOW)
+		unix.Close(pfd)
+		if err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			b.report(t, p, inode.Key{Dev: st.Dev, Ino: st.Ino}, true)
+		}
+	}
 }
 
 // dirError handles a directory that could not be opened or read: gone is
@@ -76,7 +130,7 @@ func (b *base) dirError(dir string, err error) {
 // longPath): its files could not be opened by path, inotify cannot watch
 // it, and fanotify cannot name its tree; that bounds the depth at about
 // 2,048 levels.
-func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty bool, onDir func(string)) {
+func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty bool, onDir func(string), ids *dirIdentity) {
 	type frame struct {
 		fd      int // -1: let go (reopened from an ancestor when needed)
 		name    string
@@ -84,7 +138,6 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		subdirs []string // names of subdirectories not yet visited
 	}
 	buf := make([]byte, 32<<10)
-	var ids dirIdentity
 	stack := []frame{{fd: fd, path: dir}}
 	defer func() {
 		for _, f := range stack {
@@ -93,7 +146,7 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 			}
 		}
 	}()
-	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, &ids)
+	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, ids)
 	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
 	// parentFD returns a descriptor of the top frame's directory: its own,
 	// or one reached from the deepest held ancestor by name; temp says
@@ -153,7 +206,7 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		if onDir != nil {
 			onDir(path)
 		}
-		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, &ids)
+		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, ids)
 		if len(subdirs) == 0 {
 			unix.Close(cfd) // a leaf: nothing below to open
 			continue
@@ -215,7 +268,7 @@ func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []by
 					looked = true
 					ids.look(fd)
 				}
-				if ids.direct && b.sink.Tracks(inode.Key{Dev: ids.dev, Ino: ino}, path) {
+				if ids.direct && !ids.mounts[path] && b.sink.Tracks(inode.Key{Dev: ids.dev, Ino: ino}, path) {
 					continue
 				}
 			}
@@ -250,12 +303,18 @@ func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []by
 // is not assumed elsewhere: a FUSE server chooses its d_ino (libfuse
 // sends an unknown number by default), overlayfs may report a merged
 // directory's entries with the lower layer's, and network filesystems are
-// the server's word. The one exception on every filesystem, a file
-// mounted over an entry (a bind mount of a file), is named by the entry's
-// number, not the mounted file's.
+// the server's word. On every filesystem, an entry that a file is mounted
+// over (a bind mount of a file) carries the number of the file it hides:
+// the mount points below the walked directory (mounts, from the mount
+// table before the walk; mountsKnown when it could be read) are looked at
+// with fstatat, and so is every entry when the table could not be read.
+// A file mounted while the walk runs is looked at after it
+// (lookAtNewMounts).
 type dirIdentity struct {
-	dev    uint64
-	direct bool
+	dev         uint64
+	direct      bool
+	mounts      map[string]bool
+	mountsKnown bool
 	// The filesystem last looked at by statfs(2), which is asked again
 	// only when a directory's st_dev changes (a mount point).
 	fsDev    uint64
@@ -287,7 +346,7 @@ func (ids *dirIdentity) look(fd int) {
 		}
 		ids.fsDev, ids.fsDirect, ids.fsKnown = st.Dev, inoDirect[int64(fs.Type)], true
 	}
-	ids.direct = ids.fsDirect
+	ids.direct = ids.fsDirect && ids.mountsKnown
 }
 
 // joinPath is dir + "/" + name, for a dir that may be "/".

@@ -497,3 +497,51 @@ func TestRescanSkipsTrackedEntries(t *testing.T) {
 		})
 	}
 }
+
+// TestRescanBindMountedFile: a file bind-mounted over an entry of a tree
+// hides the file the entry names, whose number the entry still carries.
+// A scan looks at the mount point with fstatat and reports the mounted
+// file even though the hidden one is tracked under that name; and a file
+// mounted while a walk ran is looked at after it (lookAtNewMounts).
+func TestRescanBindMountedFile(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
+	root, out := filepath.Join(mnt.Dir, "tree"), filepath.Join(mnt.Dir, "out")
+	for _, d := range []string{root, out} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entry, mounted := filepath.Join(root, "a"), filepath.Join(out, "m")
+	for _, p := range []string{entry, mounted} {
+		if err := os.WriteFile(p, []byte("dirty"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hidden := keyOf(t, entry)
+	if err := unix.Mount(mounted, entry, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(entry, 0); err != nil {
+			t.Errorf("unmounting the bind mount: %v", err)
+		}
+	})
+	if keyOf(t, entry) == hidden {
+		t.Fatal("the bind mount did not take")
+	}
+	tree := Tree{Root: root, Recursive: true}
+
+	s := &trackedSink{sink: sink{seen: map[string]int{}}, names: map[inode.Key]string{hidden: entry}}
+	b := newScanner(t, root, s, inode.OS{})
+	b.scanDir(context.Background(), tree, root, true, nil)
+	if !s.has(entry) {
+		t.Error("the file mounted over a tracked entry was not reported by the scan")
+	}
+
+	s2 := &trackedSink{sink: sink{seen: map[string]int{}}, names: map[inode.Key]string{hidden: entry}}
+	b2 := newScanner(t, root, s2, inode.OS{})
+	b2.lookAtNewMounts(tree, root, map[string]bool{})
+	if !s2.has(entry) {
+		t.Error("a file mounted during a walk was not looked at after it")
+	}
+}
