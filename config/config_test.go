@@ -265,7 +265,7 @@ func TestParseErrors(t *testing.T) {
 		{"duration too large", "[writeback]\nshutdown_timeout = \"99999999h\"\n", "writeback.shutdown_timeout", 2, `bad duration "99999999h": too large, at most 2562047h47m16.854775807s`},
 		{"bare integer duration", "[writeback]\n\nmax_pause = 5\n", "writeback.max_pause", 3, `bad duration 5: a duration must be a string with a unit, e.g. "5s"`},
 		{"float duration", "[writeback]\nattempt_timeout = 1.5\n", "writeback.attempt_timeout", 2, "bad duration 1.5"},
-		{"unit-less duration", "[writeback]\ndirty_writeback_interval = \"5s\"\n\nmin_pause = \"10\"\n", "writeback.min_pause", 4, `writeback.min_pause: bad duration "10": a duration needs a unit, e.g. "10ms"`},
+		{"unit-less duration", "[writeback]\ndirty_writeback_interval = \"5s\"\n\nmin_pause = \"10\"\n", "writeback.min_pause", 4, `writeback.min_pause: bad duration "10": a duration needs a unit, e.g. "10s" or "10ms"`},
 		{"boolean duration", "[writeback]\nshutdown_timeout = true\n", "writeback.shutdown_timeout", 2, "got boolean true"},
 		{"watch expire unit-less", "[[watch]]\npath = \"/a\"\nexpire = \"30\"\n", "watch[0].expire", 3, "needs a unit"},
 

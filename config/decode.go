@@ -198,7 +198,7 @@ func (d *decoder) duration(dst *time.Duration) field {
 func ParseDuration(s string) (time.Duration, error) {
 	t := strings.TrimSpace(s)
 	if _, err := strconv.ParseFloat(t, 64); err == nil {
-		return 0, fmt.Errorf("bad duration %q: a duration needs a unit, e.g. \"%sms\"", s, t)
+		return 0, fmt.Errorf("bad duration %q: a duration needs a unit, e.g. \"%ss\" or \"%sms\"", s, t, t)
 	}
 	x, err := time.ParseDuration(t)
 	switch {
