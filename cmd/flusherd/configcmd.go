@@ -14,7 +14,7 @@ import (
 // prints the effective configuration (defaults filled in) as TOML.
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	fset := newFlagSet("check-config", "check-config FILE | check-config --config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
-	file := fset.String("config", "", "the configuration file (as the other commands take it; or give it as the argument)")
+	file := fset.String("config", "", "the configuration `file` (as the other commands take it; or give it as the argument)")
 	pos, err := parseArgs(fset, args)
 	if err != nil {
 		return parseExit(err)
