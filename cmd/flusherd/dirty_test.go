@@ -234,7 +234,7 @@ mode = "integrity"
 	if !poll(8*time.Second, func() bool { got = listOf(); return strings.HasPrefix(got, "failed") }) {
 		t.Fatalf("badB is %q in flusherd dirty, want on the list failed; log:\n%s", got, d.log.String())
 	}
-	if s := readStats(t, stats); s["failed_files"] != 1 {
+	if s := statsWhen(t, stats, 3*time.Second, func(s map[string]int64) bool { return s["failed_files"] == 1 }); s["failed_files"] != 1 {
 		t.Errorf("failed_files = %d, want 1", s["failed_files"])
 	}
 	// The list is published under the device's lock; the log line is

@@ -233,6 +233,24 @@ func (d *flusherdProc) stop(t *testing.T) {
 }
 
 // readStats parses the device's stats file.
+// statsWhen reads the stats file at path until ok holds of it or limit
+// passes, and returns the last reading. A stats file is rewritten on the
+// daemon's schedule (the watch file a second after the activity it
+// counts, a device's file at its writeback ticks): a figure that the
+// daemon already holds may reach the file a moment after a test sees its
+// effect.
+func statsWhen(t *testing.T, path string, limit time.Duration, ok func(map[string]int64) bool) map[string]int64 {
+	t.Helper()
+	end := time.Now().Add(limit)
+	for {
+		s := readStats(t, path)
+		if ok(s) || time.Now().After(end) {
+			return s
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func readStats(t *testing.T, path string) map[string]int64 {
 	t.Helper()
 	data, err := os.ReadFile(path)

@@ -226,7 +226,9 @@ func TestMountsInsideTree(t *testing.T) {
 			lateFile := filepath.Join(tree, "late", "l1")
 			writeDirty(t, lateFile, 64<<10)
 			waitAllClean(t, 3*time.Second, lateFile)
-			st := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+			st := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(st map[string]int64) bool {
+				return st["nested_mounts"] == 2 && st["unserved_mounts"] == 0
+			})
 			if st["nested_mounts"] != 2 || st["unserved_mounts"] != 0 {
 				t.Errorf("watch/stats: nested_mounts %d, unserved_mounts %d, want 2 and 0", st["nested_mounts"], st["unserved_mounts"])
 			}
@@ -444,7 +446,9 @@ func TestFUSEMountedInsideFanotifyTree(t *testing.T) {
 		t.Errorf("took %s, more than expire + interval + 1 s (%s)", took, bound)
 	}
 	checkTreeLines(t, d, map[string]string{ext: "fanotify", mp: "inotify"})
-	st := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+	st := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(st map[string]int64) bool {
+		return st["nested_mounts"] == 1 && st["unserved_mounts"] == 0
+	})
 	if st["nested_mounts"] != 1 || st["unserved_mounts"] != 0 {
 		t.Errorf("nested_mounts %d, unserved_mounts %d, want 1 and 0", st["nested_mounts"], st["unserved_mounts"])
 	}

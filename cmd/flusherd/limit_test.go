@@ -85,7 +85,7 @@ path = %q
 	for _, p := range files {
 		waitClean(t, p, time.Until(written.Add(10*time.Second)))
 	}
-	ws = readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+	ws = statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(ws map[string]int64) bool { return ws["rescans"] > 0 })
 	if ws["rescans"] == 0 {
 		t.Errorf("no rescan counted: %v", ws)
 	}

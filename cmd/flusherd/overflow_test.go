@@ -89,8 +89,10 @@ path = %q
 			for _, p := range files {
 				waitClean(t, p, time.Until(written.Add(10*time.Second)))
 			}
-			ws := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
-			ds := readStats(t, d.devStats(mnt.MajMin))
+			ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(ws map[string]int64) bool {
+				return ws["overflows"] >= 1 && ws["rescans"] >= 1
+			})
+			ds := statsWhen(t, d.devStats(mnt.MajMin), 3*time.Second, func(ds map[string]int64) bool { return ds["rescans"] >= 1 })
 			t.Logf("watch stats %v; device rescans %d", ws, ds["rescans"])
 			if ws["overflows"] < 1 || ws["rescans"] < 1 {
 				t.Errorf("want an overflow and a rescan counted, got %v", ws)
