@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -74,14 +75,7 @@ func cpuRoot() (string, error) {
 	return v1, nil
 }
 
-func hasWord(s, w string) bool {
-	for _, f := range strings.Fields(s) {
-		if f == w {
-			return true
-		}
-	}
-	return false
-}
+func hasWord(s, w string) bool { return slices.Contains(strings.Fields(s), w) }
 
 // add moves process pid, all its threads, into g (cgroup.procs).
 func (g *cpuGroup) add(pid int) error {

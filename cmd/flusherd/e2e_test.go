@@ -241,14 +241,9 @@ func (d *flusherdProc) stop(t *testing.T) {
 // effect.
 func statsWhen(t *testing.T, path string, limit time.Duration, ok func(map[string]int64) bool) map[string]int64 {
 	t.Helper()
-	end := time.Now().Add(limit)
-	for {
-		s := readStats(t, path)
-		if ok(s) || time.Now().After(end) {
-			return s
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var s map[string]int64
+	poll(limit, func() bool { s = readStats(t, path); return ok(s) })
+	return s
 }
 
 func readStats(t *testing.T, path string) map[string]int64 {

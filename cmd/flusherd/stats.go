@@ -89,13 +89,10 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		}
 		if err != nil && !errors.Is(err, control.ErrUnreachable) {
 			fmt.Fprintf(stderr, "flusherd stats: asking the daemon: %v; reading the stats files\n", err)
-		} else if errors.Is(err, control.ErrUnreachable) {
-			if _, serr := os.Stat(cfg.Stats.Dir); errors.Is(serr, fs.ErrNotExist) {
-				fmt.Fprintf(stderr, "flusherd stats: %s does not exist: is flusherd running with this stats dir?\n", cfg.Stats.Dir)
-				return exitFailed
-			}
+		} else if _, serr := os.Stat(cfg.Stats.Dir); errors.Is(err, control.ErrUnreachable) && serr == nil {
 			// Say that the figures are not live: a stopped daemon's
-			// files stay, with its last figures.
+			// files stay, with its last figures. (A stats dir that
+			// does not exist is said below, alone.)
 			fmt.Fprintf(stderr, "flusherd stats: the daemon does not answer on %s; showing the stats files as it last wrote them\n", socketPath(cfg.Stats.Dir))
 		}
 	}
