@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -162,45 +163,58 @@ func TestScanUnknownIsTracked(t *testing.T) {
 
 // TestScanRetriedAfterShortage: a directory that cannot be opened for
 // want of descriptors makes the scan incomplete; rescans follow, with
-// backoff, until one completes, and then the file below it is tracked.
+// backoff, until one completes, and then the file below it is tracked and
+// the backoff is reset. The rescans' timers run on synctest's virtual
+// clock, so the test does not depend on the machine's speed.
 func TestScanRetriedAfterShortage(t *testing.T) {
-	root := t.TempDir()
-	p := deepFile(t, root)
-	s := &sink{seen: map[string]int{}}
-	b := newScanner(t, root, s, failOpener{unix.EMFILE})
-	b.retry.min, b.retry.max = 20*time.Millisecond, 80*time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		root := t.TempDir()
+		p := deepFile(t, root)
+		s := &sink{seen: map[string]int{}}
+		b := newScanner(t, root, s, failOpener{unix.EMFILE})
+		b.retry.min, b.retry.max = 20*time.Millisecond, 80*time.Millisecond
 
-	// Hold the descriptor limit at what is open now: the walk cannot
-	// open the root's subdirectories.
-	restore := holdFDLimit(t)
-	b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
-	first := s.has(p)
-	failures := b.retry.failures.Load()
-	time.Sleep(100 * time.Millisecond) // rescans keep failing while the limit holds
-	stillFailing := b.retry.failures.Load()
-	restore()
-	if first {
-		t.Fatal("the file was found although its directory could not be opened: the shortage was not exercised")
-	}
-	if failures == 0 {
-		t.Fatal("the incomplete scan was not noted")
-	}
-	if stillFailing <= failures {
-		t.Errorf("no rescan ran while the shortage lasted (failures %d, then %d)", failures, stillFailing)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !s.has(p) {
-		if time.Now().After(deadline) {
+		// Hold the descriptor limit at what is open now: the walk cannot
+		// open the root's subdirectories.
+		restore := holdFDLimit(t)
+		b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+		first := s.has(p)
+		failures := b.retry.failures.Load()
+		// Rescans run at 20, 60 and 140 ms (the delay doubles up to max);
+		// the first two fail while the limit holds.
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		stillFailing := b.retry.failures.Load()
+		restore()
+		if first {
+			t.Fatal("the file was found although its directory could not be opened: the shortage was not exercised")
+		}
+		if failures == 0 {
+			t.Fatal("the incomplete scan was not noted")
+		}
+		if stillFailing < failures+2 {
+			t.Errorf("rescans did not run while the shortage lasted (failures %d, then %d; want 2 more)", failures, stillFailing)
+		}
+		if !b.retry.due.Load() {
+			t.Error("no rescan is scheduled while the scans are incomplete")
+		}
+
+		// The third rescan, at 140 ms, completes.
+		time.Sleep(b.retry.max)
+		synctest.Wait()
+		if !s.has(p) {
 			t.Fatal("the file below the unreadable directory was not tracked after the limit was restored")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	for b.retry.due.Load() {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if d := b.retry.delay.Load(); d != 0 {
-		t.Errorf("backoff not reset after a complete rescan: next delay %s", time.Duration(d))
-	}
+		if got := b.retry.failures.Load(); got != stillFailing {
+			t.Errorf("a rescan failed after the limit was restored (failures %d, then %d)", stillFailing, got)
+		}
+		if b.retry.due.Load() {
+			t.Error("a rescan is still scheduled after one completed")
+		}
+		if d := b.retry.delay.Load(); d != 0 {
+			t.Errorf("backoff not reset after a complete rescan: next delay %s", time.Duration(d))
+		}
+	})
 }
 
 // TestTreeOfDeepest: a path in nested trees belongs to the deepest one (its
