@@ -96,6 +96,7 @@ type Writeback struct {
 	cfg    Config
 	now    func() time.Duration
 	open   inode.Opener
+	forget inode.Forgetter // open's, if it is one: told of forgotten inodes
 	log    *zap.Logger
 	errLog *zap.Logger // rate-limited
 	stats  *statsWriter
@@ -380,6 +381,7 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		underWB:  make(map[*inode.Inode]struct{}),
 		fallback: make(map[uint64]bool),
 	}
+	wb.forget, _ = open.(inode.Forgetter)
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
 }

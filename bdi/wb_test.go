@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -991,4 +993,45 @@ func TestDetachedCall(t *testing.T) {
 			})
 		})
 	}
+}
+
+// forgetFS is a fakeFS that records the inodes the engine forgets
+// (inode.Forgetter).
+type forgetFS struct {
+	*fakeFS
+	mu     sync.Mutex
+	forgot []uint64
+}
+
+func (fs *forgetFS) Forgotten(key inode.Key) {
+	fs.mu.Lock()
+	fs.forgot = append(fs.forgot, key.Ino)
+	fs.mu.Unlock()
+}
+
+// TestForgetterTold: an opener that is an inode.Forgetter is told of each
+// inode the engine forgets, whichever way: written back clean, its tree
+// dropped (DropUnder). The fanotify watcher relies on it to report again
+// the writes of a file it had quieted.
+func TestForgetterTold(t *testing.T) {
+	var ff *forgetFS
+	withWB(t, testConfig(), func(h *harness) {
+		clean := h.fs.add("/t/clean", 1, pg, 1)
+		h.mark(clean, time.Millisecond)
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		kept := h.fs.add("/u/kept", 2, pg, 1)
+		h.mark(kept, time.Hour)
+		h.wb.DropUnder("/u")
+		synctest.Wait()
+		ff.mu.Lock()
+		got := slices.Clone(ff.forgot)
+		ff.mu.Unlock()
+		if diff := cmp.Diff([]uint64{1, 2}, got); diff != "" {
+			h.t.Errorf("inodes the opener was told were forgotten (-want +got):\n%s", diff)
+		}
+	}, func(h *harness) {
+		ff = &forgetFS{fakeFS: h.fs}
+		h.wb.open, h.wb.forget = ff, ff
+	})
 }

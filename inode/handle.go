@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -75,6 +76,10 @@ type Handles struct {
 	// 200ms.
 	Idle time.Duration
 
+	// hook is told of opens for writeback and of forgotten inodes
+	// (SetWritebackHook); nil for none.
+	hook atomic.Pointer[WritebackHook]
+
 	mu sync.Mutex
 	// +checklocks:mu
 	mounts map[uint64]*mount
@@ -87,6 +92,60 @@ type mount struct {
 	fd      int      // -1 when closed
 	refs    int
 	lastUse time.Time
+}
+
+// WritebackHook is told what the writeback engine does with the files it
+// opens through a Handles: the fanotify watcher uses it to stop and
+// restart the reports of a file that is written continually (see
+// watch.Fanotify).
+type WritebackHook interface {
+	// Opened is called with the descriptor of a file just opened for
+	// writeback (OpenHandle, Open), before anything of its state is read.
+	Opened(key Key, fd int)
+	// Forgotten is called when the engine forgets the inode key (clean,
+	// gone, or its tree no longer served), with its list lock held: it
+	// must not block or call back into the engine.
+	Forgotten(key Key)
+}
+
+// Forgetter is an Opener that wants to know which inodes the engine
+// forgets (Handles, for its WritebackHook).
+type Forgetter interface {
+	Forgotten(key Key)
+}
+
+// SetWritebackHook makes hk the hook; ClearWritebackHook(hk) removes it.
+func (h *Handles) SetWritebackHook(hk WritebackHook) { h.hook.Store(&hk) }
+
+// ClearWritebackHook removes hk if it is the hook.
+func (h *Handles) ClearWritebackHook(hk WritebackHook) {
+	if p := h.hook.Load(); p != nil && *p == hk {
+		h.hook.CompareAndSwap(p, nil)
+	}
+}
+
+// Forgotten implements Forgetter: it tells the hook, if any.
+func (h *Handles) Forgotten(key Key) {
+	if p := h.hook.Load(); p != nil {
+		(*p).Forgotten(key)
+	}
+}
+
+// opened tells the hook, if any, of f just opened for writeback.
+func (h *Handles) opened(key Key, f *OSFile) {
+	if p := h.hook.Load(); p != nil {
+		(*p).Opened(key, f.fd)
+	}
+}
+
+// Open implements Opener: OS.Open, then the hook is told.
+func (h *Handles) Open(path string, key Key) (File, error) {
+	f, err := h.OS.Open(path, key)
+	if err != nil {
+		return nil, err
+	}
+	h.opened(key, f.(*OSFile))
+	return f, nil
 }
 
 // NewHandles returns a Handles with no filesystem registered.
@@ -333,16 +392,7 @@ func (h *Handles) HandleOf(path string, key Key) (Handle, error) {
 // inode. Errors: ESTALE when the inode is gone, EPERM without
 // CAP_DAC_READ_SEARCH, EBADF when dev is not registered.
 func (h *Handles) Identify(dev uint64, hd Handle) (key Key, regular bool, err error) {
-	fh, ok := hd.unix()
-	if !ok {
-		return Key{}, false, unix.EINVAL
-	}
-	mfd, err := h.acquire(dev)
-	if err != nil {
-		return Key{}, false, err
-	}
-	fd, err := openByHandleAt(mfd, fh, unix.O_PATH|unix.O_CLOEXEC)
-	h.release(dev)
+	fd, err := h.OpenPath(dev, hd)
 	if err != nil {
 		return Key{}, false, err
 	}
@@ -383,7 +433,26 @@ func (h *Handles) OpenHandle(hd Handle, key Key) (File, error) {
 	if err != nil {
 		return nil, handleError(hd, err)
 	}
-	return &OSFile{fd: fd, size: -1}, nil
+	f := &OSFile{fd: fd, size: -1}
+	h.opened(key, f)
+	return f, nil
+}
+
+// OpenPath opens handle hd of filesystem dev O_PATH|O_CLOEXEC (nothing is
+// opened for I/O) and returns the descriptor, which the caller closes.
+// Errors as Identify's.
+func (h *Handles) OpenPath(dev uint64, hd Handle) (int, error) {
+	fh, ok := hd.unix()
+	if !ok {
+		return -1, unix.EINVAL
+	}
+	mfd, err := h.acquire(dev)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := openByHandleAt(mfd, fh, unix.O_PATH|unix.O_CLOEXEC)
+	h.release(dev)
+	return fd, err
 }
 
 // sysOpenByHandleAt is open_by_handle_at(2); tests replace it.

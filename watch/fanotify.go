@@ -76,6 +76,8 @@ type Fanotify struct {
 
 	longWarned atomic.Bool
 
+	quiet quietMarks // files written continually (see hotEvents)
+
 	cmu   sync.Mutex
 	dirs  map[string]*fanotifyDir    // fsid+handle -> directory
 	files map[string]*fanotifyTarget // fsid+handle -> file
@@ -94,6 +96,7 @@ type fanotifyTarget struct {
 	regular bool
 	handle  inode.Handle
 	path    string // as last reported
+	events  int    // reported since it was last quieted (Run's goroutine only)
 }
 
 // NewFanotify sets up fanotify and marks the filesystem of every tree. It
@@ -116,8 +119,10 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
 	fa := &Fanotify{handles: h, fd: fd, stop: stop, fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
-		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10)}
+		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10),
+		quiet: quietMarks{fd: fd, keys: map[inode.Key]struct{}{}}}
 	fa.init(trees, sink, opt)
+	h.SetWritebackHook(fa)
 	fa.nested = fa.nestedMount
 	fa.statsTrees = fa.Trees
 	for _, t := range trees {
@@ -271,8 +276,13 @@ func (fa *Fanotify) wakeLocked() {
 	unix.Write(fa.stop, one[:])
 }
 
-// closeFDs closes the group and the eventfd; fdMu is held.
+// closeFDs closes the group and the eventfd; fdMu is held. The group's
+// ignore marks go with it.
 func (fa *Fanotify) closeFDs() error {
+	if fa.handles != nil {
+		fa.handles.ClearWritebackHook(fa)
+	}
+	fa.quiet.closed()
 	fa.fdsClosed = true
 	err := unix.Close(fa.fd)
 	unix.Close(fa.stop)
@@ -681,7 +691,14 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	if p := tg.path; len(p) != len(d.prefix)+len(ev.name) || !strings.HasPrefix(p, d.prefix) || p[len(d.prefix):] != string(ev.name) {
 		tg.path = d.prefix + string(ev.name)
 	}
+	if tg.events++; tg.events >= hotEvents {
+		// Quieted before it is marked dirty: the engine tracks it
+		// from a moment when its writes are no longer reported.
+		tg.events = 0
+		fa.quietFile(tg)
+	}
 	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
+		fa.unquiet(tg.key) // untracked: its writes must be reported
 		if policy.Shortage(err) {
 			// The write is not forgotten: rescans until one completes.
 			fa.scanIncomplete(err)

@@ -123,6 +123,9 @@ type Counters struct {
 	// Filesystems mounted inside a recursive tree (below its root) that
 	// are served (Nested) or that cannot be and were logged (Unserved).
 	Nested, Unserved atomic.Uint64
+	// Files quieted: ignore marks set on files written continually
+	// (fanotify; see hotEvents).
+	Quieted atomic.Uint64
 }
 
 // Q quotes a file name for a log line losslessly: invalid UTF-8 and
@@ -657,10 +660,11 @@ var ErrBackendRefused = errors.New("configuration error")
 // the backend that serves it and its root, quoted (strconv.Quote), with
 // " gone" after a root that is no longer served.
 func WriteStats(dir, backend string, c *Counters, trees []TreeUse) error {
-	text := fmt.Sprintf("%-16s%10s\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n",
+	text := fmt.Sprintf("%-16s%10s\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n",
 		"backend:", backend, "events:", c.Events.Load(), "overflows:", c.Overflows.Load(),
 		"rescans:", c.Rescans.Load(), "unwatched_dirs:", c.Unwatched.Load(),
-		"nested_mounts:", c.Nested.Load(), "unserved_mounts:", c.Unserved.Load())
+		"nested_mounts:", c.Nested.Load(), "unserved_mounts:", c.Unserved.Load(),
+		"quieted:", c.Quieted.Load())
 	for _, t := range trees {
 		gone := ""
 		if !t.Served {

@@ -1,0 +1,185 @@
+package watch
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
+)
+
+// A file written continually makes an event for every write (FAN_MODIFY,
+// and FAN_CLOSE_WRITE for every close), though after the first one that
+// makes it dirty the engine has nothing to do with them: an inode that is
+// dirty already keeps its dirtiedWhen and its place (__mark_inode_dirty
+// returns early when the inode's state has the flags). The kernel makes,
+// queues and copies each one all the same, and the daemon reads and looks
+// each one up.
+//
+// So a file that has made hotEvents events since it was last quieted is
+// quieted: an ignore mark on its inode (FAN_MARK_IGNORED_MASK with
+// FAN_MARK_IGNORED_SURV_MODIFY, fanotify_mark(2)) makes the kernel drop its
+// FAN_MODIFY and FAN_CLOSE_WRITE events before they are made, until the
+// mark is removed. The mark is FAN_MARK_EVICTABLE: it does not pin the
+// inode in memory, and if the inode is evicted (it can only be once it is
+// clean and unused) the mark goes with it and its events come back.
+//
+// Nothing is lost, by two rules:
+//   - quietFile puts the ignore mark in place before the event that made the
+//     file hot is reported to the engine (MarkInodeDirty), so the engine
+//     tracks the file from a moment when its writes are no longer reported:
+//     if a writeback attempt is under way, it is flagged redirtied and
+//     requeued;
+//   - the engine's every writeback attempt opens the file through the
+//     Handles (inode.WritebackHook.Opened), which removes the mark before
+//     the attempt reads the file's state with cachestat: a write after the
+//     removal makes an event again, one before it left its pages dirty for
+//     the attempt to see. An inode the engine forgets without an attempt
+//     (its tree removed, a failure given up) is told of through
+//     Forgotten, which removes all the group's ignore marks
+//     (FAN_MARK_FLUSH): those are rare, and an ignore mark too few costs
+//     only events.
+//
+// The marks are a group's: they go when the group is closed (a reload to
+// another backend, the daemon's exit).
+const (
+	hotEvents = 16
+	// quietMax bounds the files quieted at once (each is an inode mark
+	// in the kernel, counted in fanotify's max_user_marks); at the bound
+	// every mark is removed and files are quieted again as they make
+	// events. Keys of inodes deleted while quieted stay in the set until
+	// then (their mark went with the inode).
+	quietMax = 4096
+	// quietMask is what an ignore mark drops.
+	quietMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE
+)
+
+// quietMarks are a group's ignore marks on quieted files.
+type quietMarks struct {
+	n   atomic.Int64 // len(keys), read without mu
+	off atomic.Bool  // ignore marks refused (no /proc, old kernel): not tried again
+
+	mu sync.Mutex
+	// fd is the fanotify group while it is open, -1 after.
+	// +checklocks:mu
+	fd int
+	// keys are the inodes with an ignore mark.
+	// +checklocks:mu
+	keys map[inode.Key]struct{}
+}
+
+// closed forgets the marks when the group is closed (they go with it).
+func (q *quietMarks) closed() {
+	q.mu.Lock()
+	q.fd = -1
+	clear(q.keys)
+	q.n.Store(0)
+	q.mu.Unlock()
+}
+
+// flushLocked removes all the group's inode marks, which are all ignore
+// marks (the trees' marks are filesystem or mount marks). With mu held.
+//
+// +checklocks:q.mu
+func (q *quietMarks) flushLocked(log *zap.Logger) {
+	if q.fd >= 0 && len(q.keys) > 0 {
+		if err := unix.FanotifyMark(q.fd, unix.FAN_MARK_FLUSH, 0, unix.AT_FDCWD, ""); err != nil {
+			log.Error("fanotify: cannot remove the ignore marks of quieted files; their writes may go unreported", zap.Error(err))
+		}
+	}
+	clear(q.keys)
+	q.n.Store(0)
+}
+
+// quietFile puts an ignore mark on tg's inode (see hotEvents). It makes
+// no difference to what is tracked when it fails: the file's events keep
+// coming.
+func (fa *Fanotify) quietFile(tg *fanotifyTarget) {
+	q := &fa.quiet
+	if fa.handles == nil || q.off.Load() {
+		return
+	}
+	if q.n.Load() >= quietMax {
+		q.mu.Lock()
+		q.flushLocked(fa.log)
+		q.mu.Unlock()
+	}
+	// fanotify_mark(2) takes no O_PATH descriptor by itself (EBADF), but
+	// a path through it: /proc/self/fd/N names exactly the inode that
+	// the handle opened, whatever its name is now.
+	fd, err := fa.handles.OpenPath(tg.key.Dev, tg.handle)
+	if err != nil {
+		return // gone, or its filesystem going: its events keep coming
+	}
+	defer unix.Close(fd)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.fd < 0 {
+		return
+	}
+	err = unix.FanotifyMark(q.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_IGNORED_MASK|unix.FAN_MARK_IGNORED_SURV_MODIFY|unix.FAN_MARK_EVICTABLE,
+		quietMask, unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd))
+	if err != nil {
+		// ENOSPC at fanotify's max_user_marks: start again from none.
+		// ENOENT without /proc, EINVAL before Linux 5.19 (evictable
+		// marks): files stay loud.
+		if errors.Is(err, unix.ENOSPC) {
+			q.flushLocked(fa.log)
+			return
+		}
+		if !q.off.Swap(true) {
+			fa.log.Info("fanotify: files written continually cannot be quieted (ignore marks refused); every write makes an event", zap.Error(err))
+		}
+		return
+	}
+	q.keys[tg.key] = struct{}{}
+	q.n.Store(int64(len(q.keys)))
+	fa.ctr.Quieted.Add(1)
+}
+
+// unquiet removes key's ignore mark, if it has one (with every other: see
+// Forgotten).
+func (fa *Fanotify) unquiet(key inode.Key) {
+	q := &fa.quiet
+	if q.n.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if _, ok := q.keys[key]; ok {
+		q.flushLocked(fa.log)
+	}
+}
+
+// Opened implements inode.WritebackHook: the ignore mark of a file opened
+// for writeback is removed (fanotify_mark FAN_MARK_REMOVE on its
+// descriptor) before the attempt reads its state. When the removal fails
+// for another reason than the mark being gone already (ENOENT: its inode
+// was evicted and came back), every mark is removed.
+func (fa *Fanotify) Opened(key inode.Key, fd int) {
+	q := &fa.quiet
+	if q.n.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if _, ok := q.keys[key]; !ok || q.fd < 0 {
+		return
+	}
+	delete(q.keys, key)
+	q.n.Store(int64(len(q.keys)))
+	err := unix.FanotifyMark(q.fd, unix.FAN_MARK_REMOVE|unix.FAN_MARK_IGNORED_MASK, quietMask, fd, "")
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		q.flushLocked(fa.log)
+	}
+}
+
+// Forgotten implements inode.WritebackHook: an inode forgotten while
+// quieted (without an attempt that removed its mark) has every ignore mark
+// removed (FAN_MARK_FLUSH: the engine holds no descriptor of it, and
+// opening one under its list lock could block).
+func (fa *Fanotify) Forgotten(key inode.Key) { fa.unquiet(key) }
