@@ -339,7 +339,10 @@ func (w *Watcher) Run(ctx context.Context) {
 				return
 			}
 			// Then the events already waiting, without a select each.
-			n := uint64(1)
+			// Each is counted before it is handled: what the sink
+			// saw was counted.
+			n := 1
+			w.ctr.Events.Add(1)
 			w.handle(ev)
 		drain:
 			for n < 1024 {
@@ -349,12 +352,12 @@ func (w *Watcher) Run(ctx context.Context) {
 						break drain
 					}
 					n++
+					w.ctr.Events.Add(1)
 					w.handle(ev)
 				default:
 					break drain
 				}
 			}
-			w.ctr.Events.Add(n)
 			w.touched("inotify")
 			w.doneBatches.Add(1)
 		case err, ok := <-w.w.Errors:

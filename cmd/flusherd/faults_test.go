@@ -326,7 +326,7 @@ shutdown_timeout = "3s"
 	switch step {
 	case "tracking":
 		// Tracked (the events are handled at once), not yet expired.
-		time.Sleep(100 * time.Millisecond)
+		settleEvents()
 	case "writeback":
 		// The daemon is writing the set back: the first half has
 		// expired and the first of it is clean; the second half,
@@ -568,8 +568,10 @@ func fdDirty(f *os.File) (uint64, error) {
 // lost data before the event is read, the daemon cannot tell the loss from
 // a clean file (a limitation, not what the fault cells check). (It does
 // not ask flusherd dirty: its cachestat opens the files, and an open and
-// close of a FUSE file writes it back.)
-func settleEvents() { time.Sleep(100 * time.Millisecond) }
+// close of a FUSE file writes it back.) 300 ms: a loaded machine's
+// scheduling delay, well below the 1 s expiry that the step "tracking"
+// must stay within.
+func settleEvents() { time.Sleep(300 * time.Millisecond) }
 
 func dirtyList(t *testing.T, d *flusherdProc) string {
 	t.Helper()

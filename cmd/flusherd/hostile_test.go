@@ -107,7 +107,11 @@ func TestHostileTree(t *testing.T) {
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
 	tree := filepath.Join(mnt.Dir, "tree")
 	outside := filepath.Join(mnt.Dir, "outside")
-	for _, d := range []string{tree, outside} {
+	// A tree inside the tree whose files expire later: the file deleted
+	// while queued must still be queued when the test, having seen it
+	// on b_dirty, deletes it.
+	slow := filepath.Join(tree, "slow")
+	for _, d := range []string{tree, outside, slow} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +127,10 @@ dirty_writeback_interval = "200ms"
 dirty_expire_interval = "1s"
 [[watch]]
 path = %q
-`, tree))
+[[watch]]
+path = %q
+expire = "4s"
+`, tree, slow))
 	bound := time.Second + 200*time.Millisecond + 1500*time.Millisecond
 
 	// Created while running: a second symlink, a new FIFO with a writer
@@ -168,7 +175,7 @@ path = %q
 	}
 
 	// A file deleted while queued: once the stats show it on b_dirty
-	// (it expires 1s after the write), delete it.
+	// (it expires 4s after the write), delete it.
 	statsPath := d.devStats(mnt.MajMin)
 	drained := func(s map[string]int64) bool {
 		return s != nil && s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0
@@ -180,8 +187,9 @@ path = %q
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	doomed := filepath.Join(tree, "doomed")
+	doomed := filepath.Join(slow, "doomed")
 	writeDirty(t, doomed, 16<<10)
+	deadline = time.Now().Add(4 * time.Second)
 	for readStats(t, statsPath)["b_dirty"] == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the new file never showed on b_dirty: %v", readStats(t, statsPath))
@@ -191,7 +199,7 @@ path = %q
 	if err := os.Remove(doomed); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(8 * time.Second)
 	for {
 		s := readStats(t, statsPath)
 		if s["inodes_gone"] >= 1 && drained(s) {

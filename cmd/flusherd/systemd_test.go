@@ -127,8 +127,9 @@ func TestExtendTimeout(t *testing.T) {
 		time.Sleep(40 * time.Millisecond)
 	}
 	waitFor(t, "EXTEND_TIMEOUT_USEC", time.Second, func() bool { return sd.count("EXTEND_TIMEOUT_USEC=5000000\nSTATUS=starting: ", 0) >= 3 })
-	// No progress: no more extensions.
-	time.Sleep(60 * time.Millisecond)
+	// No progress: no more extensions once the last progress (5) is
+	// out (it may be sent and received a moment after it was made).
+	waitFor(t, "the extension for the last progress", 5*time.Second, func() bool { return sd.count("STATUS=starting: 5", 0) == 1 })
 	before := sd.count("EXTEND_TIMEOUT_USEC", 0)
 	time.Sleep(200 * time.Millisecond)
 	if after := sd.count("EXTEND_TIMEOUT_USEC", 0); after != before {
@@ -240,14 +241,13 @@ func TestWatchdogStopsWhenWedged(t *testing.T) {
 	// Wedge the goroutine: the next round of work blocks in BeforePass.
 	wedged.Store(true)
 	reg.MarkInodeDirty(p, key, "", bdi.Tree{Expire: 0})
-	time.Sleep(400 * time.Millisecond) // past the 200ms limit
+	// The loop says so once it sees the wedge, after its last ping
+	// (datagrams arrive in the order they were sent).
+	waitFor(t, "a STATUS= about the wedged device", 5*time.Second, func() bool { return sd.count("is wedged", 0) > 0 })
 	from := sd.len()
 	time.Sleep(500 * time.Millisecond)
 	if k := sd.count("WATCHDOG=1", from); k != 0 {
 		t.Fatalf("%d pings while the writeback goroutine is wedged: %s", k, sd.all())
-	}
-	if sd.count("is wedged", 0) == 0 {
-		t.Errorf("no STATUS= about the wedged device: %s", sd.all())
 	}
 	// Unwedged: the pings resume.
 	wedged.Store(false)
