@@ -1141,3 +1141,16 @@ func TestSymlinkDuplicateOnce(t *testing.T) {
 		t.Errorf("Validate() = %v, want one \"already watched\" error", err)
 	}
 }
+
+// TestUnknownKeyOffersNoOldName: an unknown key's error lists the keys to
+// use, not an old name still read for compatibility
+// (writeback.max_inflight, now plug.max_inflight_bytes).
+func TestUnknownKeyOffersNoOldName(t *testing.T) {
+	_, err := Parse("flusherd.toml", []byte("[writeback]\ndirty_expire = \"30s\"\n"))
+	if err == nil || !strings.Contains(err.Error(), "want one of attempt_timeout,") {
+		t.Fatalf("err = %v, want an unknown-key error listing the keys", err)
+	}
+	if strings.Contains(err.Error(), "max_inflight,") || strings.Contains(err.Error(), "max_inflight\n") {
+		t.Errorf("the error offers the old name max_inflight: %v", err)
+	}
+}

@@ -23,6 +23,10 @@ func (d *decoder) errorf(key, format string, args ...any) {
 	d.errs = append(d.errs, d.src.errorf(key, format, args...))
 }
 
+// oldKeys are keys still read under their old names, which an unknown
+// key's error does not offer (a config that uses one is told its new name).
+var oldKeys = map[string]bool{"writeback.max_inflight": true}
+
 // field decodes one key's value; key is the full dotted key.
 type field func(key string, v any)
 
@@ -38,7 +42,14 @@ func (d *decoder) table(prefix string, v any, fields map[string]field) {
 		key := joinKey(prefix, k)
 		f, ok := fields[k]
 		if !ok {
-			d.errorf(key, "unknown key, want one of %s", strings.Join(slices.Sorted(maps.Keys(fields)), ", "))
+			var want []string
+			for name := range maps.Keys(fields) {
+				if !oldKeys[joinKey(prefix, name)] {
+					want = append(want, name)
+				}
+			}
+			slices.Sort(want)
+			d.errorf(key, "unknown key, want one of %s", strings.Join(want, ", "))
 			continue
 		}
 		f(key, m[k])

@@ -102,11 +102,14 @@ type FileResult struct {
 
 // Response is the answer to a Request.
 type Response struct {
-	OK      bool          `json:"ok"`
-	Error   string        `json:"error,omitempty"`
-	Files   []FileResult  `json:"files,omitempty"`
-	Dirty   []DirtyFile   `json:"dirty,omitempty"`
-	Devices []DeviceStats `json:"devices,omitempty"`
+	OK    bool         `json:"ok"`
+	Error string       `json:"error,omitempty"`
+	Files []FileResult `json:"files,omitempty"`
+	Dirty []DirtyFile  `json:"dirty,omitempty"`
+	// DirtyTotal is the number of tracked files a "dirty" answer was
+	// chosen from (Dirty holds the oldest Top of them).
+	DirtyTotal int           `json:"dirty_total,omitempty"`
+	Devices    []DeviceStats `json:"devices,omitempty"`
 }
 
 // Handler answers requests.

@@ -35,7 +35,8 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 			if req.Top < 0 {
 				return control.Response{Error: "dirty: top must not be negative"}
 			}
-			return control.Response{OK: true, Dirty: dirtyFiles(reg, req.Top)}
+			files, total := dirtyFiles(reg, req.Top)
+			return control.Response{OK: true, Dirty: files, DirtyTotal: total}
 		case "stats":
 			var out []control.DeviceStats
 			for _, wb := range reg.Devices() {
@@ -168,8 +169,9 @@ func freshCachestat(wb *bdi.Writeback, in bdi.InodeInfo) (dirty, wbp uint64, ok 
 }
 
 // dirtyFiles lists the tracked files, oldest dirty data first, at most top
-// of them (0: all), with a fresh cachestat of each listed file.
-func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
+// of them (0: all), with a fresh cachestat of each listed file, and the
+// number of tracked files they were chosen from.
+func dirtyFiles(reg *bdi.Registry, top int) (files []control.DirtyFile, total int) {
 	type entry struct {
 		wb *bdi.Writeback
 		in bdi.InodeInfo
@@ -189,6 +191,7 @@ func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
 		}
 		return strings.Compare(a.in.Path, b.in.Path)
 	})
+	total = len(all)
 	if top > 0 && len(all) > top {
 		all = all[:top]
 	}
@@ -215,5 +218,5 @@ func dirtyFiles(reg *bdi.Registry, top int) []control.DirtyFile {
 		}
 		out = append(out, d)
 	}
-	return out
+	return out, total
 }

@@ -57,7 +57,11 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" {
-		fmt.Fprint(os.Stderr, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N] [--methods abcdei] [--queue-depth 8] [--cpuprofile FILE]\n  flusherd-bench watch [--backends inotify,fanotify] [--inodes 100000,1000000] [--idle 60s] [--writers 8] [--files 10000] [--duration 10s] [--fs ext4] [--modes pwrite,reopen] [--placement shared,service]\n  flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--max-wait 180s] [--wbt-lat 75000] [--f-config TOML] [--flusherd BIN] [--png storm.png] [--fs-mib N] [--verbose]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nwatch: the daemon's cost of watching: event ingest rate and CPU, RSS per tracked inode, idle wakeups.\nstorm: a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.\nAll need root and print tables. flusherd-bench COMMAND --help lists a command's flags.\n")
+		out := os.Stdout // asked for: on standard output, as --help of a command
+		if len(os.Args) < 2 {
+			out = os.Stderr
+		}
+		fmt.Fprint(out, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N] [--methods abcdei] [--queue-depth 8] [--cpuprofile FILE]\n  flusherd-bench watch [--backends inotify,fanotify] [--inodes 100000,1000000] [--idle 60s] [--writers 8] [--files 10000] [--duration 10s] [--fs ext4] [--modes pwrite,reopen] [--placement shared,service]\n  flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--max-wait 180s] [--wbt-lat 75000] [--f-config TOML] [--flusherd BIN] [--png storm.png] [--fs-mib N] [--verbose]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nwatch: the daemon's cost of watching: event ingest rate and CPU, RSS per tracked inode, idle wakeups.\nstorm: a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.\nAll need root and print tables. flusherd-bench COMMAND --help lists a command's flags.\n")
 		if len(os.Args) < 2 {
 			os.Exit(2)
 		}
@@ -81,6 +85,31 @@ func main() {
 	}
 	fmt.Fprintf(os.Stderr, "flusherd-bench: unknown command %q\n", os.Args[1])
 	os.Exit(2)
+}
+
+// letters checks a flag of one-letter choices (--methods, --phases):
+// each letter one of allowed, at most once, and at least one.
+func letters(flagName, value, allowed string) error {
+	if value == "" {
+		return fmt.Errorf("--%s is empty: want some of %s", flagName, allowed)
+	}
+	for i, c := range value {
+		if !strings.ContainsRune(allowed, c) || strings.ContainsRune(value[:i], c) {
+			return fmt.Errorf("--%s %q: each of %s at most once", flagName, value, allowed)
+		}
+	}
+	return nil
+}
+
+// needMkfs checks that mkfs.<type> is installed for every filesystem
+// type, before a bench spends minutes on the first one.
+func needMkfs(fstypes []string) error {
+	for _, t := range fstypes {
+		if _, err := exec.LookPath("mkfs." + t); err != nil {
+			return fmt.Errorf("--fs %s needs mkfs.%s (e2fsprogs for ext4, xfsprogs for xfs): %w", t, t, err)
+		}
+	}
+	return nil
 }
 
 // newFlags is a command's flag set, whose --help says what the command
@@ -321,6 +350,10 @@ func blocked(args []string) int {
 	cErr := fl.String("c-error", "ENOTCONN", "(c) the error of every open: ENOTCONN (a FUSE server that died: the device is probed) or EAGAIN (a file-level block: each file is retried)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return code
+	}
+	if err := letters("phases", *phases, "abc"); err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench blocked:", err)
+		return 2
 	}
 	if err := faultfs.Available(); err != nil {
 		fmt.Fprintln(os.Stderr, "flusherd-bench:", err)

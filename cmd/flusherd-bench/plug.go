@@ -423,6 +423,14 @@ func plugBench(args []string) int {
 	if code, ok := parseFlags(fl, args); !ok {
 		return code
 	}
+	if err := letters("methods", *only, "abcdefipu"); err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
+		return 2
+	}
+	if err := needMkfs(strings.Split(*fstypes, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
+		return 1
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "flusherd-bench plug: needs root (loop devices, drop_caches)")
 		return 1

@@ -85,3 +85,20 @@ func TestParseFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestLetters: a flag of one-letter choices refuses a letter it does not
+// know, a repeated one and none at all, rather than running less than
+// asked (plug --methods z ran syncfs only; blocked --phases z nothing).
+func TestLetters(t *testing.T) {
+	for _, c := range []struct {
+		value string
+		ok    bool
+	}{
+		{"abc", true}, {"c", true}, {"cab", true},
+		{"z", false}, {"abz", false}, {"aa", false}, {"", false},
+	} {
+		if err := letters("phases", c.value, "abc"); (err == nil) != c.ok {
+			t.Errorf("letters(%q) = %v, want ok %v", c.value, err, c.ok)
+		}
+	}
+}

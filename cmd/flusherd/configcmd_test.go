@@ -120,3 +120,20 @@ func TestSubcommandHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestVersionAndHelpSpellings: version and help answer to the spellings
+// the README promises for flags (-flag and --flag) as well as by name.
+func TestVersionAndHelpSpellings(t *testing.T) {
+	for _, arg := range []string{"version", "--version", "-version"} {
+		var out, errb bytes.Buffer
+		if code := Main([]string{arg}, &out, &errb); code != exitOK || !strings.HasPrefix(out.String(), "flusherd ") {
+			t.Errorf("flusherd %s: exit %d, stdout %q, stderr %q; want 0 and the version", arg, code, out.String(), errb.String())
+		}
+	}
+	for _, arg := range []string{"help", "--help", "-help", "-h"} {
+		var out, errb bytes.Buffer
+		if code := Main([]string{arg}, &out, &errb); code != exitOK || !strings.Contains(out.String(), "Usage") {
+			t.Errorf("flusherd %s: exit %d, stderr %q; want 0 and the usage on stdout", arg, code, errb.String())
+		}
+	}
+}

@@ -17,7 +17,8 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		"The files the running daemon tracks, oldest dirty data first: age of the dirty\n"+
 		"data, device, list (b_dirty, b_io, b_more_io, b_more_io_wait, or failed: data\n"+
 		"lost after a failed writeback), dirty and writeback pages (cachestat, now),\n"+
-		"attempts since last clean, and the last error. --top defaults to 20.",
+		"attempts since last clean, and the last error. --top defaults to 20; when more\n"+
+		"files are tracked, a line on standard error says how many.",
 		"flusherd dirty --top 10\n  flusherd dirty --json | jq '.[] | select(.list == \"b_more_io_wait\")'", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
@@ -46,6 +47,11 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 	if !resp.OK {
 		fmt.Fprintf(stderr, "flusherd dirty: %s\n", resp.Error)
 		return exitFailed
+	}
+	if more := resp.DirtyTotal - len(resp.Dirty); more > 0 {
+		// On stderr: the list on stdout stays what it was (a table, or
+		// a JSON array), and a count of it does not go unexplained.
+		fmt.Fprintf(stderr, "flusherd dirty: %d more tracked files not shown (the %d oldest are; --top 0 shows all)\n", more, len(resp.Dirty))
 	}
 	if *asJSON {
 		files := resp.Dirty

@@ -94,7 +94,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdCheckConfig(args[1:], stdout, stderr)
 	case "print-default-config":
 		return cmdPrintDefaultConfig(args[1:], stdout, stderr)
-	case "version", "--version":
+	case "version", "--version", "-version":
 		if len(args) > 1 && (args[1] == "-h" || args[1] == "--help" || args[1] == "-help") {
 			fmt.Fprint(stdout, "Usage: flusherd version\n\nPrints the version: the package's version for a packaged build; devel-<commit> for a build from a checkout, or devel when the build has no version-control information (-buildvcs=false).\n\nExample:\n  flusherd version\n")
 			return exitOK
@@ -105,7 +105,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stdout, "flusherd", versionString())
 		return exitOK
-	case "help", "-h", "--help":
+	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	}
