@@ -53,12 +53,12 @@ func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 // dropInodeLocked removes what the device keeps of an inode besides its
 // list entry: its map entries and its share of the page sums. Every path
 // that forgets an inode calls it, and it tells the opener
-// (inode.Forgetter). Preconditions: wb.mu held.
+// (inode.AttemptObserver). Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
-	if wb.forget != nil {
-		wb.forget.Forgotten(in.Key)
+	if wb.observer != nil {
+		wb.observer.Forgotten(in.Key)
 	}
 	wb.setPagesLocked(in, 0, 0)
 	wb.inodes.Delete(in.Key)

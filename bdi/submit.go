@@ -576,9 +576,13 @@ func (wb *Writeback) doAttempt(r *request) error {
 	att := r.Owner
 	w := att.call
 	if w.f == nil {
-		f, renewed, err := wb.openFile(att.path, inode.Key{Dev: r.Dev, Ino: r.Ino}, att.handle)
+		key := inode.Key{Dev: r.Dev, Ino: r.Ino}
+		f, renewed, err := wb.openFile(att.path, key, att.handle)
 		if err != nil {
 			return err
+		}
+		if wb.observer != nil {
+			wb.observer.Opened(key, f) // before its state is read
 		}
 		w.f, w.renewed = f, renewed
 		d, wbp, err := f.Cachestat(0, 0)

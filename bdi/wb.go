@@ -93,13 +93,15 @@ const maxStuckCalls = 1024
 type Writeback struct {
 	Name string
 
-	cfg    Config
-	now    func() time.Duration
-	open   inode.Opener
-	forget inode.Forgetter // open's, if it is one: told of forgotten inodes
-	log    *zap.Logger
-	errLog *zap.Logger // rate-limited
-	stats  *statsWriter
+	cfg  Config
+	now  func() time.Duration
+	open inode.Opener
+	// observer is open, if it is an inode.AttemptObserver: told of
+	// the attempts' opens and of forgotten inodes.
+	observer inode.AttemptObserver
+	log      *zap.Logger
+	errLog   *zap.Logger // rate-limited
+	stats    *statsWriter
 
 	mu holdMutex // the list lock (its longest hold is in the stats)
 	// inodes holds every tracked inode, by key (the package doc's inode
@@ -381,7 +383,7 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		underWB:  make(map[*inode.Inode]struct{}),
 		fallback: make(map[uint64]bool),
 	}
-	wb.forget, _ = open.(inode.Forgetter)
+	wb.observer, _ = open.(inode.AttemptObserver)
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
 }

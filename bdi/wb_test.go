@@ -995,26 +995,34 @@ func TestDetachedCall(t *testing.T) {
 	}
 }
 
-// forgetFS is a fakeFS that records the inodes the engine forgets
-// (inode.Forgetter).
-type forgetFS struct {
+// observerFS is a fakeFS that records the engine's attempts' opens and
+// the inodes it forgets (inode.AttemptObserver).
+type observerFS struct {
 	*fakeFS
 	mu     sync.Mutex
-	forgot []uint64
+	events []string
 }
 
-func (fs *forgetFS) Forgotten(key inode.Key) {
+func (fs *observerFS) Opened(key inode.Key, f inode.File) {
 	fs.mu.Lock()
-	fs.forgot = append(fs.forgot, key.Ino)
+	fs.events = append(fs.events, fmt.Sprintf("opened %d", key.Ino))
 	fs.mu.Unlock()
 }
 
-// TestForgetterTold: an opener that is an inode.Forgetter is told of each
-// inode the engine forgets, whichever way: written back clean, its tree
-// dropped (DropUnder). The fanotify watcher relies on it to report again
-// the writes of a file it had quieted.
-func TestForgetterTold(t *testing.T) {
-	var ff *forgetFS
+func (fs *observerFS) Forgotten(key inode.Key) {
+	fs.mu.Lock()
+	fs.events = append(fs.events, fmt.Sprintf("forgot %d", key.Ino))
+	fs.mu.Unlock()
+}
+
+// TestAttemptObserverTold: an opener that is an inode.AttemptObserver is
+// told of each attempt's open, before the attempt decides the file is
+// clean and forgets it, and of each inode the engine forgets, whichever
+// way: written back clean, its tree dropped (DropUnder, no attempt). The
+// fanotify watcher relies on it to report again the writes of a file it
+// had quieted.
+func TestAttemptObserverTold(t *testing.T) {
+	var ob *observerFS
 	withWB(t, testConfig(), func(h *harness) {
 		clean := h.fs.add("/t/clean", 1, pg, 1)
 		h.mark(clean, time.Millisecond)
@@ -1024,14 +1032,14 @@ func TestForgetterTold(t *testing.T) {
 		h.mark(kept, time.Hour)
 		h.wb.DropUnder("/u")
 		synctest.Wait()
-		ff.mu.Lock()
-		got := slices.Clone(ff.forgot)
-		ff.mu.Unlock()
-		if diff := cmp.Diff([]uint64{1, 2}, got); diff != "" {
-			h.t.Errorf("inodes the opener was told were forgotten (-want +got):\n%s", diff)
+		ob.mu.Lock()
+		got := slices.Compact(slices.Clone(ob.events)) // (attempts: one or more)
+		ob.mu.Unlock()
+		if diff := cmp.Diff([]string{"opened 1", "forgot 1", "forgot 2"}, got); diff != "" {
+			h.t.Errorf("what the opener was told (-want +got):\n%s", diff)
 		}
 	}, func(h *harness) {
-		ff = &forgetFS{fakeFS: h.fs}
-		h.wb.open, h.wb.forget = ff, ff
+		ob = &observerFS{fakeFS: h.fs}
+		h.wb.open, h.wb.observer = ob, ob
 	})
 }

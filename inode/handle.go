@@ -99,8 +99,8 @@ type mount struct {
 // restart the reports of a file that is written continually (see
 // watch.Fanotify).
 type WritebackHook interface {
-	// Opened is called with the descriptor of a file just opened for
-	// writeback (OpenHandle, Open), before anything of its state is read.
+	// Opened is called with the descriptor of a file just opened for a
+	// writeback attempt, before the attempt reads its state.
 	Opened(key Key, fd int)
 	// Forgotten is called when the engine forgets the inode key (clean,
 	// gone, or its tree no longer served), with its list lock held: it
@@ -108,9 +108,15 @@ type WritebackHook interface {
 	Forgotten(key Key)
 }
 
-// Forgetter is an Opener that wants to know which inodes the engine
-// forgets (Handles, for its WritebackHook).
-type Forgetter interface {
+// AttemptObserver is an Opener that wants to know of the writeback
+// engine's attempts and of the inodes it forgets (Handles, for its
+// WritebackHook).
+type AttemptObserver interface {
+	// Opened: f was opened for a writeback attempt of the inode key,
+	// which has not read its state yet.
+	Opened(key Key, f File)
+	// Forgotten: the engine forgot the inode key; called with its list
+	// lock held.
 	Forgotten(key Key)
 }
 
@@ -124,28 +130,21 @@ func (h *Handles) ClearWritebackHook(hk WritebackHook) {
 	}
 }
 
-// Forgotten implements Forgetter: it tells the hook, if any.
+// Opened implements AttemptObserver: it tells the hook, if any, of a file
+// on a real descriptor.
+func (h *Handles) Opened(key Key, f File) {
+	if p := h.hook.Load(); p != nil {
+		if of, ok := f.(*OSFile); ok {
+			(*p).Opened(key, of.fd)
+		}
+	}
+}
+
+// Forgotten implements AttemptObserver: it tells the hook, if any.
 func (h *Handles) Forgotten(key Key) {
 	if p := h.hook.Load(); p != nil {
 		(*p).Forgotten(key)
 	}
-}
-
-// opened tells the hook, if any, of f just opened for writeback.
-func (h *Handles) opened(key Key, f *OSFile) {
-	if p := h.hook.Load(); p != nil {
-		(*p).Opened(key, f.fd)
-	}
-}
-
-// Open implements Opener: OS.Open, then the hook is told.
-func (h *Handles) Open(path string, key Key) (File, error) {
-	f, err := h.OS.Open(path, key)
-	if err != nil {
-		return nil, err
-	}
-	h.opened(key, f.(*OSFile))
-	return f, nil
 }
 
 // NewHandles returns a Handles with no filesystem registered.
@@ -433,9 +432,7 @@ func (h *Handles) OpenHandle(hd Handle, key Key) (File, error) {
 	if err != nil {
 		return nil, handleError(hd, err)
 	}
-	f := &OSFile{fd: fd, size: -1}
-	h.opened(key, f)
-	return f, nil
+	return &OSFile{fd: fd, size: -1}, nil
 }
 
 // OpenPath opens handle hd of filesystem dev O_PATH|O_CLOEXEC (nothing is

@@ -48,12 +48,14 @@ import (
 // another backend, the daemon's exit).
 const (
 	hotEvents = 16
-	// quietMax bounds the files quieted at once (each is an inode mark
-	// in the kernel, counted in fanotify's max_user_marks); at the bound
-	// every mark is removed and files are quieted again as they make
-	// events. Keys of inodes deleted while quieted stay in the set until
-	// then (their mark went with the inode).
-	quietMax = 4096
+	// quietMax bounds the files quieted at once: each is an inode mark
+	// in the kernel (about 150 bytes, counted in fanotify's
+	// max_user_marks) and a key here. At the bound no other file is
+	// quieted until some are written back. A quieted file is a tracked
+	// one (quietFile comes with a MarkInodeDirty, and the engine's
+	// forgetting it takes it out, Opened or Forgotten), so the set does
+	// not outgrow the tracked files.
+	quietMax = 1 << 16
 	// quietMask is what an ignore mark drops.
 	quietMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE
 )
@@ -104,9 +106,7 @@ func (fa *Fanotify) quietFile(tg *fanotifyTarget) {
 		return
 	}
 	if q.n.Load() >= quietMax {
-		q.mu.Lock()
-		q.flushLocked(fa.log)
-		q.mu.Unlock()
+		return
 	}
 	// fanotify_mark(2) takes no O_PATH descriptor by itself (EBADF), but
 	// a path through it: /proc/self/fd/N names exactly the inode that
@@ -124,11 +124,11 @@ func (fa *Fanotify) quietFile(tg *fanotifyTarget) {
 	err = unix.FanotifyMark(q.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_IGNORED_MASK|unix.FAN_MARK_IGNORED_SURV_MODIFY|unix.FAN_MARK_EVICTABLE,
 		quietMask, unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd))
 	if err != nil {
-		// ENOSPC at fanotify's max_user_marks: start again from none.
-		// ENOENT without /proc, EINVAL before Linux 5.19 (evictable
-		// marks): files stay loud.
+		// ENOSPC at fanotify's max_user_marks (the user's marks in
+		// all groups): this file stays loud. ENOENT without /proc,
+		// EINVAL before Linux 5.19 (evictable marks): every file
+		// does.
 		if errors.Is(err, unix.ENOSPC) {
-			q.flushLocked(fa.log)
 			return
 		}
 		if !q.off.Swap(true) {

@@ -102,6 +102,10 @@ func TestQuietHotFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if fa.quiet.n.Load() != 1 {
+		t.Errorf("an open that is not an attempt's (a sample's): %d quieted, want 1", fa.quiet.n.Load())
+	}
+	h.Opened(key, wf) // as an attempt does, before it reads the state
 	wf.Close()
 	if fa.quiet.n.Load() != 0 {
 		t.Errorf("after the engine opened the only quieted file: %d quieted, want 0", fa.quiet.n.Load())

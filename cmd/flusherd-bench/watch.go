@@ -457,12 +457,24 @@ func (r *watchRun) ingest(ctx context.Context, backend, mode, place string, d *d
 		{"daemon CPU s per million writes", "", fmt.Sprintf("%.2f", cpu/(float64(writes)/1e6))},
 		{"events/s per core used", "≥ 100,000", perCore},
 		{"queue overflows / rescans", "", overflowCell(st0, st1, hasEv, countOverflowLines(d.logText())-ovLog0)},
+		{"files quieted (ignore marks on files written continually)", "", quietedCell(st0, st1, hasEv)},
 		{"daemon still busy after the writers stopped", "", busy},
 		{"files tracked at the end", "", trackedCell},
 	} {
 		r.t.set(1, name(c[0]), c[1], backend, c[2])
 	}
 	return nil
+}
+
+// quietedCell is the growth of watch/stats' quieted count ("n/a" for a
+// daemon that has none).
+func quietedCell(st0, st1 watchStats, has bool) string {
+	q1, ok := st1.get("quieted")
+	if !has || !ok {
+		return "n/a"
+	}
+	q0, _ := st0.get("quieted")
+	return thousands(q1 - q0)
 }
 
 func overflowCell(st0, st1 watchStats, has bool, logged int) string {
