@@ -95,13 +95,16 @@ expire = "100ms"
 		t.Errorf("bdi %q, want %q", files[0].Bdi, mnt.MajMin)
 	}
 	// The table: a header and the oldest file first; --top limits it.
-	var out bytes.Buffer
-	if code := Main([]string{"dirty", "--top", "1", "--stats-dir", d.statsDir}, &out, &out); code != 0 {
-		t.Fatalf("flusherd dirty: exit %d: %s", code, out.String())
+	var out, errb bytes.Buffer
+	if code := Main([]string{"dirty", "--top", "1", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+		t.Fatalf("flusherd dirty: exit %d: %s", code, errb.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "AGE") || !strings.Contains(lines[1], older) {
 		t.Errorf("flusherd dirty --top 1:\n%s", out.String())
+	}
+	if !strings.Contains(errb.String(), "2 more tracked files not shown") {
+		t.Errorf("flusherd dirty --top 1 of 3: stderr %q, want the 2 left out counted", errb.String())
 	}
 	// Live stats of one device: the stats file's layout, thresholds
 	// included, and only that device.

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -27,7 +26,7 @@ func TestLogShutdownWording(t *testing.T) {
 		}},
 		Left: map[string][]string{"7:0": {"/t/slow"}},
 	}
-	logShutdown(zap.New(core), rep, time.Second, nil)
+	logShutdown(zap.New(core), rep, "shutdown_timeout (1s) ended", nil)
 	msgs := map[string]string{} // error text -> message
 	for _, e := range logs.All() {
 		if s, ok := e.ContextMap()["error"].(string); ok {
@@ -40,7 +39,7 @@ func TestLogShutdownWording(t *testing.T) {
 	if m := msgs["sync_file_range: read-only file system"]; !strings.Contains(m, "their filesystem cannot be written") {
 		t.Errorf("EROFS given up: %q", m)
 	}
-	if n := logs.FilterMessageSnippet("shutdown_timeout ended").Len(); n != 1 {
+	if n := logs.FilterMessageSnippet("when shutdown_timeout (1s) ended").Len(); n != 1 {
 		t.Errorf("%d lines for the files left at the timeout, want 1", n)
 	}
 	if n := logs.FilterMessageSnippet("was started").Len(); n != 0 {
@@ -48,7 +47,7 @@ func TestLogShutdownWording(t *testing.T) {
 	}
 
 	core, logs = observer.New(zap.InfoLevel)
-	logShutdown(zap.New(core), bdi.ShutdownReport{}, time.Second, errors.New("the initial scan was stopped"))
+	logShutdown(zap.New(core), bdi.ShutdownReport{}, "shutdown_timeout (1s) ended", errors.New("the initial scan was stopped"))
 	if n := logs.FilterMessageSnippet("may be dirty and untracked").Len(); n != 1 || logs.FilterMessageSnippet("every tracked file is clean").Len() != 0 {
 		t.Errorf("after a cut scan: %v", logs.All())
 	}

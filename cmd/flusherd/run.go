@@ -425,12 +425,37 @@ loop:
 	log.Info("writing back every tracked file before exit",
 		zap.String("signal", stopSig.String()), zap.Stringer("timeout", cfg.Writeback.ShutdownTimeout))
 	n.send(daemon.SdNotifyStopping)
+	// A second SIGINT or SIGTERM (an operator's second Ctrl-C) ends the
+	// shutdown's writeback at once, as shutdown_timeout would.
+	cutCtx, cut := context.WithCancel(context.Background())
+	defer cut()
+	var cutBySignal atomic.Bool
+	go func() {
+		for {
+			select {
+			case sig, ok := <-sigs:
+				if !ok {
+					return
+				}
+				if sig == syscall.SIGHUP {
+					continue
+				}
+				log.Warn("second signal: ending the writeback before exit now; what is not written back is left to the kernel's flusher",
+					zap.String("signal", sig.String()))
+				cutBySignal.Store(true)
+				cut()
+				return
+			case <-cutCtx.Done():
+				return
+			}
+		}
+	}()
 	// Files written just before the signal have their events still
 	// queued: handle them, so that they are written back too.
-	qctx, qcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	qctx, qcancel := context.WithTimeout(cutCtx, 2*time.Second)
 	wat.Quiesce(qctx)
 	qcancel()
-	sctx, scancel := context.WithTimeout(context.Background(), cfg.Writeback.ShutdownTimeout)
+	sctx, scancel := context.WithTimeout(cutCtx, cfg.Writeback.ShutdownTimeout)
 	defer scancel()
 	// Events lost to a shortage: their files are found by the rescan
 	// that makes up for them, now rather than after its delay.
@@ -439,7 +464,11 @@ loop:
 	wat.Close()
 	<-done
 	rep := reg.Shutdown(sctx)
-	logShutdown(log, rep, cfg.Writeback.ShutdownTimeout, unsettled)
+	end := fmt.Sprintf("shutdown_timeout (%v) ended", cfg.Writeback.ShutdownTimeout)
+	if cutBySignal.Load() {
+		end = "a second signal ended the shutdown"
+	}
+	logShutdown(log, rep, end, unsettled)
 	return nil
 }
 
@@ -450,7 +479,7 @@ loop:
 // unsettled is the watcher's Settle error: when events were lost and could
 // not be made up for, "every tracked file is clean" would say less than
 // it seems to; the last line is an error that says so instead.
-func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, timeout time.Duration, unsettled error) {
+func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled error) {
 	quote := func(paths []string) []string {
 		out := make([]string, 0, min(len(paths), 20))
 		for _, p := range paths[:min(len(paths), 20)] {
@@ -477,8 +506,8 @@ func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, timeout time.Duration,
 	}
 	for dev, paths := range rep.Left {
 		left += len(paths)
-		log.Error("shutdown: files still dirty or under writeback when shutdown_timeout ended (the kernel's flusher writes back what it can)",
-			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)), zap.Stringer("shutdown_timeout", timeout))
+		log.Error("shutdown: files still dirty or under writeback when "+end+" (the kernel's flusher writes back what it can)",
+			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)))
 	}
 	switch {
 	case given == 0 && left == 0 && unsettled != nil:

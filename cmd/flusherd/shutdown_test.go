@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"flusherd/internal/faultfs"
+
 	"flusherd/internal/testfs"
 )
 
@@ -144,5 +146,59 @@ func TestShutdownDuringInitialScan(t *testing.T) {
 	}
 	if !strings.Contains(out, "files in the trees may be dirty and untracked") || !strings.Contains(out, "the initial scan was stopped by the signal") {
 		t.Errorf("no last line saying the cut scan may have left dirty files untracked")
+	}
+}
+
+// TestSecondSignalEndsShutdown: a file whose opens fail (EAGAIN, on a
+// FUSE filesystem) holds the writeback before exit until
+// shutdown_timeout (30 s); a second SIGTERM, as an operator's second
+// Ctrl-C, ends it at once, and the log says that the second signal, not
+// the timeout, ended it and which files were left.
+func TestSecondSignalEndsShutdown(t *testing.T) {
+	ffs := faultfs.MountT(t)
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+shutdown_timeout = "30s"
+min_pause = "50ms"
+max_pause = "200ms"
+[[watch]]
+path = %q
+expire = "100ms"
+`, ffs.Dir))
+	ffs.Set(faultfs.Faults{OpenErr: syscall.EAGAIN})
+	blocked := filepath.Join(ffs.Dir, "blocked")
+	writeDirty(t, blocked, 4<<10)
+	if !poll(10*time.Second, func() bool { return strings.Contains(dirtyList(t, d), "b_more_io_wait EAGAIN") }) {
+		t.Fatalf("the blocked file is not retried: %s", dirtyList(t, d))
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	if !poll(10*time.Second, func() bool { return strings.Contains(d.log.String(), "writing back every tracked file before exit") }) {
+		t.Fatalf("no shutdown writeback began; log:\n%s", d.log.String())
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("flusherd still runs 15 s after the second SIGTERM (shutdown_timeout 30s)")
+	}
+	t.Logf("exited %v after the second SIGTERM", time.Since(start).Round(time.Millisecond))
+	log := d.log.String()
+	if !strings.Contains(log, "second signal: ending the writeback before exit now") {
+		t.Errorf("the log does not say that the second signal was taken")
+	}
+	left := ""
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "when a second signal ended the shutdown") {
+			left = l
+		}
+	}
+	if !strings.Contains(left, "blocked") {
+		t.Errorf("no line names the file left when the second signal ended the shutdown (%q)", left)
+	}
+	if strings.Contains(log, "shutdown_timeout (30s) ended") {
+		t.Errorf("the log blames shutdown_timeout")
 	}
 }
