@@ -130,10 +130,16 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 	return wasIdle
 }
 
-// parkFailedLocked moves in to bFailed. Preconditions: wb.mu held.
+// parkFailedLocked moves in to bFailed. Only a new write takes it off (as
+// dirty again), so the opener is told, as of a forgotten inode
+// (inode.AttemptObserver), that its writes must be reported. Preconditions:
+// wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
+	if wb.observer != nil {
+		wb.observer.Forgotten(in.Key)
+	}
 	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote
 	wb.bFailed.MoveToBack(in)
 	wb.nfailed++

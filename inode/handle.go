@@ -103,8 +103,9 @@ type WritebackHook interface {
 	// writeback attempt, before the attempt reads its state.
 	Opened(key Key, fd int)
 	// Forgotten is called when the engine forgets the inode key (clean,
-	// gone, or its tree no longer served), with its list lock held: it
-	// must not block or call back into the engine.
+	// gone, or its tree no longer served) or parks it as failed (only a
+	// new write revives it), with its list lock held: it must not block
+	// or call back into the engine.
 	Forgotten(key Key)
 }
 
@@ -115,8 +116,8 @@ type AttemptObserver interface {
 	// Opened: f was opened for a writeback attempt of the inode key,
 	// which has not read its state yet.
 	Opened(key Key, f File)
-	// Forgotten: the engine forgot the inode key; called with its list
-	// lock held.
+	// Forgotten: the engine forgot the inode key, or parked it as
+	// failed; called with its list lock held.
 	Forgotten(key Key)
 }
 
@@ -131,11 +132,14 @@ func (h *Handles) ClearWritebackHook(hk WritebackHook) {
 }
 
 // Opened implements AttemptObserver: it tells the hook, if any, of a file
-// on a real descriptor.
+// on a real descriptor, and of one on none (another File) as forgotten,
+// so that whatever the hook holds for it is undone without a descriptor.
 func (h *Handles) Opened(key Key, f File) {
 	if p := h.hook.Load(); p != nil {
 		if of, ok := f.(*OSFile); ok {
 			(*p).Opened(key, of.fd)
+		} else {
+			(*p).Forgotten(key)
 		}
 	}
 }

@@ -34,15 +34,17 @@ import (
 //     tracks the file from a moment when its writes are no longer reported:
 //     if a writeback attempt is under way, it is flagged redirtied and
 //     requeued;
-//   - the engine's every writeback attempt opens the file through the
-//     Handles (inode.WritebackHook.Opened), which removes the mark before
-//     the attempt reads the file's state with cachestat: a write after the
-//     removal makes an event again, one before it left its pages dirty for
-//     the attempt to see. An inode the engine forgets without an attempt
-//     (its tree removed, a failure given up) is told of through
-//     Forgotten, which removes all the group's ignore marks
-//     (FAN_MARK_FLUSH): those are rare, and an ignore mark too few costs
-//     only events.
+//   - the engine tells the Handles of every writeback attempt's open
+//     (inode.AttemptObserver), before the attempt reads the file's state
+//     with cachestat, and Opened removes the mark: a write after the
+//     removal makes an event again, one before it left its pages dirty
+//     for the attempt to see. (Only an attempt can find a file clean and
+//     forget it; the background sampler's opens leave the mark.) An
+//     inode the engine forgets without an attempt (its tree removed, a
+//     failure given up) or parks as failed (only a new write revives it)
+//     is told of through Forgotten, which removes all
+//     the group's ignore marks (FAN_MARK_FLUSH): those are rare, and an
+//     ignore mark too few costs only events.
 //
 // The marks are a group's: they go when the group is closed (a reload to
 // another backend, the daemon's exit).
