@@ -45,6 +45,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 		if kind, ok := watch.NoWriteback(w.Path); ok {
 			fmt.Fprintf(stderr, "flusherd check-config: note: %q is on %s, a filesystem without writeback: nothing there is ever written back\n", w.Path, kind)
 		}
+		if d, ok := privateTmp(w.Path); ok {
+			fmt.Fprintf(stderr, "flusherd check-config: note: %q is under %s, which the shipped systemd unit replaces with a private one (PrivateTmp=yes): under the unit this tree is not there\n", w.Path, d)
+		}
 	}
 	if err := cfg.Encode(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
@@ -90,4 +93,16 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, line)
 	}
 	return exitOK
+}
+
+// privateTmp reports whether path is under /tmp or /var/tmp, which the
+// shipped unit's PrivateTmp=yes (systemd.exec(5)) gives the daemon its own
+// empty copies of.
+func privateTmp(path string) (string, bool) {
+	for _, d := range []string{"/tmp", "/var/tmp"} {
+		if path == d || strings.HasPrefix(path, d+"/") {
+			return d, true
+		}
+	}
+	return "", false
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -134,6 +135,40 @@ func TestVersionAndHelpSpellings(t *testing.T) {
 		var out, errb bytes.Buffer
 		if code := Main([]string{arg}, &out, &errb); code != exitOK || !strings.Contains(out.String(), "Usage") {
 			t.Errorf("flusherd %s: exit %d, stderr %q; want 0 and the usage on stdout", arg, code, errb.String())
+		}
+	}
+}
+
+// TestCheckConfigPrivateTmp: a tree under /tmp or /var/tmp passes, with a
+// note that the shipped unit (PrivateTmp=yes) does not see it; one
+// elsewhere gets no such note.
+func TestCheckConfigPrivateTmp(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		path string
+		note bool
+	}{{"/var/tmp", true}, {"/var/log", false}}
+	if strings.HasPrefix(dir, "/tmp/") {
+		cases = append(cases, struct {
+			path string
+			note bool
+		}{dir, true})
+	}
+	if _, ok := privateTmp("/tmpfoo/x"); ok {
+		t.Errorf("/tmpfoo/x taken for a path under /tmp")
+	}
+	for _, c := range cases {
+		cfgPath := filepath.Join(dir, "c.toml")
+		if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf("[[watch]]\npath = %q\n", c.path)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		code := Main([]string{"check-config", cfgPath}, &out, &errb)
+		if code != exitOK {
+			t.Fatalf("%s: exit %d: %s", c.path, code, errb.String())
+		}
+		if got := strings.Contains(errb.String(), "PrivateTmp=yes"); got != c.note {
+			t.Errorf("%s: note %v, want %v: %s", c.path, got, c.note, errb.String())
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -120,6 +121,9 @@ expire = "100ms"
 	out.Reset()
 	if code := Main([]string{"stats", "--stats-dir", d.statsDir, "99:99"}, &out, &out); code != exitFailed {
 		t.Errorf("flusherd stats of an unknown device: exit %d, want 1: %s", code, out.String())
+	}
+	if !strings.Contains(out.String(), strconv.Quote(mnt.MajMin)) {
+		t.Errorf("flusherd stats of an unknown device does not name the devices it has (%s): %s", mnt.MajMin, out.String())
 	}
 	ffs.Set(faultfs.Faults{})
 	d.stop(t)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -80,7 +81,15 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 			}
 			if shown == 0 {
 				if dev != "" {
-					fmt.Fprintf(stderr, "flusherd stats: the daemon has no device %s\n", strconv.Quote(dev))
+					names := make([]string, 0, len(resp.Devices))
+					for _, d := range resp.Devices {
+						names = append(names, strconv.Quote(d.Bdi))
+					}
+					has := "it has none yet (no file has been dirtied)"
+					if len(names) > 0 {
+						has = "it has " + strings.Join(names, ", ") + " (major:minor, as in /sys/kernel/debug/bdi)"
+					}
+					fmt.Fprintf(stderr, "flusherd stats: the daemon has no device %s; %s\n", strconv.Quote(dev), has)
 					return exitFailed
 				}
 				fmt.Fprintln(stderr, "flusherd stats: no device yet (no file has been dirtied)")
