@@ -16,7 +16,10 @@ package main
 //     writers' start until the daemon is idle again), and the daemon's
 //     CPU (utime+stime) per million events and per million writes.
 //     fanotify merges identical queued events, so events can be fewer than
-//     writes.
+//     writes, and quiets a file written continually (an ignore mark, until
+//     its next writeback attempt): each mode and placement starts after
+//     `flusherd sync` has written every tracked file back, as a writeback
+//     pass would, so that each begins with no file quiet.
 //  2. Memory. On an empty tree the daemon settles and its VmRSS is read;
 //     N one-byte files (dirty, in directories of 1,000) are then created
 //     while it runs, and once its device's lists (b_dirty + b_io +
@@ -328,6 +331,11 @@ func (r *watchRun) ingestAndIdle(ctx context.Context, backend string) error {
 	// there.
 	for _, place := range r.o.placements {
 		for _, mode := range r.o.modes {
+			// Every tracked file written back: none is quiet (see the
+			// package comment).
+			if out, err := exec.CommandContext(ctx, r.o.bin, "sync", "--stats-dir", statsDir, "--timeout", "60s").CombinedOutput(); err != nil {
+				return fmt.Errorf("flusherd sync before ingest %s (%s): %v: %s", mode, place, err, out)
+			}
 			if err := r.ingest(ctx, backend, mode, place, d, statsDir, root); err != nil {
 				if ctx.Err() != nil {
 					return err
