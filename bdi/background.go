@@ -189,6 +189,10 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		// of more than one interval without writes, nothing is.
 		consecutive := now-wb.lastCheck <= 2*backgroundCheckInterval
 		wb.lastCheck = now
+		if wb.observer != nil {
+			// The next check must see every file written until then.
+			wb.observer.Checking()
+		}
 		wb.startSample(now, consecutive)
 	}
 	wb.mu.Lock()

@@ -1015,6 +1015,18 @@ func (fs *observerFS) Forgotten(key inode.Key) {
 	fs.mu.Unlock()
 }
 
+func (fs *observerFS) Checking() {
+	fs.mu.Lock()
+	fs.events = append(fs.events, "checking")
+	fs.mu.Unlock()
+}
+
+func (fs *observerFS) all() []string {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return slices.Clone(fs.events)
+}
+
 // TestAttemptObserverTold: an opener that is an inode.AttemptObserver is
 // told of each attempt's open, before the attempt decides the file is
 // clean and forgets it, and of each inode the engine forgets, whichever
@@ -1042,4 +1054,37 @@ func TestAttemptObserverTold(t *testing.T) {
 		ob = &observerFS{fakeFS: h.fs}
 		h.wb.open, h.wb.observer = ob, ob
 	})
+}
+
+// TestAttemptObserverChecking: with range writeback configured, each
+// background check tells the observer before it takes the files written
+// since the last one, so that their next writes are reported (the
+// fanotify watcher un-quiets its files then); without range writeback or
+// a background threshold there is no check and nothing is told.
+func TestAttemptObserverChecking(t *testing.T) {
+	for _, rangeBytes := range []int64{1 << 20, 0} {
+		var ob *observerFS
+		cfg := testConfig()
+		cfg.RangeBytes = rangeBytes
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/t/stream", 1, pg, 1)
+			for range 3 {
+				h.mark(f, time.Hour)
+				time.Sleep(150 * time.Millisecond)
+				synctest.Wait()
+			}
+			n := 0
+			for _, e := range ob.all() {
+				if e == "checking" {
+					n++
+				}
+			}
+			if want := rangeBytes > 0; (n >= 3) != want || (!want && n != 0) {
+				h.t.Errorf("range_bytes %d: %d checks told, want at least 3: %v", rangeBytes, n, want)
+			}
+		}, func(h *harness) {
+			ob = &observerFS{fakeFS: h.fs}
+			h.wb.open, h.wb.observer = ob, ob
+		})
+	}
 }

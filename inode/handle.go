@@ -107,6 +107,11 @@ type WritebackHook interface {
 	// new write revives it), with its list lock held: it must not block
 	// or call back into the engine.
 	Forgotten(key Key)
+	// Checking is called when a background check takes the files
+	// written since the last one (range writeback, background
+	// thresholds): every file's next write must be reported, for the
+	// next check to see it.
+	Checking()
 }
 
 // AttemptObserver is an Opener that wants to know of the writeback
@@ -119,6 +124,9 @@ type AttemptObserver interface {
 	// Forgotten: the engine forgot the inode key, or parked it as
 	// failed; called with its list lock held.
 	Forgotten(key Key)
+	// Checking: a background check is taking the files written since
+	// the last one; the writes from now on are to be reported.
+	Checking()
 }
 
 // SetWritebackHook makes hk the hook; ClearWritebackHook(hk) removes it.
@@ -148,6 +156,13 @@ func (h *Handles) Opened(key Key, f File) {
 func (h *Handles) Forgotten(key Key) {
 	if p := h.hook.Load(); p != nil {
 		(*p).Forgotten(key)
+	}
+}
+
+// Checking implements AttemptObserver: it tells the hook, if any.
+func (h *Handles) Checking() {
+	if p := h.hook.Load(); p != nil {
+		(*p).Checking()
 	}
 }
 

@@ -46,10 +46,24 @@ import (
 //     the group's ignore marks (FAN_MARK_FLUSH): those are rare, and an
 //     ignore mark too few costs only events.
 //
+// A device with range writeback or a background threshold (range_bytes
+// is 1 MiB by default) checks every 100 ms, while files are written, the
+// files written since its last check: a streaming writer is one written at
+// consecutive checks. So each check removes every ignore mark (Checking),
+// and a file quieted before is quiet again after requietEvents events: a
+// quiet file is touched (reported) at least once between two checks if it
+// is written at all, and costs at most requietEvents events per check
+// interval, whatever its rate. Without such checks a file stays quiet
+// until its writeback attempt.
+//
 // The marks are a group's: they go when the group is closed (a reload to
 // another backend, the daemon's exit).
 const (
 	hotEvents = 16
+	// requietEvents quiets a file that was quiet before, after its
+	// marks were removed by a background check: it is known to be hot,
+	// and every background check removes the marks again.
+	requietEvents = 2
 	// quietMax bounds the files quieted at once: each is an inode mark
 	// in the kernel (about 150 bytes, counted in fanotify's
 	// max_user_marks) and a key here. At the bound no other file is
@@ -178,6 +192,22 @@ func (fa *Fanotify) Opened(key inode.Key, fd int) {
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		q.flushLocked(fa.log)
 	}
+}
+
+// Checking implements inode.WritebackHook: a device's background check
+// (every 100 ms while files are written, with range writeback or a
+// background threshold configured) needs every file written since the
+// last check reported, to tell a streaming writer: every ignore mark is
+// removed (FAN_MARK_FLUSH), and a file is quiet again after
+// requietEvents more events.
+func (fa *Fanotify) Checking() {
+	q := &fa.quiet
+	if q.n.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	q.flushLocked(fa.log)
+	q.mu.Unlock()
 }
 
 // Forgotten implements inode.WritebackHook: an inode forgotten while

@@ -129,6 +129,23 @@ func TestQuietHotFile(t *testing.T) {
 	write(1)
 	eventually(t, "a write after the engine forgot the file reported", func() bool { return s.count(p) > n })
 
+	// A background check makes every file loud again; one quieted
+	// before is quiet again after requietEvents reports.
+	write(2 * hotEvents)
+	if fa.quiet.n.Load() != 1 {
+		t.Fatalf("written again: %d files quieted, want 1", fa.quiet.n.Load())
+	}
+	h.Checking()
+	if fa.quiet.n.Load() != 0 {
+		t.Errorf("after a background check: %d files quieted, want 0", fa.quiet.n.Load())
+	}
+	n = s.count(p)
+	write(2 * hotEvents)
+	if got := s.count(p) - n; got != requietEvents || fa.quiet.n.Load() != 1 {
+		t.Errorf("after a background check, %d writes: %d reports and %d files quieted, want %d and 1",
+			2*hotEvents, got, fa.quiet.n.Load(), requietEvents)
+	}
+
 	// A closed group quiets nothing and its hook is gone.
 	w.Close()
 	cancel()
