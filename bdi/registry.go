@@ -276,6 +276,23 @@ func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t 
 	return nil
 }
 
+// Unchecked reports whether the device dev makes no background checks of
+// freshly written files (no range writeback, no background threshold: see
+// checksWantedLocked), so that a watcher may stop reporting the writes of
+// a file it has reported dirty until its writeback attempt (the fanotify
+// watcher's quieted files). An unknown device answers false.
+func (r *Registry) Unchecked(dev uint64) bool {
+	r.mu.Lock()
+	wb := r.byDev[dev]
+	r.mu.Unlock()
+	if wb == nil {
+		return false
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return !wb.checksWantedLocked()
+}
+
 // Tracks reports whether the inode key is tracked on its device under the
 // name path (Writeback.Tracks). It names no device: an unknown st_dev has
 // nothing tracked.

@@ -97,7 +97,6 @@ type fanotifyTarget struct {
 	handle  inode.Handle
 	path    string // as last reported
 	events  int    // reported since it was last quieted (Run's goroutine only)
-	quieted bool   // it was quieted before (Run's goroutine only)
 }
 
 // NewFanotify sets up fanotify and marks the filesystem of every tree. It
@@ -692,14 +691,10 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	if p := tg.path; len(p) != len(d.prefix)+len(ev.name) || !strings.HasPrefix(p, d.prefix) || p[len(d.prefix):] != string(ev.name) {
 		tg.path = d.prefix + string(ev.name)
 	}
-	hot := hotEvents
-	if tg.quieted {
-		hot = requietEvents
-	}
-	if tg.events++; tg.events >= hot {
+	if tg.events++; tg.events >= hotEvents {
 		// Quieted before it is marked dirty: the engine tracks it
 		// from a moment when its writes are no longer reported.
-		tg.events, tg.quieted = 0, true
+		tg.events = 0
 		fa.quietFile(tg)
 	}
 	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {

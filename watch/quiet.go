@@ -49,21 +49,20 @@ import (
 // A device with range writeback or a background threshold (range_bytes
 // is 1 MiB by default) checks every 100 ms, while files are written, the
 // files written since its last check: a streaming writer is one written at
-// consecutive checks. So each check removes every ignore mark (Checking),
-// and a file quieted before is quiet again after requietEvents events: a
-// quiet file is touched (reported) at least once between two checks if it
-// is written at all, and costs at most requietEvents events per check
-// interval, whatever its rate. Without such checks a file stays quiet
-// until its writeback attempt.
+// consecutive checks. A file there is not quieted (the sink says which
+// devices make no checks: an optional Unchecked(dev) method; a sink
+// without it allows every device). Quieting there and removing the marks
+// at each check was tried: it took a quarter of the events but more CPU
+// per write than the events it saved (each quiet costs an
+// open_by_handle_at, a fanotify_mark through /proc and a close). Should a
+// device start checking while files are quiet (a reload), its first check
+// removes every ignore mark (Checking).
 //
 // The marks are a group's: they go when the group is closed (a reload to
 // another backend, the daemon's exit).
 const (
 	hotEvents = 16
-	// requietEvents quiets a file that was quiet before, after its
-	// marks were removed by a background check: it is known to be hot,
-	// and every background check removes the marks again.
-	requietEvents = 2
+
 	// quietMax bounds the files quieted at once: each is an inode mark
 	// in the kernel (about 150 bytes, counted in fanotify's
 	// max_user_marks) and a key here. At the bound no other file is
@@ -120,6 +119,9 @@ func (fa *Fanotify) quietFile(tg *fanotifyTarget) {
 	q := &fa.quiet
 	if fa.handles == nil || q.off.Load() {
 		return
+	}
+	if u, ok := fa.sink.(interface{ Unchecked(dev uint64) bool }); ok && !u.Unchecked(tg.key.Dev) {
+		return // its device's background checks need its writes
 	}
 	if q.n.Load() >= quietMax {
 		return
@@ -198,8 +200,8 @@ func (fa *Fanotify) Opened(key inode.Key, fd int) {
 // (every 100 ms while files are written, with range writeback or a
 // background threshold configured) needs every file written since the
 // last check reported, to tell a streaming writer: every ignore mark is
-// removed (FAN_MARK_FLUSH), and a file is quiet again after
-// requietEvents more events.
+// removed (FAN_MARK_FLUSH). Files on such a device are not quieted, so
+// this finds marks only after a reload turned the checks on.
 func (fa *Fanotify) Checking() {
 	q := &fa.quiet
 	if q.n.Load() == 0 {

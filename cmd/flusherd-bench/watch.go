@@ -64,16 +64,17 @@ const watchWriterCmd = "watch-writer"
 const settle = 5 * time.Second
 
 type watchOpts struct {
-	bin      string
-	self     string
-	backends []string
-	inodes   []int
-	modes    []string
-	idle     time.Duration
-	writers  int
-	files    int
-	duration time.Duration
-	fstype   string
+	bin        string
+	rangeBytes string // writeback.range_bytes
+	self       string
+	backends   []string
+	inodes     []int
+	modes      []string
+	idle       time.Duration
+	writers    int
+	files      int
+	duration   time.Duration
+	fstype     string
 	// placements of the daemon and the writers in the ingest phase:
 	// "shared" (the bench's own cgroup, where the scheduler shares the
 	// CPU between threads) and "service" (two sibling cgroups of equal
@@ -93,11 +94,12 @@ func watchBench(args []string) int {
 	duration := fl.Duration("duration", 10*time.Second, "ingest phase length (per mode)")
 	fstype := fl.String("fs", "ext4", "filesystem: ext4 or xfs")
 	modes := fl.String("modes", "pwrite,reopen", "ingest write patterns: pwrite (files kept open), reopen (open, pwrite, close each time)")
+	rangeBytes := fl.String("range-bytes", "1MiB", "the daemon's writeback.range_bytes (1MiB, its default, makes it look at freshly written files every 100 ms; \"0\" turns range writeback off, and fanotify then quiets files written continually)")
 	placements := fl.String("placement", "shared,service", "where the ingest phase runs the daemon and the writers: shared (all in the bench's cgroup), service (daemon and writers in two sibling cgroups of equal CPU weight, as under systemd; needs the cpu cgroup controller)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return code
 	}
-	o := watchOpts{bin: *bin, idle: *idle, writers: *writers, files: *files, duration: *duration, fstype: *fstype}
+	o := watchOpts{bin: *bin, idle: *idle, writers: *writers, files: *files, duration: *duration, fstype: *fstype, rangeBytes: *rangeBytes}
 	o.backends = splitList(*backends)
 	o.modes = splitList(*modes)
 	o.placements = splitList(*placements)
@@ -230,8 +232,8 @@ func machineFacts(o watchOpts) string {
 	if out, err := exec.Command(o.bin, "version").Output(); err == nil {
 		ver = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "flusherd"))
 	}
-	return fmt.Sprintf("machine: Linux %s, %d cores%s; fs: %s on a loop device (buffered); flusherd %s; %s",
-		unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(), mem, o.fstype, ver, runtime.Version())
+	return fmt.Sprintf("machine: Linux %s, %d cores%s; fs: %s on a loop device (buffered); flusherd %s (range_bytes %s); %s",
+		unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(), mem, o.fstype, ver, o.rangeBytes, runtime.Version())
 }
 
 // watchRun holds one run's results.
@@ -261,17 +263,18 @@ func (r *watchRun) backend(ctx context.Context, backend string) error {
 	return nil
 }
 
-func watchConfigText(backend, statsDir, root string) string {
+func watchConfigText(backend, statsDir, root, rangeBytes string) string {
 	return fmt.Sprintf(`[writeback]
 dirty_writeback_interval = "5s"
 dirty_expire_interval = "1h"
+range_bytes = %q
 [watcher]
 backend = %q
 [stats]
 dir = %q
 [[watch]]
 path = %q
-`, backend, statsDir, root)
+`, rangeBytes, backend, statsDir, root)
 }
 
 // startWatchDaemon starts flusherd on root with its files in dir (config,
@@ -282,7 +285,7 @@ func (r *watchRun) startWatchDaemon(dir, backend, root string) (*daemon, string,
 		return nil, "", err
 	}
 	statsDir := filepath.Join(dir, "run")
-	d, err := startDaemonAttr(r.o.bin, dir, watchConfigText(backend, statsDir, root),
+	d, err := startDaemonAttr(r.o.bin, dir, watchConfigText(backend, statsDir, root, r.o.rangeBytes),
 		&syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL})
 	return d, statsDir, err
 }

@@ -78,6 +78,11 @@ func TestStreamingWriterBounded(t *testing.T) {
 	waitFor(t, "range_writebacks in the stats file", 5*time.Second, func() bool {
 		return readStats(t, d.devStats(mnt.MajMin))["range_writebacks"] > 0
 	})
+	// Its writes are all needed (each background check must see it
+	// written): it is not quieted, whatever the watcher.
+	if q := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))["quieted"]; q != 0 {
+		t.Errorf("quieted %d with range writeback on, want 0", q)
+	}
 }
 
 // TestBackgroundThresholdBurst: a 64 MiB burst in four files, with
