@@ -434,8 +434,16 @@ func (wb *Writeback) complete(att *attempt) {
 		// Its tree went away during the attempt (DropUnder).
 		dest = policy.Drop
 	} else if in.Has(inode.Leaving) && dest != policy.Drop {
-		// Its tree left the configuration: this was its last attempt.
-		dest = policy.Forget
+		// Its tree left the configuration: what was dirty is written,
+		// then it is forgotten. An attempt that used up write_chunk and
+		// left fewer dirty pages than it found goes on (b_more_io), as
+		// does one deferred by max_inflight (it wrote nothing yet);
+		// anything else was its last (a blocked file, a file that grows
+		// faster than it is written).
+		more := err == nil && (att.deferred || o == policy.ChunkUsed && att.wrote && known && dirty < att.dirtyBefore)
+		if !more {
+			dest = policy.Forget
+		}
 	} else if dest == policy.Drop && in.Handle() != att.handle {
 		// A new file took the inode's number while the attempt ran on
 		// the old one (MarkInodeDirty renewed the handle): write it.

@@ -108,6 +108,53 @@ func TestCompleteRouting(t *testing.T) {
 		}, tr.setup)
 	})
 
+	t.Run("leaving with more than write_chunk dirty: written until none is dirty, then forgotten", func(t *testing.T) {
+		var tr tracer
+		c := cfg
+		c.DirtyWritebackInterval = time.Hour
+		withWB(t, c, func(h *harness) {
+			const pages = 10 << 20 / pg // 10 MiB; write_chunk is 4 MiB
+			f := h.fs.add("/t/big", 1, 10<<20, pages)
+			h.mark(f, time.Hour)
+			h.wb.RetireUnder("/t", func(string) bool { return false })
+			time.Sleep(5 * time.Second)
+			synctest.Wait()
+			want := []attemptRec{
+				{"/t/big", policy.ChunkUsed, policy.MoreIO, nil},
+				{"/t/big", policy.ChunkUsed, policy.MoreIO, nil},
+				// Its last pages are under writeback: all was written.
+				{"/t/big", policy.UnderWriteback, policy.Forget, nil},
+			}
+			if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
+				h.t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+			h.fs.mu.Lock()
+			d := len(f.dirty)
+			h.fs.mu.Unlock()
+			if d != 0 || h.wb.Tracked() != 0 {
+				h.t.Errorf("after the retired file's attempts: %d dirty pages, %d tracked; want 0, 0", d, h.wb.Tracked())
+			}
+		}, tr.setup)
+	})
+
+	t.Run("leaving, then written again in a tree added back: kept", func(t *testing.T) {
+		c := cfg
+		c.DirtyWritebackInterval = time.Hour
+		withWB(t, c, func(h *harness) {
+			f := h.fs.add("/t/a", 1, pg, 1)
+			h.mark(f, time.Hour)
+			// As RetireUnder leaves it before its attempt runs.
+			h.wb.mu.Lock()
+			h.wb.inodes.Get(f.key).State |= inode.Leaving
+			h.wb.mu.Unlock()
+			h.mark(f, time.Hour)
+			leaving := h.inode("/t/a").Has(inode.Leaving)
+			if leaving {
+				h.t.Errorf("a write reported after its tree left still leaves with it")
+			}
+		})
+	})
+
 	t.Run("leaving and gone: dropped", func(t *testing.T) {
 		var tr tracer
 		withWB(t, cfg, func(h *harness) {

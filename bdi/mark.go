@@ -111,6 +111,10 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 			wb.nfailed--
 			in.Errors, in.LastErr, in.Retries = 0, 0, 0
 		}
+		// Reported by the watcher: a tree holds it again (its tree
+		// was added back by a reload before its leaving attempt), and
+		// this write must not be forgotten with it.
+		in.State &^= inode.Leaving
 	}
 	switch {
 	case in.Has(inode.Sync):
@@ -185,7 +189,10 @@ func errnoError(e uint8) error {
 // RetireUnder is for a tree removed from the configuration (a reload):
 // every tracked inode below root for which keep(path) is false (keep says
 // whether another tree still holds the path) is written back once more,
-// at the next pass, and then forgotten. It returns how many. keep is
+// at the next pass (a file with more than write_chunk dirty in as many
+// attempts as it takes, while each leaves less dirty), and then
+// forgotten; a write reported for it meanwhile (its tree added back)
+// keeps it. It returns how many. keep is
 // called without the list lock (it takes the watcher's).
 func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
 	type cand struct {

@@ -190,7 +190,7 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 	}
 	for _, t := range plan.Retire {
 		k := reg.TreeRemoved(t.Root, func(p string) bool { _, in := wat.TreeOf(p); return in })
-		log.Info("watch root removed; its tracked files are written back once and forgotten",
+		log.Info("watch root removed; its tracked files are written back once more (a large one write_chunk at a time) and forgotten",
 			zap.String("root", strconv.Quote(t.Root)), zap.Int("files", k))
 	}
 	for _, t := range plan.Replace {

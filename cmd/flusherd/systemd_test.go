@@ -259,8 +259,9 @@ func TestWatchdogStopsWhenWedged(t *testing.T) {
 // TestNotifyAndReload runs the daemon with $NOTIFY_SOCKET and a watchdog:
 // READY=1 and STATUS= at start-up, WATCHDOG=1 pings; SIGHUP with a new
 // configuration sends RELOADING=1 with MONOTONIC_USEC, then READY=1, and
-// applies it (a new root is served, the removed root's file is written
-// back once and forgotten, the new interval is used); a bad configuration
+// applies it (a new root is served, the removed root's files are written
+// back once more, a large one in as many chunks as it takes, and
+// forgotten; the new interval is used); a bad configuration
 // is rejected with its key and line, and the old one keeps running.
 func TestNotifyAndReload(t *testing.T) {
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
@@ -285,11 +286,14 @@ func TestNotifyAndReload(t *testing.T) {
 	waitFor(t, "STATUS=", 5*time.Second, func() bool { return sd.count("STATUS=watching 1 trees", 0) >= 1 })
 	waitFor(t, "watchdog pings", 5*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 3 })
 
-	// A file in a: tracked, and not due for an hour.
+	// Files in a: tracked, and not due for an hour. big holds six
+	// write_chunks (4 MiB) of dirty data.
 	fa := filepath.Join(a, "f")
 	writeDirty(t, fa, 16<<10)
+	big := filepath.Join(a, "big")
+	writeDirty(t, big, 24<<20)
 	statsPath := d.devStats(mnt.MajMin)
-	waitFor(t, "a/f tracked", 5*time.Second, func() bool { return readStats(t, statsPath)["b_dirty"] == 1 })
+	waitFor(t, "a/f and a/big tracked", 5*time.Second, func() bool { return readStats(t, statsPath)["b_dirty"] == 2 })
 
 	// Reload: a is removed, b is added, the interval is 200ms and the
 	// expiry 1s.
@@ -302,8 +306,11 @@ func TestNotifyAndReload(t *testing.T) {
 	waitFor(t, "RELOADING=1 then READY=1", 5*time.Second, func() bool {
 		return sd.count("RELOADING=1\nMONOTONIC_USEC=", from) == 1 && sd.count("READY=1", from) == 1
 	})
-	// a's file is written back once (the removed root) and forgotten.
+	// a's files are written back once more (the removed root), big
+	// one write_chunk at a time until none of it is dirty, and
+	// forgotten.
 	waitClean(t, fa, 5*time.Second)
+	waitClean(t, big, 10*time.Second)
 	waitFor(t, "a/f forgotten", 5*time.Second, func() bool {
 		s := readStats(t, statsPath)
 		return s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0
