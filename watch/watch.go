@@ -440,7 +440,7 @@ func (b *base) checkRoots() {
 		} else if err == nil {
 			how = "replaced by another directory"
 		}
-		b.log.Error("a watched tree's root is gone; its files are no longer tracked (restart flusherd once it is back)",
+		b.log.Error("a watched tree's root is gone; its files are no longer tracked (once it is back, a reload (SIGHUP, systemctl reload flusherd) serves it again)",
 			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
 		b.sink.TreeGone(t.Root, t.root.Dev, last)
 	}
