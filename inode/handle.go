@@ -76,9 +76,9 @@ type Handles struct {
 	// 200ms.
 	Idle time.Duration
 
-	// hook is told of opens for writeback and of forgotten inodes
-	// (SetWritebackHook); nil for none.
-	hook atomic.Pointer[WritebackHook]
+	// hook is told what the engine tells Handles (SetWritebackHook);
+	// nil for none.
+	hook atomic.Pointer[AttemptObserver]
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -94,61 +94,40 @@ type mount struct {
 	lastUse time.Time
 }
 
-// WritebackHook is told what the writeback engine does with the files it
-// opens through a Handles: the fanotify watcher uses it to stop and
-// restart the reports of a file that is written continually (see
-// watch.Fanotify).
-type WritebackHook interface {
-	// Opened is called with the descriptor of a file just opened for a
-	// writeback attempt, before the attempt reads its state.
-	Opened(key Key, fd int)
-	// Forgotten is called when the engine forgets the inode key (clean,
-	// gone, or its tree no longer served) or parks it as failed (only a
-	// new write revives it), with its list lock held: it must not block
-	// or call back into the engine.
-	Forgotten(key Key)
-	// Checking is called when a background check takes the files
-	// written since the last one (range writeback, background
-	// thresholds): every file's next write must be reported, for the
-	// next check to see it.
-	Checking()
-}
-
-// AttemptObserver is an Opener that wants to know of the writeback
-// engine's attempts and of the inodes it forgets (Handles, for its
-// WritebackHook).
+// AttemptObserver is told what the writeback engine does with the files
+// it opens: the engine tells its opener, if it is one (Handles), and
+// Handles tells its hook (SetWritebackHook), the fanotify watcher, which
+// uses it to stop and restart the reports of a file that is written
+// continually (see watch.Fanotify).
 type AttemptObserver interface {
-	// Opened: f was opened for a writeback attempt of the inode key,
-	// which has not read its state yet.
+	// Opened: f was just opened for a writeback attempt of the inode
+	// key, which has not read its state yet.
 	Opened(key Key, f File)
-	// Forgotten: the engine forgot the inode key, or parked it as
-	// failed; called with its list lock held.
+	// Forgotten: the engine forgot the inode key (clean, gone, or its
+	// tree no longer served) or parked it as failed (only a new write
+	// revives it). Called with its list lock held: it must not block or
+	// call back into the engine.
 	Forgotten(key Key)
 	// Checking: a background check is taking the files written since
-	// the last one; the writes from now on are to be reported.
+	// the last one (range writeback, background thresholds); every
+	// file's next write must be reported, for the next check to see it.
 	Checking()
 }
 
 // SetWritebackHook makes hk the hook; ClearWritebackHook(hk) removes it.
-func (h *Handles) SetWritebackHook(hk WritebackHook) { h.hook.Store(&hk) }
+func (h *Handles) SetWritebackHook(hk AttemptObserver) { h.hook.Store(&hk) }
 
 // ClearWritebackHook removes hk if it is the hook.
-func (h *Handles) ClearWritebackHook(hk WritebackHook) {
+func (h *Handles) ClearWritebackHook(hk AttemptObserver) {
 	if p := h.hook.Load(); p != nil && *p == hk {
 		h.hook.CompareAndSwap(p, nil)
 	}
 }
 
-// Opened implements AttemptObserver: it tells the hook, if any, of a file
-// on a real descriptor, and of one on none (another File) as forgotten,
-// so that whatever the hook holds for it is undone without a descriptor.
+// Opened implements AttemptObserver: it tells the hook, if any.
 func (h *Handles) Opened(key Key, f File) {
 	if p := h.hook.Load(); p != nil {
-		if of, ok := f.(*OSFile); ok {
-			(*p).Opened(key, of.fd)
-		} else {
-			(*p).Forgotten(key)
-		}
+		(*p).Opened(key, f)
 	}
 }
 

@@ -173,12 +173,13 @@ func (fa *Fanotify) unquiet(key inode.Key) {
 	}
 }
 
-// Opened implements inode.WritebackHook: the ignore mark of a file opened
-// for writeback is removed (fanotify_mark FAN_MARK_REMOVE on its
+// Opened implements inode.AttemptObserver: the ignore mark of a file
+// opened for writeback is removed (fanotify_mark FAN_MARK_REMOVE on its
 // descriptor) before the attempt reads its state. When the removal fails
 // for another reason than the mark being gone already (ENOENT: its inode
-// was evicted and came back), every mark is removed.
-func (fa *Fanotify) Opened(key inode.Key, fd int) {
+// was evicted and came back), or the file has no descriptor, every mark
+// is removed.
+func (fa *Fanotify) Opened(key inode.Key, f inode.File) {
 	q := &fa.quiet
 	if q.n.Load() == 0 {
 		return
@@ -188,15 +189,21 @@ func (fa *Fanotify) Opened(key inode.Key, fd int) {
 	if _, ok := q.keys[key]; !ok || q.fd < 0 {
 		return
 	}
-	delete(q.keys, key)
-	q.n.Store(int64(len(q.keys)))
-	err := unix.FanotifyMark(q.fd, unix.FAN_MARK_REMOVE|unix.FAN_MARK_IGNORED_MASK, quietMask, fd, "")
+	of, ok := f.(interface{ Fd() int })
+	if !ok {
+		q.flushLocked(fa.log) // (key is among q.keys: the flush is made)
+		return
+	}
+	err := unix.FanotifyMark(q.fd, unix.FAN_MARK_REMOVE|unix.FAN_MARK_IGNORED_MASK, quietMask, of.Fd(), "")
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		q.flushLocked(fa.log)
+		return
 	}
+	delete(q.keys, key)
+	q.n.Store(int64(len(q.keys)))
 }
 
-// Checking implements inode.WritebackHook: a device's background check
+// Checking implements inode.AttemptObserver: a device's background check
 // (every 100 ms while files are written, with range writeback or a
 // background threshold configured) needs every file written since the
 // last check reported, to tell a streaming writer: every ignore mark is
@@ -212,7 +219,7 @@ func (fa *Fanotify) Checking() {
 	q.mu.Unlock()
 }
 
-// Forgotten implements inode.WritebackHook: an inode forgotten while
+// Forgotten implements inode.AttemptObserver: an inode forgotten while
 // quieted (without an attempt that removed its mark) has every ignore mark
 // removed (FAN_MARK_FLUSH: the engine holds no descriptor of it, and
 // opening one under its list lock could block).

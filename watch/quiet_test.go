@@ -147,6 +147,20 @@ func TestQuietHotFile(t *testing.T) {
 	write(1)
 	eventually(t, "a write after a background check reported", func() bool { return s.count(p) > n })
 
+	// An attempt's open on no descriptor (another inode.File) removes
+	// every mark.
+	write(2 * hotEvents)
+	if fa.quiet.n.Load() != 1 {
+		t.Fatalf("written again: %d files quieted, want 1", fa.quiet.n.Load())
+	}
+	h.Opened(key, struct{ inode.File }{})
+	if fa.quiet.n.Load() != 0 {
+		t.Errorf("after an open on no descriptor: %d files quieted, want 0", fa.quiet.n.Load())
+	}
+	n = s.count(p)
+	write(1)
+	eventually(t, "a write after an open on no descriptor reported", func() bool { return s.count(p) > n })
+
 	// A file on a device that makes background checks is not quieted.
 	s.checked.Store(true)
 	n = s.count(p)

@@ -164,12 +164,10 @@ func stormBench(args []string) int {
 	if o.rate, err = parseBytes(*rate); err != nil || o.rate < 1<<20 {
 		return fail(2, "--rate %q: want at least 1MiB per second (%v)", *rate, err)
 	}
-	for _, c := range []byte(*methods) {
-		if !strings.ContainsRune("ktwf", rune(c)) || slices.Contains(o.methods, c) {
-			return fail(2, "--methods %q: each of k, t, w, f at most once", *methods)
-		}
-		o.methods = append(o.methods, c)
+	if err := letters("methods", *methods, "ktwf"); err != nil {
+		return fail(2, "%v", err)
 	}
+	o.methods = []byte(*methods)
 	if len(o.methods) == 0 || o.runs < 1 || o.maxWait <= 0 || o.interval < 0 || o.wbtLat < 0 {
 		return fail(2, "need a method, --runs ≥ 1, --max-wait > 0, --probe-interval ≥ 0 and --wbt-lat ≥ 0")
 	}
