@@ -766,3 +766,43 @@ func TestProbingEndsOnASlowReturn(t *testing.T) {
 		}
 	})
 }
+
+// TestKupdateLeavesWhatBackgroundWorkLeftOnBIO: files that background
+// work's queue_io took onto b_io, before they were due, and that the work
+// ended without attempting (its pages went on files spliced from
+// b_more_io_wait, which its budget does not count), are not written by
+// kupdate, which finds them on b_io: they go back to b_dirty, at their
+// age, until they expire or background work takes them again. (A burst on
+// a busy machine had the newest of four files written by kupdate an hour
+// before its expiry.)
+func TestKupdateLeavesWhatBackgroundWorkLeftOnBIO(t *testing.T) {
+	cfg := bgConfig(40)
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		a := h.fs.add("/a", 1, 20*pg, 20)
+		b := h.fs.add("/b", 2, 30*pg, 30)
+		h.mark(a, time.Hour)
+		time.Sleep(time.Millisecond)
+		h.mark(b, time.Hour)
+		synctest.Wait()
+		// The state such a work leaves: both on b_io, not attempted.
+		h.wb.mu.Lock()
+		h.wb.queueIOLocked(&Work{ForBackground: true, NrPages: 1 << 20, Reason: "background"}, h.now())
+		n := h.wb.BIO.Len()
+		h.wb.mu.Unlock()
+		if n != 2 {
+			t.Fatalf("background queue_io took %d files onto b_io, want 2", n)
+		}
+		time.Sleep(3 * time.Second) // three kupdate ticks
+		synctest.Wait()
+		for _, f := range []*fakeFile{a, b} {
+			if n := f.dirtyCount(); n != int(f.size/pg) {
+				t.Errorf("%s has %d dirty pages, want %d: written an hour before its expiry", f.path, n, f.size/pg)
+			}
+			if l := h.lists()[f.path]; l != "b_dirty" {
+				t.Errorf("%s is on %s, want b_dirty (waiting for its expiry)", f.path, l)
+			}
+		}
+	}, machineDirty(0))
+}

@@ -162,8 +162,8 @@ func (d *dirtyList) moveExpiredLimit(dst *lists.List[*inode.Inode], now time.Dur
 // seen reach budget: background work's share of b_dirty (it takes what
 // brings the device under its threshold, and leaves the rest where kupdate
 // finds it). An inode not looked at since it was dirtied (no count yet)
-// counts as unknown pages, what one attempt may write of it. It returns
-// the number moved.
+// counts as unknown pages, what one attempt may write of it. Each is
+// flagged inode.Background. It returns the number moved.
 func (d *dirtyList) moveOldest(dst *lists.List[*inode.Inode], budget, unknown int64) int {
 	moved := 0
 	for budget > 0 {
@@ -184,6 +184,10 @@ func (d *dirtyList) moveOldest(dst *lists.List[*inode.Inode], budget, unknown in
 			pages = unknown
 		}
 		budget -= max(1, pages)
+		// Taken before it expired: if the work ends before its
+		// attempt (its pages used up on the files before it),
+		// kupdate finds it on b_io and puts it back.
+		in.State |= inode.Background
 		dst.MoveToBack(in)
 		moved++
 	}

@@ -72,7 +72,8 @@ const (
 	// one-off write that spans one check boundary is not streaming).
 	Streaming2
 	// Background: background work took it before it expired; kupdate
-	// leaves it to background work until it expires (it is on
+	// leaves it to background work until it expires (it is on b_io,
+	// taken by a work that ended before its attempt, or on
 	// b_more_io_wait or b_more_io for a reason of background work's: a
 	// chunk written, a redirty during its attempt).
 	Background
