@@ -144,6 +144,14 @@ path = "rel/../tree"
 			},
 		},
 		{
+			name: "relative paths are from the working directory",
+			src:  "[stats]\ndir = \"run\"\n[[watch]]\npath = \"data/\"\n",
+			want: func(c *Config) {
+				c.Stats.Dir = filepath.Join(dir, "run")
+				c.Watch = []Watch{{Path: filepath.Join(dir, "data"), Recursive: true, Mode: ModeWriteback, Expire: c.Writeback.DirtyExpireInterval}}
+			},
+		},
+		{
 			name: "metrics on every address",
 			src:  "metrics.listen = \":9469\"\n",
 			want: func(c *Config) { c.Metrics.Listen = ":9469" },

@@ -116,7 +116,7 @@ func (d *decoder) config(m map[string]any) *Config {
 			})
 		},
 		"stats": func(key string, v any) {
-			d.table(key, v, map[string]field{"dir": d.str(&c.Stats.Dir)})
+			d.table(key, v, map[string]field{"dir": d.absPath(&c.Stats.Dir)})
 		},
 		"log": func(key string, v any) {
 			d.table(key, v, map[string]field{"level": d.str(&c.Log.Level)})
@@ -170,11 +170,7 @@ func (d *decoder) config(m map[string]any) *Config {
 		case w.Path == "":
 			d.errorf(key+".path", "must not be empty")
 		default:
-			abs, err := filepath.Abs(w.Path)
-			if err != nil {
-				d.errorf(key+".path", "cannot make %q absolute: %v", w.Path, err)
-			}
-			w.Path = abs
+			d.abs(key+".path", &w.Path)
 		}
 		c.Watch = append(c.Watch, w)
 	}
@@ -253,6 +249,29 @@ func (d *decoder) str(dst *string) field {
 		}
 		*dst = s
 	}
+}
+
+// absPath is str for a path, made absolute from the working directory
+// (as [[watch]] paths are), so that every later use (the daemon's, a
+// client's from elsewhere, check-config's output) names one directory.
+// An empty string is left for Validate to name.
+func (d *decoder) absPath(dst *string) field {
+	return func(key string, v any) {
+		d.str(dst)(key, v)
+		if *dst != "" {
+			d.abs(key, dst)
+		}
+	}
+}
+
+// abs makes *p absolute (filepath.Abs); key names it in an error.
+func (d *decoder) abs(key string, p *string) {
+	abs, err := filepath.Abs(*p)
+	if err != nil {
+		d.errorf(key, "cannot make %q absolute: %v", *p, err)
+		return
+	}
+	*p = abs
 }
 
 func (d *decoder) boolean(dst *bool) field {
