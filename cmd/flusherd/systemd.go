@@ -162,17 +162,16 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 	}
 	for _, c := range []struct {
 		key      string
-		old, new *string
+		old, new any // pointers to the field in old and cfg
 	}{
 		{"stats.dir", &old.Stats.Dir, &cfg.Stats.Dir},
 		{"watcher.backend", &old.Watcher.Backend, &cfg.Watcher.Backend},
+		{"watcher.rescan_interval", &old.Watcher.RescanInterval, &cfg.Watcher.RescanInterval},
 		{"metrics.listen", &old.Metrics.Listen, &cfg.Metrics.Listen},
 	} {
-		if *c.old != *c.new {
+		if running, configured, same := startOnlyKept(c.old, c.new); !same {
 			log.Warn("this setting changes at the next start, not on reload", zap.String("key", c.key),
-				zap.String("running", *c.old), zap.String("configured", *c.new))
-			// What runs is what later reloads compare with.
-			*c.new = *c.old
+				zap.String("running", running), zap.String("configured", configured))
 		}
 	}
 	if l, err := zap.ParseAtomicLevel(cfg.Log.Level); err == nil {
@@ -240,4 +239,24 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(served), wat.Name()))
 	}
 	return cfg, served, short
+}
+
+// startOnlyKept compares a setting read at start only, running (a
+// *string or *time.Duration) against configured (the same type, from the
+// new file), and returns both as text. When they differ it sets
+// configured to running: what runs is what later reloads compare with.
+func startOnlyKept(running, configured any) (r, c string, same bool) {
+	switch rp := running.(type) {
+	case *string:
+		cp := configured.(*string)
+		r, c = *rp, *cp
+		*cp = *rp
+	case *time.Duration:
+		cp := configured.(*time.Duration)
+		r, c = rp.String(), cp.String()
+		*cp = *rp
+	default:
+		panic(fmt.Sprintf("startOnlyKept: %T", running))
+	}
+	return r, c, r == c
 }

@@ -346,8 +346,9 @@ func TestNotifyAndReload(t *testing.T) {
 	waitClean(t, fb2, 5*time.Second) // the running configuration: 1s expiry
 
 	// The root removed and made again: after a reload (same good
-	// configuration), it is served again.
-	if err := os.WriteFile(cfgPath, []byte(conf("200ms", "1s", b)), 0o644); err != nil {
+	// configuration), it is served again. The reload also changes a key
+	// read at start only: that is logged, with both values.
+	if err := os.WriteFile(cfgPath, []byte(conf("200ms", "1s", b)+"[watcher]\nrescan_interval = \"10s\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	from = len(d.log.String())
@@ -364,6 +365,9 @@ func TestNotifyAndReload(t *testing.T) {
 	fb3 := filepath.Join(b, "f3")
 	writeDirty(t, fb3, 4096)
 	waitClean(t, fb3, 5*time.Second)
+	if l := d.log.String()[from:]; !strings.Contains(l, `this setting changes at the next start, not on reload	{"key": "watcher.rescan_interval", "running": "30s", "configured": "10s"}`) {
+		t.Errorf("no warning that watcher.rescan_interval changes at the next start:\n%s", l)
+	}
 
 	// A configuration with no tree left: accepted, and the daemon says it
 	// is now idle (a warning, as at start-up).
