@@ -393,6 +393,11 @@ loop:
 		c, t, short := reloadConfig(cfg, trees, reload, reg, wat, handles, errs, level, n, log)
 		if c != nil {
 			cfg, trees = c, t
+			// Its tree: lines name the trees served now (the watcher
+			// writes the file again only on its next event).
+			if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters(), wat.Trees()); err != nil {
+				log.Warn("cannot write the watch stats file", zap.Error(err))
+			}
 		}
 		switch {
 		case short:

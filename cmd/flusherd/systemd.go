@@ -217,13 +217,16 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		}
 		watchErrors(errs, t, log)
 		served = append(served, t)
+		// As the start-up "watching" line: the tree's settings too.
+		fields := []zap.Field{zap.String("root", strconv.Quote(root)), zap.Bool("recursive", t.Recursive),
+			zap.Bool("integrity", t.Integrity), zap.Stringer("expire", t.Expire)}
 		switch {
 		case plan.Returned(root):
-			log.Info("watch root served again (it was gone)", zap.String("root", strconv.Quote(root)))
+			log.Info("watch root served again (it was gone)", fields...)
 		case plan.Replaced(root):
-			log.Info("watch root settings changed", zap.String("root", strconv.Quote(root)))
+			log.Info("watch root settings changed", fields...)
 		default:
-			log.Info("watch root added", zap.String("root", strconv.Quote(root)))
+			log.Info("watch root added", fields...)
 			added++
 		}
 	}

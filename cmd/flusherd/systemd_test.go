@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -305,6 +306,12 @@ func TestNotifyAndReload(t *testing.T) {
 	d.cmd.Process.Signal(syscall.SIGHUP)
 	waitFor(t, "RELOADING=1 then READY=1", 5*time.Second, func() bool {
 		return sd.count("RELOADING=1\nMONOTONIC_USEC=", from) == 1 && sd.count("READY=1", from) == 1
+	})
+	// watch/stats names the trees served now, before any event in b.
+	watchStats := filepath.Join(d.statsDir, "watch", "stats")
+	waitFor(t, "watch/stats naming b, not a", time.Second, func() bool {
+		data, _ := os.ReadFile(watchStats)
+		return strings.Contains(string(data), strconv.Quote(b)) && !strings.Contains(string(data), strconv.Quote(a))
 	})
 	// a's files are written back once more (the removed root), big
 	// one write_chunk at a time until none of it is dirty, and
