@@ -66,9 +66,14 @@ type DirtyFile struct {
 	// List is b_dirty, b_io, b_more_io or b_more_io_wait.
 	List string `json:"list"`
 	// DirtyPages and WritebackPages are cachestat(2)'s counts at the time
-	// of the request (or as last seen, when the file could not be opened).
+	// of the request (or as last seen, when the file could not be opened
+	// or read then).
 	DirtyPages     uint64 `json:"dirty_pages"`
 	WritebackPages uint64 `json:"writeback_pages"`
+	// PagesUnknown: the counts could not be read now and none was seen
+	// before (the 0s above mean unknown, not clean): the file is tracked
+	// because a write to it was reported.
+	PagesUnknown bool `json:"pages_unknown,omitempty"`
 	// AgeSeconds is how long the file's data has been dirty.
 	AgeSeconds float64 `json:"age_seconds"`
 	Retries    int     `json:"retries"`

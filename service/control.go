@@ -211,11 +211,14 @@ func dirtyFiles(reg *bdi.Registry, top int) (files []control.DirtyFile, total in
 				d.LastError = fmt.Sprintf("errno %d", e.in.LastErr)
 			}
 		}
+		fresh := false
 		if !e.in.Busy && time.Now().Before(deadline) {
-			if dp, wp, ok := freshCachestat(e.wb, e.in); ok {
+			var dp, wp uint64
+			if dp, wp, fresh = freshCachestat(e.wb, e.in); fresh {
 				d.DirtyPages, d.WritebackPages = dp, wp
 			}
 		}
+		d.PagesUnknown = !fresh && d.DirtyPages == 0 && d.WritebackPages == 0
 		out = append(out, d)
 	}
 	return out, total

@@ -51,7 +51,11 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 	if more := resp.DirtyTotal - len(resp.Dirty); more > 0 {
 		// On stderr: the list on stdout stays what it was (a table, or
 		// a JSON array), and a count of it does not go unexplained.
-		fmt.Fprintf(stderr, "flusherd dirty: %d more tracked files not shown (the %d oldest are; --top 0 shows all)\n", more, len(resp.Dirty))
+		files := "files"
+		if more == 1 {
+			files = "file"
+		}
+		fmt.Fprintf(stderr, "flusherd dirty: %d more tracked %s not shown (the %d oldest are; --top 0 shows all)\n", more, files, len(resp.Dirty))
 	}
 	if *asJSON {
 		files := resp.Dirty
@@ -79,7 +83,13 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		if f.Probing {
 			list += " (probing)"
 		}
-		fmt.Fprintf(tw, "%.1fs\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", f.AgeSeconds, f.Bdi, list, f.DirtyPages, f.WritebackPages, f.Retries, last, strconv.Quote(string(f.Path)))
+		// Pages, by cachestat; "?" when they could not be read and
+		// none were seen before (PagesUnknown).
+		dirty, wbp := strconv.FormatUint(f.DirtyPages, 10), strconv.FormatUint(f.WritebackPages, 10)
+		if f.PagesUnknown {
+			dirty, wbp = "?", "?"
+		}
+		fmt.Fprintf(tw, "%.1fs\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", f.AgeSeconds, f.Bdi, list, dirty, wbp, f.Retries, last, strconv.Quote(string(f.Path)))
 	}
 	tw.Flush()
 	return exitOK

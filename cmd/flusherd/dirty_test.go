@@ -100,6 +100,11 @@ expire = "100ms"
 	if files[0].DirtyPages != 4 || files[1].DirtyPages != 2 {
 		t.Errorf("dirty pages %d and %d, want 4 and 2 (cachestat)", files[0].DirtyPages, files[1].DirtyPages)
 	}
+	// The blocked file was never opened: its pages are unknown, not 0.
+	if files[0].PagesUnknown || files[1].PagesUnknown || !files[2].PagesUnknown {
+		t.Errorf("pages_unknown %v %v %v, want false false true (the blocked file never opened)",
+			files[0].PagesUnknown, files[1].PagesUnknown, files[2].PagesUnknown)
+	}
 	if files[2].Retries < 1 || files[2].Errors < 1 {
 		t.Errorf("blocked file: retries %d errors %d, want both >= 1", files[2].Retries, files[2].Errors)
 	}
@@ -117,6 +122,16 @@ expire = "100ms"
 	}
 	if !strings.Contains(errb.String(), "2 more tracked files not shown") {
 		t.Errorf("flusherd dirty --top 1 of 3: stderr %q, want the 2 left out counted", errb.String())
+	}
+	// The whole table: the blocked file's pages shown as unknown.
+	out.Reset()
+	if code := Main([]string{"dirty", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+		t.Fatalf("flusherd dirty: exit %d: %s", code, errb.String())
+	}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.Contains(l, strconv.Quote(blocked)) && !strings.Contains(l, "  ?  ") {
+			t.Errorf("the blocked file's line does not show its pages as unknown (?): %q", l)
+		}
 	}
 	// Live stats of one device: the stats file's layout, thresholds
 	// included, and only that device.
