@@ -29,6 +29,7 @@ type attempt struct {
 	dirtyBefore, wbBefore uint64
 	pre                   policy.Outcome // when nothing was written
 	wrote, chunkUsed      bool
+	unread                bool // see attemptCall.unread
 	// deferred: not written because the device had max_inflight under
 	// writeback (counted in throttled).
 	deferred bool
@@ -418,7 +419,10 @@ func (wb *Writeback) complete(att *attempt) {
 	// An I/O error of its own before this attempt, or one on its
 	// filesystem since it was dirtied that may have been its own.
 	hadIOError := in.Has(inode.DataError) || (att.fsErrAt != 0 && att.fsErrAt >= in.DirtiedWhen)
-	if o == policy.IOError {
+	if o == policy.IOError && !att.unread {
+		// (An error of its open or its first cachestat is not one of
+		// its data: finding it clean later, written by the kernel once
+		// the cause went away, is no loss.)
 		in.State |= inode.DataError
 	}
 	dest := policy.Requeue(o, wb.cfg.Requeue)

@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"errors"
+	"os"
 	"fmt"
 	"strings"
 	"sync"
@@ -498,6 +499,53 @@ func TestDataLost(t *testing.T) {
 			t.Errorf("Failed() = %+v after it was written again", h.wb.Failed())
 		}
 	}, tr.setup, withLogs(zapcore.InfoLevel, &logs))
+}
+
+// TestErrorBeforeTheDataIsNoLoss: a file whose attempts fail before they
+// reach its data, in the open (EACCES) or the first cachestat (EPERM), and
+// that the kernel then writes back once the cause is gone, is found clean
+// and forgotten, not reported as lost: nothing of flusherd's failed on its
+// data. (Its attempts are still io_error, retried after max_pause.)
+func TestErrorBeforeTheDataIsNoLoss(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  func(f *fakeFile)
+	}{
+		{"open EACCES", func(f *fakeFile) { f.openErr = &os.PathError{Op: "open", Path: f.path, Err: syscall.EACCES} }},
+		{"cachestat EPERM", func(f *fakeFile) { f.cachestatErr = syscall.EPERM }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = time.Second
+			cfg.MaxPause = 500 * time.Millisecond
+			var tr tracer
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				f := h.fs.add("/a", 1, pg, 1)
+				f.set(c.set)
+				h.mark(f, 0)
+				time.Sleep(1100 * time.Millisecond)
+				synctest.Wait()
+				if in := h.inode("/a"); in == nil || in.Has(inode.DataError) {
+					t.Fatalf("after the failed attempt: %+v, want tracked without DataError", in)
+				}
+				// The cause goes; the kernel writes the page back.
+				f.set(func(f *fakeFile) { f.openErr, f.cachestatErr = nil, nil; clear(f.dirty) })
+				time.Sleep(2 * time.Second)
+				synctest.Wait()
+				want := []attemptRec{
+					{"/a", policy.IOError, policy.MoreIOWait, nil},
+					{"/a", policy.Clean, policy.Forget, nil},
+				}
+				if diff := cmp.Diff(want, outcomes(tr.all())); diff != "" {
+					t.Fatalf("attempts (-want +got):\n%s", diff)
+				}
+				if failed := h.wb.Failed(); len(failed) != 0 {
+					t.Errorf("Failed() = %+v, want none (no data of its failed)", failed)
+				}
+			}, tr.setup)
+		})
+	}
 }
 
 // TestWrittenPagesCounted: BdiWritten counts the pages an attempt took from

@@ -49,6 +49,8 @@ type fakeFile struct {
 	// cachestatErrAt: the file's cachestat calls fail with EIO from the
 	// cachestatErrAt'th (1-based) on; 0: never.
 	cachestatErrAt int
+	// cachestatErr: while set, the file's cachestat calls fail with it.
+	cachestatErr error
 	cachestats     int
 	// keepDirty: writes leave the pages dirty (the filesystem skipped
 	// them, as with locked pages).
@@ -171,6 +173,9 @@ func (h *fakeHandle) Cachestat(off, n int64) (uint64, uint64, error) {
 	f.cachestats++
 	if f.cachestatErrAt > 0 && f.cachestats >= f.cachestatErrAt {
 		return 0, 0, syscall.EIO
+	}
+	if f.cachestatErr != nil {
+		return 0, 0, f.cachestatErr
 	}
 	end := int64(1 << 62)
 	if n > 0 {

@@ -152,6 +152,10 @@ type attemptCall struct {
 	// unsupported: sync_file_range failed as not supported (EINVAL,
 	// ESPIPE, EOPNOTSUPP) outside the probe (which was detached).
 	unsupported bool
+	// unread: the call failed before it reached the file's data, in
+	// its open or its first cachestat (EACCES, EPERM, an open's EIO):
+	// nothing was written, so its error is not one of the data's.
+	unread bool
 }
 
 // submit is the plug's Submit: it learns once per filesystem whether
@@ -221,6 +225,7 @@ func (wb *Writeback) submit(batch []*request) {
 			// Failed after reading the file's state (a write that
 			// returned EROFS): what it read stands (BdiReclaimable).
 			att.dirtyBefore, att.wbBefore = att.call.before[0], att.call.before[1]
+			att.unread = att.call.unread
 		case st == blk.Detached:
 			// Its worker still runs (and owns the attemptCall): not
 			// known to be written, so assumed dirty, and tried again
@@ -579,6 +584,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 		key := inode.Key{Dev: r.Dev, Ino: r.Ino}
 		f, renewed, err := wb.openFile(att.path, key, att.handle)
 		if err != nil {
+			w.unread = true
 			return err
 		}
 		if wb.observer != nil {
@@ -587,6 +593,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 		w.f, w.renewed = f, renewed
 		d, wbp, err := f.Cachestat(0, 0)
 		if err != nil {
+			w.unread = true
 			return wb.closeCall(r, err)
 		}
 		w.before = [2]uint64{d, wbp}
