@@ -2,8 +2,8 @@ package bdi
 
 import (
 	"errors"
-	"os"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"syscall"

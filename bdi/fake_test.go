@@ -51,7 +51,7 @@ type fakeFile struct {
 	cachestatErrAt int
 	// cachestatErr: while set, the file's cachestat calls fail with it.
 	cachestatErr error
-	cachestats     int
+	cachestats   int
 	// keepDirty: writes leave the pages dirty (the filesystem skipped
 	// them, as with locked pages).
 	keepDirty bool
