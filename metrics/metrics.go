@@ -92,7 +92,9 @@ type Collector struct {
 	watchEvents, watchOverflows, watchRescans, watchUnwatched         *prometheus.Desc
 	watchBackend                                                      *prometheus.Desc
 	backgroundWorks, rangeWritebacks, inflight, bandwidth, dirtied    *prometheus.Desc
-	probing                                                           *prometheus.Desc
+	probing, throttled, detachedCalls, inodesGone                     *prometheus.Desc
+	listLockMax, loopStallMax                                         *prometheus.Desc
+	watchNested, watchUnserved, watchQuieted                          *prometheus.Desc
 }
 
 // NewCollector returns a Collector over src; pageSize (bytes) converts the
@@ -119,20 +121,20 @@ func NewCollector(src Source, pageSize int) *Collector {
 		maxDirtyAge: d("max_dirty_age_seconds", "Age of the oldest dirty data of a tracked file on the device; "+
 			"0 when nothing is tracked.", dev...),
 		stuckCalls: d("stuck_calls", "Writeback system calls that exceeded attempt_timeout and have not returned "+
-			"(a frozen or hung filesystem).", dev...),
+			"(a frozen or hung filesystem; stuck_calls).", dev...),
 		written:      d("written_bytes_total", "Data written back by flusherd (BdiWritten).", dev...),
-		plugRequests: d("plug_requests_total", "Writeback requests queued in the plug.", dev...),
-		plugMerges:   d("plug_merges_total", "Writeback requests merged into a neighbour in the plug.", dev...),
-		plugBatches:  d("plug_batches_total", "Plug flushes: batches of writeback requests submitted.", dev...),
+		plugRequests: d("plug_requests_total", "Writeback requests queued in the plug (plug_requests).", dev...),
+		plugMerges:   d("plug_merges_total", "Writeback requests merged into a neighbour in the plug (plug_merges).", dev...),
+		plugBatches:  d("plug_batches_total", "Plug flushes: batches of writeback requests submitted (plug_batches).", dev...),
 		wbErrors: d("writeback_errors_total", "Failed writeback attempts by kind: blocked (EAGAIN, EBUSY, EINTR, "+
 			"EMFILE, ENFILE, or longer than attempt_timeout), fs_unavailable (EROFS, ESHUTDOWN, ENODEV, ENXIO), "+
 			"io_error (EIO, ENOSPC, EDQUOT and other errors), gone (the file was deleted or replaced; it is dropped).",
 			"bdi", "kind"),
 		rescans: d("rescans_total", "Cachestat rescans of trees on the device (after an event queue overflow, "+
-			"and of directories inotify could not watch).", dev...),
+			"and of directories inotify could not watch; rescans).", dev...),
 		watchEvents:    d("watch_events_total", "Events the watcher read from the kernel."),
 		watchOverflows: d("watch_overflows_total", "Event queue overflows (each is followed by a rescan of the trees)."),
-		watchRescans:   d("watch_rescans_total", "Cachestat rescans of the watched trees."),
+		watchRescans:   d("watch_rescans_total", "Cachestat rescans of the watched trees (rescans)."),
 		watchUnwatched: d("watch_unwatched_directories", "Directories inotify could not watch (fs.inotify.max_user_watches "+
 			"reached); they are rescanned every watcher.rescan_interval."),
 		backgroundWorks: d("background_works_total", "Background writeback works run: the tracked files' dirty data was "+
@@ -145,7 +147,19 @@ func NewCollector(src Source, pageSize int) *Collector {
 			"kernel's wb_update_write_bandwidth (BdiWriteBandwidth).", dev...),
 		dirtied: d("dirtied_bytes_total", "Data seen newly dirty in tracked files (BdiDirtied).", dev...),
 		probing: d("probing", "1 while the device is probed with one file per retry pause: every retry failed with the "+
-			"same device-level error (ENOTCONN, ENODEV, EROFS, EIO on open, attempt_timeout).", dev...),
+			"same device-level error (ENOTCONN, ENODEV, EROFS, EIO on open, attempt_timeout; probing).", dev...),
+		throttled: d("throttled_total", "Attempts deferred: big files and ranges while max_inflight_bytes was under "+
+			"writeback, any file while 1,024 calls were outstanding (throttled).", dev...),
+		detachedCalls: d("detached_calls_total", "Background writeback calls left to finish on their worker after 100 ms "+
+			"(a slow device); the file is retried once each returns (detached_calls).", dev...),
+		inodesGone:  d("inodes_gone_total", "Tracked files dropped because they were deleted or replaced (inodes_gone).", dev...),
+		listLockMax: d("list_lock_max_seconds", "The longest time the device's list lock was held (list_lock_max_us).", dev...),
+		loopStallMax: d("loop_stall_max_seconds", "The longest time the device's goroutine, awake, went without a sign "+
+			"of life (loop_stall_max_us).", dev...),
+		watchNested:   d("watch_nested_mounts", "Filesystems mounted inside a watched tree that are served (nested_mounts)."),
+		watchUnserved: d("watch_unserved_mounts", "Filesystems mounted inside a watched tree that cannot be served, each logged with the reason (unserved_mounts)."),
+		watchQuieted: d("watch_quieted_total", "Times a file written continually was quieted: its events ignored until its "+
+			"next writeback attempt (fanotify; quieted)."),
 		watchBackend: d("watch_backend_info", "The watcher backend in use, in the label backend (fanotify or inotify); always 1.",
 			"backend"),
 	}
@@ -158,6 +172,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.written, c.plugRequests, c.plugMerges, c.plugBatches, c.wbErrors, c.rescans,
 		c.watchEvents, c.watchOverflows, c.watchRescans, c.watchUnwatched, c.watchBackend,
 		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.bandwidth, c.dirtied, c.probing,
+		c.throttled, c.detachedCalls, c.inodesGone, c.listLockMax, c.loopStallMax,
+		c.watchNested, c.watchUnserved, c.watchQuieted,
 	} {
 		ch <- d
 	}
@@ -198,6 +214,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.bandwidth, float64(s.BdiWriteBandwidth)*1024, n)
 		ch <- prometheus.MustNewConstMetric(c.dirtied, prometheus.CounterValue, bytes(s.BdiDirtied), n)
 		gauge(c.probing, float64(s.Probing), n)
+		counter(c.throttled, s.Throttled, n)
+		counter(c.detachedCalls, s.DetachedCalls, n)
+		counter(c.inodesGone, s.InodesGone, n)
+		gauge(c.listLockMax, float64(s.ListLockMaxUs)/1e6, n)
+		gauge(c.loopStallMax, float64(s.LoopStallMaxUs)/1e6, n)
 	}
 	backend, w := c.src.Watch()
 	if w == nil {
@@ -207,6 +228,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.watchOverflows, w.Overflows.Load())
 	counter(c.watchRescans, w.Rescans.Load())
 	gauge(c.watchUnwatched, float64(w.Unwatched.Load()))
+	gauge(c.watchNested, float64(w.Nested.Load()))
+	gauge(c.watchUnserved, float64(w.Unserved.Load()))
+	counter(c.watchQuieted, w.Quieted.Load())
 	gauge(c.watchBackend, 1, backend)
 }
 

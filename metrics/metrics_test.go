@@ -49,6 +49,8 @@ func newFake() *fakeSource {
 	sda.Rescans = 3
 	sda.BackgroundWorks, sda.RangeWritebacks, sda.InflightBytes = 4, 11, 12288
 	sda.BdiWriteBandwidth, sda.BdiDirtied = 40960, 54715
+	sda.Throttled, sda.DetachedCalls, sda.InodesGone = 6, 8, 9
+	sda.ListLockMaxUs, sda.LoopStallMaxUs = 85, 100412
 	sda.Outcomes[policy.Clean] = 900 // not an error: not exported
 	sda.Outcomes[policy.Blocked] = 5
 	sda.Outcomes[policy.FSUnavailable] = 1
@@ -59,6 +61,9 @@ func newFake() *fakeSource {
 	ctr.Overflows.Store(1)
 	ctr.Rescans.Store(2)
 	ctr.Unwatched.Store(0)
+	ctr.Nested.Store(1)
+	ctr.Unserved.Store(3)
+	ctr.Quieted.Store(212)
 	return &fakeSource{
 		devs: []Device{
 			{Name: "8:0", Stats: sda, MaxDirtyAge: 12500 * time.Millisecond},
@@ -347,5 +352,74 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatalf("%s has no TYPE line", golden)
+	}
+}
+
+// notExported are the stats files' lines no metric's help text names,
+// each with the metric that carries it or why none does: every other line
+// must be named in a help text, in parentheses ("(key)", "(key, ...)",
+// "(..., key)" or "(...; key)").
+var notExported = map[string]string{
+	"BdiDirtyThresh":   "the kernel's thresholds, read from /proc/vmstat: node_exporter exports them",
+	"DirtyThresh":      "the kernel's thresholds, read from /proc/vmstat: node_exporter exports them",
+	"BackgroundThresh": "the kernel's thresholds, read from /proc/vmstat: node_exporter exports them",
+	"b_dirty":          "flusherd_inodes{list=\"b_dirty\"}",
+	"b_io":             "flusherd_inodes{list=\"b_io\"}",
+	"b_more_io":        "flusherd_inodes{list=\"b_more_io\"}",
+	"b_more_io_wait":   "flusherd_inodes{list=\"b_more_io_wait\"}",
+	"failed_files":     "flusherd_inodes{list=\"failed\"}",
+	"b_dirty_time":     "always 0: the kernel's layout, flusherd has no lazytime list",
+	"bdi_list":         "always 1: the kernel's layout",
+	"state":            "the kernel's layout: the bdi's state bits",
+	"writeback_errors": "flusherd_writeback_errors_total, by kind",
+	"retry_pause_ms":   "flusherd_retry_pause_seconds",
+	"backend":          "flusherd_watch_backend_info{backend}",
+	"events":           "flusherd_watch_events_total",
+	"overflows":        "flusherd_watch_overflows_total",
+	"unwatched_dirs":   "flusherd_watch_unwatched_directories",
+	"tree":             "the trees' roots: not figures",
+}
+
+// TestEveryStatsLineExported: each line of a device's stats file and of
+// watch/stats is either named in a metric's help text or listed in
+// notExported with the metric that carries it (or why none does).
+func TestEveryStatsLineExported(t *testing.T) {
+	dir := t.TempDir()
+	var s bdi.Stats
+	var text bytes.Buffer
+	if err := s.Format(&text, 4096); err != nil {
+		t.Fatal(err)
+	}
+	ctr := &watch.Counters{}
+	if err := watch.WriteStats(dir, "fanotify", ctr, []watch.TreeUse{{Backend: "fanotify", Root: "/srv", Served: true}}); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := os.ReadFile(filepath.Join(dir, "watch", "stats"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text.Write(ws)
+	ch := make(chan *prometheus.Desc, 64)
+	go func() { NewCollector(newFake(), 4096).Describe(ch); close(ch) }()
+	var help strings.Builder
+	for d := range ch {
+		help.WriteString(d.String())
+	}
+	n := 0
+	for line := range strings.Lines(text.String()) {
+		key, _, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n++
+		if _, ok := notExported[key]; ok {
+			continue
+		}
+		if h := help.String(); !strings.Contains(h, "("+key+")") && !strings.Contains(h, "("+key+",") && !strings.Contains(h, ", "+key+")") && !strings.Contains(h, "; "+key+")") {
+			t.Errorf("the stats line %q is in no metric's help text, and not in notExported", key)
+		}
+	}
+	if n < 20 {
+		t.Fatalf("only %d stats lines read", n)
 	}
 }
