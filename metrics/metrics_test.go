@@ -169,7 +169,7 @@ flusherd_inodes{bdi="7:99",list="b_io"} 0
 flusherd_inodes{bdi="7:99",list="b_more_io"} 0
 flusherd_inodes{bdi="7:99",list="b_more_io_wait"} 0
 flusherd_inodes{bdi="7:99",list="failed"} 0
-# HELP flusherd_rescans_total Cachestat rescans of trees on the device (after an event queue overflow, and of directories inotify could not watch).
+# HELP flusherd_rescans_total Cachestat rescans of trees on the device (after an event queue overflow, and of directories inotify could not watch; rescans).
 # TYPE flusherd_rescans_total counter
 flusherd_rescans_total{bdi="7:99"} 1
 # HELP flusherd_watch_backend_info The watcher backend in use, in the label backend (fanotify or inotify); always 1.
