@@ -172,7 +172,12 @@ func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 // the same stats directory fails at once instead of taking over the
 // control socket. unlock releases the lock.
 func claimStatsDir(dir string) (unlock func(), err error) {
+	// elsewhere is what every refusal below suggests.
+	const elsewhere = "choose another directory with --stats-dir or stats.dir"
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EROFS) {
+			return nil, fmt.Errorf("stats.dir: %w (run as root, or %s, one this user may write)", err, elsewhere)
+		}
 		return nil, fmt.Errorf("stats.dir: %w", err)
 	}
 	var st unix.Stat_t
@@ -181,11 +186,13 @@ func claimStatsDir(dir string) (unlock func(), err error) {
 	}
 	switch {
 	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return nil, fmt.Errorf("stats.dir %s is not a directory (a symlink is not accepted)", strconv.Quote(dir))
+		return nil, fmt.Errorf("stats.dir %s is not a directory (a symlink is not accepted): %s", strconv.Quote(dir), elsewhere)
 	case int(st.Uid) != os.Geteuid():
-		return nil, fmt.Errorf("stats.dir %s belongs to uid %d, not to this user (uid %d): refusing to write there", strconv.Quote(dir), st.Uid, os.Geteuid())
+		return nil, fmt.Errorf("stats.dir %s belongs to uid %d, not to this user (uid %d): refusing to write there; chown it, or %s",
+			strconv.Quote(dir), st.Uid, os.Geteuid(), elsewhere)
 	case st.Mode&0o022 != 0:
-		return nil, fmt.Errorf("stats.dir %s is writable by group or others (mode %#o): refusing to write there", strconv.Quote(dir), st.Mode&0o777)
+		return nil, fmt.Errorf("stats.dir %s is writable by group or others (mode %#o): refusing to write there; chmod go-w it, or %s",
+			strconv.Quote(dir), st.Mode&0o7777, elsewhere)
 	}
 	lock := filepath.Join(dir, "flusherd.lock")
 	fd, err := unix.Open(lock, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)

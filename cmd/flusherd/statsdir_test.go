@@ -30,11 +30,27 @@ func TestStatsDirClaimed(t *testing.T) {
 	if err := os.Mkdir(open, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(open, 0o777)
+	os.Chmod(open, 0o777|os.ModeSticky)
 	out.Reset()
 	code = Main([]string{"run", "--watch", t.TempDir(), "--stats-dir", open}, &out, &out)
-	if code != exitFailed || !strings.Contains(out.String(), "writable by group or others") {
-		t.Errorf("world-writable stats dir: exit %d:\n%s", code, out.String())
+	if code != exitFailed || !strings.Contains(out.String(), "writable by group or others (mode 01777)") ||
+		!strings.Contains(out.String(), "chmod go-w it, or choose another directory with --stats-dir or stats.dir") {
+		t.Errorf("world-writable stats dir: exit %d, want 1 with its whole mode and what to do:\n%s", code, out.String())
+	}
+	// Not ours: what to do, too.
+	if os.Geteuid() == 0 {
+		other := filepath.Join(t.TempDir(), "other")
+		if err := os.Mkdir(other, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(other, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		out.Reset()
+		code = Main([]string{"run", "--watch", t.TempDir(), "--stats-dir", other}, &out, &out)
+		if code != exitFailed || !strings.Contains(out.String(), "belongs to uid 65534") || !strings.Contains(out.String(), "chown it, or choose another directory") {
+			t.Errorf("stats dir of another user: exit %d:\n%s", code, out.String())
+		}
 	}
 
 	link := filepath.Join(t.TempDir(), "link")
@@ -61,5 +77,15 @@ func TestEmptyPathFlags(t *testing.T) {
 		if code := Main(args, &out, &out); code != exitUsage || !strings.Contains(out.String(), `invalid value "" for flag`) {
 			t.Errorf("%q: exit %d, %q", args, code, out.String())
 		}
+	}
+}
+
+// TestStatsDirNotMade: a stats directory that cannot be made for want of
+// permission (sysfs refuses mkdir even to root, with EPERM) names what to
+// do.
+func TestStatsDirNotMade(t *testing.T) {
+	_, err := claimStatsDir("/sys/kernel/flusherd-test-stats")
+	if err == nil || !strings.Contains(err.Error(), "run as root, or choose another directory with --stats-dir or stats.dir") {
+		t.Errorf("claimStatsDir in sysfs: %v, want a refusal that says what to do", err)
 	}
 }
