@@ -693,3 +693,29 @@ func TestMaintainerScripts(t *testing.T) {
 		t.Errorf("postrm purge removed a file it does not own: %v", err)
 	}
 }
+
+// TestPackagedConfigHasEveryKey: every key of the README's configuration
+// table is in the packaged file, set or commented out, so that the file
+// shows every setting there is (flusherd.toml(5) says it does).
+func TestPackagedConfigHasEveryKey(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk, err := os.ReadFile("flusherd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyRow := regexp.MustCompile("(?m)^\\| `(?:([a-z]+)\\.([a-z_]+)|\\[\\[watch\\]\\] ([a-z_]+))` \\|")
+	n := 0
+	for _, m := range keyRow.FindAllStringSubmatch(string(readme), -1) {
+		key := m[2] + m[3]
+		n++
+		if !regexp.MustCompile(`(?m)^#?` + key + ` *=`).Match(pk) {
+			t.Errorf("packaging/flusherd.toml has no line for %s (set, or commented out)", strings.TrimSuffix(strings.TrimPrefix(m[0], "| "), " |"))
+		}
+	}
+	if n < 20 {
+		t.Fatalf("only %d keys found in the README's table", n)
+	}
+}
