@@ -45,8 +45,8 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 		if kind, ok := watch.NoWriteback(w.Path); ok {
 			fmt.Fprintf(stderr, "flusherd check-config: note: %q is on %s, a filesystem without writeback: nothing there is ever written back\n", w.Path, kind)
 		}
-		if d, ok := privateTmp(w.Path); ok {
-			fmt.Fprintf(stderr, "flusherd check-config: note: %q is under %s, which the shipped systemd unit replaces with a private one (PrivateTmp=yes): under the unit this tree is not there\n", w.Path, d)
+		if d, setting, ok := privateDir(w.Path); ok {
+			fmt.Fprintf(stderr, "flusherd check-config: note: %q is under %s, which the shipped systemd unit replaces with a private one (%s): under the unit this tree is not there\n", w.Path, d, setting)
 		}
 	}
 	if err := cfg.Encode(stdout); err != nil {
@@ -95,14 +95,17 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// privateTmp reports whether path is under /tmp or /var/tmp, which the
-// shipped unit's PrivateTmp=yes (systemd.exec(5)) gives the daemon its own
-// empty copies of.
-func privateTmp(path string) (string, bool) {
-	for _, d := range []string{"/tmp", "/var/tmp"} {
-		if path == d || strings.HasPrefix(path, d+"/") {
-			return d, true
+// privateDir reports whether path is under a directory the shipped unit
+// gives the daemon its own copy of (systemd.exec(5)), and the setting
+// that does: /tmp and /var/tmp (PrivateTmp=yes: empty), /dev
+// (PrivateDevices=yes: the pseudo devices only, /dev/shm empty).
+func privateDir(path string) (dir, setting string, ok bool) {
+	for _, p := range []struct{ dir, setting string }{
+		{"/tmp", "PrivateTmp=yes"}, {"/var/tmp", "PrivateTmp=yes"}, {"/dev", "PrivateDevices=yes"},
+	} {
+		if path == p.dir || strings.HasPrefix(path, p.dir+"/") {
+			return p.dir, p.setting, true
 		}
 	}
-	return "", false
+	return "", "", false
 }

@@ -139,23 +139,21 @@ func TestVersionAndHelpSpellings(t *testing.T) {
 	}
 }
 
-// TestCheckConfigPrivateTmp: a tree under /tmp or /var/tmp passes, with a
-// note that the shipped unit (PrivateTmp=yes) does not see it; one
-// elsewhere gets no such note.
-func TestCheckConfigPrivateTmp(t *testing.T) {
+// TestCheckConfigPrivateDirs: a tree under /tmp, /var/tmp or /dev passes,
+// with a note that the shipped unit (PrivateTmp=yes, PrivateDevices=yes)
+// does not see it; one elsewhere gets no such note.
+func TestCheckConfigPrivateDirs(t *testing.T) {
 	dir := t.TempDir()
 	cases := []struct {
-		path string
-		note bool
-	}{{"/var/tmp", true}, {"/var/log", false}}
+		path, note string
+	}{{"/var/tmp", "PrivateTmp=yes"}, {"/dev/shm", "PrivateDevices=yes"}, {"/var/log", ""}}
 	if strings.HasPrefix(dir, "/tmp/") {
-		cases = append(cases, struct {
-			path string
-			note bool
-		}{dir, true})
+		cases = append(cases, struct{ path, note string }{dir, "PrivateTmp=yes"})
 	}
-	if _, ok := privateTmp("/tmpfoo/x"); ok {
-		t.Errorf("/tmpfoo/x taken for a path under /tmp")
+	for _, p := range []string{"/tmpfoo/x", "/devices"} {
+		if _, _, ok := privateDir(p); ok {
+			t.Errorf("%s taken for a path under a private directory", p)
+		}
 	}
 	for _, c := range cases {
 		cfgPath := filepath.Join(dir, "c.toml")
@@ -167,8 +165,9 @@ func TestCheckConfigPrivateTmp(t *testing.T) {
 		if code != exitOK {
 			t.Fatalf("%s: exit %d: %s", c.path, code, errb.String())
 		}
-		if got := strings.Contains(errb.String(), "PrivateTmp=yes"); got != c.note {
-			t.Errorf("%s: note %v, want %v: %s", c.path, got, c.note, errb.String())
+		if got, want := strings.Contains(errb.String(), "the shipped systemd unit replaces with a private one"), c.note != ""; got != want ||
+			!strings.Contains(errb.String(), c.note) {
+			t.Errorf("%s: note %v, want %q: %s", c.path, got, c.note, errb.String())
 		}
 	}
 }
