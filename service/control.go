@@ -114,6 +114,8 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 				continue
 			}
 			add(wb, bdi.FileRef{Key: key, Path: p, Tree: tree.Tree})
+		case unix.S_IFLNK:
+			fail(p, "a symbolic link: not followed (name the file it points to)")
 		default:
 			fail(p, "not a regular file or directory")
 		}

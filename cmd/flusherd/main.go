@@ -211,7 +211,7 @@ func (c *commonFlags) readsFile() bool {
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.Var(nonEmpty{&c.config}, "config", "configuration `file` (default "+defaultConfigPath+" if it exists)")
-	fs.Var(nonEmpty{&c.statsDir}, "stats-dir", "`directory` for the stats files; overrides stats.dir")
+	fs.Var(nonEmpty{&c.statsDir}, "stats-dir", "`directory` of the stats files and the control socket; overrides stats.dir (default /run/flusherd)")
 }
 
 func newFlagSet(name, synopsis, example string, stdout, stderr io.Writer) *flag.FlagSet {

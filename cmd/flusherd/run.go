@@ -41,7 +41,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	var c commonFlags
 	c.register(fset)
 	var watches multiFlag
-	fset.Var(&watches, "watch", "directory tree to watch, recursively, in writeback mode (repeatable; added to the config's [[watch]] entries)")
+	fset.Var(&watches, "watch", "`directory` tree to watch, recursively, in writeback mode (repeatable; added to the config's [[watch]] entries)")
 	if code, stop := parseFlags(fset, args); stop {
 		return code
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 )
@@ -291,4 +293,47 @@ func TestSyncPathErrors(t *testing.T) {
 			t.Errorf("sync %q: exit %d, %q; want exit %d and %q", tc.arg, code, out.String(), tc.code, tc.want)
 		}
 	}
+}
+
+// TestSyncSpecialFiles: sync of a FIFO, a device node or a symbolic link in
+// a watched tree fails for that path (exit 1) with what it is, without
+// opening it for I/O (a FIFO would block) or following the link.
+func TestSyncSpecialFiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mknod")
+	}
+	tree := t.TempDir()
+	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\n", tree))
+	target := filepath.Join(tree, "target")
+	if err := os.WriteFile(target, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fifo, dev, link := filepath.Join(tree, "fifo"), filepath.Join(tree, "null"), filepath.Join(tree, "link")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(dev, unix.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, want string }{
+		{fifo, "not a regular file or directory"},
+		{dev, "not a regular file or directory"},
+		{link, "a symbolic link: not followed"},
+	} {
+		var out bytes.Buffer
+		done := make(chan int, 1)
+		go func() { done <- Main([]string{"sync", "--stats-dir", d.statsDir, c.path}, &out, &out) }()
+		select {
+		case code := <-done:
+			if code != exitFailed || !strings.Contains(out.String(), c.want) {
+				t.Errorf("sync %s: exit %d, %q; want exit 1 and %q", c.path, code, out.String(), c.want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("sync %s hung", c.path)
+		}
+	}
+	d.stop(t)
 }
