@@ -340,7 +340,11 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	// The initial scan runs after READY=1; STATUS= shows its progress.
 	// READY=1 goes first, so the scan's last STATUS= is never followed by
 	// an older one.
-	log.Info("every root is watched; READY=1 (the initial scan goes on)", zap.String("backend", wat.Name()))
+	ready := "every root is watched (the initial scan goes on)"
+	if os.Getenv("NOTIFY_SOCKET") != "" {
+		ready = "every root is watched; READY=1 (the initial scan goes on)"
+	}
+	log.Info(ready, zap.String("backend", wat.Name()))
 	n.send(fmt.Sprintf("READY=1\nSTATUS=watching %d trees (%s); initial scan running", len(trees), wat.Name()))
 	scanCtx, stopScan := context.WithCancel(ctx)
 	defer stopScan()

@@ -15,6 +15,7 @@ import (
 // watched tree, is refused.
 func TestStatsDirClaimed(t *testing.T) {
 	tree := t.TempDir()
+	t.Setenv("NOTIFY_SOCKET", "") // not under systemd, whatever runs the tests
 	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\n", tree))
 	var out bytes.Buffer
 	code := Main([]string{"run", "--watch", t.TempDir(), "--stats-dir", d.statsDir}, &out, &out)
@@ -23,6 +24,10 @@ func TestStatsDirClaimed(t *testing.T) {
 	}
 	if _, err := os.Stat(socketPath(d.statsDir)); err != nil {
 		t.Errorf("the first daemon's socket: %v", err)
+	}
+	// Not under systemd (no NOTIFY_SOCKET): the log speaks of no READY=1.
+	if l := d.log.String(); !strings.Contains(l, "every root is watched (the initial scan goes on)") || strings.Contains(l, "READY=1") {
+		t.Errorf("start-up log outside systemd:\n%s", l)
 	}
 	d.stop(t)
 
