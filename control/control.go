@@ -105,7 +105,8 @@ type FileResult struct {
 	Gone bool `json:"gone,omitempty"`
 }
 
-// Response is the answer to a Request.
+// Response is the answer to a Request. Empty fields are left out of its
+// JSON: a "dirty" answer with no file tracked is {"ok":true}.
 type Response struct {
 	OK    bool         `json:"ok"`
 	Error string       `json:"error,omitempty"`
