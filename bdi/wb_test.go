@@ -1088,3 +1088,39 @@ func TestAttemptObserverChecking(t *testing.T) {
 		})
 	}
 }
+
+// TestStricterTreeHolds: a tracked file reported again from an integrity
+// tree with a shorter expiry (moved or hard-linked there from a writeback
+// tree whose expiry is an hour) is written back in integrity mode
+// (fdatasync) once that shorter expiry has passed, counted from when it
+// was first dirtied; one reported again from a laxer tree keeps its own
+// settings.
+func TestStricterTreeHolds(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 100 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		moved := h.fs.add("/wb/moved", 1, 2*pg, 2)
+		kept := h.fs.add("/int/kept", 2, 2*pg, 2)
+		h.wb.MarkInodeDirty(moved.key, moved.path, "", Tree{Expire: time.Hour})
+		h.wb.MarkInodeDirty(kept.key, kept.path, "", Tree{Expire: 300 * time.Millisecond, Integrity: true})
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		// Renamed into the integrity tree; kept linked into the
+		// writeback tree and written there.
+		moved.path = "/int/moved"
+		h.wb.MarkInodeDirty(moved.key, "/int/moved", "", Tree{Expire: 300 * time.Millisecond, Integrity: true})
+		h.wb.MarkInodeDirty(kept.key, "/wb/kept", "", Tree{Expire: time.Hour})
+		time.Sleep(400 * time.Millisecond)
+		synctest.Wait()
+		if n := moved.dirtyCount(); n != 0 {
+			t.Errorf("the file moved into the integrity tree still has %d dirty pages after its expiry there", n)
+		}
+		if c := h.fs.callsOf("fdatasync", "/int/moved"); len(c) == 0 {
+			t.Errorf("the file moved into the integrity tree was not written with fdatasync: %v", h.fs.calls)
+		}
+		if c := h.fs.callsOf("fdatasync", "/wb/kept"); len(c) == 0 && len(h.fs.callsOf("fdatasync", "/int/kept")) == 0 {
+			t.Errorf("the integrity file written through a writeback tree's name lost integrity mode: %v", h.fs.calls)
+		}
+	})
+}

@@ -975,3 +975,40 @@ func (s *treeSuite) inodeReuse(t *testing.T) {
 		}
 	}
 }
+
+// TestMovedIntoIntegrityTree: a dirty file renamed from a writeback tree
+// (expiry an hour) into an integrity tree (expiry 1s) on the same ext4, as
+// a temporary file renamed into place, is written back within the
+// integrity tree's bound, counted from when it was dirtied (the engine's
+// TestStricterTreeHolds checks that it is written with fdatasync); a file
+// left in the writeback tree stays dirty.
+func TestMovedIntoIntegrityTree(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+	wbTree, intTree := filepath.Join(mnt.Dir, "wb"), filepath.Join(mnt.Dir, "int")
+	mkdirs(t, wbTree, intTree)
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+[[watch]]
+path = %q
+expire = "1h"
+[[watch]]
+path = %q
+mode = "integrity"
+expire = "1s"
+`, wbTree, intTree))
+	tmp, stays := filepath.Join(wbTree, "file.tmp"), filepath.Join(wbTree, "stays")
+	writeDirty(t, tmp, 64<<10)
+	writeDirty(t, stays, 64<<10)
+	time.Sleep(500 * time.Millisecond) // tracked under the writeback tree
+	final := filepath.Join(intTree, "file")
+	if err := os.Rename(tmp, final); err != nil {
+		t.Fatal(err)
+	}
+	took := waitClean(t, final, 5*time.Second)
+	t.Logf("clean %v after the rename", took)
+	if dirty, _, err := cachestat(stays, 0, 0); err != nil || dirty == 0 {
+		t.Errorf("the file left in the writeback tree (expiry 1h): %d dirty pages, %v; want still dirty", dirty, err)
+	}
+	d.stop(t)
+}
