@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"flusherd/blk"
 	"flusherd/inode"
 	"flusherd/lists"
 	"flusherd/policy"
@@ -297,33 +296,6 @@ func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) b
 	return true
 }
 
-// checkWriteback asks whether the last writeback of f succeeded, whoever
-// started it (flusherd with sync_file_range(SYNC_FILE_RANGE_WRITE), which
-// does not wait, the kernel's flusher, a FUSE flush on close), once
-// cachestat shows the file clean: sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE)
-// waits on nothing then, and returns the error of a failed writeback that
-// no one has seen yet (errseq_t: a descriptor opened after an unseen error
-// still reports it; file_check_and_advance_wb_err). The kernel marks the
-// pages of a failed writeback clean and drops the data, so without this a
-// file whose asynchronous writeback failed (EIO from the device, an ext4
-// that aborted its journal) would be forgotten as clean. Where
-// sync_file_range is not supported, fdatasync (nothing dirty, so it writes
-// nothing) reports that error instead. Files that do not offer the check
-// report nil.
-func checkWriteback(f inode.File) error {
-	c, ok := f.(interface{ CheckWriteback() error })
-	if !ok {
-		return nil
-	}
-	err := c.CheckWriteback()
-	if blk.IsUnsupported(err) {
-		// No sync_file_range on this filesystem: fdatasync, with
-		// nothing dirty, only reports the unseen error.
-		return f.DataSync()
-	}
-	return err
-}
-
 // complete ends an attempt, as the end of writeback_single_inode does: it
 // reads the file's state after the write, closes it, classifies the
 // outcome, accounts for it and requeues the inode (requeueInodeLocked).
@@ -335,12 +307,15 @@ func (wb *Writeback) complete(att *attempt) {
 	case att.afterKnown:
 		dirty, wbp = att.dirtyAfter, att.wbAfter
 	case att.f != nil && err == nil && att.wrote:
+		// Clean once neither dirty nor writeback pages are left. Whether
+		// that writeback succeeded is not asked (writeback mode): the
+		// only calls that tell (sync_file_range WAIT_BEFORE, fsync) mark
+		// the file's error seen, and a descriptor the application opens
+		// after that would not report it (errseq_sample). The error
+		// stays the application's fsync's, as after the kernel's own
+		// writeback.
 		dirty, wbp, err = att.f.Cachestat(0, 0)
 		known = err == nil
-		if err == nil && dirty == 0 && wbp == 0 {
-			// Its writeback ended: did it succeed?
-			err = checkWriteback(att.f)
-		}
 	default:
 		// Failed before its state was read (an open, a cachestat):
 		// the last known counts stand.
@@ -384,7 +359,8 @@ func (wb *Writeback) complete(att *attempt) {
 		// failure's pages were among them (a failed writeback that
 		// kept its pages dirty), so finding it clean later is this
 		// write's doing, not a loss. (A failure of this writeback
-		// after it started is still seen: checkWriteback.)
+		// after it started is the application's fsync's to see, in
+		// writeback mode, and fdatasync's in integrity mode.)
 		in.State |= inode.Wrote
 		in.State &^= inode.DataError
 	}

@@ -59,7 +59,7 @@ type fakeFile struct {
 	// device finished at once).
 	fastDevice bool
 	handle     inode.Handle // its handle for handleFS: "h<n>"
-	checkErr   error        // returned by CheckWriteback
+	checkErr   error        // an unseen error of an earlier writeback: DataSync returns it
 }
 
 func newFakeFS(now func() time.Duration) *fakeFS {
@@ -133,18 +133,6 @@ func (h *fakeHandle) Close() error {
 	defer h.f.fs.mu.Unlock()
 	h.f.fs.record("close", h.f.path, 0, 0)
 	return nil
-}
-
-// CheckWriteback returns the file's scripted checkErr: an unseen error of
-// an earlier writeback (errseq_t), as inode's files report it.
-func (h *fakeHandle) CheckWriteback() error {
-	h.f.fs.mu.Lock()
-	defer h.f.fs.mu.Unlock()
-	h.f.fs.record("check_writeback", h.f.path, 0, 0)
-	if h.f.sfrErr != nil {
-		return h.f.sfrErr // it is sync_file_range(WAIT_BEFORE)
-	}
-	return h.f.checkErr
 }
 
 // Syncfs records a syncfs(2) of the file's filesystem: every file of the

@@ -598,9 +598,6 @@ func (wb *Writeback) doAttempt(r *request) error {
 		}
 		w.before = [2]uint64{d, wbp}
 		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {
-			if d == 0 && wbp == 0 {
-				return wb.closeCall(r, checkWriteback(f))
-			}
 			return wb.closeCall(r, nil)
 		}
 		page := int64(os.Getpagesize())

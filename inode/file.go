@@ -128,19 +128,6 @@ func (f *OSFile) StartWriteback(off, n int64) error {
 	return nil
 }
 
-// CheckWriteback returns the error of a writeback of the file that failed
-// and that no descriptor has reported yet, waiting for writeback under way
-// first: sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE), which ends in
-// file_check_and_advance_wb_err. Call it when cachestat shows the file
-// clean, so that it waits on nothing. Errors: as the failed writeback's
-// (EIO, ENOSPC, EROFS, ...), wrapped.
-func (f *OSFile) CheckWriteback() error {
-	if err := unix.SyncFileRange(f.fd, 0, 0, unix.SYNC_FILE_RANGE_WAIT_BEFORE); err != nil {
-		return fmt.Errorf("writeback (sync_file_range wait): %w", err)
-	}
-	return nil
-}
-
 // DataSync implements File with fdatasync(2).
 func (f *OSFile) DataSync() error {
 	if err := unix.Fdatasync(f.fd); err != nil {

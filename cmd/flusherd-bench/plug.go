@@ -211,12 +211,6 @@ func (f *countingFile) DataSync() error { f.n.Add(1); return f.File.DataSync() }
 // Size counts the fstat a file opened by handle makes on its first call.
 func (f *countingFile) Size() (int64, error) { f.n.Add(1); return f.File.Size() }
 
-// CheckWriteback counts the sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE)
-// that asks a clean file whether its writeback succeeded.
-func (f *countingFile) CheckWriteback() error {
-	f.n.Add(1)
-	return f.File.(interface{ CheckWriteback() error }).CheckWriteback()
-}
 func (f *countingFile) Close() error { f.n.Add(1); return f.File.Close() }
 func (f *countingFile) Syncfs() error {
 	f.n.Add(1)

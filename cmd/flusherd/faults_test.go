@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -167,7 +168,10 @@ func TestFaultSuite(t *testing.T) {
 			recover: func(e *faultEnv) { e.ffs.Set(faultfs.Faults{}) },
 		},
 		{
-			name: "enospc", fuse: true, lost: true, reason: "ENOSPC", skip: fuseScanFlushes,
+			// In an integrity tree, where fdatasync reports the failed
+			// writeback; in a writeback tree the error is left to the
+			// application (TestWritebackModeLeavesErrorsToTheApplication).
+			name: "enospc", fuse: true, mode: "integrity", lost: true, reason: "ENOSPC", skip: fuseScanFlushes,
 			inject:  func(e *faultEnv) { e.ffs.Set(faultfs.Faults{WriteErr: syscall.ENOSPC}) },
 			recover: func(e *faultEnv) { e.ffs.Set(faultfs.Faults{}) },
 		},
@@ -673,4 +677,63 @@ func abortFuse(t *testing.T, dir string) {
 	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
 		t.Fatalf("abort the FUSE connection: %v", err)
 	}
+}
+
+// TestWritebackModeLeavesErrorsToTheApplication: in a writeback-mode tree,
+// a file whose writeback fails asynchronously (a FUSE server answering its
+// WRITE with ENOSPC: the kernel records the error and drops the pages) is
+// written back by the daemon and then forgotten as clean, and the error
+// stays the application's: a later open and fsync of the file reports it.
+// (The daemon does not read the file's error state in writeback mode:
+// doing so marks the error seen, and a descriptor opened after that
+// would never report it.)
+func TestWritebackModeLeavesErrorsToTheApplication(t *testing.T) {
+	ffs := faultfs.MountT(t)
+	tree := filepath.Join(ffs.Dir, "tree")
+	mkdirs(t, tree)
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+[[watch]]
+path = %q
+expire = "200ms"
+`, tree))
+	ffs.Set(faultfs.Faults{WriteErr: syscall.ENOSPC})
+	p := filepath.Join(tree, "f")
+	// Kept open: a FUSE close flushes the file itself (FLUSH), and the
+	// daemon's writeback is what is under test.
+	w, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write(make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	waitClean(t, p, 5*time.Second) // written back, and the pages dropped
+	listed := ""
+	waitFor(t, "the daemon done with the file (forgotten, or parked as failed)", 5*time.Second, func() bool {
+		var out, errb bytes.Buffer
+		Main([]string{"dirty", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb)
+		listed = ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.Contains(l, strconv.Quote(p)) {
+				listed = l
+			}
+		}
+		return listed == "" || strings.Contains(listed, " failed ")
+	})
+	if listed != "" {
+		t.Errorf("the daemon reports the file as failed: it read the error state the application's fsync needs: %q", listed)
+	}
+	ffs.Set(faultfs.Faults{})
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("the application's fsync after the daemon's writeback: %v, want ENOSPC (the failed writeback's error, unseen until then)", err)
+	}
+	d.stop(t)
 }
