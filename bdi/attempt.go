@@ -410,6 +410,24 @@ func (wb *Writeback) complete(att *attempt) {
 			in.LastErr = errnoOf(att.fsErrno)
 		}
 	}
+	stillLost := false
+	if in.Has(inode.LostBefore) && dest != policy.Failed {
+		switch {
+		case o == policy.Clean && att.dirtyBefore == 0 && att.wbBefore == 0 && !redirtied:
+			// Nothing written since its loss (the report that took it
+			// off the failed list was a close): the loss stands, with
+			// its error.
+			dest, stillLost = policy.Failed, true
+		case att.dirtyBefore > 0 || att.wbBefore > 0:
+			// Written again (through a shared mmap, whose close was
+			// the report): the loss is no longer the state of its
+			// data.
+			in.State &^= inode.LostBefore
+			if err == nil {
+				in.Errors, in.LastErr = 0, 0
+			}
+		}
+	}
 	if in.Has(inode.Dropped) {
 		// Its tree went away during the attempt (DropUnder).
 		dest = policy.Drop
@@ -452,7 +470,9 @@ func (wb *Writeback) complete(att *attempt) {
 	if wb.Trace != nil {
 		wb.Trace(path, o, dest, err)
 	}
-	if dest == policy.Failed {
+	if dest == policy.Failed && stillLost {
+		wb.log.Debug("still failed: reported again, but nothing was written since its data was lost", zap.String("path", strconv.Quote(path)), zap.Error(err))
+	} else if dest == policy.Failed {
 		wb.errLog.Error("data lost: a writeback of this file failed and the kernel dropped its dirty pages; it stays reported as failed until it is written again",
 			zap.String("path", strconv.Quote(path)), zap.Error(err))
 	} else if newErr {

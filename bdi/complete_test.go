@@ -485,6 +485,20 @@ func TestDataLost(t *testing.T) {
 		if n := len(logs.FilterMessageSnippet("data lost").All()); n != 1 {
 			t.Errorf("%d data-lost lines, want 1", n)
 		}
+		// Closed by the application, nothing written: tracked, then
+		// found clean, and the loss stands (not logged twice).
+		h.wb.MarkInodeClosed(f.key, f.path, "", Tree{Expire: 0})
+		if s := h.wb.Snapshot(); s.FailedFiles != 0 || s.BDirty != 1 {
+			t.Errorf("closed: failed_files %d, b_dirty %d; want 0, 1 (tracked until an attempt looks)", s.FailedFiles, s.BDirty)
+		}
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		if failed := h.wb.Failed(); len(failed) != 1 || !errors.Is(failed[0].Err, syscall.EIO) {
+			t.Errorf("closed after its loss: Failed() = %+v, want /a with EIO still", failed)
+		}
+		if n := len(logs.FilterMessageSnippet("data lost").All()); n != 1 {
+			t.Errorf("%d data-lost lines after the close, want 1", n)
+		}
 		// Written again.
 		f.redirty(0)
 		h.mark(f, time.Hour)
@@ -546,6 +560,37 @@ func TestErrorBeforeTheDataIsNoLoss(t *testing.T) {
 			}, tr.setup)
 		})
 	}
+}
+
+// TestClosedWithDataAfterLoss: a file parked as failed that is reported
+// closed (no write reported: a shared mmap's data) and holds dirty pages
+// is written back and forgotten as clean: its new data ended the loss.
+func TestClosedWithDataAfterLoss(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.MaxPause = 500 * time.Millisecond
+	var tr tracer
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/a", 1, pg, 1)
+		f.writeErr = syscall.EIO
+		h.mark(f, 0)
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		f.set(func(f *fakeFile) { f.writeErr = nil; clear(f.dirty) })
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if len(h.wb.Failed()) != 1 {
+			t.Fatalf("Failed() = %+v, want /a: the test shows nothing", h.wb.Failed())
+		}
+		f.redirty(0) // through the mapping: no write reported
+		h.wb.MarkInodeClosed(f.key, f.path, "", Tree{Expire: 0})
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		if len(h.wb.Failed()) != 0 || h.wb.Tracked() != 0 || f.dirtyCount() != 0 {
+			t.Errorf("Failed() %+v, tracked %d, dirty pages %d; want none, 0, 0 (written, clean)", h.wb.Failed(), h.wb.Tracked(), f.dirtyCount())
+		}
+	}, tr.setup)
 }
 
 // TestWrittenPagesCounted: BdiWritten counts the pages an attempt took from

@@ -35,9 +35,24 @@ func (wb *Writeback) Tracks(key inode.Key, path string) bool {
 // new inode without one, it is asked of the opener when that is an
 // inode.HandleOpener. Safe for concurrent use.
 func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, t Tree) {
+	wb.mark(key, path, h, t, false)
+}
+
+// MarkInodeClosed is MarkInodeDirty for the close of a descriptor the
+// file was open for writing with (FAN_CLOSE_WRITE) when no write was
+// reported with it: the file is tracked all the same (data written
+// through a shared mmap makes no other report), but a file whose data was
+// lost (on the failed list) keeps that loss until an attempt finds dirty
+// data in it (inode.LostBefore): an application that closes the file after
+// its writeback failed has written nothing new.
+func (wb *Writeback) MarkInodeClosed(key inode.Key, path string, h inode.Handle, t Tree) {
+	wb.mark(key, path, h, t, true)
+}
+
+func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t Tree, closed bool) {
 	now := wb.now()
 	h = wb.lockWithHandle(key, path, h)
-	wasIdle := wb.markInodeDirtyLocked(key, path, h, t, now)
+	wasIdle := wb.markInodeDirtyLocked(key, path, h, t, now, closed)
 	wb.mu.Unlock()
 	if wasIdle {
 		wb.kick()
@@ -67,11 +82,12 @@ func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) 
 }
 
 // markInodeDirtyLocked is MarkInodeDirty's work under the list lock, at
-// now (daemon clock). It reports whether the device had nothing dirty
+// now (daemon clock); closed: the report is a close with no write
+// (MarkInodeClosed). It reports whether the device had nothing dirty
 // before (the caller wakes its goroutine then). Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t Tree, now time.Duration) (wasIdle bool) {
+func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t Tree, now time.Duration, closed bool) (wasIdle bool) {
 	in := wb.inodes.Get(key)
 	if in == nil {
 		class, exact := wb.bDirty.class(t.Expire)
@@ -104,12 +120,25 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 			in.SetOtherPath(in.Path())
 			in.SetPath(path)
 		}
-		if wb.failedLocked(in) {
+		switch {
+		case wb.failedLocked(in) && closed:
+			// Closed, not written: tracked, but its loss stands until
+			// an attempt finds data written since (LostBefore).
+			lists.Remove(in)
+			wb.nfailed--
+			in.Retries = 0
+			in.State |= inode.LostBefore
+		case wb.failedLocked(in):
 			// Written again: its earlier loss is no longer the
 			// state of its data. It is dirty like a new file.
 			lists.Remove(in)
 			wb.nfailed--
 			in.Errors, in.LastErr, in.Retries = 0, 0, 0
+		case in.Has(inode.LostBefore) && !closed:
+			// Written again after a close took it off the failed
+			// list.
+			in.State &^= inode.LostBefore
+			in.Errors, in.LastErr = 0, 0
 		}
 		// Reported by the watcher: a tree holds it again (its tree
 		// was added back by a reload before its leaving attempt), and
@@ -187,7 +216,7 @@ func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
 	if wb.observer != nil {
 		wb.observer.Forgotten(in.Key)
 	}
-	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote
+	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote | inode.LostBefore
 	wb.bFailed.MoveToBack(in)
 	wb.nfailed++
 }

@@ -276,6 +276,17 @@ func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t 
 	return nil
 }
 
+// MarkInodeClosed is MarkInodeDirty for a close with no write reported
+// (Writeback.MarkInodeClosed).
+func (r *Registry) MarkInodeClosed(path string, key inode.Key, h inode.Handle, t Tree) error {
+	wb, err := r.Device(key.Dev, path)
+	if err != nil {
+		return err
+	}
+	wb.MarkInodeClosed(key, path, h, t)
+	return nil
+}
+
 // Unchecked reports whether the device dev makes no background checks of
 // freshly written files (no range writeback, no background threshold: see
 // checksWantedLocked), so that a watcher may stop reporting the writes of

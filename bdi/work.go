@@ -115,7 +115,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		}
 		// Tracked from now on, as a write would (no wakeup: this is
 		// the device's goroutine).
-		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now)
+		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now, false)
 		in := wb.inodes.Get(f.Key)
 		if in.Has(inode.Busy) && !wb.waitUnbusyLocked(in) {
 			wb.mu.Unlock()

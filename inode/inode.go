@@ -77,6 +77,12 @@ const (
 	// b_more_io_wait or b_more_io for a reason of background work's: a
 	// chunk written, a redirty during its attempt).
 	Background
+	// LostBefore: its data was lost (it was parked as failed) and it
+	// was reported again. The loss stands until an attempt finds data
+	// written since: the report may have been a close (FAN_CLOSE_WRITE,
+	// inotify's IN_CLOSE_WRITE), which writes nothing, and an attempt
+	// that finds it clean parks it as failed again.
+	LostBefore
 )
 
 // ErrnoOther is LastErr for an error that is not an errno.

@@ -697,7 +697,13 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		tg.events = 0
 		fa.quietFile(tg)
 	}
-	if err := fa.sink.MarkInodeDirty(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
+	mark := fa.sink.MarkInodeDirty
+	if ev.mask&unix.FAN_MODIFY == 0 {
+		if cs, ok := fa.sink.(ClosedSink); ok {
+			mark = cs.MarkInodeClosed // closed, no write with it
+		}
+	}
+	if err := mark(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
 		fa.unquiet(tg.key) // untracked: its writes must be reported
 		if policy.Shortage(err) {
 			// The write is not forgotten: rescans until one completes.

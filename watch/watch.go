@@ -64,6 +64,14 @@ type Sink interface {
 	TreeGone(root string, dev uint64, lastOnDev bool)
 }
 
+// ClosedSink is a Sink that tells a close apart from a write: a backend
+// that reports a file only closed after writing (fanotify's
+// FAN_CLOSE_WRITE without FAN_MODIFY) calls MarkInodeClosed instead of
+// MarkInodeDirty when its sink has it (bdi.Registry does).
+type ClosedSink interface {
+	MarkInodeClosed(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
+}
+
 // Backend is a way of watching the trees.
 type Backend interface {
 	// Name is "fanotify" or "inotify".

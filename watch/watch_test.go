@@ -285,3 +285,45 @@ func TestFanotifyRunEnds(t *testing.T) {
 		t.Fatal("Run after Close did not return")
 	}
 }
+
+// closedSink records MarkInodeClosed apart from MarkInodeDirty.
+type closedSink struct {
+	sink
+	closed map[string]int
+}
+
+func (s *closedSink) MarkInodeClosed(path string, key inode.Key, _ inode.Handle, t bdi.Tree) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed[path]++
+	return nil
+}
+
+// TestFanotifyClosedApart: fanotify reports a close that comes alone (its
+// write was read before) with MarkInodeClosed, and a write with
+// MarkInodeDirty, to a sink that tells them apart (ClosedSink).
+func TestFanotifyClosedApart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fanotify needs root")
+	}
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 32})
+	s := &closedSink{sink: sink{seen: map[string]int{}}, closed: map[string]int{}}
+	startWith(t, mnt.Dir, "fanotify", s)
+	p := filepath.Join(mnt.Dir, "f")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the write reported", func() bool { return s.has(p) })
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the close reported", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.closed[p] > 0
+	})
+}
