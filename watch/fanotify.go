@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -188,8 +189,15 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 	binary.NativeEndian.PutUint32(fsid[0:], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(fsid[4:], uint32(sfs.Fsid.Val[1]))
 	fa.fsidsMu.RLock()
-	_, ok := fa.fsids[fsid]
+	known, ok := fa.fsids[fsid]
 	fa.fsidsMu.RUnlock()
+	if ok && known != dev && devMounted(known) {
+		// Events name a filesystem by its fsid only: two with one fsid
+		// (a copied image, mounted beside its original) cannot be told
+		// apart, and the writes of one would be taken for the other's.
+		return fmt.Errorf("%w: %s (device %d:%d) has the fsid of the marked filesystem on device %d:%d, as a copy of a filesystem image does (change one's UUID, e.g. tune2fs -U random or xfs_admin -U generate)",
+			ErrSharedFsid, root, unix.Major(dev), unix.Minor(dev), unix.Major(known), unix.Minor(known))
+	}
 	if ok && !force {
 		return nil
 	}
@@ -209,6 +217,20 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 	fa.fsids[fsid] = dev
 	fa.fsidsMu.Unlock()
 	return nil
+}
+
+// ErrSharedFsid is the error of a fanotify mark on a filesystem whose fsid
+// another marked filesystem has: fanotify cannot serve it (auto serves it
+// with inotify).
+var ErrSharedFsid = errors.New("fanotify cannot tell this filesystem's events from another's")
+
+// devMounted reports whether a filesystem of device dev is mounted (the
+// mount table; true when it cannot be read: assumed there).
+func devMounted(dev uint64) bool {
+	infos, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
+		return uint64(unix.Mkdev(uint32(i.Major), uint32(i.Minor))) != dev, false
+	})
+	return err != nil || len(infos) > 0
 }
 
 // nestedMount serves a filesystem mounted inside tree t: it is marked

@@ -327,3 +327,54 @@ func TestFanotifyClosedApart(t *testing.T) {
 		return s.closed[p] > 0
 	})
 }
+
+// TestSharedFsid: two filesystems with one fsid (ext4 made with the same
+// UUID, as a copied image is) cannot both be served by fanotify, whose
+// events name a filesystem by fsid: with backend auto the second is served
+// by inotify, and writes in both trees are reported under their own paths.
+func TestSharedFsid(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fanotify needs root")
+	}
+	uuid := []string{"-U", "6f1e3a52-9b8c-4d7e-a1f0-2c3b4d5e6f70"}
+	a := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 32, MkfsArgs: uuid})
+	b := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 32, MkfsArgs: uuid})
+	var sa, sb unix.Statfs_t
+	if err := unix.Statfs(a.Dir, &sa); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Statfs(b.Dir, &sb); err != nil {
+		t.Fatal(err)
+	}
+	if sa.Fsid != sb.Fsid {
+		t.Fatalf("fsids %v and %v differ: the test shows nothing", sa.Fsid, sb.Fsid)
+	}
+	s := &sink{seen: map[string]int{}}
+	h := inode.NewHandles()
+	t.Cleanup(h.Close)
+	w, err := New([]Tree{{Root: a.Dir, Recursive: true}, {Root: b.Dir, Recursive: true}}, s, Options{Backend: "auto", Opener: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); w.Close(); <-done })
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	backends := map[string]string{}
+	for _, u := range w.Trees() {
+		backends[u.Root] = u.Backend
+	}
+	if backends[a.Dir] != "fanotify" || backends[b.Dir] != "inotify" {
+		t.Errorf("backends %v, want the first fanotify and the second inotify", backends)
+	}
+	pa, pb := filepath.Join(a.Dir, "f"), filepath.Join(b.Dir, "f")
+	for _, p := range []string{pa, pb} {
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "both writes reported", func() bool { return s.has(pa) && s.has(pb) })
+}
