@@ -201,11 +201,19 @@ func (r *Registry) Rescanned(dev uint64) {
 	wb.mu.Unlock()
 }
 
-// TreeGone drops the inodes of a tree whose root is gone (watch.Sink).
+// TreeGone drops the inodes of a tree whose root is gone (watch.Sink), and
+// lets go of its filesystem's error cursor (Options.Errs).
 // When it was the last tree on its filesystem (lastOnDev), the device is
 // retired once nothing of it is tracked: its goroutine ends, its stats
 // file is removed, and the filesystem's handle registration is dropped.
 func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
+	if r.opt.Errs != nil {
+		// Its filesystem's error cursor is let go with it: the held
+		// root would keep a lazily unmounted filesystem, and its loop
+		// device, alive. A reload that serves the tree again takes a
+		// new one.
+		r.opt.Errs.Remove(root)
+	}
 	r.mu.Lock()
 	wb := r.byDev[dev]
 	r.mu.Unlock()

@@ -1012,3 +1012,34 @@ expire = "1s"
 	}
 	d.stop(t)
 }
+
+// TestIntegrityRootLazilyUnmounted: the filesystem of an integrity tree,
+// whose root the daemon holds open for its error cursor (a plain umount
+// fails with EBUSY), unmounted lazily (umount -l): once the daemon finds
+// the root gone it lets go of it, and the filesystem is released (its loop
+// device detaches) while the daemon runs on.
+func TestIntegrityRootLazilyUnmounted(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 32})
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+[[watch]]
+path = %q
+mode = "integrity"
+expire = "200ms"
+`, mnt.Dir))
+	f := filepath.Join(mnt.Dir, "f")
+	writeDirty(t, f, 16<<10)
+	waitClean(t, f, 5*time.Second)
+	from := len(d.log.String())
+	if err := mnt.UnmountLazy(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the root found gone", 5*time.Second, func() bool {
+		_, ok := d.logLineSince(from, "root", mnt.Dir)
+		return ok
+	})
+	waitFor(t, "the filesystem released (its loop device detached)", 5*time.Second, func() bool { return !mnt.Attached() })
+	d.mustRun(t)
+	d.stop(t)
+}

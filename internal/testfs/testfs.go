@@ -278,6 +278,28 @@ func (f *FS) Unmount() error {
 	return nil
 }
 
+// UnmountLazy detaches the filesystem from its mount point at once
+// (umount -l, MNT_DETACH): it lives on until its last user lets go, then
+// the loop device, marked autoclear, detaches (Attached). Cleanup skips the
+// umount and still checks the detach.
+func (f *FS) UnmountLazy() error {
+	if !f.td.mounted {
+		return fmt.Errorf("testfs: umount -l %s: already unmounted", f.Dir)
+	}
+	if err := unix.Unmount(f.Dir, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("testfs: umount -l %s: %w", f.Dir, err)
+	}
+	f.td.mounted = false
+	return nil
+}
+
+// Attached reports whether the loop device still holds the image: after
+// an unmount, until the filesystem's last user has let go.
+func (f *FS) Attached() bool {
+	bf, err := backingFile(f.Device)
+	return err == nil && bf == f.Image
+}
+
 // RemountRO remounts the filesystem read-only (mount -o remount,ro).
 // It fails the test if the kernel refuses, e.g. with EBUSY while a file is
 // open for writing.
