@@ -3,6 +3,7 @@ package service
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -90,6 +91,10 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 		// No component may be a symlink (a sync request must not reach
 		// outside the trees through one), and nothing is opened for I/O.
 		st, err := inode.StatPath(p)
+		if errors.Is(err, unix.ELOOP) {
+			fail(p, "a directory in the path is a symbolic link, which is not followed (give the path without it)")
+			continue
+		}
 		if err != nil {
 			fail(p, err.Error())
 			continue

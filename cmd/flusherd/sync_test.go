@@ -296,8 +296,9 @@ func TestSyncPathErrors(t *testing.T) {
 }
 
 // TestSyncSpecialFiles: sync of a FIFO, a device node or a symbolic link in
-// a watched tree fails for that path (exit 1) with what it is, without
-// opening it for I/O (a FIFO would block) or following the link.
+// a watched tree, or of a file named through a symbolic link to the tree,
+// fails for that path (exit 1) with what it is, without opening it for I/O
+// (a FIFO would block) or following the link.
 func TestSyncSpecialFiles(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mknod")
@@ -318,7 +319,12 @@ func TestSyncSpecialFiles(t *testing.T) {
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
 	}
+	treeLink := filepath.Join(t.TempDir(), "treelink") // to the tree, from outside
+	if err := os.Symlink(tree, treeLink); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct{ path, want string }{
+		{filepath.Join(treeLink, "target"), "a directory in the path is a symbolic link, which is not followed"},
 		{fifo, "not a regular file or directory"},
 		{dev, "not a regular file or directory"},
 		{link, "a symbolic link: not followed"},
