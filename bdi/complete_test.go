@@ -499,6 +499,18 @@ func TestDataLost(t *testing.T) {
 		if n := len(logs.FilterMessageSnippet("data lost").All()); n != 1 {
 			t.Errorf("%d data-lost lines after the close, want 1", n)
 		}
+		// Closed again, then a sync request before any attempt: a sync
+		// is not a write either, and it is answered with the loss.
+		h.wb.MarkInodeClosed(f.key, f.path, "", Tree{Expire: time.Hour})
+		w := &Work{SyncMode: SyncAll, Reason: "sync", Files: []FileRef{{Key: f.key, Path: f.path, Tree: Tree{Expire: time.Hour}}}}
+		h.wb.Queue(w)
+		<-w.Done()
+		if !errors.Is(w.Errs[0], syscall.EIO) {
+			t.Errorf("sync after a close: %v, want the loss (EIO)", w.Errs[0])
+		}
+		if failed := h.wb.Failed(); len(failed) != 1 {
+			t.Errorf("after the sync: Failed() = %+v, want /a", failed)
+		}
 		// Written again.
 		f.redirty(0)
 		h.mark(f, time.Hour)

@@ -82,8 +82,8 @@ func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) 
 }
 
 // markInodeDirtyLocked is MarkInodeDirty's work under the list lock, at
-// now (daemon clock); closed: the report is a close with no write
-// (MarkInodeClosed). It reports whether the device had nothing dirty
+// now (daemon clock); closed: the report is not a write (a close with no
+// write, MarkInodeClosed; a sync request), which does not end a loss. It reports whether the device had nothing dirty
 // before (the caller wakes its goroutine then). Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu

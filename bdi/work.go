@@ -114,8 +114,9 @@ func (wb *Writeback) syncFiles(w *Work) {
 			continue
 		}
 		// Tracked from now on, as a write would (no wakeup: this is
-		// the device's goroutine).
-		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now, false)
+		// the device's goroutine); not a write, though: a loss that a
+		// close took off the failed list (LostBefore) stands.
+		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now, true)
 		in := wb.inodes.Get(f.Key)
 		if in.Has(inode.Busy) && !wb.waitUnbusyLocked(in) {
 			wb.mu.Unlock()
