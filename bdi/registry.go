@@ -322,6 +322,20 @@ func (r *Registry) Tracks(key inode.Key, path string) bool {
 	return wb != nil && wb.Tracks(key, path)
 }
 
+// TracksKey reports whether the inode key is tracked, under any name
+// (watch.KeyTracker).
+func (r *Registry) TracksKey(key inode.Key) bool {
+	r.mu.Lock()
+	wb := r.byDev[key.Dev]
+	r.mu.Unlock()
+	if wb == nil {
+		return false
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return wb.inodes.Get(key) != nil
+}
+
 // Devices returns the devices, sorted by name.
 func (r *Registry) Devices() []*Writeback {
 	r.mu.Lock()

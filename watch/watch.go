@@ -72,6 +72,15 @@ type ClosedSink interface {
 	MarkInodeClosed(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
 }
 
+// KeyTracker is a Sink that tells whether an inode is tracked under any
+// name (bdi.Registry does): a scan reports such a file found under a new
+// name (moved or linked into a tree) without looking at it, so that the
+// tree's settings reach it even when it is clean by then (its writeback
+// attempt, in flight, reads its state).
+type KeyTracker interface {
+	TracksKey(key inode.Key) bool
+}
+
 // Backend is a way of watching the trees.
 type Backend interface {
 	// Name is "fanotify" or "inotify".

@@ -378,3 +378,51 @@ func TestSharedFsid(t *testing.T) {
 	}
 	eventually(t, "both writes reported", func() bool { return s.has(pa) && s.has(pb) })
 }
+
+// keyTrackerSink tracks one inode (under another name).
+type keyTrackerSink struct {
+	sink
+	key inode.Key
+}
+
+func (s *keyTrackerSink) TracksKey(key inode.Key) bool { return key == s.key }
+
+// TestMovedDirReportsTrackedFiles: a directory renamed within the trees
+// (fanotify reports the rename, and its files are scanned) has a file
+// that is tracked under its old name reported under the new one even when
+// it is clean, so that the tree it moved to reaches it (an integrity
+// tree, while an attempt in another mode was in flight); a clean file
+// that is not tracked is not reported.
+func TestMovedDirReportsTrackedFiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fanotify needs root")
+	}
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 32})
+	src, dst := filepath.Join(mnt.Dir, "a", "d"), filepath.Join(mnt.Dir, "b")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tracked, other := filepath.Join(src, "tracked"), filepath.Join(src, "other")
+	for _, p := range []string{tracked, other} {
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unix.Sync() // both clean
+	key, _, err := inode.Stat(tracked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &keyTrackerSink{sink: sink{seen: map[string]int{}}, key: key}
+	startWith(t, mnt.Dir, "fanotify", s)
+	if err := os.Rename(src, filepath.Join(dst, "d")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the tracked file reported under its new name", func() bool { return s.has(filepath.Join(dst, "d", "tracked")) })
+	if s.has(filepath.Join(dst, "d", "other")) {
+		t.Errorf("a clean file that is not tracked was reported")
+	}
+}
