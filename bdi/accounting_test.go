@@ -355,6 +355,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 				h.mark(busy, time.Hour)
 				f := h.fs.add("/f", 2, int64(c.pages)*pg, c.pages)
 				h.mark(f, 0)
+				busy.set(func(f *fakeFile) { f.writeback, f.holdWriteback = 16, true }) // a device still writing
 				h.wb.mu.Lock()
 				h.wb.setPagesLocked(h.wb.inodes.Get(busy.key), 0, 16)
 				h.wb.inodes.Get(f.key).DirtyPages = uint32(c.pages) // as its last attempt saw
@@ -370,6 +371,7 @@ func TestCongestedDefersBigFiles(t *testing.T) {
 				if th := h.wb.Snapshot().Throttled; (th > 0) != c.deferred {
 					t.Errorf("throttled = %d, want deferrals counted: %v", th, c.deferred)
 				}
+				busy.set(func(f *fakeFile) { f.writeback, f.holdWriteback = 0, false })
 				h.wb.mu.Lock()
 				h.wb.setPagesLocked(h.wb.inodes.Get(busy.key), 0, 0)
 				h.wb.mu.Unlock()
@@ -404,12 +406,14 @@ func firstWrites(h *harness, f *fakeFile) []call {
 
 // inFlight marks a file tracked with pages under writeback as its last
 // attempt saw them: the room they take under max_inflight.
-func inFlight(h *harness, pages uint32) {
+func inFlight(h *harness, pages uint32) *fakeFile {
 	busy := h.fs.add("/busy", 1, pg, 1)
 	h.mark(busy, time.Hour)
+	busy.set(func(f *fakeFile) { f.writeback, f.holdWriteback = int(pages), true }) // a device still writing
 	h.wb.mu.Lock()
 	h.wb.setPagesLocked(h.wb.inodes.Get(busy.key), 0, uint64(pages))
 	h.wb.mu.Unlock()
+	return busy
 }
 
 // TestInflightRoomLimitsTheChunk: a big file's attempt writes no more than
@@ -419,11 +423,12 @@ func inFlight(h *harness, pages uint32) {
 func TestInflightRoomLimitsTheChunk(t *testing.T) {
 	withWB(t, roomConfig(), func(h *harness) {
 		t := h.t
-		inFlight(h, 4)
+		busy := inFlight(h, 4)
 		c := firstWrites(h, h.fs.add("/big", 2, 100*pg, 100))
 		if len(c) == 0 || c[0].n != 12*pg {
 			t.Fatalf("first write of the big file: %v, want one window of 12 pages (16 allowed, 4 in flight)", c)
 		}
+		busy.set(func(f *fakeFile) { f.writeback = 16 })
 		h.wb.mu.Lock()
 		h.wb.setPagesLocked(h.wb.inodes.Get(inode.Key{Dev: 7, Ino: 1}), 0, 16)
 		h.wb.mu.Unlock()
@@ -474,6 +479,41 @@ func TestSmallFileFollowsTheBound(t *testing.T) {
 		c := firstWrites(h, h.fs.add("/f", 2, 10*pg, 10))
 		if len(c) == 0 || c[0].n != 4*pg {
 			t.Errorf("first write of a 10-page file with 12 of 16 pages in flight (write_chunk 64): %v, want one window of the 4 left", c)
+		}
+	})
+}
+
+// TestStaleInflightCountFollowed: with range writeback off and no
+// background threshold (no background checks of written files), a file's
+// count of pages under writeback, once its device has finished, is read
+// again (the background check follows such files whenever
+// max_inflight_bytes is set): a file deferred by max_inflight_bytes on
+// that count is written at the next tick, not deferred for good. (Six
+// 3 MiB files against 1 MiB stayed dirty, deferred hundreds of times,
+// until the kernel wrote them; inflight_bytes stayed at 8 MiB.)
+func TestStaleInflightCountFollowed(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.WriteChunk = 16 * pg
+	cfg.MaxInflight = 16 * pg
+	cfg.RangeBytes = 0
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		busy := h.fs.add("/busy", 1, pg, 1)
+		h.mark(busy, time.Hour)
+		f := h.fs.add("/f", 2, 8*pg, 8)
+		h.mark(f, 0)
+		h.wb.mu.Lock()
+		h.wb.setPagesLocked(h.wb.inodes.Get(busy.key), 0, 16) // its last look; the device has finished since
+		h.wb.inodes.Get(f.key).DirtyPages = 8
+		h.wb.mu.Unlock()
+		time.Sleep(2100 * time.Millisecond)
+		synctest.Wait()
+		if n := f.dirtyCount(); n != 0 {
+			t.Errorf("/f still has %d dirty pages: deferred on a stale count of pages under writeback", n)
+		}
+		if s := h.wb.Snapshot(); s.InflightBytes != 0 {
+			t.Errorf("inflight_bytes %d, want 0 (the device finished)", s.InflightBytes)
 		}
 	})
 }

@@ -104,6 +104,22 @@ func (wb *Writeback) checksWantedLocked() bool {
 	return wb.cfg.RangeBytes > 0 || wb.cfg.DirtyBackgroundBytes > 0 || wb.cfg.DirtyBackgroundRatio > 0
 }
 
+// followWBLocked reports whether the device follows the counts of files
+// whose writeback was in flight at their last look (wb.underWB) with
+// background checks: their pages under writeback are what
+// max_inflight_bytes bounds and what the background threshold counts.
+// Without range writeback or a background threshold, nothing else looks
+// at such a file again before its next attempt, which may be an hour
+// away (a file on b_dirty), or never come (files deferred by
+// max_inflight_bytes without being opened, on those very counts): stale,
+// its count would hold the room under max_inflight_bytes for good.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) followWBLocked() bool {
+	return wb.checksWantedLocked() || wb.cfg.MaxInflight > 0
+}
+
 // touchLocked records that in was written (for the next background check)
 // and reports whether it is the first file since the last check, when the
 // goroutine must be woken to schedule the check. Preconditions: wb.mu
@@ -177,7 +193,7 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		wb.sampled = nil
 		unsupported = wb.applySampleLocked(res)
 	}
-	due := !wb.sampling && (len(wb.touched) > 0 || len(wb.underWB) > 0 && wb.checksWantedLocked()) &&
+	due := !wb.sampling && (len(wb.touched) > 0 || len(wb.underWB) > 0 && wb.followWBLocked()) &&
 		now-wb.lastCheck >= backgroundCheckInterval
 	wb.mu.Unlock()
 	for _, r := range unsupported {

@@ -40,7 +40,10 @@ type fakeFile struct {
 	key       inode.Key
 	size      int64
 	dirty     map[int64]bool // page index -> dirty
-	writeback int            // pages under writeback; they complete at the next Cachestat
+	writeback int            // pages under writeback; they complete at the next Cachestat, unless held
+	// holdWriteback: its pages under writeback stay so until cleared (a
+	// device that has not finished).
+	holdWriteback bool
 	openErr   error
 	writeErr  error
 	sfrErr    error  // returned by StartWriteback only (sync_file_range unsupported)
@@ -176,7 +179,7 @@ func (h *fakeHandle) Cachestat(off, n int64) (uint64, uint64, error) {
 		}
 	}
 	wb := uint64(f.writeback)
-	if n == 0 && off == 0 {
+	if n == 0 && off == 0 && !f.holdWriteback {
 		f.writeback = 0 // the device completes what was in flight
 	}
 	return d, wb, nil

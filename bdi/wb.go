@@ -515,7 +515,7 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if wb.sampled != nil {
 		return 0, true
 	}
-	if (len(wb.touched) > 0 || len(wb.underWB) > 0 && wb.checksWantedLocked()) && !wb.sampling {
+	if (len(wb.touched) > 0 || len(wb.underWB) > 0 && wb.followWBLocked()) && !wb.sampling {
 		// Freshly written files, or writeback to follow: the next
 		// background check.
 		tick = min(tick, max(wb.lastCheck+backgroundCheckInterval-now, time.Millisecond))
