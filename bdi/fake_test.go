@@ -44,11 +44,11 @@ type fakeFile struct {
 	// holdWriteback: its pages under writeback stay so until cleared (a
 	// device that has not finished).
 	holdWriteback bool
-	openErr   error
-	writeErr  error
-	sfrErr    error  // returned by StartWriteback only (sync_file_range unsupported)
-	onWrite   func() // runs during StartWriteback/DataSync, without fs.mu
-	onOpen    func() // runs during Open, without fs.mu
+	openErr       error
+	writeErr      error
+	sfrErr        error  // returned by StartWriteback only (sync_file_range unsupported)
+	onWrite       func() // runs during StartWriteback/DataSync, without fs.mu
+	onOpen        func() // runs during Open, without fs.mu
 	// cachestatErrAt: the file's cachestat calls fail with EIO from the
 	// cachestatErrAt'th (1-based) on; 0: never.
 	cachestatErrAt int
