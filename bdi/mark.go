@@ -14,7 +14,7 @@ import (
 )
 
 // Tracks reports whether the inode key is tracked (on any list, the
-// failed one included) under the name path. (st_dev, st_ino) alone is not
+// failed one included) under the name path; "" is any name. (st_dev, st_ino) alone is not
 // an identity: ext4 gives a deleted file's number to the next file at
 // once, so a file whose number is tracked under another name may be a new
 // file, to be looked at (MarkInodeDirty then gives the inode its name, and
@@ -23,7 +23,7 @@ func (wb *Writeback) Tracks(key inode.Key, path string) bool {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	in := wb.inodes.Get(key)
-	return in != nil && in.HasPath(path)
+	return in != nil && (path == "" || in.HasPath(path))
 }
 
 // MarkInodeDirty is __mark_inode_dirty for a write seen on the file key at

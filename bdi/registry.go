@@ -214,9 +214,7 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 		// new one.
 		r.opt.Errs.Remove(root)
 	}
-	r.mu.Lock()
-	wb := r.byDev[dev]
-	r.mu.Unlock()
+	wb := r.known(dev)
 	if wb != nil {
 		n := wb.DropUnder(root)
 		r.opt.Log.Info("dropped the files of a tree that is gone", zap.String("root", strconv.Quote(root)), zap.Int("files", n), zap.String("bdi", wb.Name))
@@ -276,23 +274,29 @@ func (r *Registry) retire(dev uint64, wb *Writeback) {
 // (__mark_inode_dirty); h is its file handle, if known (see
 // Writeback.MarkInodeDirty).
 func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t Tree) error {
-	wb, err := r.Device(key.Dev, path)
-	if err != nil {
-		return err
-	}
-	wb.MarkInodeDirty(key, path, h, t)
-	return nil
+	return r.mark(path, key, h, t, false)
 }
 
 // MarkInodeClosed is MarkInodeDirty for a close with no write reported
 // (Writeback.MarkInodeClosed).
 func (r *Registry) MarkInodeClosed(path string, key inode.Key, h inode.Handle, t Tree) error {
+	return r.mark(path, key, h, t, true)
+}
+
+func (r *Registry) mark(path string, key inode.Key, h inode.Handle, t Tree, closed bool) error {
 	wb, err := r.Device(key.Dev, path)
 	if err != nil {
 		return err
 	}
-	wb.MarkInodeClosed(key, path, h, t)
+	wb.mark(key, path, h, t, closed)
 	return nil
+}
+
+// known returns the device of st_dev dev, nil if it has none yet.
+func (r *Registry) known(dev uint64) *Writeback {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byDev[dev]
 }
 
 // Unchecked reports whether the device dev makes no background checks of
@@ -301,9 +305,7 @@ func (r *Registry) MarkInodeClosed(path string, key inode.Key, h inode.Handle, t
 // a file it has reported dirty until its writeback attempt (the fanotify
 // watcher's quieted files). An unknown device answers false.
 func (r *Registry) Unchecked(dev uint64) bool {
-	r.mu.Lock()
-	wb := r.byDev[dev]
-	r.mu.Unlock()
+	wb := r.known(dev)
 	if wb == nil {
 		return false
 	}
@@ -316,24 +318,15 @@ func (r *Registry) Unchecked(dev uint64) bool {
 // name path (Writeback.Tracks). It names no device: an unknown st_dev has
 // nothing tracked.
 func (r *Registry) Tracks(key inode.Key, path string) bool {
-	r.mu.Lock()
-	wb := r.byDev[key.Dev]
-	r.mu.Unlock()
+	wb := r.known(key.Dev)
 	return wb != nil && wb.Tracks(key, path)
 }
 
 // TracksKey reports whether the inode key is tracked, under any name
 // (watch.KeyTracker).
 func (r *Registry) TracksKey(key inode.Key) bool {
-	r.mu.Lock()
-	wb := r.byDev[key.Dev]
-	r.mu.Unlock()
-	if wb == nil {
-		return false
-	}
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	return wb.inodes.Get(key) != nil
+	wb := r.known(key.Dev)
+	return wb != nil && wb.Tracks(key, "")
 }
 
 // Devices returns the devices, sorted by name.

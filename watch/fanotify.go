@@ -720,10 +720,8 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		fa.quietFile(tg)
 	}
 	mark := fa.sink.MarkInodeDirty
-	if ev.mask&unix.FAN_MODIFY == 0 {
-		if cs, ok := fa.sink.(ClosedSink); ok {
-			mark = cs.MarkInodeClosed // closed, no write with it
-		}
+	if ev.mask&unix.FAN_MODIFY == 0 && fa.closedSink != nil {
+		mark = fa.closedSink.MarkInodeClosed // closed, no write with it
 	}
 	if err := mark(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
 		fa.unquiet(tg.key) // untracked: its writes must be reported

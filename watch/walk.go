@@ -388,7 +388,7 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 		// add, and opens only the files it does not know.
 		return
 	}
-	if kt, ok := b.sink.(KeyTracker); onlyDirty && ok && kt.TracksKey(key) {
+	if onlyDirty && b.keyTracker != nil && b.keyTracker.TracksKey(key) {
 		// Tracked under another name: moved or linked here (a directory
 		// renamed into an integrity tree), its attempt perhaps in
 		// flight in another tree's mode. Reported without a look, so

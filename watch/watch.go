@@ -153,6 +153,8 @@ func Q(path string) zap.Field { return zap.String("path", strconv.Quote(path)) }
 // roots' identity.
 type base struct {
 	sink        Sink
+	closedSink  ClosedSink // sink, if it tells a close from a write; else nil
+	keyTracker  KeyTracker // sink, if it tells whether a key is tracked; else nil
 	log         *zap.Logger
 	open        inode.Opener
 	ctr         *Counters        // shared by the two halves of a Mixed backend
@@ -217,6 +219,8 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 		open = inode.OS{}
 	}
 	b.sink, b.log, b.open, b.statsDir = sink, log, open, opt.StatsDir
+	b.closedSink, _ = sink.(ClosedSink)
+	b.keyTracker, _ = sink.(KeyTracker)
 	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)

@@ -52,12 +52,18 @@ func start(t *testing.T, root, backend string) (Backend, *sink) {
 // s, and stops it when the test ends.
 func startWith(t *testing.T, root, backend string, s Sink) Backend {
 	t.Helper()
+	return startTrees(t, []Tree{{Root: root, Recursive: true}}, backend, s)
+}
+
+// startTrees is startWith for any trees.
+func startTrees(t *testing.T, trees []Tree, backend string, s Sink) Backend {
+	t.Helper()
 	if backend == "fanotify" && os.Geteuid() != 0 {
 		t.Skip("fanotify needs root")
 	}
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
-	w, err := New([]Tree{{Root: root, Recursive: true}}, s, Options{Backend: backend, Opener: h})
+	w, err := New(trees, s, Options{Backend: backend, Opener: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,19 +361,7 @@ func TestSharedFsid(t *testing.T) {
 		t.Fatalf("fsids %v and %v differ: the test shows nothing", sa.Fsid, sb.Fsid)
 	}
 	s := &sink{seen: map[string]int{}}
-	h := inode.NewHandles()
-	t.Cleanup(h.Close)
-	w, err := New([]Tree{{Root: a.Dir, Recursive: true}, {Root: b.Dir, Recursive: true}}, s, Options{Backend: "auto", Opener: h})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); w.Close(); <-done })
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	w := startTrees(t, []Tree{{Root: a.Dir, Recursive: true}, {Root: b.Dir, Recursive: true}}, "auto", s)
 	backends := map[string]string{}
 	for _, u := range w.Trees() {
 		backends[u.Root] = u.Backend

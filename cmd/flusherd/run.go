@@ -209,6 +209,14 @@ func claimStatsDir(dir string) (unlock func(), err error) {
 	return func() { unix.Close(fd) }, nil
 }
 
+// writeWatchStats writes <dir>/watch/stats now (watch.WriteStats); a
+// failure is logged.
+func writeWatchStats(dir string, wat watch.Backend, log *zap.Logger) {
+	if err := watch.WriteStats(dir, wat.Name(), wat.Counters(), wat.Trees()); err != nil {
+		log.Warn("cannot write the watch stats file", zap.Error(err))
+	}
+}
+
 // treesOf resolves the configuration's watch roots (symlinks in them are
 // resolved once, here).
 func treesOf(cfg *config.Config) ([]watch.Tree, error) {
@@ -321,9 +329,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	}
 	stopExtend()
 
-	if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters(), wat.Trees()); err != nil {
-		log.Warn("cannot write the watch stats file", zap.Error(err))
-	}
+	writeWatchStats(cfg.Stats.Dir, wat, log)
 	sock := socketPath(cfg.Stats.Dir)
 	var ctl *control.Server
 	if err := os.MkdirAll(cfg.Stats.Dir, 0o755); err != nil {
@@ -352,9 +358,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	go func() {
 		defer close(scanned)
 		wat.Scan(scanCtx)
-		if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters(), wat.Trees()); err != nil {
-			log.Warn("cannot write the watch stats file", zap.Error(err))
-		}
+		writeWatchStats(cfg.Stats.Dir, wat, log)
 		if scanCtx.Err() == nil {
 			log.Info("initial scan done; ready", zap.Uint64("directories", wat.ScannedDirs()),
 				zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
@@ -406,9 +410,7 @@ loop:
 			cfg, trees = c, t
 			// Its tree: lines name the trees served now (the watcher
 			// writes the file again only on its next event).
-			if err := watch.WriteStats(cfg.Stats.Dir, wat.Name(), wat.Counters(), wat.Trees()); err != nil {
-				log.Warn("cannot write the watch stats file", zap.Error(err))
-			}
+			writeWatchStats(cfg.Stats.Dir, wat, log)
 		}
 		switch {
 		case short:

@@ -161,17 +161,20 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		return nil, running, false
 	}
 	for _, c := range []struct {
-		key      string
-		old, new any // pointers to the field in old and cfg
+		key, running, configured string
+		keep                     func() // sets cfg's to the running value
 	}{
-		{"stats.dir", &old.Stats.Dir, &cfg.Stats.Dir},
-		{"watcher.backend", &old.Watcher.Backend, &cfg.Watcher.Backend},
-		{"watcher.rescan_interval", &old.Watcher.RescanInterval, &cfg.Watcher.RescanInterval},
-		{"metrics.listen", &old.Metrics.Listen, &cfg.Metrics.Listen},
+		{"stats.dir", old.Stats.Dir, cfg.Stats.Dir, func() { cfg.Stats.Dir = old.Stats.Dir }},
+		{"watcher.backend", old.Watcher.Backend, cfg.Watcher.Backend, func() { cfg.Watcher.Backend = old.Watcher.Backend }},
+		{"watcher.rescan_interval", old.Watcher.RescanInterval.String(), cfg.Watcher.RescanInterval.String(),
+			func() { cfg.Watcher.RescanInterval = old.Watcher.RescanInterval }},
+		{"metrics.listen", old.Metrics.Listen, cfg.Metrics.Listen, func() { cfg.Metrics.Listen = old.Metrics.Listen }},
 	} {
-		if running, configured, same := startOnlyKept(c.old, c.new); !same {
+		if c.running != c.configured {
 			log.Warn("this setting changes at the next start, not on reload", zap.String("key", c.key),
-				zap.String("running", running), zap.String("configured", configured))
+				zap.String("running", c.running), zap.String("configured", c.configured))
+			// What runs is what later reloads compare with.
+			c.keep()
 		}
 	}
 	if l, err := zap.ParseAtomicLevel(cfg.Log.Level); err == nil {
@@ -242,24 +245,4 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(served), wat.Name()))
 	}
 	return cfg, served, short
-}
-
-// startOnlyKept compares a setting read at start only, running (a
-// *string or *time.Duration) against configured (the same type, from the
-// new file), and returns both as text. When they differ it sets
-// configured to running: what runs is what later reloads compare with.
-func startOnlyKept(running, configured any) (r, c string, same bool) {
-	switch rp := running.(type) {
-	case *string:
-		cp := configured.(*string)
-		r, c = *rp, *cp
-		*cp = *rp
-	case *time.Duration:
-		cp := configured.(*time.Duration)
-		r, c = rp.String(), cp.String()
-		*cp = *rp
-	default:
-		panic(fmt.Sprintf("startOnlyKept: %T", running))
-	}
-	return r, c, r == c
 }
