@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,6 +53,22 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 	}
 }
 
+// linkHint names the path in a watched tree that the symbolic links in p
+// lead to, for the message that refuses p (a root configured through a
+// symbolic link is watched under the name it resolves to); def when they
+// lead nowhere in a tree. The links are only read (readlink), nothing is
+// opened.
+func linkHint(wat watch.Backend, p, def string) string {
+	r, err := filepath.EvalSymlinks(p)
+	if err != nil || r == p {
+		return def
+	}
+	if _, ok := wat.TreeOf(r); !ok {
+		return def
+	}
+	return "it is watched as " + strconv.Quote(r) + ": name it so"
+}
+
 // Sync writes back, with WB_SYNC_ALL work of reason "sync" on each
 // device's goroutine: each named regular file in a watched tree, the
 // tracked files under each named directory, or every tracked file when no
@@ -92,7 +109,7 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 		// outside the trees through one), and nothing is opened for I/O.
 		st, err := inode.StatPath(p)
 		if errors.Is(err, unix.ELOOP) {
-			fail(p, "a directory in the path is a symbolic link, which is not followed (give the path without it)")
+			fail(p, "a directory in the path is a symbolic link, which is not followed ("+linkHint(wat, p, "give the path without it")+")")
 			continue
 		}
 		if err != nil {
@@ -101,7 +118,11 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 		}
 		tree, ok := wat.TreeOf(p)
 		if !ok {
-			fail(p, "not in a watched tree")
+			msg := "not in a watched tree"
+			if h := linkHint(wat, p, ""); h != "" {
+				msg += " as named (" + h + ")"
+			}
+			fail(p, msg)
 			continue
 		}
 		switch st.Mode & unix.S_IFMT {

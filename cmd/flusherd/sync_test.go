@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -298,7 +299,8 @@ func TestSyncPathErrors(t *testing.T) {
 // TestSyncSpecialFiles: sync of a FIFO, a device node or a symbolic link in
 // a watched tree, or of a file named through a symbolic link to the tree,
 // fails for that path (exit 1) with what it is, without opening it for I/O
-// (a FIFO would block) or following the link.
+// (a FIFO would block) or following the link; a path through a symbolic
+// link into a tree is told the name it is watched under.
 func TestSyncSpecialFiles(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mknod")
@@ -324,7 +326,8 @@ func TestSyncSpecialFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct{ path, want string }{
-		{filepath.Join(treeLink, "target"), "a directory in the path is a symbolic link, which is not followed"},
+		{filepath.Join(treeLink, "target"), "a directory in the path is a symbolic link, which is not followed (it is watched as " + strconv.Quote(target) + ": name it so)"},
+		{treeLink, "not in a watched tree as named (it is watched as " + strconv.Quote(tree) + ": name it so)"},
 		{fifo, "not a regular file or directory"},
 		{dev, "not a regular file or directory"},
 		{link, "a symbolic link: not followed"},
