@@ -23,6 +23,7 @@ import (
 	"flusherd/config"
 	"flusherd/control"
 	"flusherd/inode"
+	"flusherd/internal/earlysig"
 	"flusherd/policy"
 	"flusherd/service"
 	"flusherd/sysfs"
@@ -30,11 +31,16 @@ import (
 )
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
-	// From here on a signal the unit or an operator sends (TERM, INT,
-	// HUP) is never taken with its default action (exit, for SIGHUP
-	// too): before run() is ready for them, they wait in the channel.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	// From here on (from the package initialisation on, earlysig, when
+	// the process was started as "flusherd run") a signal the unit or an
+	// operator sends (TERM, INT, HUP) is never taken with its default
+	// action (exit, for SIGHUP too): before run() is ready for them,
+	// they wait in the channel.
+	sigs := earlysig.Take()
+	if sigs == nil {
+		sigs = make(chan os.Signal, 4)
+	}
+	signal.Notify(sigs, earlysig.Signals...)
 	defer signal.Stop(sigs)
 	fset := newFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]",
 		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stdout, stderr)
@@ -533,8 +539,8 @@ func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled 
 	case given == 0 && left == 0:
 		log.Info("every tracked file is clean; exiting")
 	default:
-		log.Error("exiting with files not written back", zap.Int("given_up_unwritable", given), zap.Int("still_dirty_at_timeout", left),
-			zap.NamedError("untracked", unsettled))
+		log.Error("exiting with files not written back", zap.Int("given_up_unwritable", given), zap.Int("still_dirty", left),
+			zap.String("ended_by", end), zap.NamedError("untracked", unsettled))
 	}
 }
 

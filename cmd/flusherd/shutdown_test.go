@@ -198,6 +198,15 @@ expire = "100ms"
 	if !strings.Contains(left, "blocked") {
 		t.Errorf("no line names the file left when the second signal ended the shutdown (%q)", left)
 	}
+	last := ""
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "exiting with files not written back") {
+			last = l
+		}
+	}
+	if !strings.Contains(last, `"still_dirty": 1`) || !strings.Contains(last, `"ended_by": "a second signal ended the shutdown"`) {
+		t.Errorf("the last line does not count the file left and say that a second signal ended the shutdown: %q", last)
+	}
 	if strings.Contains(log, "shutdown_timeout (30s) ended") {
 		t.Errorf("the log blames shutdown_timeout")
 	}
