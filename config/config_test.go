@@ -877,6 +877,44 @@ func TestLoadReportsEveryError(t *testing.T) {
 	}
 }
 
+// TestInheritedExpireErrorOnce: a bad writeback.dirty_expire_interval is
+// reported once, at its line, not again for each [[watch]] that takes it
+// as its expire; a watch's own bad expire is reported at its own line.
+func TestInheritedExpireErrorOnce(t *testing.T) {
+	for _, c := range []struct {
+		src  string
+		want []string
+	}{
+		{"[writeback]\ndirty_expire_interval = \"-5s\"\n[[watch]]\npath = \"/tmp\"\n",
+			[]string{"2:writeback.dirty_expire_interval"}},
+		{"[writeback]\ndirty_expire_interval = \"-5s\"\n[[watch]]\npath = \"/tmp\"\nexpire = \"-5s\"\n",
+			[]string{"2:writeback.dirty_expire_interval", "5:watch[0].expire"}},
+		{"[[watch]]\npath = \"/tmp\"\nexpire = \"0s\"\n",
+			[]string{"3:watch[0].expire"}},
+	} {
+		p := filepath.Join(t.TempDir(), "c.toml")
+		if err := os.WriteFile(p, []byte(c.src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadValues(p)
+		es, ok := errors.AsType[Errors](err)
+		if !ok {
+			e, ok := errors.AsType[*Error](err)
+			if !ok {
+				t.Fatalf("%q: LoadValues = %v (%T), want Errors or *Error", c.src, err, err)
+			}
+			es = Errors{e}
+		}
+		var got []string
+		for _, e := range es {
+			got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Key))
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%q: errors %q, want %q", c.src, got, c.want)
+		}
+	}
+}
+
 // TestMaxInflightFollowsWriteChunk: a write_chunk above the default
 // max_inflight, with max_inflight unset, is accepted, and the bound
 // becomes write_chunk (the default follows it).

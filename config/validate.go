@@ -160,7 +160,11 @@ func (c *Config) check(stat bool) error {
 		if fromFlag {
 			key, pkey = w.Flag, w.Flag
 		}
-		positive(key+".expire", w.Expire)
+		if s.line(fmt.Sprintf("watch[%d].expire", i)) > 0 || w.Expire != wb.DirtyExpireInterval {
+			// (An expire taken from writeback.dirty_expire_interval
+			// is that key's error, reported once, at its line.)
+			positive(key+".expire", w.Expire)
+		}
 		oneOf(key+".mode", w.Mode, ModeWriteback, ModeIntegrity)
 		switch {
 		case w.Path == "":
