@@ -223,6 +223,14 @@ func writeWatchStats(dir string, wat watch.Backend, log *zap.Logger) {
 	}
 }
 
+// plural is "n one" for n = 1, "n many" otherwise (STATUS= lines).
+func plural[N int | uint64](n N, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("1 %s", one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
 // treesOf resolves the configuration's watch roots (symlinks in them are
 // resolved once, here).
 func treesOf(cfg *config.Config) ([]watch.Tree, error) {
@@ -265,7 +273,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	// watcher (its root opened again for the fanotify mark).
 	var setUp, offered atomic.Int64
 	stopExtend := n.extendWhile(2*time.Second, 6*time.Second, func() string {
-		s := fmt.Sprintf("starting: %d of %d trees set up", setUp.Load(), len(cfg.Watch))
+		s := fmt.Sprintf("starting: %d of %s set up", setUp.Load(), plural(len(cfg.Watch), "tree", "trees"))
 		if o := offered.Load(); o > 0 {
 			s += fmt.Sprintf(", %d of %d offered to the watcher", o, len(cfg.Watch))
 		}
@@ -357,7 +365,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		ready = "every root is watched; READY=1 (the initial scan goes on)"
 	}
 	log.Info(ready, zap.String("backend", wat.Name()))
-	n.send(fmt.Sprintf("READY=1\nSTATUS=watching %d trees (%s); initial scan running", len(trees), wat.Name()))
+	n.send(fmt.Sprintf("READY=1\nSTATUS=watching %s (%s); initial scan running", plural(len(trees), "tree", "trees"), wat.Name()))
 	scanCtx, stopScan := context.WithCancel(ctx)
 	defer stopScan()
 	scanned := make(chan struct{})
@@ -371,12 +379,12 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 			if len(trees) == 0 {
 				n.send("STATUS=idle: no [[watch]] entries configured")
 			} else {
-				n.send(fmt.Sprintf("STATUS=watching %d trees (%s); initial scan done: %d directories", len(trees), wat.Name(), wat.ScannedDirs()))
+				n.send(fmt.Sprintf("STATUS=watching %s (%s); initial scan done: %s", plural(len(trees), "tree", "trees"), wat.Name(), plural(wat.ScannedDirs(), "directory", "directories")))
 			}
 		}
 	}()
 	go n.progress(scanned, 2*time.Second, func() string {
-		return fmt.Sprintf("STATUS=watching %d trees (%s); initial scan: %d directories scanned", len(trees), wat.Name(), wat.ScannedDirs())
+		return fmt.Sprintf("STATUS=watching %s (%s); initial scan: %s scanned", plural(len(trees), "tree", "trees"), wat.Name(), plural(wat.ScannedDirs(), "directory", "directories"))
 	})
 	if interval, err := daemon.SdWatchdogEnabled(false); err != nil {
 		log.Warn("WATCHDOG_USEC is set but unusable; no watchdog pings", zap.Error(err))

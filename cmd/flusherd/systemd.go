@@ -242,7 +242,7 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		}
 		n.send("STATUS=idle: no [[watch]] entries configured; configuration reloaded")
 	} else {
-		n.send(fmt.Sprintf("STATUS=watching %d trees (%s); configuration reloaded", len(served), wat.Name()))
+		n.send(fmt.Sprintf("STATUS=watching %s (%s); configuration reloaded", plural(len(served), "tree", "trees"), wat.Name()))
 	}
 	return cfg, served, short
 }

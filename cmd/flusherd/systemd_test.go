@@ -287,7 +287,7 @@ func TestNotifyAndReload(t *testing.T) {
 	waitFor(t, "READY=1 in the log", 5*time.Second, func() bool {
 		return strings.Contains(d.log.String(), "every root is watched; READY=1 (the initial scan goes on)")
 	})
-	waitFor(t, "STATUS=", 5*time.Second, func() bool { return sd.count("STATUS=watching 1 trees", 0) >= 1 })
+	waitFor(t, "STATUS=", 5*time.Second, func() bool { return sd.count("STATUS=watching 1 tree (", 0) >= 1 })
 	waitFor(t, "watchdog pings", 5*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 3 })
 
 	// Files in a: tracked, and not due for an hour. big holds six
