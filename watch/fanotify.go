@@ -667,7 +667,9 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 			// Moved in: its files made no event here; scan them.
 			if d, ok := fa.dirOf(ev); ok {
 				p := filepath.Join(d.path, string(ev.name))
-				if t, ok := fa.TreeOf(p); ok && t.Recursive {
+				// (The tree of what is in it: in a non-recursive
+				// tree's root, that of the tree around it.)
+				if t, ok := fa.TreeOf(joinPath(p, "f")); ok && t.Recursive {
 					fa.scanDir(ctx, t, p, true, nil)
 					return true
 				}

@@ -443,12 +443,16 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			clear(w.keys) // a directory moved in: the paths below it are new
-			if !t.Recursive || w.isRoot(ev.Name, t) {
-				return
+			// The tree of what is in it: a directory made in a
+			// non-recursive tree's root holds files of the tree
+			// around that one, if any.
+			ct, ok := w.TreeOf(joinPath(ev.Name, "f"))
+			if !ok || !ct.Recursive || ct.Root == ev.Name {
+				return // nothing of a tree in it, or a tree's own root
 			}
-			w.addOrNote(t, ev.Name)
+			w.addOrNote(ct, ev.Name)
 			// Files made in it before the watch existed sent no event.
-			w.scanDir(context.Background(), t, ev.Name, false, func(p string) { w.addOrNote(t, p) })
+			w.scanDir(context.Background(), ct, ev.Name, false, func(p string) { w.addOrNote(ct, p) })
 			w.logLimit()
 		case unix.S_IFREG:
 			// Made, linked or moved in: tracked without opening it

@@ -226,8 +226,9 @@ const heldLevels = 64
 // readDir reads the entries of the directory open as fd (path dir) with
 // getdents64 into buf, reports its regular files and returns the names of
 // the subdirectories to walk: none when the tree is
-// not recursive, and never another tree's root (scanned with its own
-// settings). Symlinks, FIFOs, sockets and device nodes are never opened.
+// not recursive, and never another recursive tree's root (scanned with its
+// own settings); a non-recursive tree's root is walked for its
+// subdirectories, which are t's, and its own files are left to that tree. Symlinks, FIFOs, sockets and device nodes are never opened.
 //
 // In a scan for dirty files (onlyDirty), a regular file's entry on a
 // filesystem whose entries carry the file's own inode number (dirIdentity)
@@ -237,6 +238,9 @@ const heldLevels = 64
 func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []byte, onlyDirty bool, ids *dirIdentity) (subdirs []string) {
 	b.dirsScanned.Add(1)
 	looked := false // ids describes fd's filesystem
+	// The root of a non-recursive tree nested in t: its files are that
+	// tree's (its own scan reports them), its subdirectories t's.
+	othersFiles, _ := b.rootOf(dir, t)
 	for {
 		if ctx.Err() != nil {
 			return subdirs
@@ -263,6 +267,9 @@ func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []by
 				b.longPath(path)
 				continue
 			}
+			if typ == unix.DT_REG && othersFiles {
+				continue
+			}
 			if typ == unix.DT_REG && onlyDirty {
 				if !looked {
 					looked = true
@@ -283,14 +290,18 @@ func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []by
 				}
 				switch st.Mode & unix.S_IFMT {
 				case unix.S_IFREG:
-					b.report(t, path, inode.Key{Dev: st.Dev, Ino: st.Ino}, onlyDirty)
+					if !othersFiles {
+						b.report(t, path, inode.Key{Dev: st.Dev, Ino: st.Ino}, onlyDirty)
+					}
 					continue
 				case unix.S_IFDIR:
 					typ = unix.DT_DIR
 				}
 			}
-			if typ == unix.DT_DIR && t.Recursive && !b.isRoot(path, t) {
-				subdirs = append(subdirs, name)
+			if typ == unix.DT_DIR && t.Recursive {
+				if root, recursive := b.rootOf(path, t); !root || !recursive {
+					subdirs = append(subdirs, name)
+				}
 			}
 		}
 	}

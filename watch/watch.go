@@ -370,14 +370,18 @@ func (b *base) treeAt(path string) *tree {
 	return best
 }
 
-// isRoot reports whether dir is the root of a tree other than t.
-func (b *base) isRoot(dir string, t Tree) bool {
+// rootOf reports whether dir is the root of a tree other than t, and
+// whether that tree is recursive. A recursive one holds everything below
+// its root, which its own walk and watches cover; a non-recursive one
+// holds only the files directly in its root, and the directories below
+// belong to t still (the deepest tree that holds a path is its tree).
+func (b *base) rootOf(dir string, t Tree) (root, recursive bool) {
 	for _, o := range b.list() {
 		if o.Root == dir && o.Root != t.Root {
-			return true
+			return true, o.Recursive
 		}
 	}
-	return false
+	return false, false
 }
 
 // record notes the root's identity, for checkRoots.

@@ -433,3 +433,77 @@ func TestMovedDirReportsTrackedFiles(t *testing.T) {
 		t.Errorf("a clean file that is not tracked was reported")
 	}
 }
+
+// treeSink records the expire of the tree each path was reported under.
+type treeSink struct {
+	sink
+	expire map[string]time.Duration
+}
+
+func (s *treeSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+	s.mu.Lock()
+	s.expire[path] = t.Expire
+	s.mu.Unlock()
+	return s.sink.MarkInodeDirty(path, key, h, t)
+}
+
+func (s *treeSink) expireOf(path string) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expire[path]
+}
+
+// TestNonRecursiveTreeInRecursive: a non-recursive tree nested in a
+// recursive one holds the files directly in its root; the directories
+// below that root are the outer tree's, and their files are found by the
+// start-up scan and reported when written, in directories there before
+// the start and made after it, under the outer tree's settings (they were
+// walked and watched by no tree).
+func TestNonRecursiveTreeInRecursive(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			root := t.TempDir()
+			inner := filepath.Join(root, "inner")
+			deep := filepath.Join(inner, "deep", "er")
+			if err := os.MkdirAll(deep, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			pre, own := filepath.Join(deep, "pre"), filepath.Join(inner, "own")
+			for _, p := range []string{pre, own} {
+				if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := &treeSink{sink: sink{seen: map[string]int{}}, expire: map[string]time.Duration{}}
+			startTrees(t, []Tree{
+				{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}},
+				{Root: inner, Recursive: false, Tree: bdi.Tree{Expire: time.Minute}},
+			}, b, s)
+			eventually(t, "the start-up scan's report of "+pre, func() bool { return s.has(pre) })
+			eventually(t, "the start-up scan's report of "+own, func() bool { return s.has(own) })
+			later := filepath.Join(deep, "later")
+			newDir := filepath.Join(inner, "new")
+			if err := os.Mkdir(newDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			inNew := filepath.Join(newDir, "n")
+			for _, p := range []string{later, inNew} {
+				if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, "the report of "+p, func() bool { return s.has(p) })
+			}
+			// A write after the directory's watch is in place.
+			late := filepath.Join(newDir, "late")
+			if err := os.WriteFile(late, []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the report of "+late, func() bool { return s.has(late) })
+			for p, want := range map[string]time.Duration{pre: time.Hour, later: time.Hour, inNew: time.Hour, late: time.Hour, own: time.Minute} {
+				if got := s.expireOf(p); got != want {
+					t.Errorf("%s reported under the tree of expire %v, want %v", p, got, want)
+				}
+			}
+		})
+	}
+}
