@@ -49,6 +49,11 @@ type Watcher struct {
 	// holds maxKeys entries.
 	keys map[string]inode.Key
 
+	// looked holds the roots whose identity Run's current batch of
+	// events has checked (rootMoved), one lstat(2) per tree a batch
+	// touches. Only Run's goroutine uses it.
+	looked map[string]bool
+
 	removePanicked atomic.Bool // removeWatch recovered a panic of fsnotify (logged once)
 }
 
@@ -66,7 +71,7 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}}
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
 	iw.statsTrees = iw.Trees
@@ -342,6 +347,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			// Each is counted before it is handled: what the sink
 			// saw was counted.
 			n := 1
+			clear(w.looked)
 			w.ctr.Events.Add(1)
 			w.handle(ev)
 		drain:
@@ -427,6 +433,18 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 	t, ok := w.TreeOf(ev.Name)
 	if !ok {
 		return
+	}
+	if !w.looked[t.Root] {
+		// Once per batch and tree: a directory above the root renamed
+		// (the watches report the moved files under the old path,
+		// where a new file may be made) is the root gone.
+		w.looked[t.Root] = true
+		if w.rootMoved(t.Root) {
+			w.checkRoots()
+			if t, ok = w.TreeOf(ev.Name); !ok {
+				return
+			}
+		}
 	}
 	if !ev.Has(fsnotify.Write) {
 		w.forgetKey(ev.Name) // (a Create of a directory clears all of it below)

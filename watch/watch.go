@@ -461,7 +461,7 @@ func (b *base) checkRoots() {
 		b.mu.Unlock()
 		how := "removed, renamed or unmounted"
 		if err == nil && st.Dev != t.root.Dev {
-			how = "unmounted"
+			how = "unmounted, or another filesystem mounted over it"
 		} else if err == nil {
 			how = "replaced by another directory"
 		}
@@ -469,6 +469,25 @@ func (b *base) checkRoots() {
 			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
 		b.sink.TreeGone(t.Root, t.root.Dev, last)
 	}
+}
+
+// rootMoved reports whether the served tree rooted at root no longer has
+// its root at that path (lstat(2) finds another inode, or none): its root,
+// or a directory above it, was renamed, removed or mounted over. inotify
+// tells nothing of the directories above a root, and its watches go on
+// reporting the moved tree's writes under the old path, where another
+// file may now be.
+func (b *base) rootMoved(root string) bool {
+	t := b.treeAt(root)
+	if t == nil || t.Root != root {
+		return false
+	}
+	var st unix.Stat_t
+	err := unix.Lstat(root, &st)
+	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
+		return false // unreachable, not moved (checkRoots says which)
+	}
+	return err != nil || st.Dev != t.root.Dev || st.Ino != t.root.Ino
 }
 
 // noWriteback holds the statfs(2) f_type of filesystems that never hold

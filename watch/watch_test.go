@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -503,6 +504,68 @@ func TestNonRecursiveTreeInRecursive(t *testing.T) {
 				if got := s.expireOf(p); got != want {
 					t.Errorf("%s reported under the tree of expire %v, want %v", p, got, want)
 				}
+			}
+		})
+	}
+}
+
+// goneSink records the roots reported gone.
+type goneSink struct {
+	sink
+	gone []string
+}
+
+func (s *goneSink) TreeGone(root string, dev uint64, lastOnDev bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gone = append(s.gone, root)
+}
+
+func (s *goneSink) isGone(root string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Contains(s.gone, root)
+}
+
+// TestRootParentRenamed: a directory above a tree's root renamed is the
+// root gone (reported, logged), not a tree watched on under its old name:
+// inotify's watches go on reporting the moved files under the old path,
+// where a new directory and file of that name were not in the tree (a
+// file there was reported, and opened, in the moved one's place).
+func TestRootParentRenamed(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			base := t.TempDir()
+			root := filepath.Join(base, "g", "root")
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			s := &goneSink{sink: sink{seen: map[string]int{}}}
+			w := startTrees(t, []Tree{{Root: root, Recursive: true}}, b, s)
+			a := filepath.Join(root, "a")
+			if err := os.WriteFile(a, []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the report of "+a, func() bool { return s.has(a) })
+			if err := os.Rename(filepath.Join(base, "g"), filepath.Join(base, "g2")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			decoy := filepath.Join(root, "d")
+			if err := os.WriteFile(decoy, []byte("decoy"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(base, "g2", "root", "d"), []byte("moved"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the root reported gone", func() bool { return s.isGone(root) })
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			w.Quiesce(ctx)
+			if s.has(decoy) {
+				t.Errorf("%s, made after the tree moved away, was reported in the tree", decoy)
 			}
 		})
 	}
