@@ -1200,3 +1200,37 @@ func TestUnknownKeyOffersNoOldName(t *testing.T) {
 		t.Errorf("the error offers the old name max_inflight: %v", err)
 	}
 }
+
+// TestBindMountedTwice: one directory configured under two names through
+// a bind mount is refused, naming both entries, as a symlinked duplicate
+// is (it would be watched twice, its files reported under one name and
+// with that tree's settings: an integrity tree served in writeback mode).
+func TestBindMountedTwice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mount --bind")
+	}
+	base := t.TempDir()
+	real, bind := filepath.Join(base, "real"), filepath.Join(base, "bind")
+	for _, d := range []string{real, bind} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Mount(real, bind, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(bind, 0); err != nil {
+			t.Errorf("unmount %s: %v", bind, err)
+		}
+	})
+	p := filepath.Join(base, "c.toml")
+	src := fmt.Sprintf("[stats]\ndir = %q\n[[watch]]\npath = %q\n[[watch]]\npath = %q\nmode = \"integrity\"\n", filepath.Join(base, "stats"), bind, real)
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(p)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("watch[1].path: %q is the directory watch[0] (line 4) watches, under another name (a bind mount)", real)) {
+		t.Errorf("Load = %v, want watch[1] refused as watch[0]'s directory", err)
+	}
+}

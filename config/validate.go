@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -125,7 +126,8 @@ func (c *Config) check(stat bool) error {
 	oneOf("log.level", c.Log.Level, logLevels...)
 
 	seen := make(map[string]int)
-	resolved := make(map[string]int) // symlinks resolved, when stat is set
+	resolved := make(map[string]int)   // symlinks resolved, when stat is set
+	sameDir := make(map[[2]uint64]int) // (st_dev, st_ino) of the roots, when stat is set
 	// ref names watch[j] with its line, for "already watched" errors.
 	// statsInside reports the stats dir inside a watched tree: on
 	// stats.dir where the file sets it, else on the tree's path (the
@@ -230,6 +232,7 @@ func (c *Config) check(stat bool) error {
 			}
 			// The same directory under another name (a symlink): it
 			// would be watched twice.
+			before := len(errs)
 			if dupName {
 				// Said already, by name.
 			} else if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
@@ -241,6 +244,17 @@ func (c *Config) check(stat bool) error {
 				resolved[r] = i
 			} else if j, dup := resolved[p]; dup {
 				add(pkey, "%q is already watched by %s, through a symlink", p, ref(j))
+			}
+			// The same directory through a bind mount: one inode under
+			// two names, whose files' events would be reported under
+			// one of them, with that tree's settings.
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				id := [2]uint64{uint64(st.Dev), uint64(st.Ino)}
+				if j, dup := sameDir[id]; !dup {
+					sameDir[id] = i
+				} else if !dupName && len(errs) == before {
+					add(pkey, "%q is the directory %s watches, under another name (a bind mount): it would be watched twice, its files reported under one name and with that tree's settings", p, ref(j))
+				}
 			}
 		}
 	}
