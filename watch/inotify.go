@@ -82,6 +82,14 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 // are watched and its files scanned with cachestat. A watch made before
 // the mount is on the directory it covers, which sees none of its writes.
 func (w *Watcher) nestedMount(ctx context.Context, t Tree, mountpoint string) bool {
+	// Its files are opened by handle, as a root's are, when the opener
+	// can (inode.Handles): through another mount of the filesystem if
+	// this one is unmounted while it stays mounted elsewhere.
+	if am, ok := w.open.(mountAdder); ok {
+		if _, err := am.AddMount(mountpoint); err != nil {
+			w.log.Info("files of this filesystem mounted inside a tree are opened by path, not by file handle", Q(mountpoint), zap.Error(err))
+		}
+	}
 	w.addOrNote(t, mountpoint)
 	w.scanDir(ctx, t, mountpoint, true, func(p string) { w.addOrNote(t, p) })
 	w.logLimit()

@@ -86,10 +86,12 @@ func (b *base) checkMounts(ctx context.Context) {
 	}
 	trees := b.list()
 	present := make(map[int]bool, len(infos))
+	devs := make(map[uint64]string, len(infos))
 	for _, m := range infos {
 		present[m.ID] = true
+		devs[unix.Mkdev(uint32(m.Major), uint32(m.Minor))] = m.Mountpoint
 	}
-	b.forgetUnmounted(present)
+	b.forgetUnmounted(present, devs)
 	for _, m := range infos {
 		var in *tree
 		for _, t := range trees {
@@ -149,6 +151,13 @@ func (b *base) checkMounts(ctx context.Context) {
 	}
 }
 
+// mountAdder is an opener that opens files by handle through the
+// mounts registered with it (inode.Handles).
+type mountAdder interface {
+	// AddMount registers the filesystem of dir, a directory.
+	AddMount(dir string) (dev uint64, err error)
+}
+
 // nestedMount is a served filesystem mounted inside a tree.
 type nestedMount struct {
 	mountpoint string
@@ -157,11 +166,16 @@ type nestedMount struct {
 
 // forgetUnmounted forgets the mounts seen inside trees that are no longer
 // in the mount table (present, by mount ID: the kernel reuses IDs, so a
-// later mount under a freed ID is new). The files of a served one are
+// later mount under a freed ID is new). The files of a served one whose
+// filesystem is mounted nowhere now (devs: a mount point of each st_dev) are
 // dropped from the lists: the unmount wrote them back (a lazy unmount
-// writes them when its last user goes), and a retry could only fail with
-// ENODEV, forever.
-func (b *base) forgetUnmounted(present map[int]bool) {
+// writes them when the last file open on it is closed), and a retry could
+// only fail with ENODEV, forever. Where its filesystem is still mounted
+// (the mount was a bind mount of it, or one of several), an unmount wrote
+// nothing: the files stay tracked and are written back, opened by handle
+// through a mount that remains (registered with the opener, when it opens
+// by handle: inode.Handles.AddMount).
+func (b *base) forgetUnmounted(present map[int]bool, devs map[uint64]string) {
 	var gone []*nestedMount
 	b.mountsMu.Lock()
 	for id, nm := range b.mountsMet {
@@ -180,6 +194,7 @@ func (b *base) forgetUnmounted(present map[int]bool) {
 		}
 	}
 	b.mountsMu.Unlock()
+	mp := func(nm *nestedMount) zap.Field { return zap.String("mountpoint", strconv.Quote(nm.mountpoint)) }
 	for _, nm := range gone {
 		b.ctr.Nested.Add(^uint64(0))
 		last := !still[nm.dev]
@@ -188,8 +203,19 @@ func (b *base) forgetUnmounted(present map[int]bool) {
 				last = false
 			}
 		}
-		b.log.Info("a filesystem mounted inside a tree was unmounted; its files are no longer tracked (the unmount wrote them back)",
-			zap.String("mountpoint", strconv.Quote(nm.mountpoint)))
+		if other, ok := devs[nm.dev]; ok {
+			if am, ok := b.open.(mountAdder); ok {
+				if _, err := am.AddMount(other); err != nil {
+					b.log.Warn("cannot open a remaining mount of a filesystem unmounted inside a tree; its tracked files' writeback fails until it is mounted there again",
+						mp(nm), zap.String("other_mountpoint", strconv.Quote(other)), zap.Error(err))
+				}
+			}
+			b.log.Info("a filesystem mounted inside a tree was unmounted there; it is still mounted elsewhere, so nothing was written by the unmount: the files tracked there stay tracked and are written back",
+				mp(nm), zap.String("other_mountpoint", strconv.Quote(other)))
+			continue
+		}
+		b.log.Info("a filesystem mounted inside a tree was unmounted; its files are no longer tracked (the unmount wrote them back; a lazy unmount, umount -l, writes them once the last file open on it is closed)",
+			mp(nm))
 		b.sink.TreeGone(nm.mountpoint, nm.dev, last)
 	}
 }

@@ -492,3 +492,49 @@ func runFor(cmd *exec.Cmd, d time.Duration) (string, error) {
 	<-done
 	return out.String(), nil
 }
+
+// TestNestedBindUnmountedKeepsFiles: a bind mount of a filesystem inside a
+// tree, unmounted while that filesystem stays mounted elsewhere, wrote
+// nothing back (only the last unmount of a filesystem does): the file
+// tracked there stays tracked, and `flusherd sync` writes it. Before, it
+// was dropped with "the unmount wrote them back" and stayed dirty. Both
+// backends; the expire is an hour, so only the sync writes it.
+func TestNestedBindUnmountedKeepsFiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	for _, backend := range []string{"fanotify", "inotify"} {
+		t.Run(backend, func(t *testing.T) {
+			_, tree := mountTree(t, "ext4")
+			other := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+			bound := filepath.Join(tree, "bound")
+			bindMount(t, other.Dir, bound)
+			d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "1h"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+`, backend, tree))
+			t.Cleanup(func() { d.halt() }) // before the mounts are undone
+			time.Sleep(300 * time.Millisecond)
+			f := filepath.Join(bound, "f")
+			writeDirty(t, f, 64<<10)
+			if !poll(5*time.Second, func() bool { return strings.Contains(dirtyList(t, d), f) }) {
+				t.Fatalf("%s is not tracked:\n%s", f, dirtyList(t, d))
+			}
+			if err := testfs.UnmountRetry(bound); err != nil {
+				t.Fatal(err)
+			}
+			if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), "it is still mounted elsewhere") }) {
+				t.Fatalf("the unmount of the bind mount was not logged as such:\n%s", d.log.String())
+			}
+			if code, out := runSync(t, d); code != 0 || !strings.Contains(out, "1 file written back") {
+				t.Errorf("flusherd sync: exit %d, %q; want 1 file written back", code, out)
+			}
+			waitAllClean(t, 3*time.Second, filepath.Join(other.Dir, "f"))
+		})
+	}
+}
