@@ -144,6 +144,59 @@ func TestRanges(t *testing.T) {
 	}
 }
 
+// TestRangesScattered: a file whose dirty pages are scattered over a huge
+// sparse range (a VM image, a database written at random) takes
+// maxRangeWindows windows one by one, then the rest of the budget as one
+// range, found by a single bisection: its cachestat calls (each linear in
+// the pages it covers) stay near maxRangeWindows bisections, not one per
+// dirty page. The range still holds exactly the budget's dirty pages,
+// the first ones from the writeback index.
+func TestRangesScattered(t *testing.T) {
+	const (
+		chunkPages = 64
+		spacing    = 1 << 20 // pages between dirty pages
+		dirtyN     = 200
+	)
+	cfg := testConfig()
+	cfg.WriteChunk = chunkPages * pg
+	wb, fs, _ := newIdleWB(t, cfg)
+	f := fs.add("/f", 1, 1<<40, 0)
+	for i := range int64(dirtyN) {
+		f.dirty[i*spacing] = true
+	}
+	h, err := fs.Open("/f", f.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wins, queued, used, _, err := wb.ranges(h, f.key, chunkPages*pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if queued != chunkPages || !used {
+		t.Errorf("%d dirty pages found, chunk used %v; want %d, true", queued, used, chunkPages)
+	}
+	covered := map[int64]bool{}
+	for _, w := range wins {
+		for p := range f.dirty {
+			if p*pg >= w.Off && p*pg < w.Off+w.Len {
+				covered[p] = true
+			}
+		}
+	}
+	for i := range int64(dirtyN) {
+		if want := i < chunkPages; covered[i*spacing] != want {
+			t.Errorf("dirty page %d (the %dth) in the windows: %v, want %v", i*spacing, i, covered[i*spacing], want)
+		}
+	}
+	// A window's bisection halves 2^40 bytes down to the chunk (22
+	// steps) plus two calls; the last range's halves them down to a page.
+	// (One window per dirty page, the budget's 64, made 1,536.)
+	if limit := 16*(22+2) + 28 + 4; f.cachestats > limit {
+		t.Errorf("%d cachestat calls for %d windows, want at most %d", f.cachestats, len(wins), limit)
+	}
+	t.Logf("%d windows, %d cachestat calls", len(wins), f.cachestats)
+}
+
 // TestRangesCachestatError: a failed cachestat while looking for windows
 // fails the attempt, at each of its three places (the region, a bisection
 // step, the window's count).

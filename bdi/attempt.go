@@ -165,6 +165,10 @@ func (wb *Writeback) assumeUnderWriteback(att *attempt) {
 	wb.mu.Unlock()
 }
 
+// maxRangeWindows is how many write_chunk windows ranges looks for one by
+// one in an attempt before it takes the rest of the budget as one range.
+const maxRangeWindows = 16
+
 // window is a byte range of a file to write back; Len 0 is to the end.
 type window struct{ Off, Len int64 }
 
@@ -190,6 +194,7 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 	}
 	budget := chunk / page
 	off, wrapped := start, false
+	found := 0 // windows taken
 	for budget > 0 {
 		regionEnd := size
 		if wrapped {
@@ -211,6 +216,48 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 		}
 		if d == 0 {
 			off = regionEnd
+			continue
+		}
+		if found >= maxRangeWindows {
+			// The rest of the budget in one range from off: all the
+			// region when its dirty pages fit, or else the longest
+			// prefix holding budget of them (bisection on its end).
+			// Past maxRangeWindows windows a file's dirty pages are
+			// scattered (a sparse image, a database written at
+			// random): a window each would cost a bisection over the
+			// whole region per dirty page, and each cachestat is
+			// linear in the pages it covers.
+			end, n := regionEnd, int64(d)
+			if n > budget {
+				lo, hi := off, regionEnd // dirty(off, lo) <= budget < dirty(off, hi)
+				n = 0
+				for hi-lo > page {
+					mid := lo + max(page, (hi-lo)/2/page*page)
+					dm, _, err := f.Cachestat(off, mid-off)
+					if err != nil {
+						return nil, 0, false, 0, err
+					}
+					if int64(dm) <= budget {
+						lo, n = mid, int64(dm)
+					} else {
+						hi = mid
+					}
+				}
+				end = lo
+			}
+			if n == 0 {
+				break // (cannot happen: one page is at most one dirty page)
+			}
+			if last := len(wins) - 1; last >= 0 && wins[last].Off+wins[last].Len == off {
+				wins[last].Len += end - off
+				merged++
+			} else {
+				wins = append(wins, window{off, end - off})
+			}
+			found++
+			budget -= n
+			queued += n
+			off = end
 			continue
 		}
 		lo, hi := off, regionEnd
@@ -237,6 +284,7 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 		} else {
 			wins = append(wins, window{lo, n})
 		}
+		found++
 		budget -= int64(dw)
 		queued += int64(dw)
 		off = lo + n
