@@ -219,6 +219,10 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 	return nil
 }
 
+// errSecondMount is nestedMount's error for a mount of a filesystem that
+// fanotify reaches through another mount already.
+var errSecondMount = errors.New("fanotify names this mount's files through another mount of its filesystem")
+
 // ErrSharedFsid is the error of a fanotify mark on a filesystem whose fsid
 // another marked filesystem has: fanotify cannot serve it (auto serves it
 // with inotify).
@@ -241,9 +245,20 @@ func devMounted(dev uint64) bool {
 // not seen, and the log says to watch it as a tree of its own with the
 // inotify backend.
 func (fa *Fanotify) nestedMount(ctx context.Context, t Tree, mountpoint string) bool {
-	fa.markMu.Lock()
-	err := fa.mark(fa.fd, mountpoint, true)
-	fa.markMu.Unlock()
+	var err error
+	var st unix.Stat_t
+	if serr := unix.Stat(mountpoint, &st); serr == nil && fa.handles.Has(st.Dev) {
+		// Another view of a filesystem reached already (a bind mount
+		// of a directory of a tree's filesystem): an event names a
+		// file by handle, whose path is found through the mount seen
+		// first, so writes made here would be taken for writes
+		// there, outside this tree.
+		err = fmt.Errorf("%w: %s is a second mount of device %d:%d, whose events are named through its first", errSecondMount, mountpoint, unix.Major(st.Dev), unix.Minor(st.Dev))
+	} else {
+		fa.markMu.Lock()
+		err = fa.mark(fa.fd, mountpoint, true)
+		fa.markMu.Unlock()
+	}
 	if err != nil && fa.nestedFallback != nil {
 		fa.log.Info("a filesystem mounted inside a tree cannot be marked by fanotify; it is served by inotify",
 			zap.String("mountpoint", strconv.Quote(mountpoint)), zap.String("tree", strconv.Quote(t.Root)), zap.Error(err))

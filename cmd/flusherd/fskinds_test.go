@@ -538,3 +538,38 @@ path = %q
 		})
 	}
 }
+
+// TestSameFilesystemBindInTree: a bind mount inside a tree of a directory
+// of the tree's own filesystem, from outside the tree, is served: with
+// fanotify (auto) by inotify, as fanotify names an event's file through
+// the filesystem's first mount, where its path is outside the tree (the
+// write was ignored, and sync and the shutdown called the tree clean);
+// with backend = "fanotify" it is logged as not served.
+func TestSameFilesystemBindInTree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	for _, backend := range []string{"auto", "inotify", "fanotify"} {
+		t.Run(backend, func(t *testing.T) {
+			mnt, tree := mountTree(t, "ext4")
+			src := filepath.Join(mnt.Dir, "real", "sub")
+			mkdirs(t, src)
+			bound := filepath.Join(tree, "bsub")
+			bindMount(t, src, bound)
+			d := startDaemon(t, oneTree(backend, tree))
+			t.Cleanup(func() { d.halt() }) // before the mounts are undone
+			f := filepath.Join(bound, "f2")
+			if backend == "fanotify" {
+				if !poll(5*time.Second, func() bool {
+					return strings.Contains(d.log.String(), "fanotify names this mount's files through another mount of its filesystem")
+				}) {
+					t.Fatalf("the bind mount is not logged as not served:\n%s", d.log.String())
+				}
+				return
+			}
+			time.Sleep(300 * time.Millisecond)
+			writeDirty(t, f, 64<<10)
+			waitAllClean(t, 5*time.Second, f)
+		})
+	}
+}
