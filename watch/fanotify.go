@@ -125,7 +125,7 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	fa.init(trees, sink, opt)
 	h.SetWritebackHook(fa)
 	fa.nested = fa.nestedMount
-	fa.statsTrees = fa.Trees
+	fa.statsTrees, fa.kind = fa.Trees, "fanotify"
 	for _, t := range trees {
 		err := fa.mark(fd, t.Root, false)
 		opt.progress()

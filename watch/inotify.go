@@ -74,7 +74,7 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
-	iw.statsTrees = iw.Trees
+	iw.statsTrees, iw.kind = iw.Trees, "inotify"
 	return iw, nil
 }
 

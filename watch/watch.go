@@ -160,6 +160,7 @@ type base struct {
 	ctr         *Counters        // shared by the two halves of a Mixed backend
 	statsName   func() string    // the backend's name in watch/stats; nil means the caller's
 	statsTrees  func() []TreeUse // the trees in watch/stats (the whole backend's, for a Mixed half)
+	kind        string           // "inotify" or "fanotify": the backend name in watch/stats when statsName is nil
 	dirsScanned atomic.Uint64
 	// Directory entries looked at with fstatat by scans (readDir).
 	entriesStatted atomic.Uint64
@@ -468,6 +469,7 @@ func (b *base) checkRoots() {
 		b.log.Error("a watched tree's root is gone; its files are no longer tracked (once it is back, a reload (SIGHUP, systemctl reload flusherd) serves it again)",
 			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
 		b.sink.TreeGone(t.Root, t.root.Dev, last)
+		b.touched(b.kind) // watch/stats marks it gone
 	}
 }
 

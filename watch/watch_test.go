@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -567,6 +569,45 @@ func TestRootParentRenamed(t *testing.T) {
 			if s.has(decoy) {
 				t.Errorf("%s, made after the tree moved away, was reported in the tree", decoy)
 			}
+		})
+	}
+}
+
+// TestGoneRootInWatchStats: a root removed is marked gone in watch/stats
+// without any later event to rewrite it (it was rewritten only by events
+// in trees, so a tree gone stayed listed as served).
+func TestGoneRootInWatchStats(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			if b == "fanotify" && os.Geteuid() != 0 {
+				t.Skip("fanotify needs root")
+			}
+			root := filepath.Join(t.TempDir(), "root")
+			if err := os.Mkdir(root, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			statsDir := t.TempDir()
+			h := inode.NewHandles()
+			t.Cleanup(h.Close)
+			w, err := New([]Tree{{Root: root, Recursive: true}}, &sink{seen: map[string]int{}}, Options{Backend: b, Opener: h, StatsDir: statsDir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); w.Run(ctx) }()
+			t.Cleanup(func() { cancel(); w.Close(); <-done })
+			if err := w.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(root); err != nil {
+				t.Fatal(err)
+			}
+			want := strconv.Quote(root) + " gone\n"
+			eventually(t, "watch/stats marking the root gone", func() bool {
+				text, _ := os.ReadFile(filepath.Join(statsDir, "watch", "stats"))
+				return strings.Contains(string(text), want)
+			})
 		})
 	}
 }
