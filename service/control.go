@@ -69,6 +69,27 @@ func linkHint(wat watch.Backend, p, def string) string {
 	return "it is watched as " + strconv.Quote(r) + ": name it so"
 }
 
+// reason is err's text for a result that names its file already: a
+// *os.PathError's operation and cause without its path, which may not be
+// printable (JSON turns invalid UTF-8 into U+FFFD) and is said, quoted,
+// by the result.
+func reason(err error) string {
+	if pe, ok := errors.AsType[*os.PathError](err); ok {
+		return pe.Op + ": " + pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// holdsTree reports whether a served tree's root is below dir.
+func holdsTree(wat watch.Backend, dir string) bool {
+	for _, t := range wat.Trees() {
+		if t.Served && (dir == "/" || strings.HasPrefix(t.Root, dir+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
 // Sync writes back, with WB_SYNC_ALL work of reason "sync" on each
 // device's goroutine: each named regular file in a watched tree, the
 // tracked files under each named directory, or every tracked file when no
@@ -81,7 +102,12 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 		index []int
 	}
 	works := map[*bdi.Writeback]*slot{}
+	named := map[inode.Key]bool{} // a file named twice (DIR and DIR/file) is written and counted once
 	add := func(wb *bdi.Writeback, ref bdi.FileRef) {
+		if named[ref.Key] {
+			return
+		}
+		named[ref.Key] = true
 		s := works[wb]
 		if s == nil {
 			s = &slot{work: &bdi.Work{SyncMode: bdi.SyncAll, Reason: "sync"}}
@@ -113,10 +139,19 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 			continue
 		}
 		if err != nil {
-			fail(p, err.Error())
+			fail(p, reason(err))
 			continue
 		}
 		tree, ok := wat.TreeOf(p)
+		if !ok && st.Mode&unix.S_IFMT == unix.S_IFDIR && holdsTree(wat, p) {
+			// A directory above trees: their tracked files under it.
+			for _, wb := range reg.Devices() {
+				for _, ref := range wb.Refs(p) {
+					add(wb, ref)
+				}
+			}
+			continue
+		}
 		if !ok {
 			msg := "not in a watched tree"
 			if h := linkHint(wat, p, ""); h != "" {
@@ -164,7 +199,7 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 				// deleted file succeeds).
 				files[i].Gone = true
 			default:
-				files[i].Error = err.Error()
+				files[i].Error = reason(err)
 			}
 		}
 	}

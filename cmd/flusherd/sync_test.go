@@ -346,3 +346,34 @@ func TestSyncSpecialFiles(t *testing.T) {
 	}
 	d.stop(t)
 }
+
+// TestSyncAboveTreesAndTwice: `flusherd sync DIR` of a directory that holds
+// trees syncs their tracked files under it (it said "not in a watched
+// tree"); a file named twice (DIR and DIR/file) is written and counted
+// once; a missing name that is not valid UTF-8 is reported without its
+// raw bytes in the reason (the result names it, quoted).
+func TestSyncAboveTreesAndTwice(t *testing.T) {
+	base := t.TempDir()
+	tree := filepath.Join(base, "t")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, fmt.Sprintf("[writeback]\ndirty_expire_interval = \"1h\"\n[[watch]]\npath = %q\n", tree))
+	a, b := filepath.Join(tree, "a"), filepath.Join(tree, "b")
+	for _, p := range []string{a, b} {
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !poll(5*time.Second, func() bool { l := dirtyList(t, d); return strings.Contains(l, a) && strings.Contains(l, b) }) {
+		t.Fatalf("a and b are not tracked:\n%s", dirtyList(t, d))
+	}
+	if code, out := runSync(t, d, base, a); code != 0 || !strings.Contains(out, "2 files written back") {
+		t.Errorf("sync %s %s: exit %d, %q; want exit 0 and 2 files written back", base, a, code, out)
+	}
+	bad := filepath.Join(tree, "\xff")
+	code, out := runSync(t, d, bad)
+	if code != exitFailed || !strings.Contains(out, strconv.Quote(bad)) || strings.ContainsAny(out, "\xff\ufffd") {
+		t.Errorf("sync of a missing non-UTF-8 name: exit %d, %q; want exit 1, the name quoted and no raw byte (nor U+FFFD, what JSON makes of one)", code, out)
+	}
+}
