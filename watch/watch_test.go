@@ -61,12 +61,20 @@ func startWith(t *testing.T, root, backend string, s Sink) Backend {
 // startTrees is startWith for any trees.
 func startTrees(t *testing.T, trees []Tree, backend string, s Sink) Backend {
 	t.Helper()
-	if backend == "fanotify" && os.Geteuid() != 0 {
+	return startOpts(t, trees, s, Options{Backend: backend})
+}
+
+// startOpts is startTrees with options (Opener is set to a new
+// inode.Handles).
+func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
+	t.Helper()
+	if opt.Backend == "fanotify" && os.Geteuid() != 0 {
 		t.Skip("fanotify needs root")
 	}
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
-	w, err := New(trees, s, Options{Backend: backend, Opener: h})
+	opt.Opener = h
+	w, err := New(trees, s, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -579,27 +587,12 @@ func TestRootParentRenamed(t *testing.T) {
 func TestGoneRootInWatchStats(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b, func(t *testing.T) {
-			if b == "fanotify" && os.Geteuid() != 0 {
-				t.Skip("fanotify needs root")
-			}
 			root := filepath.Join(t.TempDir(), "root")
 			if err := os.Mkdir(root, 0o755); err != nil {
 				t.Fatal(err)
 			}
 			statsDir := t.TempDir()
-			h := inode.NewHandles()
-			t.Cleanup(h.Close)
-			w, err := New([]Tree{{Root: root, Recursive: true}}, &sink{seen: map[string]int{}}, Options{Backend: b, Opener: h, StatsDir: statsDir})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); w.Run(ctx) }()
-			t.Cleanup(func() { cancel(); w.Close(); <-done })
-			if err := w.Start(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			startOpts(t, []Tree{{Root: root, Recursive: true}}, &sink{seen: map[string]int{}}, Options{Backend: b, StatsDir: statsDir})
 			if err := os.Remove(root); err != nil {
 				t.Fatal(err)
 			}
