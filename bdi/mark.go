@@ -258,6 +258,44 @@ func errnoError(e uint8) error {
 	return unix.Errno(e)
 }
 
+// RestrictUnder applies a tree's new, stricter settings (a reload that
+// shortened its expire or made it an integrity tree) to the files tracked
+// under root that the tree holds (holds: the deepest tree of the path is
+// this one): each takes the shorter expire class, keeping its
+// dirtiedWhen, and the integrity mode (stricterTreeLocked). Looser
+// settings apply to data dirtied from then on. It returns how many files
+// it looked at; holds is called without the list lock.
+func (wb *Writeback) RestrictUnder(root string, t Tree, holds func(path string) bool) int {
+	type cand struct {
+		in   *inode.Inode
+		path string
+	}
+	var cands []cand
+	wb.mu.Lock()
+	for in := range wb.inodes.All {
+		if in.InDir(root) {
+			cands = append(cands, cand{in, in.Path()})
+		}
+	}
+	wb.mu.Unlock()
+	var held []*inode.Inode
+	for _, c := range cands {
+		if holds(c.path) {
+			held = append(held, c.in)
+		}
+	}
+	wb.mu.Lock()
+	for _, in := range held {
+		if wb.inodes.Get(in.Key) == in {
+			wb.stricterTreeLocked(in, t)
+		}
+	}
+	wb.gen++
+	wb.mu.Unlock()
+	wb.kick()
+	return len(held)
+}
+
 // RetireUnder is for a tree removed from the configuration (a reload):
 // every tracked inode below root for which keep(path) is false (keep says
 // whether another tree still holds the path) is written back once more,

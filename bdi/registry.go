@@ -185,6 +185,17 @@ func (r *Registry) TreeRemoved(root string, keep func(path string) bool) int {
 	return n
 }
 
+// TreeRestricted applies a reloaded tree's stricter settings to the files
+// tracked under root on every device (Writeback.RestrictUnder); it returns
+// how many files the tree holds.
+func (r *Registry) TreeRestricted(root string, t Tree, holds func(path string) bool) int {
+	n := 0
+	for _, wb := range r.Devices() {
+		n += wb.RestrictUnder(root, t, holds)
+	}
+	return n
+}
+
 // Rescanned counts a rescan of a tree on filesystem dev in its device's
 // statistics (watch.Sink).
 func (r *Registry) Rescanned(dev uint64) {

@@ -227,7 +227,10 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		case plan.Returned(root):
 			log.Info("watch root served again (it was gone)", fields...)
 		case plan.Replaced(root):
-			log.Info("watch root settings changed", fields...)
+			// Files tracked already take the settings if they are
+			// stricter (a shorter expire, integrity).
+			k := reg.TreeRestricted(root, t.Tree, func(p string) bool { h, ok := wat.TreeOf(p); return ok && h.Root == root })
+			log.Info("watch root settings changed", append(fields, zap.Int("tracked_files", k))...)
 		default:
 			log.Info("watch root added", fields...)
 			added++

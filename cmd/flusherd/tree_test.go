@@ -1043,3 +1043,33 @@ expire = "200ms"
 	d.mustRun(t)
 	d.stop(t)
 }
+
+// TestReloadStricterAppliesToTracked: a reload that shortens a tree's
+// expire (and makes it an integrity tree) applies to the files it tracks
+// already: they keep their age, and one older than the new expire is
+// written at the next pass. A file tracked under an expire of an hour was
+// left dirty for that hour after the operator asked for 1 s.
+func TestReloadStricterAppliesToTracked(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	_, tree := mountTree(t, "ext4")
+	conf := func(expire, mode string) string {
+		return fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"200ms\"\n[[watch]]\npath = %q\nexpire = %q\nmode = %q\n", tree, expire, mode)
+	}
+	d := startDaemon(t, conf("1h", "writeback"))
+	f := filepath.Join(tree, "f")
+	writeDirty(t, f, 64<<10)
+	if !poll(5*time.Second, func() bool { return strings.Contains(dirtyList(t, d), f) }) {
+		t.Fatalf("%s is not tracked:\n%s", f, dirtyList(t, d))
+	}
+	time.Sleep(1200 * time.Millisecond) // older than the new expire
+	reloadWith(t, d, conf("1s", "integrity"))
+	if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), `"tracked_files": 1`) }) {
+		t.Fatalf("the reload did not apply the settings to the tracked file:\n%s", d.log.String())
+	}
+	waitAllClean(t, 3*time.Second, f)
+	if !poll(3*time.Second, func() bool { return !strings.Contains(dirtyList(t, d), f) }) {
+		t.Errorf("%s is still listed after its writeback:\n%s", f, dirtyList(t, d))
+	}
+}
