@@ -225,10 +225,11 @@ const heldLevels = 64
 
 // readDir reads the entries of the directory open as fd (path dir) with
 // getdents64 into buf, reports its regular files and returns the names of
-// the subdirectories to walk: none when the tree is
-// not recursive, and never another recursive tree's root (scanned with its
-// own settings); a non-recursive tree's root is walked for its
-// subdirectories, which are t's, and its own files are left to that tree. Symlinks, FIFOs, sockets and device nodes are never opened.
+// the subdirectories to walk: none when the tree is not recursive, and
+// never another recursive tree's root (scanned with its own settings); a
+// non-recursive tree's root is walked for its subdirectories, which are
+// t's, and its own files are left to that tree. Symlinks, FIFOs, sockets
+// and device nodes are never opened.
 //
 // In a scan for dirty files (onlyDirty), a regular file's entry on a
 // filesystem whose entries carry the file's own inode number (dirIdentity)
