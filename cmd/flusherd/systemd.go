@@ -227,16 +227,22 @@ func reloadConfig(old *config.Config, running []watch.Tree, reload func() (*conf
 		case plan.Returned(root):
 			log.Info("watch root served again (it was gone)", fields...)
 		case plan.Replaced(root):
-			// Files tracked already take the settings if they are
-			// stricter (a shorter expire, integrity).
-			k := reg.TreeRestricted(root, t.Tree, func(p string) bool { h, ok := wat.TreeOf(p); return ok && h.Root == root })
-			log.Info("watch root settings changed", append(fields, zap.Int("tracked_files", k))...)
+			log.Info("watch root settings changed", fields...)
 		default:
 			log.Info("watch root added", fields...)
 			added++
 		}
 	}
-	log.Info("configuration reloaded", zap.Int("roots_added", added), zap.Int("roots_removed", removed),
+	// Files tracked already take the settings of the tree that holds
+	// them now where those are stricter (a shorter expire, integrity): a
+	// tree changed, a tree added inside another, or a tree made
+	// non-recursive, whose subdirectories the tree around it holds now.
+	restricted := 0
+	for _, t := range served {
+		root := t.Root
+		restricted += reg.TreeRestricted(root, t.Tree, func(p string) bool { h, ok := wat.TreeOf(p); return ok && h.Root == root })
+	}
+	log.Info("configuration reloaded", zap.Int("roots_added", added), zap.Int("roots_removed", removed), zap.Int("tracked_files", restricted),
 		zap.Stringer("dirty_writeback_interval", cfg.Writeback.DirtyWritebackInterval))
 	if len(served) == 0 {
 		if len(running) > 0 {

@@ -1065,11 +1065,56 @@ func TestReloadStricterAppliesToTracked(t *testing.T) {
 	}
 	time.Sleep(1200 * time.Millisecond) // older than the new expire
 	reloadWith(t, d, conf("1s", "integrity"))
-	if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), `"tracked_files": 1`) }) {
+	if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), `"tracked_files": 1,`) }) {
 		t.Fatalf("the reload did not apply the settings to the tracked file:\n%s", d.log.String())
 	}
 	waitAllClean(t, 3*time.Second, f)
 	if !poll(3*time.Second, func() bool { return !strings.Contains(dirtyList(t, d), f) }) {
 		t.Errorf("%s is still listed after its writeback:\n%s", f, dirtyList(t, d))
+	}
+}
+
+// TestReloadNestingAppliesToTracked: a file tracked under a tree of an
+// hour is held, after a reload, by a stricter tree (1 s), and is written
+// within that: a tree added inside the first (the file in its root), and
+// an inner tree made non-recursive (the file in its subdirectory, which
+// the stricter tree around it holds now). Both had kept the hour.
+func TestReloadNestingAppliesToTracked(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	type tr struct {
+		rel, expire, mode string
+		recursive         bool
+	}
+	for _, c := range []struct {
+		name          string
+		before, after []tr
+		file          string
+	}{
+		{"tree added inside", []tr{{"", "1h", "writeback", true}},
+			[]tr{{"", "1h", "writeback", true}, {"in", "1s", "integrity", false}}, "in/x"},
+		{"inner made non-recursive", []tr{{"", "1s", "integrity", true}, {"in", "1h", "writeback", true}},
+			[]tr{{"", "1s", "integrity", true}, {"in", "1h", "writeback", false}}, "in/d/z"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, tree := mountTree(t, "ext4")
+			mkdirs(t, filepath.Join(tree, "in", "d"))
+			conf := func(trees []tr) string {
+				s := "[writeback]\ndirty_writeback_interval = \"200ms\"\n"
+				for _, x := range trees {
+					s += fmt.Sprintf("[[watch]]\npath = %q\nexpire = %q\nmode = %q\nrecursive = %v\n", filepath.Join(tree, x.rel), x.expire, x.mode, x.recursive)
+				}
+				return s
+			}
+			d := startDaemon(t, conf(c.before))
+			f := filepath.Join(tree, c.file)
+			writeDirty(t, f, 64<<10)
+			if !poll(5*time.Second, func() bool { return strings.Contains(dirtyList(t, d), f) }) {
+				t.Fatalf("%s is not tracked:\n%s", f, dirtyList(t, d))
+			}
+			reloadWith(t, d, conf(c.after))
+			waitAllClean(t, 4*time.Second, f)
+		})
 	}
 }
