@@ -127,7 +127,10 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	fa.nested = fa.nestedMount
 	fa.statsTrees, fa.kind = fa.Trees, "fanotify"
 	for _, t := range trees {
-		err := fa.mark(fd, t.Root, false)
+		err := fa.otherMount(t.Root)
+		if err == nil {
+			err = fa.mark(fd, t.Root, false)
+		}
 		opt.progress()
 		if err != nil {
 			fa.Close()
@@ -161,7 +164,10 @@ func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeErr
 	}
 	var refused []*TreeError
 	for _, t := range trees {
-		err := fa.mark(fa.fd, t.Root, false)
+		err := fa.otherMount(t.Root)
+		if err == nil {
+			err = fa.mark(fa.fd, t.Root, false)
+		}
 		opt.progress()
 		if err != nil {
 			refused = append(refused, &TreeError{Root: t.Root, Err: err})
@@ -216,6 +222,32 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 	fa.fsidsMu.Lock()
 	fa.fsids[fsid] = dev
 	fa.fsidsMu.Unlock()
+	return nil
+}
+
+// otherMount returns errSecondMount when another tree served here is on
+// root's filesystem but reached through another mount of it (a bind
+// mount): fanotify names an event's file through one mount, where the
+// other tree's files have other paths, outside it.
+func (fa *Fanotify) otherMount(root string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return nil // (the mark says why)
+	}
+	_, mid, err := unix.NameToHandleAt(unix.AT_FDCWD, root, 0)
+	if err != nil {
+		return nil
+	}
+	for _, t := range fa.list() {
+		var ot unix.Stat_t
+		if t.Root == root || unix.Stat(t.Root, &ot) != nil || ot.Dev != st.Dev {
+			continue
+		}
+		if _, m, err := unix.NameToHandleAt(unix.AT_FDCWD, t.Root, 0); err == nil && m != mid {
+			return fmt.Errorf("%w: %s and the tree %s are on one filesystem (device %d:%d) through two mounts", errSecondMount,
+				strconv.Quote(root), strconv.Quote(t.Root), unix.Major(st.Dev), unix.Minor(st.Dev))
+		}
+	}
 	return nil
 }
 
@@ -353,7 +385,10 @@ func (fa *Fanotify) AddTree(ctx context.Context, t Tree) error {
 	// Marked again even when its fsid is known: a tree added by a
 	// reload may be one whose filesystem was unmounted and mounted
 	// again (a new superblock with the same fsid, whose old mark died).
-	err := fa.mark(fa.fd, t.Root, true)
+	err := fa.otherMount(t.Root)
+	if err == nil {
+		err = fa.mark(fa.fd, t.Root, true)
+	}
 	fa.markMu.Unlock()
 	if err != nil {
 		return err

@@ -625,6 +625,9 @@ func fanotifyRefused(err error) string {
 	if errors.Is(err, unix.EPERM) {
 		return "fanotify is not permitted (it needs CAP_SYS_ADMIN and CAP_DAC_READ_SEARCH, which the daemon does not have); this tree is served by inotify"
 	}
+	if errors.Is(err, errSecondMount) {
+		return "this tree is on a filesystem that fanotify serves through another mount (a bind mount), where its files have other paths; it is served by inotify"
+	}
 	if errors.Is(err, ErrSharedFsid) {
 		return "this tree's filesystem has the fsid of another marked filesystem, so fanotify cannot tell their events apart; it is served by inotify"
 	}

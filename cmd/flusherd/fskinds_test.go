@@ -573,3 +573,39 @@ func TestSameFilesystemBindInTree(t *testing.T) {
 		})
 	}
 }
+
+// TestTreesThroughTwoMounts: two trees on one filesystem, one reached
+// through a bind mount of it, the second inside the first's directory:
+// under backend = "auto" the second is served by inotify, and its
+// integrity expire of 1 s holds for a file written through it, which
+// fanotify had named through the first mount and tracked under the first
+// tree's hour (a sync of its root wrote nothing).
+func TestTreesThroughTwoMounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	mnt, _ := mountTree(t, "ext4")
+	mkdirs(t, filepath.Join(mnt.Dir, "a", "sub"))
+	bind := filepath.Join(t.TempDir(), "bind")
+	bindMount(t, mnt.Dir, bind)
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+[watcher]
+backend = "auto"
+[[watch]]
+path = %q
+expire = "1h"
+[[watch]]
+path = %q
+expire = "1s"
+mode = "integrity"
+`, filepath.Join(mnt.Dir, "a"), filepath.Join(bind, "a", "sub")))
+	t.Cleanup(func() { d.halt() }) // before the mounts are undone
+	if !strings.Contains(d.log.String(), "fanotify serves through another mount") {
+		t.Errorf("the second tree is not logged as served by inotify:\n%s", d.log.String())
+	}
+	f := filepath.Join(bind, "a", "sub", "f")
+	writeDirty(t, f, 64<<10)
+	waitAllClean(t, 4*time.Second, f)
+}
