@@ -258,6 +258,27 @@ func errnoError(e uint8) error {
 	return unix.Errno(e)
 }
 
+// tracked is a tracked inode and its path, as read under the list lock.
+type tracked struct {
+	in   *inode.Inode
+	path string
+}
+
+// under returns the tracked inodes below root with their paths, for a
+// caller that asks the watcher about each path without the list lock (it
+// takes the watcher's).
+func (wb *Writeback) under(root string) []tracked {
+	var out []tracked
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	for in := range wb.inodes.All {
+		if in.InDir(root) {
+			out = append(out, tracked{in, in.Path()})
+		}
+	}
+	return out
+}
+
 // RestrictUnder applies a tree's new, stricter settings (a reload that
 // shortened its expire or made it an integrity tree) to the files tracked
 // under root that the tree holds (holds: the deepest tree of the path is
@@ -266,18 +287,7 @@ func errnoError(e uint8) error {
 // settings apply to data dirtied from then on. It returns how many files
 // it looked at; holds is called without the list lock.
 func (wb *Writeback) RestrictUnder(root string, t Tree, holds func(path string) bool) int {
-	type cand struct {
-		in   *inode.Inode
-		path string
-	}
-	var cands []cand
-	wb.mu.Lock()
-	for in := range wb.inodes.All {
-		if in.InDir(root) {
-			cands = append(cands, cand{in, in.Path()})
-		}
-	}
-	wb.mu.Unlock()
+	cands := wb.under(root)
 	var held []*inode.Inode
 	for _, c := range cands {
 		if holds(c.path) {
@@ -305,18 +315,7 @@ func (wb *Writeback) RestrictUnder(root string, t Tree, holds func(path string) 
 // keeps it. It returns how many. keep is
 // called without the list lock (it takes the watcher's).
 func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
-	type cand struct {
-		in   *inode.Inode
-		path string
-	}
-	var cands []cand
-	wb.mu.Lock()
-	for in := range wb.inodes.All {
-		if in.InDir(root) {
-			cands = append(cands, cand{in, in.Path()})
-		}
-	}
-	wb.mu.Unlock()
+	cands := wb.under(root)
 	leaving := make(map[*inode.Inode]bool, len(cands))
 	for _, c := range cands {
 		if !keep(c.path) {
