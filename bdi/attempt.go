@@ -195,6 +195,20 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 	budget := chunk / page
 	off, wrapped := start, false
 	found := 0 // windows taken
+	// take adds the window [lo, lo+n) holding dirty dirty pages, folded
+	// into the last one when adjacent, and goes on after it.
+	take := func(lo, n, dirty int64) {
+		if last := len(wins) - 1; last >= 0 && wins[last].Off+wins[last].Len == lo {
+			wins[last].Len += n
+			merged++
+		} else {
+			wins = append(wins, window{lo, n})
+		}
+		found++
+		budget -= dirty
+		queued += dirty
+		off = lo + n
+	}
 	for budget > 0 {
 		regionEnd := size
 		if wrapped {
@@ -248,16 +262,7 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 			if n == 0 {
 				break // (cannot happen: one page is at most one dirty page)
 			}
-			if last := len(wins) - 1; last >= 0 && wins[last].Off+wins[last].Len == off {
-				wins[last].Len += end - off
-				merged++
-			} else {
-				wins = append(wins, window{off, end - off})
-			}
-			found++
-			budget -= n
-			queued += n
-			off = end
+			take(off, end-off, n)
 			continue
 		}
 		lo, hi := off, regionEnd
@@ -278,16 +283,7 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 		if err != nil {
 			return nil, 0, false, 0, err
 		}
-		if last := len(wins) - 1; last >= 0 && wins[last].Off+wins[last].Len == lo {
-			wins[last].Len += n
-			merged++
-		} else {
-			wins = append(wins, window{lo, n})
-		}
-		found++
-		budget -= int64(dw)
-		queued += int64(dw)
-		off = lo + n
+		take(lo, n, int64(dw))
 	}
 	if off >= size {
 		off = 0

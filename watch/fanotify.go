@@ -125,7 +125,7 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	fa.init(trees, sink, opt)
 	h.SetWritebackHook(fa)
 	fa.nested = fa.nestedMount
-	fa.statsTrees, fa.kind = fa.Trees, "fanotify"
+	fa.statsTrees, fa.statsName = fa.Trees, fa.Name
 	for _, t := range trees {
 		err := fa.otherMount(t.Root)
 		if err == nil {
@@ -469,7 +469,7 @@ func (fa *Fanotify) Run(ctx context.Context) {
 		// else on the filesystem, the daemon's own stats writes
 		// included, which must not keep it awake.
 		if fa.events(ctx, fa.buf[:n]) {
-			fa.touched("fanotify")
+			fa.touched()
 		}
 		fa.doneBatches.Add(1)
 		if n < len(fa.buf)/2 {
@@ -537,7 +537,7 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) (relevant bool) {
 			fa.ctr.Overflows.Add(1)
 			fa.logOverflow("fanotify")
 			fa.clearCaches()
-			fa.overflowRescan(ctx, "fanotify", func() { fa.rescan(ctx, nil) })
+			fa.overflowRescan(ctx, func() { fa.rescan(ctx, nil) })
 			relevant = true
 			b = b[evLen:]
 			continue

@@ -74,7 +74,7 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
-	iw.statsTrees, iw.kind = iw.Trees, "inotify"
+	iw.statsTrees, iw.statsName = iw.Trees, iw.Name
 	return iw, nil
 }
 
@@ -372,7 +372,7 @@ func (w *Watcher) Run(ctx context.Context) {
 					break drain
 				}
 			}
-			w.touched("inotify")
+			w.touched()
 			w.doneBatches.Add(1)
 		case err, ok := <-w.w.Errors:
 			if !ok {
@@ -381,7 +381,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				w.ctr.Overflows.Add(1)
 				w.logOverflow("inotify")
-				w.overflowRescan(ctx, "inotify", func() { w.rescan(ctx, w.addOrNote) })
+				w.overflowRescan(ctx, func() { w.rescan(ctx, w.addOrNote) })
 				continue
 			}
 			w.log.Warn("watch error", zap.Error(err))

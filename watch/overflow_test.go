@@ -26,14 +26,14 @@ func TestOverflowRescan(t *testing.T) {
 		<-release
 	}
 	ctx := context.Background()
-	b.overflowRescan(ctx, "test", rescan) // returns at once
+	b.overflowRescan(ctx, rescan) // returns at once
 	<-started
 	if !b.rescanBusy() {
 		t.Fatal("rescanBusy false while a rescan runs")
 	}
 	// Three more overflows while it runs: one more rescan, not three.
 	for range 3 {
-		b.overflowRescan(ctx, "test", rescan)
+		b.overflowRescan(ctx, rescan)
 	}
 	release <- struct{}{}
 	<-started
@@ -49,7 +49,7 @@ func TestOverflowRescan(t *testing.T) {
 		t.Errorf("%d rescans, want 2 (the first and one for the overflows during it)", n)
 	}
 	// A later overflow starts a new one.
-	b.overflowRescan(ctx, "test", rescan)
+	b.overflowRescan(ctx, rescan)
 	<-started
 	release <- struct{}{}
 	for b.rescanBusy() {

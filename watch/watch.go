@@ -158,9 +158,8 @@ type base struct {
 	log         *zap.Logger
 	open        inode.Opener
 	ctr         *Counters        // shared by the two halves of a Mixed backend
-	statsName   func() string    // the backend's name in watch/stats; nil means the caller's
+	statsName   func() string    // the backend's name in watch/stats (set by its constructor)
 	statsTrees  func() []TreeUse // the trees in watch/stats (the whole backend's, for a Mixed half)
-	kind        string           // "inotify" or "fanotify": the backend name in watch/stats when statsName is nil
 	dirsScanned atomic.Uint64
 	// Directory entries looked at with fstatat by scans (readDir).
 	entriesStatted atomic.Uint64
@@ -297,7 +296,7 @@ func (b *base) removeTree(root string) (*tree, bool) {
 // touched schedules a write of the stats file a second from now, unless
 // one is already due: at most one write a second while events come, and
 // no timer at all while none do.
-func (b *base) touched(name string) {
+func (b *base) touched() {
 	if b.statsDir == "" || b.statsDue.Load() {
 		return // (one event in a stream of them costs one atomic load)
 	}
@@ -312,6 +311,7 @@ func (b *base) touched(name string) {
 		b.statsNext = nil
 		b.statsDue.Store(false)
 		b.statsMu.Unlock()
+		name := ""
 		if b.statsName != nil {
 			name = b.statsName()
 		}
@@ -469,7 +469,7 @@ func (b *base) checkRoots() {
 		b.log.Error("a watched tree's root is gone; its files are no longer tracked (once it is back, a reload (SIGHUP, systemctl reload flusherd) serves it again)",
 			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
 		b.sink.TreeGone(t.Root, t.root.Dev, last)
-		b.touched(b.kind) // watch/stats marks it gone
+		b.touched() // watch/stats marks it gone
 	}
 }
 
@@ -529,8 +529,8 @@ func (b *base) rescan(ctx context.Context, onDir func(t Tree, path string)) {
 // reading its queue meanwhile (the reading stalled by a rescan is what
 // makes the next overflow); if one runs already, it runs once more when
 // that one is done (the events lost meanwhile may concern parts it has
-// scanned). The stats file is rewritten after each (name: the backend's).
-func (b *base) overflowRescan(ctx context.Context, name string, rescan func()) {
+// scanned). The stats file is rewritten after each.
+func (b *base) overflowRescan(ctx context.Context, rescan func()) {
 	b.rmu.Lock()
 	if b.rescanning {
 		b.rescanAgain = true
@@ -542,7 +542,7 @@ func (b *base) overflowRescan(ctx context.Context, name string, rescan func()) {
 	go func() {
 		for {
 			rescan()
-			b.touched(name)
+			b.touched()
 			b.rmu.Lock()
 			if !b.rescanAgain || ctx.Err() != nil {
 				b.rescanning, b.rescanAgain = false, false
