@@ -310,6 +310,54 @@ func perFileStartWriteback(s *fileSet) error {
 	return nil
 }
 
+// engineCalls makes, file by file on one goroutine, the system calls
+// flusherd's whole-file attempt makes, with no engine around them:
+// open_by_handle_at (the handles are taken before the timed part, as the
+// daemon takes them when it marks a file), cachestat, sync_file_range
+// (SYNC_FILE_RANGE_WRITE), cachestat, close. Method (h): between (a) and
+// (e), it tells what the calls cost from what the engine adds.
+func engineCalls(s *fileSet, _ *plugStat) (func() error, error) {
+	h := inode.NewHandles()
+	if _, err := h.AddMount(filepath.Dir(s.paths[0])); err != nil {
+		return nil, err
+	}
+	type target struct {
+		h   inode.Handle
+		key inode.Key
+	}
+	ts := make([]target, len(s.paths))
+	for i, p := range s.paths {
+		key, _, err := inode.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if ts[i].h, err = h.HandleOf(p, key); err != nil {
+			return nil, err
+		}
+		ts[i].key = key
+	}
+	return func() error {
+		for _, t := range ts {
+			f, err := h.OpenHandle(t.h, t.key)
+			if err != nil {
+				return err
+			}
+			_, _, err = f.Cachestat(0, 0)
+			if err == nil {
+				err = f.StartWriteback(0, 0)
+			}
+			if err == nil {
+				_, _, err = f.Cachestat(0, 0)
+			}
+			f.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}, nil
+}
+
 // parallelStartWriteback is (e) on one thread per CPU, each taking every
 // n-th file: method (p), which shows whether the filesystem lets
 // file-by-file writeback run in parallel.
@@ -411,13 +459,13 @@ func plugBench(args []string) int {
 	small := fl.Int("small", 20000, "number of 16 KiB files")
 	large := fl.Int("large", 200, "number of 8 MiB files")
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
-	only := fl.String("methods", "abcdei", "methods to run, of abcdefipu (d, syncfs, is always run: the ratios need it)")
+	only := fl.String("methods", "abcdei", "methods to run, of abcdefhipu (d, syncfs, is always run: the ratios need it)")
 	depth := fl.Int("queue-depth", 8, "flusherd's plug.queue_depth")
-	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile of the timed parts to this file")
+	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile to this file, from the first timed run to the end (the re-dirtying between runs is in it)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return code
 	}
-	if err := letters("methods", *only, "abcdefipu"); err != nil {
+	if err := letters("methods", *only, "abcdefhipu"); err != nil {
 		fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
 		return 2
 	}
@@ -448,6 +496,7 @@ func plugBench(args []string) int {
 		{"d", "(d) syncfs(2)", nil},
 		{"e", "(e) per-file sync_file_range loop", plain(perFileStartWriteback)},
 		{"f", "(f) per-file write and wait, 8 threads", plain(parallelSyncRange)},
+		{"h", "(h) flusherd's system calls in a loop", engineCalls},
 		{"p", "(p) (e) on one thread per CPU", plain(parallelStartWriteback)},
 		{"u", "(u) (e) with io_uring, 256 per submit", plain(uringStartWriteback)},
 		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, *depth, st) }},
@@ -545,7 +594,7 @@ func plugBench(args []string) int {
 			}
 			markdownTable(os.Stdout, []string{"method", "time", "x syncfs", "process CPU µs/file", "machine CPU µs/file", "all runs"}, cells)
 			var ratios []string
-			for _, r := range [][2]string{{"a", "d"}, {"a", "e"}, {"b", "a"}, {"c", "a"}, {"i", "d"}, {"c", "i"}} {
+			for _, r := range [][2]string{{"a", "d"}, {"a", "e"}, {"a", "h"}, {"b", "a"}, {"c", "a"}, {"i", "d"}, {"c", "i"}} {
 				if len(times[r[0]]) > 0 && len(times[r[1]]) > 0 {
 					ratios = append(ratios, fmt.Sprintf("(%s)/(%s) %.2f", r[0], r[1], med(r[0]).Seconds()/med(r[1]).Seconds()))
 				}
