@@ -389,9 +389,33 @@ func (w *Watcher) Run(ctx context.Context) {
 	}
 }
 
+// Settle implements Backend: base.Settle, then a scan now of every
+// directory out of watches (rescanUnwatched), whose files no event
+// reports: without it a shutdown would write back only what the last
+// periodic rescan had found, and say every tracked file is clean while
+// files written since in those directories are dirty. It returns
+// ErrUnsettled when that scan is cut short (by ctx or for want of a
+// resource).
+func (w *Watcher) Settle(ctx context.Context) error {
+	err := w.base.Settle(ctx)
+	w.dmu.Lock()
+	n := len(w.unwatched)
+	w.dmu.Unlock()
+	if n == 0 {
+		return err
+	}
+	before := w.retry.failures.Load()
+	w.rescanUnwatched(ctx)
+	if w.retry.failures.Load() != before || ctx.Err() != nil {
+		return errors.Join(err, ErrUnsettled)
+	}
+	return err
+}
+
 // rescanUnwatched tries again to watch each directory that was out of
 // watches, and scans it (only it: its subdirectories are in the set too)
-// with cachestat. It reports whether any is still unwatched.
+// with cachestat. It reports whether any is still unwatched. Each tree it
+// scans in counts as one rescan (Counters.Rescans, Sink.Rescanned).
 func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 	w.dmu.Lock()
 	dirs := make(map[string]Tree, len(w.unwatched))
@@ -399,7 +423,15 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 		dirs[d] = t
 	}
 	w.dmu.Unlock()
+	counted := map[string]bool{}
 	for d, t := range dirs {
+		if !counted[t.Root] {
+			counted[t.Root] = true
+			w.ctr.Rescans.Add(1)
+			if rt := w.treeAt(t.Root); rt != nil {
+				w.sink.Rescanned(rt.root.Dev)
+			}
+		}
 		if ctx.Err() != nil {
 			return true
 		}
@@ -424,7 +456,7 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 		flat.Recursive = false
 		w.scanDir(ctx, flat, d, true, nil)
 	}
-	w.ctr.Rescans.Add(1)
+	w.touched()
 	w.dmu.Lock()
 	left := len(w.unwatched)
 	if left < w.limitLogs {

@@ -496,6 +496,7 @@ loop:
 	wat.Close()
 	<-done
 	rep := reg.Shutdown(sctx)
+	writeWatchStats(cfg.Stats.Dir, wat, log) // with the shutdown's rescans
 	end := fmt.Sprintf("shutdown_timeout (%v) ended", cfg.Writeback.ShutdownTimeout)
 	if cutBySignal.Load() {
 		end = "a second signal ended the shutdown"
