@@ -29,6 +29,7 @@ type attempt struct {
 	pre                   policy.Outcome // when nothing was written
 	wrote, chunkUsed      bool
 	unread                bool // see attemptCall.unread
+	read                  bool // see attemptCall.read
 	// deferred: not written because the device had max_inflight under
 	// writeback (counted in throttled).
 	deferred bool
@@ -422,6 +423,12 @@ func (wb *Writeback) complete(att *attempt) {
 		wb.setPagesLocked(in, dirty, wbp)
 	}
 	in.Retries = satInc(in.Retries)
+	// The error its data was lost to, if it was: the last one before
+	// this attempt, when an I/O error of its own was seen.
+	var dataErr uint8
+	if in.Has(inode.DataError) {
+		dataErr = in.LastErr
+	}
 	newErr := false
 	if err != nil && o != policy.Gone {
 		in.Errors = satInc(in.Errors)
@@ -446,8 +453,13 @@ func (wb *Writeback) complete(att *attempt) {
 		in.State |= inode.DataError
 	}
 	dest := policy.Requeue(o, wb.cfg.Requeue)
-	if policy.Lost(o, hadIOError, att.dirtyBefore, att.wbBefore, redirtied) {
+	if policy.Lost(o, hadIOError, att.read, att.dirtyBefore, att.wbBefore, redirtied) {
 		dest = policy.Failed
+		if err != nil && dataErr != 0 {
+			// Lost to the earlier error; this attempt's own (the
+			// filesystem read-only since) only hid it.
+			in.LastErr = dataErr
+		}
 		if in.LastErr == 0 && att.fsErrno != 0 {
 			// Known from the filesystem's error cursor, not from an
 			// attempt of its own: flusherd dirty still names it.
@@ -497,12 +509,12 @@ func (wb *Writeback) complete(att *attempt) {
 		in.SetPath(other)
 		dest = policy.MoreIOWait
 	}
-	if wb.shuttingDown && dest != policy.Drop && (o == policy.FSUnavailable || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)) {
+	if wb.shuttingDown && dest != policy.Drop && dest != policy.Failed && (o == policy.FSUnavailable || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)) {
 		wb.givenUp = append(wb.givenUp, GivenUp{Path: in.Path(), Err: err})
 		dest = policy.Forget
 	}
 	wb.requeueInodeLocked(in, dest, now)
-	if dest == policy.Failed && err == nil {
+	if dest == policy.Failed && (err == nil || dataErr != 0 && errnoOf(err) != dataErr) {
 		err = fmt.Errorf("%w: the data was dropped after a failed writeback", errnoError(in.LastErr))
 	}
 	path, retries := in.Path(), in.Retries

@@ -412,6 +412,9 @@ type ShutdownReport struct {
 	// GivenUp are the files whose filesystem could not be written, or
 	// that the daemon may not open (EACCES, EPERM).
 	GivenUp map[string][]GivenUp
+	// Lost are the files whose data was lost to a failed writeback
+	// (b_failed: Writeback.Failed), with the error it was lost to.
+	Lost map[string][]GivenUp
 }
 
 // Shutdown drains every device (Drain) within ctx, giving up at once on
@@ -421,7 +424,7 @@ type ShutdownReport struct {
 // left. Files already clean are forgotten at their first attempt, so they
 // are never waited on.
 func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
-	rep := ShutdownReport{Left: map[string][]string{}, GivenUp: map[string][]GivenUp{}}
+	rep := ShutdownReport{Left: map[string][]string{}, GivenUp: map[string][]GivenUp{}, Lost: map[string][]GivenUp{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, wb := range r.Devices() {
@@ -434,8 +437,7 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			given := wb.givenUp
 			wb.givenUp = nil
 			wb.mu.Unlock()
-			// Files whose data was lost earlier are reported with them.
-			given = append(given, wb.Failed()...)
+			lost := wb.Failed()
 			var left []string
 			if err != nil {
 				left = wb.TrackedPaths()
@@ -446,6 +448,9 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			}
 			if len(given) > 0 {
 				rep.GivenUp[wb.Name] = given
+			}
+			if len(lost) > 0 {
+				rep.Lost[wb.Name] = lost
 			}
 			mu.Unlock()
 		})

@@ -156,6 +156,9 @@ type attemptCall struct {
 	// its open or its first cachestat (EACCES, EPERM, an open's EIO):
 	// nothing was written, so its error is not one of the data's.
 	unread bool
+	// read: its first cachestat succeeded, so before holds the file's
+	// page counts (policy.Lost trusts no other zeros).
+	read bool
 }
 
 // submit is the plug's Submit: it learns once per filesystem whether
@@ -225,7 +228,7 @@ func (wb *Writeback) submit(batch []*request) {
 			// Failed after reading the file's state (a write that
 			// returned EROFS): what it read stands (BdiReclaimable).
 			att.dirtyBefore, att.wbBefore = att.call.before[0], att.call.before[1]
-			att.unread = att.call.unread
+			att.unread, att.read = att.call.unread, att.call.read
 		case st == blk.Detached:
 			// Its worker still runs (and owns the attemptCall): not
 			// known to be written, so assumed dirty, and tried again
@@ -596,7 +599,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 			w.unread = true
 			return wb.closeCall(r, err)
 		}
-		w.before = [2]uint64{d, wbp}
+		w.before, w.read = [2]uint64{d, wbp}, true
 		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {
 			return wb.closeCall(r, nil)
 		}
@@ -693,7 +696,7 @@ func (wb *Writeback) closeCall(r *request, err error) error {
 func adoptCall(r *request) {
 	att := r.Owner
 	w := att.call
-	att.dirtyBefore, att.wbBefore = w.before[0], w.before[1]
+	att.dirtyBefore, att.wbBefore, att.read = w.before[0], w.before[1], w.read
 	att.fsErrAt, att.fsErrno = w.fsErrAt, w.fsErrno
 	if w.renewed != "" {
 		att.renewed = w.renewed

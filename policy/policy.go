@@ -96,13 +96,18 @@ func (d Dest) String() string {
 
 // Lost reports whether an attempt shows that the inode's data was lost:
 // a writeback of it failed with an I/O error since it was last written
-// (hadIOError), and this attempt found it clean (o is Clean) although
-// cachestat showed no dirty and no writeback pages before it, so flusherd
-// did not write the data: after a failed writeback the kernel marks the
-// pages clean (mapping_set_error; the data is dropped), and a retry that
-// then succeeds proves nothing. A new write since (redirtied) is not lost.
-func Lost(o Outcome, hadIOError bool, dirtyBefore, writebackBefore uint64, redirtied bool) bool {
-	return o == Clean && hadIOError && dirtyBefore == 0 && writebackBefore == 0 && !redirtied
+// (hadIOError), and this attempt read its page counts (read: its open and
+// first cachestat succeeded) and found no dirty and no writeback pages, so
+// the data is not in the page cache to be written: after a failed
+// writeback the kernel marks the pages clean (mapping_set_error; the data
+// is dropped). Whatever the attempt then met changes nothing: a retry that
+// succeeds (Clean) proves nothing, and one that fails (the filesystem went
+// read-only after the error, EROFS; its server died, ENOTCONN; the error
+// again) only hides the loss, which would otherwise wait for a clean
+// attempt that never comes. A new write since (redirtied) is not lost; a
+// file gone (Gone) is dropped, not lost.
+func Lost(o Outcome, hadIOError, read bool, dirtyBefore, writebackBefore uint64, redirtied bool) bool {
+	return o != Gone && read && hadIOError && dirtyBefore == 0 && writebackBefore == 0 && !redirtied
 }
 
 // RequeueBlocked selects what happens to an inode that could not be written

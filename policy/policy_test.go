@@ -187,22 +187,32 @@ func TestBackoff(t *testing.T) {
 func TestLost(t *testing.T) {
 	for _, c := range []struct {
 		o                    Outcome
-		hadIOError           bool
+		hadIOError, read     bool
 		dirtyBefore, wbefore uint64
 		redirtied            bool
 		want                 bool
 	}{
-		{Clean, true, 0, 0, false, true},
-		{Clean, false, 0, 0, false, false}, // no error: clean is clean
-		{Clean, true, 4, 0, false, false},  // flusherd wrote the data again
-		{Clean, true, 0, 2, false, false},  // it was under writeback: written by someone
-		{Clean, true, 0, 0, true, false},   // written again meanwhile
-		{IOError, true, 0, 0, false, false},
-		{Blocked, true, 0, 0, false, false},
-		{UnderWriteback, true, 0, 0, false, false},
+		{Clean, true, true, 0, 0, false, true},
+		{Clean, false, true, 0, 0, false, false}, // no error: clean is clean
+		{Clean, true, true, 4, 0, false, false},  // flusherd wrote the data again
+		{Clean, true, true, 0, 2, false, false},  // it was under writeback: written by someone
+		{Clean, true, true, 0, 0, true, false},   // written again meanwhile
+		// Failures after the loss hide it, whatever they are: the
+		// filesystem went read-only, its server died, the error again,
+		// a busy filesystem.
+		{FSUnavailable, true, true, 0, 0, false, true},
+		{IOError, true, true, 0, 0, false, true},
+		{Blocked, true, true, 0, 0, false, true},
+		{FSUnavailable, true, true, 3, 0, false, false}, // the data is still in the page cache
+		{FSUnavailable, false, true, 0, 0, false, false},
+		// Unknown is tracked: the open or the first cachestat failed,
+		// so the counts are not the file's.
+		{FSUnavailable, true, false, 0, 0, false, false},
+		{IOError, true, false, 0, 0, false, false},
+		{Gone, true, true, 0, 0, false, false}, // deleted: dropped, not lost
 	} {
-		if got := Lost(c.o, c.hadIOError, c.dirtyBefore, c.wbefore, c.redirtied); got != c.want {
-			t.Errorf("Lost(%v, %v, %d, %d, %v) = %v, want %v", c.o, c.hadIOError, c.dirtyBefore, c.wbefore, c.redirtied, got, c.want)
+		if got := Lost(c.o, c.hadIOError, c.read, c.dirtyBefore, c.wbefore, c.redirtied); got != c.want {
+			t.Errorf("Lost(%v, %v, %v, %d, %d, %v) = %v, want %v", c.o, c.hadIOError, c.read, c.dirtyBefore, c.wbefore, c.redirtied, got, c.want)
 		}
 	}
 	if Failed.String() != "failed" {

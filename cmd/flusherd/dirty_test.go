@@ -291,6 +291,96 @@ mode = "integrity"
 	}
 }
 
+// TestLostThenReadOnly: in an integrity tree, files whose fdatasync failed
+// with EIO (the kernel dropped their pages) on a filesystem that then
+// turns read-only (every later fsync EROFS) are reported lost, with the
+// EIO they were lost to, not retried as EROFS for ever; the shutdown names
+// them and does not say that every file is clean.
+func TestLostThenReadOnly(t *testing.T) {
+	ffs := faultfs.MountT(t)
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "500ms"
+min_pause = "100ms"
+max_pause = "3s"
+[[watch]]
+path = %q
+mode = "integrity"
+`, ffs.Dir))
+	stats := d.devStats("0:" + fmt.Sprint(minorOf(t, ffs.Dir)))
+	ffs.Set(faultfs.Faults{WriteErr: syscall.EIO})
+	var files []string
+	for i := range 5 {
+		p := filepath.Join(ffs.Dir, fmt.Sprintf("f%d", i))
+		writeHeld(t, p, 8192) // (a close would flush, and meet the EIO)
+		files = append(files, p)
+	}
+	list := func() map[string]control.DirtyFile {
+		var o, e bytes.Buffer
+		if code := Main([]string{"dirty", "--json", "--top", "0", "--stats-dir", d.statsDir}, &o, &e); code != 0 {
+			t.Fatalf("flusherd dirty: %s", e.String())
+		}
+		var fs []control.DirtyFile
+		if err := json.Unmarshal(o.Bytes(), &fs); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]control.DirtyFile{}
+		for _, f := range fs {
+			m[string(f.Path)] = f
+		}
+		return m
+	}
+	// Each file's fdatasync has met the EIO; their retries come
+	// max_pause after it.
+	if !poll(8*time.Second, func() bool {
+		m := list()
+		for _, p := range files {
+			if m[p].LastError != "EIO" || m[p].List == "failed" {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("the files' writeback did not fail with EIO: %+v\n%s", list(), d.log.String())
+	}
+	ffs.Set(faultfs.Faults{WriteErr: syscall.EROFS, FsyncErr: syscall.EROFS})
+	var m map[string]control.DirtyFile
+	if !poll(8*time.Second, func() bool {
+		m = list()
+		for _, p := range files {
+			if m[p].List != "failed" {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("files lost to EIO on a filesystem now read-only are not reported failed: %+v\n%s", m, d.log.String())
+	}
+	for _, p := range files {
+		if m[p].LastError != "EIO" {
+			t.Errorf("%s: failed with %q, want the EIO its data was lost to", p, m[p].LastError)
+		}
+	}
+	if s := statsWhen(t, stats, 3*time.Second, func(s map[string]int64) bool { return s["failed_files"] == 5 }); s["failed_files"] != 5 {
+		t.Errorf("failed_files = %d, want 5", s["failed_files"])
+	}
+	if !poll(2*time.Second, func() bool { return strings.Count(d.log.String(), "data lost") == 5 }) {
+		t.Errorf("want one data-lost line a file:\n%s", d.log.String())
+	}
+	d.stop(t)
+	log := d.log.String()
+	if strings.Contains(log, "every tracked file is clean") || !strings.Contains(log, "data was lost to a failed writeback") ||
+		!strings.Contains(log, `"data_lost": 5`) || strings.Contains(log, "ended_by") {
+		t.Errorf("the shutdown does not report the lost files as lost (or blames a timeout):\n%s", log)
+	}
+	for _, p := range files {
+		if !strings.Contains(log, strconv.Quote(strconv.Quote(p))[1:]) && !strings.Contains(log, p) {
+			t.Errorf("the shutdown log does not name %s", p)
+		}
+	}
+}
+
 // minorOf returns the minor number of the filesystem of dir (a FUSE
 // filesystem's bdi is 0:minor).
 func minorOf(t *testing.T, dir string) uint32 {

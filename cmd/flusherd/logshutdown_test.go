@@ -46,6 +46,25 @@ func TestLogShutdownWording(t *testing.T) {
 		t.Errorf("a line says the left files' writeback was started")
 	}
 
+	// Lost and given-up files only, nothing left at the deadline: the
+	// lost ones are named as lost, and the last line blames no timeout.
+	core, logs = observer.New(zap.InfoLevel)
+	logShutdown(zap.New(core), bdi.ShutdownReport{
+		Lost:    map[string][]bdi.GivenUp{"7:0": {{Path: "/t/lost", Err: syscall.EIO}}},
+		GivenUp: map[string][]bdi.GivenUp{"7:0": {{Path: "/t/ro", Err: syscall.EROFS}}},
+	}, "shutdown_timeout (1s) ended", nil)
+	if n := logs.FilterMessageSnippet("data was lost to a failed writeback").FilterField(zap.String("error", "input/output error")).Len(); n != 1 {
+		t.Errorf("%d lines for the lost file, want 1: %v", n, logs.All())
+	}
+	last := logs.All()[logs.Len()-1]
+	if last.Message != "exiting with files not written back" {
+		t.Fatalf("last line %q", last.Message)
+	}
+	m := last.ContextMap()
+	if _, ok := m["ended_by"]; ok || m["data_lost"] != int64(1) || m["given_up"] != int64(1) || m["still_dirty"] != int64(0) {
+		t.Errorf("last line's fields %v: want data_lost 1, given_up 1, still_dirty 0, no ended_by", m)
+	}
+
 	core, logs = observer.New(zap.InfoLevel)
 	logShutdown(zap.New(core), bdi.ShutdownReport{}, "shutdown_timeout (1s) ended", errors.New("the initial scan was stopped"))
 	if n := logs.FilterMessageSnippet("may be dirty and untracked").Len(); n != 1 || logs.FilterMessageSnippet("every tracked file is clean").Len() != 0 {

@@ -507,7 +507,11 @@ loop:
 
 // logShutdown logs what the shutdown could not write, each device's files
 // (the first 20 by name), and a last line that says exactly what was left
-// and why.
+// and why: files whose data was lost to a failed writeback (rep.Lost),
+// files given up because their filesystem cannot be written or the daemon
+// may not open them (rep.GivenUp), and files still dirty when end (the
+// deadline, or a second signal) cut the writeback short (rep.Left). end
+// is named only when files were left.
 //
 // unsettled is the watcher's Settle error: when events were lost and could
 // not be made up for, "every tracked file is clean" would say less than
@@ -520,36 +524,56 @@ func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled 
 		}
 		return out
 	}
-	given, left := 0, 0
-	for dev, g := range rep.GivenUp {
-		given += len(g)
-		byErr := map[string][]string{}
-		denied := map[string]bool{} // errors that are a missing permission
-		for _, f := range g {
-			byErr[f.Err.Error()] = append(byErr[f.Err.Error()], f.Path)
-			denied[f.Err.Error()] = errors.Is(f.Err, syscall.EACCES) || errors.Is(f.Err, syscall.EPERM)
-		}
-		for e, paths := range byErr {
-			msg := "shutdown: files given up, their filesystem cannot be written (their dirty data is not on disk)"
-			if denied[e] {
-				msg = "shutdown: files given up, the daemon may not open or inspect them (their dirty data is not on disk)"
+	// byError logs files by device and error, one line each, with the
+	// message msg gives for the error; it returns how many files.
+	byError := func(files map[string][]bdi.GivenUp, msg func(error) string) int {
+		n := 0
+		for dev, g := range files {
+			n += len(g)
+			paths := map[string][]string{}
+			first := map[string]error{}
+			for _, f := range g {
+				e := f.Err.Error()
+				paths[e] = append(paths[e], f.Path)
+				if first[e] == nil {
+					first[e] = f.Err
+				}
 			}
-			log.Error(msg, zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)))
+			for e, ps := range paths {
+				log.Error(msg(first[e]), zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(ps)), zap.Strings("first", quote(ps)))
+			}
 		}
+		return n
 	}
+	lost := byError(rep.Lost, func(error) string {
+		return "shutdown: files whose data was lost to a failed writeback (reported when it was found; not on disk)"
+	})
+	given := byError(rep.GivenUp, func(err error) string {
+		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+			return "shutdown: files given up, the daemon may not open or inspect them (whatever dirty data they hold is left to the kernel's flusher)"
+		}
+		return "shutdown: files given up, their filesystem cannot be written (their dirty data cannot reach the disk)"
+	})
+	left := 0
 	for dev, paths := range rep.Left {
 		left += len(paths)
 		log.Error("shutdown: files still dirty or under writeback when "+end+" (the kernel's flusher writes back what it can)",
 			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", quote(paths)))
 	}
 	switch {
-	case given == 0 && left == 0 && unsettled != nil:
+	case lost == 0 && given == 0 && left == 0 && unsettled != nil:
 		log.Error("exiting: the tracked files are clean, but files in the trees may be dirty and untracked", zap.Error(unsettled))
-	case given == 0 && left == 0:
+	case lost == 0 && given == 0 && left == 0:
 		log.Info("every tracked file is clean; exiting")
 	default:
-		log.Error("exiting with files not written back", zap.Int("given_up_unwritable", given), zap.Int("still_dirty", left),
-			zap.String("ended_by", end), zap.NamedError("untracked", unsettled))
+		fields := []zap.Field{zap.Int("data_lost", lost), zap.Int("given_up", given), zap.Int("still_dirty", left)}
+		if left > 0 {
+			fields = append(fields, zap.String("ended_by", end))
+		}
+		if unsettled != nil {
+			fields = append(fields, zap.NamedError("untracked", unsettled))
+		}
+		log.Error("exiting with files not written back", fields...)
 	}
 }
 

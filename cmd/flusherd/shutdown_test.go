@@ -85,7 +85,7 @@ expire = "1h"
 	if !strings.Contains(log, "files given up, their filesystem cannot be written") || !strings.Contains(log, "read-only file system") {
 		t.Errorf("the given-up files and their reason are not logged:\n%s", log)
 	}
-	if !strings.Contains(log, `"given_up_unwritable": 200`) {
+	if !strings.Contains(log, `"given_up": 200`) {
 		t.Errorf("the last line does not count the 200 unwritable files:\n%s", log)
 	}
 	if strings.Contains(log, "every tracked file is clean") {
