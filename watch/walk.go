@@ -40,6 +40,13 @@ func (b *base) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool, 
 		var fd int
 		fd, err = unix.Openat(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		unix.Close(pfd)
+		if err == nil && noWritebackFd(fd) {
+			// Nothing there is ever written back: no file is opened
+			// or tracked (the filesystems mounted below, if any, are
+			// found by checkMounts).
+			unix.Close(fd)
+			return
+		}
 		if err == nil {
 			var ids dirIdentity
 			if onlyDirty {
@@ -201,6 +208,12 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		}
 		if err != nil {
 			b.dirError(path, err)
+			continue
+		}
+		if ids.mounts[path] && noWritebackFd(cfd) {
+			// A mount point of a filesystem that never writes back
+			// (proc, sysfs, tmpfs...): not walked, not watched.
+			unix.Close(cfd)
 			continue
 		}
 		if onDir != nil {
@@ -395,6 +408,9 @@ func direntName(b []byte) string {
 // because it is gone) is reported as dirty: unknown means tracked, and the
 // writeback attempt finds out.
 func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
+	if b.noWritebackDev(key.Dev, path) {
+		return // (proc, sysfs, tmpfs...: nothing to write, ever)
+	}
 	if onlyDirty && b.sink.Tracks(key, path) {
 		// Tracked already: a rescan after lost events has nothing to
 		// add, and opens only the files it does not know.
@@ -453,6 +469,41 @@ func (b *base) reportPath(t Tree, path string, onlyDirty bool) (inode.Key, bool)
 		b.report(t, path, key, onlyDirty)
 	}
 	return key, regular
+}
+
+// noWritebackFd reports whether the directory open as fd is on a
+// filesystem that never writes data back (noWriteback), from fstatfs(2);
+// false when that fails.
+func noWritebackFd(fd int) bool {
+	var sfs unix.Statfs_t
+	if unix.Fstatfs(fd, &sfs) != nil {
+		return false
+	}
+	_, no := noWriteback[int64(sfs.Type)]
+	return no
+}
+
+// noWritebackDev reports whether dev, the filesystem of the regular file
+// at path, never writes data back (noWriteback: proc, sysfs, tmpfs...),
+// from statfs(2) of path's directory, once per dev. A file there is never
+// tracked: its "dirty" pages have no backing store (or it is no file at
+// all, as /proc/<pid>/mem), so it would never be found clean. When the
+// directory is not on dev (path is a file mounted on another filesystem's
+// name) or cannot be looked at, the answer is false and is not kept:
+// unknown means tracked.
+func (b *base) noWritebackDev(dev uint64, path string) bool {
+	if v, ok := b.devNoWriteback.Load(dev); ok {
+		return v.(bool)
+	}
+	dir := filepath.Dir(path)
+	var st unix.Stat_t
+	var sfs unix.Statfs_t
+	if unix.Lstat(dir, &st) != nil || st.Dev != dev || unix.Statfs(dir, &sfs) != nil {
+		return false
+	}
+	_, no := noWriteback[int64(sfs.Type)]
+	b.devNoWriteback.Store(dev, no)
+	return no
 }
 
 // ErrUnsettled is Settle's error: events or scans were lost for want of a

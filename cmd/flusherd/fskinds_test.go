@@ -609,3 +609,65 @@ mode = "integrity"
 	writeDirty(t, f, 64<<10)
 	waitAllClean(t, 4*time.Second, f)
 }
+
+// TestNoWritebackTrees: trees on filesystems that never write back (a
+// proc, a sysfs, a tmpfs of their own) and a tmpfs mounted inside an ext4
+// tree: none of their files is opened or tracked, so that the shutdown
+// waits for none of them and says every tracked file is clean; the ext4
+// tree's file is written back as usual.
+func TestNoWritebackTrees(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts proc, sysfs and tmpfs")
+	}
+	_, ext := mountTree(t, "ext4")
+	base := t.TempDir()
+	mountOwn := func(name, fstype, data string) string {
+		dir := filepath.Join(base, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount(fstype, dir, fstype, 0, data); err != nil {
+			t.Fatalf("mount %s on %s: %v", fstype, dir, err)
+		}
+		t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+		return dir
+	}
+	proc := mountOwn("proc", "proc", "")
+	sys := mountOwn("sys", "sysfs", "")
+	shm := mountOwn("shm", "tmpfs", "size=4m")
+	nested := filepath.Join(ext, "nested")
+	if err := os.Mkdir(nested, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", nested, "tmpfs", 0, "size=4m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(nested, unix.MNT_DETACH) })
+	writeDirty(t, filepath.Join(shm, "before"), 8192)
+	writeDirty(t, filepath.Join(nested, "before"), 8192)
+	var conf strings.Builder
+	conf.WriteString("[writeback]\ndirty_writeback_interval = \"200ms\"\ndirty_expire_interval = \"500ms\"\nshutdown_timeout = \"20s\"\n")
+	for _, root := range []string{proc, sys, shm, ext} {
+		fmt.Fprintf(&conf, "[[watch]]\npath = %q\n", root)
+	}
+	d := startDaemon(t, conf.String())
+	a := filepath.Join(ext, "a")
+	writeDirty(t, a, 64<<10)
+	writeDirty(t, filepath.Join(shm, "after"), 8192)
+	writeDirty(t, filepath.Join(nested, "after"), 8192)
+	waitAllClean(t, 5*time.Second, a)
+	settleEvents()
+	if out := dirtyList(t, d); out != "" {
+		t.Errorf("files tracked on filesystems without writeback:\n%s", out)
+	}
+	d.stop(t)
+	log := d.log.String()
+	if !strings.Contains(log, "every tracked file is clean; exiting") {
+		t.Errorf("the shutdown did not end clean:\n%s", log)
+	}
+	for _, root := range []string{proc, sys, shm} {
+		if !strings.Contains(log, "this tree is on a filesystem without writeback") || !strings.Contains(log, root) {
+			t.Errorf("no warning for the tree %s:\n%s", root, log)
+		}
+	}
+}
