@@ -200,11 +200,14 @@ func (d *decoder) duration(dst *time.Duration) field {
 
 // ParseDuration parses a duration as the configuration writes it: Go's
 // time.ParseDuration syntax, surrounding spaces ignored. Its errors say
-// what is wrong: a number without a unit, a value too large for
-// time.Duration (about 292 years), or other syntax.
+// what is wrong: a number without a unit (but a bare zero, "0", is
+// zero, as in time.ParseDuration), a value too large for time.Duration
+// (about 292 years), or other syntax.
 func ParseDuration(s string) (time.Duration, error) {
 	t := strings.TrimSpace(s)
-	if _, err := strconv.ParseFloat(t, 64); err == nil {
+	if f, err := strconv.ParseFloat(t, 64); err == nil && f == 0 {
+		return 0, nil
+	} else if err == nil {
 		return 0, fmt.Errorf("bad duration %q: a duration needs a unit, e.g. \"%ss\" or \"%sms\"", s, t, t)
 	}
 	x, err := time.ParseDuration(t)

@@ -116,6 +116,8 @@ chmod 0644 "$root/lib/systemd/system/flusherd.service"
 
 install -m 0644 packaging/flusherd.toml "$root/etc/flusherd/flusherd.toml"
 install -m 0644 systemd/flusherd-metrics.conf README.md "$doc/"
+# The README's one picture, at the path its link names.
+install -D -m 0644 doc/storm.png "$doc/doc/storm.png"
 
 # Man pages; the version goes into the footer.
 for page in flusherd.8 flusherd.toml.5; do

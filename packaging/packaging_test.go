@@ -30,6 +30,7 @@ var debFiles = map[string]os.FileMode{
 	"./etc/flusherd/flusherd.toml":                   0o644,
 	"./usr/share/doc/flusherd/README.md":             0o644,
 	"./usr/share/doc/flusherd/flusherd-metrics.conf": 0o644,
+	"./usr/share/doc/flusherd/doc/storm.png":         0o644,
 	"./usr/share/doc/flusherd/copyright":             0o644,
 	"./usr/share/man/man8/flusherd.8.gz":             0o644,
 	"./usr/share/man/man5/flusherd.toml.5.gz":        0o644,

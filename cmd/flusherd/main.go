@@ -40,11 +40,12 @@ Usage:
   flusherd dirty   [--config FILE] [--stats-dir DIR] [--top N] [--json]
   flusherd check-config FILE
   flusherd print-default-config
-  flusherd version
+  flusherd version  (or --version)
 
 Commands:
   run      watch the trees and write their dirty data back (foreground;
-           logs to stderr; SIGTERM/SIGINT write everything back and exit)
+           logs to stderr; SIGHUP reloads the configuration; SIGTERM/SIGINT
+           write everything back and exit)
   stats    print every device's statistics (or DEV's), live from the
            daemon, or from the stats files (<stats.dir>/bdi/<dev>/stats)
            when it is not running or with --files

@@ -42,7 +42,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	signal.Notify(sigs, earlysig.Signals...)
 	defer signal.Stop(sigs)
-	fset := newFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]",
+	fset := newFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]\n\n"+
+		"Watch the trees and write their dirty data back, in the foreground, logging to\n"+
+		"stderr. SIGHUP reloads the configuration (an invalid one is logged and the running\n"+
+		"one kept; stats.dir, watcher.* and metrics.listen wait for a restart). SIGTERM or\n"+
+		"SIGINT writes every tracked file back, within writeback.shutdown_timeout, and exits\n"+
+		"0; a second one ends that wait at once. Under systemd: systemctl reload|stop flusherd.",
 		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
@@ -456,7 +461,10 @@ loop:
 	<-scanned
 	log.Info("writing back every tracked file before exit",
 		zap.String("signal", stopSig.String()), zap.Stringer("timeout", cfg.Writeback.ShutdownTimeout))
-	n.send(daemon.SdNotifyStopping)
+	// The stop may take the quiesce (2 s), then shutdown_timeout, and a
+	// margin for the rest: systemd's TimeoutStopSec= is extended to
+	// that, so that a shutdown_timeout above it is honoured.
+	n.send(fmt.Sprintf("%s\nEXTEND_TIMEOUT_USEC=%d", daemon.SdNotifyStopping, stopBudget(cfg.Writeback.ShutdownTimeout).Microseconds()))
 	// A second SIGINT or SIGTERM (an operator's second Ctrl-C) ends the
 	// shutdown's writeback at once, as shutdown_timeout would.
 	cutCtx, cut := context.WithCancel(context.Background())
@@ -504,6 +512,13 @@ loop:
 	logShutdown(log, rep, end, unsettled)
 	return nil
 }
+
+// stopBudget is how long a stop may take with shutdown_timeout d: the
+// event queues' quiesce (2 s), d (the rescan of lost events and the
+// writeback share it), and 15 s for the rest (closing the watcher, the
+// report). It is sent to systemd as EXTEND_TIMEOUT_USEC with STOPPING=1
+// (sd_notify(3)).
+func stopBudget(d time.Duration) time.Duration { return d + 17*time.Second }
 
 // logShutdown logs what the shutdown could not write, each device's files
 // (the first 20 by name), and a last line that says exactly what was left

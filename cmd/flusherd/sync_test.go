@@ -271,6 +271,12 @@ func TestSyncTimeoutFlagErrors(t *testing.T) {
 			t.Errorf("sync --timeout %q: exit %d, want %d and %q in %q", tc.arg, code, exitUsage, tc.want, out.String())
 		}
 	}
+	// A bare zero is zero (wait as long as it takes), as --help says:
+	// accepted, and with no daemon to ask, exit 3.
+	var out bytes.Buffer
+	if code := Main([]string{"sync", "--stats-dir", t.TempDir(), "--timeout", "0"}, &out, &out); code != exitUnreachable {
+		t.Errorf("sync --timeout 0: exit %d, want %d: %s", code, exitUnreachable, out.String())
+	}
 }
 
 // TestSyncPathErrors: an empty path is a usage error, not the current

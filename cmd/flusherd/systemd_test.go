@@ -390,7 +390,9 @@ func TestNotifyAndReload(t *testing.T) {
 		return strings.Contains(d.log.String()[from:], "WARN\tthe reloaded configuration leaves no tree watched")
 	})
 	d.stop(t)
-	if sd.count("STOPPING=1", 0) != 1 {
-		t.Errorf("no STOPPING=1: %s", sd.all())
+	// With the stop's budget (shutdown_timeout 30 s + 17 s), which
+	// extends TimeoutStopSec=.
+	if sd.count("STOPPING=1\nEXTEND_TIMEOUT_USEC=47000000", 0) != 1 {
+		t.Errorf("no STOPPING=1 with EXTEND_TIMEOUT_USEC=47000000: %s", sd.all())
 	}
 }
