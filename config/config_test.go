@@ -804,6 +804,13 @@ func TestValidateStatsDir(t *testing.T) {
 	if err := os.Symlink(data, link); err != nil {
 		t.Fatal(err)
 	}
+	regular := filepath.Join(base, "file")
+	if err := os.WriteFile(regular, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(base, "other"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	watch := func(p string) Watch {
 		return Watch{Path: p, Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}
 	}
@@ -818,6 +825,8 @@ func TestValidateStatsDir(t *testing.T) {
 		{"stats dir through a symlink", filepath.Join(link, "run"), data, "inside the watched tree"},
 		{"socket path too long", "/" + strings.Repeat("d", MaxSocketPath-len("/flusherd.sock")), data, "too long"},
 		{"socket path just fits", "/" + strings.Repeat("d", MaxSocketPath-len("/flusherd.sock")-1), data, ""},
+		{"a regular file", regular, data, "is not a directory"},
+		{"a symlink", link, filepath.Join(base, "other"), "a symbolic link"},
 	} {
 		cfg := Default()
 		cfg.Stats.Dir = c.stats
@@ -832,7 +841,7 @@ func TestValidateStatsDir(t *testing.T) {
 		// No file sets stats.dir here: a tree that holds it is blamed
 		// (watch[0].path, with its line where a file gives one).
 		key := "watch[0].path"
-		if c.msg == "too long" {
+		if c.msg == "too long" || c.msg == "is not a directory" || c.msg == "a symbolic link" {
 			key = "stats.dir"
 		}
 		if e := asError(t, err); e.Key != key || !strings.Contains(e.Msg, c.msg) {
@@ -841,6 +850,22 @@ func TestValidateStatsDir(t *testing.T) {
 		if e := asError(t, err); strings.Contains(e.Msg, fmt.Sprintf("%q (%q)", c.stats, c.stats)) || strings.Contains(e.Msg, fmt.Sprintf("%q (%q)", c.tree, c.tree)) {
 			t.Errorf("%s: a path is repeated as what it resolves to: %v", c.name, err)
 		}
+	}
+}
+
+// TestIntervalTooShortOneError: a dirty_writeback_interval below the
+// minimum is one error, not a second one for the max_pause that copies it.
+func TestIntervalTooShortOneError(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	if err := os.WriteFile(p, []byte("[writeback]\ndirty_writeback_interval = \"5ms\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(p)
+	if es, ok := errors.AsType[Errors](err); ok && len(es) > 1 {
+		t.Errorf("Load = %v, want one error", err)
+	}
+	if e, ok := errors.AsType[*Error](err); !ok || e.Key != "writeback.dirty_writeback_interval" {
+		t.Errorf("Load = %v, want an error on writeback.dirty_writeback_interval", err)
 	}
 }
 

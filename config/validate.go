@@ -55,7 +55,10 @@ func (c *Config) check(stat bool) error {
 	positive("writeback.attempt_timeout", wb.AttemptTimeout)
 	atLeast("writeback.attempt_timeout", wb.AttemptTimeout, MinInterval)
 	positive("writeback.shutdown_timeout", wb.ShutdownTimeout)
-	if wb.MinPause > 0 && wb.MaxPause > 0 && wb.MinPause > wb.MaxPause {
+	// A max_pause copied from a dirty_writeback_interval that is itself
+	// refused above is not a second error.
+	knockOn := maxPauseDefault && wb.DirtyWritebackInterval < MinInterval
+	if wb.MinPause > 0 && wb.MaxPause > 0 && wb.MinPause > wb.MaxPause && !knockOn {
 		// Blame the key written last in the file, as that is where the
 		// conflict arises; max_pause may come from dirty_writeback_interval.
 		key, note := "writeback.min_pause", ""
@@ -115,6 +118,19 @@ func (c *Config) check(stat bool) error {
 		// fit in sockaddr_un's sun_path (unix(7)).
 		add("stats.dir", "%q is too long: the control socket %q would be %d bytes, and a unix socket path holds at most %d",
 			c.Stats.Dir, sock, len(sock), MaxSocketPath)
+	}
+	if stat && c.Stats.Dir != "" {
+		// The daemon makes the directory if it is missing; something
+		// else at that path is refused here, with the line, rather
+		// than at start.
+		var st unix.Stat_t
+		if err := unix.Lstat(c.Stats.Dir, &st); err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			what := "not a directory"
+			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				what = "a symbolic link, which is not accepted (name the directory it points to)"
+			}
+			add("stats.dir", "%q is %s", c.Stats.Dir, what)
+		}
 	}
 	expires := map[time.Duration]bool{wb.DirtyExpireInterval: true}
 	for _, w := range c.Watch {

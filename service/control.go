@@ -69,6 +69,24 @@ func linkHint(wat watch.Backend, p, def string) string {
 	return "it is watched as " + strconv.Quote(r) + ": name it so"
 }
 
+// flatAbove returns the root of the tree without recursion (recursive =
+// false) that p lies below, deeper than its own files, or "".
+func flatAbove(wat watch.Backend, p string) string {
+	for d := filepath.Dir(p); ; d = filepath.Dir(d) {
+		if t, ok := wat.TreeOf(d); ok && !t.Recursive {
+			return t.Root
+		}
+		if d == "/" || d == "." {
+			return ""
+		}
+	}
+}
+
+// flatHint says why a path below a tree without recursion is not in it.
+func flatHint(root string) string {
+	return "the tree " + strconv.Quote(root) + " is watched with recursive = false: only the files directly in it are"
+}
+
 // reason is err's text for a result that names its file already: a
 // *os.PathError's operation and cause without its path, which may not be
 // printable (JSON turns invalid UTF-8 into U+FFFD) and is said, quoted,
@@ -156,8 +174,16 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 			msg := "not in a watched tree"
 			if h := linkHint(wat, p, ""); h != "" {
 				msg += " as named (" + h + ")"
+			} else if root := flatAbove(wat, p); root != "" {
+				msg += " (" + flatHint(root) + ")"
 			}
 			fail(p, msg)
+			continue
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR && !tree.Recursive && p != tree.Root && !holdsTree(wat, p) {
+			// A subdirectory of a tree without recursion: none of the
+			// files below it is the tree's.
+			fail(p, "not in a watched tree ("+flatHint(tree.Root)+")")
 			continue
 		}
 		switch st.Mode & unix.S_IFMT {

@@ -46,7 +46,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "flusherd check-config: note: %q is on %s, a filesystem without writeback: nothing there is ever written back\n", w.Path, kind)
 		}
 		if d, setting, ok := privateDir(w.Path); ok {
-			fmt.Fprintf(stderr, "flusherd check-config: note: %q is under %s, which the shipped systemd unit replaces with a private one (%s): under the unit this tree is not there\n", w.Path, d, setting)
+			fmt.Fprintf(stderr, "flusherd check-config: note: %q is under %s, which the shipped systemd unit replaces with a private one (%s): under the unit this tree is not there; "+
+				"to watch it there, set %s=no in a drop-in (/etc/systemd/system/flusherd.service.d/*.conf), which gives up that part of the sandbox\n",
+				w.Path, d, setting, strings.TrimSuffix(setting, "=yes"))
 		}
 	}
 	if err := cfg.Encode(stdout); err != nil {

@@ -169,5 +169,9 @@ func TestCheckConfigPrivateDirs(t *testing.T) {
 			!strings.Contains(errb.String(), c.note) {
 			t.Errorf("%s: note %v, want %q: %s", c.path, got, c.note, errb.String())
 		}
+		// The note says how to watch it under the unit after all.
+		if off := strings.TrimSuffix(c.note, "=yes") + "=no in a drop-in"; c.note != "" && !strings.Contains(errb.String(), off) {
+			t.Errorf("%s: the note does not say %q: %s", c.path, off, errb.String())
+		}
 	}
 }

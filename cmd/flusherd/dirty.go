@@ -40,6 +40,7 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
 		if errors.Is(err, control.ErrUnreachable) {
+			fmt.Fprint(stderr, unreachableHint("dirty", cfg.Stats.Dir))
 			return exitUnreachable
 		}
 		return exitFailed

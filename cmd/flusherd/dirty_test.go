@@ -155,11 +155,20 @@ expire = "100ms"
 	d.stop(t)
 }
 
-// TestDirtyUnreachable: with no daemon, `flusherd dirty` exits 3.
+// TestDirtyUnreachable: with no daemon, `flusherd dirty` and `flusherd
+// sync` exit 3 and say where they looked and what to check.
 func TestDirtyUnreachable(t *testing.T) {
-	var out bytes.Buffer
-	if code := Main([]string{"dirty", "--stats-dir", t.TempDir()}, &out, &out); code != exitUnreachable {
-		t.Errorf("exit %d, want %d: %s", code, exitUnreachable, out.String())
+	dir := t.TempDir()
+	for _, cmd := range []string{"dirty", "sync"} {
+		var out bytes.Buffer
+		if code := Main([]string{cmd, "--stats-dir", dir}, &out, &out); code != exitUnreachable {
+			t.Errorf("%s: exit %d, want %d: %s", cmd, code, exitUnreachable, out.String())
+		}
+		for _, want := range []string{"is the daemon running", strconv.Quote(dir), "--stats-dir"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s: the message lacks %q: %s", cmd, want, out.String())
+			}
+		}
 	}
 }
 

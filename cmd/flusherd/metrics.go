@@ -2,17 +2,31 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 
 	"go.uber.org/zap"
 	"golang.org/x/net/netutil"
+	"golang.org/x/sys/unix"
 
 	"flusherd/bdi"
 	"flusherd/config"
 	"flusherd/metrics"
 	"flusherd/watch"
 )
+
+// metricsDropInHint is what a metrics endpoint needs under the shipped
+// unit, whose sandbox has no network (PrivateNetwork=yes,
+// RestrictAddressFamilies=AF_UNIX: socket(2) fails with EAFNOSUPPORT).
+const metricsDropInHint = "the shipped flusherd.service allows no network; install its drop-in " +
+	"(/usr/share/doc/flusherd/flusherd-metrics.conf, or systemd/flusherd-metrics.conf in the source) as " +
+	"/etc/systemd/system/flusherd.service.d/metrics.conf, then systemctl daemon-reload and restart flusherd"
+
+// underSystemd reports whether flusherd runs as a systemd service
+// ($INVOCATION_ID, set by systemd for each unit's processes:
+// systemd.exec(5)).
+func underSystemd() bool { return os.Getenv("INVOCATION_ID") != "" }
 
 // startMetrics serves the Prometheus metrics of reg and wat on
 // metrics.listen until ctx ends; with metrics.listen empty it does
@@ -26,7 +40,11 @@ func startMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wa
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		log.Error("cannot listen for metrics; running without them", zap.String("listen", addr), zap.Error(err))
+		fields := []zap.Field{zap.String("listen", addr), zap.Error(err)}
+		if errors.Is(err, unix.EAFNOSUPPORT) || underSystemd() {
+			fields = append(fields, zap.String("hint", metricsDropInHint))
+		}
+		log.Error("cannot listen for metrics; running without them", fields...)
 		return func() {}
 	}
 	log.Info("serving metrics", zap.String("url", "http://"+ln.Addr().String()+"/metrics"))

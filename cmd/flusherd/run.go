@@ -186,6 +186,13 @@ func claimStatsDir(dir string) (unlock func(), err error) {
 	// elsewhere is what every refusal below suggests.
 	const elsewhere = "choose another directory with --stats-dir or stats.dir"
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		if errors.Is(err, unix.EROFS) && (os.Geteuid() == 0 || underSystemd()) {
+			// As root, a read-only directory is the sandbox's doing
+			// (ProtectSystem=strict), or a read-only filesystem.
+			return nil, fmt.Errorf("stats.dir: %w (the shipped flusherd.service lets flusherd write only in /run/flusherd: "+
+				"keep the default, or add ReadWritePaths=%s in a drop-in, /etc/systemd/system/flusherd.service.d/*.conf; "+
+				"outside systemd, %s on a writable filesystem)", err, dir, elsewhere)
+		}
 		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EROFS) {
 			return nil, fmt.Errorf("stats.dir: %w (run as root, or %s, one this user may write)", err, elsewhere)
 		}

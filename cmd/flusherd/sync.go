@@ -19,6 +19,14 @@ const exitUnreachable = 3
 // socketPath is where the daemon with this config listens.
 func socketPath(statsDir string) string { return filepath.Join(statsDir, "flusherd.sock") }
 
+// unreachableHint is the line printed after a control.ErrUnreachable: the
+// two usual causes, a daemon that is not running and one that runs with
+// another stats.dir.
+func unreachableHint(cmd, statsDir string) string {
+	return fmt.Sprintf("flusherd %s: is the daemon running (systemctl status flusherd)? Its socket is in its stats.dir; "+
+		"this command looked in %s: pass the daemon's with --stats-dir or --config\n", cmd, strconv.Quote(statsDir))
+}
+
 func cmdSync(args []string, stdout, stderr io.Writer) int {
 	fset := newFlagSet("sync", "sync [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]\n\n"+
 		"Integrity writeback (fdatasync, or one syncfs for a large batch) through the running\n"+
@@ -77,6 +85,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
 		if errors.Is(err, control.ErrUnreachable) {
+			fmt.Fprint(stderr, unreachableHint("sync", cfg.Stats.Dir))
 			return exitUnreachable
 		}
 		return exitFailed

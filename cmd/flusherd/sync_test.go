@@ -384,3 +384,33 @@ func TestSyncAboveTreesAndTwice(t *testing.T) {
 		t.Errorf("sync of a missing non-UTF-8 name: exit %d, %q; want exit 1, the name quoted and no raw byte (nor U+FFFD, what JSON makes of one)", code, out)
 	}
 }
+
+// TestSyncBelowFlatTree: in a tree watched with recursive = false, a file
+// in a subdirectory and the subdirectory itself are both refused as not
+// in a watched tree, with the reason (the subdirectory was accepted and
+// "0 files written back", the file refused): the two say the same.
+func TestSyncBelowFlatTree(t *testing.T) {
+	tree := filepath.Join(t.TempDir(), "t")
+	sub := filepath.Join(tree, "sub")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(sub, "f")
+	if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	top := filepath.Join(tree, "top")
+	if err := os.WriteFile(top, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\nrecursive = false\n", tree))
+	for _, p := range []string{sub, f} {
+		code, out := runSync(t, d, p)
+		if code != exitFailed || !strings.Contains(out, "not in a watched tree") || !strings.Contains(out, "recursive = false") {
+			t.Errorf("sync %s: exit %d, %q; want exit 1, not in a watched tree, recursive = false", p, code, out)
+		}
+	}
+	if code, out := runSync(t, d, tree, top); code != 0 {
+		t.Errorf("sync of the flat tree's root and its own file: exit %d, %q", code, out)
+	}
+}
