@@ -290,8 +290,22 @@ func TestUpdateBandwidth(t *testing.T) {
 	if b, _ := bw(); b != 10240 {
 		t.Fatalf("a busy period after the idle one: %d kB/s, want 10240", b)
 	}
+	// A shortage reading the stat file (EMFILE) skips the update and
+	// keeps the source: the next update reads it again.
+	wb.diskWritten = func() (uint64, error) { return 0, &os.PathError{Op: "open", Path: "stat", Err: syscall.EMFILE} }
+	*now += 400 * time.Millisecond
+	wb.updateBandwidth(*now)
+	if wb.diskWritten == nil {
+		t.Fatal("an EMFILE reading the device's stat file dropped it as the bandwidth source for good")
+	}
+	wb.diskWritten = func() (uint64, error) { return disk, nil }
+	step(400*time.Millisecond, 4<<20) // 4 MiB in 800 ms since the stamp
+	if b, _ := bw(); b == 10240 {
+		t.Fatalf("after the shortage the device's writes were not counted: %d kB/s", b)
+	}
 	// No block statistics: flusherd's written pages (1000 pages of 4 KiB
 	// in 400 ms: 10000 kB/s, folded in with weight 400/4096).
+	b0, a0 := bw()
 	wb.diskWritten = func() (uint64, error) { return 0, os.ErrNotExist }
 	wb.updateBandwidth(*now) // falls back, takes a stamp
 	wb.mu.Lock()
@@ -299,7 +313,7 @@ func TestUpdateBandwidth(t *testing.T) {
 	wb.mu.Unlock()
 	*now += 400 * time.Millisecond
 	wb.updateBandwidth(*now)
-	want, _ := writeBandwidth(10240, 10240, 1000*pg, 400*time.Millisecond)
+	want, _ := writeBandwidth(b0, a0, 1000*pg, 400*time.Millisecond)
 	if b, _ := bw(); b != want || wb.diskWritten != nil {
 		t.Fatalf("flusherd's own pages: %d kB/s, want %d (diskWritten dropped: %v)", b, want, wb.diskWritten == nil)
 	}

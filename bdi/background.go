@@ -9,6 +9,7 @@ import (
 
 	"flusherd/blk"
 	"flusherd/inode"
+	"flusherd/policy"
 )
 
 // backgroundCheckInterval is how often a device with freshly written files
@@ -526,6 +527,10 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 	if wb.diskWritten != nil {
 		if n, err := wb.diskWritten(); err == nil {
 			written = n
+		} else if policy.Shortage(err) {
+			// Out of descriptors or memory for a moment: this update
+			// is skipped, the stat file read again at the next.
+			return
 		} else {
 			wb.diskWritten = nil // not a block device: no stat file to read
 			wb.log.Info("no block device statistics for this device: its write bandwidth (BdiWriteBandwidth, write_chunk = \"auto\") is measured from flusherd's own writeback", zap.Error(err))

@@ -853,19 +853,26 @@ func TestValidateStatsDir(t *testing.T) {
 	}
 }
 
-// TestIntervalTooShortOneError: a dirty_writeback_interval below the
-// minimum is one error, not a second one for the max_pause that copies it.
-func TestIntervalTooShortOneError(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "c.toml")
-	if err := os.WriteFile(p, []byte("[writeback]\ndirty_writeback_interval = \"5ms\"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err := Load(p)
-	if es, ok := errors.AsType[Errors](err); ok && len(es) > 1 {
-		t.Errorf("Load = %v, want one error", err)
-	}
-	if e, ok := errors.AsType[*Error](err); !ok || e.Key != "writeback.dirty_writeback_interval" {
-		t.Errorf("Load = %v, want an error on writeback.dirty_writeback_interval", err)
+// TestOneErrorEach: one mistake is one error, not a second one for what
+// follows from it: a dirty_writeback_interval below the minimum (not also
+// for the max_pause that copies it), a watch path that is not a string
+// (not also "must not be empty").
+func TestOneErrorEach(t *testing.T) {
+	for _, c := range []struct{ src, key string }{
+		{"[writeback]\ndirty_writeback_interval = \"5ms\"\n", "writeback.dirty_writeback_interval"},
+		{"[[watch]]\npath = 42\n", "watch[0].path"},
+	} {
+		p := filepath.Join(t.TempDir(), "c.toml")
+		if err := os.WriteFile(p, []byte(c.src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(p)
+		if es, ok := errors.AsType[Errors](err); ok && len(es) > 1 {
+			t.Errorf("%q: Load = %v, want one error", c.src, err)
+		}
+		if e, ok := errors.AsType[*Error](err); !ok || e.Key != c.key {
+			t.Errorf("%q: Load = %v, want an error on %s", c.src, err, c.key)
+		}
 	}
 }
 

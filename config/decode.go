@@ -150,10 +150,13 @@ func (d *decoder) config(m map[string]any) *Config {
 	for i, v := range watches {
 		key := fmt.Sprintf("watch[%d]", i)
 		w := Watch{Recursive: true, Mode: ModeWriteback, Expire: wb.DirtyExpireInterval}
-		pathSet := false
+		pathSet, pathBad := false, false
 		d.table(key, v, map[string]field{
 			"path": func(key string, v any) {
 				pathSet = true
+				if _, ok := v.(string); !ok {
+					pathBad = true // (one error: not also "empty")
+				}
 				d.str(&w.Path)(key, v)
 			},
 			"recursive": d.boolean(&w.Recursive),
@@ -167,6 +170,7 @@ func (d *decoder) config(m map[string]any) *Config {
 				e.Line = d.src.line(key)
 				d.errs = append(d.errs, e)
 			}
+		case pathBad:
 		case w.Path == "":
 			d.errorf(key+".path", "must not be empty")
 		default:
