@@ -191,6 +191,53 @@ func (s *Server) Serve(ctx context.Context) {
 	}
 }
 
+// duplicateKey returns a key that the JSON object in line (already
+// decoded without error) gives twice at its top level, or "":
+// encoding/json keeps the last silently, and a request that says two
+// things is refused rather than half obeyed.
+func duplicateKey(line []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(line))
+	seen := map[string]bool{}
+	depth := 0
+	key := true // the next string at depth 1 is a key
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return ""
+				}
+			}
+			if depth == 1 {
+				key = true // a nested value ended: a key comes next
+			} else if depth == 2 && (t == '{' || t == '[') {
+				key = false
+			}
+			continue
+		case string:
+			if depth == 1 && key {
+				if seen[t] {
+					return t
+				}
+				seen[t] = true
+				key = false
+				continue
+			}
+		}
+		if depth == 1 {
+			key = true // a scalar value at depth 1 ended: a key comes next
+		}
+	}
+}
+
 // Close stops accepting and removes the socket.
 func (s *Server) Close() error {
 	err := s.ln.Close()
@@ -224,6 +271,14 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		reply(Response{Error: "malformed request: " + err.Error()})
+		return
+	}
+	if dec.More() {
+		reply(Response{Error: "malformed request: more than one JSON value on the line (one request per connection)"})
+		return
+	}
+	if k := duplicateKey(line); k != "" {
+		reply(Response{Error: fmt.Sprintf("malformed request: the key %q is given twice", k)})
 		return
 	}
 	c.SetReadDeadline(time.Time{})

@@ -73,6 +73,25 @@ func raw(t *testing.T, path string, req []byte) string {
 	return string(buf[:n])
 }
 
+// TestDuplicateKey: only a top-level key given twice counts; the same
+// key in nested objects, or a value equal to a key, does not.
+func TestDuplicateKey(t *testing.T) {
+	for line, want := range map[string]string{
+		`{"op":"sync","paths":["op"]}`:                                "",
+		`{"op":"sync","paths":[{"base64":"b3A="},{"base64":"eA=="}]}`: "",
+		`{"op":"sync","top":1,"op":"x"}`:                              "op",
+		`{"paths":[],"top":2,"paths":["a"]}`:                          "paths",
+		`{"a":{"b":1,"b":2}}`:                                         "",
+		`{"a":null,"b":true,"a":false}`:                               "a",
+	} {
+		if got := duplicateKey([]byte(line)); got != want {
+			t.Errorf("duplicateKey(%s) = %q, want %q", line, got, want)
+		}
+	}
+}
+
+// TestBadRequests: malformed requests get an error response, and the
+// server goes on.
 func TestBadRequests(t *testing.T) {
 	path := serve(t)
 	tests := []struct {
@@ -83,6 +102,9 @@ func TestBadRequests(t *testing.T) {
 		{"wrong type", `{"op":5}` + "\n", "malformed request"},
 		{"empty", "", "reading request"},
 		{"oversized", strings.Repeat("x", MaxRequest+10), "request too large"},
+		{"two values", `{"op":"dirty"} {"op":"sync"}` + "\n", "more than one JSON value"},
+		{"duplicate key", `{"op":"dirty","op":"sync"}` + "\n", `the key \"op\" is given twice`},
+		{"duplicate after a nested value", `{"paths":["a",{"base64":"Yg=="}],"op":"sync","paths":[]}` + "\n", `the key \"paths\" is given twice`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
