@@ -76,8 +76,10 @@ type DirtyFile struct {
 	PagesUnknown bool `json:"pages_unknown,omitempty"`
 	// AgeSeconds is how long the file's data has been dirty.
 	AgeSeconds float64 `json:"age_seconds"`
-	Retries    int     `json:"retries"`
-	Errors     int     `json:"errors"`
+	// Retries counts the writeback attempts since the file was last
+	// clean, the first one included; Errors, those that failed.
+	Retries int `json:"retries"`
+	Errors  int `json:"errors"`
 	// LastError is the errno name of the last failed attempt ("EIO").
 	LastError string `json:"last_error,omitempty"`
 	// Busy: a writeback call for it exceeded attempt_timeout and has not

@@ -71,7 +71,7 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "AGE\tBDI\tLIST\tDIRTY\tWRITEBACK\tRETRIES\tLAST_ERROR\tPATH")
+	fmt.Fprintln(tw, "AGE\tBDI\tLIST\tDIRTY\tWRITEBACK\tATTEMPTS\tLAST_ERROR\tPATH")
 	for _, f := range resp.Dirty {
 		last := f.LastError
 		if last == "" {
