@@ -485,15 +485,18 @@ func noWritebackFd(fd int) bool {
 
 // noWritebackDev reports whether dev, the filesystem of the regular file
 // at path, never writes data back (noWriteback: proc, sysfs, tmpfs...),
-// from statfs(2) of path's directory, once per dev. A file there is never
-// tracked: its "dirty" pages have no backing store (or it is no file at
-// all, as /proc/<pid>/mem), so it would never be found clean. When the
-// directory is not on dev (path is a file mounted on another filesystem's
-// name) or cannot be looked at, the answer is false and is not kept:
-// unknown means tracked.
+// from statfs(2) of path's directory. A file there is never tracked: its
+// "dirty" pages have no backing store (or it is no file at all, as
+// /proc/<pid>/mem), so it would never be found clean. When the directory
+// is not on dev (path is a file mounted on another filesystem's name) or
+// cannot be looked at, the answer is false: unknown means tracked. Only
+// that answer is kept, by dev (the common case costs one map look-up): a
+// pseudo filesystem's anonymous device number may be handed to a FUSE or
+// NFS mount after it is unmounted, and a kept "no writeback" would then
+// leave that mount's files untracked.
 func (b *base) noWritebackDev(dev uint64, path string) bool {
-	if v, ok := b.devNoWriteback.Load(dev); ok {
-		return v.(bool)
+	if _, ok := b.devWritesBack.Load(dev); ok {
+		return false
 	}
 	dir := filepath.Dir(path)
 	var st unix.Stat_t
@@ -501,9 +504,11 @@ func (b *base) noWritebackDev(dev uint64, path string) bool {
 	if unix.Lstat(dir, &st) != nil || st.Dev != dev || unix.Statfs(dir, &sfs) != nil {
 		return false
 	}
-	_, no := noWriteback[int64(sfs.Type)]
-	b.devNoWriteback.Store(dev, no)
-	return no
+	if _, no := noWriteback[int64(sfs.Type)]; no {
+		return true
+	}
+	b.devWritesBack.Store(dev, true)
+	return false
 }
 
 // ErrUnsettled is Settle's error: events or scans were lost for want of a

@@ -168,9 +168,9 @@ type base struct {
 	readBatches, doneBatches atomic.Uint64
 	retry                    retryState
 	permWarned               atomic.Bool // a file the daemon may not open was logged
-	// devNoWriteback caches, by st_dev, whether a filesystem never
-	// writes data back (noWriteback): uint64 -> bool (writtenBack).
-	devNoWriteback sync.Map
+	// devWritesBack holds the st_dev of the filesystems seen to write
+	// data back (not noWriteback): uint64 -> true (noWritebackDev).
+	devWritesBack  sync.Map
 	longPathWarned atomic.Bool // a path longer than PATH_MAX was logged (longPath)
 
 	// An overflow rescan running (overflowRescan), and one more asked

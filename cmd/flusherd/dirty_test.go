@@ -263,15 +263,7 @@ mode = "integrity"
 	}
 	ffs.Set(faultfs.Faults{})
 	listOf := func() string {
-		var o, e bytes.Buffer
-		if code := Main([]string{"dirty", "--json", "--top", "0", "--stats-dir", d.statsDir}, &o, &e); code != 0 {
-			t.Fatalf("flusherd dirty: %s", e.String())
-		}
-		var files []control.DirtyFile
-		if err := json.Unmarshal(o.Bytes(), &files); err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range files {
+		for _, f := range dirtyFiles(t, d) {
 			if string(f.Path) == p {
 				return f.List + " " + f.LastError
 			}
@@ -326,16 +318,8 @@ mode = "integrity"
 		files = append(files, p)
 	}
 	list := func() map[string]control.DirtyFile {
-		var o, e bytes.Buffer
-		if code := Main([]string{"dirty", "--json", "--top", "0", "--stats-dir", d.statsDir}, &o, &e); code != 0 {
-			t.Fatalf("flusherd dirty: %s", e.String())
-		}
-		var fs []control.DirtyFile
-		if err := json.Unmarshal(o.Bytes(), &fs); err != nil {
-			t.Fatal(err)
-		}
 		m := map[string]control.DirtyFile{}
-		for _, f := range fs {
+		for _, f := range dirtyFiles(t, d) {
 			m[string(f.Path)] = f
 		}
 		return m

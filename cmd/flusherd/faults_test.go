@@ -579,6 +579,16 @@ func settleEvents() { time.Sleep(300 * time.Millisecond) }
 
 func dirtyList(t *testing.T, d *flusherdProc) string {
 	t.Helper()
+	var b strings.Builder
+	for _, f := range dirtyFiles(t, d) {
+		fmt.Fprintf(&b, "%s %s %s\n", strconv.Quote(string(f.Path)), f.List, f.LastError)
+	}
+	return b.String()
+}
+
+// dirtyFiles is `flusherd dirty --json --top 0`: every tracked file.
+func dirtyFiles(t *testing.T, d *flusherdProc) []control.DirtyFile {
+	t.Helper()
 	var o, errb bytes.Buffer
 	if code := Main([]string{"dirty", "--json", "--top", "0", "--stats-dir", d.statsDir}, &o, &errb); code != 0 {
 		t.Fatalf("flusherd dirty: %s", errb.String())
@@ -587,11 +597,7 @@ func dirtyList(t *testing.T, d *flusherdProc) string {
 	if err := json.Unmarshal(o.Bytes(), &files); err != nil {
 		t.Fatal(err)
 	}
-	var b strings.Builder
-	for _, f := range files {
-		fmt.Fprintf(&b, "%s %s %s\n", strconv.Quote(string(f.Path)), f.List, f.LastError)
-	}
-	return b.String()
+	return files
 }
 
 // reloadWith writes conf as the daemon's configuration and sends SIGHUP.

@@ -27,6 +27,23 @@ func inotifyWatchesInUse() int {
 	return n
 }
 
+// treeOverWatchLimit mounts an ext4 with a tree of dirs directories
+// (tree/d00...) and sets fs.inotify.max_user_watches to spare above the
+// watches in use, so that the tree cannot be fully watched. restore gives
+// the limit back (also at cleanup).
+func treeOverWatchLimit(t *testing.T, dirs, spare int) (mnt *testfs.FS, tree string, limit int, restore func()) {
+	t.Helper()
+	mnt = testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128})
+	tree = filepath.Join(mnt.Dir, "tree")
+	for i := range dirs {
+		if err := os.MkdirAll(filepath.Join(tree, fmt.Sprintf("d%02d", i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit = inotifyWatchesInUse() + spare
+	return mnt, tree, limit, setSysctl(t, "/proc/sys/fs/inotify/max_user_watches", fmt.Sprint(limit))
+}
+
 // TestInotifyWatchLimit: with fs.inotify.max_user_watches just above what
 // is in use, a tree of 60 directories cannot be fully watched. The daemon
 // logs one clear error naming the limit, its value, the unwatched count
@@ -36,15 +53,7 @@ func TestInotifyWatchLimit(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128})
-	tree := filepath.Join(mnt.Dir, "tree")
-	for i := range 60 {
-		if err := os.MkdirAll(filepath.Join(tree, fmt.Sprintf("d%02d", i)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	limit := inotifyWatchesInUse() + 20
-	restore := setSysctl(t, "/proc/sys/fs/inotify/max_user_watches", fmt.Sprint(limit))
+	_, tree, limit, restore := treeOverWatchLimit(t, 60, 20)
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "200ms"
@@ -100,15 +109,7 @@ func TestInotifyWatchLimitShutdown(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128})
-	tree := filepath.Join(mnt.Dir, "tree")
-	for i := range 40 {
-		if err := os.MkdirAll(filepath.Join(tree, fmt.Sprintf("d%02d", i)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	limit := inotifyWatchesInUse() + 10
-	restore := setSysctl(t, "/proc/sys/fs/inotify/max_user_watches", fmt.Sprint(limit))
+	mnt, tree, limit, restore := treeOverWatchLimit(t, 40, 10)
 	defer restore()
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
