@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,7 +38,7 @@ type Watcher struct {
 	dmu       sync.Mutex
 	dirs      map[string]struct{} // watched directories, for renames and removals
 	unwatched map[string]Tree     // directories out of watches, rescanned periodically
-	limitLogs int                 // unwatched count last logged
+	limitLogs int                 // most directories unwatched in this episode (0: none, the next episode is logged)
 	kick      chan struct{}
 
 	// keys caches the identity of the regular files that Write events
@@ -129,17 +130,22 @@ func (w *Watcher) addOrNote(t Tree, dir string) {
 	}
 }
 
-// logLimit logs, once per growth of the count, that directories are
-// unwatched, and wakes the rescan loop.
+// logLimit logs that directories are unwatched, once per episode (until
+// every directory is watched again: the count, live, is in watch/stats
+// and the metrics), and wakes the rescan loop.
 func (w *Watcher) logLimit() {
 	w.dmu.Lock()
 	n := len(w.unwatched)
-	grew := n > w.limitLogs
-	if grew {
+	first := n > 0 && w.limitLogs == 0
+	if n > w.limitLogs {
 		w.limitLogs = n
 	}
 	w.dmu.Unlock()
-	if !grew {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+	if !first {
 		return
 	}
 	max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
@@ -148,10 +154,6 @@ func (w *Watcher) logLimit() {
 		"or use the fanotify backend ([watcher] backend = \"fanotify\"), which needs no per-directory watch",
 		zap.String("max_user_watches", strings.TrimSpace(string(max))), zap.Int("unwatched_dirs", n),
 		zap.Stringer("rescan_interval", w.interval))
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
 }
 
 // forget drops the watches of dir and of every directory below it, if dir
@@ -318,6 +320,9 @@ func (w *Watcher) RemoveTree(root string) bool {
 			w.ctr.Unwatched.Add(^uint64(0))
 		}
 	}
+	if len(w.unwatched) == 0 {
+		w.limitLogs = 0
+	}
 	w.dmu.Unlock()
 	return true
 }
@@ -413,9 +418,11 @@ func (w *Watcher) Settle(ctx context.Context) error {
 }
 
 // rescanUnwatched tries again to watch each directory that was out of
-// watches, and scans it (only it: its subdirectories are in the set too)
-// with cachestat. It reports whether any is still unwatched. Each tree it
-// scans in counts as one rescan (Counters.Rescans, Sink.Rescanned).
+// watches, and scans it and everything below it with cachestat (what was
+// made or moved in below an unwatched directory reported no event), once
+// for a directory below another unwatched one. It reports whether any is
+// still unwatched. Each tree it scans in counts as one rescan
+// (Counters.Rescans, Sink.Rescanned).
 func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 	w.dmu.Lock()
 	dirs := make(map[string]Tree, len(w.unwatched))
@@ -452,21 +459,42 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 			w.ctr.Unwatched.Add(^uint64(0))
 			w.dmu.Unlock()
 		}
-		flat := t
-		flat.Recursive = false
-		w.scanDir(ctx, flat, d, true, nil)
+		if coveredBy(dirs, d) {
+			continue // an unwatched ancestor's walk goes through it
+		}
+		// The whole subtree: a directory made or moved in below an
+		// unwatched one since reported no event either. Each directory
+		// the walk meets is watched if the limit allows, else noted.
+		w.scanDir(ctx, t, d, true, func(p string) { w.addOrNote(t, p) })
 	}
 	w.touched()
 	w.dmu.Lock()
 	left := len(w.unwatched)
-	if left < w.limitLogs {
-		w.limitLogs = left
+	if left == 0 {
+		w.limitLogs = 0 // the episode is over: the next is logged
 	}
 	w.dmu.Unlock()
 	if left == 0 && len(dirs) > 0 {
 		w.log.Info("every directory is watched again")
 	}
 	return left > 0
+}
+
+// coveredBy reports whether a proper ancestor of dir is in dirs, in the
+// same tree (its recursive walk reaches dir).
+func coveredBy(dirs map[string]Tree, dir string) bool {
+	root := dirs[dir].Root
+	if dir == root {
+		return false
+	}
+	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+		if t, ok := dirs[p]; ok && t.Root == root && t.Recursive {
+			return true
+		}
+		if p == root || p == "/" || p == "." {
+			return false
+		}
+	}
 }
 
 func (w *Watcher) handle(ev fsnotify.Event) {

@@ -604,3 +604,30 @@ func TestGoneRootInWatchStats(t *testing.T) {
 		})
 	}
 }
+
+// TestCoveredBy: an unwatched directory below another unwatched one of
+// the same recursive tree is covered by that one's walk; one in another
+// tree, below a non-recursive one, or a tree's root is not.
+func TestCoveredBy(t *testing.T) {
+	rec := Tree{Root: "/t", Recursive: true}
+	flat := Tree{Root: "/f"}
+	other := Tree{Root: "/t/o", Recursive: true}
+	dirs := map[string]Tree{
+		"/t": rec, "/t/a": rec, "/t/a/b/c": rec, "/t/x": rec,
+		"/f": flat,
+		"/t/o": other, "/t/o/p": other,
+	}
+	for dir, want := range map[string]bool{
+		"/t": false, "/t/a": true, "/t/a/b/c": true, "/t/x": true,
+		"/f":   false,
+		"/t/o": false, "/t/o/p": true,
+	} {
+		if got := coveredBy(dirs, dir); got != want {
+			t.Errorf("coveredBy(%s) = %v, want %v", dir, got, want)
+		}
+	}
+	delete(dirs, "/t")
+	if coveredBy(dirs, "/t/a") || !coveredBy(dirs, "/t/a/b/c") {
+		t.Errorf("without the root: /t/a covered %v (want false), /t/a/b/c %v (want true)", coveredBy(dirs, "/t/a"), coveredBy(dirs, "/t/a/b/c"))
+	}
+}
