@@ -182,14 +182,20 @@ func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeErr
 // unmounted and mounted again has a new superblock with the same fsid, and
 // its old mark died with the old one; adding a mark that exists only adds
 // its mask again), and registers it for opens by handle.
+//
+// A filesystem that never writes back (noWriteback: tmpfs, proc...) is not
+// marked: nothing there is to be tracked, and no event of it is wanted.
 func (fa *Fanotify) mark(fd int, root string, force bool) error {
-	dev, err := fa.handles.AddMount(root)
-	if err != nil {
-		return fmt.Errorf("file handles on %s: %w", root, err)
-	}
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(root, &sfs); err != nil {
 		return &fs.PathError{Op: "statfs", Path: root, Err: err}
+	}
+	if _, no := noWriteback[int64(sfs.Type)]; no {
+		return nil
+	}
+	dev, err := fa.handles.AddMount(root)
+	if err != nil {
+		return fmt.Errorf("file handles on %s: %w", root, err)
 	}
 	var fsid [8]byte
 	binary.NativeEndian.PutUint32(fsid[0:], uint32(sfs.Fsid.Val[0]))
