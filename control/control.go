@@ -40,6 +40,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -193,49 +196,102 @@ func (s *Server) Serve(ctx context.Context) {
 	}
 }
 
-// duplicateKey returns a key that the JSON object in line (already
-// decoded without error) gives twice at its top level, or "":
-// encoding/json keeps the last silently, and a request that says two
-// things is refused rather than half obeyed.
-func duplicateKey(line []byte) string {
+// strictRequest checks the request line (already decoded without error)
+// for what encoding/json lets through: keys matched without regard to case
+// ("OP", or "pathſ" for "paths", each standing for a field) and keys given
+// twice (the last value kept), at the top level and in a name object, and
+// a name object without its one key, base64. A request that could be read
+// two ways is refused rather than half obeyed.
+func strictRequest(line []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return errors.New("not a JSON object")
+	}
+	return objectBody(dec, map[string]func(*json.Decoder) error{
+		"op": skipValue, "top": skipValue,
+		"paths": func(dec *json.Decoder) error {
+			tok, err := dec.Token()
+			if err != nil || tok == nil {
+				return err
+			}
+			if tok != json.Delim('[') {
+				return errors.New(`"paths" is not an array`)
+			}
+			for dec.More() {
+				tok, err := dec.Token()
+				if err != nil {
+					return err
+				}
+				if tok == json.Delim('{') {
+					seen, err := objectKeys(dec, map[string]func(*json.Decoder) error{"base64": skipValue})
+					if err != nil {
+						return err
+					}
+					if !seen["base64"] {
+						return errors.New(`a name object needs its key "base64"`)
+					}
+				}
+			}
+			_, err = dec.Token() // ']'
+			return err
+		},
+	})
+}
+
+// objectBody is objectKeys without the keys seen.
+func objectBody(dec *json.Decoder, fields map[string]func(*json.Decoder) error) error {
+	_, err := objectKeys(dec, fields)
+	return err
+}
+
+// objectKeys reads the rest of an object whose '{' was read: each key must
+// be one of fields, exactly, and given once; its value is read by the
+// field's function. It returns the keys seen.
+func objectKeys(dec *json.Decoder, fields map[string]func(*json.Decoder) error) (map[string]bool, error) {
 	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := tok.(string)
+		f, ok := fields[key]
+		if !ok {
+			names := make([]string, 0, len(fields))
+			for k := range fields {
+				names = append(names, strconv.Quote(k))
+			}
+			slices.Sort(names)
+			return nil, fmt.Errorf("unknown key %q (keys are matched exactly: %s)", key, strings.Join(names, ", "))
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("the key %q is given twice", key)
+		}
+		seen[key] = true
+		if err := f(dec); err != nil {
+			return nil, err
+		}
+	}
+	_, err := dec.Token() // '}'
+	return seen, err
+}
+
+// skipValue reads one JSON value, whatever it is.
+func skipValue(dec *json.Decoder) error {
 	depth := 0
-	key := true // the next string at depth 1 is a key
 	for {
 		tok, err := dec.Token()
 		if err != nil {
-			return ""
+			return err
 		}
-		switch t := tok.(type) {
-		case json.Delim:
-			switch t {
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return ""
-				}
-			}
-			if depth == 1 {
-				key = true // a nested value ended: a key comes next
-			} else if depth == 2 && (t == '{' || t == '[') {
-				key = false
-			}
-			continue
-		case string:
-			if depth == 1 && key {
-				if seen[t] {
-					return t
-				}
-				seen[t] = true
-				key = false
-				continue
-			}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
 		}
-		if depth == 1 {
-			key = true // a scalar value at depth 1 ended: a key comes next
+		if depth == 0 {
+			return nil
 		}
 	}
 }
@@ -279,8 +335,8 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		reply(Response{Error: "malformed request: more than one JSON value on the line (one request per connection)"})
 		return
 	}
-	if k := duplicateKey(line); k != "" {
-		reply(Response{Error: fmt.Sprintf("malformed request: the key %q is given twice", k)})
+	if err := strictRequest(line); err != nil {
+		reply(Response{Error: "malformed request: " + err.Error()})
 		return
 	}
 	c.SetReadDeadline(time.Time{})

@@ -73,19 +73,33 @@ func raw(t *testing.T, path string, req []byte) string {
 	return string(buf[:n])
 }
 
-// TestDuplicateKey: only a top-level key given twice counts; the same
-// key in nested objects, or a value equal to a key, does not.
-func TestDuplicateKey(t *testing.T) {
+// TestStrictRequest: what encoding/json would let through is refused: a
+// key in another case or with a character that folds to the same (U+017F
+// for s), a key given twice (also in a name object), a name object
+// without base64 or with another key; well-formed requests pass.
+func TestStrictRequest(t *testing.T) {
 	for line, want := range map[string]string{
-		`{"op":"sync","paths":["op"]}`:                                "",
-		`{"op":"sync","paths":[{"base64":"b3A="},{"base64":"eA=="}]}`: "",
-		`{"op":"sync","top":1,"op":"x"}`:                              "op",
-		`{"paths":[],"top":2,"paths":["a"]}`:                          "paths",
-		`{"a":{"b":1,"b":2}}`:                                         "",
-		`{"a":null,"b":true,"a":false}`:                               "a",
+		`{"op":"sync","paths":["op"]}`:                              "",
+		`{"op":"sync","paths":[{"base64":"b3A="},"x"]}`:             "",
+		`{"op":"sync","paths":null}`:                                "",
+		`{"op":"dirty","top":3}`:                                    "",
+		`{ "op" : "stats" }`:                                        "",
+		`{"o\u0070":"stats"}`:                                       "",
+		`{"op":"dirty","OP":"sync"}`:                                `unknown key "OP"`,
+		`{"Op":"dirty"}`:                                            `unknown key "Op"`,
+		`{"op":"sync","pathſ":["a"]}`:                               `unknown key "pathſ"`,
+		`{"op":"sync","top":1,"op":"x"}`:                            `the key "op" is given twice`,
+		`{"op":"sync","paths":[{"base64":"YQ==","base64":"Yg=="}]}`: `the key "base64" is given twice`,
+		`{"op":"sync","paths":[{}]}`:                                `needs its key "base64"`,
+		`{"op":"sync","paths":[{"base64":"YQ==","path":"x"}]}`:      `unknown key "path"`,
+		`{"op":"sync","paths":[{"BASE64":"YQ=="}]}`:                 `unknown key "BASE64"`,
 	} {
-		if got := duplicateKey([]byte(line)); got != want {
-			t.Errorf("duplicateKey(%s) = %q, want %q", line, got, want)
+		err := strictRequest([]byte(line))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("strictRequest(%s) = %v, want nil", line, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("strictRequest(%s) = %v, want an error with %q", line, err, want)
 		}
 	}
 }
@@ -104,6 +118,7 @@ func TestBadRequests(t *testing.T) {
 		{"oversized", strings.Repeat("x", MaxRequest+10), "request too large"},
 		{"two values", `{"op":"dirty"} {"op":"sync"}` + "\n", "more than one JSON value"},
 		{"duplicate key", `{"op":"dirty","op":"sync"}` + "\n", `the key \"op\" is given twice`},
+		{"key in another case", `{"op":"dirty","OP":"sync"}` + "\n", `unknown key \"OP\"`},
 		{"duplicate after a nested value", `{"paths":["a",{"base64":"Yg=="}],"op":"sync","paths":[]}` + "\n", `the key \"paths\" is given twice`},
 	}
 	for _, tc := range tests {
