@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"flusherd/inode"
 )
@@ -583,4 +586,27 @@ func TestStaleInflightCountFollowed(t *testing.T) {
 			t.Errorf("inflight_bytes %d, want 0 (the device finished)", s.InflightBytes)
 		}
 	})
+}
+
+// TestErrLogLeftOut: per-file error lines past errLog's sampling (5 of a
+// kind per 10 s) are not lost without a word: logSuppressed says how many
+// were left out and where every file is listed, once, then nothing until
+// more are left out.
+func TestErrLogLeftOut(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	var now time.Duration
+	clock := func() time.Duration { return now }
+	wb := New("7:0", testConfig(), clock, newFakeFS(clock), zap.New(core), nil)
+	for range 8 {
+		wb.errLog.Error("data lost: a writeback of this file failed")
+	}
+	wb.logSuppressed()
+	wb.logSuppressed()
+	if n := logs.FilterMessageSnippet("data lost").Len(); n != 5 {
+		t.Errorf("%d data-lost lines logged, want the sampler's 5", n)
+	}
+	left := logs.FilterMessageSnippet("left out of the log").All()
+	if len(left) != 1 || left[0].ContextMap()["lines_left_out"] != uint64(3) || !strings.Contains(left[0].Message, "flusherd dirty") {
+		t.Errorf("left-out summary %v, want one line with lines_left_out 3 naming flusherd dirty", left)
+	}
 }

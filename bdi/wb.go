@@ -101,7 +101,10 @@ type Writeback struct {
 	observer inode.AttemptObserver
 	log      *zap.Logger
 	errLog   *zap.Logger // rate-limited
-	stats    *statsWriter
+	// suppressed counts the errLog lines its sampling left out since
+	// logSuppressed last said so.
+	suppressed atomic.Uint64
+	stats      *statsWriter
 
 	mu holdMutex // the list lock (its longest hold is in the stats)
 	// inodes holds every tracked inode, by key (the package doc's inode
@@ -372,7 +375,6 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		now:      now,
 		open:     open,
 		log:      log,
-		errLog:   log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0) })),
 		stats:    stats,
 		wake:     make(chan struct{}, 1),
 		stopped:  make(chan struct{}),
@@ -383,6 +385,13 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		underWB:  make(map[*inode.Inode]struct{}),
 		fallback: make(map[uint64]bool),
 	}
+	wb.errLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0, zapcore.SamplerHook(func(_ zapcore.Entry, d zapcore.SamplingDecision) {
+			if d&zapcore.LogDropped != 0 {
+				wb.suppressed.Add(1)
+			}
+		}))
+	}))
 	wb.observer, _ = open.(inode.AttemptObserver)
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
@@ -424,6 +433,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		wb.applyConfig()
 		wb.wbDoWriteback()
 		wb.writeStats(false)
+		wb.logSuppressed()
 		d, arm := wb.sleepFor()
 		if arm && d <= 0 {
 			continue // more to do now; the loop checks ctx first
@@ -448,6 +458,17 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.running = false
 	wb.mu.Unlock()
 	wb.writeStats(true)
+	wb.logSuppressed()
+}
+
+// logSuppressed says how many per-file error lines errLog's sampling has
+// left out since it last said so (at most 5 of one message per 10 s are
+// logged), and where every file is listed. Called at the end of each pass.
+func (wb *Writeback) logSuppressed() {
+	if n := wb.suppressed.Swap(0); n > 0 {
+		wb.log.Warn("more per-file error lines of the same kind were left out of the log (at most 5 of one kind per 10 s are written); flusherd dirty lists every failing file, with its error, and the stats count them",
+			zap.Uint64("lines_left_out", n))
+	}
 }
 
 // alive records a sign of life of the goroutine (or of the calls it waits

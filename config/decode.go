@@ -212,6 +212,7 @@ func ParseDuration(s string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(t, 64); err == nil && f == 0 {
 		return 0, nil
 	} else if err == nil {
+		t = strings.TrimPrefix(t, "-") // (the example is not to be refused as negative next)
 		return 0, fmt.Errorf("bad duration %q: a duration needs a unit, e.g. \"%ss\" or \"%sms\"", s, t, t)
 	}
 	x, err := time.ParseDuration(t)

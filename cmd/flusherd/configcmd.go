@@ -44,11 +44,16 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	for _, w := range cfg.Watch {
 		if kind, ok := watch.NoWriteback(w.Path); ok {
 			fmt.Fprintf(stderr, "flusherd check-config: note: %q is on %s, a filesystem without writeback: nothing there is ever written back\n", w.Path, kind)
+			continue // (under the unit or not, nothing to do there)
 		}
 		if d, setting, ok := privateDir(w.Path); ok {
-			fmt.Fprintf(stderr, "flusherd check-config: note: %q is under %s, which the shipped systemd unit replaces with a private one (%s): under the unit this tree is not there; "+
+			where := "is under " + d
+			if w.Path == d {
+				where = "is " + d
+			}
+			fmt.Fprintf(stderr, "flusherd check-config: note: %q %s, which the shipped systemd unit replaces with a private one (%s): under the unit this tree is not there; "+
 				"to watch it there, set %s=no in a drop-in (/etc/systemd/system/flusherd.service.d/*.conf), which gives up that part of the sandbox\n",
-				w.Path, d, setting, strings.TrimSuffix(setting, "=yes"))
+				w.Path, where, setting, strings.TrimSuffix(setting, "=yes"))
 		}
 	}
 	if err := cfg.Encode(stdout); err != nil {

@@ -568,7 +568,7 @@ func logShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled 
 		return n
 	}
 	lost := byError(rep.Lost, func(error) string {
-		return "shutdown: files whose data was lost to a failed writeback (reported when it was found; not on disk)"
+		return "shutdown: files whose data was lost to a failed writeback (not on disk; flusherd dirty listed them as failed, counted in failed_files)"
 	})
 	given := byError(rep.GivenUp, func(err error) string {
 		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
