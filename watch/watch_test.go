@@ -614,7 +614,7 @@ func TestCoveredBy(t *testing.T) {
 	other := Tree{Root: "/t/o", Recursive: true}
 	dirs := map[string]Tree{
 		"/t": rec, "/t/a": rec, "/t/a/b/c": rec, "/t/x": rec,
-		"/f": flat,
+		"/f":   flat,
 		"/t/o": other, "/t/o/p": other,
 	}
 	for dir, want := range map[string]bool{
