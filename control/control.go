@@ -44,6 +44,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -197,12 +198,18 @@ func (s *Server) Serve(ctx context.Context) {
 }
 
 // strictRequest checks the request line (already decoded without error)
-// for what encoding/json lets through: keys matched without regard to case
-// ("OP", or "pathſ" for "paths", each standing for a field) and keys given
-// twice (the last value kept), at the top level and in a name object, and
-// a name object without its one key, base64. A request that could be read
-// two ways is refused rather than half obeyed.
+// for what encoding/json lets through: bytes that are not UTF-8 and lone
+// UTF-16 surrogate escapes (both read as U+FFFD: the request would name
+// another file; a name that is not UTF-8 goes as {"base64": ...}), keys
+// matched without regard to case ("OP", or "pathſ" for "paths", each
+// standing for a field), keys given twice (the last value kept), at the
+// top level and in a name object, and a name object without its one key,
+// base64. A request that could be read two ways is refused rather than
+// half obeyed.
 func strictRequest(line []byte) error {
+	if !utf8.Valid(line) || loneSurrogate(line) {
+		return errors.New(`not valid UTF-8, or a \u escape of half a UTF-16 surrogate pair (JSON strings are read as UTF-8; a name that is not goes as {"base64": "..."})`)
+	}
 	dec := json.NewDecoder(bytes.NewReader(line))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return errors.New("not a JSON object")
@@ -236,6 +243,60 @@ func strictRequest(line []byte) error {
 			return err
 		},
 	})
+}
+
+// loneSurrogate reports whether a JSON text holds, in a string, a \u
+// escape of a UTF-16 surrogate that is not half of a pair (\ud800 alone):
+// encoding/json reads it as U+FFFD.
+func loneSurrogate(b []byte) bool {
+	hex4 := func(i int) (rune, bool) {
+		if i+4 > len(b) {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(b[i:i+4]), 16, 32)
+		return rune(v), err == nil
+	}
+	in := false
+	for i := 0; i < len(b); i++ {
+		switch {
+		case !in:
+			in = b[i] == '"'
+		case b[i] == '"':
+			in = false
+		case b[i] == '\\' && i+1 < len(b) && b[i+1] == 'u':
+			r, ok := hex4(i + 2)
+			switch {
+			case !ok:
+			case r >= 0xd800 && r < 0xdc00:
+				if i+7 < len(b) && b[i+6] == '\\' && b[i+7] == 'u' {
+					if r2, ok := hex4(i + 8); ok && r2 >= 0xdc00 && r2 < 0xe000 {
+						i += 11
+						continue
+					}
+				}
+				return true
+			case r >= 0xdc00 && r < 0xe000:
+				return true
+			}
+			i += 5
+		case b[i] == '\\':
+			i++ // the escaped character
+		}
+	}
+	return false
+}
+
+// fieldsOfOp refuses a field the request's op does not use ("paths" is
+// sync's, "top" dirty's): it would be ignored, and the request would do
+// other than it says.
+func fieldsOfOp(req Request) error {
+	if req.Paths != nil && req.Op != "sync" {
+		return fmt.Errorf(`"paths" is for "sync", not %q`, req.Op)
+	}
+	if req.Top != 0 && req.Op != "dirty" {
+		return fmt.Errorf(`"top" is for "dirty", not %q`, req.Op)
+	}
+	return nil
 }
 
 // objectBody is objectKeys without the keys seen.
@@ -315,7 +376,8 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		return
 	}
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	line, err := bufio.NewReader(io.LimitReader(c, MaxRequest+1)).ReadBytes('\n')
+	rd := bufio.NewReader(io.LimitReader(c, MaxRequest+1))
+	line, err := rd.ReadBytes('\n')
 	switch {
 	case len(line) > MaxRequest:
 		reply(Response{Error: fmt.Sprintf("request too large (over %d bytes)", MaxRequest)})
@@ -331,11 +393,15 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		reply(Response{Error: "malformed request: " + err.Error()})
 		return
 	}
-	if dec.More() {
-		reply(Response{Error: "malformed request: more than one JSON value on the line (one request per connection)"})
+	if rest := bytes.TrimSpace(line[dec.InputOffset():]); len(rest) > 0 || rd.Buffered() > 0 {
+		reply(Response{Error: "malformed request: something follows the JSON object (one request, one line, per connection)"})
 		return
 	}
 	if err := strictRequest(line); err != nil {
+		reply(Response{Error: "malformed request: " + err.Error()})
+		return
+	}
+	if err := fieldsOfOp(req); err != nil {
 		reply(Response{Error: "malformed request: " + err.Error()})
 		return
 	}

@@ -93,6 +93,12 @@ func TestStrictRequest(t *testing.T) {
 		`{"op":"sync","paths":[{}]}`:                                `needs its key "base64"`,
 		`{"op":"sync","paths":[{"base64":"YQ==","path":"x"}]}`:      `unknown key "path"`,
 		`{"op":"sync","paths":[{"BASE64":"YQ=="}]}`:                 `unknown key "BASE64"`,
+		"{\"op\":\"sync\",\"paths\":[\"/t/caf\xe9\"]}":              "not valid UTF-8",
+		`{"op":"sync","paths":["/t/a\ud800b"]}`:                     "surrogate",
+		`{"op":"sync","paths":["/t/a\udc00"]}`:                      "surrogate",
+		`{"op":"sync","paths":["/t/\ud83d\ude00"]}`:                 "", // a pair: U+1F600
+		`{"op":"sync","paths":["/t/\\ud800"]}`:                      "", // an escaped backslash, then text
+		"{\"op\":\"sync\",\"paths\":[\"/t/caf\xef\xbf\xbd\"]}":      "", // U+FFFD itself
 	} {
 		err := strictRequest([]byte(line))
 		switch {
@@ -116,9 +122,14 @@ func TestBadRequests(t *testing.T) {
 		{"wrong type", `{"op":5}` + "\n", "malformed request"},
 		{"empty", "", "reading request"},
 		{"oversized", strings.Repeat("x", MaxRequest+10), "request too large"},
-		{"two values", `{"op":"dirty"} {"op":"sync"}` + "\n", "more than one JSON value"},
+		{"two values", `{"op":"dirty"} {"op":"sync"}` + "\n", "something follows"},
 		{"duplicate key", `{"op":"dirty","op":"sync"}` + "\n", `the key \"op\" is given twice`},
 		{"key in another case", `{"op":"dirty","OP":"sync"}` + "\n", `unknown key \"OP\"`},
+		{"a bracket after the object", `{"op":"dirty"}]` + "\n", "something follows"},
+		{"a second line", `{"op":"dirty"}` + "\n" + `{"op":"sync"}` + "\n", "something follows"},
+		{"paths on dirty", `{"op":"dirty","paths":["/etc/passwd"]}` + "\n", `\"paths\" is for \"sync\"`},
+		{"top on sync", `{"op":"sync","top":3}` + "\n", `\"top\" is for \"dirty\"`},
+		{"not UTF-8", "{\"op\":\"sync\",\"paths\":[\"/t/caf\xe9\"]}\n", "not valid UTF-8"},
 		{"duplicate after a nested value", `{"paths":["a",{"base64":"Yg=="}],"op":"sync","paths":[]}` + "\n", `the key \"paths\" is given twice`},
 	}
 	for _, tc := range tests {
