@@ -214,7 +214,7 @@ func strictRequest(line []byte) error {
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return errors.New("not a JSON object")
 	}
-	return objectBody(dec, map[string]func(*json.Decoder) error{
+	_, err := objectKeys(dec, map[string]func(*json.Decoder) error{
 		"op": skipValue, "top": skipValue,
 		"paths": func(dec *json.Decoder) error {
 			tok, err := dec.Token()
@@ -243,6 +243,7 @@ func strictRequest(line []byte) error {
 			return err
 		},
 	})
+	return err
 }
 
 // loneSurrogate reports whether a JSON text holds, in a string, a \u
@@ -297,12 +298,6 @@ func fieldsOfOp(req Request) error {
 		return fmt.Errorf(`"top" is for "dirty", not %q`, req.Op)
 	}
 	return nil
-}
-
-// objectBody is objectKeys without the keys seen.
-func objectBody(dec *json.Decoder, fields map[string]func(*json.Decoder) error) error {
-	_, err := objectKeys(dec, fields)
-	return err
 }
 
 // objectKeys reads the rest of an object whose '{' was read: each key must

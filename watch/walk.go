@@ -500,11 +500,10 @@ func (b *base) noWritebackDev(dev uint64, path string) bool {
 	}
 	dir := filepath.Dir(path)
 	var st unix.Stat_t
-	var sfs unix.Statfs_t
-	if unix.Lstat(dir, &st) != nil || st.Dev != dev || unix.Statfs(dir, &sfs) != nil {
+	if unix.Lstat(dir, &st) != nil || st.Dev != dev {
 		return false
 	}
-	if _, no := noWriteback[int64(sfs.Type)]; no {
+	if _, no := NoWriteback(dir); no {
 		return true
 	}
 	b.devWritesBack.Store(dev, true)

@@ -23,11 +23,6 @@ const metricsDropInHint = "the shipped flusherd.service allows no network; insta
 	"(/usr/share/doc/flusherd/flusherd-metrics.conf, or systemd/flusherd-metrics.conf in the source) as " +
 	"/etc/systemd/system/flusherd.service.d/metrics.conf, then systemctl daemon-reload and restart flusherd"
 
-// underSystemd reports whether flusherd runs as a systemd service
-// ($INVOCATION_ID, set by systemd for each unit's processes:
-// systemd.exec(5)).
-func underSystemd() bool { return os.Getenv("INVOCATION_ID") != "" }
-
 // startMetrics serves the Prometheus metrics of reg and wat on
 // metrics.listen until ctx ends; with metrics.listen empty it does
 // nothing. A failure to listen is logged as an error and flusherd runs on

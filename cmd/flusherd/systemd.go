@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -18,6 +19,11 @@ import (
 	"flusherd/service"
 	"flusherd/watch"
 )
+
+// underSystemd reports whether flusherd runs as a systemd service
+// ($INVOCATION_ID, set by systemd for each unit's processes:
+// systemd.exec(5)).
+func underSystemd() bool { return os.Getenv("INVOCATION_ID") != "" }
 
 // notifier sends sd_notify(3) messages to $NOTIFY_SOCKET (nothing when it
 // is unset: not started by systemd) and logs the first failure only.
