@@ -303,6 +303,38 @@ func (r *Registry) mark(path string, key inode.Key, h inode.Handle, t Tree, clos
 	return nil
 }
 
+// MarkInodesDirty takes a batch of reports (MarkInodeDirty, or
+// MarkInodeClosed for those with Closed): each run of consecutive reports
+// on one device is marked with one look-up of the device and one
+// acquisition of its list lock per 64 reports (Writeback.markBatch). A
+// report whose device cannot be named (each is then tried alone) gets
+// Registry.Device's error in its Err; the others' Err is nil.
+func (r *Registry) MarkInodesDirty(ms []Mark) {
+	for len(ms) > 0 {
+		dev := ms[0].Key.Dev
+		n := 1
+		for n < len(ms) && ms[n].Key.Dev == dev {
+			n++
+		}
+		run := ms[:n]
+		ms = ms[n:]
+		wb, err := r.Device(dev, run[0].Path)
+		if err != nil {
+			// Each report as alone (a failure may be the first
+			// path's own).
+			for i := range run {
+				m := &run[i]
+				m.Err = r.mark(m.Path, m.Key, m.Handle, m.Tree, m.Closed)
+			}
+			continue
+		}
+		for i := range run {
+			run[i].Err = nil
+		}
+		wb.markBatch(run)
+	}
+}
+
 // known returns the device of st_dev dev, nil if it has none yet.
 func (r *Registry) known(dev uint64) *Writeback {
 	r.mu.Lock()

@@ -1,15 +1,20 @@
 package bdi
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	gocmp "github.com/google/go-cmp/cmp"
 
 	"flusherd/inode"
 )
@@ -256,4 +261,143 @@ func TestTracksByName(t *testing.T) {
 	if wb.Tracks(inode.Key{Dev: 8, Ino: 13}, "/srv/x/old") {
 		t.Error("Tracks of an untracked number: true")
 	}
+}
+
+// TestMarkInodesDirty: a batch of reports (Registry.MarkInodesDirty)
+// leaves every device's lists as the same reports made one by one do:
+// across runs of one device longer than markBatchMax, several devices,
+// reports without a handle of untracked files (the handle is asked of the
+// opener, without the lock), closes with no write, and a rename; a report
+// on a device that cannot be named gets its error and the others none; and
+// a batch on an idle device wakes its loop, which writes the files back.
+func TestMarkInodesDirty(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		newReg := func() (*Registry, *handleFS) {
+			fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
+			r := NewRegistry(Options{Config: testConfig(), Opener: fs,
+				Resolve: func(dev uint64, path string) (string, error) {
+					if dev == 13 {
+						return "", syscall.ENODEV
+					}
+					return fmt.Sprintf("7:%d", dev), nil
+				}})
+			t.Cleanup(r.Stop)
+			return r, fs
+		}
+		batchReg, batchFS := newReg()
+		singleReg, singleFS := newReg()
+		tree := Tree{Expire: time.Second}
+		var first, second []Mark
+		for _, fs := range []*handleFS{batchFS, singleFS} {
+			first, second = first[:0], second[:0] // the same on both sides
+			ino := uint64(0)
+			for _, dev := range []uint64{7, 7, 8, 13, 7} {
+				n := map[uint64]int{7: 70, 8: 3, 13: 2}[dev]
+				for range n {
+					ino++
+					f := fs.add(fmt.Sprintf("/d%d/f%d", dev, ino), ino, pg, 1)
+					f.key.Dev = dev
+					m := Mark{Path: f.path, Key: f.key, Tree: tree}
+					if ino%3 == 0 {
+						m.Handle = f.handle // some with the handle (fanotify), some without
+					}
+					first = append(first, m)
+					m.Closed = ino%4 == 0
+					if ino == 5 {
+						m.Path = "/d7/renamed"
+					}
+					second = append(second, m)
+				}
+			}
+		}
+		// A file on each side whose data was lost (on the failed list),
+		// the two in step: a close with no write keeps the loss
+		// (LostBefore, its error kept), a write would end it.
+		var lost []*fakeFile
+		for _, side := range []struct {
+			r  *Registry
+			fs *handleFS
+		}{{batchReg, batchFS}, {singleReg, singleFS}} {
+			f := side.fs.add("/d8/lost", 999, pg, 1)
+			f.key.Dev = 8
+			f.set(func(f *fakeFile) { f.writeErr = syscall.EIO })
+			if err := side.r.MarkInodeDirty(f.path, f.key, f.handle, Tree{}); err != nil {
+				t.Fatal(err)
+			}
+			lost = append(lost, f)
+		}
+		time.Sleep(6 * time.Second) // a kupdate pass: EIO
+		synctest.Wait()
+		for _, f := range lost {
+			f.set(func(f *fakeFile) { f.writeErr = nil; clear(f.dirty) })
+		}
+		time.Sleep(6 * time.Second) // the retry: clean, the data lost
+		synctest.Wait()
+		for _, r := range []*Registry{batchReg, singleReg} {
+			if wb, _ := r.Device(8, "/d8"); len(wb.Failed()) != 1 {
+				t.Fatalf("Failed() = %+v, want /d8/lost", wb.Failed())
+			}
+		}
+		f := lost[0]
+		second = append(second, Mark{Path: f.path, Key: f.key, Handle: f.handle, Tree: tree, Closed: true})
+		for i, batch := range [][]Mark{first, second} {
+			batchReg.MarkInodesDirty(batch)
+			for _, m := range batch {
+				mark := singleReg.MarkInodeDirty
+				if m.Closed {
+					mark = singleReg.MarkInodeClosed
+				}
+				err := mark(m.Path, m.Key, m.Handle, m.Tree)
+				if fmt.Sprint(m.Err) != fmt.Sprint(err) {
+					t.Errorf("batch %d, %s: error %v in the batch, %v alone", i, m.Path, m.Err, err)
+				}
+				if (m.Key.Dev == 13) != errors.Is(m.Err, syscall.ENODEV) {
+					t.Errorf("batch %d, %s (dev %d): error %v", i, m.Path, m.Key.Dev, m.Err)
+				}
+			}
+			synctest.Wait()
+			a, b := batchReg.Devices(), singleReg.Devices()
+			if len(a) != 2 || len(b) != 2 {
+				t.Fatalf("devices: %d batched, %d alone, want 2", len(a), len(b))
+			}
+			for j := range a {
+				got, want := a[j].Inodes(), b[j].Inodes()
+				slices.SortFunc(got, func(x, y InodeInfo) int { return cmp.Compare(x.Key.Ino, y.Key.Ino) })
+				slices.SortFunc(want, func(x, y InodeInfo) int { return cmp.Compare(x.Key.Ino, y.Key.Ino) })
+				if d := gocmp.Diff(want, got); d != "" {
+					t.Errorf("batch %d, device %s: lists differ (-alone +batched):\n%s", i, a[j].Name, d)
+				}
+				if len(got) == 0 {
+					t.Errorf("batch %d, device %s: nothing tracked", i, a[j].Name)
+				}
+			}
+		}
+		want := 0
+		for _, m := range first {
+			if m.Handle == "" && m.Key.Dev != 13 {
+				want++ // untracked, no handle: asked of the opener
+			}
+		}
+		if n := len(batchFS.callsOf("handle_of", "")); n != want || n != len(singleFS.callsOf("handle_of", "")) {
+			t.Errorf("%d handles asked of the opener, want %d (as alone: %d)", n, want, len(singleFS.callsOf("handle_of", "")))
+		}
+		// Idle devices (everything written back), then a batch: it wakes
+		// the loop, which has no timer set while idle.
+		for range 2 {
+			time.Sleep(time.Minute)
+			synctest.Wait()
+			for _, wb := range batchReg.Devices() {
+				if n := wb.Tracked(); n != 0 {
+					t.Fatalf("device %s: %d files still tracked a minute later", wb.Name, n)
+				}
+			}
+			late := batchFS.add(fmt.Sprintf("/d7/late%d", batchFS.handles), 1000+uint64(batchFS.handles), pg, 1)
+			batchReg.MarkInodesDirty([]Mark{{Path: late.path, Key: late.key, Handle: late.handle, Tree: tree}})
+			time.Sleep(time.Minute)
+			synctest.Wait()
+			if len(batchFS.callsOf("sync_file_range", late.path)) == 0 {
+				t.Errorf("%s, reported to an idle device, not written back a minute later: the batch did not wake its loop", late.path)
+			}
+		}
+	})
 }

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/policy"
 )
@@ -84,7 +85,14 @@ type Fanotify struct {
 	files map[string]*fanotifyTarget // fsid+handle -> file
 	buf   []byte
 	kbuf  []byte
+
+	// pending are the file reports of the batch being read, for
+	// batchSink (Run's goroutine only).
+	pending []bdi.Mark
 }
+
+// pendingMax bounds the reports held before they are handed to the sink.
+const pendingMax = 256
 
 type fanotifyDir struct {
 	path   string
@@ -424,6 +432,24 @@ func (fa *Fanotify) RemoveTree(root string) bool {
 // sleeps in poll(2) and nothing wakes it.
 const coalesce = time.Millisecond
 
+// coalesceSleep waits coalesce in nanosleep(2) on Run's thread, not in
+// time.Sleep: the goroutine keeps its thread and its P stays in a system
+// call, so the runtime does not see every P idle between two batches. With
+// time.Sleep it did, at each batch: the scheduler parked the thread on a
+// futex, sysmon went to its deep sleep and the next system call woke it,
+// after which it polled every 20 µs again (runtime.sysmon, 15 % of the
+// daemon's CPU under a steady stream of events, with a context switch for
+// each of its usleeps).
+func coalesceSleep() {
+	ts := unix.NsecToTimespec(int64(coalesce))
+	for {
+		err := unix.Nanosleep(&ts, &ts)
+		if err != unix.EINTR {
+			return
+		}
+	}
+}
+
 // Run implements Backend: it reads events until ctx ends or Close. It
 // waits in poll(2) on the group and the stop eventfd, on a thread of its
 // own, and reads the group when it is readable.
@@ -479,7 +505,7 @@ func (fa *Fanotify) Run(ctx context.Context) {
 		}
 		fa.doneBatches.Add(1)
 		if n < len(fa.buf)/2 {
-			time.Sleep(coalesce)
+			coalesceSleep()
 		}
 	}
 }
@@ -540,6 +566,7 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) (relevant bool) {
 		ev := event{mask: binary.NativeEndian.Uint64(b[8:])}
 		fa.ctr.Events.Add(1)
 		if ev.mask&unix.FAN_Q_OVERFLOW != 0 {
+			fa.flushMarks()
 			fa.ctr.Overflows.Add(1)
 			fa.logOverflow("fanotify")
 			fa.clearCaches()
@@ -580,7 +607,37 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) (relevant bool) {
 		}
 		b = b[evLen:]
 	}
+	fa.flushMarks()
 	return relevant
+}
+
+// flushMarks hands the pending file reports to the sink and handles
+// those it did not take.
+func (fa *Fanotify) flushMarks() {
+	if len(fa.pending) == 0 {
+		return
+	}
+	fa.batchSink.MarkInodesDirty(fa.pending)
+	for i := range fa.pending {
+		if m := &fa.pending[i]; m.Err != nil {
+			fa.markFailed(m.Key, m.Path, m.Err)
+		}
+	}
+	clear(fa.pending) // no names kept alive
+	fa.pending = fa.pending[:0]
+}
+
+// markFailed handles a report the sink did not take: the file is
+// untracked, so its writes must be reported (not quieted), and a write not
+// taken for want of resources is not forgotten: the trees are rescanned
+// until a rescan completes.
+func (fa *Fanotify) markFailed(key inode.Key, path string, err error) {
+	fa.unquiet(key)
+	if policy.Shortage(err) {
+		fa.scanIncomplete(err)
+	} else {
+		fa.log.Warn("cannot track file", Q(path), zap.Error(err))
+	}
 }
 
 func indexNUL(b []byte) int {
@@ -777,18 +834,21 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		tg.events = 0
 		fa.quietFile(tg)
 	}
+	if fa.batchSink != nil {
+		// Marked with the rest of the read (flushMarks).
+		fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,
+			Tree: d.tree.Tree.Tree, Closed: ev.mask&unix.FAN_MODIFY == 0 && fa.closedSink != nil})
+		if len(fa.pending) >= pendingMax {
+			fa.flushMarks()
+		}
+		return true
+	}
 	mark := fa.sink.MarkInodeDirty
 	if ev.mask&unix.FAN_MODIFY == 0 && fa.closedSink != nil {
 		mark = fa.closedSink.MarkInodeClosed // closed, no write with it
 	}
 	if err := mark(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
-		fa.unquiet(tg.key) // untracked: its writes must be reported
-		if policy.Shortage(err) {
-			// The write is not forgotten: rescans until one completes.
-			fa.scanIncomplete(err)
-		} else {
-			fa.log.Warn("cannot track file", Q(tg.path), zap.Error(err))
-		}
+		fa.markFailed(tg.key, tg.path, err)
 	}
 	return true
 }

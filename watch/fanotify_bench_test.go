@@ -3,7 +3,9 @@ package watch
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -83,5 +85,61 @@ func BenchmarkFanotifyEvents(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*files), "ns/event")
 	if s.n != b.N*files {
 		b.Fatalf("sink saw %d events, want %d", s.n, b.N*files)
+	}
+}
+
+// singleSink hides a Registry's batch method: the
+// fanotify backend then reports each event alone, as before batches.
+type singleSink struct{ *bdi.Registry }
+
+func (s singleSink) MarkInodesDirty() {} // shadows the Registry's method: not a BatchSink
+
+// BenchmarkFanotifyEventsRegistry is BenchmarkFanotifyEvents with a real
+// bdi.Registry as the sink (files already tracked and dirty, the usual
+// case under a stream of writes), the reports handed over in batches
+// ("batch", bdi.Registry.MarkInodesDirty) and one by one ("single").
+func BenchmarkFanotifyEventsRegistry(b *testing.B) {
+	for _, mode := range []string{"batch", "single"} {
+		b.Run(mode, func(b *testing.B) {
+			reg := bdi.NewRegistry(bdi.Options{
+				Config: bdi.Config{DirtyWritebackInterval: time.Hour, MinPause: time.Millisecond,
+					MaxPause: 100 * time.Millisecond, QueueDepth: 1, AttemptTimeout: time.Minute},
+				Resolve: func(uint64, string) (string, error) { return "7:0", nil },
+			})
+			defer reg.Stop()
+			var sink Sink = reg
+			if mode == "single" {
+				sink = singleSink{reg}
+			}
+			fsid := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+			fa := &Fanotify{fsids: map[[8]byte]uint64{fsid: 7}, mounts: map[uint64]bool{},
+				dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}}
+			fa.init([]Tree{{Root: "/srv/data", Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}}, sink, Options{})
+			if _, ok := sink.(BatchSink); ok != (mode == "batch") {
+				b.Fatalf("%s: sink is a BatchSink: %v", mode, ok)
+			}
+			const files = 1000
+			var buf []byte
+			dirH := []byte("dirhandl")
+			typ := binary.NativeEndian.AppendUint32(nil, 1)
+			fa.dirs[string(fa.cacheKey(fsid[:], typ, dirH))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: fa.list()[0]}
+			for i := range files {
+				fh := binary.NativeEndian.AppendUint64(nil, uint64(i))
+				buf = append(buf, fanEvent(fsid, dirH, fh, fmt.Sprintf("f%d", i))...)
+				fa.files[string(fa.cacheKey(fsid[:], typ, fh))] = &fanotifyTarget{key: inode.Key{Dev: 7, Ino: uint64(i + 1)}, regular: true, handle: inode.MakeHandle(1, fh)}
+			}
+			ctx := context.Background()
+			fa.events(ctx, buf) // tracked from here on
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				fa.events(ctx, buf)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*files), "ns/event")
+			if n := reg.Devices()[0].Tracked(); n != files {
+				b.Fatalf("%d files tracked, want %d", n, files)
+			}
+		})
 	}
 }

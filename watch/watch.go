@@ -72,6 +72,14 @@ type ClosedSink interface {
 	MarkInodeClosed(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
 }
 
+// BatchSink is a Sink that takes reports of files with dirty data in
+// batches (bdi.Registry.MarkInodesDirty): the fanotify backend hands it
+// the file reports of each read at once. A report not taken gets its error
+// in its Err.
+type BatchSink interface {
+	MarkInodesDirty(ms []bdi.Mark)
+}
+
 // KeyTracker is a Sink that tells whether an inode is tracked under any
 // name (bdi.Registry does): a scan reports such a file found under a new
 // name (moved or linked into a tree) without looking at it, so that the
@@ -155,6 +163,7 @@ type base struct {
 	sink        Sink
 	closedSink  ClosedSink // sink, if it tells a close from a write; else nil
 	keyTracker  KeyTracker // sink, if it tells whether a key is tracked; else nil
+	batchSink   BatchSink  // sink, if it takes reports in batches; else nil
 	log         *zap.Logger
 	open        inode.Opener
 	ctr         *Counters        // shared by the two halves of a Mixed backend
@@ -224,6 +233,7 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	b.sink, b.log, b.open, b.statsDir = sink, log, open, opt.StatsDir
 	b.closedSink, _ = sink.(ClosedSink)
 	b.keyTracker, _ = sink.(KeyTracker)
+	b.batchSink, _ = sink.(BatchSink)
 	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)
