@@ -89,6 +89,15 @@ type Fanotify struct {
 	// pending are the file reports of the batch being read, for
 	// batchSink (Run's goroutine only).
 	pending []bdi.Mark
+
+	// dirGen counts the clearings of dirs; lastDir is the directory of
+	// the last event dirOf resolved, under the cache key lastDirKey, valid
+	// while dirGen is lastDirGen (Run's goroutine only): consecutive
+	// events in one directory skip the cache's lock and map look-up.
+	dirGen     atomic.Uint64
+	lastDir    *fanotifyDir
+	lastDirKey []byte
+	lastDirGen uint64
 }
 
 // pendingMax bounds the reports held before they are handed to the sink.
@@ -651,9 +660,16 @@ func indexNUL(b []byte) int {
 
 func (fa *Fanotify) clearCaches() {
 	fa.cmu.Lock()
-	clear(fa.dirs)
+	fa.clearDirsLocked()
 	clear(fa.files)
 	fa.cmu.Unlock()
+}
+
+// clearDirsLocked empties the directory cache (and so invalidates
+// lastDir). Preconditions: fa.cmu held.
+func (fa *Fanotify) clearDirsLocked() {
+	clear(fa.dirs)
+	fa.dirGen.Add(1)
 }
 
 // cacheKey builds fsid+handle_type+f_handle in fa.kbuf; m[string(key)]
@@ -680,10 +696,15 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 		return nil, false
 	}
 	k := fa.cacheKey(ev.dirFsid, ev.dirType, ev.dir)
+	gen := fa.dirGen.Load()
+	if fa.lastDir != nil && fa.lastDirGen == gen && string(k) == string(fa.lastDirKey) {
+		return fa.lastDir, fa.lastDir.path != ""
+	}
 	fa.cmu.Lock()
 	d, hit := fa.dirs[string(k)]
 	fa.cmu.Unlock()
 	if hit {
+		fa.lastDir, fa.lastDirKey, fa.lastDirGen = d, append(fa.lastDirKey[:0], k...), gen
 		return d, d.path != ""
 	}
 	h := inode.MakeHandle(int32(binary.NativeEndian.Uint32(ev.dirType)), ev.dir)
@@ -698,9 +719,10 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 	d = &fanotifyDir{path: p, prefix: strings.TrimSuffix(p, "/") + "/", tree: fa.treeOfDir(p)}
 	fa.cmu.Lock()
 	if len(fa.dirs) >= cacheMax {
-		clear(fa.dirs)
+		fa.clearDirsLocked()
 	}
 	fa.dirs[string(k)] = d
+	fa.lastDir, fa.lastDirKey, fa.lastDirGen = d, append(fa.lastDirKey[:0], k...), fa.dirGen.Load()
 	fa.cmu.Unlock()
 	return d, true
 }
@@ -774,7 +796,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		}
 		// A directory moved or deleted: cached paths may be stale.
 		fa.cmu.Lock()
-		clear(fa.dirs)
+		fa.clearDirsLocked()
 		fa.cmu.Unlock()
 		if ev.mask&unix.FAN_MOVED_TO != 0 && ev.dir != nil {
 			// Moved in: its files made no event here; scan them.

@@ -108,3 +108,46 @@ func lens(b [][]bdi.Mark) []int {
 	}
 	return out
 }
+
+// TestFanotifyLastDirCleared: the directory of the last event (lastDir)
+// serves the next event in it only until the directory cache is cleared
+// (a directory moved, a tree added or removed): an event after that gets
+// the directory's path as the cache then holds it, not the stale one.
+func TestFanotifyLastDirCleared(t *testing.T) {
+	fsid := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+	s := &batchSink{}
+	fa := &Fanotify{fsids: map[[8]byte]uint64{fsid: 42}, mounts: map[uint64]bool{},
+		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}}
+	fa.init([]Tree{{Root: "/srv/data", Recursive: true}}, s, Options{})
+	dirH, fh := []byte("dirhandl"), []byte("filehndl")
+	typ := binary.NativeEndian.AppendUint32(nil, 1)
+	ev := fanEvent(fsid, dirH, fh, "f")
+	setDir := func(p string) {
+		fa.cmu.Lock()
+		fa.dirs[string(fa.cacheKey(fsid[:], typ, dirH))] = &fanotifyDir{path: p, prefix: p + "/", tree: fa.list()[0]}
+		fa.cmu.Unlock()
+	}
+	setTarget := func() {
+		fa.cmu.Lock()
+		fa.files[string(fa.cacheKey(fsid[:], typ, fh))] = &fanotifyTarget{key: inode.Key{Dev: 42, Ino: 9}, regular: true, handle: inode.MakeHandle(1, fh)}
+		fa.cmu.Unlock()
+	}
+	setDir("/srv/data/old")
+	setTarget()
+	fa.events(context.Background(), ev)
+	fa.events(context.Background(), ev) // from lastDir
+	fa.clearCaches()                    // as after a directory moved
+	setDir("/srv/data/new")
+	setTarget()
+	fa.events(context.Background(), ev)
+	var got []string
+	for _, b := range s.batches {
+		for _, m := range b {
+			got = append(got, m.Path)
+		}
+	}
+	want := []string{"/srv/data/old/f", "/srv/data/old/f", "/srv/data/new/f"}
+	if !slices.Equal(got, want) {
+		t.Errorf("paths reported %q, want %q", got, want)
+	}
+}
