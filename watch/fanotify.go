@@ -74,7 +74,15 @@ type Fanotify struct {
 	markMu  sync.Mutex         // serializes mark
 	fsidsMu sync.RWMutex       // guards fsids and mounts
 	fsids   map[[8]byte]uint64 // fsid -> st_dev of the marked filesystem
-	mounts  map[uint64]bool    // st_dev -> mount mark (no dirent events)
+	// fsidGen counts the changes of fsids; devOf's last answer (lastFsid
+	// -> lastDev, at lastFsidGen; Run's goroutine only) stands until it
+	// changes.
+	fsidGen     atomic.Uint64
+	lastFsid    [8]byte
+	lastDev     uint64
+	lastFsidGen uint64
+	lastFsidOK  bool
+	mounts      map[uint64]bool // st_dev -> mount mark (no dirent events)
 
 	longWarned atomic.Bool
 
@@ -242,10 +250,17 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 		fa.log.Warn("fanotify: filesystem mark refused; using a mount mark, which reports writes but not renames or deletions",
 			zap.String("root", strconv.Quote(root)), zap.NamedError("filesystem_mark", ferr))
 	}
+	fa.setFsid(fsid, dev)
+	return nil
+}
+
+// setFsid records that events naming fsid are of the filesystem on st_dev
+// dev (devOf).
+func (fa *Fanotify) setFsid(fsid [8]byte, dev uint64) {
 	fa.fsidsMu.Lock()
 	fa.fsids[fsid] = dev
+	fa.fsidGen.Add(1)
 	fa.fsidsMu.Unlock()
-	return nil
 }
 
 // otherMount returns errSecondMount when another tree served here is on
@@ -679,13 +694,21 @@ func (fa *Fanotify) cacheKey(fsid, typ, h []byte) []byte {
 	return fa.kbuf
 }
 
-// devOf returns the st_dev of the marked filesystem fsid.
+// devOf returns the st_dev of the marked filesystem fsid. Run's goroutine
+// only (it keeps the last answer).
 func (fa *Fanotify) devOf(fsid []byte) (uint64, bool) {
 	var k [8]byte
 	copy(k[:], fsid)
+	gen := fa.fsidGen.Load()
+	if fa.lastFsidOK && gen == fa.lastFsidGen && k == fa.lastFsid {
+		return fa.lastDev, true
+	}
 	fa.fsidsMu.RLock()
 	dev, ok := fa.fsids[k]
 	fa.fsidsMu.RUnlock()
+	if ok {
+		fa.lastFsid, fa.lastDev, fa.lastFsidGen, fa.lastFsidOK = k, dev, gen, true
+	}
 	return dev, ok
 }
 

@@ -151,3 +151,25 @@ func TestFanotifyLastDirCleared(t *testing.T) {
 		t.Errorf("paths reported %q, want %q", got, want)
 	}
 }
+
+// TestFanotifyDevOfRemapped: devOf's remembered answer stands only until
+// the fsid is mapped again (a filesystem with the same fsid mounted from
+// another device after the first was unmounted); an unknown fsid is not
+// taken for the last one.
+func TestFanotifyDevOfRemapped(t *testing.T) {
+	fsid, other := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}, [8]byte{9}
+	fa := &Fanotify{fsids: map[[8]byte]uint64{}}
+	fa.setFsid(fsid, 42)
+	for range 2 {
+		if dev, ok := fa.devOf(fsid[:]); dev != 42 || !ok {
+			t.Fatalf("devOf = %d, %v; want 42", dev, ok)
+		}
+	}
+	if dev, ok := fa.devOf(other[:]); ok {
+		t.Errorf("an unmarked fsid: devOf = %d, true", dev)
+	}
+	fa.setFsid(fsid, 43)
+	if dev, ok := fa.devOf(fsid[:]); dev != 43 || !ok {
+		t.Errorf("after the fsid was mapped again: devOf = %d, %v; want 43", dev, ok)
+	}
+}
