@@ -456,24 +456,6 @@ func (fa *Fanotify) RemoveTree(root string) bool {
 // sleeps in poll(2) and nothing wakes it.
 const coalesce = time.Millisecond
 
-// coalesceSleep waits coalesce in nanosleep(2) on Run's thread, not in
-// time.Sleep: the goroutine keeps its thread and its P stays in a system
-// call, so the runtime does not see every P idle between two batches. With
-// time.Sleep it did, at each batch: the scheduler parked the thread on a
-// futex, sysmon went to its deep sleep and the next system call woke it,
-// after which it polled every 20 µs again (runtime.sysmon, 15 % of the
-// daemon's CPU under a steady stream of events, with a context switch for
-// each of its usleeps).
-func coalesceSleep() {
-	ts := unix.NsecToTimespec(int64(coalesce))
-	for {
-		err := unix.Nanosleep(&ts, &ts)
-		if err != unix.EINTR {
-			return
-		}
-	}
-}
-
 // Run implements Backend: it reads events until ctx ends or Close. It
 // waits in poll(2) on the group and the stop eventfd, on a thread of its
 // own, and reads the group when it is readable.
@@ -529,7 +511,7 @@ func (fa *Fanotify) Run(ctx context.Context) {
 		}
 		fa.doneBatches.Add(1)
 		if n < len(fa.buf)/2 {
-			coalesceSleep()
+			time.Sleep(coalesce)
 		}
 	}
 }
