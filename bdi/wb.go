@@ -13,6 +13,7 @@
 // The data flow, and the file that holds each stage:
 //
 //	watcher ─► MarkInodeDirty ─► b_dirty            mark.go, dirty.go
+//	     (MarkInodesDirty: a batch, one lock hold)
 //	Queue(Work), sync requests ─► work list          work.go
 //	Run: wbDoWriteback, wbCheckOldDataFlush,
 //	     wbWriteback, queueIO ─► b_io,
