@@ -799,6 +799,9 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		if ev.mask&dirent == 0 {
 			return false // a directory made: nothing to watch, the mark covers it
 		}
+		// What follows may report files (a scan) or drop a tree's:
+		// the writes read before it are reported first, in order.
+		fa.flushMarks()
 		// A directory moved or deleted: cached paths may be stale.
 		fa.cmu.Lock()
 		fa.clearDirsLocked()
@@ -843,7 +846,11 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		// name the entry, not the object: look at it by name (lstat;
 		// no open here, which could hang on a sick filesystem and
 		// stall every tree); the writeback attempt, which has a
-		// timeout, finds out whether it is dirty.
+		// timeout, finds out whether it is dirty. The writes read
+		// before it are reported first: a file written, then renamed
+		// (or its number given to a new file) must end with the name
+		// and handle of the later event, not those of the write.
+		fa.flushMarks()
 		fa.reportPath(d.tree.Tree, d.prefix+string(ev.name), false)
 		return true
 	}

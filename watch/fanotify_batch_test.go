@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -45,29 +47,22 @@ func (s *batchSink) MarkInodesDirty(ms []bdi.Mark) {
 // resources (EMFILE) makes the scan incomplete (rescans follow), another
 // refusal is logged with the file's path.
 func TestFanotifyBatchReports(t *testing.T) {
-	fsid := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
 	s := &batchSink{fail: map[uint64]error{
 		3: fmt.Errorf("bdi: naming the device: %w", unix.EMFILE),
 		5: errors.New("bdi: shutting down"),
 	}}
 	core, logs := observer.New(zap.InfoLevel)
-	fa := &Fanotify{fsids: map[[8]byte]uint64{fsid: 42}, mounts: map[uint64]bool{},
-		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}}
 	tree := Tree{Root: "/srv/data", Recursive: true, Tree: bdi.Tree{Expire: time.Minute}}
-	fa.init([]Tree{tree}, s, Options{Log: zap.New(core), RetryMin: time.Hour, RetryMax: time.Hour})
+	fa := fakeFanotify(42, []Tree{tree}, s, Options{Log: zap.New(core), RetryMin: time.Hour, RetryMax: time.Hour})
 	const files = pendingMax + 44
-	var buf []byte
-	dirH := []byte("dirhandl")
-	typ := binary.NativeEndian.AppendUint32(nil, 1)
-	fa.dirs[string(fa.cacheKey(fsid[:], typ, dirH))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: fa.list()[0]}
-	for i := range files {
-		fh := binary.NativeEndian.AppendUint64(nil, uint64(i))
-		ev := fanEvent(fsid, dirH, fh, fmt.Sprintf("f%d", i))
+	buf := fa.knownFiles(42, 0, files, 1)
+	// The eighth event: a close with no write.
+	for i, b := 0, buf; ; i++ {
 		if i == 7 {
-			binary.NativeEndian.PutUint64(ev[8:], unix.FAN_CLOSE_WRITE) // closed, no write
+			binary.NativeEndian.PutUint64(b[8:], unix.FAN_CLOSE_WRITE)
+			break
 		}
-		buf = append(buf, ev...)
-		fa.files[string(fa.cacheKey(fsid[:], typ, fh))] = &fanotifyTarget{key: inode.Key{Dev: 42, Ino: uint64(i)}, regular: true, handle: inode.MakeHandle(1, fh)}
+		b = b[binary.NativeEndian.Uint32(b):]
 	}
 	if !fa.events(context.Background(), buf) {
 		t.Error("events in a tree reported as not relevant")
@@ -83,7 +78,7 @@ func TestFanotifyBatchReports(t *testing.T) {
 		t.Fatalf("%d reports, want %d", len(all), files)
 	}
 	for i, m := range all {
-		want := bdi.Mark{Path: fmt.Sprintf("/srv/data/d/f%d", i), Key: inode.Key{Dev: 42, Ino: uint64(i)},
+		want := bdi.Mark{Path: fmt.Sprintf("/srv/data/d0/f%d", i), Key: inode.Key{Dev: 42, Ino: uint64(i)},
 			Handle: inode.MakeHandle(1, binary.NativeEndian.AppendUint64(nil, uint64(i))), Tree: tree.Tree, Closed: i == 7}
 		if m != want {
 			t.Errorf("report %d: %+v, want %+v", i, m, want)
@@ -93,8 +88,8 @@ func TestFanotifyBatchReports(t *testing.T) {
 		t.Errorf("after a report refused with EMFILE: %d incomplete scans, rescan due %v; want 1, true", n, fa.retry.due.Load())
 	}
 	refused := logs.FilterMessage("cannot track file").All()
-	if len(refused) != 1 || refused[0].ContextMap()["path"] != `"/srv/data/d/f5"` {
-		t.Errorf("refusals logged: %+v, want one for /srv/data/d/f5", refused)
+	if len(refused) != 1 || refused[0].ContextMap()["path"] != `"/srv/data/d0/f5"` {
+		t.Errorf("refusals logged: %+v, want one for /srv/data/d0/f5", refused)
 	}
 	if len(fa.pending) != 0 {
 		t.Errorf("%d reports still pending after the read", len(fa.pending))
@@ -114,11 +109,9 @@ func lens(b [][]bdi.Mark) []int {
 // (a directory moved, a tree added or removed): an event after that gets
 // the directory's path as the cache then holds it, not the stale one.
 func TestFanotifyLastDirCleared(t *testing.T) {
-	fsid := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+	fsid := testFsid
 	s := &batchSink{}
-	fa := &Fanotify{fsids: map[[8]byte]uint64{fsid: 42}, mounts: map[uint64]bool{},
-		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}}
-	fa.init([]Tree{{Root: "/srv/data", Recursive: true}}, s, Options{})
+	fa := fakeFanotify(42, []Tree{{Root: "/srv/data", Recursive: true}}, s, Options{})
 	dirH, fh := []byte("dirhandl"), []byte("filehndl")
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
 	ev := fanEvent(fsid, dirH, fh, "f")
@@ -171,5 +164,62 @@ func TestFanotifyDevOfRemapped(t *testing.T) {
 	fa.setFsid(fsid, 43)
 	if dev, ok := fa.devOf(fsid[:]); dev != 43 || !ok {
 		t.Errorf("after the fsid was mapped again: devOf = %d, %v; want 43", dev, ok)
+	}
+}
+
+// orderSink records every report in the order the sink got it, one by
+// one ("now") or in a batch ("batch").
+type orderSink struct {
+	nopSink
+	log []string
+}
+
+func (s *orderSink) MarkInodeDirty(path string, _ inode.Key, _ inode.Handle, _ bdi.Tree) error {
+	s.log = append(s.log, "now "+path)
+	return nil
+}
+
+func (s *orderSink) MarkInodesDirty(ms []bdi.Mark) {
+	for _, m := range ms {
+		s.log = append(s.log, "batch "+m.Path)
+	}
+}
+
+// TestFanotifyReportOrder: the reports of one read reach the sink in the
+// order of their events, batched or not: a write, then the file renamed
+// (a directory-entry event, reported by name at once), then written again
+// under its new name. Were the write held back past the rename, the file
+// would end under its old name, which no longer exists (a sync of the new
+// one would miss it, and a tree that held the old one would drop it when
+// it went).
+func TestFanotifyReportOrder(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"a", "b"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newPath := filepath.Join(root, "b", "g")
+	if err := os.WriteFile(newPath, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	key := keyOf(t, newPath)
+	s := &orderSink{}
+	fa := fakeFanotify(key.Dev, []Tree{{Root: root, Recursive: true}}, s, Options{})
+	typ := binary.NativeEndian.AppendUint32(nil, 1)
+	dirA, dirB, fh := []byte("dirA...."), []byte("dirB...."), []byte("filehndl")
+	for h, p := range map[string]string{string(dirA): filepath.Join(root, "a"), string(dirB): filepath.Join(root, "b")} {
+		fa.dirs[string(fa.cacheKey(testFsid[:], typ, []byte(h)))] = &fanotifyDir{path: p, prefix: p + "/", tree: fa.list()[0]}
+	}
+	fa.files[string(fa.cacheKey(testFsid[:], typ, fh))] = &fanotifyTarget{key: key, regular: true, handle: inode.MakeHandle(1, fh)}
+	buf := slices.Concat(
+		fanEvent(testFsid, dirA, fh, "f"),
+		fanEventMask(testFsid, dirB, nil, "g", unix.FAN_MOVED_TO),
+		fanEvent(testFsid, dirB, fh, "g"),
+	)
+	fa.events(context.Background(), buf)
+	want := []string{"batch " + filepath.Join(root, "a", "f"), "now " + newPath, "batch " + newPath}
+	if !slices.Equal(s.log, want) {
+		t.Errorf("reports in the order %q, want %q", s.log, want)
 	}
 }
