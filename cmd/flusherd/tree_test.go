@@ -108,6 +108,7 @@ func testTreeChanges(t *testing.T, backend string) {
 	}
 	t.Run("14-inode-reuse", s.inodeReuse)
 	t.Run("15-root-remounted", s.rootRemounted)
+	t.Run("16-write-then-rename", s.writeThenRename)
 }
 
 // kernelDirtyExpire reads vm.dirty_expire_centisecs.
@@ -442,6 +443,51 @@ func (s *treeSuite) renameOut(t *testing.T) {
 	if dirty, wb, err := cachestat(out, 0, 0); err != nil || dirty == 0 {
 		t.Errorf("file renamed out of the tree and written again there was written back within %v (dirty=%d writeback=%d err=%v): the daemon did not forget it",
 			stayDirtyWindow, dirty, wb, err)
+	}
+}
+
+// 16. Files written and renamed at once, within the tree and from a
+// second tree into the first, then the second tree removed: each is
+// tracked under its new name, so a sync of the new names writes them all
+// back, and the second tree's going drops none of them. (fanotify reads
+// the write and the rename in one batch of events; were the write
+// reported after the rename, the file would be back under its old name.)
+func (s *treeSuite) writeThenRename(t *testing.T) {
+	t.Parallel()
+	base := s.dir(t, "write-then-rename")
+	tree, other := filepath.Join(base, "tree"), filepath.Join(base, "other")
+	src, dst := filepath.Join(tree, "src"), filepath.Join(tree, "dst")
+	mkdirs(t, src, dst, other)
+	d := s.start(t, treeOpts{}, treeWatch{path: tree, expire: "1h"}, treeWatch{path: other, expire: "1h"})
+	const n = 20
+	var files []string
+	for i := range n {
+		from, to := filepath.Join(src, fmt.Sprintf("a%d", i)), filepath.Join(dst, fmt.Sprintf("b%d", i))
+		if i%2 == 1 {
+			from = filepath.Join(other, fmt.Sprintf("a%d", i))
+		}
+		writeDirty(t, from, 16<<10)
+		rename(t, from, to)
+		files = append(files, to)
+	}
+	d.waitStats(t, cleanBound, fmt.Sprintf("%d files tracked", n), func(s map[string]int64) bool { return tracked(s) >= n })
+	from := len(d.log.String())
+	if err := os.RemoveAll(other); err != nil {
+		t.Fatal(err)
+	}
+	if !poll(cleanBound, func() bool { _, ok := d.logLineSince(from, "root", other); return ok }) {
+		t.Errorf("the removal of the tree %s was not logged within %v; log since: %q", other, cleanBound, d.log.String()[from:])
+	}
+	for _, f := range files {
+		mustBeDirty(t, f)
+	}
+	if code, out := runSync(t, d.flusherdProc, dst); code != 0 || !strings.Contains(out, fmt.Sprintf("%d files written back", n)) {
+		t.Errorf("sync %s: exit %d, %q; want exit 0 and %d files written back", dst, code, out, n)
+	}
+	for _, f := range files {
+		if dirty, wb, err := cachestat(f, 0, 0); err != nil || dirty+wb != 0 {
+			t.Errorf("%s after the sync of its directory: dirty=%d writeback=%d err=%v", f, dirty, wb, err)
+		}
 	}
 }
 
