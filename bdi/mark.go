@@ -78,39 +78,35 @@ type Mark struct {
 // enough to show in list_lock_max_us or stall the writeback loop.
 const markBatchMax = 64
 
-// markBatch is mark for the reports ms, all on this device: one clock
-// read for the whole batch and one acquisition of the list lock per
-// markBatchMax reports, which per event were three monotonic clock reads
-// and a lock (about a fifth of the fanotify watcher's CPU under a steady
-// stream of writes). A report of an untracked inode without a handle is
-// marked alone after the batch (lockWithHandle asks the opener for the
-// handle without the lock).
+// markBatch is mark for the reports ms, all on this device, in their
+// order: one clock read for the whole batch and one acquisition of the
+// list lock per markBatchMax reports, which per event were three monotonic
+// clock reads and a lock (about a fifth of the fanotify watcher's CPU
+// under a steady stream of writes). A report of an untracked inode without
+// a handle ends the lock hold and is marked alone (mark: lockWithHandle
+// asks the opener for the handle without the lock).
 func (wb *Writeback) markBatch(ms []Mark) {
+	_, opens := wb.open.(inode.HandleOpener)
 	now := wb.now()
 	wasIdle := false
-	var alone []int
-	for len(ms) > 0 {
-		n := min(len(ms), markBatchMax)
+	for i := 0; i < len(ms); {
+		alone := false
 		wb.mu.Lock()
-		for i := range ms[:n] {
+		for end := min(i+markBatchMax, len(ms)); i < end; i++ {
 			m := &ms[i]
-			if m.Handle == "" && wb.inodes.Get(m.Key) == nil {
-				if _, ok := wb.open.(inode.HandleOpener); ok {
-					alone = append(alone, i)
-					continue
-				}
+			if alone = opens && m.Handle == "" && wb.inodes.Get(m.Key) == nil; alone {
+				break
 			}
 			if wb.markInodeDirtyLocked(m.Key, m.Path, m.Handle, m.Tree, now, m.Closed) {
 				wasIdle = true
 			}
 		}
 		wb.mu.Unlock()
-		for _, i := range alone {
+		if alone {
 			m := &ms[i]
 			wb.mark(m.Key, m.Path, m.Handle, m.Tree, m.Closed)
+			i++
 		}
-		alone = alone[:0]
-		ms = ms[n:]
 	}
 	if wasIdle {
 		wb.kick()

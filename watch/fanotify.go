@@ -709,7 +709,7 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 	d, hit := fa.dirs[string(k)]
 	fa.cmu.Unlock()
 	if hit {
-		fa.lastDir, fa.lastDirKey, fa.lastDirGen = d, append(fa.lastDirKey[:0], k...), gen
+		fa.setLastDir(d, k, gen)
 		return d, d.path != ""
 	}
 	h := inode.MakeHandle(int32(binary.NativeEndian.Uint32(ev.dirType)), ev.dir)
@@ -727,9 +727,15 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 		fa.clearDirsLocked()
 	}
 	fa.dirs[string(k)] = d
-	fa.lastDir, fa.lastDirKey, fa.lastDirGen = d, append(fa.lastDirKey[:0], k...), fa.dirGen.Load()
+	fa.setLastDir(d, k, fa.dirGen.Load())
 	fa.cmu.Unlock()
 	return d, true
+}
+
+// setLastDir makes d, under cache key k (copied), the last directory,
+// valid while the directory cache's generation is gen.
+func (fa *Fanotify) setLastDir(d *fanotifyDir, k []byte, gen uint64) {
+	fa.lastDir, fa.lastDirKey, fa.lastDirGen = d, append(fa.lastDirKey[:0], k...), gen
 }
 
 // lost handles an event that could not be resolved: gone files and
@@ -868,18 +874,19 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		tg.events = 0
 		fa.quietFile(tg)
 	}
+	closed := ev.mask&unix.FAN_MODIFY == 0 && fa.closedSink != nil // closed, no write with it
 	if fa.batchSink != nil {
 		// Marked with the rest of the read (flushMarks).
 		fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,
-			Tree: d.tree.Tree.Tree, Closed: ev.mask&unix.FAN_MODIFY == 0 && fa.closedSink != nil})
+			Tree: d.tree.Tree.Tree, Closed: closed})
 		if len(fa.pending) >= pendingMax {
 			fa.flushMarks()
 		}
 		return true
 	}
 	mark := fa.sink.MarkInodeDirty
-	if ev.mask&unix.FAN_MODIFY == 0 && fa.closedSink != nil {
-		mark = fa.closedSink.MarkInodeClosed // closed, no write with it
+	if closed {
+		mark = fa.closedSink.MarkInodeClosed
 	}
 	if err := mark(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
 		fa.markFailed(tg.key, tg.path, err)
