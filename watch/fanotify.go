@@ -95,8 +95,10 @@ type Fanotify struct {
 	kbuf  []byte
 
 	// pending are the file reports of the batch being read, for
-	// batchSink (Run's goroutine only).
-	pending []bdi.Mark
+	// batchSink, and pendingTrees the tree each was made with (Run's
+	// goroutine only).
+	pending      []bdi.Mark
+	pendingTrees []*tree
 
 	// dirGen counts the clearings of dirs; lastDir is the directory of
 	// the last event dirOf resolved, under the cache key lastDirKey, valid
@@ -444,6 +446,7 @@ func (fa *Fanotify) AddTree(ctx context.Context, t Tree) error {
 func (fa *Fanotify) RemoveTree(root string) bool {
 	t, _ := fa.removeTree(root)
 	fa.clearCaches()
+	fa.fence()
 	return t != nil
 }
 
@@ -563,13 +566,13 @@ type event struct {
 // concerned a tree (or was an overflow).
 func (fa *Fanotify) events(ctx context.Context, b []byte) (relevant bool) {
 	for len(b) >= unix.FAN_EVENT_METADATA_LEN {
-		evLen := int(binary.NativeEndian.Uint32(b[0:]))
-		metaLen := int(binary.NativeEndian.Uint16(b[6:]))
-		if evLen < metaLen || evLen > len(b) || metaLen < unix.FAN_EVENT_METADATA_LEN {
+		var ev event
+		evLen, ok := parseEvent(b, &ev)
+		if !ok {
 			fa.log.Error("malformed fanotify event; rest of the buffer dropped", zap.Int("len", evLen))
-			return relevant
+			break
 		}
-		ev := event{mask: binary.NativeEndian.Uint64(b[8:])}
+		b = b[evLen:]
 		fa.ctr.Events.Add(1)
 		if ev.mask&unix.FAN_Q_OVERFLOW != 0 {
 			fa.flushMarks()
@@ -578,59 +581,101 @@ func (fa *Fanotify) events(ctx context.Context, b []byte) (relevant bool) {
 			fa.clearCaches()
 			fa.overflowRescan(ctx, func() { fa.rescan(ctx, nil) })
 			relevant = true
-			b = b[evLen:]
 			continue
-		}
-		info := b[metaLen:evLen]
-		for len(info) >= 4 {
-			typ, recLen := info[0], int(binary.NativeEndian.Uint16(info[2:]))
-			if recLen < 4 || recLen > len(info) {
-				break
-			}
-			rec := info[4:recLen]
-			info = info[recLen:]
-			if len(rec) < 16 {
-				continue
-			}
-			hBytes := int(binary.NativeEndian.Uint32(rec[8:]))
-			if 16+hBytes > len(rec) {
-				continue
-			}
-			switch typ {
-			case unix.FAN_EVENT_INFO_TYPE_DFID_NAME:
-				ev.dirFsid, ev.dirType, ev.dir = rec[:8], rec[12:16], rec[16:16+hBytes]
-				name := rec[16+hBytes:]
-				if i := indexNUL(name); i >= 0 {
-					name = name[:i]
-				}
-				ev.name = name
-			case unix.FAN_EVENT_INFO_TYPE_FID:
-				ev.fileFsid, ev.fileType, ev.file = rec[:8], rec[12:16], rec[16:16+hBytes]
-			}
 		}
 		if fa.handle(ctx, &ev) {
 			relevant = true
 		}
-		b = b[evLen:]
 	}
 	fa.flushMarks()
 	return relevant
 }
 
+// parseEvent parses the first event of b (fanotify_event_metadata followed
+// by fanotify_event_info_fid records) into ev, a zero event; it returns
+// the event's length (the metadata's event_len), and false if the
+// metadata is malformed.
+func parseEvent(b []byte, ev *event) (evLen int, ok bool) {
+	evLen = int(binary.NativeEndian.Uint32(b[0:]))
+	metaLen := int(binary.NativeEndian.Uint16(b[6:]))
+	if evLen < metaLen || evLen > len(b) || metaLen < unix.FAN_EVENT_METADATA_LEN {
+		return evLen, false
+	}
+	ev.mask = binary.NativeEndian.Uint64(b[8:])
+	info := b[metaLen:evLen]
+	for len(info) >= 4 {
+		typ, recLen := info[0], int(binary.NativeEndian.Uint16(info[2:]))
+		if recLen < 4 || recLen > len(info) {
+			break
+		}
+		rec := info[4:recLen]
+		info = info[recLen:]
+		if len(rec) < 16 {
+			continue
+		}
+		hBytes := int(binary.NativeEndian.Uint32(rec[8:]))
+		if 16+hBytes > len(rec) {
+			continue
+		}
+		switch typ {
+		case unix.FAN_EVENT_INFO_TYPE_DFID_NAME:
+			ev.dirFsid, ev.dirType, ev.dir = rec[:8], rec[12:16], rec[16:16+hBytes]
+			name := rec[16+hBytes:]
+			if i := indexNUL(name); i >= 0 {
+				name = name[:i]
+			}
+			ev.name = name
+		case unix.FAN_EVENT_INFO_TYPE_FID:
+			ev.fileFsid, ev.fileType, ev.file = rec[:8], rec[12:16], rec[16:16+hBytes]
+		}
+	}
+	return evLen, true
+}
+
 // flushMarks hands the pending file reports to the sink and handles
-// those it did not take.
+// those it did not take. A report whose tree was removed or went away
+// since it was made is dropped (fence): the sink has let, or is letting,
+// that tree's files go.
 func (fa *Fanotify) flushMarks() {
 	if len(fa.pending) == 0 {
 		return
 	}
-	fa.batchSink.MarkInodesDirty(fa.pending)
-	for i := range fa.pending {
-		if m := &fa.pending[i]; m.Err != nil {
+	fa.reportMu.RLock()
+	ms := fa.pending
+	fa.mu.Lock()
+	for i, t := range fa.pendingTrees {
+		if t.gone {
+			ms = fa.servedMarksLocked(i)
+			break
+		}
+	}
+	fa.mu.Unlock()
+	if len(ms) > 0 {
+		fa.batchSink.MarkInodesDirty(ms)
+	}
+	fa.reportMu.RUnlock()
+	for i := range ms {
+		if m := &ms[i]; m.Err != nil {
 			fa.markFailed(m.Key, m.Path, m.Err)
 		}
 	}
 	clear(fa.pending) // no names kept alive
-	fa.pending = fa.pending[:0]
+	clear(fa.pendingTrees)
+	fa.pending, fa.pendingTrees = fa.pending[:0], fa.pendingTrees[:0]
+}
+
+// servedMarksLocked compacts pending, from index i (the first whose tree
+// is gone), to the reports whose tree is still served, in their order, and
+// returns them. Preconditions: fa.mu held.
+func (fa *Fanotify) servedMarksLocked(i int) []bdi.Mark {
+	n := i
+	for j := i; j < len(fa.pending); j++ {
+		if !fa.pendingTrees[j].gone {
+			fa.pending[n] = fa.pending[j]
+			n++
+		}
+	}
+	return fa.pending[:n]
 }
 
 // markFailed handles a report the sink did not take: the file is
@@ -879,6 +924,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		// Marked with the rest of the read (flushMarks).
 		fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,
 			Tree: d.tree.Tree.Tree, Closed: closed})
+		fa.pendingTrees = append(fa.pendingTrees, d.tree)
 		if len(fa.pending) >= pendingMax {
 			fa.flushMarks()
 		}

@@ -406,7 +406,8 @@ func direntName(b []byte) string {
 // writeback pages. A file whose state
 // cannot be told (it cannot be opened or cachestat fails, other than
 // because it is gone) is reported as dirty: unknown means tracked, and the
-// writeback attempt finds out.
+// writeback attempt finds out. Nothing is reported once t is no longer
+// served (removed by a reload, or its root gone): see fence.
 func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	if b.noWritebackDev(key.Dev, path) {
 		return // (proc, sysfs, tmpfs...: nothing to write, ever)
@@ -419,8 +420,16 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	if onlyDirty && b.keyTracker != nil && b.keyTracker.TracksKey(key) {
 		// Tracked under another name: moved or linked here (a directory
 		// renamed into an integrity tree), its attempt perhaps in
-		// flight in another tree's mode. Reported without a look, so
-		// that this tree's settings reach it even if it is clean now.
+		// flight in another tree's mode. Reported without a look at its
+		// pages, so that this tree's settings reach it even if it is
+		// clean now, but only if the name is still its own: a scan
+		// reads a directory's entries before it reports them, and one
+		// that runs beside the event reader (an overflow's rescan)
+		// may hold a name the file has been renamed from since, whose
+		// report would put back a name the reader has replaced.
+		if k, _, err := inode.Stat(path); err != nil || k != key {
+			return
+		}
 		onlyDirty = false
 	}
 	if onlyDirty {
@@ -444,7 +453,19 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 			return
 		}
 	}
-	if err := b.sink.MarkInodeDirty(path, key, "", t.Tree); err != nil {
+	b.reportMu.RLock()
+	b.mu.Lock()
+	served := b.servedRootLocked(t.Root)
+	b.mu.Unlock()
+	var err error
+	if served {
+		err = b.sink.MarkInodeDirty(path, key, "", t.Tree)
+	}
+	b.reportMu.RUnlock()
+	if !served {
+		return // the tree was removed or is gone (fence)
+	}
+	if err != nil {
 		if policy.Shortage(err) {
 			b.scanIncomplete(err)
 			return

@@ -107,7 +107,9 @@ type Backend interface {
 	// AddTree starts watching another tree and scans it.
 	AddTree(ctx context.Context, t Tree) error
 	// RemoveTree stops serving the tree rooted at root; it reports
-	// whether there was one.
+	// whether there was one. When it returns, no report made with that
+	// tree reaches the sink any more (not even one read before the call),
+	// so the caller may let the tree's files go.
 	RemoveTree(root string) bool
 	// Served reports whether the tree rooted at root is watched and its
 	// root is not gone.
@@ -197,6 +199,13 @@ type base struct {
 
 	mu    sync.Mutex
 	trees []*tree // replaced as a whole (AddTree, RemoveTree), never changed in place
+
+	// reportMu orders the reports against a tree's end: a report checks
+	// that its tree is served and hands the file to the sink under its
+	// read lock (report, Fanotify.flushMarks); fence takes the write
+	// lock once a tree is marked gone, so that no report made with that
+	// tree reaches the sink after the sink is told to let its files go.
+	reportMu sync.RWMutex
 
 	// nested serves a filesystem mounted at mountpoint, inside tree t
 	// (below its root): the backend's own way of seeing its writes.
@@ -298,12 +307,38 @@ func (b *base) removeTree(root string) (*tree, bool) {
 		return nil, false
 	}
 	t := b.trees[i]
+	t.gone = true // a report made with it in flight is dropped (fence)
 	b.trees = slices.Delete(slices.Clone(b.trees), i, i+1)
 	shared := false
 	for _, o := range b.trees {
 		shared = shared || (!o.gone && o.root.Dev == t.root.Dev)
 	}
 	return t, shared
+}
+
+// fence waits until every report that found its tree served has reached
+// the sink. Called after a tree is marked gone (removeTree, checkRoots)
+// and before the sink lets its files go (the caller's
+// Registry.TreeRemoved, or TreeGone): a report made with the tree while it
+// was served, late (a fanotify read's reports are handed over at its end;
+// a rescan reports from its own goroutine), would otherwise track one of
+// its files again, under the settings of a tree that is no longer there.
+// It must not be called with reportMu held.
+func (b *base) fence() {
+	b.reportMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the point: it waits for the readers
+	b.reportMu.Unlock()
+}
+
+// servedRootLocked reports whether a served tree (in the list, not gone)
+// has root as its root. Preconditions: b.mu held.
+func (b *base) servedRootLocked(root string) bool {
+	for _, t := range b.trees {
+		if t.Root == root {
+			return !t.gone
+		}
+	}
+	return false
 }
 
 // touched schedules a write of the stats file a second from now, unless
@@ -481,6 +516,7 @@ func (b *base) checkRoots() {
 		}
 		b.log.Error("a watched tree's root is gone; its files are no longer tracked (once it is back, a reload (SIGHUP, systemctl reload flusherd) serves it again)",
 			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
+		b.fence()
 		b.sink.TreeGone(t.Root, t.root.Dev, last)
 		b.touched() // watch/stats marks it gone
 	}
