@@ -317,25 +317,11 @@ func perFileStartWriteback(s *fileSet) error {
 // (SYNC_FILE_RANGE_WRITE), cachestat, close. Method (h): between (a) and
 // (e), it tells what the calls cost from what the engine adds.
 func engineCalls(s *fileSet, _ *plugStat) (func() error, error) {
-	h := inode.NewHandles()
-	if _, err := h.AddMount(filepath.Dir(s.paths[0])); err != nil {
+	calls, err := engineTargets(s)
+	if err != nil {
 		return nil, err
 	}
-	type target struct {
-		h   inode.Handle
-		key inode.Key
-	}
-	ts := make([]target, len(s.paths))
-	for i, p := range s.paths {
-		key, _, err := inode.Stat(p)
-		if err != nil {
-			return nil, err
-		}
-		if ts[i].h, err = h.HandleOf(p, key); err != nil {
-			return nil, err
-		}
-		ts[i].key = key
-	}
+	h, ts := calls.h, calls.ts
 	return func() error {
 		for _, t := range ts {
 			f, err := h.OpenHandle(t.h, t.key)
@@ -353,6 +339,85 @@ func engineCalls(s *fileSet, _ *plugStat) (func() error, error) {
 			if err != nil {
 				return err
 			}
+		}
+		return nil
+	}, nil
+}
+
+// handleTargets are the files of a set as the engine opens them: by
+// handle, through h.
+type handleTargets struct {
+	h  *inode.Handles
+	ts []struct {
+		h   inode.Handle
+		key inode.Key
+	}
+}
+
+// engineTargets looks up the handle and key of every file of s.
+func engineTargets(s *fileSet) (handleTargets, error) {
+	out := handleTargets{h: inode.NewHandles()}
+	if _, err := out.h.AddMount(filepath.Dir(s.paths[0])); err != nil {
+		return out, err
+	}
+	out.ts = make([]struct {
+		h   inode.Handle
+		key inode.Key
+	}, len(s.paths))
+	for i, p := range s.paths {
+		key, _, err := inode.Stat(p)
+		if err != nil {
+			return out, err
+		}
+		if out.ts[i].h, err = out.h.HandleOf(p, key); err != nil {
+			return out, err
+		}
+		out.ts[i].key = key
+	}
+	return out, nil
+}
+
+// engineSyncfsCalls is (h) with syncfs(2) in place of sync_file_range:
+// for each 256 files, each is opened by handle and its pages counted
+// (cachestat), one syncfs writes the filesystem back, then each file's
+// pages are counted again and it is closed. Method (s): what a writeback
+// pass that hands a batch to the kernel's flusher in one call would cost.
+func engineSyncfsCalls(s *fileSet, _ *plugStat) (func() error, error) {
+	calls, err := engineTargets(s)
+	if err != nil {
+		return nil, err
+	}
+	h, ts := calls.h, calls.ts
+	return func() error {
+		const batch = 256
+		fs := make([]inode.File, 0, batch)
+		closeAll := func() {
+			for _, f := range fs {
+				f.Close()
+			}
+			fs = fs[:0]
+		}
+		defer closeAll()
+		for i := 0; i < len(ts); i += batch {
+			for _, t := range ts[i:min(i+batch, len(ts))] {
+				f, err := h.OpenHandle(t.h, t.key)
+				if err != nil {
+					return err
+				}
+				fs = append(fs, f)
+				if _, _, err = f.Cachestat(0, 0); err != nil {
+					return err
+				}
+			}
+			if err := fs[0].(interface{ Syncfs() error }).Syncfs(); err != nil {
+				return err
+			}
+			for _, f := range fs {
+				if _, _, err := f.Cachestat(0, 0); err != nil {
+					return err
+				}
+			}
+			closeAll()
 		}
 		return nil
 	}, nil
@@ -459,13 +524,13 @@ func plugBench(args []string) int {
 	small := fl.Int("small", 20000, "number of 16 KiB files")
 	large := fl.Int("large", 200, "number of 8 MiB files")
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
-	only := fl.String("methods", "abcdei", "methods to run, of abcdefhipu (d, syncfs, is always run: the ratios need it)")
+	only := fl.String("methods", "abcdei", "methods to run, of abcdefhipsu (d, syncfs, is always run: the ratios need it)")
 	depth := fl.Int("queue-depth", 8, "flusherd's plug.queue_depth")
 	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile to this file, from the first timed run to the end (the re-dirtying between runs is in it)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return code
 	}
-	if err := letters("methods", *only, "abcdefhipu"); err != nil {
+	if err := letters("methods", *only, "abcdefhipsu"); err != nil {
 		fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
 		return 2
 	}
@@ -497,6 +562,7 @@ func plugBench(args []string) int {
 		{"e", "(e) per-file sync_file_range loop", plain(perFileStartWriteback)},
 		{"f", "(f) per-file write and wait, 8 threads", plain(parallelSyncRange)},
 		{"h", "(h) flusherd's system calls in a loop", engineCalls},
+		{"s", "(s) (h) with one syncfs per 256 files", engineSyncfsCalls},
 		{"p", "(p) (e) on one thread per CPU", plain(parallelStartWriteback)},
 		{"u", "(u) (e) with io_uring, 256 per submit", plain(uringStartWriteback)},
 		{"i", "(i) flusherd, integrity mode", func(s *fileSet, st *plugStat) (func() error, error) { return flusherdMethod(s, true, true, *depth, st) }},
