@@ -634,8 +634,9 @@ func parseEvent(b []byte, ev *event) (evLen int, ok bool) {
 
 // flushMarks hands the pending file reports to the sink and handles
 // those it did not take. A report whose tree was removed or went away
-// since it was made is dropped (fence): the sink has let, or is letting,
-// that tree's files go.
+// since it was made goes to the tree that holds its file now, or is
+// dropped if none does (fence): the sink has let, or is letting, that
+// tree's files go.
 func (fa *Fanotify) flushMarks() {
 	if len(fa.pending) == 0 {
 		return
@@ -645,7 +646,7 @@ func (fa *Fanotify) flushMarks() {
 	fa.mu.Lock()
 	for i, t := range fa.pendingTrees {
 		if t.gone {
-			ms = fa.servedMarksLocked(i)
+			ms = fa.retargetMarksLocked(i)
 			break
 		}
 	}
@@ -664,16 +665,23 @@ func (fa *Fanotify) flushMarks() {
 	fa.pending, fa.pendingTrees = fa.pending[:0], fa.pendingTrees[:0]
 }
 
-// servedMarksLocked compacts pending, from index i (the first whose tree
-// is gone), to the reports whose tree is still served, in their order, and
-// returns them. Preconditions: fa.mu held.
-func (fa *Fanotify) servedMarksLocked(i int) []bdi.Mark {
+// retargetMarksLocked gives the reports of pending from index i (the
+// first whose tree is gone) whose tree is gone the tree that holds their
+// file now (retargetLocked), drops those no tree holds, and returns the
+// reports left, in their order. Preconditions: fa.mu held.
+func (fa *Fanotify) retargetMarksLocked(i int) []bdi.Mark {
 	n := i
 	for j := i; j < len(fa.pending); j++ {
-		if !fa.pendingTrees[j].gone {
-			fa.pending[n] = fa.pending[j]
-			n++
+		m, t := fa.pending[j], fa.pendingTrees[j]
+		if t.gone {
+			nt, ok := fa.retargetLocked(t.Root, m.Path)
+			if !ok {
+				continue
+			}
+			m.Tree = nt.Tree.Tree
 		}
+		fa.pending[n] = m
+		n++
 	}
 	return fa.pending[:n]
 }

@@ -19,11 +19,12 @@ import (
 // until released: a report in flight while a tree is removed.
 type gateSink struct {
 	nopSink
-	mu      sync.Mutex
-	paths   []string
-	armed   bool
-	entered chan struct{} // closed when an armed report entered the sink
-	release chan struct{} // an armed report returns once this is closed
+	mu         sync.Mutex
+	paths      []string
+	withExpire bool // reports are recorded as "path expire"
+	armed      bool
+	entered    chan struct{} // closed when an armed report entered the sink
+	release    chan struct{} // an armed report returns once this is closed
 }
 
 func newGateSink() *gateSink {
@@ -47,17 +48,24 @@ func (s *gateSink) record(ps ...string) {
 	s.mu.Unlock()
 }
 
-func (s *gateSink) MarkInodeDirty(path string, _ inode.Key, _ inode.Handle, _ bdi.Tree) error {
+func (s *gateSink) MarkInodeDirty(path string, _ inode.Key, _ inode.Handle, t bdi.Tree) error {
 	s.wait()
-	s.record(path)
+	s.recordMark(path, t)
 	return nil
 }
 
 func (s *gateSink) MarkInodesDirty(ms []bdi.Mark) {
 	s.wait()
 	for _, m := range ms {
-		s.record(m.Path)
+		s.recordMark(m.Path, m.Tree)
 	}
+}
+
+func (s *gateSink) recordMark(path string, t bdi.Tree) {
+	if s.withExpire {
+		path += " " + t.Expire.String()
+	}
+	s.record(path)
 }
 
 func (s *gateSink) got() []string {
@@ -85,13 +93,16 @@ func waitsFor(t *testing.T, s *gateSink, remove func()) {
 	<-done
 }
 
-// twoTreeFanotify is fakeFanotify with trees /srv/a and /srv/b, a directory
-// cached in each, and files f0... cached, f<i> in /srv/a/d if i is even and
-// in /srv/b/d if odd; it returns one parsed FAN_MODIFY event for each.
-func twoTreeFanotify(s Sink, n int) (*Fanotify, []event) {
-	fa := fakeFanotify(42, []Tree{{Root: "/srv/a", Recursive: true}, {Root: "/srv/b", Recursive: true}}, s, Options{})
+// twoTreeFanotify is fakeFanotify with trees /srv/a (expire 1m), /srv/b
+// (2m) and more, a directory cached in each of the first two, and files
+// f0... cached, f<i> in /srv/a/d if i is even and in /srv/b/d if odd; it
+// returns one parsed FAN_MODIFY event for each.
+func twoTreeFanotify(s Sink, n int, more ...Tree) (*Fanotify, []event) {
+	trees := append([]Tree{{Root: "/srv/a", Recursive: true, Tree: bdi.Tree{Expire: time.Minute}},
+		{Root: "/srv/b", Recursive: true, Tree: bdi.Tree{Expire: 2 * time.Minute}}}, more...)
+	fa := fakeFanotify(42, trees, s, Options{})
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
-	for i, tr := range fa.list() {
+	for i, tr := range fa.list()[:2] {
 		p := tr.Root + "/d"
 		fa.dirs[string(fa.cacheKey(testFsid[:], typ, fmt.Appendf(nil, "dir%d", i)))] = &fanotifyDir{path: p, prefix: p + "/", tree: tr}
 	}
@@ -112,29 +123,53 @@ func twoTreeFanotify(s Sink, n int) (*Fanotify, []event) {
 // TestFanotifyRemovedTreeReports: the reports of a read are handed to the
 // sink at the read's end; those made with a tree that a reload removed
 // meanwhile are dropped there (the reload has the sink let that tree's
-// files go), the others reach the sink in their order. A removal while a
-// batch is in the sink returns only once that batch is in.
+// files go), unless another tree holds their files now (a tree around
+// it, or the same root with new settings): they go to that tree. The
+// others reach the sink in their order. A removal while a batch is in the
+// sink returns only once that batch is in.
 func TestFanotifyRemovedTreeReports(t *testing.T) {
 	ctx := context.Background()
-	s := newGateSink()
-	fa, evs := twoTreeFanotify(s, 6)
-	for i := range evs {
-		fa.handle(ctx, &evs[i])
-	}
-	if !fa.RemoveTree("/srv/a") {
-		t.Fatal("RemoveTree found no tree at /srv/a")
-	}
-	fa.flushMarks()
-	if got, want := s.got(), []string{"/srv/b/d/f1", "/srv/b/d/f3", "/srv/b/d/f5"}; !slices.Equal(got, want) {
-		t.Errorf("reports that reached the sink: %q, want %q", got, want)
-	}
-	if len(fa.pending) != 0 || len(fa.pendingTrees) != 0 {
-		t.Errorf("%d reports (%d trees) still pending after the flush", len(fa.pending), len(fa.pendingTrees))
+	a, b := "/srv/a/d/f", "/srv/b/d/f"
+	for _, c := range []struct {
+		name string
+		more []Tree // trees beside /srv/a and /srv/b
+		add  *Tree  // added after /srv/a is removed
+		want []string
+	}{
+		{"no other tree", nil, nil, []string{b + "1 2m0s", b + "3 2m0s", b + "5 2m0s"}},
+		{"a tree around it", []Tree{{Root: "/srv", Recursive: true, Tree: bdi.Tree{Expire: 3 * time.Minute}}}, nil,
+			[]string{a + "0 3m0s", b + "1 2m0s", a + "2 3m0s", b + "3 2m0s", a + "4 3m0s", b + "5 2m0s"}},
+		{"replaced", nil, &Tree{Root: "/srv/a", Recursive: true, Tree: bdi.Tree{Expire: 4 * time.Minute}},
+			[]string{a + "0 4m0s", b + "1 2m0s", a + "2 4m0s", b + "3 2m0s", a + "4 4m0s", b + "5 2m0s"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newGateSink()
+			s.withExpire = true
+			fa, evs := twoTreeFanotify(s, 6, c.more...)
+			for i := range evs {
+				fa.handle(ctx, &evs[i])
+			}
+			if !fa.RemoveTree("/srv/a") {
+				t.Fatal("RemoveTree found no tree at /srv/a")
+			}
+			if c.add != nil { // (as addTree, without its lstat of the root)
+				fa.mu.Lock()
+				fa.trees = append(slices.Clip(fa.trees), &tree{Tree: *c.add})
+				fa.mu.Unlock()
+			}
+			fa.flushMarks()
+			if got := s.got(); !slices.Equal(got, c.want) {
+				t.Errorf("reports that reached the sink (path, tree's expire): %q, want %q", got, c.want)
+			}
+			if len(fa.pending) != 0 || len(fa.pendingTrees) != 0 {
+				t.Errorf("%d reports (%d trees) still pending after the flush", len(fa.pending), len(fa.pendingTrees))
+			}
+		})
 	}
 
 	// A batch in the sink when the tree is removed.
-	s = newGateSink()
-	fa, evs = twoTreeFanotify(s, 4)
+	s := newGateSink()
+	fa, evs := twoTreeFanotify(s, 4)
 	for i := range evs {
 		fa.handle(ctx, &evs[i])
 	}
@@ -156,10 +191,18 @@ func TestFanotifyRemovedTreeReports(t *testing.T) {
 // gone) does not reach the sink, and the tree's end waits for one in the
 // sink; both backends.
 func TestReportRemovedTree(t *testing.T) {
-	for _, c := range []struct{ kind, how string }{
-		{"fanotify", "removed"}, {"inotify", "removed"}, {"fanotify", "root gone"}, {"inotify", "root gone"},
+	for _, c := range []struct {
+		kind, how string
+		around    bool // a tree around the root holds the file
+	}{
+		{"fanotify", "removed", false}, {"inotify", "removed", false}, {"fanotify", "root gone", false}, {"inotify", "root gone", false},
+		{"fanotify", "removed", true}, {"inotify", "removed", true},
 	} {
-		t.Run(c.kind+"/"+c.how, func(t *testing.T) {
+		name := c.kind + "/" + c.how
+		if c.around {
+			name += "/a tree around it"
+		}
+		t.Run(name, func(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "root")
 			path := filepath.Join(root, "f")
 			if err := os.Mkdir(root, 0o755); err != nil {
@@ -172,16 +215,23 @@ func TestReportRemovedTree(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tr := Tree{Root: root, Recursive: true}
+			tr := Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Minute}}
+			trees := []Tree{tr}
+			want := []string{path + " 1m0s"}
+			if c.around {
+				trees = append(trees, Tree{Root: filepath.Dir(root), Recursive: true, Tree: bdi.Tree{Expire: 3 * time.Minute}})
+				want = append(want, path+" 3m0s")
+			}
 			s := newGateSink()
+			s.withExpire = true
 			var b *base
 			var remove func()
 			if c.kind == "fanotify" {
-				fa := fakeFanotify(key.Dev, []Tree{tr}, s, Options{})
+				fa := fakeFanotify(key.Dev, trees, s, Options{})
 				b, remove = &fa.base, func() { fa.RemoveTree(root) }
 			} else {
 				w := &Watcher{dirs: map[string]struct{}{}, unwatched: map[string]Tree{}}
-				w.init([]Tree{tr}, s, Options{})
+				w.init(trees, s, Options{})
 				b, remove = &w.base, func() { w.RemoveTree(root) }
 			}
 			if err := b.recordRoots(); err != nil {
@@ -205,8 +255,8 @@ func TestReportRemovedTree(t *testing.T) {
 			waitsFor(t, s, remove)
 			<-reported
 			b.report(tr, path, key, false)
-			if got := s.got(); !slices.Equal(got, []string{path}) {
-				t.Errorf("reports that reached the sink: %q, want the one made before the tree's end only", got)
+			if got := s.got(); !slices.Equal(got, want) {
+				t.Errorf("reports that reached the sink (path, tree's expire): %q, want %q", got, want)
 			}
 		})
 	}

@@ -406,8 +406,9 @@ func direntName(b []byte) string {
 // writeback pages. A file whose state
 // cannot be told (it cannot be opened or cachestat fails, other than
 // because it is gone) is reported as dirty: unknown means tracked, and the
-// writeback attempt finds out. Nothing is reported once t is no longer
-// served (removed by a reload, or its root gone): see fence.
+// writeback attempt finds out. Once t is no longer served (removed by a
+// reload, or its root gone), the file is reported with the tree that
+// holds it now, if any (see fence).
 func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	if b.noWritebackDev(key.Dev, path) {
 		return // (proc, sysfs, tmpfs...: nothing to write, ever)
@@ -455,15 +456,15 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	}
 	b.reportMu.RLock()
 	b.mu.Lock()
-	served := b.servedRootLocked(t.Root)
+	holder, served := b.retargetLocked(t.Root, path)
 	b.mu.Unlock()
 	var err error
 	if served {
-		err = b.sink.MarkInodeDirty(path, key, "", t.Tree)
+		err = b.sink.MarkInodeDirty(path, key, "", holder.Tree.Tree)
 	}
 	b.reportMu.RUnlock()
 	if !served {
-		return // the tree was removed or is gone (fence)
+		return // its tree was removed or is gone, and no other holds it (fence)
 	}
 	if err != nil {
 		if policy.Shortage(err) {

@@ -323,22 +323,28 @@ func (b *base) removeTree(root string) (*tree, bool) {
 // was served, late (a fanotify read's reports are handed over at its end;
 // a rescan reports from its own goroutine), would otherwise track one of
 // its files again, under the settings of a tree that is no longer there.
-// It must not be called with reportMu held.
+// Such a report goes to the tree that holds the file now, if one does
+// (retarget), as the sink keeps the files another tree holds. It must not
+// be called with reportMu held.
 func (b *base) fence() {
 	b.reportMu.Lock()
 	//lint:ignore SA2001 the empty critical section is the point: it waits for the readers
 	b.reportMu.Unlock()
 }
 
-// servedRootLocked reports whether a served tree (in the list, not gone)
-// has root as its root. Preconditions: b.mu held.
-func (b *base) servedRootLocked(root string) bool {
+// retargetLocked returns the tree a report on path made with the tree
+// rooted at root goes to: that tree while it is served, else the tree
+// that holds path now (a tree around it, or one that replaced it with new
+// settings), else none (false): the report is dropped. Preconditions:
+// b.mu held.
+func (b *base) retargetLocked(root, path string) (*tree, bool) {
 	for _, t := range b.trees {
-		if t.Root == root {
-			return !t.gone
+		if t.Root == root && !t.gone {
+			return t, true
 		}
 	}
-	return false
+	t := b.treeAtLocked(path)
+	return t, t != nil
 }
 
 // touched schedules a write of the stats file a second from now, unless
@@ -400,9 +406,14 @@ func (b *base) TreeOf(path string) (Tree, bool) {
 }
 
 func (b *base) treeAt(path string) *tree {
-	var best *tree
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.treeAtLocked(path)
+}
+
+// treeAtLocked is treeAt. Preconditions: b.mu held.
+func (b *base) treeAtLocked(path string) *tree {
+	var best *tree
 	for _, t := range b.trees {
 		if t.gone {
 			continue
