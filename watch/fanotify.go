@@ -644,8 +644,9 @@ func (fa *Fanotify) flushMarks() {
 	fa.reportMu.RLock()
 	ms := fa.pending
 	fa.mu.Lock()
+	devGone := len(fa.goneDevs) > 0
 	for i, t := range fa.pendingTrees {
-		if t.gone {
+		if t.gone || (devGone && fa.goneDevs[fa.pending[i].Key.Dev]) {
 			ms = fa.retargetMarksLocked(i)
 			break
 		}
@@ -666,15 +667,16 @@ func (fa *Fanotify) flushMarks() {
 }
 
 // retargetMarksLocked gives the reports of pending from index i (the
-// first whose tree is gone) whose tree is gone the tree that holds their
-// file now (retargetLocked), drops those no tree holds, and returns the
-// reports left, in their order. Preconditions: fa.mu held.
+// first whose tree or filesystem is gone) the tree that holds their file
+// now (retargetLocked), drops those no tree holds and those of a
+// filesystem unmounted from the trees, and returns the reports left, in
+// their order. Preconditions: fa.mu held.
 func (fa *Fanotify) retargetMarksLocked(i int) []bdi.Mark {
 	n := i
 	for j := i; j < len(fa.pending); j++ {
 		m, t := fa.pending[j], fa.pendingTrees[j]
-		if t.gone {
-			nt, ok := fa.retargetLocked(t.Root, m.Path)
+		if t.gone || fa.goneDevs[m.Key.Dev] {
+			nt, ok := fa.retargetLocked(t.Root, m.Path, m.Key.Dev)
 			if !ok {
 				continue
 			}

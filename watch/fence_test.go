@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"flusherd/bdi"
 	"flusherd/inode"
 )
@@ -300,5 +302,43 @@ func TestScanStaleName(t *testing.T) {
 	fa.report(tr, cur, key, true)
 	if got := s.got(); !slices.Equal(got, []string{cur}) {
 		t.Errorf("reports %q, want the file's current name %q", got, cur)
+	}
+}
+
+// TestUnmountedReportsDropped: once a filesystem mounted inside a tree is
+// unmounted (and mounted nowhere else), a report of one of its files that
+// was on its way (read before the unmount) does not reach the sink: its
+// files could not be opened any more, and would be retried for good.
+// Reports of other filesystems' files still do, and once the filesystem is
+// in a tree again its files are reported again.
+func TestUnmountedReportsDropped(t *testing.T) {
+	dir := t.TempDir()
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	nested, other := st.Dev, st.Dev+1
+	s := newGateSink()
+	tr := Tree{Root: "/srv", Recursive: true}
+	fa := fakeFanotify(other, []Tree{tr}, s, Options{})
+	fa.devWritesBack.Store(nested, true)
+	fa.mountsMet = map[int]*nestedMount{7: {mountpoint: "/srv/mnt", dev: nested}}
+	for i, dev := range []uint64{nested, other, nested} {
+		fa.pending = append(fa.pending, bdi.Mark{Path: fmt.Sprintf("/srv/mnt/f%d", i), Key: inode.Key{Dev: dev, Ino: uint64(i)}, Tree: tr.Tree})
+		fa.pendingTrees = append(fa.pendingTrees, fa.list()[0])
+	}
+	fa.forgetUnmounted(map[int]bool{}, map[uint64]string{})
+	fa.flushMarks()
+	fa.report(tr, "/srv/mnt/g", inode.Key{Dev: nested, Ino: 9}, false)
+	if got, want := s.got(), []string{"/srv/mnt/f1"}; !slices.Equal(got, want) {
+		t.Errorf("reports that reached the sink: %q, want %q", got, want)
+	}
+	// Mounted in a tree again.
+	if _, err := fa.addTree(Tree{Root: dir, Recursive: true}); err != nil {
+		t.Fatal(err)
+	}
+	fa.report(tr, "/srv/mnt/g", inode.Key{Dev: nested, Ino: 9}, false)
+	if got, want := s.got(), []string{"/srv/mnt/f1", "/srv/mnt/g"}; !slices.Equal(got, want) {
+		t.Errorf("after the filesystem is in a tree again: reports %q, want %q", got, want)
 	}
 }

@@ -138,6 +138,9 @@ func (b *base) checkMounts(ctx context.Context) {
 		if err := unix.Stat(m.Mountpoint, &st); err != nil {
 			continue
 		}
+		b.mu.Lock()
+		delete(b.goneDevs, st.Dev) // mounted in a tree again: its files are reported
+		b.mu.Unlock()
 		if b.nested(ctx, in.Tree, m.Mountpoint) {
 			b.mountsMu.Lock()
 			b.mountsMet[m.ID] = &nestedMount{mountpoint: m.Mountpoint, dev: st.Dev}
@@ -216,6 +219,18 @@ func (b *base) forgetUnmounted(present map[int]bool, devs map[uint64]string) {
 		}
 		b.log.Info("a filesystem mounted inside a tree was unmounted; its files are no longer tracked (the unmount wrote them back; a lazy unmount, umount -l, writes them once the last file open on it is closed)",
 			mp(nm))
+		if last {
+			// Mounted nowhere in the trees now: a report of one of its
+			// files still on its way (read before the unmount) is
+			// dropped, not tracked for retries that could only fail.
+			b.mu.Lock()
+			if b.goneDevs == nil {
+				b.goneDevs = map[uint64]bool{}
+			}
+			b.goneDevs[nm.dev] = true
+			b.mu.Unlock()
+			b.fence()
+		}
 		b.sink.TreeGone(nm.mountpoint, nm.dev, last)
 	}
 }

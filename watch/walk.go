@@ -456,7 +456,7 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	}
 	b.reportMu.RLock()
 	b.mu.Lock()
-	holder, served := b.retargetLocked(t.Root, path)
+	holder, served := b.retargetLocked(t.Root, path, key.Dev)
 	b.mu.Unlock()
 	var err error
 	if served {
@@ -464,7 +464,7 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	}
 	b.reportMu.RUnlock()
 	if !served {
-		return // its tree was removed or is gone, and no other holds it (fence)
+		return // its tree or filesystem is gone, and no other tree holds it (fence)
 	}
 	if err != nil {
 		if policy.Shortage(err) {

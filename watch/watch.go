@@ -206,6 +206,12 @@ type base struct {
 	// lock once a tree is marked gone, so that no report made with that
 	// tree reaches the sink after the sink is told to let its files go.
 	reportMu sync.RWMutex
+	// goneDevs, guarded by mu, holds the st_dev of the filesystems
+	// unmounted from inside a tree and mounted nowhere else
+	// (forgetUnmounted): a report of a file on one is dropped until it is
+	// mounted in a tree again (checkMounts, addTreeIn). Its files could
+	// not be opened, and retried for good.
+	goneDevs map[uint64]bool
 
 	// nested serves a filesystem mounted at mountpoint, inside tree t
 	// (below its root): the backend's own way of seeing its writes.
@@ -288,6 +294,7 @@ func (b *base) addTreeIn(t Tree, nestedIn string) (*tree, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	delete(b.goneDevs, nt.root.Dev) // mounted in a tree again
 	for _, o := range b.trees {
 		if o.Root == t.Root {
 			return nil, fmt.Errorf("%s is already watched", strconv.Quote(t.Root))
@@ -332,12 +339,16 @@ func (b *base) fence() {
 	b.reportMu.Unlock()
 }
 
-// retargetLocked returns the tree a report on path made with the tree
-// rooted at root goes to: that tree while it is served, else the tree
-// that holds path now (a tree around it, or one that replaced it with new
-// settings), else none (false): the report is dropped. Preconditions:
-// b.mu held.
-func (b *base) retargetLocked(root, path string) (*tree, bool) {
+// retargetLocked returns the tree a report of the file on filesystem dev
+// at path made with the tree rooted at root goes to: that tree while it is
+// served, else the tree that holds path now (a tree around it, or one that
+// replaced it with new settings), else none (false): the report is
+// dropped, as it is when the filesystem was unmounted (goneDevs).
+// Preconditions: b.mu held.
+func (b *base) retargetLocked(root, path string, dev uint64) (*tree, bool) {
+	if b.goneDevs[dev] {
+		return nil, false
+	}
 	for _, t := range b.trees {
 		if t.Root == root && !t.gone {
 			return t, true
