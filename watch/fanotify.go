@@ -58,6 +58,9 @@ type Fanotify struct {
 	// mark (Mixed: the inotify half); nil: such a mount is not served.
 	nestedFallback func(ctx context.Context, t Tree, mountpoint string) bool
 	handles        *inode.Handles
+	// targetFID: the group reports the handle of a file whose directory
+	// entry was made (FAN_REPORT_TARGET_FID; fanotifyInit).
+	targetFID bool
 	// fd is the fanotify group (FAN_NONBLOCK), read by Run after
 	// poll(2) says it is readable; stop is an eventfd that Close and
 	// Run's context write to end Run's poll. Neither is in the Go
@@ -136,8 +139,7 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	if !ok {
 		return nil, errors.New("file handles are not in use (the opener is not an inode.Handles)")
 	}
-	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|
-		unix.FAN_REPORT_DFID_NAME|unix.FAN_REPORT_FID, unix.O_RDONLY|unix.O_LARGEFILE)
+	fd, targetFID, err := fanotifyInit(!opt.noTargetFID)
 	if err != nil {
 		return nil, fmt.Errorf("fanotify_init: %w", err)
 	}
@@ -146,7 +148,7 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	fa := &Fanotify{handles: h, fd: fd, stop: stop, fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
+	fa := &Fanotify{handles: h, fd: fd, stop: stop, targetFID: targetFID, fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
 		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10),
 		quiet: quietMarks{fd: fd, keys: map[inode.Key]struct{}{}}}
 	fa.init(trees, sink, opt)
@@ -165,6 +167,28 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 		}
 	}
 	return fa, nil
+}
+
+// fanotifyInit makes the fanotify group: FAN_CLASS_NOTIF, events with
+// file handles (FAN_REPORT_DFID_NAME|FAN_REPORT_FID) and, where the kernel
+// has it (Linux 5.17), FAN_REPORT_TARGET_FID, with which an event of a
+// directory entry made (a file created, linked or moved in) also carries
+// the file's own handle (targetFID): such a file is then reported like a
+// write, by handle and batched with the read's other reports, instead of
+// being looked up by name (lstat(2) and name_to_handle_at(2)) one by one.
+// A kernel that refuses the flag (EINVAL) gets the group without it, as
+// does a caller that does not ask for it (target false).
+func fanotifyInit(target bool) (fd int, targetFID bool, err error) {
+	const flags = unix.FAN_CLASS_NOTIF | unix.FAN_CLOEXEC | unix.FAN_NONBLOCK | unix.FAN_REPORT_DFID_NAME | unix.FAN_REPORT_FID
+	err = unix.EINVAL
+	if target {
+		fd, err = unix.FanotifyInit(flags|unix.FAN_REPORT_TARGET_FID, unix.O_RDONLY|unix.O_LARGEFILE)
+	}
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.FanotifyInit(flags, unix.O_RDONLY|unix.O_LARGEFILE)
+		return fd, false, err
+	}
+	return fd, err == nil, err
 }
 
 // TreeError is a tree that a backend cannot serve, and why.
@@ -904,7 +928,8 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	}
 	if ev.file == nil {
 		// Directory-entry events (a file made, linked or moved in)
-		// name the entry, not the object: look at it by name (lstat;
+		// without FAN_REPORT_TARGET_FID (fanotifyInit) name the
+		// entry, not the object: look at it by name (lstat;
 		// no open here, which could hang on a sick filesystem and
 		// stall every tree); the writeback attempt, which has a
 		// timeout, finds out whether it is dirty. The writes read
@@ -929,7 +954,8 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		tg.events = 0
 		fa.quietFile(tg)
 	}
-	closed := ev.mask&unix.FAN_MODIFY == 0 && fa.closedSink != nil // closed, no write with it
+	// Closed, with no write (nor a directory entry made) with it.
+	closed := ev.mask&(unix.FAN_MODIFY|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 && fa.closedSink != nil
 	if fa.batchSink != nil {
 		// Marked with the rest of the read (flushMarks).
 		fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,

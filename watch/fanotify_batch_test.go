@@ -223,3 +223,38 @@ func TestFanotifyReportOrder(t *testing.T) {
 		t.Errorf("reports in the order %q, want %q", s.log, want)
 	}
 }
+
+// TestFanotifyTargetFID: with FAN_REPORT_TARGET_FID, the events of a
+// directory entry made (a file created, or moved in) carry the file's
+// handle: they are reported by handle with the read's other reports, in
+// their order and not as closes, with no look-up by name (none is made one
+// by one); a rename's report gives the file its new name.
+func TestFanotifyTargetFID(t *testing.T) {
+	s := &batchSink{}
+	tree := Tree{Root: "/srv/data", Recursive: true}
+	fa := fakeFanotify(42, []Tree{tree}, s, Options{})
+	typ := binary.NativeEndian.AppendUint32(nil, 1)
+	dir, fh := []byte("dirhandl"), []byte("filehndl")
+	fa.dirs[string(fa.cacheKey(testFsid[:], typ, dir))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: fa.list()[0]}
+	fa.files[string(fa.cacheKey(testFsid[:], typ, fh))] = &fanotifyTarget{key: inode.Key{Dev: 42, Ino: 7}, regular: true, handle: inode.MakeHandle(1, fh)}
+	buf := slices.Concat(
+		fanEventMask(testFsid, dir, fh, "c", unix.FAN_CREATE),
+		fanEvent(testFsid, dir, fh, "c"),
+		fanEventMask(testFsid, dir, fh, "c", unix.FAN_CLOSE_WRITE),
+		fanEventMask(testFsid, dir, fh, "n", unix.FAN_MOVED_TO),
+	)
+	fa.events(context.Background(), buf)
+	if s.n != 0 || s.closed != 0 {
+		t.Errorf("%d writes and %d closes reported one by one, want none", s.n, s.closed)
+	}
+	var got []string
+	for _, b := range s.batches {
+		for _, m := range b {
+			got = append(got, fmt.Sprintf("%s closed=%v", m.Path, m.Closed))
+		}
+	}
+	want := []string{"/srv/data/d/c closed=false", "/srv/data/d/c closed=false", "/srv/data/d/c closed=true", "/srv/data/d/n closed=false"}
+	if len(s.batches) != 1 || !slices.Equal(got, want) {
+		t.Errorf("%d batches: %q, want one: %q", len(s.batches), got, want)
+	}
+}

@@ -681,6 +681,10 @@ type Options struct {
 	// handle: opens that are slow on a slow filesystem), so that a
 	// caller can report start-up progress (EXTEND_TIMEOUT_USEC).
 	Progress func()
+
+	// noTargetFID makes the fanotify group without FAN_REPORT_TARGET_FID,
+	// as on a kernel older than 5.17 (tests of the look-up by name).
+	noTargetFID bool
 }
 
 func (o *Options) progress() {

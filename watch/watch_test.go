@@ -42,8 +42,10 @@ func (s *sink) has(path string) bool {
 	return s.seen[path] > 0
 }
 
-// backends are the watch backends the tests run on.
-var backends = []string{"inotify", "fanotify"}
+// backends are the watch backends the tests run on: "fanotify-by-name" is
+// fanotify without FAN_REPORT_TARGET_FID (a file made or moved in is
+// looked up by name, as on kernels before 5.17).
+var backends = []string{"inotify", "fanotify", "fanotify-by-name"}
 
 func start(t *testing.T, root, backend string) (Backend, *sink) {
 	t.Helper()
@@ -68,6 +70,9 @@ func startTrees(t *testing.T, trees []Tree, backend string, s Sink) Backend {
 // inode.Handles).
 func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
 	t.Helper()
+	if opt.Backend == "fanotify-by-name" {
+		opt.Backend, opt.noTargetFID = "fanotify", true
+	}
 	if opt.Backend == "fanotify" && os.Geteuid() != 0 {
 		t.Skip("fanotify needs root")
 	}
@@ -77,6 +82,9 @@ func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
 	w, err := New(trees, s, opt)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if fa, ok := w.(*Fanotify); ok && !opt.noTargetFID && kernelAtLeast(t, 5, 17) && !fa.targetFID {
+		t.Error("fanotify without FAN_REPORT_TARGET_FID on a kernel that has it")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -630,4 +638,19 @@ func TestCoveredBy(t *testing.T) {
 	if coveredBy(dirs, "/t/a") || !coveredBy(dirs, "/t/a/b/c") {
 		t.Errorf("without the root: /t/a covered %v (want false), /t/a/b/c %v (want true)", coveredBy(dirs, "/t/a"), coveredBy(dirs, "/t/a/b/c"))
 	}
+}
+
+// kernelAtLeast reports whether the running kernel's release is at least
+// major.minor (uname(2)).
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	t.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", unix.ByteSliceToString(u.Release[:]), err)
+	}
+	return ma > major || (ma == major && mi >= minor)
 }
