@@ -41,8 +41,9 @@ const cacheMax = 1 << 16
 // Fanotify is the fanotify(7) backend: one mark per watched filesystem
 // (FAN_MARK_FILESYSTEM, or FAN_MARK_MOUNT where the filesystem mark is
 // refused), events reported with file handles
-// (FAN_CLASS_NOTIF|FAN_REPORT_DFID_NAME|FAN_REPORT_FID). Each event names
-// its parent directory by handle and its file by name and handle: the
+// (FAN_CLASS_NOTIF|FAN_REPORT_DFID_NAME|FAN_REPORT_FID, and
+// FAN_REPORT_TARGET_FID where the kernel has it: fanotifyInit). Each event
+// names its parent directory by handle and its file by name and handle: the
 // directory's path (cached by handle) tells whether the event is inside a
 // tree, and the file's handle identifies it (cached) and is what it is
 // later opened by (open_by_handle_at), so a file renamed while queued is

@@ -3,8 +3,9 @@
 // __mark_inode_dirty. Two backends do the watching:
 //
 //   - Fanotify: one fanotify(7) filesystem mark per watched filesystem
-//     (FAN_CLASS_NOTIF|FAN_REPORT_DFID_NAME|FAN_REPORT_FID), events
-//     identified by file handle; no per-directory watch, no watch limit.
+//     (FAN_CLASS_NOTIF|FAN_REPORT_DFID_NAME|FAN_REPORT_FID, and
+//     FAN_REPORT_TARGET_FID from Linux 5.17), events identified by file
+//     handle; no per-directory watch, no watch limit.
 //     Needs CAP_SYS_ADMIN (and CAP_DAC_READ_SEARCH for the handles).
 //   - Watcher: inotify(7) through github.com/fsnotify/fsnotify, one watch
 //     per directory, added recursively.
