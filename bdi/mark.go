@@ -35,7 +35,7 @@ func (wb *Writeback) Tracks(key inode.Key, path string) bool {
 // new inode without one, it is asked of the opener when that is an
 // inode.HandleOpener. Safe for concurrent use.
 func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, t Tree) {
-	wb.mark(key, path, h, t, false)
+	wb.mark(key, path, h, t, 0)
 }
 
 // MarkInodeClosed is MarkInodeDirty for the close of a descriptor the
@@ -46,13 +46,26 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 // data in it (inode.LostBefore): an application that closes the file after
 // its writeback failed has written nothing new.
 func (wb *Writeback) MarkInodeClosed(key inode.Key, path string, h inode.Handle, t Tree) {
-	wb.mark(key, path, h, t, true)
+	wb.mark(key, path, h, t, markClosed)
 }
 
-func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t Tree, closed bool) {
+// markHow qualifies a report: markClosed, markKeepName.
+type markHow uint8
+
+const (
+	// markClosed: a close with no write (MarkInodeClosed), or a sync
+	// request's file; it does not end a loss.
+	markClosed markHow = 1 << iota
+	// markKeepName: an inode tracked already keeps its name (Mark.KeepName).
+	markKeepName
+	// markLeaving: the file's tree was removed (Mark.Leaving).
+	markLeaving
+)
+
+func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t Tree, how markHow) {
 	now := wb.now()
 	h = wb.lockWithHandle(key, path, h)
-	wasIdle := wb.markInodeDirtyLocked(key, path, h, t, now, closed)
+	wasIdle := wb.markInodeDirtyLocked(key, path, h, t, now, how)
 	wb.mu.Unlock()
 	if wasIdle {
 		wb.kick()
@@ -61,16 +74,40 @@ func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t Tree, cl
 
 // Mark is one report of a batch (Registry.MarkInodesDirty): a write seen
 // on the file Key at Path (MarkInodeDirty), or with Closed a close with no
-// write (MarkInodeClosed); Handle is its file handle, "" if unknown. Err is
-// set by MarkInodesDirty when the report was not taken: the device could
-// not be named (Registry.Device's error, a shortage among them).
+// write (MarkInodeClosed); Handle is its file handle, "" if unknown. With
+// KeepName, an inode that is tracked already keeps the name it has: the
+// report of a scan, which read Path from its directory some time before,
+// while events may have given the file a newer name meanwhile. Err is set
+// by MarkInodesDirty when the report was not taken: the device could not
+// be named (Registry.Device's error, a shortage among them). With
+// Leaving, the report was made with a tree that a reload has removed since
+// (no other tree holds the file): the file is tracked as RetireUnder
+// leaves the removed tree's files, written back once more at the next
+// pass and then forgotten.
 type Mark struct {
-	Path   string
-	Key    inode.Key
-	Handle inode.Handle
-	Tree   Tree
-	Closed bool
-	Err    error
+	Path     string
+	Key      inode.Key
+	Handle   inode.Handle
+	Tree     Tree
+	Closed   bool
+	KeepName bool
+	Leaving  bool
+	Err      error
+}
+
+// how returns m's qualifiers.
+func (m *Mark) how() markHow {
+	var how markHow
+	if m.Closed {
+		how |= markClosed
+	}
+	if m.KeepName {
+		how |= markKeepName
+	}
+	if m.Leaving {
+		how |= markLeaving
+	}
+	return how
 }
 
 // markBatchMax bounds the reports marked in one hold of the list lock
@@ -97,14 +134,14 @@ func (wb *Writeback) markBatch(ms []Mark) {
 			if alone = opens && m.Handle == "" && wb.inodes.Get(m.Key) == nil; alone {
 				break
 			}
-			if wb.markInodeDirtyLocked(m.Key, m.Path, m.Handle, m.Tree, now, m.Closed) {
+			if wb.markInodeDirtyLocked(m.Key, m.Path, m.Handle, m.Tree, now, m.how()) {
 				wasIdle = true
 			}
 		}
 		wb.mu.Unlock()
 		if alone {
 			m := &ms[i]
-			wb.mark(m.Key, m.Path, m.Handle, m.Tree, m.Closed)
+			wb.mark(m.Key, m.Path, m.Handle, m.Tree, m.how())
 			i++
 		}
 	}
@@ -136,12 +173,16 @@ func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) 
 }
 
 // markInodeDirtyLocked is MarkInodeDirty's work under the list lock, at
-// now (daemon clock); closed: the report is not a write (a close with no
-// write, MarkInodeClosed; a sync request), which does not end a loss. It reports whether the device had nothing dirty
-// before (the caller wakes its goroutine then). Preconditions: wb.mu held.
+// now (daemon clock); how: with markClosed the report is not a write (a
+// close with no write, MarkInodeClosed; a sync request), which does not
+// end a loss; with markKeepName an inode tracked already keeps its name;
+// with markLeaving it is written once more and forgotten (Mark.Leaving).
+// It reports whether the device had nothing dirty before (the caller wakes
+// its goroutine then). Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t Tree, now time.Duration, closed bool) (wasIdle bool) {
+func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t Tree, now time.Duration, how markHow) (wasIdle bool) {
+	closed := how&markClosed != 0
 	in := wb.inodes.Get(key)
 	if in == nil {
 		class, exact := wb.bDirty.class(t.Expire)
@@ -170,7 +211,7 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 			in.SetPath(path)
 			in.Errors, in.LastErr = 0, 0
 		}
-		if !in.HasPath(path) {
+		if how&markKeepName == 0 && !in.HasPath(path) {
 			in.SetOtherPath(in.Path())
 			in.SetPath(path)
 		}
@@ -210,6 +251,15 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 		in.State |= inode.Dirty
 		in.DirtiedWhen = now
 		wb.bDirty.pushBack(in)
+	}
+	if how&markLeaving != 0 {
+		// As RetireUnder leaves a removed tree's files: taken by the
+		// next queue_io (the next pass, within
+		// dirty_writeback_interval), written once more, forgotten.
+		in.State |= inode.Leaving
+		if !in.Has(inode.Sync) {
+			wb.requeueIOLocked(in)
+		}
 	}
 	if wb.touchLocked(in) {
 		wasIdle = true // the goroutine schedules the background check

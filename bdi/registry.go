@@ -285,21 +285,21 @@ func (r *Registry) retire(dev uint64, wb *Writeback) {
 // (__mark_inode_dirty); h is its file handle, if known (see
 // Writeback.MarkInodeDirty).
 func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t Tree) error {
-	return r.mark(path, key, h, t, false)
+	return r.mark(path, key, h, t, 0)
 }
 
 // MarkInodeClosed is MarkInodeDirty for a close with no write reported
 // (Writeback.MarkInodeClosed).
 func (r *Registry) MarkInodeClosed(path string, key inode.Key, h inode.Handle, t Tree) error {
-	return r.mark(path, key, h, t, true)
+	return r.mark(path, key, h, t, markClosed)
 }
 
-func (r *Registry) mark(path string, key inode.Key, h inode.Handle, t Tree, closed bool) error {
+func (r *Registry) mark(path string, key inode.Key, h inode.Handle, t Tree, how markHow) error {
 	wb, err := r.Device(key.Dev, path)
 	if err != nil {
 		return err
 	}
-	wb.mark(key, path, h, t, closed)
+	wb.mark(key, path, h, t, how)
 	return nil
 }
 
@@ -324,7 +324,7 @@ func (r *Registry) MarkInodesDirty(ms []Mark) {
 			// path's own).
 			for i := range run {
 				m := &run[i]
-				m.Err = r.mark(m.Path, m.Key, m.Handle, m.Tree, m.Closed)
+				m.Err = r.mark(m.Path, m.Key, m.Handle, m.Tree, m.how())
 			}
 			continue
 		}

@@ -401,3 +401,70 @@ func TestMarkInodesDirty(t *testing.T) {
 		}
 	})
 }
+
+// TestMarkKeepName: a report with KeepName (a scan's, which read the name
+// from a directory some time before) tracks an untracked inode under its
+// name, but leaves a tracked inode the name it has (events may have
+// renamed it since); the same report without KeepName renames it. Both
+// the batched path and the alone one (no handle, untracked: the opener is
+// asked for one) keep the name.
+func TestMarkKeepName(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
+		r := NewRegistry(Options{Config: testConfig(), Opener: fs,
+			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
+		t.Cleanup(r.Stop)
+		tree := Tree{Expire: time.Hour}
+		f := fs.add("/d/new", 1, pg, 1)
+		g := fs.add("/d/g", 2, pg, 1)
+		if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree); err != nil {
+			t.Fatal(err)
+		}
+		ms := []Mark{{Path: "/d/old", Key: f.key, Tree: tree, KeepName: true}, {Path: g.path, Key: g.key, Tree: tree, KeepName: true}}
+		r.MarkInodesDirty(ms)
+		for _, m := range ms {
+			if m.Err != nil {
+				t.Fatal(m.Err)
+			}
+		}
+		if !r.Tracks(f.key, f.path) || r.Tracks(f.key, "/d/old") {
+			t.Errorf("a tracked file reported with KeepName under an older name: not tracked as %s any more", f.path)
+		}
+		if !r.Tracks(g.key, g.path) {
+			t.Errorf("an untracked file reported with KeepName: not tracked as %s", g.path)
+		}
+		r.MarkInodesDirty([]Mark{{Path: "/d/renamed", Key: f.key, Tree: tree}})
+		if !r.Tracks(f.key, "/d/renamed") {
+			t.Errorf("a report without KeepName did not rename the tracked file")
+		}
+	})
+}
+
+// TestMarkLeaving: a report with Leaving (made with a tree a reload has
+// removed) tracks the file as the reload leaves the removed tree's files:
+// it is written back at the next pass, though its expire is an hour away,
+// and then forgotten.
+func TestMarkLeaving(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
+		r := NewRegistry(Options{Config: testConfig(), Opener: fs,
+			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
+		t.Cleanup(r.Stop)
+		tree := Tree{Expire: time.Hour}
+		f := fs.add("/d/leaving", 1, pg, 1)
+		g := fs.add("/d/staying", 2, pg, 1)
+		ms := []Mark{{Path: f.path, Key: f.key, Handle: f.handle, Tree: tree, Leaving: true}, {Path: g.path, Key: g.key, Handle: g.handle, Tree: tree}}
+		r.MarkInodesDirty(ms)
+		time.Sleep(10 * time.Second) // a few passes, well before the hour
+		synctest.Wait()
+		if len(fs.callsOf("sync_file_range", f.path)) == 0 {
+			t.Errorf("%s (leaving) not written back at the next pass", f.path)
+		}
+		if r.Tracks(f.key, "") {
+			t.Errorf("%s (leaving) still tracked after its writeback", f.path)
+		}
+		if len(fs.callsOf("sync_file_range", g.path)) != 0 || !r.Tracks(g.key, g.path) {
+			t.Errorf("%s (not leaving, expire an hour away): written back or not tracked", g.path)
+		}
+	})
+}

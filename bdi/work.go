@@ -116,7 +116,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		// Tracked from now on, as a write would (no wakeup: this is
 		// the device's goroutine); not a write, though: a loss that a
 		// close took off the failed list (LostBefore) stands.
-		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now, true)
+		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now, markClosed)
 		in := wb.inodes.Get(f.Key)
 		if in.Has(inode.Busy) && !wb.waitUnbusyLocked(in) {
 			wb.mu.Unlock()

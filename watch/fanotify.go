@@ -471,8 +471,11 @@ func (fa *Fanotify) AddTree(ctx context.Context, t Tree) error {
 func (fa *Fanotify) RemoveTree(root string) bool {
 	t, _ := fa.removeTree(root)
 	fa.clearCaches()
-	fa.fence()
-	return t != nil
+	if t == nil {
+		return false
+	}
+	fa.removed(t)
+	return true
 }
 
 // coalesce is how long Run waits, after a batch that did not fill half its
@@ -693,7 +696,8 @@ func (fa *Fanotify) flushMarks() {
 
 // retargetMarksLocked gives the reports of pending from index i (the
 // first whose tree or filesystem is gone) the tree that holds their file
-// now (retargetLocked), drops those no tree holds and those of a
+// now (retargetLocked), makes those of a removed tree that no other holds
+// leaving, drops those of a tree whose root is gone and those of a
 // filesystem unmounted from the trees, and returns the reports left, in
 // their order. Preconditions: fa.mu held.
 func (fa *Fanotify) retargetMarksLocked(i int) []bdi.Mark {
@@ -701,11 +705,14 @@ func (fa *Fanotify) retargetMarksLocked(i int) []bdi.Mark {
 	for j := i; j < len(fa.pending); j++ {
 		m, t := fa.pending[j], fa.pendingTrees[j]
 		if t.gone || fa.goneDevs[m.Key.Dev] {
-			nt, ok := fa.retargetLocked(t.Root, m.Path, m.Key.Dev)
+			nt, leaving, ok := fa.retargetLocked(t.Root, m.Path, m.Key.Dev)
 			if !ok {
 				continue
 			}
-			m.Tree = nt.Tree.Tree
+			if nt != nil {
+				m.Tree = nt.Tree.Tree
+			}
+			m.Leaving = leaving
 		}
 		fa.pending[n] = m
 		n++

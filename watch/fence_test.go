@@ -24,6 +24,7 @@ type gateSink struct {
 	mu         sync.Mutex
 	paths      []string
 	withExpire bool // reports are recorded as "path expire"
+	withKeep   bool // batched reports with KeepName are recorded as "path keep"
 	armed      bool
 	entered    chan struct{} // closed when an armed report entered the sink
 	release    chan struct{} // an armed report returns once this is closed
@@ -52,20 +53,27 @@ func (s *gateSink) record(ps ...string) {
 
 func (s *gateSink) MarkInodeDirty(path string, _ inode.Key, _ inode.Handle, t bdi.Tree) error {
 	s.wait()
-	s.recordMark(path, t)
+	s.recordMark(path, t, false)
 	return nil
 }
 
 func (s *gateSink) MarkInodesDirty(ms []bdi.Mark) {
 	s.wait()
 	for _, m := range ms {
-		s.recordMark(m.Path, m.Tree)
+		if s.withKeep && m.KeepName {
+			m.Path += " keep"
+		}
+		s.recordMark(m.Path, m.Tree, m.Leaving)
 	}
 }
 
-func (s *gateSink) recordMark(path string, t bdi.Tree) {
+// recordMark records a report, "path[ expire][ leaving]".
+func (s *gateSink) recordMark(path string, t bdi.Tree, leaving bool) {
 	if s.withExpire {
 		path += " " + t.Expire.String()
+	}
+	if leaving {
+		path += " leaving"
 	}
 	s.record(path)
 }
@@ -124,11 +132,12 @@ func twoTreeFanotify(s Sink, n int, more ...Tree) (*Fanotify, []event) {
 
 // TestFanotifyRemovedTreeReports: the reports of a read are handed to the
 // sink at the read's end; those made with a tree that a reload removed
-// meanwhile are dropped there (the reload has the sink let that tree's
-// files go), unless another tree holds their files now (a tree around
-// it, or the same root with new settings): they go to that tree. The
-// others reach the sink in their order. A removal while a batch is in the
-// sink returns only once that batch is in.
+// meanwhile go to the tree that holds their files now (a tree around it,
+// or the same root with new settings), or, if none does, are made as
+// leaving (written once more and forgotten, as the reload does with the
+// tree's tracked files), not as files of a tree that is gone. All reach
+// the sink in their order. A removal while a batch is in the sink returns
+// only once that batch is in.
 func TestFanotifyRemovedTreeReports(t *testing.T) {
 	ctx := context.Background()
 	a, b := "/srv/a/d/f", "/srv/b/d/f"
@@ -138,7 +147,7 @@ func TestFanotifyRemovedTreeReports(t *testing.T) {
 		add  *Tree  // added after /srv/a is removed
 		want []string
 	}{
-		{"no other tree", nil, nil, []string{b + "1 2m0s", b + "3 2m0s", b + "5 2m0s"}},
+		{"no other tree", nil, nil, []string{a + "0 1m0s leaving", b + "1 2m0s", a + "2 1m0s leaving", b + "3 2m0s", a + "4 1m0s leaving", b + "5 2m0s"}},
 		{"a tree around it", []Tree{{Root: "/srv", Recursive: true, Tree: bdi.Tree{Expire: 3 * time.Minute}}}, nil,
 			[]string{a + "0 3m0s", b + "1 2m0s", a + "2 3m0s", b + "3 2m0s", a + "4 3m0s", b + "5 2m0s"}},
 		{"replaced", nil, &Tree{Root: "/srv/a", Recursive: true, Tree: bdi.Tree{Expire: 4 * time.Minute}},
@@ -189,9 +198,10 @@ func TestFanotifyRemovedTreeReports(t *testing.T) {
 }
 
 // TestReportRemovedTree: a report by path (a rescan's, or inotify's) made
-// with a tree that is no longer served (removed by a reload, or its root
-// gone) does not reach the sink, and the tree's end waits for one in the
-// sink; both backends.
+// with a tree that is no longer served goes to a tree around it if one
+// holds the file, else is made as leaving (removed by a reload) or does
+// not reach the sink (its root gone), and the tree's end waits for a
+// report in the sink; both backends.
 func TestReportRemovedTree(t *testing.T) {
 	for _, c := range []struct {
 		kind, how string
@@ -220,9 +230,12 @@ func TestReportRemovedTree(t *testing.T) {
 			tr := Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Minute}}
 			trees := []Tree{tr}
 			want := []string{path + " 1m0s"}
-			if c.around {
+			switch {
+			case c.around:
 				trees = append(trees, Tree{Root: filepath.Dir(root), Recursive: true, Tree: bdi.Tree{Expire: 3 * time.Minute}})
 				want = append(want, path+" 3m0s")
+			case c.how == "removed":
+				want = append(want, path+" 1m0s leaving")
 			}
 			s := newGateSink()
 			s.withExpire = true
@@ -277,11 +290,13 @@ func (s *staleNameSink) TracksKey(key inode.Key) bool { return key == s.key }
 // (a directory moved into the tree) gives it that name only if the name
 // is still the file's: a rescan running beside the event reader may hold
 // a name read before the file was renamed (the reader has reported the new
-// one), or a name that another file has taken since.
+// one), or a name that another file has taken since. A scan's report of
+// a dirty file it found untracked asks the sink to keep the name of the
+// file if it is tracked by then (KeepName).
 func TestScanStaleName(t *testing.T) {
 	dir := t.TempDir()
-	cur, other := filepath.Join(dir, "new"), filepath.Join(dir, "other")
-	for _, p := range []string{cur, other} {
+	cur, other, fresh := filepath.Join(dir, "new"), filepath.Join(dir, "other"), filepath.Join(dir, "fresh")
+	for _, p := range []string{cur, other, fresh} {
 		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -302,6 +317,15 @@ func TestScanStaleName(t *testing.T) {
 	fa.report(tr, cur, key, true)
 	if got := s.got(); !slices.Equal(got, []string{cur}) {
 		t.Errorf("reports %q, want the file's current name %q", got, cur)
+	}
+	freshKey, _, err := inode.Stat(fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.withKeep = true
+	fa.report(tr, fresh, freshKey, true) // dirty (just written), untracked
+	if got, want := s.got(), []string{cur, fresh + " keep"}; !slices.Equal(got, want) {
+		t.Errorf("reports %q, want %q", got, want)
 	}
 }
 
@@ -340,5 +364,67 @@ func TestUnmountedReportsDropped(t *testing.T) {
 	fa.report(tr, "/srv/mnt/g", inode.Key{Dev: nested, Ino: 9}, false)
 	if got, want := s.got(), []string{"/srv/mnt/f1", "/srv/mnt/g"}; !slices.Equal(got, want) {
 		t.Errorf("after the filesystem is in a tree again: reports %q, want %q", got, want)
+	}
+}
+
+// TestRemovedTreeFinalScan: a tree removed while events may have been lost
+// (a rescan after a shortage is due, or an overflow's rescan runs) is
+// scanned once more, and its dirty files that were not tracked are
+// reported as leaving, so that the reload writes them back; a tree removed
+// with no event lost is not scanned. Both backends.
+func TestRemovedTreeFinalScan(t *testing.T) {
+	for _, kind := range []string{"fanotify", "inotify"} {
+		for _, lost := range []string{"none", "retry due", "rescan running"} {
+			t.Run(kind+"/"+lost, func(t *testing.T) {
+				root := filepath.Join(t.TempDir(), "root")
+				path := filepath.Join(root, "d", "f")
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte("x"), 0o644); err != nil { // dirty, untracked
+					t.Fatal(err)
+				}
+				key, _, err := inode.Stat(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr := Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}
+				s := newGateSink()
+				s.withExpire = true
+				var b *base
+				var remove func() bool
+				if kind == "fanotify" {
+					fa := fakeFanotify(key.Dev, []Tree{tr}, s, Options{})
+					b, remove = &fa.base, func() bool { return fa.RemoveTree(root) }
+				} else {
+					w := &Watcher{dirs: map[string]struct{}{}, unwatched: map[string]Tree{}}
+					w.init([]Tree{tr}, s, Options{})
+					b, remove = &w.base, func() bool { return w.RemoveTree(root) }
+				}
+				b.devWritesBack.Store(key.Dev, true) // (t.TempDir may be on tmpfs)
+				switch lost {
+				case "retry due":
+					b.retry.due.Store(true)
+				case "rescan running":
+					b.rmu.Lock()
+					b.rescanning = true
+					b.rmu.Unlock()
+				}
+				if !remove() {
+					t.Fatal("no tree removed")
+				}
+				b.rmu.Lock()
+				b.rescanning = false
+				b.rmu.Unlock()
+				eventually(t, "the final scan's end", func() bool { return !b.rescanBusy() })
+				var want []string
+				if lost != "none" {
+					want = []string{path + " 1h0m0s leaving"}
+				}
+				if got := s.got(); !slices.Equal(got, want) {
+					t.Errorf("reports: %q, want %q", got, want)
+				}
+			})
+		}
 	}
 }

@@ -302,7 +302,7 @@ func (w *Watcher) RemoveTree(root string) bool {
 	if t == nil {
 		return false
 	}
-	w.fence()
+	w.removed(t)
 	w.dmu.Lock()
 	prefix := root + "/"
 	for p := range w.dirs {

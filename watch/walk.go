@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/policy"
 )
@@ -408,7 +409,8 @@ func direntName(b []byte) string {
 // because it is gone) is reported as dirty: unknown means tracked, and the
 // writeback attempt finds out. Once t is no longer served (removed by a
 // reload, or its root gone), the file is reported with the tree that
-// holds it now, if any (see fence).
+// holds it now, if any, else as leaving (t removed) or not at all (see
+// fence and retargetLocked).
 func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	if b.noWritebackDev(key.Dev, path) {
 		return // (proc, sysfs, tmpfs...: nothing to write, ever)
@@ -456,15 +458,29 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	}
 	b.reportMu.RLock()
 	b.mu.Lock()
-	holder, served := b.retargetLocked(t.Root, path, key.Dev)
+	holder, leaving, served := b.retargetLocked(t.Root, path, key.Dev)
 	b.mu.Unlock()
+	settings := t.Tree
+	if holder != nil {
+		settings = holder.Tree.Tree
+	}
 	var err error
-	if served {
-		err = b.sink.MarkInodeDirty(path, key, "", holder.Tree.Tree)
+	switch {
+	case !served || (leaving && b.batchSink == nil):
+	case b.batchSink != nil && (onlyDirty || leaving):
+		// A scan's look at a file not tracked when it looked: were it
+		// tracked since (an event, under a name newer than the one this
+		// scan read from its directory), it keeps its name. A report
+		// made with a tree a reload removed: written once more.
+		ms := [1]bdi.Mark{{Path: path, Key: key, Tree: settings, KeepName: onlyDirty, Leaving: leaving}}
+		b.batchSink.MarkInodesDirty(ms[:])
+		err = ms[0].Err
+	default:
+		err = b.sink.MarkInodeDirty(path, key, "", settings)
 	}
 	b.reportMu.RUnlock()
 	if !served {
-		return // its tree or filesystem is gone, and no other tree holds it (fence)
+		return // its root or filesystem is gone, and no other tree holds it (fence)
 	}
 	if err != nil {
 		if policy.Shortage(err) {

@@ -213,6 +213,11 @@ type base struct {
 	// mounted in a tree again (checkMounts, addTreeIn). Its files could
 	// not be opened, and retried for good.
 	goneDevs map[uint64]bool
+	// removedRoots, guarded by mu, holds the roots of the trees removed
+	// by a reload (removeTree) and not added back (addTreeIn).
+	removedRoots map[string]bool
+	// finalScans counts the scans of removed trees running (finalScan).
+	finalScans atomic.Int32
 
 	// nested serves a filesystem mounted at mountpoint, inside tree t
 	// (below its root): the backend's own way of seeing its writes.
@@ -296,6 +301,7 @@ func (b *base) addTreeIn(t Tree, nestedIn string) (*tree, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.goneDevs, nt.root.Dev) // mounted in a tree again
+	delete(b.removedRoots, t.Root)
 	for _, o := range b.trees {
 		if o.Root == t.Root {
 			return nil, fmt.Errorf("%s is already watched", strconv.Quote(t.Root))
@@ -315,7 +321,11 @@ func (b *base) removeTree(root string) (*tree, bool) {
 		return nil, false
 	}
 	t := b.trees[i]
-	t.gone = true // a report made with it in flight is dropped (fence)
+	t.gone = true // a report made with it in flight is retargeted (fence)
+	if b.removedRoots == nil {
+		b.removedRoots = map[string]bool{}
+	}
+	b.removedRoots[root] = true
 	b.trees = slices.Delete(slices.Clone(b.trees), i, i+1)
 	shared := false
 	for _, o := range b.trees {
@@ -340,23 +350,27 @@ func (b *base) fence() {
 	b.reportMu.Unlock()
 }
 
-// retargetLocked returns the tree a report of the file on filesystem dev
-// at path made with the tree rooted at root goes to: that tree while it is
-// served, else the tree that holds path now (a tree around it, or one that
-// replaced it with new settings), else none (false): the report is
-// dropped, as it is when the filesystem was unmounted (goneDevs).
-// Preconditions: b.mu held.
-func (b *base) retargetLocked(root, path string, dev uint64) (*tree, bool) {
+// retargetLocked returns where a report of the file on filesystem dev at
+// path made with the tree rooted at root goes: to that tree while it is
+// served, else to the tree that holds path now (a tree around it, or one
+// that replaced it with new settings). Failing both, a tree removed by a
+// reload has the report made as leaving (leaving: written back once more
+// and forgotten, as the reload does with the files it tracked), and one
+// whose root is gone has it dropped (ok false), as has a filesystem
+// unmounted from the trees (goneDevs). Preconditions: b.mu held.
+func (b *base) retargetLocked(root, path string, dev uint64) (t *tree, leaving, ok bool) {
 	if b.goneDevs[dev] {
-		return nil, false
+		return nil, false, false
 	}
 	for _, t := range b.trees {
 		if t.Root == root && !t.gone {
-			return t, true
+			return t, false, true
 		}
 	}
-	t := b.treeAtLocked(path)
-	return t, t != nil
+	if t := b.treeAtLocked(path); t != nil {
+		return t, false, true
+	}
+	return nil, true, b.removedRoots[root]
 }
 
 // touched schedules a write of the stats file a second from now, unless
@@ -650,12 +664,43 @@ func (b *base) logOverflow(name string) {
 		zap.Int("overflows", n), zap.Stringer("logged_at_most_every", overflowLogEvery))
 }
 
-// rescanBusy reports whether an overflow rescan runs (Quiesce waits for
-// it: the files it finds are to be written before a shutdown ends).
+// rescanBusy reports whether an overflow rescan or a scan of a removed
+// tree runs (Quiesce waits for them: the files they find are to be written
+// before a shutdown ends).
 func (b *base) rescanBusy() bool {
+	if b.finalScans.Load() > 0 {
+		return true
+	}
 	b.rmu.Lock()
 	defer b.rmu.Unlock()
 	return b.rescanning
+}
+
+// removed ends the removal of tree t by a reload (RemoveTree), once it is
+// out of the list and marked gone: it waits for the reports made with it
+// (fence) and, when events may have been lost (an overflow's rescan runs,
+// or a rescan after a shortage is due), scans it once more (finalScan).
+func (b *base) removed(t *tree) {
+	b.fence()
+	if b.rescanBusy() || b.retry.due.Load() {
+		b.finalScan(t.Tree)
+	}
+}
+
+// finalScan looks for the dirty files of t, a tree a reload removed, that
+// are not tracked, on a goroutine of its own: events lost before the
+// removal (a queue overflow whose rescan had not reached them, or a
+// shortage) left them unknown, and the reload writes back the files of the
+// tree it knows of once more. Each file found is reported as leaving
+// (retargetLocked), or to the tree that holds it now.
+func (b *base) finalScan(t Tree) {
+	b.finalScans.Add(1)
+	b.log.Info("events were lost before this tree was removed; scanning it once more for dirty files to write back",
+		zap.String("root", strconv.Quote(t.Root)))
+	go func() {
+		defer b.finalScans.Add(-1)
+		b.scanDir(context.Background(), t, t.Root, true, nil)
+	}()
 }
 
 // Options configure New.
