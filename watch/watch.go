@@ -178,8 +178,13 @@ type base struct {
 	// Batches of events read (readBatches) and handled (doneBatches), for
 	// Quiesce.
 	readBatches, doneBatches atomic.Uint64
-	retry                    retryState
-	permWarned               atomic.Bool // a file the daemon may not open was logged
+	// bytesRead counts the bytes of events read (fanotify).
+	bytesRead atomic.Uint64
+	// drain, if set, waits (bounded) until the events queued now have
+	// been handled (Fanotify.drainQueued). Set once by the constructor.
+	drain      func()
+	retry      retryState
+	permWarned atomic.Bool // a file the daemon may not open was logged
 	// devWritesBack holds the st_dev of the filesystems seen to write
 	// data back (not noWriteback): uint64 -> true (noWritebackDev).
 	devWritesBack  sync.Map
@@ -678,11 +683,17 @@ func (b *base) rescanBusy() bool {
 
 // removed ends the removal of tree t by a reload (RemoveTree), once it is
 // out of the list and marked gone: it waits for the reports made with it
-// (fence) and, when events may have been lost (an overflow's rescan runs,
-// or a rescan after a shortage is due), scans it once more (finalScan).
+// (fence) and for the events queued at the removal to be handled (drain),
+// and, when events may have been lost (an overflow among those, an
+// overflow's rescan running, or a rescan after a shortage due: such a
+// rescan skips a tree no longer served), scans it once more (finalScan).
 func (b *base) removed(t *tree) {
+	overflows := b.ctr.Overflows.Load()
 	b.fence()
-	if b.rescanBusy() || b.retry.due.Load() {
+	if b.drain != nil {
+		b.drain()
+	}
+	if b.ctr.Overflows.Load() != overflows || b.rescanBusy() || b.retry.due.Load() {
 		b.finalScan(t.Tree)
 	}
 }

@@ -104,3 +104,63 @@ path = %q
 		})
 	}
 }
+
+// TestRemoveTreeAfterOverflow: a tree that a reload removes while the
+// events of its writes were lost (the fanotify queue, cut to 16 events,
+// overflowed while the daemon was stopped) is scanned once more and its
+// dirty files written back, though its expire is an hour away: the reload
+// writes back a removed tree's files once more, and those the overflow
+// hid are among them. The reload comes at once after SIGCONT, before or
+// while the overflow's rescan runs.
+func TestRemoveTreeAfterOverflow(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+	keep, gone := filepath.Join(mnt.Dir, "keep"), filepath.Join(mnt.Dir, "gone")
+	for _, d := range []string{keep, gone} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restore := setSysctl(t, "/proc/sys/fs/fanotify/max_queued_events", "16")
+	conf := func(trees ...string) string {
+		c := `
+[writeback]
+dirty_writeback_interval = "200ms"
+dirty_expire_interval = "1s"
+[watcher]
+backend = "fanotify"
+`
+		for _, tr := range trees {
+			c += fmt.Sprintf("[[watch]]\npath = %q\nexpire = \"1h\"\n", tr)
+		}
+		return c
+	}
+	d := startDaemon(t, conf(keep, gone))
+	restore()
+	for i := range 10 {
+		if err := os.Mkdir(filepath.Join(gone, fmt.Sprint(i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	d.cmd.Process.Signal(syscall.SIGSTOP)
+	var files []string
+	for i := range 2000 {
+		p := filepath.Join(gone, fmt.Sprint(i/200), fmt.Sprint(i))
+		writeDirty(t, p, 4096)
+		files = append(files, p)
+	}
+	d.cmd.Process.Signal(syscall.SIGCONT)
+	reloadWith(t, d, conf(keep))
+	written := time.Now()
+	for _, p := range files {
+		waitClean(t, p, time.Until(written.Add(15*time.Second)))
+	}
+	ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(ws map[string]int64) bool { return ws["overflows"] >= 1 })
+	if ws["overflows"] < 1 {
+		t.Errorf("no overflow counted (%v): the test did not test what it means to", ws)
+	}
+	d.stop(t)
+}
