@@ -402,6 +402,16 @@ func TestMarkInodesDirty(t *testing.T) {
 	})
 }
 
+// oneDeviceRegistry is a Registry on a fake filesystem (opened by handle)
+// whose every st_dev is the device 7:0, stopped at the test's end.
+func oneDeviceRegistry(t *testing.T) (*Registry, *handleFS) {
+	fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
+	r := NewRegistry(Options{Config: testConfig(), Opener: fs,
+		Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
+	t.Cleanup(r.Stop)
+	return r, fs
+}
+
 // TestMarkKeepName: a report with KeepName (a scan's, which read the name
 // from a directory some time before) tracks an untracked inode under its
 // name, but leaves a tracked inode the name it has (events may have
@@ -410,10 +420,7 @@ func TestMarkInodesDirty(t *testing.T) {
 // asked for one) keep the name.
 func TestMarkKeepName(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
-		r := NewRegistry(Options{Config: testConfig(), Opener: fs,
-			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
-		t.Cleanup(r.Stop)
+		r, fs := oneDeviceRegistry(t)
 		tree := Tree{Expire: time.Hour}
 		f := fs.add("/d/new", 1, pg, 1)
 		g := fs.add("/d/g", 2, pg, 1)
@@ -446,10 +453,7 @@ func TestMarkKeepName(t *testing.T) {
 // and then forgotten.
 func TestMarkLeaving(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
-		r := NewRegistry(Options{Config: testConfig(), Opener: fs,
-			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
-		t.Cleanup(r.Stop)
+		r, fs := oneDeviceRegistry(t)
 		tree := Tree{Expire: time.Hour}
 		f := fs.add("/d/leaving", 1, pg, 1)
 		g := fs.add("/d/staying", 2, pg, 1)

@@ -37,6 +37,32 @@ func setSysctl(t *testing.T, path, value string) (restore func()) {
 	return restore
 }
 
+// overflowWrites makes 10 directories in tree, waits for the daemon d to
+// have seen them, then, with d stopped (SIGSTOP), writes 2,000 files of 4
+// KiB in them, and lets d go on (SIGCONT); it returns the files' paths.
+// With the event queue cut to 16 events, the queue overflows.
+func overflowWrites(t *testing.T, d *flusherdProc, tree string) []string {
+	t.Helper()
+	// Directories first, so that the files' events (not only the
+	// directories') go to the queue: inotify watches them once their
+	// creation was handled.
+	for i := range 10 {
+		if err := os.Mkdir(filepath.Join(tree, fmt.Sprint(i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	d.cmd.Process.Signal(syscall.SIGSTOP)
+	var files []string
+	for i := range 2000 {
+		p := filepath.Join(tree, fmt.Sprint(i/200), fmt.Sprint(i))
+		writeDirty(t, p, 4096)
+		files = append(files, p)
+	}
+	d.cmd.Process.Signal(syscall.SIGCONT)
+	return files
+}
+
 // TestOverflow: with the backend's event queue cut to 16 events and the
 // daemon stopped (SIGSTOP) while 2,000 files are written, the queue
 // overflows; the daemon rescans the tree with cachestat and every file
@@ -68,23 +94,7 @@ path = %q
 			if !strings.Contains(d.log.String(), "watch backend: "+backend) {
 				t.Fatalf("daemon did not pick %s:\n%s", backend, d.log.String())
 			}
-			// Directories first, so that the files' events (not only
-			// the directories') go to the queue: inotify watches them
-			// once their creation was handled.
-			for i := range 10 {
-				if err := os.Mkdir(filepath.Join(tree, fmt.Sprint(i)), 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
-			time.Sleep(500 * time.Millisecond)
-			d.cmd.Process.Signal(syscall.SIGSTOP)
-			var files []string
-			for i := range 2000 {
-				p := filepath.Join(tree, fmt.Sprint(i/200), fmt.Sprint(i))
-				writeDirty(t, p, 4096)
-				files = append(files, p)
-			}
-			d.cmd.Process.Signal(syscall.SIGCONT)
+			files := overflowWrites(t, d, tree)
 			written := time.Now()
 			for _, p := range files {
 				waitClean(t, p, time.Until(written.Add(10*time.Second)))
@@ -139,20 +149,7 @@ backend = "fanotify"
 	}
 	d := startDaemon(t, conf(keep, gone))
 	restore()
-	for i := range 10 {
-		if err := os.Mkdir(filepath.Join(gone, fmt.Sprint(i)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(500 * time.Millisecond)
-	d.cmd.Process.Signal(syscall.SIGSTOP)
-	var files []string
-	for i := range 2000 {
-		p := filepath.Join(gone, fmt.Sprint(i/200), fmt.Sprint(i))
-		writeDirty(t, p, 4096)
-		files = append(files, p)
-	}
-	d.cmd.Process.Signal(syscall.SIGCONT)
+	files := overflowWrites(t, d, gone)
 	reloadWith(t, d, conf(keep))
 	written := time.Now()
 	for _, p := range files {
