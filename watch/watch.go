@@ -108,9 +108,11 @@ type Backend interface {
 	// AddTree starts watching another tree and scans it.
 	AddTree(ctx context.Context, t Tree) error
 	// RemoveTree stops serving the tree rooted at root; it reports
-	// whether there was one. When it returns, no report made with that
-	// tree reaches the sink any more (not even one read before the call),
-	// so the caller may let the tree's files go.
+	// whether there was one. When it returns, a report made with that
+	// tree (even one read before the call) reaches the sink only as a
+	// file of the tree that holds it now or as one of the removed tree's
+	// files (bdi.Mark.Leaving: written back once more), so the caller
+	// may let the tree's files go (Registry.TreeRemoved).
 	RemoveTree(root string) bool
 	// Served reports whether the tree rooted at root is watched and its
 	// root is not gone.
@@ -346,9 +348,9 @@ func (b *base) removeTree(root string) (*tree, bool) {
 // was served, late (a fanotify read's reports are handed over at its end;
 // a rescan reports from its own goroutine), would otherwise track one of
 // its files again, under the settings of a tree that is no longer there.
-// Such a report goes to the tree that holds the file now, if one does
-// (retarget), as the sink keeps the files another tree holds. It must not
-// be called with reportMu held.
+// Such a report goes to the tree that holds the file now, if one does, as
+// the sink keeps the files another tree holds, else it is made as leaving
+// or dropped (retargetLocked). It must not be called with reportMu held.
 func (b *base) fence() {
 	b.reportMu.Lock()
 	//lint:ignore SA2001 the empty critical section is the point: it waits for the readers
@@ -375,7 +377,8 @@ func (b *base) retargetLocked(root, path string, dev uint64) (t *tree, leaving, 
 	if t := b.treeAtLocked(path); t != nil {
 		return t, false, true
 	}
-	return nil, true, b.removedRoots[root]
+	removed := b.removedRoots[root]
+	return nil, removed, removed
 }
 
 // touched schedules a write of the stats file a second from now, unless
