@@ -703,15 +703,19 @@ func (fa *Fanotify) flushMarks() {
 	}
 	fa.reportMu.RLock()
 	ms := fa.pending
+	var dropped []inode.Key
 	fa.mu.Lock()
 	devGone := len(fa.goneDevs) > 0
 	for i, t := range fa.pendingTrees {
 		if t.gone || (devGone && fa.goneDevs[fa.pending[i].Key.Dev]) {
-			ms = fa.retargetMarksLocked(i)
+			ms, dropped = fa.retargetMarksLocked(i)
 			break
 		}
 	}
 	fa.mu.Unlock()
+	for _, k := range dropped {
+		fa.unquiet(k) // (not tracked: its writes must be seen if a tree serves it again)
+	}
 	if len(ms) > 0 {
 		fa.batchSink.MarkInodesDirty(ms)
 	}
@@ -731,14 +735,15 @@ func (fa *Fanotify) flushMarks() {
 // now (retargetLocked), makes those of a removed tree that no other holds
 // leaving, drops those of a tree whose root is gone and those of a
 // filesystem unmounted from the trees, and returns the reports left, in
-// their order. Preconditions: fa.mu held.
-func (fa *Fanotify) retargetMarksLocked(i int) []bdi.Mark {
+// their order, and the keys of those dropped. Preconditions: fa.mu held.
+func (fa *Fanotify) retargetMarksLocked(i int) (ms []bdi.Mark, dropped []inode.Key) {
 	n := i
 	for j := i; j < len(fa.pending); j++ {
 		m, t := fa.pending[j], fa.pendingTrees[j]
 		if t.gone || fa.goneDevs[m.Key.Dev] {
 			nt, leaving, ok := fa.retargetLocked(t.Root, m.Path, m.Key.Dev)
 			if !ok {
+				dropped = append(dropped, m.Key)
 				continue
 			}
 			if nt != nil {
@@ -749,7 +754,7 @@ func (fa *Fanotify) retargetMarksLocked(i int) []bdi.Mark {
 		fa.pending[n] = m
 		n++
 	}
-	return fa.pending[:n]
+	return fa.pending[:n], dropped
 }
 
 // markFailed handles a report the sink did not take: the file is

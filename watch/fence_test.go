@@ -334,7 +334,8 @@ func TestScanStaleName(t *testing.T) {
 // was on its way (read before the unmount) does not reach the sink: its
 // files could not be opened any more, and would be retried for good.
 // Reports of other filesystems' files still do, and once the filesystem is
-// in a tree again its files are reported again.
+// in a tree again its files are reported again. A dropped report's file
+// is not left quiet.
 func TestUnmountedReportsDropped(t *testing.T) {
 	dir := t.TempDir()
 	var st unix.Stat_t
@@ -351,8 +352,15 @@ func TestUnmountedReportsDropped(t *testing.T) {
 		fa.pending = append(fa.pending, bdi.Mark{Path: fmt.Sprintf("/srv/mnt/f%d", i), Key: inode.Key{Dev: dev, Ino: uint64(i)}, Tree: tr.Tree})
 		fa.pendingTrees = append(fa.pendingTrees, fa.list()[0])
 	}
+	// f0 was quieted (an ignore mark on its inode): dropped, it must not
+	// stay quiet.
+	fa.quiet.fd, fa.quiet.keys = -1, map[inode.Key]struct{}{{Dev: nested, Ino: 0}: {}}
+	fa.quiet.n.Store(1)
 	fa.forgetUnmounted(map[int]bool{}, map[uint64]string{})
 	fa.flushMarks()
+	if fa.quiet.n.Load() != 0 {
+		t.Error("a quieted file whose report was dropped is still quiet")
+	}
 	fa.report(tr, "/srv/mnt/g", inode.Key{Dev: nested, Ino: 9}, false)
 	if got, want := s.got(), []string{"/srv/mnt/f1"}; !slices.Equal(got, want) {
 		t.Errorf("reports that reached the sink: %q, want %q", got, want)
