@@ -549,24 +549,24 @@ func (fa *Fanotify) Run(ctx context.Context) {
 	}
 }
 
-// drainMax bounds drainQueued's wait.
-const drainMax = 2 * time.Second
+// drainMax bounds drainQueued's wait (a variable for the tests).
+var drainMax = 2 * time.Second
 
 // drainQueued waits until the events queued in the group now have been
-// read and handled, for at most drainMax; it returns at once when Run is
-// not reading. A tree's removal (base.removed) waits so, so that an
-// overflow among them is known before it decides whether the tree must be
-// scanned once more.
-func (fa *Fanotify) drainQueued() {
+// read and handled, for at most drainMax, and reports whether they were
+// (true at once when Run is not reading, or nothing is queued). A tree's
+// removal (base.removed) waits so, so that an overflow among them is known
+// before it decides whether the tree must be scanned once more.
+func (fa *Fanotify) drainQueued() bool {
 	fa.fdMu.Lock()
 	running := fa.running && !fa.fdsClosed
 	fa.fdMu.Unlock()
 	if !running {
-		return
+		return true
 	}
 	n, err := fa.queued()
 	if err != nil || n <= 0 {
-		return
+		return true
 	}
 	target := fa.bytesRead.Load() + uint64(n)
 	for deadline := time.Now().Add(drainMax); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
@@ -574,9 +574,10 @@ func (fa *Fanotify) drainQueued() {
 		// the read that did is counted, and handled when doneBatches
 		// has caught up.
 		if fa.bytesRead.Load() >= target && fa.readBatches.Load() == fa.doneBatches.Load() {
-			return
+			return true
 		}
 	}
+	return false
 }
 
 // queued returns the bytes of events waiting in the group (FIONREAD).

@@ -436,3 +436,48 @@ func TestRemovedTreeFinalScan(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovedTreeUndrained: when the events queued at a tree's removal are
+// not handled within drainMax (the reader is behind, or stuck), whether an
+// overflow is among them is unknown, and the removed tree is scanned once
+// more: unknown means dirty.
+func TestRemovedTreeUndrained(t *testing.T) {
+	old := drainMax
+	drainMax = 50 * time.Millisecond
+	t.Cleanup(func() { drainMax = old })
+	root := filepath.Join(t.TempDir(), "root")
+	path := filepath.Join(root, "f")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil { // dirty, untracked
+		t.Fatal(err)
+	}
+	key, _, err := inode.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newGateSink()
+	s.withExpire = true
+	fa := fakeFanotify(key.Dev, []Tree{{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}}, s, Options{})
+	fa.devWritesBack.Store(key.Dev, true)
+	// The group: a pipe holding bytes that nobody reads (FIONREAD works
+	// on it as on a fanotify group).
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+	if _, err := unix.Write(p[1], make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	fa.fd, fa.running = p[0], true
+	fa.drain = fa.drainQueued
+	if !fa.RemoveTree(root) {
+		t.Fatal("no tree removed")
+	}
+	eventually(t, "the final scan's end", func() bool { return !fa.rescanBusy() })
+	if got, want := s.got(), []string{path + " 1h0m0s leaving"}; !slices.Equal(got, want) {
+		t.Errorf("reports: %q, want %q", got, want)
+	}
+}

@@ -183,8 +183,9 @@ type base struct {
 	// bytesRead counts the bytes of events read (fanotify).
 	bytesRead atomic.Uint64
 	// drain, if set, waits (bounded) until the events queued now have
-	// been handled (Fanotify.drainQueued). Set once by the constructor.
-	drain      func()
+	// been handled, and reports whether they were (Fanotify.drainQueued).
+	// Set once by the constructor.
+	drain      func() bool
 	retry      retryState
 	permWarned atomic.Bool // a file the daemon may not open was logged
 	// devWritesBack holds the st_dev of the filesystems seen to write
@@ -689,14 +690,13 @@ func (b *base) rescanBusy() bool {
 // (fence) and for the events queued at the removal to be handled (drain),
 // and, when events may have been lost (an overflow among those, an
 // overflow's rescan running, or a rescan after a shortage due: such a
-// rescan skips a tree no longer served), scans it once more (finalScan).
+// rescan skips a tree no longer served), or the queued events could not
+// be waited for, scans it once more (finalScan).
 func (b *base) removed(t *tree) {
 	overflows := b.ctr.Overflows.Load()
 	b.fence()
-	if b.drain != nil {
-		b.drain()
-	}
-	if b.ctr.Overflows.Load() != overflows || b.rescanBusy() || b.retry.due.Load() {
+	drained := b.drain == nil || b.drain()
+	if !drained || b.ctr.Overflows.Load() != overflows || b.rescanBusy() || b.retry.due.Load() {
 		b.finalScan(t.Tree)
 	}
 }
