@@ -381,22 +381,25 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	scanCtx, stopScan := context.WithCancel(ctx)
 	defer stopScan()
 	scanned := make(chan struct{})
+	// What the scan's goroutine needs of cfg and trees, taken now: a
+	// reload replaces both on this goroutine meanwhile.
+	statsDir, ntrees := cfg.Stats.Dir, len(trees)
 	go func() {
 		defer close(scanned)
 		wat.Scan(scanCtx)
-		writeWatchStats(cfg.Stats.Dir, wat, log)
+		writeWatchStats(statsDir, wat, log)
 		if scanCtx.Err() == nil {
 			log.Info("initial scan done; ready", zap.Uint64("directories", wat.ScannedDirs()),
 				zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
-			if len(trees) == 0 {
+			if ntrees == 0 {
 				n.send("STATUS=idle: no [[watch]] entries configured")
 			} else {
-				n.send(fmt.Sprintf("STATUS=watching %s (%s); initial scan done: %s", plural(len(trees), "tree", "trees"), wat.Name(), plural(wat.ScannedDirs(), "directory", "directories")))
+				n.send(fmt.Sprintf("STATUS=watching %s (%s); initial scan done: %s", plural(ntrees, "tree", "trees"), wat.Name(), plural(wat.ScannedDirs(), "directory", "directories")))
 			}
 		}
 	}()
 	go n.progress(scanned, 2*time.Second, func() string {
-		return fmt.Sprintf("STATUS=watching %s (%s); initial scan: %s scanned", plural(len(trees), "tree", "trees"), wat.Name(), plural(wat.ScannedDirs(), "directory", "directories"))
+		return fmt.Sprintf("STATUS=watching %s (%s); initial scan: %s scanned", plural(ntrees, "tree", "trees"), wat.Name(), plural(wat.ScannedDirs(), "directory", "directories"))
 	})
 	if interval, err := daemon.SdWatchdogEnabled(false); err != nil {
 		log.Warn("WATCHDOG_USEC is set but unusable; no watchdog pings", zap.Error(err))
