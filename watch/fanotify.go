@@ -155,7 +155,6 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 	fa.init(trees, sink, opt)
 	h.SetWritebackHook(fa)
 	fa.nested = fa.nestedMount
-	fa.drain = fa.drainQueued
 	fa.statsTrees, fa.statsName = fa.Trees, fa.Name
 	for _, t := range trees {
 		err := fa.otherMount(t.Root)
@@ -534,7 +533,13 @@ func (fa *Fanotify) Run(ctx context.Context) {
 			return
 		}
 		fa.readBatches.Add(1)
-		fa.bytesRead.Add(uint64(n)) // (after readBatches: see drainQueued)
+		// A read that did not fill half the buffer emptied the queue:
+		// an overflow read later happened after it.
+		drained := n < len(fa.buf)/2
+		var seq uint64
+		if drained {
+			seq = fa.removeSeqNow()
+		}
 		// The stats file is rewritten only for events that concern
 		// the trees: the filesystem mark also reports everything
 		// else on the filesystem, the daemon's own stats writes
@@ -542,42 +547,14 @@ func (fa *Fanotify) Run(ctx context.Context) {
 		if fa.events(ctx, fa.buf[:n]) {
 			fa.touched()
 		}
+		if drained {
+			fa.forgetRemovedUpTo(seq)
+		}
 		fa.doneBatches.Add(1)
-		if n < len(fa.buf)/2 {
+		if drained {
 			time.Sleep(coalesce)
 		}
 	}
-}
-
-// drainMax bounds drainQueued's wait (a variable for the tests).
-var drainMax = 2 * time.Second
-
-// drainQueued waits until the events queued in the group now have been
-// read and handled, for at most drainMax, and reports whether they were
-// (true at once when Run is not reading, or nothing is queued). A tree's
-// removal (base.removed) waits so, so that an overflow among them is known
-// before it decides whether the tree must be scanned once more.
-func (fa *Fanotify) drainQueued() bool {
-	fa.fdMu.Lock()
-	running := fa.running && !fa.fdsClosed
-	fa.fdMu.Unlock()
-	if !running {
-		return true
-	}
-	n, err := fa.queued()
-	if err != nil || n <= 0 {
-		return true
-	}
-	target := fa.bytesRead.Load() + uint64(n)
-	for deadline := time.Now().Add(drainMax); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		// bytesRead grows after readBatches: once it covers target,
-		// the read that did is counted, and handled when doneBatches
-		// has caught up.
-		if fa.bytesRead.Load() >= target && fa.readBatches.Load() == fa.doneBatches.Load() {
-			return true
-		}
-	}
-	return false
 }
 
 // queued returns the bytes of events waiting in the group (FIONREAD).

@@ -437,14 +437,12 @@ func TestRemovedTreeFinalScan(t *testing.T) {
 	}
 }
 
-// TestRemovedTreeUndrained: when the events queued at a tree's removal are
-// not handled within drainMax (the reader is behind, or stuck), whether an
-// overflow is among them is unknown, and the removed tree is scanned once
-// more: unknown means dirty.
-func TestRemovedTreeUndrained(t *testing.T) {
-	old := drainMax
-	drainMax = 50 * time.Millisecond
-	t.Cleanup(func() { drainMax = old })
+// removedTreeSetup makes a tree root with one dirty file in it (untracked),
+// and a fake fanotify backend serving it whose reports go to a gateSink
+// that records their tree's expire; it returns the backend, the sink and
+// the file's path.
+func removedTreeSetup(t *testing.T) (*Fanotify, *gateSink, string) {
+	t.Helper()
 	root := filepath.Join(t.TempDir(), "root")
 	path := filepath.Join(root, "f")
 	if err := os.Mkdir(root, 0o755); err != nil {
@@ -460,24 +458,90 @@ func TestRemovedTreeUndrained(t *testing.T) {
 	s := newGateSink()
 	s.withExpire = true
 	fa := fakeFanotify(key.Dev, []Tree{{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}}, s, Options{})
-	fa.devWritesBack.Store(key.Dev, true)
-	// The group: a pipe holding bytes that nobody reads (FIONREAD works
-	// on it as on a fanotify group).
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
+	fa.devWritesBack.Store(key.Dev, true) // (t.TempDir may be on tmpfs)
+	return fa, s, path
+}
+
+// overflowEvent is a FAN_Q_OVERFLOW event as read from the group.
+func overflowEvent() []byte {
+	meta := make([]byte, unix.FAN_EVENT_METADATA_LEN)
+	binary.NativeEndian.PutUint32(meta[0:], uint32(len(meta)))
+	meta[4] = unix.FANOTIFY_METADATA_VERSION
+	binary.NativeEndian.PutUint16(meta[6:], unix.FAN_EVENT_METADATA_LEN)
+	binary.NativeEndian.PutUint64(meta[8:], unix.FAN_Q_OVERFLOW)
+	binary.NativeEndian.PutUint32(meta[16:], uint32(0xffffffff)) // FAN_NOFD
+	return meta
+}
+
+// TestOverflowAfterRemoval: an overflow read after a tree's removal may
+// have lost writes made in the tree before it (the reload came while the
+// overflow was still in the queue): the overflow's rescan covers the
+// removed tree, and its dirty files are reported as leaving; once a read
+// has emptied the queue after the removal (and no rescan was running then,
+// whose list might not have been taken yet), a later overflow lost nothing
+// of the tree's, and it is not scanned.
+func TestOverflowAfterRemoval(t *testing.T) {
+	for _, between := range []string{"nothing", "a read that emptied the queue", "the same while a rescan runs"} {
+		t.Run(between, func(t *testing.T) {
+			fa, s, path := removedTreeSetup(t)
+			root := filepath.Dir(path)
+			if !fa.RemoveTree(root) {
+				t.Fatal("no tree removed")
+			}
+			if fa.rescanBusy() {
+				t.Fatal("a tree removed with no event lost was scanned at once")
+			}
+			switch between {
+			case "a read that emptied the queue":
+				fa.forgetRemovedUpTo(fa.removeSeqNow())
+			case "the same while a rescan runs":
+				fa.rmu.Lock()
+				fa.rescanning = true
+				fa.rmu.Unlock()
+				fa.forgetRemovedUpTo(fa.removeSeqNow())
+				fa.rmu.Lock()
+				fa.rescanning = false
+				fa.rmu.Unlock()
+			}
+			ctx := context.Background()
+			fa.events(ctx, overflowEvent())
+			eventually(t, "the scans' end", func() bool { return !fa.rescanBusy() })
+			var want []string
+			if between != "a read that emptied the queue" {
+				want = []string{path + " 1h0m0s leaving"}
+			}
+			if got := s.got(); !slices.Equal(got, want) {
+				t.Errorf("reports: %q, want %q", got, want)
+			}
+		})
 	}
-	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
-	if _, err := unix.Write(p[1], make([]byte, 100)); err != nil {
-		t.Fatal(err)
-	}
-	fa.fd, fa.running = p[0], true
-	fa.drain = fa.drainQueued
-	if !fa.RemoveTree(root) {
-		t.Fatal("no tree removed")
-	}
-	eventually(t, "the final scan's end", func() bool { return !fa.rescanBusy() })
+}
+
+// TestRescanCoversRemovedTree: an overflow's rescan covers the trees that
+// were served when it was asked for: one removed by a reload while it
+// runs is scanned all the same (its dirty files reported as leaving), and
+// its directories get no watch; one whose root is gone is not scanned.
+func TestRescanCoversRemovedTree(t *testing.T) {
+	fa, s, path := removedTreeSetup(t)
+	root := filepath.Dir(path)
+	trees := fa.list()
+	fa.RemoveTree(root)
+	var watched []string
+	fa.rescanTrees(context.Background(), trees, func(_ Tree, p string) { watched = append(watched, p) })
 	if got, want := s.got(), []string{path + " 1h0m0s leaving"}; !slices.Equal(got, want) {
 		t.Errorf("reports: %q, want %q", got, want)
+	}
+	if len(watched) != 0 {
+		t.Errorf("directories of a removed tree handed to onDir (watched): %q", watched)
+	}
+
+	fa, s, _ = removedTreeSetup(t)
+	trees = fa.list()
+	fa.mu.Lock()
+	trees[0].gone = true // its root gone (checkRoots), not removed
+	fa.mu.Unlock()
+	fa.rescanTrees(context.Background(), trees, nil)
+	if got := s.got(); len(got) != 0 {
+		t.Errorf("a tree whose root is gone was scanned: %q", got)
 	}
 }

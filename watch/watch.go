@@ -180,14 +180,8 @@ type base struct {
 	// Batches of events read (readBatches) and handled (doneBatches), for
 	// Quiesce.
 	readBatches, doneBatches atomic.Uint64
-	// bytesRead counts the bytes of events read (fanotify).
-	bytesRead atomic.Uint64
-	// drain, if set, waits (bounded) until the events queued now have
-	// been handled, and reports whether they were (Fanotify.drainQueued).
-	// Set once by the constructor.
-	drain      func() bool
-	retry      retryState
-	permWarned atomic.Bool // a file the daemon may not open was logged
+	retry                    retryState
+	permWarned               atomic.Bool // a file the daemon may not open was logged
 	// devWritesBack holds the st_dev of the filesystems seen to write
 	// data back (not noWriteback): uint64 -> true (noWritebackDev).
 	devWritesBack  sync.Map
@@ -226,6 +220,14 @@ type base struct {
 	removedRoots map[string]bool
 	// finalScans counts the scans of removed trees running (finalScan).
 	finalScans atomic.Int32
+	// recentlyRemoved, guarded by mu, are the trees removed by a reload
+	// (removeTree) that no scan has looked at since and whose removal the
+	// event queue has not been seen empty after (fanotify; with inotify,
+	// at most recentlyRemovedMax are kept), each with its removal's number
+	// (removeSeq): writes made in one before its removal may be among the
+	// events an overflow lost, so a rescan covers them (rescan).
+	recentlyRemoved []removedTree
+	removeSeq       uint64
 
 	// nested serves a filesystem mounted at mountpoint, inside tree t
 	// (below its root): the backend's own way of seeing its writes.
@@ -334,6 +336,13 @@ func (b *base) removeTree(root string) (*tree, bool) {
 		b.removedRoots = map[string]bool{}
 	}
 	b.removedRoots[root] = true
+	// In the same hold of mu as its leaving the list, so that a rescan's
+	// list has it either way.
+	b.removeSeq++
+	if len(b.recentlyRemoved) >= recentlyRemovedMax {
+		b.recentlyRemoved = slices.Delete(b.recentlyRemoved, 0, 1)
+	}
+	b.recentlyRemoved = append(b.recentlyRemoved, removedTree{t, b.removeSeq})
 	b.trees = slices.Delete(slices.Clone(b.trees), i, i+1)
 	shared := false
 	for _, o := range b.trees {
@@ -356,6 +365,14 @@ func (b *base) fence() {
 	b.reportMu.Lock()
 	//lint:ignore SA2001 the empty critical section is the point: it waits for the readers
 	b.reportMu.Unlock()
+}
+
+// removedRoot reports whether root is the root of a tree removed by a
+// reload and not added back.
+func (b *base) removedRoot(root string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.removedRoots[root]
 }
 
 // retargetLocked returns where a report of the file on filesystem dev at
@@ -604,15 +621,36 @@ var noWriteback = map[int64]string{
 
 // rescan scans every served tree again with cachestat (after an
 // overflow). Files already tracked keep their dirtiedWhen.
+// The trees removed by a reload recently (recentlyRemoved) are scanned
+// too: the writes lost may have been made in one before its removal.
 func (b *base) rescan(ctx context.Context, onDir func(t Tree, path string)) {
-	for _, t := range b.list() {
-		if !b.served(t) {
+	b.mu.Lock()
+	trees := slices.Clone(b.trees)
+	for _, r := range b.recentlyRemoved {
+		trees = append(trees, r.t)
+	}
+	b.mu.Unlock()
+	b.rescanTrees(ctx, trees, onDir)
+}
+
+// rescanTrees is rescan over trees, the trees served when the rescan was
+// asked for and those removed recently: one that a reload has removed is
+// scanned all the same (its dirty files are reported as leaving) and is
+// then no longer among the recently removed; one whose root is gone is
+// not scanned.
+func (b *base) rescanTrees(ctx context.Context, trees []*tree, onDir func(t Tree, path string)) {
+	for _, t := range trees {
+		served := b.served(t)
+		if !served && !b.removedRoot(t.Root) {
 			continue
+		}
+		if !served {
+			b.scannedRemoved(t) // (found removed: this scan begins after its removal)
 		}
 		b.ctr.Rescans.Add(1)
 		b.sink.Rescanned(t.root.Dev)
 		var f func(string)
-		if onDir != nil {
+		if onDir != nil && served { // (a removed tree's directories get no watch)
 			f = func(p string) { onDir(t.Tree, p) }
 		}
 		b.scanDir(ctx, t.Tree, t.Root, true, f)
@@ -685,20 +723,61 @@ func (b *base) rescanBusy() bool {
 	return b.rescanning
 }
 
+// removedTree is a tree removed by a reload, and its removal's number.
+type removedTree struct {
+	t   *tree
+	seq uint64
+}
+
+// recentlyRemovedMax bounds recentlyRemoved (inotify, whose queue is not
+// seen to empty, keeps the last removals only).
+const recentlyRemovedMax = 64
+
 // removed ends the removal of tree t by a reload (RemoveTree), once it is
 // out of the list and marked gone: it waits for the reports made with it
-// (fence) and for the events queued at the removal to be handled (drain),
-// and, when events may have been lost (an overflow among those, an
-// overflow's rescan running, or a rescan after a shortage due: such a
-// rescan skips a tree no longer served), or the queued events could not
-// be waited for, scans it once more (finalScan).
+// (fence) and, when events may have been lost already (an overflow's
+// rescan running, or a rescan after a shortage due), scans it once more
+// (finalScan). Otherwise it stays among the recently removed trees: an
+// overflow still in the queue, read later, has it rescanned then.
 func (b *base) removed(t *tree) {
-	overflows := b.ctr.Overflows.Load()
 	b.fence()
-	drained := b.drain == nil || b.drain()
-	if !drained || b.ctr.Overflows.Load() != overflows || b.rescanBusy() || b.retry.due.Load() {
+	if b.rescanBusy() || b.retry.due.Load() {
+		b.scannedRemoved(t)
 		b.finalScan(t.Tree)
 	}
+}
+
+// scannedRemoved takes t, a removed tree that a scan begun after its
+// removal covers, off the recently removed trees.
+func (b *base) scannedRemoved(t *tree) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.recentlyRemoved = slices.DeleteFunc(b.recentlyRemoved, func(r removedTree) bool { return r.t == t })
+}
+
+// removeSeqNow returns the number of the last removal (removeTree).
+func (b *base) removeSeqNow() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.removeSeq
+}
+
+// forgetRemovedUpTo drops the recently removed trees whose removal's
+// number is at most seq, when no rescan is running or due: the event queue
+// was seen empty after their removal (a read that emptied it), so an
+// overflow read from now on happened after it, and lost none of their
+// writes from before it (and no rescan asked for earlier is yet to list
+// the trees).
+func (b *base) forgetRemovedUpTo(seq uint64) {
+	if b.rescanBusy() || b.retry.due.Load() {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.recentlyRemoved) == 0 {
+		return
+	}
+	b.recentlyRemoved = slices.DeleteFunc(b.recentlyRemoved, func(r removedTree) bool { return r.seq <= seq })
 }
 
 // finalScan looks for the dirty files of t, a tree a reload removed, that

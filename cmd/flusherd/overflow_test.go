@@ -39,9 +39,10 @@ func setSysctl(t *testing.T, path, value string) (restore func()) {
 
 // overflowWrites makes 10 directories in tree, waits for the daemon d to
 // have seen them, then, with d stopped (SIGSTOP), writes 2,000 files of 4
-// KiB in them, and lets d go on (SIGCONT); it returns the files' paths.
-// With the event queue cut to 16 events, the queue overflows.
-func overflowWrites(t *testing.T, d *flusherdProc, tree string) []string {
+// KiB in them, calls stopped (if not nil), and lets d go on (SIGCONT); it
+// returns the files' paths. With the event queue cut to 16 events, the
+// queue overflows.
+func overflowWrites(t *testing.T, d *flusherdProc, tree string, stopped func()) []string {
 	t.Helper()
 	// Directories first, so that the files' events (not only the
 	// directories') go to the queue: inotify watches them once their
@@ -58,6 +59,9 @@ func overflowWrites(t *testing.T, d *flusherdProc, tree string) []string {
 		p := filepath.Join(tree, fmt.Sprint(i/200), fmt.Sprint(i))
 		writeDirty(t, p, 4096)
 		files = append(files, p)
+	}
+	if stopped != nil {
+		stopped()
 	}
 	d.cmd.Process.Signal(syscall.SIGCONT)
 	return files
@@ -94,7 +98,7 @@ path = %q
 			if !strings.Contains(d.log.String(), "watch backend: "+backend) {
 				t.Fatalf("daemon did not pick %s:\n%s", backend, d.log.String())
 			}
-			files := overflowWrites(t, d, tree)
+			files := overflowWrites(t, d, tree, nil)
 			written := time.Now()
 			for _, p := range files {
 				waitClean(t, p, time.Until(written.Add(10*time.Second)))
@@ -120,44 +124,61 @@ path = %q
 // overflowed while the daemon was stopped) is scanned once more and its
 // dirty files written back, though its expire is an hour away: the reload
 // writes back a removed tree's files once more, and those the overflow
-// hid are among them. The reload comes at once after SIGCONT, before or
-// while the overflow's rescan runs.
+// hid are among them. The reload comes while the daemon is still stopped
+// (handled when it goes on, before or after its reader reads the
+// overflow), at once after SIGCONT, or 50 ms later (while the overflow's
+// rescan runs, or after it).
 func TestRemoveTreeAfterOverflow(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
-	keep, gone := filepath.Join(mnt.Dir, "keep"), filepath.Join(mnt.Dir, "gone")
-	for _, d := range []string{keep, gone} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	restore := setSysctl(t, "/proc/sys/fs/fanotify/max_queued_events", "16")
-	conf := func(trees ...string) string {
-		c := `
+	for _, when := range []string{"while stopped", "at SIGCONT", "50ms after"} {
+		t.Run(when, func(t *testing.T) {
+			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+			keep, gone := filepath.Join(mnt.Dir, "keep"), filepath.Join(mnt.Dir, "gone")
+			for _, d := range []string{keep, gone} {
+				if err := os.Mkdir(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			restore := setSysctl(t, "/proc/sys/fs/fanotify/max_queued_events", "16")
+			conf := func(trees ...string) string {
+				c := `
 [writeback]
 dirty_writeback_interval = "200ms"
 dirty_expire_interval = "1s"
 [watcher]
 backend = "fanotify"
 `
-		for _, tr := range trees {
-			c += fmt.Sprintf("[[watch]]\npath = %q\nexpire = \"1h\"\n", tr)
-		}
-		return c
+				for _, tr := range trees {
+					c += fmt.Sprintf("[[watch]]\npath = %q\nexpire = \"1h\"\n", tr)
+				}
+				return c
+			}
+			d := startDaemon(t, conf(keep, gone))
+			restore()
+			files := overflowWrites(t, d, gone, func() {
+				if when == "while stopped" {
+					reloadWith(t, d, conf(keep))
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+			switch when {
+			case "at SIGCONT":
+				reloadWith(t, d, conf(keep))
+			case "50ms after":
+				time.Sleep(50 * time.Millisecond)
+				reloadWith(t, d, conf(keep))
+			}
+			written := time.Now()
+			for _, p := range files {
+				waitClean(t, p, time.Until(written.Add(15*time.Second)))
+			}
+			ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(ws map[string]int64) bool { return ws["overflows"] >= 1 })
+			if ws["overflows"] < 1 {
+				t.Errorf("no overflow counted (%v): the test did not test what it means to", ws)
+			}
+			d.stop(t)
+		})
 	}
-	d := startDaemon(t, conf(keep, gone))
-	restore()
-	files := overflowWrites(t, d, gone)
-	reloadWith(t, d, conf(keep))
-	written := time.Now()
-	for _, p := range files {
-		waitClean(t, p, time.Until(written.Add(15*time.Second)))
-	}
-	ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(ws map[string]int64) bool { return ws["overflows"] >= 1 })
-	if ws["overflows"] < 1 {
-		t.Errorf("no overflow counted (%v): the test did not test what it means to", ws)
-	}
-	d.stop(t)
 }
