@@ -217,16 +217,7 @@ func TestReportRemovedTree(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "root")
 			path := filepath.Join(root, "f")
-			if err := os.Mkdir(root, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			key, _, err := inode.Stat(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			key := dirtyFile(t, path)
 			tr := Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Minute}}
 			trees := []Tree{tr}
 			want := []string{path + " 1m0s"}
@@ -386,16 +377,7 @@ func TestRemovedTreeFinalScan(t *testing.T) {
 			t.Run(kind+"/"+lost, func(t *testing.T) {
 				root := filepath.Join(t.TempDir(), "root")
 				path := filepath.Join(root, "d", "f")
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, []byte("x"), 0o644); err != nil { // dirty, untracked
-					t.Fatal(err)
-				}
-				key, _, err := inode.Stat(path)
-				if err != nil {
-					t.Fatal(err)
-				}
+				key := dirtyFile(t, path)
 				tr := Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}
 				s := newGateSink()
 				s.withExpire = true
@@ -437,6 +419,23 @@ func TestRemovedTreeFinalScan(t *testing.T) {
 	}
 }
 
+// dirtyFile makes path's directory and writes path (its page dirty, the
+// file untracked), and returns its key.
+func dirtyFile(t *testing.T, path string) inode.Key {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := inode.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
 // removedTreeSetup makes a tree root with one dirty file in it (untracked),
 // and a fake fanotify backend serving it whose reports go to a gateSink
 // that records their tree's expire; it returns the backend, the sink and
@@ -445,16 +444,7 @@ func removedTreeSetup(t *testing.T) (*Fanotify, *gateSink, string) {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "root")
 	path := filepath.Join(root, "f")
-	if err := os.Mkdir(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil { // dirty, untracked
-		t.Fatal(err)
-	}
-	key, _, err := inode.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	key := dirtyFile(t, path)
 	s := newGateSink()
 	s.withExpire = true
 	fa := fakeFanotify(key.Dev, []Tree{{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}}, s, Options{})
