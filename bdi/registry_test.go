@@ -415,9 +415,9 @@ func oneDeviceRegistry(t *testing.T) (*Registry, *handleFS) {
 // TestMarkKeepName: a report with KeepName (a scan's, which read the name
 // from a directory some time before) tracks an untracked inode under its
 // name, but leaves a tracked inode the name it has (events may have
-// renamed it since); the same report without KeepName renames it. Both
-// the batched path and the alone one (no handle, untracked: the opener is
-// asked for one) keep the name.
+// renamed it since); the same report without KeepName renames it. (The
+// untracked one has no handle: it is marked alone, the opener asked for
+// its handle.)
 func TestMarkKeepName(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)

@@ -943,12 +943,6 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	if !ok || d.tree == nil {
 		return false
 	}
-	fa.mu.Lock()
-	gone := d.tree.gone
-	fa.mu.Unlock()
-	if gone {
-		return false
-	}
 	if ev.file == nil {
 		// Directory-entry events (a file made, linked or moved in)
 		// without FAN_REPORT_TARGET_FID (fanotifyInit) name the
@@ -988,6 +982,14 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 			fa.flushMarks()
 		}
 		return true
+	}
+	// One by one: a tree that has ended takes no more reports (a batch
+	// is checked as a whole when it is handed over: flushMarks).
+	fa.mu.Lock()
+	gone := d.tree.gone
+	fa.mu.Unlock()
+	if gone {
+		return false
 	}
 	mark := fa.sink.MarkInodeDirty
 	if closed {

@@ -396,16 +396,12 @@ func TestRemovedTreeFinalScan(t *testing.T) {
 				case "retry due":
 					b.retry.due.Store(true)
 				case "rescan running":
-					b.rmu.Lock()
-					b.rescanning = true
-					b.rmu.Unlock()
+					setRescanning(b, true)
 				}
 				if !remove() {
 					t.Fatal("no tree removed")
 				}
-				b.rmu.Lock()
-				b.rescanning = false
-				b.rmu.Unlock()
+				setRescanning(b, false)
 				eventually(t, "the final scan's end", func() bool { return !b.rescanBusy() })
 				var want []string
 				if lost != "none" {
@@ -485,13 +481,9 @@ func TestOverflowAfterRemoval(t *testing.T) {
 			case "a read that emptied the queue":
 				fa.forgetRemovedUpTo(fa.removeSeqNow())
 			case "the same while a rescan runs":
-				fa.rmu.Lock()
-				fa.rescanning = true
-				fa.rmu.Unlock()
+				setRescanning(&fa.base, true)
 				fa.forgetRemovedUpTo(fa.removeSeqNow())
-				fa.rmu.Lock()
-				fa.rescanning = false
-				fa.rmu.Unlock()
+				setRescanning(&fa.base, false)
 			}
 			ctx := context.Background()
 			fa.events(ctx, overflowEvent())
@@ -534,4 +526,11 @@ func TestRescanCoversRemovedTree(t *testing.T) {
 	if got := s.got(); len(got) != 0 {
 		t.Errorf("a tree whose root is gone was scanned: %q", got)
 	}
+}
+
+// setRescanning sets whether b's overflow rescan runs (rescanBusy).
+func setRescanning(b *base, v bool) {
+	b.rmu.Lock()
+	b.rescanning = v
+	b.rmu.Unlock()
 }
