@@ -26,6 +26,39 @@ func (wb *Writeback) Tracks(key inode.Key, path string) bool {
 	return in != nil && (path == "" || in.HasPath(path))
 }
 
+// Unlinked is told that a name of the inode key, whose file handle is h,
+// was deleted. The kernel takes an inode off its writeback lists when the
+// inode is evicted (evict, inode_io_list_del in fs/fs-writeback.c), at
+// once; here a deleted file would wait for its next attempt, up to its
+// expiry (an hour with dirty_expire_interval = "1h"), listed by `flusherd
+// dirty` and held in memory. So a tracked inode with that handle goes to
+// b_more_io (requeue_io), and the next pass, within
+// dirty_writeback_interval, tries it: a file gone for good is found so
+// (open_by_handle_at: ESTALE, counted in inodes_gone) and forgotten; one
+// that keeps another name, or that a process still holds open, is written
+// back early and stays tracked as any file written back. An inode not
+// tracked, tracked with another handle (a new file given its number), in
+// an attempt or held by a call left to its worker (it is looked at when
+// that ends), or whose data was lost (kept to be reported) is left as it
+// is. It reports whether the inode was requeued.
+func (wb *Writeback) Unlinked(key inode.Key, h inode.Handle) bool {
+	if h == "" {
+		return false
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	in := wb.inodes.Get(key)
+	if in == nil || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.failedLocked(in) {
+		return false
+	}
+	if old := in.Handle(); old != "" && old != h {
+		return false
+	}
+	wb.requeueIOLocked(in)
+	wb.gen++
+	return true
+}
+
 // MarkInodeDirty is __mark_inode_dirty for a write seen on the file key at
 // path: the first time an inode is dirtied it gets dirtiedWhen = now and
 // goes onto b_dirty; an inode that is already dirty keeps its dirtiedWhen

@@ -472,3 +472,63 @@ func TestMarkLeaving(t *testing.T) {
 		}
 	})
 }
+
+// TestInodeUnlinked: a name of a tracked file deleted (InodeUnlinked with
+// its handle) brings its attempt forward to the next pass, though its
+// expiry is an hour away: a file gone for good is found so and forgotten
+// (inodes_gone), one that still exists (another name, held open) is
+// written back and forgotten once clean. A report with another handle (the
+// number given to a new file), without a handle, or of a file not tracked
+// changes nothing: no attempt before the hour, nothing tracked.
+func TestInodeUnlinked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, fs := oneDeviceRegistry(t)
+		tree := Tree{Expire: time.Hour}
+		gone := fs.add("/d/gone", 1, pg, 1)
+		linked := fs.add("/d/linked", 2, pg, 1)
+		reused := fs.add("/d/reused", 3, pg, 1)
+		nohandle := fs.add("/d/nohandle", 4, pg, 1)
+		untracked := fs.add("/d/untracked", 5, pg, 1)
+		for _, f := range []*fakeFile{gone, linked, reused, nohandle} {
+			if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fs.remove(gone.path)
+		r.InodeUnlinked(gone.key, gone.handle)
+		r.InodeUnlinked(linked.key, linked.handle)
+		r.InodeUnlinked(reused.key, "h-other")
+		r.InodeUnlinked(nohandle.key, "")
+		r.InodeUnlinked(untracked.key, untracked.handle)
+		r.InodeUnlinked(inode.Key{Dev: 99, Ino: 1}, "h1") // a device not known
+		time.Sleep(10 * time.Second)                      // two passes, well before the hour
+		synctest.Wait()
+		if r.Tracks(gone.key, "") {
+			t.Errorf("%s: deleted, still tracked after the next pass", gone.path)
+		}
+		if len(fs.callsOf("open_by_handle", string(gone.handle))) == 0 {
+			t.Errorf("%s: no attempt looked for it", gone.path)
+		}
+		if len(fs.callsOf("sync_file_range", linked.path)) == 0 || r.Tracks(linked.key, "") {
+			t.Errorf("%s: one name deleted, the file still there: not written back and forgotten at the next pass", linked.path)
+		}
+		for _, f := range []*fakeFile{reused, nohandle} {
+			if len(fs.callsOf("open_by_handle", string(f.handle))) != 0 || !r.Tracks(f.key, f.path) {
+				t.Errorf("%s: attempted before its expiry, or no longer tracked", f.path)
+			}
+		}
+		if r.Tracks(untracked.key, "") {
+			t.Errorf("%s: tracked by a deletion", untracked.path)
+		}
+		var s Stats
+		for _, wb := range r.Devices() {
+			s = wb.Snapshot()
+		}
+		if s.InodesGone != 1 {
+			t.Errorf("inodes_gone %d, want 1", s.InodesGone)
+		}
+		if len(r.Devices()) != 1 {
+			t.Errorf("%d devices, want 1 (a deletion on an unknown device makes none)", len(r.Devices()))
+		}
+	})
+}

@@ -931,9 +931,17 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		}
 		return false
 	}
+	if ev.mask&unix.FAN_DELETE != 0 && ev.file != nil && fa.unlinkSink != nil {
+		// A name deleted, with the file's own handle: after the
+		// rest of the event (the kernel may have merged a write
+		// into it), the sink brings its attempt forward.
+		defer fa.unlinked(ev)
+	}
 	if ev.mask&(unix.FAN_MODIFY|unix.FAN_CLOSE_WRITE|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 {
-		// Deletions and moves away need nothing: a tracked file is
-		// opened by handle, which fails with ESTALE once it is gone.
+		// Moves away need nothing: a tracked file is opened by
+		// handle, and its names are not needed. (A deletion without
+		// the file's handle, before FAN_REPORT_TARGET_FID, waits for
+		// the file's attempt, which finds it gone: ESTALE.)
 		return false
 	}
 	if ev.dir == nil {
@@ -999,6 +1007,26 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		fa.markFailed(tg.key, tg.path, err)
 	}
 	return true
+}
+
+// unlinked tells the sink of a deleted name of a file that events had
+// reported (its handle is in the cache; one not there was not reported
+// since the cache was last emptied, or is not tracked): the reports read
+// before it are handed over first, so that a file written and deleted in
+// one read is tracked before it is told of. The cache entry goes: the
+// handle names a deleted inode, or a file whose next event looks it up
+// again.
+func (fa *Fanotify) unlinked(ev *event) {
+	k := fa.cacheKey(ev.fileFsid, ev.fileType, ev.file)
+	fa.cmu.Lock()
+	t := fa.files[string(k)]
+	delete(fa.files, string(k))
+	fa.cmu.Unlock()
+	if t == nil || !t.regular {
+		return
+	}
+	fa.flushMarks()
+	fa.unlinkSink.InodeUnlinked(t.key, t.handle)
 }
 
 // Trees implements Backend.

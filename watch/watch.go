@@ -81,6 +81,14 @@ type BatchSink interface {
 	MarkInodesDirty(ms []bdi.Mark)
 }
 
+// UnlinkSink is a Sink told when a name of a file is deleted, with the
+// file's own handle (fanotify's FAN_DELETE under FAN_REPORT_TARGET_FID):
+// bdi.Registry.InodeUnlinked, which has a deleted file's attempt made at
+// the next pass instead of at its expiry.
+type UnlinkSink interface {
+	InodeUnlinked(key inode.Key, h inode.Handle)
+}
+
 // KeyTracker is a Sink that tells whether an inode is tracked under any
 // name (bdi.Registry does): a scan reports such a file found under a new
 // name (moved or linked into a tree) without looking at it, so that the
@@ -169,6 +177,7 @@ type base struct {
 	closedSink  ClosedSink // sink, if it tells a close from a write; else nil
 	keyTracker  KeyTracker // sink, if it tells whether a key is tracked; else nil
 	batchSink   BatchSink  // sink, if it takes reports in batches; else nil
+	unlinkSink  UnlinkSink // sink, if it is told of deleted names; else nil
 	log         *zap.Logger
 	open        inode.Opener
 	ctr         *Counters        // shared by the two halves of a Mixed backend
@@ -265,6 +274,7 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	b.closedSink, _ = sink.(ClosedSink)
 	b.keyTracker, _ = sink.(KeyTracker)
 	b.batchSink, _ = sink.(BatchSink)
+	b.unlinkSink, _ = sink.(UnlinkSink)
 	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)

@@ -109,6 +109,12 @@ func testTreeChanges(t *testing.T, backend string) {
 	t.Run("14-inode-reuse", s.inodeReuse)
 	t.Run("15-root-remounted", s.rootRemounted)
 	t.Run("16-write-then-rename", s.writeThenRename)
+	if backend == "fanotify" {
+		// Only fanotify: its deletion events carry the file's handle
+		// (FAN_REPORT_TARGET_FID); inotify's name a path, which
+		// names nothing once deleted.
+		t.Run("17-deleted-long-expire", s.deletedLongExpire)
+	}
 }
 
 // kernelDirtyExpire reads vm.dirty_expire_centisecs.
@@ -1163,4 +1169,58 @@ func TestReloadNestingAppliesToTracked(t *testing.T) {
 			waitAllClean(t, 4*time.Second, f)
 		})
 	}
+}
+
+// 17. Files deleted in a tree whose expiry is an hour away are not kept
+// until then: the next pass looks for them (FAN_DELETE with the file's
+// handle), finds 40 of them gone (inodes_gone) and forgets them; a file
+// with one of its two names deleted and a file deleted while the test
+// holds it open are still there: they are written back (cachestat: clean)
+// and forgotten like any file written back. Both were checked dirty before
+// the deletions, so it is the deletion that brought their attempt forward,
+// not an expiry.
+func (s *treeSuite) deletedLongExpire(t *testing.T) {
+	t.Parallel()
+	tree := s.dir(t, "deleted-long-expire")
+	d := s.start(t, treeOpts{}, treeWatch{path: tree, expire: "1h"})
+	var doomed []string
+	for i := range 40 {
+		p := filepath.Join(tree, fmt.Sprintf("f%02d", i))
+		writeDirty(t, p, 16<<10)
+		doomed = append(doomed, p)
+	}
+	linked, kept := filepath.Join(tree, "linked"), filepath.Join(tree, "kept")
+	writeDirty(t, linked, 16<<10)
+	if err := os.Link(linked, kept); err != nil {
+		t.Fatal(err)
+	}
+	heldPath := filepath.Join(tree, "held")
+	held, err := os.OpenFile(heldPath, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if _, err := held.Write(make([]byte, 16<<10)); err != nil {
+		t.Fatal(err)
+	}
+	before := d.waitStats(t, cleanBound, "the 42 files are tracked", func(s map[string]int64) bool { return tracked(s) >= 42 })
+	mustBeDirty(t, kept)
+	if dirty, _, err := cachestatFd(int(held.Fd()), 0, 0); err != nil || dirty == 0 {
+		t.Fatalf("precondition: %s should be dirty right after the write (dirty=%d err=%v)", heldPath, dirty, err)
+	}
+	for _, p := range append(doomed, linked, heldPath) {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.waitStats(t, cleanBound, fmt.Sprintf("inodes_gone at least %d and the lists drained", before["inodes_gone"]+40), func(s map[string]int64) bool {
+		return drained(s) && s["inodes_gone"] >= before["inodes_gone"]+40
+	})
+	if dirty, wb, err := cachestat(kept, 0, 0); err != nil || dirty != 0 || wb != 0 {
+		t.Errorf("%s: dirty=%d writeback=%d err=%v after the lists drained, want clean", kept, dirty, wb, err)
+	}
+	if dirty, wb, err := cachestatFd(int(held.Fd()), 0, 0); err != nil || dirty != 0 || wb != 0 {
+		t.Errorf("%s (deleted, held open): dirty=%d writeback=%d err=%v after the lists drained, want clean", heldPath, dirty, wb, err)
+	}
+	d.mustRun(t)
 }
