@@ -151,3 +151,54 @@ func TestOpenByHandleAtCreating(t *testing.T) {
 		}
 	}
 }
+
+// TestHandleIno reads the inode number from real handles (name_to_handle_at)
+// on ext4 (FILEID_INO32_GEN), xfs (FILEID_INO64_GEN, and FILEID_INO32_GEN
+// when mounted inode32) and btrfs (FILEID_BTRFS_WITHOUT_PARENT): it is the
+// file's st_ino, also for the handle of a file since deleted. Other types
+// and short handles are refused.
+func TestHandleIno(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opt  testfs.Options
+		typ  int32
+	}{
+		{"ext4", testfs.Options{Type: "ext4", SizeMB: 64}, fileIDIno32Gen},
+		{"xfs", testfs.Options{Type: "xfs"}, fileIDIno64Gen},
+		{"xfs-inode32", testfs.Options{Type: "xfs", Data: "inode32"}, fileIDIno32Gen},
+		{"btrfs", testfs.Options{Type: "btrfs"}, fileIDBtrfs},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mnt := testfs.Mount(t, c.opt)
+			p := filepath.Join(mnt.Dir, "f")
+			if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(p, &st); err != nil {
+				t.Fatal(err)
+			}
+			fh, _, err := unix.NameToHandleAt(unix.AT_FDCWD, p, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if fh.Type() != c.typ {
+				t.Errorf("handle type %#x, want %#x", fh.Type(), c.typ)
+			}
+			if ino, ok := HandleIno(fh.Type(), fh.Bytes()); !ok || ino != st.Ino {
+				t.Errorf("HandleIno = %d, %v; want st_ino %d", ino, ok, st.Ino)
+			}
+		})
+	}
+	for _, c := range []struct {
+		typ int32
+		b   []byte
+	}{{fileIDIno32Gen, make([]byte, 7)}, {fileIDIno64Gen, make([]byte, 11)}, {fileIDBtrfs, make([]byte, 19)}, {0xff, make([]byte, 32)}, {0, make([]byte, 8)}} {
+		if ino, ok := HandleIno(c.typ, c.b); ok {
+			t.Errorf("HandleIno(%#x, %d bytes) = %d, true; want refused", c.typ, len(c.b), ino)
+		}
+	}
+}

@@ -1009,24 +1009,40 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	return true
 }
 
-// unlinked tells the sink of a deleted name of a file that events had
-// reported (its handle is in the cache; one not there was not reported
-// since the cache was last emptied, or is not tracked): the reports read
-// before it are handed over first, so that a file written and deleted in
-// one read is tracked before it is told of. The cache entry goes: the
-// handle names a deleted inode, or a file whose next event looks it up
-// again.
+// unlinked tells the sink of a deleted name of a file, by the file's key
+// and handle: from the handle cache when events reported the file, else
+// read from the handle itself (inode.HandleIno: a file reported by a scan
+// only, or since the cache was emptied at its bound, an overflow or a
+// reload), with the device of the event's filesystem id; Identify cannot
+// be asked, the inode may be gone (ESTALE). A handle of another layout is
+// not told of (the file waits for its attempt). The reports read before it
+// are handed over first, so that a file written and deleted in one read is
+// tracked before it is told of. The cache entry goes: the handle names a
+// deleted inode, or a file whose next event looks it up again.
 func (fa *Fanotify) unlinked(ev *event) {
 	k := fa.cacheKey(ev.fileFsid, ev.fileType, ev.file)
 	fa.cmu.Lock()
 	t := fa.files[string(k)]
 	delete(fa.files, string(k))
 	fa.cmu.Unlock()
-	if t == nil || !t.regular {
+	var key inode.Key
+	var h inode.Handle
+	switch {
+	case t != nil && !t.regular:
 		return
+	case t != nil:
+		key, h = t.key, t.handle
+	default:
+		typ := int32(binary.NativeEndian.Uint32(ev.fileType))
+		dev, ok := fa.devOf(ev.fileFsid)
+		ino, iok := inode.HandleIno(typ, ev.file)
+		if !ok || !iok {
+			return
+		}
+		key, h = inode.Key{Dev: dev, Ino: ino}, inode.MakeHandle(typ, ev.file)
 	}
 	fa.flushMarks()
-	fa.unlinkSink.InodeUnlinked(t.key, t.handle)
+	fa.unlinkSink.InodeUnlinked(key, h)
 }
 
 // Trees implements Backend.

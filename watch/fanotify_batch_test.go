@@ -263,22 +263,24 @@ func TestFanotifyTargetFID(t *testing.T) {
 type unlinkOrderSink struct{ orderSink }
 
 func (s *unlinkOrderSink) InodeUnlinked(key inode.Key, h inode.Handle) {
-	s.log = append(s.log, fmt.Sprintf("unlinked %d %s", key.Ino, h))
+	s.log = append(s.log, fmt.Sprintf("unlinked %d:%d %s", key.Dev, key.Ino, h))
 }
 
 // TestFanotifyUnlinked: a file's name deleted, with the file's own handle
 // (FAN_DELETE under FAN_REPORT_TARGET_FID), is told to the sink
 // (InodeUnlinked) with the file's key and handle, after the reports read
 // before it, and after the write the kernel merged into the same event;
-// the handle leaves the cache. A deletion of a file no event reported (its
-// handle not cached), of a directory, or without the file's handle tells
-// nothing.
+// the handle leaves the cache. A file no event reported (its handle not
+// cached: found by a scan, or the cache emptied) is told of by the inode
+// number its handle begins with (inode.HandleIno). A deletion whose handle
+// has no number to read, of a directory, or without the file's handle
+// tells nothing.
 func TestFanotifyUnlinked(t *testing.T) {
 	s := &unlinkOrderSink{}
 	tree := Tree{Root: "/srv/data", Recursive: true}
 	fa := fakeFanotify(42, []Tree{tree}, s, Options{})
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
-	dir, fh, gh, sub, unknown := []byte("dirhandl"), []byte("filehndl"), []byte("fileg..."), []byte("subdir.."), []byte("unknown.")
+	dir, fh, gh, sub, unknown, short := []byte("dirhandl"), []byte("filehndl"), []byte("fileg..."), []byte("subdir.."), []byte("unknown."), []byte("shrt")
 	fa.dirs[string(fa.cacheKey(testFsid[:], typ, dir))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: fa.list()[0]}
 	fa.files[string(fa.cacheKey(testFsid[:], typ, fh))] = &fanotifyTarget{key: inode.Key{Dev: 42, Ino: 7}, regular: true, handle: inode.MakeHandle(1, fh)}
 	fa.files[string(fa.cacheKey(testFsid[:], typ, gh))] = &fanotifyTarget{key: inode.Key{Dev: 42, Ino: 8}, regular: true, handle: inode.MakeHandle(1, gh)}
@@ -288,13 +290,15 @@ func TestFanotifyUnlinked(t *testing.T) {
 		fanEventMask(testFsid, dir, fh, "f", unix.FAN_DELETE),
 		fanEventMask(testFsid, dir, gh, "g", unix.FAN_MODIFY|unix.FAN_DELETE),
 		fanEventMask(testFsid, dir, unknown, "u", unix.FAN_DELETE),
+		fanEventMask(testFsid, dir, short, "s", unix.FAN_DELETE),
 		fanEventMask(testFsid, dir, nil, "n", unix.FAN_DELETE),
 		fanEventMask(testFsid, dir, sub, "sub", unix.FAN_DELETE|unix.FAN_ONDIR),
 	)
 	fa.events(context.Background(), buf)
 	want := []string{
-		"batch /srv/data/d/f", "unlinked 7 " + string(inode.MakeHandle(1, fh)),
-		"batch /srv/data/d/g", "unlinked 8 " + string(inode.MakeHandle(1, gh)),
+		"batch /srv/data/d/f", "unlinked 42:7 " + string(inode.MakeHandle(1, fh)),
+		"batch /srv/data/d/g", "unlinked 42:8 " + string(inode.MakeHandle(1, gh)),
+		fmt.Sprintf("unlinked 42:%d %s", binary.NativeEndian.Uint32(unknown), inode.MakeHandle(1, unknown)),
 	}
 	if !slices.Equal(s.log, want) {
 		t.Errorf("the sink was told %q, want %q", s.log, want)
