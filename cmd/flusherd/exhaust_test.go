@@ -17,7 +17,9 @@ import (
 // filesystem's directory for opens by handle, which is closed after 200 ms
 // unused), files written into a tree cannot be resolved, scanned or
 // opened; nothing of them may be forgotten: once the limit is restored
-// they are clean within max_pause + 1.5 s, both backends. "none" was once
+// they are clean within max_pause + 1.5 s, both backends. (Some may be
+// written back before: a descriptor the daemon closes meanwhile lets one
+// attempt through; most are held back, and at least one must be.) "none" was once
 // lost for good with fanotify: the failed reopen of the handle directory
 // was reported as ENODEV (filesystem gone) and the events were dropped
 // without a word.
@@ -84,9 +86,25 @@ path = %q
 				files = append(files, p)
 			}
 			time.Sleep(4 * time.Second)
+			// The daemon's descriptors come and go (the stats file's
+			// write, the handle directory closed when idle), so an
+			// attempt may find one free and write its file: the files
+			// still dirty now are those the shortage held back, and
+			// there must be some, or nothing here was tested.
+			held := 0
 			for _, p := range files {
-				mustBeDirty(t, p)
+				d, wb, err := cachestat(p, 0, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d > 0 || wb > 0 {
+					held++
+				}
 			}
+			if held == 0 {
+				t.Fatalf("precondition: none of the %d files is dirty after 4 s under the lowered limit: the shortage held nothing back", len(files))
+			}
+			t.Logf("%d of %d files dirty under the lowered limit", held, len(files))
 			restore()
 			restored = true
 			waitAllClean(t, time.Second+1500*time.Millisecond, files...)
