@@ -931,17 +931,19 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		}
 		return false
 	}
-	if ev.mask&unix.FAN_DELETE != 0 && ev.file != nil && fa.unlinkSink != nil {
-		// A name deleted, with the file's own handle: after the
-		// rest of the event (the kernel may have merged a write
-		// into it), the sink brings its attempt forward.
+	if ev.mask&(unix.FAN_DELETE|unix.FAN_DELETE_SELF) != 0 && ev.file != nil && fa.unlinkSink != nil {
+		// A name deleted, with the file's own handle
+		// (FAN_REPORT_TARGET_FID), or the file itself
+		// (FAN_DELETE_SELF, with FAN_REPORT_FID: its last name gone
+		// and its last opener closed, or replaced by a rename over
+		// its name, which makes no FAN_DELETE): after the rest of
+		// the event (the kernel may have merged a write into it),
+		// the sink brings its attempt forward.
 		defer fa.unlinked(ev)
 	}
 	if ev.mask&(unix.FAN_MODIFY|unix.FAN_CLOSE_WRITE|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 {
 		// Moves away need nothing: a tracked file is opened by
-		// handle, and its names are not needed. (A deletion without
-		// the file's handle, before FAN_REPORT_TARGET_FID, waits for
-		// the file's attempt, which finds it gone: ESTALE.)
+		// handle, and its names are not needed.
 		return false
 	}
 	if ev.dir == nil {
@@ -1009,7 +1011,8 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	return true
 }
 
-// unlinked tells the sink of a deleted name of a file, by the file's key
+// unlinked tells the sink of a deleted name of a file (or of the file's
+// deletion, FAN_DELETE_SELF), by the file's key
 // and handle: from the handle cache when events reported the file, else
 // read from the handle itself (inode.HandleIno: a file reported by a scan
 // only, or since the cache was emptied at its bound, an overflow or a

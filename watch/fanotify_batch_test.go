@@ -259,6 +259,18 @@ func TestFanotifyTargetFID(t *testing.T) {
 	}
 }
 
+// fanEventSelf is an event on an object itself (FAN_DELETE_SELF): its
+// handle only, no directory and name, as FAN_REPORT_FID gives it.
+func fanEventSelf(fsid [8]byte, file []byte, mask uint64) []byte {
+	ev := fanEventMask(fsid, []byte{}, file, "", mask)
+	// Cut the DFID_NAME record (the first) out.
+	info := ev[unix.FAN_EVENT_METADATA_LEN:]
+	rec := int(binary.NativeEndian.Uint16(info[2:]))
+	out := append(slices.Clone(ev[:unix.FAN_EVENT_METADATA_LEN]), info[rec:]...)
+	binary.NativeEndian.PutUint32(out, uint32(len(out)))
+	return out
+}
+
 // unlinkOrderSink is an orderSink told of deleted names ("unlinked").
 type unlinkOrderSink struct{ orderSink }
 
@@ -274,13 +286,15 @@ func (s *unlinkOrderSink) InodeUnlinked(key inode.Key, h inode.Handle) {
 // cached: found by a scan, or the cache emptied) is told of by the inode
 // number its handle begins with (inode.HandleIno). A deletion whose handle
 // has no number to read, of a directory, or without the file's handle
-// tells nothing.
+// tells nothing. A file deleted itself (FAN_DELETE_SELF, which a file
+// replaced by a rename over its name and a file deleted while open make,
+// the latter at its last close) is told of alike.
 func TestFanotifyUnlinked(t *testing.T) {
 	s := &unlinkOrderSink{}
 	tree := Tree{Root: "/srv/data", Recursive: true}
 	fa := fakeFanotify(42, []Tree{tree}, s, Options{})
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
-	dir, fh, gh, sub, unknown, short := []byte("dirhandl"), []byte("filehndl"), []byte("fileg..."), []byte("subdir.."), []byte("unknown."), []byte("shrt")
+	dir, fh, gh, sub, unknown, short, victim := []byte("dirhandl"), []byte("filehndl"), []byte("fileg..."), []byte("subdir.."), []byte("unknown."), []byte("shrt"), []byte("victim..")
 	fa.dirs[string(fa.cacheKey(testFsid[:], typ, dir))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: fa.list()[0]}
 	fa.files[string(fa.cacheKey(testFsid[:], typ, fh))] = &fanotifyTarget{key: inode.Key{Dev: 42, Ino: 7}, regular: true, handle: inode.MakeHandle(1, fh)}
 	fa.files[string(fa.cacheKey(testFsid[:], typ, gh))] = &fanotifyTarget{key: inode.Key{Dev: 42, Ino: 8}, regular: true, handle: inode.MakeHandle(1, gh)}
@@ -293,12 +307,14 @@ func TestFanotifyUnlinked(t *testing.T) {
 		fanEventMask(testFsid, dir, short, "s", unix.FAN_DELETE),
 		fanEventMask(testFsid, dir, nil, "n", unix.FAN_DELETE),
 		fanEventMask(testFsid, dir, sub, "sub", unix.FAN_DELETE|unix.FAN_ONDIR),
+		fanEventSelf(testFsid, victim, unix.FAN_DELETE_SELF),
 	)
 	fa.events(context.Background(), buf)
 	want := []string{
 		"batch /srv/data/d/f", "unlinked 42:7 " + string(inode.MakeHandle(1, fh)),
 		"batch /srv/data/d/g", "unlinked 42:8 " + string(inode.MakeHandle(1, gh)),
 		fmt.Sprintf("unlinked 42:%d %s", binary.NativeEndian.Uint32(unknown), inode.MakeHandle(1, unknown)),
+		fmt.Sprintf("unlinked 42:%d %s", binary.NativeEndian.Uint32(victim), inode.MakeHandle(1, victim)),
 	}
 	if !slices.Equal(s.log, want) {
 		t.Errorf("the sink was told %q, want %q", s.log, want)
