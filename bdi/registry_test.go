@@ -532,3 +532,44 @@ func TestInodeUnlinked(t *testing.T) {
 		}
 	})
 }
+
+// TestNewFileTakesNumber: a report of a new file with a tracked inode's
+// number and another handle (the tracked file was deleted; ext4 gives its
+// number to the next file at once) forgets the deleted one (inodes_gone)
+// and tracks the new file afresh: at its own tree's expiry, not at the
+// deleted file's place, which its deletion had brought forward to the next
+// pass.
+func TestNewFileTakesNumber(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, fs := oneDeviceRegistry(t)
+		tree := Tree{Expire: time.Hour}
+		old := fs.add("/d/old", 1, pg, 1)
+		if err := r.MarkInodeDirty(old.path, old.key, old.handle, tree); err != nil {
+			t.Fatal(err)
+		}
+		fs.remove(old.path)
+		r.InodeUnlinked(old.key, old.handle)
+		nf := fs.add("/d/new", 1, pg, 1)
+		if nf.key != old.key || nf.handle == old.handle {
+			t.Fatalf("set-up: %v %q, want the old number with a new handle", nf.key, nf.handle)
+		}
+		if err := r.MarkInodeDirty(nf.path, nf.key, nf.handle, tree); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Second) // two passes, well before the hour
+		synctest.Wait()
+		if n := len(fs.callsOf("open_by_handle", string(nf.handle))); n != 0 {
+			t.Errorf("the new file was attempted %d times before its expiry", n)
+		}
+		if !r.Tracks(nf.key, nf.path) {
+			t.Errorf("the new file is not tracked under %s", nf.path)
+		}
+		var s Stats
+		for _, wb := range r.Devices() {
+			s = wb.Snapshot()
+		}
+		if s.InodesGone != 1 || s.BDirty != 1 {
+			t.Errorf("inodes_gone %d, b_dirty %d; want 1, 1", s.InodesGone, s.BDirty)
+		}
+	})
+}
