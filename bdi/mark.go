@@ -236,15 +236,19 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 		case h == "" || h == old:
 		case old == "":
 			in.SetHandle(h)
-		case !in.Has(inode.Sync) && !in.Has(inode.Busy) && !wb.failedLocked(in):
-			// The same (dev, ino) with another handle: the tracked inode
-			// was deleted and a new file took its number (ext4 reuses
+		case h.SameLayout(old) && !in.Has(inode.Sync) && !in.Has(inode.Busy) && !wb.failedLocked(in):
+			// The same (dev, ino) with another handle of the same
+			// layout (its generation differs): the tracked inode was
+			// deleted and a new file took its number (ext4 reuses
 			// numbers at once). The kernel evicted the old inode (off
 			// its lists: evict, inode_io_list_del) and dirties the new
 			// one afresh: the old is forgotten as gone, and the new
 			// file tracked from now, with its own tree's settings, not
 			// at the deleted file's age or place (which a deletion may
-			// have brought forward to the next pass: Unlinked).
+			// have brought forward to the next pass: Unlinked). (A
+			// handle of another type or length is not taken for a new
+			// file: were two encodings of one inode to reach here, its
+			// age would be reset by each, and its writeback put off.)
 			lists.Remove(in)
 			wb.dropInodeLocked(in)
 			wb.gone++
@@ -252,7 +256,8 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 		default:
 			// The same, while an attempt (or a call left to its
 			// worker) holds the old inode, or its loss is kept to be
-			// reported: the inode is the new file now, its place kept.
+			// reported, or a handle of another layout: the inode is
+			// the new file now, its place kept.
 			in.SetHandle(h)
 			in.SetPath(path)
 			in.Errors, in.LastErr = 0, 0

@@ -544,12 +544,16 @@ func TestNewFileTakesNumber(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)
 		tree := Tree{Expire: time.Hour}
 		old := fs.add("/d/old", 1, pg, 1)
+		// Handles as the kernel makes them: one type and length, the
+		// generation differs.
+		old.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino1gen1")) })
 		if err := r.MarkInodeDirty(old.path, old.key, old.handle, tree); err != nil {
 			t.Fatal(err)
 		}
 		fs.remove(old.path)
 		r.InodeUnlinked(old.key, old.handle)
 		nf := fs.add("/d/new", 1, pg, 1)
+		nf.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino1gen2")) })
 		if nf.key != old.key || nf.handle == old.handle {
 			t.Fatalf("set-up: %v %q, want the old number with a new handle", nf.key, nf.handle)
 		}
@@ -570,6 +574,17 @@ func TestNewFileTakesNumber(t *testing.T) {
 		}
 		if s.InodesGone != 1 || s.BDirty != 1 {
 			t.Errorf("inodes_gone %d, b_dirty %d; want 1, 1", s.InodesGone, s.BDirty)
+		}
+		// A handle of another layout for the number (another
+		// encoding of one inode) is not taken for a new file.
+		if err := r.MarkInodeDirty(nf.path, nf.key, inode.MakeHandle(2, []byte("ino1gen2par1gen1")), tree); err != nil {
+			t.Fatal(err)
+		}
+		for _, wb := range r.Devices() {
+			s = wb.Snapshot()
+		}
+		if s.InodesGone != 1 {
+			t.Errorf("a handle of another layout: inodes_gone %d, want 1 still", s.InodesGone)
 		}
 	})
 }

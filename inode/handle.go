@@ -33,6 +33,13 @@ func MakeHandle(typ int32, b []byte) Handle {
 	return Handle(buf)
 }
 
+// SameLayout reports whether h and o are handles of one type and length:
+// two such handles of one inode number name two inodes (their generations
+// differ), where handles of two layouts may be two encodings of one.
+func (h Handle) SameLayout(o Handle) bool {
+	return len(h) >= 4 && len(h) == len(o) && h[:4] == o[:4]
+}
+
 // The handle types whose bytes begin with the inode number (include/
 // linux/exportfs.h, fs/xfs/xfs_export.h, fs/btrfs/export.h).
 const (
