@@ -27,7 +27,7 @@ func (wb *Writeback) Tracks(key inode.Key, path string) bool {
 }
 
 // Unlinked is told that a name of the inode key, whose file handle is h,
-// was deleted. The kernel takes an inode off its writeback lists when the
+// or the inode itself was deleted. The kernel takes an inode off its writeback lists when the
 // inode is evicted (evict, inode_io_list_del in fs/fs-writeback.c), at
 // once; here a deleted file would wait for its next attempt, up to its
 // expiry (an hour with dirty_expire_interval = "1h"), listed by `flusherd

@@ -365,10 +365,10 @@ func (r *Registry) Tracks(key inode.Key, path string) bool {
 	return wb != nil && wb.Tracks(key, path)
 }
 
-// InodeUnlinked tells the device of key that a name of the inode was
-// deleted, with the inode's file handle h (fanotify's FAN_DELETE with
-// FAN_REPORT_TARGET_FID; watch.UnlinkSink): Writeback.Unlinked. A device
-// not known is not made.
+// InodeUnlinked tells the device of key that a name of the inode, or the
+// inode itself, was deleted, with the inode's file handle h (fanotify's
+// FAN_DELETE with FAN_REPORT_TARGET_FID, FAN_DELETE_SELF;
+// watch.UnlinkSink): Writeback.Unlinked. A device not known is not made.
 func (r *Registry) InodeUnlinked(key inode.Key, h inode.Handle) {
 	if wb := r.known(key.Dev); wb != nil {
 		wb.Unlinked(key, h)

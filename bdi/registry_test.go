@@ -473,6 +473,16 @@ func TestMarkLeaving(t *testing.T) {
 	})
 }
 
+// onlyDeviceStats returns the stats of r's one device (oneDeviceRegistry).
+func onlyDeviceStats(t *testing.T, r *Registry) Stats {
+	t.Helper()
+	ds := r.Devices()
+	if len(ds) != 1 {
+		t.Fatalf("%d devices, want 1", len(ds))
+	}
+	return ds[0].Snapshot()
+}
+
 // TestInodeUnlinked: a name of a tracked file deleted (InodeUnlinked with
 // its handle) brings its attempt forward to the next pass, though its
 // expiry is an hour away: a file gone for good is found so and forgotten
@@ -520,15 +530,11 @@ func TestInodeUnlinked(t *testing.T) {
 		if r.Tracks(untracked.key, "") {
 			t.Errorf("%s: tracked by a deletion", untracked.path)
 		}
-		var s Stats
-		for _, wb := range r.Devices() {
-			s = wb.Snapshot()
-		}
-		if s.InodesGone != 1 {
-			t.Errorf("inodes_gone %d, want 1", s.InodesGone)
-		}
 		if len(r.Devices()) != 1 {
-			t.Errorf("%d devices, want 1 (a deletion on an unknown device makes none)", len(r.Devices()))
+			t.Fatalf("%d devices, want 1 (a deletion on an unknown device makes none)", len(r.Devices()))
+		}
+		if s := onlyDeviceStats(t, r); s.InodesGone != 1 {
+			t.Errorf("inodes_gone %d, want 1", s.InodesGone)
 		}
 	})
 }
@@ -568,10 +574,7 @@ func TestNewFileTakesNumber(t *testing.T) {
 		if !r.Tracks(nf.key, nf.path) {
 			t.Errorf("the new file is not tracked under %s", nf.path)
 		}
-		var s Stats
-		for _, wb := range r.Devices() {
-			s = wb.Snapshot()
-		}
+		s := onlyDeviceStats(t, r)
 		if s.InodesGone != 1 || s.BDirty != 1 {
 			t.Errorf("inodes_gone %d, b_dirty %d; want 1, 1", s.InodesGone, s.BDirty)
 		}
@@ -580,10 +583,7 @@ func TestNewFileTakesNumber(t *testing.T) {
 		if err := r.MarkInodeDirty(nf.path, nf.key, inode.MakeHandle(2, []byte("ino1gen2par1gen1")), tree); err != nil {
 			t.Fatal(err)
 		}
-		for _, wb := range r.Devices() {
-			s = wb.Snapshot()
-		}
-		if s.InodesGone != 1 {
+		if s := onlyDeviceStats(t, r); s.InodesGone != 1 {
 			t.Errorf("a handle of another layout: inodes_gone %d, want 1 still", s.InodesGone)
 		}
 	})

@@ -81,10 +81,11 @@ type BatchSink interface {
 	MarkInodesDirty(ms []bdi.Mark)
 }
 
-// UnlinkSink is a Sink told when a name of a file is deleted, with the
-// file's own handle (fanotify's FAN_DELETE under FAN_REPORT_TARGET_FID):
-// bdi.Registry.InodeUnlinked, which has a deleted file's attempt made at
-// the next pass instead of at its expiry.
+// UnlinkSink is a Sink told when a name of a file, or the file itself, is
+// deleted, with the file's own handle (fanotify's FAN_DELETE under
+// FAN_REPORT_TARGET_FID, FAN_DELETE_SELF): bdi.Registry.InodeUnlinked,
+// which has a deleted file's attempt made at the next pass instead of at
+// its expiry.
 type UnlinkSink interface {
 	InodeUnlinked(key inode.Key, h inode.Handle)
 }
