@@ -45,16 +45,37 @@ func (wb *Writeback) Unlinked(key inode.Key, h inode.Handle) bool {
 	if h == "" {
 		return false
 	}
+	return wb.unlinked(key, func(in *inode.Inode) bool {
+		old := in.Handle()
+		return old == "" || old == h
+	})
+}
+
+// NameUnlinked is Unlinked for a watcher that knows the deleted name, not
+// the file's handle (inotify's IN_DELETE names a directory entry; the
+// inode may be gone): a tracked inode key is requeued only if path is one
+// of its names (inode.Inode.HasPath), so that a number given to another
+// file meanwhile, tracked under its own name, is left alone. The same
+// cases as Unlinked's are left as they are. It reports whether the inode
+// was requeued.
+func (wb *Writeback) NameUnlinked(key inode.Key, path string) bool {
+	if path == "" {
+		return false
+	}
+	return wb.unlinked(key, func(in *inode.Inode) bool { return in.HasPath(path) })
+}
+
+// unlinked requeues the tracked inode key (requeue_io) for Unlinked and
+// NameUnlinked when same says the deletion was of that inode.
+func (wb *Writeback) unlinked(key inode.Key, same func(*inode.Inode) bool) bool {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	in := wb.inodes.Get(key)
-	if in == nil || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.failedLocked(in) {
-		return false
-	}
-	if old := in.Handle(); old != "" && old != h {
+	if in == nil || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.failedLocked(in) || !same(in) {
 		return false
 	}
 	wb.requeueIOLocked(in)
+	in.State |= inode.Unlinked
 	wb.gen++
 	return true
 }
@@ -152,9 +173,9 @@ const markBatchMax = 64
 // order: one clock read for the whole batch and one acquisition of the
 // list lock per markBatchMax reports, which per event were three monotonic
 // clock reads and a lock (about a fifth of the fanotify watcher's CPU
-// under a steady stream of writes). A report of an untracked inode without
-// a handle ends the lock hold and is marked alone (mark: lockWithHandle
-// asks the opener for the handle without the lock).
+// under a steady stream of writes). A report without a handle that wants
+// one (wantsHandleLocked) ends the lock hold and is marked alone (mark:
+// lockWithHandle asks the opener for the handle without the lock).
 func (wb *Writeback) markBatch(ms []Mark) {
 	_, opens := wb.open.(inode.HandleOpener)
 	now := wb.now()
@@ -164,7 +185,7 @@ func (wb *Writeback) markBatch(ms []Mark) {
 		wb.mu.Lock()
 		for end := min(i+markBatchMax, len(ms)); i < end; i++ {
 			m := &ms[i]
-			if alone = opens && m.Handle == "" && wb.inodes.Get(m.Key) == nil; alone {
+			if alone = opens && wb.wantsHandleLocked(m.Key, m.Handle); alone {
 				break
 			}
 			if wb.markInodeDirtyLocked(m.Key, m.Path, m.Handle, m.Tree, now, m.how()) {
@@ -184,7 +205,8 @@ func (wb *Writeback) markBatch(ms []Mark) {
 }
 
 // lockWithHandle takes the list lock and returns h, or, for an inode not
-// tracked yet and no h, the handle the opener gives for path
+// tracked yet (or told deleted since it was last reported: inode.Unlinked)
+// and no h, the handle the opener gives for path
 // (inode.HandleOpener; "" when it has none). The opener is asked with the
 // lock released (HandleOf is a system call), so a tracked inode, the usual
 // case, costs one lock acquisition.
@@ -192,7 +214,7 @@ func (wb *Writeback) markBatch(ms []Mark) {
 // +checklocksacquire:wb.mu
 func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) inode.Handle {
 	wb.mu.Lock()
-	if h != "" || wb.inodes.Get(key) != nil {
+	if !wb.wantsHandleLocked(key, h) {
 		return h
 	}
 	ho, ok := wb.open.(inode.HandleOpener)
@@ -203,6 +225,21 @@ func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) 
 	h, _ = ho.HandleOf(path, key)
 	wb.mu.Lock()
 	return h
+}
+
+// wantsHandleLocked reports whether a report of key without a handle (h
+// "") is to ask the opener for one: the inode is not tracked, or a
+// deletion was told since its last report (inode.Unlinked), so that the
+// report may be of a new file that took its number. Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) wantsHandleLocked(key inode.Key, h inode.Handle) bool {
+	if h != "" {
+		return false
+	}
+	in := wb.inodes.Get(key)
+	return in == nil || in.Has(inode.Unlinked)
 }
 
 // markInodeDirtyLocked is MarkInodeDirty's work under the list lock, at
@@ -232,6 +269,11 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 		}
 		wb.inodes.Set(in)
 	} else {
+		if h != "" {
+			// Reported with a handle: whether the same file or a new
+			// one, a deletion told before is dealt with below.
+			in.State &^= inode.Unlinked
+		}
 		switch old := in.Handle(); {
 		case h == "" || h == old:
 		case old == "":

@@ -375,6 +375,15 @@ func (r *Registry) InodeUnlinked(key inode.Key, h inode.Handle) {
 	}
 }
 
+// NameUnlinked tells the device of key that the name path of the inode was
+// deleted (inotify's IN_DELETE, watch.NameUnlinkSink):
+// Writeback.NameUnlinked. A device not known is not made.
+func (r *Registry) NameUnlinked(key inode.Key, path string) {
+	if wb := r.known(key.Dev); wb != nil {
+		wb.NameUnlinked(key, path)
+	}
+}
+
 // TracksKey reports whether the inode key is tracked, under any name
 // (watch.KeyTracker).
 func (r *Registry) TracksKey(key inode.Key) bool {

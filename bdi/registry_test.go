@@ -539,6 +539,73 @@ func TestInodeUnlinked(t *testing.T) {
 	})
 }
 
+// TestNameUnlinked: a deletion told by name (inotify's IN_DELETE, no
+// handle) brings the attempt of the tracked inode with that key and name
+// forward to the next pass, which forgets a file gone and writes back one
+// that another name keeps; a name that is not the inode's (the number
+// given to another file, tracked under its own name), a name of no
+// tracked inode, an empty name and an unknown device change nothing before
+// the expiry. A new file given a deleted file's number and reported
+// without a handle is told apart by its handle, asked for since the
+// deletion was told (inode.Unlinked): tracked afresh, the deleted one
+// forgotten as gone.
+func TestNameUnlinked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, fs := oneDeviceRegistry(t)
+		tree := Tree{Expire: time.Hour}
+		gone := fs.add("/d/gone", 1, pg, 1)
+		linked := fs.add("/d/linked", 2, pg, 1)
+		renamed := fs.add("/d/renamed", 3, pg, 1)
+		for _, f := range []*fakeFile{gone, linked, renamed} {
+			if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fs.remove(gone.path)
+		r.NameUnlinked(gone.key, gone.path)
+		r.NameUnlinked(linked.key, linked.path)
+		r.NameUnlinked(renamed.key, "/d/old-name")
+		r.NameUnlinked(inode.Key{Dev: gone.key.Dev, Ino: 77}, "/d/untracked")
+		r.NameUnlinked(inode.Key{Dev: 99, Ino: 1}, "/d/gone") // a device not known
+		r.NameUnlinked(renamed.key, "")
+		// A file deleted, its number given at once to a new file,
+		// reported without a handle (inotify): its handle is asked for,
+		// and the new file is tracked afresh, at its own expiry.
+		taken := fs.add("/d/taken", 5, pg, 1)
+		taken.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino5gen1")) })
+		if err := r.MarkInodeDirty(taken.path, taken.key, "", tree); err != nil {
+			t.Fatal(err)
+		}
+		fs.remove(taken.path)
+		r.NameUnlinked(taken.key, taken.path)
+		nf := fs.add("/d/new", 5, pg, 1)
+		nf.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino5gen2")) })
+		if err := r.MarkInodeDirty(nf.path, nf.key, "", tree); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Second) // two passes, well before the hour
+		synctest.Wait()
+		if r.Tracks(gone.key, "") {
+			t.Errorf("%s: deleted, still tracked after the next pass", gone.path)
+		}
+		if n := len(fs.callsOf("open_by_handle", string(nf.handle))); n != 0 || !r.Tracks(nf.key, nf.path) {
+			t.Errorf("%s (a deleted file's number): attempted %d times before its expiry, or not tracked", nf.path, n)
+		}
+		if len(fs.callsOf("sync_file_range", linked.path)) == 0 || r.Tracks(linked.key, "") {
+			t.Errorf("%s: a name deleted, the file still there: not written back and forgotten at the next pass", linked.path)
+		}
+		if len(fs.callsOf("open_by_handle", string(renamed.handle))) != 0 || !r.Tracks(renamed.key, renamed.path) {
+			t.Errorf("%s: another name's deletion had it attempted before its expiry, or it is no longer tracked", renamed.path)
+		}
+		if len(r.Devices()) != 1 {
+			t.Fatalf("%d devices, want 1 (a deletion on an unknown device makes none)", len(r.Devices()))
+		}
+		if s := onlyDeviceStats(t, r); s.InodesGone != 2 {
+			t.Errorf("inodes_gone %d, want 2", s.InodesGone)
+		}
+	})
+}
+
 // TestNewFileTakesNumber: a report of a new file with a tracked inode's
 // number and another handle (the tracked file was deleted; ext4 gives its
 // number to the next file at once) forgets the deleted one (inodes_gone)

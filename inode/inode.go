@@ -83,6 +83,12 @@ const (
 	// inotify's IN_CLOSE_WRITE), which writes nothing, and an attempt
 	// that finds it clean parks it as failed again.
 	LostBefore
+	// Unlinked: a deletion of one of its names, or of the inode, was
+	// told (bdi's Writeback.Unlinked, NameUnlinked) since it was last
+	// reported: a report of its number that comes without a handle
+	// (inotify) asks for the file's handle, since a new file may have
+	// taken the number (ext4 reuses numbers at once).
+	Unlinked
 )
 
 // ErrnoOther is LastErr for an error that is not an errno.

@@ -41,9 +41,11 @@ type Watcher struct {
 	limitLogs int                 // most directories unwatched in this episode (0: none, the next episode is logged)
 	kick      chan struct{}
 
-	// keys caches the identity of the regular files that Write events
-	// named, by path, so that a stream of writes to a file costs one
-	// lstat(2), not one per event. Only Run's goroutine uses it. An entry
+	// keys caches the identity of the regular files that Create and
+	// Write events named, by path, so that a stream of writes to a file
+	// costs one lstat(2), not one per event, and so that the deletion of
+	// a name (Remove) can be told to the sink with the file's key
+	// (NameUnlinkSink). Only Run's goroutine uses it. An entry
 	// goes when an event says the name may now lead elsewhere (Create,
 	// Rename, Remove of it), and the whole cache when a directory is
 	// made, moved or removed (the paths below it change) or when it
@@ -515,13 +517,27 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			}
 		}
 	}
+	// The file the name led to, if the cache knows it: a Remove or a
+	// Create of the name (a file moved over it: IN_MOVED_TO) says that
+	// file lost the name; the sink is told (unlinked), so that a deleted
+	// file is forgotten at the next pass, not at its expiry. A name the
+	// cache has lost (a file found by a scan only, or the cache emptied
+	// since) waits for that.
+	old, known := w.keys[ev.Name]
 	if !ev.Has(fsnotify.Write) {
 		w.forgetKey(ev.Name) // (a Create of a directory clears all of it below)
+	}
+	if known && ev.Has(fsnotify.Remove) {
+		w.unlinked(old, ev.Name)
 	}
 	switch {
 	case ev.Has(fsnotify.Create):
 		var st unix.Stat_t
-		if err := unix.Lstat(ev.Name, &st); err != nil {
+		err := unix.Lstat(ev.Name, &st)
+		if known && (err != nil || (inode.Key{Dev: st.Dev, Ino: st.Ino}) != old) {
+			w.unlinked(old, ev.Name)
+		}
+		if err != nil {
 			if policy.Shortage(err) {
 				w.scanIncomplete(err)
 			}
@@ -546,7 +562,9 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			// here (an open can hang on a sick filesystem and would
 			// stall every tree); the writeback attempt, which has a
 			// timeout, finds out whether it is dirty.
-			w.report(t, ev.Name, inode.Key{Dev: st.Dev, Ino: st.Ino}, false)
+			key := inode.Key{Dev: st.Dev, Ino: st.Ino}
+			w.report(t, ev.Name, key, false)
+			w.cacheKey(ev.Name, key)
 		}
 	case ev.Has(fsnotify.Write):
 		if key, ok := w.keys[ev.Name]; ok {
@@ -554,10 +572,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			return
 		}
 		if key, ok := w.reportPath(t, ev.Name, false); ok {
-			if len(w.keys) >= maxKeys {
-				clear(w.keys)
-			}
-			w.keys[ev.Name] = key
+			w.cacheKey(ev.Name, key)
 		}
 	case ev.Has(fsnotify.Rename), ev.Has(fsnotify.Remove):
 		// A directory renamed away keeps its watch under the old name:
@@ -567,6 +582,23 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			w.checkRoots()
 		}
 	}
+}
+
+// unlinked tells the sink, if it takes them (NameUnlinkSink), that the
+// file key lost the name path.
+func (w *Watcher) unlinked(key inode.Key, path string) {
+	if w.nameSink != nil {
+		w.nameSink.NameUnlinked(key, path)
+	}
+}
+
+// cacheKey records in keys that path names the regular file key, emptying
+// keys first when it holds maxKeys entries.
+func (w *Watcher) cacheKey(path string, key inode.Key) {
+	if len(w.keys) >= maxKeys {
+		clear(w.keys)
+	}
+	w.keys[path] = key
 }
 
 // forgetKey drops what keys knows of path, after an event that says the

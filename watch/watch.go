@@ -90,6 +90,14 @@ type UnlinkSink interface {
 	InodeUnlinked(key inode.Key, h inode.Handle)
 }
 
+// NameUnlinkSink is a Sink told when a name of a file is deleted, with the
+// file's key as last seen under that name and the name (inotify's
+// IN_DELETE, which carries no handle): bdi.Registry.NameUnlinked, which
+// has the file's attempt made at the next pass instead of at its expiry.
+type NameUnlinkSink interface {
+	NameUnlinked(key inode.Key, path string)
+}
+
 // KeyTracker is a Sink that tells whether an inode is tracked under any
 // name (bdi.Registry does): a scan reports such a file found under a new
 // name (moved or linked into a tree) without looking at it, so that the
@@ -175,10 +183,11 @@ func Q(path string) zap.Field { return zap.String("path", strconv.Quote(path)) }
 // roots' identity.
 type base struct {
 	sink        Sink
-	closedSink  ClosedSink // sink, if it tells a close from a write; else nil
-	keyTracker  KeyTracker // sink, if it tells whether a key is tracked; else nil
-	batchSink   BatchSink  // sink, if it takes reports in batches; else nil
-	unlinkSink  UnlinkSink // sink, if it is told of deleted names; else nil
+	closedSink  ClosedSink     // sink, if it tells a close from a write; else nil
+	keyTracker  KeyTracker     // sink, if it tells whether a key is tracked; else nil
+	batchSink   BatchSink      // sink, if it takes reports in batches; else nil
+	unlinkSink  UnlinkSink     // sink, if it is told of deleted names; else nil
+	nameSink    NameUnlinkSink // sink, if it is told of deleted names by name; else nil
 	log         *zap.Logger
 	open        inode.Opener
 	ctr         *Counters        // shared by the two halves of a Mixed backend
@@ -276,6 +285,7 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	b.keyTracker, _ = sink.(KeyTracker)
 	b.batchSink, _ = sink.(BatchSink)
 	b.unlinkSink, _ = sink.(UnlinkSink)
+	b.nameSink, _ = sink.(NameUnlinkSink)
 	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)

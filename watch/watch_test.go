@@ -654,3 +654,118 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 	}
 	return ma > major || (ma == major && mi >= minor)
 }
+
+// nameUnlinkSink records the reports and the deletions told by name
+// (NameUnlinkSink), in order.
+type nameUnlinkSink struct {
+	sink
+	log []string
+}
+
+func (s *nameUnlinkSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+	s.mu.Lock()
+	s.log = append(s.log, fmt.Sprintf("mark %s %d", path, key.Ino))
+	s.mu.Unlock()
+	return s.sink.MarkInodeDirty(path, key, h, t)
+}
+
+func (s *nameUnlinkSink) NameUnlinked(key inode.Key, path string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.log = append(s.log, fmt.Sprintf("unlinked %d:%d %s", key.Dev, key.Ino, path))
+}
+
+func (s *nameUnlinkSink) entries() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.log)
+}
+
+// TestInotifyNameUnlinked: with inotify, the deletion of a file's name
+// (IN_DELETE) is told to the sink with the key the file had under that
+// name, after the file's reports: a file written and deleted, a file made
+// and deleted unwritten, one name of a file with two, a file replaced by a
+// rename over its name (at the rename), and the file that replaced it (at
+// its deletion); a file renamed away is not told of (it still exists).
+func TestInotifyNameUnlinked(t *testing.T) {
+	root := t.TempDir()
+	s := &nameUnlinkSink{sink: sink{seen: map[string]int{}}}
+	w := startWith(t, root, "inotify", s)
+	p := func(name string) string { return filepath.Join(root, name) }
+	keyOf := func(name string) inode.Key {
+		t.Helper()
+		k, _, err := inode.Stat(p(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	write := func(name string) {
+		t.Helper()
+		if err := os.WriteFile(p(name), []byte("data"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("written")
+	write("two")
+	if err := os.Link(p("two"), p("two-b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p("made"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write("moved")
+	write("replaced")
+	kOrig := keyOf("replaced")
+	// The rename over it waits for the report of the file it replaces,
+	// whose name it takes.
+	eventually(t, "the report of replaced", func() bool { return s.has(p("replaced")) })
+	write("new")
+	if err := os.Rename(p("new"), p("replaced")); err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]inode.Key{}
+	for _, name := range []string{"written", "two-b", "made", "moved", "replaced"} {
+		keys[name] = keyOf(name)
+	}
+	// Each name is deleted once the event that made it (for "replaced",
+	// the rename over it) has been handled.
+	eventually(t, "the reports", func() bool {
+		marks := map[string]bool{}
+		for _, e := range s.entries() {
+			marks[e] = true
+		}
+		for name, k := range keys {
+			if !marks[fmt.Sprintf("mark %s %d", p(name), k.Ino)] {
+				return false
+			}
+		}
+		return true
+	})
+	for _, name := range []string{"written", "two-b", "made", "replaced"} {
+		if err := os.Remove(p(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Rename(p("moved"), filepath.Join(t.TempDir(), "away")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{fmt.Sprintf("unlinked %d:%d %s", kOrig.Dev, kOrig.Ino, p("replaced"))}
+	for _, name := range []string{"written", "two-b", "made", "replaced"} {
+		want = append(want, fmt.Sprintf("unlinked %d:%d %s", keys[name].Dev, keys[name].Ino, p(name)))
+	}
+	unlinks := func() []string {
+		var got []string
+		for _, e := range s.entries() {
+			if strings.HasPrefix(e, "unlinked ") {
+				got = append(got, e)
+			}
+		}
+		return got
+	}
+	eventually(t, "the deletions", func() bool { return len(unlinks()) >= len(want) })
+	w.Quiesce(context.Background())
+	if got := unlinks(); !slices.Equal(got, want) {
+		t.Errorf("deletions told %q, want %q", got, want)
+	}
+}
