@@ -404,6 +404,17 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 	reply(s.handler(ctx, req))
 }
 
+// deniedSocket says whose the control socket at path is, for a connection
+// refused with EACCES or EPERM: its owner (and root) may use it (mode 0600,
+// in a directory of the daemon's user).
+func deniedSocket(path string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Uid == 0 {
+		return fmt.Sprintf("the control socket %s is root-only", path)
+	}
+	return fmt.Sprintf("the control socket %s is only for its owner, uid %d, and root", path, st.Uid)
+}
+
 // ErrUnreachable wraps the error of a Call that found no daemon.
 var ErrUnreachable = errors.New("flusherd is not reachable")
 
@@ -416,7 +427,7 @@ var ErrNotSent = errors.New("the request was not sent")
 func Call(path string, req Request, timeout time.Duration) (Response, error) {
 	c, err := net.DialTimeout("unix", path, 5*time.Second)
 	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
-		return Response{}, fmt.Errorf("the control socket %s is root-only: %w", path, err)
+		return Response{}, fmt.Errorf("%s: %w", deniedSocket(path), err)
 	}
 	if err != nil {
 		return Response{}, fmt.Errorf("%w: %w", ErrUnreachable, err)

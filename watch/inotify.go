@@ -232,6 +232,9 @@ func (w *Watcher) watchRoot(root string) error {
 		max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
 		return fmt.Errorf("inotify_add_watch %s: out of inotify watches (fs.inotify.max_user_watches = %s); raise it or use the fanotify backend",
 			strconv.Quote(root), strings.TrimSpace(string(max)))
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		return fmt.Errorf("%w: the daemon may not read the tree %s (inotify_add_watch: %v); give it read and search permission on the directory, or remove the tree",
+			ErrBackendRefused, strconv.Quote(root), err)
 	}
 	return &fs.PathError{Op: "inotify_add_watch", Path: root, Err: err}
 }

@@ -866,6 +866,9 @@ func fanotifyRefused(err error) string {
 	if errors.Is(err, ErrSharedFsid) {
 		return "this tree's filesystem has the fsid of another marked filesystem, so fanotify cannot tell their events apart; it is served by inotify"
 	}
+	if errors.Is(err, unix.EACCES) {
+		return "the daemon may not read this tree's root (permission denied), so fanotify cannot mark it; it is tried with inotify"
+	}
 	return "this tree's filesystem refuses fanotify; it is served by inotify"
 }
 
@@ -886,6 +889,14 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 	case "fanotify":
 		f, err := NewFanotify(trees, sink, opt)
 		var te *TreeError
+		if errors.As(err, &te) && errors.Is(te.Err, unix.EPERM) {
+			return nil, fmt.Errorf("%w: backend = \"fanotify\", but fanotify is not permitted for %s (%v): it needs CAP_SYS_ADMIN and CAP_DAC_READ_SEARCH (run as root, as the shipped unit does); set backend = \"auto\" or \"inotify\" to run without them",
+				ErrBackendRefused, strconv.Quote(te.Root), te.Err)
+		}
+		if errors.As(err, &te) && errors.Is(te.Err, unix.EACCES) {
+			return nil, fmt.Errorf("%w: backend = \"fanotify\", but the daemon may not read the tree %s (%v)",
+				ErrBackendRefused, strconv.Quote(te.Root), te.Err)
+		}
 		if errors.As(err, &te) {
 			return nil, fmt.Errorf("%w: backend = \"fanotify\", but the filesystem of %s refuses it (%v); set backend = \"auto\" to serve that tree with inotify and the others with fanotify",
 				ErrBackendRefused, strconv.Quote(te.Root), te.Err)
@@ -939,7 +950,9 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 
 // ErrBackendRefused is New's error when an explicitly configured backend
 // cannot serve a tree (fanotify on a filesystem that refuses a mark, such
-// as FUSE or a btrfs subvolume): a configuration error.
+// as FUSE or a btrfs subvolume, or without the privileges it needs), and a
+// backend's Start error for a tree root the daemon may not read (EACCES,
+// EPERM from inotify_add_watch): a configuration error.
 var ErrBackendRefused = errors.New("configuration error")
 
 // WriteStats writes c as <dir>/watch/stats, atomically, in the stats files'
