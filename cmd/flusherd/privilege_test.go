@@ -33,15 +33,18 @@ func nobodyCred(t *testing.T) *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
 }
 
-// runAs runs the flusherd binary with args as cred's user and returns its
-// exit status and output; the binary's directory is made searchable.
+// runAs runs the flusherd binary with args, as cred's user (nil: the
+// test's own; the binary's directory is then made searchable), and
+// returns its exit status and output.
 func runAs(t *testing.T, cred *syscall.Credential, args ...string) (int, string) {
 	t.Helper()
-	if err := makeSearchable(filepath.Dir(binary)); err != nil {
-		t.Fatal(err)
-	}
 	cmd := exec.Command(binary, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if cred != nil {
+		if err := makeSearchable(filepath.Dir(binary)); err != nil {
+			t.Fatal(err)
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	switch {

@@ -2,10 +2,8 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -24,17 +22,7 @@ import (
 // code and output.
 func runSync(t *testing.T, d *flusherdProc, paths ...string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(binary, append([]string{"sync", "--stats-dir", d.statsDir}, paths...)...)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, string(out)
-	case errors.As(err, &ee):
-		return ee.ExitCode(), string(out)
-	}
-	t.Fatalf("flusherd sync: %v", err)
-	return 0, ""
+	return runAs(t, nil, append([]string{"sync", "--stats-dir", d.statsDir}, paths...)...)
 }
 
 // TestSyncAheadOfBackground: `flusherd sync FILE` issued while the daemon

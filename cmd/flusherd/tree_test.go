@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -903,24 +902,15 @@ func (s *treeSuite) bigDir(t *testing.T) {
 // SIGTERM (within its shutdown_timeout, the file being still dirty).
 func (s *treeSuite) unreadable(t *testing.T) {
 	t.Parallel()
-	nobody, err := user.Lookup("nobody")
-	if err != nil {
-		t.Skipf("no user nobody: %v", err)
-	}
-	uid, err1 := strconv.ParseUint(nobody.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(nobody.Gid, 10, 32)
-	if err1 != nil || err2 != nil {
-		t.Skipf("user nobody: uid %q gid %q", nobody.Uid, nobody.Gid)
-	}
+	cred := nobodyCred(t)
 	tree := s.dir(t, "unreadable")
 	if err := makeSearchable(tree); err != nil {
 		t.Skipf("the tree cannot be made reachable for nobody: %v", err)
 	}
-	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
 	d := s.start(t, treeOpts{cred: cred, shutdownTimeout: "2s"}, treeWatch{path: tree})
 	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid)); err != nil ||
-		!regexp.MustCompile(`(?m)^Uid:\s+`+nobody.Uid+`\s`).Match(status) {
-		t.Fatalf("precondition: the daemon does not run as nobody (uid %s): %v\n%s", nobody.Uid, err, status)
+		!regexp.MustCompile(fmt.Sprintf(`(?m)^Uid:\s+%d\s`, cred.Uid)).Match(status) {
+		t.Fatalf("precondition: the daemon does not run as nobody (uid %d): %v\n%s", cred.Uid, err, status)
 	}
 	secret := filepath.Join(tree, "secret")
 	if err := os.WriteFile(secret, make([]byte, 64<<10), 0o600); err != nil {
@@ -932,7 +922,7 @@ func (s *treeSuite) unreadable(t *testing.T) {
 	writeOwned := func(p string) {
 		t.Helper()
 		writeDirty(t, p, 32<<10)
-		if err := os.Chown(p, int(uid), int(gid)); err != nil {
+		if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
 			t.Fatal(err)
 		}
 	}
