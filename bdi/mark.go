@@ -65,6 +65,50 @@ func (wb *Writeback) NameUnlinked(key inode.Key, path string) bool {
 	return wb.unlinked(key, func(in *inode.Inode) bool { return in.HasPath(path) })
 }
 
+// CheckNames looks whether each file tracked under root still has its
+// name, after a rescan of root's tree (events may have been lost with the
+// deletions they told of): its directory's entry of that name is missing
+// (fstatat(2): ENOENT; the directory gone: ENOENT, ENOTDIR, or ELOOP for a
+// symlink in its place) or is another inode, and it is requeued as
+// NameUnlinked requeues it, so that the next pass forgets it if it is gone
+// (or writes it back early if it was renamed and its new name was not
+// seen). Any other error tells nothing: the file stays as it is. Each
+// directory is opened once (inode.OpenPath, O_PATH, no symlink followed)
+// and its files looked at by name in it. The list lock is held while the
+// names are gathered (as for a sync request, Refs), not during the system
+// calls. It returns the number of files requeued.
+func (wb *Writeback) CheckNames(root string) int {
+	refs := wb.Refs(root)
+	byDir := map[string][]int{}
+	for i, ref := range refs {
+		dir := ref.Path[:max(strings.LastIndexByte(ref.Path, '/'), 1)]
+		byDir[dir] = append(byDir[dir], i)
+	}
+	n := 0
+	for dir, idx := range byDir {
+		dfd, derr := inode.OpenPath(dir)
+		for _, i := range idx {
+			ref := refs[i]
+			gone := false
+			switch {
+			case derr == nil:
+				var st unix.Stat_t
+				err := unix.Fstatat(dfd, ref.Path[strings.LastIndexByte(ref.Path, '/')+1:], &st, unix.AT_SYMLINK_NOFOLLOW)
+				gone = errors.Is(err, unix.ENOENT) || (err == nil && (inode.Key{Dev: st.Dev, Ino: st.Ino}) != ref.Key)
+			default:
+				gone = errors.Is(derr, unix.ENOENT) || errors.Is(derr, unix.ENOTDIR) || errors.Is(derr, unix.ELOOP)
+			}
+			if gone && wb.NameUnlinked(ref.Key, ref.Path) {
+				n++
+			}
+		}
+		if derr == nil {
+			unix.Close(dfd)
+		}
+	}
+	return n
+}
+
 // unlinked requeues the tracked inode key (requeue_io) for Unlinked and
 // NameUnlinked when same says the deletion was of that inode.
 func (wb *Writeback) unlinked(key inode.Key, same func(*inode.Inode) bool) bool {

@@ -384,6 +384,18 @@ func (r *Registry) NameUnlinked(key inode.Key, path string) {
 	}
 }
 
+// CheckNames looks, on every device, whether each file tracked under root
+// still has its name (Writeback.CheckNames), after a rescan of the tree
+// (watch.NameChecker).
+func (r *Registry) CheckNames(root string) {
+	for _, wb := range r.Devices() {
+		if n := wb.CheckNames(root); n > 0 {
+			r.opt.Log.Info("after a rescan, tracked files whose names are gone are looked at by the next pass",
+				zap.String("root", strconv.Quote(root)), zap.Int("files", n), zap.String("bdi", wb.Name))
+		}
+	}
+}
+
 // TracksKey reports whether the inode key is tracked, under any name
 // (watch.KeyTracker).
 func (r *Registry) TracksKey(key inode.Key) bool {

@@ -606,6 +606,87 @@ func TestNameUnlinked(t *testing.T) {
 	})
 }
 
+// TestCheckNames: after a rescan (events may have been lost), a tracked
+// file whose name finds nothing (deleted) or another inode (replaced by a
+// rename over it) is requeued, and the next pass forgets it; one renamed
+// (its new name unseen) is written back early; one still there, and one
+// outside the rescanned tree, are left for their expiry. The names are
+// real files, looked at with lstat(2); the fake opener stands for them.
+func TestCheckNames(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, fs := oneDeviceRegistry(t)
+		tree := Tree{Expire: time.Hour}
+		base := t.TempDir()
+		root, other := filepath.Join(base, "tree"), filepath.Join(base, "other")
+		for _, d := range []string{root, other} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		files := map[string]*fakeFile{}
+		for i, p := range []string{root + "/keep", root + "/gone", root + "/replaced", root + "/renamed", other + "/gone"} {
+			if err := os.WriteFile(p, []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			key, _, err := inode.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := fs.add(p, uint64(i+1), pg, 1)
+			f.set(func(f *fakeFile) { f.key = key })
+			files[p] = f
+			if err := r.MarkInodeDirty(p, key, f.handle, tree); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range []string{root + "/gone", other + "/gone"} {
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			fs.remove(p)
+		}
+		replaced := root + "/replaced"
+		if err := os.WriteFile(replaced+".tmp", []byte("new"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(replaced+".tmp", replaced); err != nil {
+			t.Fatal(err)
+		}
+		fs.remove(replaced)
+		renamed := files[root+"/renamed"]
+		if err := os.Rename(renamed.path, root+"/renamed2"); err != nil {
+			t.Fatal(err)
+		}
+		fs.mu.Lock()
+		delete(fs.files, renamed.path)
+		renamed.path = root + "/renamed2"
+		fs.files[renamed.path] = renamed
+		fs.mu.Unlock()
+
+		if n := r.known(files[replaced].key.Dev).CheckNames(root); n != 3 {
+			t.Errorf("CheckNames requeued %d files, want 3 (gone, replaced, renamed)", n)
+		}
+		time.Sleep(10 * time.Second) // two passes, well before the hour
+		synctest.Wait()
+		for _, p := range []string{root + "/gone", replaced} {
+			if r.Tracks(files[p].key, "") {
+				t.Errorf("%s: still tracked after the next pass", p)
+			}
+		}
+		if len(fs.callsOf("sync_file_range", renamed.path)) == 0 {
+			t.Errorf("%s: renamed, its name not seen: not written back at the next pass", renamed.path)
+		}
+		for _, p := range []string{root + "/keep", other + "/gone"} {
+			if len(fs.callsOf("open_by_handle", string(files[p].handle))) != 0 || !r.Tracks(files[p].key, p) {
+				t.Errorf("%s: attempted before its expiry, or no longer tracked", p)
+			}
+		}
+		if s := onlyDeviceStats(t, r); s.InodesGone != 2 {
+			t.Errorf("inodes_gone %d, want 2", s.InodesGone)
+		}
+	})
+}
+
 // TestNewFileTakesNumber: a report of a new file with a tracked inode's
 // number and another handle (the tracked file was deleted; ext4 gives its
 // number to the next file at once) forgets the deleted one (inodes_gone)

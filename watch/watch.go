@@ -98,6 +98,16 @@ type NameUnlinkSink interface {
 	NameUnlinked(key inode.Key, path string)
 }
 
+// NameChecker is a Sink that, after a rescan of a tree (events may have
+// been lost: a queue overflow, a resource shortage), looks whether each
+// file it tracks under the tree's root still has its name, and has the
+// next pass look at those that do not (bdi.Registry.CheckNames): a
+// deletion lost with the events is found within a pass, not at the file's
+// expiry.
+type NameChecker interface {
+	CheckNames(root string)
+}
+
 // KeyTracker is a Sink that tells whether an inode is tracked under any
 // name (bdi.Registry does): a scan reports such a file found under a new
 // name (moved or linked into a tree) without looking at it, so that the
@@ -188,6 +198,7 @@ type base struct {
 	batchSink   BatchSink      // sink, if it takes reports in batches; else nil
 	unlinkSink  UnlinkSink     // sink, if it is told of deleted names; else nil
 	nameSink    NameUnlinkSink // sink, if it is told of deleted names by name; else nil
+	nameChecker NameChecker    // sink, if it checks names after a rescan; else nil
 	log         *zap.Logger
 	open        inode.Opener
 	ctr         *Counters        // shared by the two halves of a Mixed backend
@@ -286,6 +297,7 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	b.batchSink, _ = sink.(BatchSink)
 	b.unlinkSink, _ = sink.(UnlinkSink)
 	b.nameSink, _ = sink.(NameUnlinkSink)
+	b.nameChecker, _ = sink.(NameChecker)
 	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)
@@ -675,6 +687,11 @@ func (b *base) rescanTrees(ctx context.Context, trees []*tree, onDir func(t Tree
 			f = func(p string) { onDir(t.Tree, p) }
 		}
 		b.scanDir(ctx, t.Tree, t.Root, true, f)
+		if served && b.nameChecker != nil && ctx.Err() == nil {
+			// The events lost may have told of deletions, which no
+			// scan can find: the tracked names are looked at.
+			b.nameChecker.CheckNames(t.Root)
+		}
 	}
 }
 

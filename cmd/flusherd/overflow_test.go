@@ -182,3 +182,70 @@ backend = "fanotify"
 		})
 	}
 }
+
+// TestDeletedInOverflow: files tracked in a tree whose expire is an hour
+// away, deleted while the daemon is stopped and the event queue (cut to 16
+// events) overflows with other writes, are not kept until the hour: the
+// overflow's rescan looks at the tracked names, finds these gone, and the
+// next pass forgets them (inodes_gone). Both backends.
+func TestDeletedInOverflow(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, backend := range []string{"inotify", "fanotify"} {
+		t.Run(backend, func(t *testing.T) {
+			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+			tree := filepath.Join(mnt.Dir, "tree")
+			doomedDir := filepath.Join(tree, "doomed")
+			for _, d := range []string{tree, doomedDir} {
+				if err := os.Mkdir(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			restore := setSysctl(t, "/proc/sys/fs/"+backend+"/max_queued_events", "16")
+			d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+expire = "1h"
+`, backend, tree))
+			restore()
+			var doomed []string
+			for i := range 200 {
+				p := filepath.Join(doomedDir, fmt.Sprint(i))
+				writeDirty(t, p, 4096)
+				doomed = append(doomed, p)
+				if i%10 == 9 {
+					time.Sleep(5 * time.Millisecond) // (the queue holds 16 events)
+				}
+			}
+			devStats := d.devStats(mnt.MajMin)
+			before := statsWhen(t, devStats, 5*time.Second, func(s map[string]int64) bool { return tracked(s) >= 200 })
+			if tracked(before) < 200 {
+				t.Fatalf("precondition: %d files tracked, want the 200 written (%s)", tracked(before), brief(before))
+			}
+			files := overflowWrites(t, d, tree, func() {
+				for _, p := range doomed {
+					if err := os.Remove(p); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+			after := statsWhen(t, devStats, 5*time.Second, func(s map[string]int64) bool {
+				return s["inodes_gone"]-before["inodes_gone"] >= 200 && tracked(s) <= int64(len(files))
+			})
+			if n := after["inodes_gone"] - before["inodes_gone"]; n < 200 || tracked(after) > int64(len(files)) {
+				t.Errorf("5s after SIGCONT: inodes_gone +%d, %d tracked; want +200 and at most the %d files written meanwhile (%s)",
+					n, tracked(after), len(files), brief(after))
+			}
+			ws := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
+			if ws["overflows"] < 1 {
+				t.Errorf("no overflow counted (%v): the test did not test what it means to", ws)
+			}
+			d.stop(t)
+		})
+	}
+}
