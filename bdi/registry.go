@@ -390,7 +390,7 @@ func (r *Registry) NameUnlinked(key inode.Key, path string) {
 func (r *Registry) CheckNames(root string) {
 	for _, wb := range r.Devices() {
 		if n := wb.CheckNames(root); n > 0 {
-			r.opt.Log.Info("after a rescan, tracked files whose names are gone are looked at by the next pass",
+			r.opt.Log.Debug("after a rescan, tracked files whose names are gone are looked at by the next pass",
 				zap.String("root", strconv.Quote(root)), zap.Int("files", n), zap.String("bdi", wb.Name))
 		}
 	}
