@@ -609,8 +609,9 @@ func TestNameUnlinked(t *testing.T) {
 // TestCheckNames: after a rescan (events may have been lost), a tracked
 // file whose name finds nothing (deleted) or another inode (replaced by a
 // rename over it) is requeued, and the next pass forgets it; one renamed
-// (its new name unseen) is written back early; one still there, and one
-// outside the rescanned tree, are left for their expiry. The names are
+// (its new name unseen) is written back early, as is one whose directory
+// was moved and replaced by a symlink; one still there, and one outside
+// the rescanned tree, are left for their expiry. The names are
 // real files, looked at with lstat(2); the fake opener stands for them.
 func TestCheckNames(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -623,8 +624,13 @@ func TestCheckNames(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		sub := filepath.Join(root, "sub")
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		inSub := sub + "/f"
 		files := map[string]*fakeFile{}
-		for i, p := range []string{root + "/keep", root + "/gone", root + "/replaced", root + "/renamed", other + "/gone"} {
+		for i, p := range []string{root + "/keep", root + "/gone", root + "/replaced", root + "/renamed", other + "/gone", inSub} {
 			if err := os.WriteFile(p, []byte("data"), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -663,8 +669,16 @@ func TestCheckNames(t *testing.T) {
 		fs.files[renamed.path] = renamed
 		fs.mu.Unlock()
 
-		if n := r.known(files[replaced].key.Dev).CheckNames(root); n != 3 {
-			t.Errorf("CheckNames requeued %d files, want 3 (gone, replaced, renamed)", n)
+		// A directory replaced by a symlink to one that holds a file of
+		// the same name: the tracked file's name is gone.
+		if err := os.Rename(sub, other+"/sub"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(other, sub); err != nil {
+			t.Fatal(err)
+		}
+		if n := r.known(files[replaced].key.Dev).CheckNames(root); n != 4 {
+			t.Errorf("CheckNames requeued %d files, want 4 (gone, replaced, renamed, under the symlink)", n)
 		}
 		time.Sleep(10 * time.Second) // two passes, well before the hour
 		synctest.Wait()
@@ -675,6 +689,9 @@ func TestCheckNames(t *testing.T) {
 		}
 		if len(fs.callsOf("sync_file_range", renamed.path)) == 0 {
 			t.Errorf("%s: renamed, its name not seen: not written back at the next pass", renamed.path)
+		}
+		if len(fs.callsOf("open_by_handle", string(files[inSub].handle))) == 0 {
+			t.Errorf("%s: its directory replaced by a symlink: not looked at by the next pass", inSub)
 		}
 		for _, p := range []string{root + "/keep", other + "/gone"} {
 			if len(fs.callsOf("open_by_handle", string(files[p].handle))) != 0 || !r.Tracks(files[p].key, p) {
