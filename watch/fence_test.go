@@ -236,7 +236,7 @@ func TestReportRemovedTree(t *testing.T) {
 				fa := fakeFanotify(key.Dev, trees, s, Options{})
 				b, remove = &fa.base, func() { fa.RemoveTree(root) }
 			} else {
-				w := &Watcher{dirs: map[string]struct{}{}, unwatched: map[string]Tree{}}
+				w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]Tree{}}
 				w.init(trees, s, Options{})
 				b, remove = &w.base, func() { w.RemoveTree(root) }
 			}
@@ -387,7 +387,7 @@ func TestRemovedTreeFinalScan(t *testing.T) {
 					fa := fakeFanotify(key.Dev, []Tree{tr}, s, Options{})
 					b, remove = &fa.base, func() bool { return fa.RemoveTree(root) }
 				} else {
-					w := &Watcher{dirs: map[string]struct{}{}, unwatched: map[string]Tree{}}
+					w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]Tree{}}
 					w.init([]Tree{tr}, s, Options{})
 					b, remove = &w.base, func() bool { return w.RemoveTree(root) }
 				}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -36,9 +37,9 @@ type Watcher struct {
 	interval time.Duration
 
 	dmu       sync.Mutex
-	dirs      map[string]struct{} // watched directories, for renames and removals
-	unwatched map[string]Tree     // directories out of watches, rescanned periodically
-	limitLogs int                 // most directories unwatched in this episode (0: none, the next episode is logged)
+	dirs      map[string]inode.Key // watched directories and their identity when watched (zero: unknown), for renames and removals
+	unwatched map[string]Tree      // directories out of watches, rescanned periodically
+	limitLogs int                  // most directories unwatched in this episode (0: none, the next episode is logged)
 	kick      chan struct{}
 
 	// keys caches the identity of the regular files that Create and
@@ -74,7 +75,7 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	iw := &Watcher{w: w, interval: iv, dirs: map[string]struct{}{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, looked: map[string]bool{}}
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
 	iw.statsTrees, iw.statsName = iw.Trees, iw.Name
@@ -107,10 +108,39 @@ func (w *Watcher) add(dir string) error {
 	if err := w.w.Add(dir); err != nil {
 		return err
 	}
+	key, _, _ := inode.Stat(dir) // (zero if it cannot be told: moved already)
 	w.dmu.Lock()
-	w.dirs[dir] = struct{}{}
+	w.dirs[dir] = key
 	w.dmu.Unlock()
 	return nil
+}
+
+// dropMovedWatches runs before a rescan after a queue overflow: a watched
+// directory renamed or replaced while the events were lost keeps its
+// inotify watch, and fsnotify, which knows the watch by the old name,
+// reports the directory's events under that name (a name that leads to
+// another directory now, or to nothing), and would give the old name's
+// watch to the directory found there (its watch descriptor, re-added,
+// replacing the moved one's: the moved directory's events then go
+// nowhere). So every watched directory whose name no longer leads to the
+// directory watched (lstat(2): another inode, or none) loses its watch,
+// with those below it, before the rescan watches the trees' directories
+// by their names now. It returns the number of names dropped.
+func (w *Watcher) dropMovedWatches() int {
+	w.dmu.Lock()
+	dirs := make(map[string]inode.Key, len(w.dirs))
+	maps.Copy(dirs, w.dirs)
+	w.dmu.Unlock()
+	n := 0
+	for dir, was := range dirs {
+		if key, _, err := inode.Stat(dir); err == nil && key == was {
+			continue
+		}
+		if w.forget(dir) {
+			n++
+		}
+	}
+	return n
 }
 
 // addOrNote watches dir; a directory beyond the watch limit is noted for
@@ -392,7 +422,16 @@ func (w *Watcher) Run(ctx context.Context) {
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				w.ctr.Overflows.Add(1)
 				w.logOverflow("inotify")
-				w.overflowRescan(ctx, func() { w.rescan(ctx, w.addOrNote) })
+				// The names the lost events changed may lead
+				// elsewhere now.
+				clear(w.keys)
+				w.overflowRescan(ctx, func() {
+					if n := w.dropMovedWatches(); n > 0 {
+						w.log.Info("watched directories were moved or replaced while events were lost; they are watched again under their names now",
+							zap.Int("directories", n))
+					}
+					w.rescan(ctx, w.addOrNote)
+				})
 				continue
 			}
 			w.log.Warn("watch error", zap.Error(err))
