@@ -501,7 +501,15 @@ func (wb *Writeback) complete(att *attempt) {
 	} else if dest == policy.Drop && in.Handle() != att.handle {
 		// A new file took the inode's number while the attempt ran on
 		// the old one (MarkInodeDirty renewed the handle): write it.
+		// When the attempt had a handle, the file it named is gone, as
+		// the attempt found: counted so, and as the pass's progress (a
+		// pass that found only such files is not spinning). (Without
+		// one, the new handle may be the same file's, first seen.)
 		dest = policy.MoreIOWait
+		if att.handle != "" {
+			wb.gone++
+			wb.pass.cleaned++
+		}
 	} else if other := in.OtherPath(); dest == policy.Drop && other != "" {
 		// The name is gone, but the inode may live on under its other
 		// name (a hard link): try that before dropping it.
