@@ -258,6 +258,15 @@ func (fs *handleFS) HandleOf(path string, key inode.Key) (inode.Handle, error) {
 
 func (fs *handleFS) OpenHandle(h inode.Handle, key inode.Key) (inode.File, error) {
 	fs.mu.Lock()
+	for _, f := range fs.files {
+		if f.handle == h && f.onOpen != nil {
+			hook := f.onOpen
+			fs.mu.Unlock()
+			hook()
+			fs.mu.Lock()
+			break
+		}
+	}
 	defer fs.mu.Unlock()
 	fs.record("open_by_handle", string(h), 0, 0)
 	if fs.ebadf {

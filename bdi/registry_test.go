@@ -704,6 +704,41 @@ func TestCheckNames(t *testing.T) {
 	})
 }
 
+// TestNumberTakenDuringAttempt: the file of a tracked inode is deleted and
+// a new file takes its number while an attempt runs on the old one (its
+// handle, known, is stale): the new file is written, and the old one is
+// counted in inodes_gone.
+func TestNumberTakenDuringAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, fs := oneDeviceRegistry(t)
+		old := fs.add("/d/old", 1, pg, 1)
+		old.set(func(f *fakeFile) {
+			f.handle = inode.MakeHandle(1, []byte("ino1gen1"))
+			f.onOpen = func() {
+				// In the attempt's open: the file is deleted and
+				// a new one, reported, takes its number.
+				fs.remove("/d/old")
+				nf := fs.add("/d/new", 1, pg, 1)
+				nf.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino1gen2")) })
+				if err := r.MarkInodeDirty(nf.path, nf.key, nf.handle, Tree{Expire: 0}); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		if err := r.MarkInodeDirty(old.path, old.key, old.handle, Tree{Expire: 0}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if len(fs.callsOf("sync_file_range", "/d/new")) == 0 || r.Tracks(old.key, "") {
+			t.Errorf("the new file was not written back and forgotten (tracked: %v)", r.Tracks(old.key, ""))
+		}
+		if s := onlyDeviceStats(t, r); s.InodesGone != 1 {
+			t.Errorf("inodes_gone %d, want 1 (the old file)", s.InodesGone)
+		}
+	})
+}
+
 // TestNewFileTakesNumber: a report of a new file with a tracked inode's
 // number and another handle (the tracked file was deleted; ext4 gives its
 // number to the next file at once) forgets the deleted one (inodes_gone)
