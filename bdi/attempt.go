@@ -630,6 +630,7 @@ func (wb *Writeback) requeueInodeLocked(in *inode.Inode, dest policy.Dest, now t
 		wb.forgetLocked(in, dest == policy.Drop)
 	case policy.MoreIO:
 		wb.requeueIOLocked(in)
+		wb.pass.moreIO++
 	case policy.MoreIOWait:
 		wb.requeueIOWaitLocked(in)
 	case policy.RedirtyTail:

@@ -15,6 +15,9 @@ import (
 	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"flusherd/inode"
 )
@@ -735,6 +738,50 @@ func TestNumberTakenDuringAttempt(t *testing.T) {
 		}
 		if s := onlyDeviceStats(t, r); s.InodesGone != 1 {
 			t.Errorf("inodes_gone %d, want 1 (the old file)", s.InodesGone)
+		}
+	})
+}
+
+// TestDeletionDuringIdlePass: a deletion told during a pass whose only
+// attempt makes no progress (a blocked file) puts the deleted file on
+// b_more_io; the pass is not taken for a busy loop (no warning), and
+// another pass of the same work forgets the deleted file.
+func TestDeletionDuringIdlePass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		core, logs := observer.New(zapcore.InfoLevel)
+		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
+		r := NewRegistry(Options{Config: testConfig(), Opener: fs, Log: zap.New(core),
+			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
+		t.Cleanup(r.Stop)
+		gone := fs.add("/d/gone", 2, pg, 1)
+		if err := r.MarkInodeDirty(gone.path, gone.key, gone.handle, Tree{Expire: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		blocked := fs.add("/d/blocked", 1, pg, 1)
+		told := false
+		blocked.set(func(f *fakeFile) {
+			f.openErr = syscall.EAGAIN
+			f.onOpen = func() {
+				if !told {
+					told = true
+					fs.remove(gone.path)
+					r.InodeUnlinked(gone.key, gone.handle)
+				}
+			}
+		})
+		if err := r.MarkInodeDirty(blocked.path, blocked.key, blocked.handle, Tree{Expire: 0}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5100 * time.Millisecond) // the first kupdate pass
+		synctest.Wait()
+		if !told {
+			t.Fatal("precondition: the blocked file was not attempted")
+		}
+		if n := len(fs.callsOf("open_by_handle", string(gone.handle))); n == 0 || r.Tracks(gone.key, "") {
+			t.Errorf("the deleted file: %d attempts, tracked %v; want it forgotten by the same work", n, r.Tracks(gone.key, ""))
+		}
+		if n := logs.FilterMessageSnippet("busy loop").Len(); n != 0 {
+			t.Errorf("%d busy-loop warnings, want none", n)
 		}
 	})
 }

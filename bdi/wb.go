@@ -323,6 +323,9 @@ type passCounters struct {
 	// retried after at most throttleRetry, not after the growing
 	// backoff, or the device would sit idle between them.
 	throttled uint64
+	// moreIO counts the pass's attempts that requeued their inode on
+	// b_more_io (requeue_io).
+	moreIO int
 }
 
 // throttleRetry is the longest wait before the files deferred by
@@ -663,6 +666,13 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		wb.mu.Unlock()
 		if !moreIO {
 			break
+		}
+		if pass.moreIO == 0 && !w.foreignMoreIO {
+			// b_more_io was filled during the pass by others (a
+			// deletion told, a tree removed), not by its attempts:
+			// another pass takes those now, once per work.
+			w.foreignMoreIO = true
+			continue
 		}
 		// No progress although b_more_io is not empty: looping again
 		// would spin.

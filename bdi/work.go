@@ -39,6 +39,9 @@ type Work struct {
 	waitSpliced bool
 	progress    bool
 	throttled   bool // an attempt was deferred by max_inflight
+	// foreignMoreIO: a pass without progress left b_more_io filled by
+	// others than its attempts, and another pass was made (wbWriteback).
+	foreignMoreIO bool
 	// The work's attempts, as passCounters counts them: they decide
 	// whether the device goes probing.
 	attempts, devFails int
