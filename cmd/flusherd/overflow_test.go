@@ -67,6 +67,35 @@ func overflowWrites(t *testing.T, d *flusherdProc, tree string, stopped func()) 
 	return files
 }
 
+// startCutQueue starts the daemon with backend's event queue cut to 16
+// events (fs.<backend>.max_queued_events, read when the queue is made and
+// restored at once after), a pass every 200 ms and one recursive tree at
+// tree, whose expire is expire ("": the default, 1 s here).
+func startCutQueue(t *testing.T, backend, tree, expire string) *flusherdProc {
+	t.Helper()
+	restore := setSysctl(t, "/proc/sys/fs/"+backend+"/max_queued_events", "16")
+	conf := fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"200ms\"\ndirty_expire_interval = \"1s\"\n[watcher]\nbackend = %q\n[[watch]]\npath = %q\n", backend, tree)
+	if expire != "" {
+		conf += fmt.Sprintf("expire = %q\n", expire)
+	}
+	d := startDaemon(t, conf)
+	restore()
+	if !strings.Contains(d.log.String(), "watch backend: "+backend) {
+		t.Fatalf("daemon did not pick %s:\n%s", backend, d.log.String())
+	}
+	return d
+}
+
+// overflowed waits up to 5 s for d's watch/stats to count an overflow and
+// fails the test if none comes: it would not test what it means to.
+func overflowed(t *testing.T, d *flusherdProc) {
+	t.Helper()
+	ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 5*time.Second, func(ws map[string]int64) bool { return ws["overflows"] >= 1 })
+	if ws["overflows"] < 1 {
+		t.Fatalf("no overflow counted (%v): the test would not test what it means to", ws)
+	}
+}
+
 // TestOverflow: with the backend's event queue cut to 16 events and the
 // daemon stopped (SIGSTOP) while 2,000 files are written, the queue
 // overflows; the daemon rescans the tree with cachestat and every file
@@ -82,22 +111,7 @@ func TestOverflow(t *testing.T) {
 			if err := os.Mkdir(tree, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			restore := setSysctl(t, "/proc/sys/fs/"+backend+"/max_queued_events", "16")
-			d := startDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "200ms"
-dirty_expire_interval = "1s"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-`, backend, tree))
-			// The limit is taken when the queue is made; the
-			// daemon's is made by now.
-			restore()
-			if !strings.Contains(d.log.String(), "watch backend: "+backend) {
-				t.Fatalf("daemon did not pick %s:\n%s", backend, d.log.String())
-			}
+			d := startCutQueue(t, backend, tree, "")
 			files := overflowWrites(t, d, tree, nil)
 			written := time.Now()
 			for _, p := range files {
@@ -174,10 +188,7 @@ backend = "fanotify"
 			for _, p := range files {
 				waitClean(t, p, time.Until(written.Add(15*time.Second)))
 			}
-			ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(ws map[string]int64) bool { return ws["overflows"] >= 1 })
-			if ws["overflows"] < 1 {
-				t.Errorf("no overflow counted (%v): the test did not test what it means to", ws)
-			}
+			overflowed(t, d)
 			d.stop(t)
 		})
 	}
@@ -202,17 +213,7 @@ func TestDeletedInOverflow(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			restore := setSysctl(t, "/proc/sys/fs/"+backend+"/max_queued_events", "16")
-			d := startDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "200ms"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-expire = "1h"
-`, backend, tree))
-			restore()
+			d := startCutQueue(t, backend, tree, "1h")
 			var doomed []string
 			for i := range 200 {
 				p := filepath.Join(doomedDir, fmt.Sprint(i))
@@ -241,10 +242,7 @@ expire = "1h"
 				t.Errorf("5s after SIGCONT: inodes_gone +%d, %d tracked; want +200 and at most the %d files written meanwhile (%s)",
 					n, tracked(after), len(files), brief(after))
 			}
-			ws := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
-			if ws["overflows"] < 1 {
-				t.Errorf("no overflow counted (%v): the test did not test what it means to", ws)
-			}
+			overflowed(t, d)
 			d.stop(t)
 		})
 	}
@@ -269,17 +267,7 @@ func TestDirMovedInOverflow(t *testing.T) {
 			if err := os.MkdirAll(filepath.Join(tree, "d", "sub"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			restore := setSysctl(t, "/proc/sys/fs/"+backend+"/max_queued_events", "16")
-			d := startDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "200ms"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-expire = "500ms"
-`, backend, tree))
-			restore()
+			d := startCutQueue(t, backend, tree, "500ms")
 			d.cmd.Process.Signal(syscall.SIGSTOP)
 			for i := range 200 {
 				p := filepath.Join(tree, fmt.Sprint("j", i))
@@ -295,10 +283,7 @@ expire = "500ms"
 				t.Fatal(err)
 			}
 			d.cmd.Process.Signal(syscall.SIGCONT)
-			ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 5*time.Second, func(ws map[string]int64) bool { return ws["overflows"] >= 1 })
-			if ws["overflows"] < 1 {
-				t.Fatalf("no overflow counted (%v): the test would not test what it means to", ws)
-			}
+			overflowed(t, d)
 			time.Sleep(500 * time.Millisecond) // (the rescan)
 			for round := range 2 {
 				var files []string
