@@ -67,10 +67,11 @@ func (wb *Writeback) NameUnlinked(key inode.Key, path string) bool {
 
 // CheckNames looks whether each file tracked under root still has its
 // name, after a rescan of root's tree (events may have been lost with the
-// deletions they told of): its directory's entry of that name is missing
-// (fstatat(2): ENOENT; the directory gone: ENOENT, ENOTDIR, or ELOOP or
-// ENOTDIR for a symlink in its place) or is another inode, and it is requeued as
-// NameUnlinked requeues it, so that the next pass forgets it if it is gone
+// deletions they told of). When its directory's entry of that name is
+// missing (fstatat(2): ENOENT), or is another inode, or the directory is
+// gone (ENOENT, ENOTDIR) or a symlink now (ELOOP from the open, ENOTDIR
+// from fstatat through the link's O_PATH descriptor), the file is requeued
+// as NameUnlinked requeues it, so that the next pass forgets it if it is gone
 // (or writes it back early if it was renamed and its new name was not
 // seen). Any other error tells nothing: the file stays as it is. Each
 // directory is opened once (inode.OpenPath, O_PATH, no symlink followed)
@@ -94,8 +95,6 @@ func (wb *Writeback) CheckNames(root string) int {
 			case derr == nil:
 				var st unix.Stat_t
 				err := unix.Fstatat(dfd, ref.Path[strings.LastIndexByte(ref.Path, '/')+1:], &st, unix.AT_SYMLINK_NOFOLLOW)
-				// (ENOTDIR: dir is a symlink now, whose O_PATH
-				// descriptor OpenPath gave.)
 				gone = errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || (err == nil && (inode.Key{Dev: st.Dev, Ino: st.Ino}) != ref.Key)
 			default:
 				gone = errors.Is(derr, unix.ENOENT) || errors.Is(derr, unix.ENOTDIR) || errors.Is(derr, unix.ELOOP)
