@@ -48,9 +48,10 @@ type Watcher struct {
 	// a name (Remove) can be told to the sink with the file's key
 	// (NameUnlinkSink). Only Run's goroutine uses it. An entry
 	// goes when an event says the name may now lead elsewhere (Create,
-	// Rename, Remove of it), and the whole cache when a directory is
-	// made, moved or removed (the paths below it change) or when it
-	// holds maxKeys entries.
+	// Rename, Remove of it), the entries below a directory when it is
+	// made, moved or removed (the paths below it change), and the whole
+	// cache when it holds maxKeys entries or events were lost (an
+	// overflow).
 	keys map[string]inode.Key
 
 	// looked holds the roots whose identity Run's current batch of
@@ -587,7 +588,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
-			clear(w.keys) // a directory moved in: the paths below it are new
+			w.forgetKeysUnder(ev.Name) // a directory moved in: the paths below it are new
 			// The tree of what is in it: a directory made in a
 			// non-recursive tree's root holds files of the tree
 			// around that one, if any.
@@ -644,8 +645,9 @@ func (w *Watcher) cacheKey(path string, key inode.Key) {
 }
 
 // forgetKey drops what keys knows of path, after an event that says the
-// name may lead elsewhere now: its entry, or every entry when path is a
-// watched directory (moved or removed: the paths below it change).
+// name may lead elsewhere now: its entry, or the entries below it when
+// path is a watched directory (moved or removed: the paths below it
+// change).
 func (w *Watcher) forgetKey(path string) {
 	if _, ok := w.keys[path]; ok {
 		delete(w.keys, path)
@@ -655,7 +657,18 @@ func (w *Watcher) forgetKey(path string) {
 	_, dir := w.dirs[path]
 	w.dmu.Unlock()
 	if dir {
-		clear(w.keys)
+		w.forgetKeysUnder(path)
+	}
+}
+
+// forgetKeysUnder drops the entries of keys below the directory dir: a
+// walk of the cache (at most maxKeys entries), as emptying it is.
+func (w *Watcher) forgetKeysUnder(dir string) {
+	prefix := dir + "/"
+	for p := range w.keys {
+		if strings.HasPrefix(p, prefix) {
+			delete(w.keys, p)
+		}
 	}
 }
 

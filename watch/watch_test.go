@@ -686,7 +686,8 @@ func (s *nameUnlinkSink) entries() []string {
 // name, after the file's reports: a file written and deleted, a file made
 // and deleted unwritten, one name of a file with two, a file replaced by a
 // rename over its name (at the rename), and the file that replaced it (at
-// its deletion); a file renamed away is not told of (it still exists).
+// its deletion); a file renamed away is not told of (it still exists). A
+// directory made meanwhile does not make the reader forget the names.
 func TestInotifyNameUnlinked(t *testing.T) {
 	root := t.TempDir()
 	s := &nameUnlinkSink{sink: sink{seen: map[string]int{}}}
@@ -742,6 +743,13 @@ func TestInotifyNameUnlinked(t *testing.T) {
 		}
 		return true
 	})
+	// A directory made elsewhere in the tree leaves the names the
+	// reader knows as they are (its files' names are new).
+	if err := os.Mkdir(p("newdir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write("newdir/f")
+	eventually(t, "the report of newdir/f", func() bool { return s.has(p("newdir/f")) })
 	for _, name := range []string{"written", "two-b", "made", "replaced"} {
 		if err := os.Remove(p(name)); err != nil {
 			t.Fatal(err)
