@@ -3,6 +3,7 @@ package bdi
 import (
 	"errors"
 	"math"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -82,7 +83,7 @@ func (wb *Writeback) CheckNames(root string) int {
 	refs := wb.Refs(root)
 	byDir := map[string][]int{}
 	for i, ref := range refs {
-		dir := ref.Path[:max(strings.LastIndexByte(ref.Path, '/'), 1)]
+		dir := filepath.Dir(ref.Path)
 		byDir[dir] = append(byDir[dir], i)
 	}
 	n := 0
@@ -94,7 +95,7 @@ func (wb *Writeback) CheckNames(root string) int {
 			switch {
 			case derr == nil:
 				var st unix.Stat_t
-				err := unix.Fstatat(dfd, ref.Path[strings.LastIndexByte(ref.Path, '/')+1:], &st, unix.AT_SYMLINK_NOFOLLOW)
+				err := unix.Fstatat(dfd, filepath.Base(ref.Path), &st, unix.AT_SYMLINK_NOFOLLOW)
 				gone = errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || (err == nil && (inode.Key{Dev: st.Dev, Ino: st.Ino}) != ref.Key)
 			default:
 				gone = errors.Is(derr, unix.ENOENT) || errors.Is(derr, unix.ENOTDIR) || errors.Is(derr, unix.ELOOP)

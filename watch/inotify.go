@@ -109,7 +109,17 @@ func (w *Watcher) add(dir string) error {
 	if err := w.w.Add(dir); err != nil {
 		return err
 	}
-	key, _, _ := inode.Stat(dir) // (zero if it cannot be told: moved already)
+	w.dmu.Lock()
+	key, ok := w.dirs[dir]
+	w.dmu.Unlock()
+	if !ok || key == (inode.Key{}) {
+		// Its identity, once (a rescan adds every directory again):
+		// zero if it cannot be told (moved already). A name watched
+		// before keeps the identity it had; if it leads to another
+		// directory now, the next overflow's dropMovedWatches watches
+		// it afresh.
+		key, _, _ = inode.Stat(dir)
+	}
 	w.dmu.Lock()
 	w.dirs[dir] = key
 	w.dmu.Unlock()
@@ -610,8 +620,8 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 			w.cacheKey(ev.Name, key)
 		}
 	case ev.Has(fsnotify.Write):
-		if key, ok := w.keys[ev.Name]; ok {
-			w.report(t, ev.Name, key, false)
+		if known { // (old: the cache's entry, which a Write keeps)
+			w.report(t, ev.Name, old, false)
 			return
 		}
 		if key, ok := w.reportPath(t, ev.Name, false); ok {

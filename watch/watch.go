@@ -905,18 +905,18 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 		return NewInotify(trees, sink, opt)
 	case "fanotify":
 		f, err := NewFanotify(trees, sink, opt)
-		var te *TreeError
-		if errors.As(err, &te) && errors.Is(te.Err, unix.EPERM) {
-			return nil, fmt.Errorf("%w: backend = \"fanotify\", but fanotify is not permitted for %s (%v): it needs CAP_SYS_ADMIN and CAP_DAC_READ_SEARCH (run as root, as the shipped unit does); set backend = \"auto\" or \"inotify\" to run without them",
-				ErrBackendRefused, strconv.Quote(te.Root), te.Err)
-		}
-		if errors.As(err, &te) && errors.Is(te.Err, unix.EACCES) {
-			return nil, fmt.Errorf("%w: backend = \"fanotify\", but the daemon may not read the tree %s (%v)",
-				ErrBackendRefused, strconv.Quote(te.Root), te.Err)
-		}
-		if errors.As(err, &te) {
+		if te := (*TreeError)(nil); errors.As(err, &te) {
+			root := strconv.Quote(te.Root)
+			switch {
+			case errors.Is(te.Err, unix.EPERM):
+				return nil, fmt.Errorf("%w: backend = \"fanotify\", but fanotify is not permitted for %s (%v): it needs CAP_SYS_ADMIN and CAP_DAC_READ_SEARCH (run as root, as the shipped unit does); set backend = \"auto\" or \"inotify\" to run without them",
+					ErrBackendRefused, root, te.Err)
+			case errors.Is(te.Err, unix.EACCES):
+				return nil, fmt.Errorf("%w: backend = \"fanotify\", but the daemon may not read the tree %s (%v)",
+					ErrBackendRefused, root, te.Err)
+			}
 			return nil, fmt.Errorf("%w: backend = \"fanotify\", but the filesystem of %s refuses it (%v); set backend = \"auto\" to serve that tree with inotify and the others with fanotify",
-				ErrBackendRefused, strconv.Quote(te.Root), te.Err)
+				ErrBackendRefused, root, te.Err)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("fanotify backend: %w", err)
