@@ -486,6 +486,17 @@ func onlyDeviceStats(t *testing.T, r *Registry) Stats {
 	return ds[0].Snapshot()
 }
 
+// markFiles reports each of the fake files as written, under tree, with
+// its handle.
+func markFiles(t *testing.T, r *Registry, tree Tree, files ...*fakeFile) {
+	t.Helper()
+	for _, f := range files {
+		if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestInodeUnlinked: a name of a tracked file deleted (InodeUnlinked with
 // its handle) brings its attempt forward to the next pass, though its
 // expiry is an hour away: a file gone for good is found so and forgotten
@@ -502,11 +513,7 @@ func TestInodeUnlinked(t *testing.T) {
 		reused := fs.add("/d/reused", 3, pg, 1)
 		nohandle := fs.add("/d/nohandle", 4, pg, 1)
 		untracked := fs.add("/d/untracked", 5, pg, 1)
-		for _, f := range []*fakeFile{gone, linked, reused, nohandle} {
-			if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree); err != nil {
-				t.Fatal(err)
-			}
-		}
+		markFiles(t, r, tree, gone, linked, reused, nohandle)
 		fs.remove(gone.path)
 		r.InodeUnlinked(gone.key, gone.handle)
 		r.InodeUnlinked(linked.key, linked.handle)
@@ -559,11 +566,7 @@ func TestNameUnlinked(t *testing.T) {
 		gone := fs.add("/d/gone", 1, pg, 1)
 		linked := fs.add("/d/linked", 2, pg, 1)
 		renamed := fs.add("/d/renamed", 3, pg, 1)
-		for _, f := range []*fakeFile{gone, linked, renamed} {
-			if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree); err != nil {
-				t.Fatal(err)
-			}
-		}
+		markFiles(t, r, tree, gone, linked, renamed)
 		fs.remove(gone.path)
 		r.NameUnlinked(gone.key, gone.path)
 		r.NameUnlinked(linked.key, linked.path)

@@ -96,11 +96,11 @@ func overflowed(t *testing.T, d *flusherdProc) {
 	}
 }
 
-// TestOverflow: with the backend's event queue cut to 16 events and the
-// daemon stopped (SIGSTOP) while 2,000 files are written, the queue
-// overflows; the daemon rescans the tree with cachestat and every file
-// still gets clean within the bound. Both backends.
-func TestOverflow(t *testing.T) {
+// forBackends runs f once per backend, as root, each on a new 256 MiB
+// loop-mounted ext4 whose directory "tree", and dirs (relative to it), are
+// made.
+func forBackends(t *testing.T, f func(t *testing.T, backend string, mnt *testfs.FS, tree string), dirs ...string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
@@ -108,29 +108,41 @@ func TestOverflow(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
 			tree := filepath.Join(mnt.Dir, "tree")
-			if err := os.Mkdir(tree, 0o755); err != nil {
-				t.Fatal(err)
+			for _, d := range append([]string{""}, dirs...) {
+				if err := os.MkdirAll(filepath.Join(tree, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
 			}
-			d := startCutQueue(t, backend, tree, "")
-			files := overflowWrites(t, d, tree, nil)
-			written := time.Now()
-			for _, p := range files {
-				waitClean(t, p, time.Until(written.Add(10*time.Second)))
-			}
-			ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(ws map[string]int64) bool {
-				return ws["overflows"] >= 1 && ws["rescans"] >= 1
-			})
-			ds := statsWhen(t, d.devStats(mnt.MajMin), 3*time.Second, func(ds map[string]int64) bool { return ds["rescans"] >= 1 })
-			t.Logf("watch stats %v; device rescans %d", ws, ds["rescans"])
-			if ws["overflows"] < 1 || ws["rescans"] < 1 {
-				t.Errorf("want an overflow and a rescan counted, got %v", ws)
-			}
-			if ds["rescans"] < 1 {
-				t.Errorf("device stats count no rescan: %v", ds)
-			}
-			d.stop(t)
+			f(t, backend, mnt, tree)
 		})
 	}
+}
+
+// TestOverflow: with the backend's event queue cut to 16 events and the
+// daemon stopped (SIGSTOP) while 2,000 files are written, the queue
+// overflows; the daemon rescans the tree with cachestat and every file
+// still gets clean within the bound. Both backends.
+func TestOverflow(t *testing.T) {
+	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
+		d := startCutQueue(t, backend, tree, "")
+		files := overflowWrites(t, d, tree, nil)
+		written := time.Now()
+		for _, p := range files {
+			waitClean(t, p, time.Until(written.Add(10*time.Second)))
+		}
+		ws := statsWhen(t, filepath.Join(d.statsDir, "watch", "stats"), 3*time.Second, func(ws map[string]int64) bool {
+			return ws["overflows"] >= 1 && ws["rescans"] >= 1
+		})
+		ds := statsWhen(t, d.devStats(mnt.MajMin), 3*time.Second, func(ds map[string]int64) bool { return ds["rescans"] >= 1 })
+		t.Logf("watch stats %v; device rescans %d", ws, ds["rescans"])
+		if ws["overflows"] < 1 || ws["rescans"] < 1 {
+			t.Errorf("want an overflow and a rescan counted, got %v", ws)
+		}
+		if ds["rescans"] < 1 {
+			t.Errorf("device stats count no rescan: %v", ds)
+		}
+		d.stop(t)
+	})
 }
 
 // TestRemoveTreeAfterOverflow: a tree that a reload removes while the
@@ -200,52 +212,40 @@ backend = "fanotify"
 // overflow's rescan looks at the tracked names, finds these gone, and the
 // next pass forgets them (inodes_gone). Both backends.
 func TestDeletedInOverflow(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	for _, backend := range []string{"inotify", "fanotify"} {
-		t.Run(backend, func(t *testing.T) {
-			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
-			tree := filepath.Join(mnt.Dir, "tree")
-			doomedDir := filepath.Join(tree, "doomed")
-			for _, d := range []string{tree, doomedDir} {
-				if err := os.Mkdir(d, 0o755); err != nil {
+	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
+		doomedDir := filepath.Join(tree, "doomed")
+		d := startCutQueue(t, backend, tree, "1h")
+		var doomed []string
+		for i := range 200 {
+			p := filepath.Join(doomedDir, fmt.Sprint(i))
+			writeDirty(t, p, 4096)
+			doomed = append(doomed, p)
+			if i%10 == 9 {
+				time.Sleep(5 * time.Millisecond) // (the queue holds 16 events)
+			}
+		}
+		devStats := d.devStats(mnt.MajMin)
+		before := statsWhen(t, devStats, 5*time.Second, func(s map[string]int64) bool { return tracked(s) >= 200 })
+		if tracked(before) < 200 {
+			t.Fatalf("precondition: %d files tracked, want the 200 written (%s)", tracked(before), brief(before))
+		}
+		files := overflowWrites(t, d, tree, func() {
+			for _, p := range doomed {
+				if err := os.Remove(p); err != nil {
 					t.Fatal(err)
 				}
 			}
-			d := startCutQueue(t, backend, tree, "1h")
-			var doomed []string
-			for i := range 200 {
-				p := filepath.Join(doomedDir, fmt.Sprint(i))
-				writeDirty(t, p, 4096)
-				doomed = append(doomed, p)
-				if i%10 == 9 {
-					time.Sleep(5 * time.Millisecond) // (the queue holds 16 events)
-				}
-			}
-			devStats := d.devStats(mnt.MajMin)
-			before := statsWhen(t, devStats, 5*time.Second, func(s map[string]int64) bool { return tracked(s) >= 200 })
-			if tracked(before) < 200 {
-				t.Fatalf("precondition: %d files tracked, want the 200 written (%s)", tracked(before), brief(before))
-			}
-			files := overflowWrites(t, d, tree, func() {
-				for _, p := range doomed {
-					if err := os.Remove(p); err != nil {
-						t.Fatal(err)
-					}
-				}
-			})
-			after := statsWhen(t, devStats, 5*time.Second, func(s map[string]int64) bool {
-				return s["inodes_gone"]-before["inodes_gone"] >= 200 && tracked(s) <= int64(len(files))
-			})
-			if n := after["inodes_gone"] - before["inodes_gone"]; n < 200 || tracked(after) > int64(len(files)) {
-				t.Errorf("5s after SIGCONT: inodes_gone +%d, %d tracked; want +200 and at most the %d files written meanwhile (%s)",
-					n, tracked(after), len(files), brief(after))
-			}
-			overflowed(t, d)
-			d.stop(t)
 		})
-	}
+		after := statsWhen(t, devStats, 5*time.Second, func(s map[string]int64) bool {
+			return s["inodes_gone"]-before["inodes_gone"] >= 200 && tracked(s) <= int64(len(files))
+		})
+		if n := after["inodes_gone"] - before["inodes_gone"]; n < 200 || tracked(after) > int64(len(files)) {
+			t.Errorf("5s after SIGCONT: inodes_gone +%d, %d tracked; want +200 and at most the %d files written meanwhile (%s)",
+				n, tracked(after), len(files), brief(after))
+		}
+		overflowed(t, d)
+		d.stop(t)
+	}, "doomed")
 }
 
 // TestDirMovedInOverflow: a watched directory renamed while the daemon is
@@ -257,48 +257,38 @@ func TestDeletedInOverflow(t *testing.T) {
 // under that name and be replaced by the new directory's, and the files
 // below it went unseen). Both backends.
 func TestDirMovedInOverflow(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	for _, backend := range []string{"inotify", "fanotify"} {
-		t.Run(backend, func(t *testing.T) {
-			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
-			tree := filepath.Join(mnt.Dir, "tree")
-			if err := os.MkdirAll(filepath.Join(tree, "d", "sub"), 0o755); err != nil {
+	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
+		d := startCutQueue(t, backend, tree, "500ms")
+		d.cmd.Process.Signal(syscall.SIGSTOP)
+		for i := range 200 {
+			p := filepath.Join(tree, fmt.Sprint("j", i))
+			writeDirty(t, p, 0)
+			if err := os.Remove(p); err != nil {
 				t.Fatal(err)
 			}
-			d := startCutQueue(t, backend, tree, "500ms")
-			d.cmd.Process.Signal(syscall.SIGSTOP)
-			for i := range 200 {
-				p := filepath.Join(tree, fmt.Sprint("j", i))
-				writeDirty(t, p, 0)
-				if err := os.Remove(p); err != nil {
-					t.Fatal(err)
-				}
+		}
+		if err := os.Rename(filepath.Join(tree, "d"), filepath.Join(tree, "dm")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(filepath.Join(tree, "d"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		d.cmd.Process.Signal(syscall.SIGCONT)
+		overflowed(t, d)
+		time.Sleep(500 * time.Millisecond) // (the rescan)
+		for round := range 2 {
+			var files []string
+			for _, dir := range []string{"dm", "dm/sub", "d"} {
+				p := filepath.Join(tree, dir, fmt.Sprint("new", round))
+				writeDirty(t, p, 64<<10)
+				files = append(files, p)
 			}
-			if err := os.Rename(filepath.Join(tree, "d"), filepath.Join(tree, "dm")); err != nil {
-				t.Fatal(err)
+			written := time.Now()
+			for _, p := range files {
+				waitClean(t, p, time.Until(written.Add(cleanBound)))
 			}
-			if err := os.Mkdir(filepath.Join(tree, "d"), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			d.cmd.Process.Signal(syscall.SIGCONT)
-			overflowed(t, d)
-			time.Sleep(500 * time.Millisecond) // (the rescan)
-			for round := range 2 {
-				var files []string
-				for _, dir := range []string{"dm", "dm/sub", "d"} {
-					p := filepath.Join(tree, dir, fmt.Sprint("new", round))
-					writeDirty(t, p, 64<<10)
-					files = append(files, p)
-				}
-				written := time.Now()
-				for _, p := range files {
-					waitClean(t, p, time.Until(written.Add(cleanBound)))
-				}
-				time.Sleep(time.Second)
-			}
-			d.stop(t)
-		})
-	}
+			time.Sleep(time.Second)
+		}
+		d.stop(t)
+	}, "d/sub")
 }
