@@ -342,53 +342,101 @@ func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) b
 }
 
 // complete ends an attempt, as the end of writeback_single_inode does: it
-// reads the file's state after the write, closes it, classifies the
-// outcome, accounts for it and requeues the inode (requeueInodeLocked).
+// reads the file's state after the write and closes it (readAfter),
+// classifies the outcome, accounts for it, decides where the inode goes
+// (policy.Decide, requeue_inode) and puts it there.
 func (wb *Writeback) complete(att *attempt) {
-	var dirty, wbp uint64
-	err := att.err
-	known := true
-	switch {
-	case att.afterKnown:
-		dirty, wbp = att.dirtyAfter, att.wbAfter
-	case att.f != nil && err == nil && att.wrote:
-		// Clean once neither dirty nor writeback pages are left. Whether
-		// that writeback succeeded is not asked (writeback mode): the
-		// only calls that tell (sync_file_range WAIT_BEFORE, fsync) mark
-		// the file's error seen, and a descriptor the application opens
-		// after that would not report it (errseq_sample). The error
-		// stays the application's fsync's, as after the kernel's own
-		// writeback.
-		dirty, wbp, err = att.f.Cachestat(0, 0)
-		known = err == nil
-	default:
-		// Failed before its state was read (an open, a cachestat):
-		// the last known counts stand.
-		known = false
-	}
+	st := att.readAfter()
 	att.release()
 	now := wb.now()
 	in := att.in
 	wb.mu.Lock()
+	o, redirtied := wb.outcomeLocked(att, st)
+	ac := wb.accountLocked(att, o, st, now)
+	d := policy.Decide(wb.factsLocked(att, o, st, redirtied, ac.hadIOError))
+	st.err = wb.applyLocked(att, d, st.err, ac.dataErr, now)
+	path, retries := in.Path(), in.Retries
+	wb.gen++
+	wb.mu.Unlock()
+	if att.result != nil {
+		*att.result = st.err
+	}
+	if wb.Trace != nil {
+		wb.Trace(path, o, d.Dest, st.err)
+	}
+	wb.logAttempt(path, o, d, st, ac.newErr, retries)
+}
+
+// afterState is what an attempt left: the file's page counts after its
+// write (known: read, not the last known), and the error it ends with.
+type afterState struct {
+	dirty, wbp uint64
+	err        error
+	known      bool
+}
+
+// readAfter reads the file's state after the attempt's write with
+// cachestat, unless its worker did (afterKnown) or it failed before
+// reading (the last known counts stand). Whether the writeback succeeded
+// is not asked (writeback mode): the calls that tell (sync_file_range
+// WAIT_BEFORE, fsync) mark the file's error seen, and a descriptor the
+// application opens after would not report it (errseq_sample).
+func (att *attempt) readAfter() afterState {
+	st := afterState{err: att.err, known: true}
+	switch {
+	case att.afterKnown:
+		st.dirty, st.wbp = att.dirtyAfter, att.wbAfter
+	case att.f != nil && st.err == nil && att.wrote:
+		st.dirty, st.wbp, st.err = att.f.Cachestat(0, 0)
+		st.known = st.err == nil
+	default:
+		st.known = false
+	}
+	return st
+}
+
+// outcomeLocked gives the inode the handle of a new file found under its
+// number, ends its attempt state (Sync, Redirtied) and classifies the
+// attempt; redirtied says an event came during it. Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) outcomeLocked(att *attempt, st afterState) (o policy.Outcome, redirtied bool) {
+	in := att.in
 	if att.renewed != "" && in.Handle() == att.handle {
-		// Its number belongs to a new file now: the inode is that file.
 		in.SetHandle(att.renewed)
 		in.Errors, in.LastErr = 0, 0
 	}
-	redirtied := in.Has(inode.Redirtied)
+	redirtied = in.Has(inode.Redirtied)
 	in.State &^= inode.Sync | inode.Redirtied
-	var o policy.Outcome
 	switch {
-	case err != nil:
-		o = classify(err)
+	case st.err != nil:
+		o = classify(st.err)
 	case !att.wrote:
 		o = att.pre
 		if redirtied {
 			o = policy.Redirtied
 		}
 	default:
-		o = policy.AfterWrite(dirty, wbp, redirtied, att.chunkUsed)
+		o = policy.AfterWrite(st.dirty, st.wbp, redirtied, att.chunkUsed)
 	}
+	return o, redirtied
+}
+
+// accounted is what accountLocked learned for the decision and the log.
+type accounted struct {
+	dataErr    uint8 // the error its data was lost to, if it was
+	newErr     bool  // an error other than its last one
+	hadIOError bool  // see policy.Facts.HadIOError
+}
+
+// accountLocked counts an attempt with outcome o (pass, outcomes, pages
+// written, page counts, retries, errors) and updates the inode's error
+// state and next retry time. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState, now time.Duration) (ac accounted) {
+	in, err := att.in, st.err
 	switch {
 	case att.deferred:
 		wb.pass.throttled++
@@ -400,17 +448,13 @@ func (wb *Writeback) complete(att *attempt) {
 	wb.plug.Merges += att.merged
 	wb.outcomes[o]++
 	if att.wrote && err == nil && att.dirtyBefore > 0 {
-		// Its dirty data was written without an error: an earlier
-		// failure's pages were among them (a failed writeback that
-		// kept its pages dirty), so finding it clean later is this
-		// write's doing, not a loss. (A failure of this writeback
-		// after it started is the application's fsync's to see, in
-		// writeback mode, and fdatasync's in integrity mode.)
+		// Written without an error, an earlier failure's pages among
+		// them: finding it clean later is this write's doing.
 		in.State |= inode.Wrote
 		in.State &^= inode.DataError
 	}
-	if att.wrote && err == nil && att.dirtyBefore > dirty {
-		n := att.dirtyBefore - dirty
+	if att.wrote && err == nil && att.dirtyBefore > st.dirty {
+		n := att.dirtyBefore - st.dirty
 		wb.pass.pages += n
 		wb.written += n
 	}
@@ -419,23 +463,19 @@ func (wb *Writeback) complete(att *attempt) {
 		// last looked at counts in BdiDirtied.
 		wb.setPagesLocked(in, att.dirtyBefore, att.wbBefore)
 	}
-	if known {
-		wb.setPagesLocked(in, dirty, wbp)
+	if st.known {
+		wb.setPagesLocked(in, st.dirty, st.wbp)
 	}
 	in.Retries = satInc(in.Retries)
-	// The error its data was lost to, if it was: the last one before
-	// this attempt, when an I/O error of its own was seen.
-	var dataErr uint8
 	if in.Has(inode.DataError) {
-		dataErr = in.LastErr
+		ac.dataErr = in.LastErr
 	}
-	newErr := false
 	if err != nil && o != policy.Gone {
 		in.Errors = satInc(in.Errors)
 		wb.nerrors++
 		if e := errnoOf(err); e != in.LastErr {
 			in.LastErr = e
-			newErr = true
+			ac.newErr = true
 		}
 	}
 	if o == policy.IOError {
@@ -443,120 +483,100 @@ func (wb *Writeback) complete(att *attempt) {
 	} else {
 		wb.setNextRetryLocked(in, 0)
 	}
-	// An I/O error of its own before this attempt, or one on its
-	// filesystem since it was dirtied that may have been its own.
-	hadIOError := in.Has(inode.DataError) || (att.fsErrAt != 0 && att.fsErrAt >= in.DirtiedWhen)
+	ac.hadIOError = in.Has(inode.DataError) || (att.fsErrAt != 0 && att.fsErrAt >= in.DirtiedWhen)
 	if o == policy.IOError && !att.unread {
-		// (An error of its open or its first cachestat is not one of
-		// its data: finding it clean later, written by the kernel once
-		// the cause went away, is no loss.)
+		// (An error of its open or first cachestat is not its data's.)
 		in.State |= inode.DataError
 	}
-	dest := policy.Requeue(o, wb.cfg.Requeue)
-	if policy.Lost(o, hadIOError, att.read, att.dirtyBefore, att.wbBefore, redirtied) {
-		dest = policy.Failed
+	return ac
+}
+
+// factsLocked gathers what policy.Decide needs of an attempt and its
+// inode. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) factsLocked(att *attempt, o policy.Outcome, st afterState, redirtied, hadIOError bool) policy.Facts {
+	in, err := att.in, st.err
+	return policy.Facts{
+		Outcome: o, Blocked: wb.cfg.Requeue, Err: err != nil,
+		Read: att.read, DirtyBefore: att.dirtyBefore, WritebackBefore: att.wbBefore,
+		Redirtied: redirtied, HadIOError: hadIOError, LostBefore: in.Has(inode.LostBefore),
+		Dropped: in.Has(inode.Dropped), Leaving: in.Has(inode.Leaving),
+		Headway:      att.deferred || o == policy.ChunkUsed && att.wrote && st.known && st.dirty < att.dirtyBefore,
+		Renewed:      in.Handle() != att.handle,
+		HadHandle:    att.handle != "",
+		OtherPath:    in.OtherPath() != "",
+		ShuttingDown: wb.shuttingDown,
+		Denied:       errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM),
+	}
+}
+
+// applyLocked carries out decision d for an attempt's inode and returns
+// the error the attempt reports: err, or the loss of its data.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) applyLocked(att *attempt, d policy.Decision, err error, dataErr uint8, now time.Duration) error {
+	in := att.in
+	if d.Lost {
 		if err != nil && dataErr != 0 {
-			// Lost to the earlier error; this attempt's own (the
-			// filesystem read-only since) only hid it.
+			// Lost to the earlier error; this attempt's own only hid it.
 			in.LastErr = dataErr
 		}
 		if in.LastErr == 0 && att.fsErrno != 0 {
-			// Known from the filesystem's error cursor, not from an
-			// attempt of its own: flusherd dirty still names it.
+			// Known from the filesystem's error cursor.
 			in.LastErr = errnoOf(att.fsErrno)
 		}
 	}
-	stillLost := false
-	if in.Has(inode.LostBefore) && dest != policy.Failed {
-		switch {
-		case o == policy.Clean && att.dirtyBefore == 0 && att.wbBefore == 0 && !redirtied:
-			// Nothing written since its loss (the report that took it
-			// off the failed list was a close): the loss stands, with
-			// its error.
-			dest, stillLost = policy.Failed, true
-		case att.dirtyBefore > 0 || att.wbBefore > 0:
-			// Written again (through a shared mmap, whose close was
-			// the report): the loss is no longer the state of its
-			// data.
-			in.State &^= inode.LostBefore
-			if err == nil {
-				in.Errors, in.LastErr = 0, 0
-			}
+	if d.Rewritten {
+		in.State &^= inode.LostBefore
+		if err == nil {
+			in.Errors, in.LastErr = 0, 0
 		}
 	}
-	if in.Has(inode.Dropped) {
-		// Its tree went away during the attempt (DropUnder).
-		dest = policy.Drop
-	} else if in.Has(inode.Leaving) && dest != policy.Drop {
-		// Its tree left the configuration: what was dirty is written,
-		// then it is forgotten. An attempt that used up write_chunk and
-		// left fewer dirty pages than it found goes on (b_more_io), as
-		// does one deferred by max_inflight (it wrote nothing yet);
-		// anything else was its last (a blocked file, a file that grows
-		// faster than it is written).
-		more := err == nil && (att.deferred || o == policy.ChunkUsed && att.wrote && known && dirty < att.dirtyBefore)
-		if !more {
-			dest = policy.Forget
-		}
-	} else if dest == policy.Drop && in.Handle() != att.handle {
-		// A new file took the inode's number while the attempt ran on
-		// the old one (MarkInodeDirty renewed the handle): write it.
-		// When the attempt had a handle, the file it named is gone, as
-		// the attempt found: counted so, and as the pass's progress (a
-		// pass that found only such files is not spinning). (Without
-		// one, the new handle may be the same file's, first seen.)
-		dest = policy.MoreIOWait
-		if att.handle != "" {
-			wb.gone++
-			wb.pass.cleaned++
-		}
-	} else if other := in.OtherPath(); dest == policy.Drop && other != "" {
-		// The name is gone, but the inode may live on under its other
-		// name (a hard link): try that before dropping it.
+	if d.CountGone {
+		wb.gone++
+		wb.pass.cleaned++
+	}
+	if d.TakeOtherPath {
+		other := in.OtherPath()
 		in.SetOtherPath("")
 		in.SetPath(other)
-		dest = policy.MoreIOWait
 	}
-	if wb.shuttingDown && dest != policy.Drop && dest != policy.Failed && (o == policy.FSUnavailable || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)) {
+	if d.GiveUp {
 		wb.givenUp = append(wb.givenUp, GivenUp{Path: in.Path(), Err: err})
-		dest = policy.Forget
 	}
-	wb.requeueInodeLocked(in, dest, now)
-	if dest == policy.Failed && (err == nil || dataErr != 0 && errnoOf(err) != dataErr) {
+	wb.requeueInodeLocked(in, d.Dest, now)
+	if d.Dest == policy.Failed && (err == nil || dataErr != 0 && errnoOf(err) != dataErr) {
 		err = fmt.Errorf("%w: the data was dropped after a failed writeback", errnoError(in.LastErr))
 	}
-	path, retries := in.Path(), in.Retries
-	wb.gen++
-	wb.mu.Unlock()
-	if att.result != nil {
-		*att.result = err
-	}
-	if wb.Trace != nil {
-		wb.Trace(path, o, dest, err)
-	}
-	if dest == policy.Failed && stillLost {
-		wb.log.Debug("still failed: reported again, but nothing was written since its data was lost", zap.String("path", strconv.Quote(path)), zap.Error(err))
-	} else if dest == policy.Failed {
+	return err
+}
+
+// logAttempt logs what an attempt found, when it is news: a loss, a new
+// error, a file that stays dirty (at 8, 16, 32... attempts), a file gone.
+func (wb *Writeback) logAttempt(path string, o policy.Outcome, d policy.Decision, st afterState, newErr bool, retries uint16) {
+	qpath, err := zap.String("path", strconv.Quote(path)), st.err
+	switch {
+	case d.Dest == policy.Failed && d.StillLost:
+		wb.log.Debug("still failed: reported again, but nothing was written since its data was lost", qpath, zap.Error(err))
+	case d.Dest == policy.Failed:
 		wb.errLog.Error("data lost: a writeback of this file failed and the kernel dropped its dirty pages; it stays reported as failed until it is written again",
-			zap.String("path", strconv.Quote(path)), zap.Error(err))
-	} else if newErr {
+			qpath, zap.Error(err))
+	case newErr:
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
-			zap.String("path", strconv.Quote(path)), zap.Stringer("outcome", o), zap.Stringer("requeue", dest), zap.Error(err))
-	} else if o == policy.Skipped && retries >= 8 && retries&(retries-1) == 0 {
-		// Still dirty after attempts that wrote it and saw no new
-		// write: say so at 8, 16, 32... attempts.
+			qpath, zap.Stringer("outcome", o), zap.Stringer("requeue", d.Dest), zap.Error(err))
+	case o == policy.Skipped && retries >= 8 && retries&(retries-1) == 0:
 		wb.errLog.Warn("file still dirty after repeated writeback; it stays tracked and is retried",
-			zap.String("path", strconv.Quote(path)), zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", dirty), zap.Uint64("writeback_pages", wbp))
-	} else if o == policy.Gone {
-		switch {
-		case errors.Is(err, unix.ENOENT):
-			wb.log.Debug("file gone; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
-		case errors.Is(err, inode.ErrReplaced) || errors.Is(err, inode.ErrNotRegular):
-			wb.log.Info("the path no longer leads to the tracked file; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
-		default:
-			// ESTALE from its file handle: the inode was deleted.
-			wb.log.Debug("file deleted; dropped", zap.String("path", strconv.Quote(path)), zap.Error(err))
-		}
+			qpath, zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", st.dirty), zap.Uint64("writeback_pages", st.wbp))
+	case o != policy.Gone:
+	case errors.Is(err, unix.ENOENT):
+		wb.log.Debug("file gone; dropped", qpath, zap.Error(err))
+	case errors.Is(err, inode.ErrReplaced) || errors.Is(err, inode.ErrNotRegular):
+		wb.log.Info("the path no longer leads to the tracked file; dropped", qpath, zap.Error(err))
+	default:
+		// ESTALE from its file handle: the inode was deleted.
+		wb.log.Debug("file deleted; dropped", qpath, zap.Error(err))
 	}
 }
 
