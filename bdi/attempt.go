@@ -19,23 +19,23 @@ import (
 
 // attempt is one writeback attempt on one inode, from open to requeue.
 // Its system calls run on a plug worker (doAttempt), which fills its
-// attemptCall; the device's goroutine reads that once the call has
-// returned in time (adoptCall) and completes the attempt (complete).
+// call's result; the device's goroutine takes that result (res) once the
+// call has returned in time (adoptCall) and completes the attempt
+// (complete).
 type attempt struct {
-	in                    *inode.Inode
-	f                     inode.File
-	err                   error
-	dirtyBefore, wbBefore uint64
-	pre                   policy.Outcome // when nothing was written
-	wrote, chunkUsed      bool
-	unread                bool // see attemptCall.unread
-	read                  bool // see attemptCall.read
-	// deferred: not written because the device had max_inflight under
-	// writeback (counted in throttled).
-	deferred bool
-	// merged counts the write_chunk windows folded into their neighbours
-	// (plug_merges).
-	merged uint64
+	in     *inode.Inode
+	f      inode.File
+	err    error
+	res    callResult
+	pre    policy.Outcome // when nothing was written
+	handle inode.Handle
+	path   string
+	// wroteBefore: an earlier attempt wrote the inode's data since it
+	// became dirty (inode.Wrote), so finding it clean is no surprise.
+	wroteBefore bool
+	// counted: its page counts before and as the write left them were
+	// accounted when its completion was deferred (deferComplete).
+	counted bool
 	// refs counts holders of f: the attempt itself and each request whose
 	// system call is running; the last to let go closes it.
 	refs atomic.Int32
@@ -45,36 +45,48 @@ type attempt struct {
 	stuck, detached int
 	// result, if set, receives the attempt's error (a sync request).
 	result *error
-	// afterKnown: the worker already read the state after the write
-	// (dirtyAfter, wbAfter), or nothing was written.
-	afterKnown          bool
-	dirtyAfter, wbAfter uint64
-	handle              inode.Handle
+	// call is the worker side of the attempt's request.
+	call *attemptCall
+	wb   *Writeback // closes the file (closeFile); nil in tests
+	// callMem and reqMem hold the attempt's call and request, so that an
+	// attempt is one allocation; call and the plug point to them.
+	callMem attemptCall
+	reqMem  request
+}
+
+// callResult is what an attempt's system calls found. Its worker writes
+// the call's copy; the attempt takes it once the call has returned in
+// time (adoptCall). A detached call keeps writing its own, then unread.
+type callResult struct {
 	// renewed is the handle of a new file found under the inode's number
 	// (openFile); the inode takes it at completion.
 	renewed inode.Handle
+	// Page counts (cachestat) before the write, and after it once
+	// afterKnown (read by the worker, or nothing was written).
+	dirtyBefore, wbBefore, dirtyAfter, wbAfter uint64
+	wrote, afterKnown                          bool
+	// chunkUsed: write_chunk was used up with more dirty (a file holding
+	// more than write_chunk); merged counts the windows folded into
+	// their neighbours (plug_merges).
+	chunkUsed bool
+	merged    uint64
+	// deferred: not written because the device had max_inflight under
+	// writeback (counted in throttled).
+	deferred bool
+	// queued is the dirty pages the call started writing back: the
+	// whole file's, or those in its windows.
+	queued uint64
 	// fsErrAt is when a writeback error was last seen on the inode's
 	// filesystem (ErrWatch; daemon clock), read when its data had left
 	// the page cache without flusherd writing it; 0: none, or not read.
 	fsErrAt time.Duration
 	fsErrno unix.Errno // the error that check saw
-	// wroteBefore: an earlier attempt wrote the inode's data since it
-	// became dirty (inode.Wrote), so finding it clean is no surprise.
-	wroteBefore bool
-	path        string
-	// call is the worker side of the attempt's request.
-	call *attemptCall
-	// queued is the dirty pages its call started writing back (see
-	// attemptCall.queued); counted: its pages before and as the write
-	// left them were accounted when its completion was deferred
-	// (deferComplete), so complete does not count its growth again.
-	queued  uint64
-	counted bool
-	wb      *Writeback // closes the file (closeFile); nil in tests
-	// callMem and reqMem hold the attempt's call and request, so that an
-	// attempt is one allocation; call and the plug point to them.
-	callMem attemptCall
-	reqMem  request
+	// unread: the call failed before it reached the file's data, in its
+	// open or its first cachestat (EACCES, EPERM, an open's EIO): nothing
+	// was written, so its error is not one of the data's. read: its first
+	// cachestat succeeded, so the counts before are the file's
+	// (policy.Lost trusts no other zeros).
+	unread, read bool
 }
 
 // hold takes a reference on the attempt's file.
@@ -130,7 +142,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 		// waits, small files go, and no open is spent on it. (Its own
 		// count is left out: it is as old as its last attempt. Bigger
 		// files are looked at by their worker, on a fresh cachestat.)
-		att.deferred = true
+		att.res.deferred = true
 		wb.assumeUnderWriteback(att)
 		wb.complete(att)
 		return 0
@@ -161,8 +173,8 @@ func smallFile(chunk, maxInflight int64) int64 {
 // still dirty, and it is tried again (b_more_io_wait).
 func (wb *Writeback) assumeUnderWriteback(att *attempt) {
 	wb.mu.Lock()
-	att.pre, att.afterKnown = policy.UnderWriteback, true
-	att.dirtyAfter, att.wbAfter = uint64(att.in.DirtyPages), uint64(att.in.WritebackPages)
+	att.pre, att.res.afterKnown = policy.UnderWriteback, true
+	att.res.dirtyAfter, att.res.wbAfter = uint64(att.in.DirtyPages), uint64(att.in.WritebackPages)
 	wb.mu.Unlock()
 }
 
@@ -384,9 +396,9 @@ type afterState struct {
 func (att *attempt) readAfter() afterState {
 	st := afterState{err: att.err, known: true}
 	switch {
-	case att.afterKnown:
-		st.dirty, st.wbp = att.dirtyAfter, att.wbAfter
-	case att.f != nil && st.err == nil && att.wrote:
+	case att.res.afterKnown:
+		st.dirty, st.wbp = att.res.dirtyAfter, att.res.wbAfter
+	case att.f != nil && st.err == nil && att.res.wrote:
 		st.dirty, st.wbp, st.err = att.f.Cachestat(0, 0)
 		st.known = st.err == nil
 	default:
@@ -403,8 +415,8 @@ func (att *attempt) readAfter() afterState {
 // +checklocks:wb.mu
 func (wb *Writeback) outcomeLocked(att *attempt, st afterState) (o policy.Outcome, redirtied bool) {
 	in := att.in
-	if att.renewed != "" && in.Handle() == att.handle {
-		in.SetHandle(att.renewed)
+	if att.res.renewed != "" && in.Handle() == att.handle {
+		in.SetHandle(att.res.renewed)
 		in.Errors, in.LastErr = 0, 0
 	}
 	redirtied = in.Has(inode.Redirtied)
@@ -412,13 +424,13 @@ func (wb *Writeback) outcomeLocked(att *attempt, st afterState) (o policy.Outcom
 	switch {
 	case st.err != nil:
 		o = classify(st.err)
-	case !att.wrote:
+	case !att.res.wrote:
 		o = att.pre
 		if redirtied {
 			o = policy.Redirtied
 		}
 	default:
-		o = policy.AfterWrite(st.dirty, st.wbp, redirtied, att.chunkUsed)
+		o = policy.AfterWrite(st.dirty, st.wbp, redirtied, att.res.chunkUsed)
 	}
 	return o, redirtied
 }
@@ -438,30 +450,30 @@ type accounted struct {
 func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState, now time.Duration) (ac accounted) {
 	in, err := att.in, st.err
 	switch {
-	case att.deferred:
+	case att.res.deferred:
 		wb.pass.throttled++
 	case att.detached == 0:
 		// (A detached call has not returned: it tells nothing of the
 		// device yet.)
 		wb.countAttemptLocked(err)
 	}
-	wb.plug.Merges += att.merged
+	wb.plug.Merges += att.res.merged
 	wb.outcomes[o]++
-	if att.wrote && err == nil && att.dirtyBefore > 0 {
+	if att.res.wrote && err == nil && att.res.dirtyBefore > 0 {
 		// Written without an error, an earlier failure's pages among
 		// them: finding it clean later is this write's doing.
 		in.State |= inode.Wrote
 		in.State &^= inode.DataError
 	}
-	if att.wrote && err == nil && att.dirtyBefore > st.dirty {
-		n := att.dirtyBefore - st.dirty
+	if att.res.wrote && err == nil && att.res.dirtyBefore > st.dirty {
+		n := att.res.dirtyBefore - st.dirty
 		wb.pass.pages += n
 		wb.written += n
 	}
-	if (att.dirtyBefore != 0 || att.wbBefore != 0) && !att.counted {
+	if (att.res.dirtyBefore != 0 || att.res.wbBefore != 0) && !att.counted {
 		// What its worker saw before writing: the growth since it was
 		// last looked at counts in BdiDirtied.
-		wb.setPagesLocked(in, att.dirtyBefore, att.wbBefore)
+		wb.setPagesLocked(in, att.res.dirtyBefore, att.res.wbBefore)
 	}
 	if st.known {
 		wb.setPagesLocked(in, st.dirty, st.wbp)
@@ -483,8 +495,8 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	} else {
 		wb.setNextRetryLocked(in, 0)
 	}
-	ac.hadIOError = in.Has(inode.DataError) || (att.fsErrAt != 0 && att.fsErrAt >= in.DirtiedWhen)
-	if o == policy.IOError && !att.unread {
+	ac.hadIOError = in.Has(inode.DataError) || (att.res.fsErrAt != 0 && att.res.fsErrAt >= in.DirtiedWhen)
+	if o == policy.IOError && !att.res.unread {
 		// (An error of its open or first cachestat is not its data's.)
 		in.State |= inode.DataError
 	}
@@ -499,10 +511,10 @@ func (wb *Writeback) factsLocked(att *attempt, o policy.Outcome, st afterState, 
 	in, err := att.in, st.err
 	return policy.Facts{
 		Outcome: o, Blocked: wb.cfg.Requeue, Err: err != nil,
-		Read: att.read, DirtyBefore: att.dirtyBefore, WritebackBefore: att.wbBefore,
+		Read: att.res.read, DirtyBefore: att.res.dirtyBefore, WritebackBefore: att.res.wbBefore,
 		Redirtied: redirtied, HadIOError: hadIOError, LostBefore: in.Has(inode.LostBefore),
 		Dropped: in.Has(inode.Dropped), Leaving: in.Has(inode.Leaving),
-		Headway:      att.deferred || o == policy.ChunkUsed && att.wrote && st.known && st.dirty < att.dirtyBefore,
+		Headway:      att.res.deferred || o == policy.ChunkUsed && att.res.wrote && st.known && st.dirty < att.res.dirtyBefore,
 		Renewed:      in.Handle() != att.handle,
 		HadHandle:    att.handle != "",
 		OtherPath:    in.OtherPath() != "",
@@ -523,9 +535,9 @@ func (wb *Writeback) applyLocked(att *attempt, d policy.Decision, err error, dat
 			// Lost to the earlier error; this attempt's own only hid it.
 			in.LastErr = dataErr
 		}
-		if in.LastErr == 0 && att.fsErrno != 0 {
+		if in.LastErr == 0 && att.res.fsErrno != 0 {
 			// Known from the filesystem's error cursor.
-			in.LastErr = errnoOf(att.fsErrno)
+			in.LastErr = errnoOf(att.res.fsErrno)
 		}
 	}
 	if d.Rewritten {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -112,29 +111,19 @@ func (wb *Writeback) stuckOffLoopLocked() int {
 // state is the attempt's call (attemptCall).
 type request = blk.Request[*attempt]
 
-// attemptCall is what an attempt's worker (doAttempt) writes: the results
-// of the attempt's every system call, run on the worker, read by the
-// device's goroutine only once the call has returned in time (adoptCall).
-// A detached call keeps writing it; it is then not read.
+// attemptCall is the worker side of an attempt (doAttempt): its file,
+// the tunables taken when it was queued, the phase of its calls and what
+// they found (res), read by the device's goroutine only once the call has
+// returned in time (adoptCall).
 type attemptCall struct {
-	f          inode.File
-	renewed    inode.Handle // see attempt.renewed
-	before     [2]uint64    // dirty, writeback pages before
-	after      [2]uint64    // and after the write
-	wrote      bool
-	afterKnown bool // after was read (integrity: fdatasync waited)
+	f   inode.File
+	res callResult
 	// chunk and maxInflight are write_chunk and max_inflight (bytes) when
 	// the attempt was queued, and fallback whether its filesystem was
 	// known then to lack sync_file_range (fdatasync instead): wb.fallback
 	// is the device goroutine's, and a detached worker runs on.
 	chunk, maxInflight int64
 	fallback           bool
-	// chunkUsed, merged: see attempt (a file holding more than
-	// write_chunk); deferred: see attempt.deferred.
-	chunkUsed, deferred bool
-	merged              uint64
-	fsErrAt             time.Duration // see attempt.fsErrAt
-	fsErrno             syscall.Errno // see attempt.fsErrno
 	// startOnly: the first phase of an integrity request (see
 	// startIntegrity).
 	startOnly bool
@@ -146,19 +135,9 @@ type attemptCall struct {
 	// probe). A request that found its file clean, deferred it, or could
 	// not open it made no such call and tells nothing.
 	started bool
-	// queued is the dirty pages the call started writing back: the
-	// whole file's, or those in its windows.
-	queued uint64
 	// unsupported: sync_file_range failed as not supported (EINVAL,
 	// ESPIPE, EOPNOTSUPP) outside the probe (which was detached).
 	unsupported bool
-	// unread: the call failed before it reached the file's data, in
-	// its open or its first cachestat (EACCES, EPERM, an open's EIO):
-	// nothing was written, so its error is not one of the data's.
-	unread bool
-	// read: its first cachestat succeeded, so before holds the file's
-	// page counts (policy.Lost trusts no other zeros).
-	read bool
 }
 
 // submit is the plug's Submit: it learns once per filesystem whether
@@ -227,8 +206,8 @@ func (wb *Writeback) submit(batch []*request) {
 		case st == blk.Done:
 			// Failed after reading the file's state (a write that
 			// returned EROFS): what it read stands (BdiReclaimable).
-			att.dirtyBefore, att.wbBefore = att.call.before[0], att.call.before[1]
-			att.unread, att.read = att.call.unread, att.call.read
+			c := &att.call.res
+			att.res = callResult{dirtyBefore: c.dirtyBefore, wbBefore: c.wbBefore, unread: c.unread, read: c.read}
 		case st == blk.Detached:
 			// Its worker still runs (and owns the attemptCall): not
 			// known to be written, so assumed dirty, and tried again
@@ -254,11 +233,11 @@ func (wb *Writeback) submit(batch []*request) {
 // (max_inflight_bytes' room), as the write left them. Called on the
 // device's goroutine inside a plug; finishPlug completes what is left.
 func (wb *Writeback) deferComplete(att *attempt) {
-	if att.dirtyBefore != 0 || att.wbBefore != 0 {
-		q := min(att.queued, att.dirtyBefore)
+	if att.res.dirtyBefore != 0 || att.res.wbBefore != 0 {
+		q := min(att.res.queued, att.res.dirtyBefore)
 		wb.mu.Lock()
-		wb.setPagesLocked(att.in, att.dirtyBefore, att.wbBefore) // (the growth since its last look)
-		wb.setPagesLocked(att.in, att.dirtyBefore-q, att.wbBefore+q)
+		wb.setPagesLocked(att.in, att.res.dirtyBefore, att.res.wbBefore) // (the growth since its last look)
+		wb.setPagesLocked(att.in, att.res.dirtyBefore-q, att.res.wbBefore+q)
 		wb.mu.Unlock()
 		att.counted = true
 	}
@@ -523,7 +502,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		}
 	}
 	took, overran := wb.returnedLocked(r.Tag)
-	if w := att.call; err == nil && w.wrote && !w.afterKnown {
+	if w := &att.call.res; err == nil && w.wrote && !w.afterKnown {
 		// Its attempt was completed without it (as still dirty): the
 		// pages it started writing back count in BdiWritten now. (An
 		// fdatasync's afterKnown call is integrity work, never
@@ -587,19 +566,19 @@ func (wb *Writeback) doAttempt(r *request) error {
 		key := inode.Key{Dev: r.Dev, Ino: r.Ino}
 		f, renewed, err := wb.openFile(att.path, key, att.handle)
 		if err != nil {
-			w.unread = true
+			w.res.unread = true
 			return err
 		}
 		if wb.observer != nil {
 			wb.observer.Opened(key, f) // before its state is read
 		}
-		w.f, w.renewed = f, renewed
+		w.f, w.res.renewed = f, renewed
 		d, wbp, err := f.Cachestat(0, 0)
 		if err != nil {
-			w.unread = true
+			w.res.unread = true
 			return wb.closeCall(r, err)
 		}
-		w.before, w.read = [2]uint64{d, wbp}, true
+		w.res.dirtyBefore, w.res.wbBefore, w.res.read = d, wbp, true
 		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {
 			return wb.closeCall(r, nil)
 		}
@@ -612,7 +591,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 				// (b_more_io_wait, retried soon), so that a small file
 				// written meanwhile does not queue behind this one's
 				// stream.
-				w.deferred = true
+				w.res.deferred = true
 				wb.mu.Lock()
 				wb.throttled++
 				wb.mu.Unlock()
@@ -636,27 +615,26 @@ func (wb *Writeback) doAttempt(r *request) error {
 			}
 		}
 		// fdatasync has waited: the state after is final now.
-		w.wrote = true
+		w.res.wrote = true
 		d, wbp, err := w.f.Cachestat(0, 0)
-		w.after = [2]uint64{d, wbp}
-		w.afterKnown = true
-		if w.before == [2]uint64{} && !att.wroteBefore && wb.errs != nil {
+		w.res.dirtyAfter, w.res.wbAfter, w.res.afterKnown = d, wbp, true
+		if w.res.dirtyBefore == 0 && w.res.wbBefore == 0 && !att.wroteBefore && wb.errs != nil {
 			// Its data left the page cache before flusherd wrote it:
 			// if that writeback failed and someone else's fsync took
 			// the report, this fdatasync could not see it. The
 			// filesystem's own error cursor can (ErrWatch).
-			w.fsErrAt, w.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
+			w.res.fsErrAt, w.res.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
 		}
 		return wb.closeCall(r, err)
 	}
-	w.started, w.queued = true, w.before[0]
+	w.started, w.res.queued = true, w.res.dirtyBefore
 	if err := w.f.StartWriteback(0, 0); err != nil {
 		w.unsupported = blk.IsUnsupported(err)
 		return wb.closeCall(r, err)
 	}
 	// The file stays open: complete looks at it once the whole batch is
 	// out, by when most of its writeback has finished.
-	w.wrote = true
+	w.res.wrote = true
 	return nil
 }
 
@@ -669,7 +647,7 @@ func (wb *Writeback) writeChunks(r *request) error {
 	if err != nil {
 		return wb.closeCall(r, err)
 	}
-	w.chunkUsed, w.merged, w.queued = used, merged, uint64(queued)
+	w.res.chunkUsed, w.res.merged, w.res.queued = used, merged, uint64(queued)
 	w.started = true
 	for _, win := range wins {
 		if err := w.f.StartWriteback(win.Off, win.Len); err != nil {
@@ -677,7 +655,7 @@ func (wb *Writeback) writeChunks(r *request) error {
 			return wb.closeCall(r, err)
 		}
 	}
-	w.wrote = true
+	w.res.wrote = true
 	return nil
 }
 
@@ -691,29 +669,21 @@ func (wb *Writeback) closeCall(r *request, err error) error {
 	return err
 }
 
-// adoptCall moves a finished attempt's results, and its open file if it
-// kept one, into its attempt, for complete.
+// adoptCall gives a finished attempt its call's result, and its open
+// file if it kept one, for complete; with nothing written, the counts
+// before are the counts after.
 func adoptCall(r *request) {
 	att := r.Owner
-	w := att.call
-	att.dirtyBefore, att.wbBefore, att.read = w.before[0], w.before[1], w.read
-	att.fsErrAt, att.fsErrno = w.fsErrAt, w.fsErrno
-	if w.renewed != "" {
-		att.renewed = w.renewed
-	}
+	att.res = att.call.res
+	res := &att.res
 	switch {
-	case w.wrote && w.afterKnown:
-		att.wrote, att.afterKnown = true, true
-		att.dirtyAfter, att.wbAfter = w.after[0], w.after[1]
-	case w.wrote:
-		att.wrote, att.chunkUsed, att.merged, att.queued = true, w.chunkUsed, w.merged, w.queued
-		att.f, w.f = w.f, nil // complete reads cachestat and closes it
-	case w.deferred:
-		att.pre, att.deferred, att.afterKnown = policy.UnderWriteback, true, true
-		att.dirtyAfter, att.wbAfter = w.before[0], w.before[1]
+	case res.wrote:
+		att.f, att.call.f = att.call.f, nil // complete reads cachestat and closes it (nil after fdatasync)
+		return
+	case res.deferred:
+		att.pre = policy.UnderWriteback
 	default:
-		att.pre, _ = policy.BeforeWrite(w.before[0], w.before[1], r.Integrity)
-		att.afterKnown = true
-		att.dirtyAfter, att.wbAfter = w.before[0], w.before[1]
+		att.pre, _ = policy.BeforeWrite(res.dirtyBefore, res.wbBefore, r.Integrity)
 	}
+	res.afterKnown, res.dirtyAfter, res.wbAfter = true, res.dirtyBefore, res.wbBefore
 }
