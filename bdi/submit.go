@@ -407,7 +407,7 @@ func (wb *Writeback) runTimed(reqs []*request, detach bool) {
 // the calls run (blk.Queue.Idle).
 func (wb *Writeback) runTimedIdle(reqs []*request, detach bool, idle func() bool) {
 	q := blk.Queue[*attempt]{Depth: wb.cfg.QueueDepth, Timeout: wb.cfg.AttemptTimeout, DetachAfter: detachAfter,
-		Lock: &wb.mu, Hooks: &queueHooks{wb}, Idle: idle}
+		Hooks: &queueHooks{wb}, Idle: idle}
 	q.Run(reqs, detach)
 }
 
@@ -426,21 +426,27 @@ func (h *queueHooks) Alive() { h.wb.alive() }
 // Do runs the request's system call.
 func (h *queueHooks) Do(r *request) error { return h.wb.doAttempt(r) }
 
-// DetachedLocked is reqDetachedLocked.
-//
-// +checklocks:h.wb.mu
-func (h *queueHooks) DetachedLocked(r *request, began time.Time) { h.wb.reqDetachedLocked(r, began) }
+// Detached is reqDetachedLocked, on the device's goroutine.
+func (h *queueHooks) Detached(r *request, began time.Time) {
+	h.wb.mu.Lock()
+	h.wb.reqDetachedLocked(r, began)
+	h.wb.mu.Unlock()
+}
 
-// TimedOutLocked is reqTimedOutLocked.
-//
-// +checklocks:h.wb.mu
-func (h *queueHooks) TimedOutLocked(r *request) func() { return h.wb.reqTimedOutLocked(r) }
+// TimedOut is reqTimedOutLocked, on the device's goroutine.
+func (h *queueHooks) TimedOut(r *request) {
+	h.wb.mu.Lock()
+	after := h.wb.reqTimedOutLocked(r)
+	h.wb.mu.Unlock()
+	after()
+}
 
-// ReturnedLocked is reqReturnedLocked.
-//
-// +checklocks:h.wb.mu
-func (h *queueHooks) ReturnedLocked(r *request, err error) func() {
-	return h.wb.reqReturnedLocked(r, err)
+// Returned is reqReturnedLocked, on the call's worker.
+func (h *queueHooks) Returned(r *request, err error) {
+	h.wb.mu.Lock()
+	after := h.wb.reqReturnedLocked(r, err)
+	h.wb.mu.Unlock()
+	after()
 }
 
 // reqDetachedLocked marks the inode of a detached call Busy until the

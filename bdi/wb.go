@@ -52,6 +52,9 @@
 //     ErrWatch.mu (brief); never under Writeback.mu.
 //   - inode.Handles.mu is a leaf of its own package; opens are made
 //     outside it.
+//   - blk's Queue takes none of these: its hooks (queueHooks) take
+//     Writeback.mu themselves, on the device's goroutine or the call's
+//     worker, with no lock of blk's held.
 //
 // So no two of these locks are ever held in an order that could deadlock:
 // each is a leaf but ErrWatch's check mutex, whose only inner lock is

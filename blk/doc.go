@@ -13,7 +13,7 @@
 //	blk: SortAndMerge ─► Plug.Submit (bdi) ─► Queue.Run ─► workers: Hooks.Do
 //	     ─► in time, detached or timed out ─► Hooks ─► bdi requeues
 //
-// Locks: a Queue takes its Lock (the submitter's list lock) only around a
-// request's state change and the Hooks' ...Locked methods; no system call
-// is made under it.
+// Locks: a Queue never takes a lock of its submitter's and calls no hook
+// under a lock; a request's state changes by compare-and-swap, so a call
+// that returns as Run gives up on it ends exactly one way.
 package blk

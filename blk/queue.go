@@ -2,23 +2,22 @@ package blk
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // Hooks is what a Queue's submitter supplies: the system call of a request
-// and what to do as each call ends. Methods named ...Locked run with the
-// Queue's Lock held and must not block; the func they return, if any, runs
-// once it is released.
+// and what to do as each call ends. A Queue holds no lock of the
+// submitter's and none of its own while it calls them.
 type Hooks[O comparable] interface {
-	// Start is called on r's worker before its call, under a lock of
-	// the Queue's own, so it must not block: take what the call uses (a
-	// reference on its file).
+	// Start is called on r's worker before its call: take what the call
+	// uses (a reference on its file).
 	Start(r *Request[O])
 	// Do makes r's system call, on r's worker, and returns its error.
 	Do(r *Request[O]) error
 	// Finished is called on r's worker when it is done with r: after
-	// r's result was handed to Run, or after ReturnedLocked's func. Drop
-	// what Start took.
+	// r's result was handed to Run, or after Returned. Drop what Start
+	// took.
 	Finished(r *Request[O])
 	// Alive says the goroutine that called Run is not wedged: it is
 	// waiting on calls that make progress. It is called on a worker each
@@ -26,15 +25,17 @@ type Hooks[O comparable] interface {
 	// wakes for a call that is due (detached or timed out); calls may be
 	// concurrent.
 	Alive()
-	// DetachedLocked: r's call has run for DetachAfter and Run stops
-	// waiting for it (r.State() is Detached); began is when it started.
-	DetachedLocked(r *Request[O], began time.Time)
-	// TimedOutLocked: r's call has run for Timeout and Run stops waiting
-	// for it (r.State() is TimedOut). It sets r.Err.
-	TimedOutLocked(r *Request[O]) (after func())
-	// ReturnedLocked: a detached or timed-out call (r.State() says
-	// which) returned, with err.
-	ReturnedLocked(r *Request[O], err error) (after func())
+	// Detached is called on Run's goroutine: r's call has run for
+	// DetachAfter and Run stops waiting for it (r.State() is Detached);
+	// began is when it started.
+	Detached(r *Request[O], began time.Time)
+	// TimedOut is called on Run's goroutine: r's call has run for Timeout
+	// and Run stops waiting for it (r.State() is TimedOut). It sets r.Err.
+	TimedOut(r *Request[O])
+	// Returned is called on r's worker when a detached or timed-out call
+	// (r.State() says which) returns, with err; always after Detached or
+	// TimedOut has returned.
+	Returned(r *Request[O], err error)
 }
 
 // Queue runs requests' system calls on workers, as a block device's
@@ -52,10 +53,7 @@ type Queue[O comparable] struct {
 	// DetachAfter is how long Run waits on a call that is not Integrity
 	// before it detaches it, when Run is asked to detach.
 	DetachAfter time.Duration
-	// Lock is the submitter's lock, held around each request's change of
-	// State and the Hooks' ...Locked methods.
-	Lock  sync.Locker
-	Hooks Hooks[O]
+	Hooks       Hooks[O]
 	// Idle, if set, is called on Run's goroutine while calls run, again
 	// and again until it returns false: work of the submitter's own (the
 	// completion of an earlier batch) done in the time Run would wait.
@@ -122,9 +120,8 @@ type run[O comparable] struct {
 	reqs   []*Request[O]
 	detach bool
 	done   chan struct{} // closed when every request has finished
-	// finished counts the requests Done, Detached or TimedOut. Guarded
-	// by q.Lock.
-	finished int
+	// finished counts the requests Done, Detached or TimedOut.
+	finished atomic.Int32
 	// slots are the workers' current calls, and next the index in reqs
 	// of the next request to take. Guarded by mu, which only the
 	// workers (at each call's start and end) and Run's goroutine (when a
@@ -135,10 +132,12 @@ type run[O comparable] struct {
 }
 
 // slot is a worker's current call: its request (nil between calls, and
-// once detached or timed out) and when the call began.
+// once detached or timed out), when the call began, and, once Run has
+// found it due, a channel closed when Run's hook for it has returned.
 type slot[O comparable] struct {
-	r     *Request[O]
-	began time.Time
+	r        *Request[O]
+	began    time.Time
+	reported chan struct{}
 }
 
 // spawn starts a worker.
@@ -164,20 +163,19 @@ func (r *run[O]) worker(s *slot[O]) {
 		}
 		req := r.reqs[r.next]
 		r.next++
-		q.Hooks.Start(req)
-		s.r, s.began = req, time.Now()
+		s.r, s.began, s.reported = req, time.Now(), nil
 		r.mu.Unlock()
+		q.Hooks.Start(req)
 		err := q.Hooks.Do(req)
 		r.mu.Lock()
+		reported := s.reported
 		if s.r == req {
 			s.r = nil
 		}
 		r.mu.Unlock()
-		q.Lock.Lock()
 		if req.state.CompareAndSwap(int32(Running), int32(Done)) {
 			req.Err = err
-			last := r.finishedLocked()
-			q.Lock.Unlock()
+			last := r.finished.Add(1) == int32(len(r.reqs))
 			q.Hooks.Alive()
 			q.Hooks.Finished(req)
 			if last {
@@ -185,21 +183,12 @@ func (r *run[O]) worker(s *slot[O]) {
 			}
 			continue
 		}
-		after := q.Hooks.ReturnedLocked(req, err)
-		q.Lock.Unlock()
-		if after != nil {
-			after()
-		}
+		// Run detached it or gave up on it: Returned follows its hook.
+		<-reported
+		q.Hooks.Returned(req, err)
 		q.Hooks.Finished(req)
 		return
 	}
-}
-
-// finishedLocked counts a finished request and reports whether it was the
-// last. Preconditions: q.Lock held.
-func (r *run[O]) finishedLocked() bool {
-	r.finished++
-	return r.finished == len(r.reqs)
 }
 
 // deadlines returns when the call of req, begun at began, is to be
@@ -254,6 +243,7 @@ func (r *run[O]) overdue(now time.Time) {
 		req      *Request[O]
 		began    time.Time
 		detachIt bool
+		reported chan struct{}
 	}
 	var dues []due
 	for _, s := range r.slots {
@@ -264,27 +254,25 @@ func (r *run[O]) overdue(now time.Time) {
 		detachNow := !detachAt.IsZero() && !now.Before(detachAt)
 		timedOut := !deadline.IsZero() && !now.Before(deadline)
 		if detachNow || timedOut {
-			dues = append(dues, due{s, s.r, s.began, detachNow})
+			// Its worker, if its call returns now and finds it taken,
+			// waits on reported for the hook below.
+			s.reported = make(chan struct{})
+			dues = append(dues, due{s, s.r, s.began, detachNow, s.reported})
 		}
 	}
 	r.mu.Unlock()
 	for _, d := range dues {
-		q.Lock.Lock()
-		var after func()
 		switch {
 		case d.detachIt && d.req.state.CompareAndSwap(int32(Running), int32(Detached)):
-			q.Hooks.DetachedLocked(d.req, d.began)
+			q.Hooks.Detached(d.req, d.began)
 		case !d.detachIt && d.req.state.CompareAndSwap(int32(Running), int32(TimedOut)):
-			after = q.Hooks.TimedOutLocked(d.req)
+			q.Hooks.TimedOut(d.req)
 		default:
-			q.Lock.Unlock()
+			close(d.reported)
 			continue // it returned just now: its worker reports it
 		}
-		last := r.finishedLocked()
-		q.Lock.Unlock()
-		if after != nil {
-			after()
-		}
+		close(d.reported)
+		last := r.finished.Add(1) == int32(len(r.reqs))
 		r.mu.Lock()
 		if d.s.r == d.req {
 			d.s.r = nil // (its worker ends when the call returns)

@@ -11,33 +11,26 @@ import (
 
 // fakeHooks records what a Queue asks of its submitter. Each request's
 // call blocks until its release channel is closed (or returns at once
-// without one), then returns err[r.Ino].
+// without one), then returns err[r.Ino]. A Detached or TimedOut hook
+// takes hookDelay (the worker of a call that returns meanwhile must wait
+// for it before Returned).
 type fakeHooks struct {
 	t                   *testing.T
-	lock                *checkedLock
 	mu                  sync.Mutex
 	release             map[uint64]chan struct{}
 	err                 map[uint64]error
+	hookDelay           time.Duration
 	running, maxRunning int
 	started, finished   map[uint64]int
 	detached, timedOut  []uint64
+	hooked              map[uint64]bool // Detached or TimedOut has returned
 	returned            map[uint64]error
 	alive               atomic.Int64
-	afterRan            atomic.Int64 // TimedOutLocked's funcs run
 }
-
-// checkedLock is a mutex that knows whether it is held.
-type checkedLock struct {
-	sync.Mutex
-	held atomic.Bool
-}
-
-func (l *checkedLock) Lock()   { l.Mutex.Lock(); l.held.Store(true) }
-func (l *checkedLock) Unlock() { l.held.Store(false); l.Mutex.Unlock() }
 
 func newFakeHooks(t *testing.T) *fakeHooks {
-	return &fakeHooks{t: t, lock: &checkedLock{}, release: map[uint64]chan struct{}{}, err: map[uint64]error{},
-		started: map[uint64]int{}, finished: map[uint64]int{}, returned: map[uint64]error{}}
+	return &fakeHooks{t: t, release: map[uint64]chan struct{}{}, err: map[uint64]error{},
+		started: map[uint64]int{}, finished: map[uint64]int{}, returned: map[uint64]error{}, hooked: map[uint64]bool{}}
 }
 
 func (h *fakeHooks) Start(r *Request[*int]) {
@@ -74,41 +67,43 @@ func (h *fakeHooks) Finished(r *Request[*int]) {
 
 func (h *fakeHooks) Alive() { h.alive.Add(1) }
 
-func (h *fakeHooks) mustHold(what string) {
-	if !h.lock.held.Load() {
-		h.t.Errorf("%s called without the queue's lock", what)
-	}
-}
-
-func (h *fakeHooks) DetachedLocked(r *Request[*int], began time.Time) {
-	h.mustHold("DetachedLocked")
+func (h *fakeHooks) Detached(r *Request[*int], began time.Time) {
 	if r.State() != Detached {
-		h.t.Errorf("request %d: DetachedLocked in state %d", r.Ino, r.State())
+		h.t.Errorf("request %d: Detached in state %d", r.Ino, r.State())
 	}
+	h.mu.Lock()
 	h.detached = append(h.detached, r.Ino)
+	h.mu.Unlock()
+	time.Sleep(h.hookDelay)
+	h.mu.Lock()
+	h.hooked[r.Ino] = true
+	h.mu.Unlock()
 }
 
-func (h *fakeHooks) TimedOutLocked(r *Request[*int]) func() {
-	h.mustHold("TimedOutLocked")
+func (h *fakeHooks) TimedOut(r *Request[*int]) {
 	if r.State() != TimedOut {
-		h.t.Errorf("request %d: TimedOutLocked in state %d", r.Ino, r.State())
+		h.t.Errorf("request %d: TimedOut in state %d", r.Ino, r.State())
 	}
 	r.Err = errTimeout
+	h.mu.Lock()
 	h.timedOut = append(h.timedOut, r.Ino)
-	return func() {
-		if h.lock.held.Load() {
-			h.t.Error("TimedOutLocked's func ran under the lock")
-		}
-		h.afterRan.Add(1)
-	}
+	h.mu.Unlock()
+	time.Sleep(h.hookDelay)
+	h.mu.Lock()
+	h.hooked[r.Ino] = true
+	h.mu.Unlock()
 }
 
-func (h *fakeHooks) ReturnedLocked(r *Request[*int], err error) func() {
-	h.mustHold("ReturnedLocked")
+func (h *fakeHooks) Returned(r *Request[*int], err error) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.hooked[r.Ino] {
+		h.t.Errorf("request %d: Returned before its Detached or TimedOut hook returned", r.Ino)
+	}
+	if _, dup := h.returned[r.Ino]; dup {
+		h.t.Errorf("request %d: Returned twice", r.Ino)
+	}
 	h.returned[r.Ino] = err
-	h.mu.Unlock()
-	return nil
 }
 
 var errTimeout = errors.New("timed out")
@@ -140,7 +135,7 @@ func TestQueueRun(t *testing.T) {
 			h := newFakeHooks(t)
 			eio := errors.New("EIO")
 			h.err[3] = eio
-			q := Queue[*int]{Depth: 2, Timeout: time.Second, DetachAfter: 100 * time.Millisecond, Lock: h.lock, Hooks: h}
+			q := Queue[*int]{Depth: 2, Timeout: time.Second, DetachAfter: 100 * time.Millisecond, Hooks: h}
 			rs := reqs(5, false)
 			q.Run(rs, true)
 			synctest.Wait()
@@ -172,15 +167,12 @@ func TestQueueRun(t *testing.T) {
 			h := newFakeHooks(t)
 			h.release[1] = make(chan struct{})
 			h.err[1] = errors.New("late")
-			q := Queue[*int]{Depth: 4, Timeout: time.Second, Lock: h.lock, Hooks: h}
+			q := Queue[*int]{Depth: 4, Timeout: time.Second, Hooks: h}
 			rs := reqs(2, true)
 			start := time.Now()
 			q.Run(rs, true)
 			if took := time.Since(start); took != time.Second {
 				t.Errorf("Run returned after %v, want the 1s timeout", took)
-			}
-			if n := h.afterRan.Load(); n != 1 {
-				t.Errorf("TimedOutLocked's func ran %d times, want once", n)
 			}
 			if rs[1].State() != TimedOut || rs[1].Err != errTimeout || len(h.timedOut) != 1 {
 				t.Errorf("blocked call: state %d err %v timed out %v", rs[1].State(), rs[1].Err, h.timedOut)
@@ -203,7 +195,7 @@ func TestQueueRun(t *testing.T) {
 			h := newFakeHooks(t)
 			h.release[0] = make(chan struct{})
 			h.release[1] = make(chan struct{})
-			q := Queue[*int]{Depth: 4, Timeout: 10 * time.Second, DetachAfter: 100 * time.Millisecond, Lock: h.lock, Hooks: h}
+			q := Queue[*int]{Depth: 4, Timeout: 10 * time.Second, DetachAfter: 100 * time.Millisecond, Hooks: h}
 			bg := &Request[*int]{Ino: 0}
 			integ := &Request[*int]{Ino: 1, Integrity: true}
 			go func() { time.Sleep(3 * time.Second); close(h.release[1]) }()
@@ -228,13 +220,45 @@ func TestQueueRun(t *testing.T) {
 			h2.release[0] = make(chan struct{})
 			go func() { time.Sleep(2 * time.Second); close(h2.release[0]) }()
 			r := &Request[*int]{Ino: 0}
-			q2 := Queue[*int]{Depth: 1, DetachAfter: 100 * time.Millisecond, Lock: h2.lock, Hooks: h2}
+			q2 := Queue[*int]{Depth: 1, DetachAfter: 100 * time.Millisecond, Hooks: h2}
 			q2.Run([]*Request[*int]{r}, false)
 			if r.State() != Done || len(h2.detached) != 0 {
 				t.Errorf("detach false: state %d, detached %v", r.State(), h2.detached)
 			}
 		})
 	})
+}
+
+// TestQueueReturnAtDue: a call that returns at the instant Run finds it
+// due ends exactly one way: Done (no hook, no Returned), or Detached then
+// Returned once its Detached hook has returned; Finished once either way.
+func TestQueueReturnAtDue(t *testing.T) {
+	ways := map[State]int{}
+	for i := 0; i < 200; i++ {
+		synctest.Test(t, func(t *testing.T) {
+			h := newFakeHooks(t)
+			h.hookDelay = 5 * time.Millisecond
+			h.release[0] = make(chan struct{})
+			go func() { time.Sleep(100 * time.Millisecond); close(h.release[0]) }()
+			r := &Request[*int]{Ino: 0}
+			q := Queue[*int]{Depth: 1, Timeout: time.Second, DetachAfter: 100 * time.Millisecond, Hooks: h}
+			q.Run([]*Request[*int]{r}, true)
+			synctest.Wait()
+			_, fin, _, returned := h.counts(0)
+			ways[r.State()]++
+			switch st := r.State(); {
+			case fin != 1:
+				t.Errorf("state %d: finished %d times", st, fin)
+			case st == Done && (returned || len(h.detached) != 0):
+				t.Errorf("done in time, yet detached %v, returned %v", h.detached, returned)
+			case st == Detached && (!returned || len(h.detached) != 1):
+				t.Errorf("detached %v, returned %v; want one Detached, then Returned", h.detached, returned)
+			case st != Done && st != Detached:
+				t.Errorf("state %d", st)
+			}
+		})
+	}
+	t.Logf("ways a call returning at its detach time ended: %v", ways)
 }
 
 // TestTimed: a call in time gives its results; a late one gives zero
