@@ -57,11 +57,11 @@ func TestCongested(t *testing.T) {
 		{3, true},  // 10: at the bound
 		{4, true},
 	} {
-		before := wb.throttled
+		before := wb.acct.throttled
 		if got := wb.congested(self, tc.wbp, wb.cfg.MaxInflight); got != tc.want {
 			t.Errorf("own writeback %d pages, others 7, bound 10: congested = %v, want %v", tc.wbp, got, tc.want)
 		}
-		counted := wb.throttled - before
+		counted := wb.acct.throttled - before
 		if want := map[bool]uint64{true: 1, false: 0}[tc.want]; counted != want {
 			t.Errorf("own writeback %d: throttled counted %d, want %d", tc.wbp, counted, want)
 		}
@@ -312,7 +312,7 @@ func TestUpdateBandwidth(t *testing.T) {
 	wb.diskWritten = func() (uint64, error) { return 0, os.ErrNotExist }
 	wb.updateBandwidth(*now) // falls back, takes a stamp
 	wb.mu.Lock()
-	wb.written += 1000
+	wb.acct.written += 1000
 	wb.mu.Unlock()
 	*now += 400 * time.Millisecond
 	wb.updateBandwidth(*now)

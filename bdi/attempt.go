@@ -332,7 +332,7 @@ func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64
 		return math.MaxInt64
 	}
 	wb.mu.Lock()
-	sum := wb.wbSum + wbp
+	sum := wb.acct.wbSum + wbp
 	if in != nil && wb.inodes.Get(in.Key) == in {
 		sum -= min(sum, uint64(in.WritebackPages))
 	}
@@ -348,7 +348,7 @@ func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) b
 		return false
 	}
 	wb.mu.Lock()
-	wb.throttled++
+	wb.acct.throttled++
 	wb.mu.Unlock()
 	return true
 }
@@ -458,7 +458,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 		wb.countAttemptLocked(err)
 	}
 	wb.plug.Merges += att.res.merged
-	wb.outcomes[o]++
+	wb.acct.outcomes[o]++
 	if att.res.wrote && err == nil && att.res.dirtyBefore > 0 {
 		// Written without an error, an earlier failure's pages among
 		// them: finding it clean later is this write's doing.
@@ -468,7 +468,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	if att.res.wrote && err == nil && att.res.dirtyBefore > st.dirty {
 		n := att.res.dirtyBefore - st.dirty
 		wb.pass.pages += n
-		wb.written += n
+		wb.acct.written += n
 	}
 	if (att.res.dirtyBefore != 0 || att.res.wbBefore != 0) && !att.counted {
 		// What its worker saw before writing: the growth since it was
@@ -484,7 +484,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	}
 	if err != nil && o != policy.Gone {
 		in.Errors = satInc(in.Errors)
-		wb.nerrors++
+		wb.acct.errors++
 		if e := errnoOf(err); e != in.LastErr {
 			in.LastErr = e
 			ac.newErr = true
@@ -547,7 +547,7 @@ func (wb *Writeback) applyLocked(att *attempt, d policy.Decision, err error, dat
 		}
 	}
 	if d.CountGone {
-		wb.gone++
+		wb.acct.gone++
 		wb.pass.cleaned++
 	}
 	if d.TakeOtherPath {
@@ -681,7 +681,7 @@ func (wb *Writeback) forgetLocked(in *inode.Inode, gone bool) {
 	wb.dropInodeLocked(in)
 	wb.pass.cleaned++
 	if gone {
-		wb.gone++
+		wb.acct.gone++
 	}
 }
 

@@ -39,10 +39,10 @@ const (
 func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 	d, w := uint32(min(dirty, math.MaxUint32)), uint32(min(wbp, math.MaxUint32))
 	if d > in.DirtyPages {
-		wb.dirtied += uint64(d - in.DirtyPages)
+		wb.acct.dirtied += uint64(d - in.DirtyPages)
 	}
-	wb.dirtySum += uint64(d) - uint64(in.DirtyPages)
-	wb.wbSum += uint64(w) - uint64(in.WritebackPages)
+	wb.acct.dirtySum += uint64(d) - uint64(in.DirtyPages)
+	wb.acct.wbSum += uint64(w) - uint64(in.WritebackPages)
 	in.DirtyPages, in.WritebackPages = d, w
 	if w > 0 {
 		wb.underWB[in] = struct{}{}
@@ -214,9 +214,9 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 	}
 	wb.mu.Lock()
 	over := wb.wbOverBgThreshLocked()
-	excess := int64(wb.dirtySum) - int64(wb.bgThresh)
+	excess := int64(wb.acct.dirtySum) - int64(wb.bgThresh)
 	if over {
-		wb.backgroundWorks++
+		wb.acct.backgroundWorks++
 	}
 	wb.mu.Unlock()
 	if over {
@@ -273,7 +273,7 @@ func (wb *Writeback) bgThreshold(cfg Config, kernelBg uint64) uint64 {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) wbOverBgThreshLocked() bool {
-	return wb.bgThresh > 0 && wb.dirtySum > wb.bgThresh && wb.globalDirty > wb.bgThresh
+	return wb.bgThresh > 0 && wb.acct.dirtySum > wb.bgThresh && wb.globalDirty > wb.bgThresh
 }
 
 // startSample picks the files to look at (see wbCheckBackgroundFlush) and
@@ -410,7 +410,7 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 			room = wb.inflightRoom(p.in, w, cfg.MaxInflight) / page * page
 			if room <= 0 {
 				wb.mu.Lock()
-				wb.throttled++
+				wb.acct.throttled++
 				wb.mu.Unlock()
 			}
 		}
@@ -462,8 +462,8 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 		}
 		if r.rangeEnd > 0 {
 			wb.rangeOff[r.key] = r.rangeEnd
-			wb.rangeWritebacks++
-			wb.written += r.ranged
+			wb.acct.rangeWritebacks++
+			wb.acct.written += r.ranged
 			// (Not inode.Wrote: that writeback's outcome is not known
 			// here, and an integrity file found clean later must still
 			// have its filesystem's error cursor read.)
@@ -521,7 +521,7 @@ const (
 func (wb *Writeback) updateBandwidth(now time.Duration) {
 	wb.mu.Lock()
 	has := wb.hasDirtyIOLocked()
-	flusherdWritten := wb.written * uint64(os.Getpagesize())
+	flusherdWritten := wb.acct.written * uint64(os.Getpagesize())
 	wb.mu.Unlock()
 	written := flusherdWritten
 	if wb.diskWritten != nil {

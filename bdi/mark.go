@@ -339,7 +339,7 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 			// age would be reset by each, and its writeback put off.)
 			lists.Remove(in)
 			wb.dropInodeLocked(in)
-			wb.gone++
+			wb.acct.gone++
 			return wb.markInodeDirtyLocked(key, path, h, t, now, how)
 		default:
 			// The same, while an attempt (or a call left to its
@@ -359,14 +359,14 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 			// Closed, not written: tracked, but its loss stands until
 			// an attempt finds data written since (LostBefore).
 			lists.Remove(in)
-			wb.nfailed--
+			wb.acct.failed--
 			in.Retries = 0
 			in.State |= inode.LostBefore
 		case wb.failedLocked(in):
 			// Written again: its earlier loss is no longer the
 			// state of its data. It is dirty like a new file.
 			lists.Remove(in)
-			wb.nfailed--
+			wb.acct.failed--
 			in.Errors, in.LastErr, in.Retries = 0, 0, 0
 		case in.Has(inode.LostBefore) && !closed:
 			// Written again after a close took it off the failed
@@ -461,7 +461,7 @@ func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
 	}
 	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote | inode.LostBefore
 	wb.bFailed.MoveToBack(in)
-	wb.nfailed++
+	wb.acct.failed++
 }
 
 // forgetFailedLocked forgets an inode on bFailed. Preconditions: wb.mu
@@ -470,7 +470,7 @@ func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
 // +checklocks:wb.mu
 func (wb *Writeback) forgetFailedLocked(in *inode.Inode) {
 	lists.Remove(in)
-	wb.nfailed--
+	wb.acct.failed--
 	wb.dropInodeLocked(in)
 }
 
@@ -642,11 +642,11 @@ func (wb *Writeback) DropUnder(root string) int {
 			continue
 		}
 		if wb.failedLocked(in) {
-			wb.nfailed--
+			wb.acct.failed--
 		}
 		lists.Remove(in)
 		wb.dropInodeLocked(in)
-		wb.gone++
+		wb.acct.gone++
 	}
 	wb.gen++
 	wb.mu.Unlock()
@@ -658,7 +658,7 @@ func (wb *Writeback) DropUnder(root string) int {
 func (wb *Writeback) Tracked() int {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return wb.inodes.Len() - wb.nfailed
+	return wb.inodes.Len() - wb.acct.failed
 }
 
 // Refs returns a FileRef for every tracked inode whose path is under dir
@@ -703,10 +703,11 @@ func (wb *Writeback) Inodes() []InodeInfo {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	out := make([]InodeInfo, 0, wb.inodes.Len())
+	probing := wb.probing
 	add := func(list string, in *inode.Inode) {
 		out = append(out, InodeInfo{Path: in.Path(), Key: in.Key, Handle: in.Handle(), List: list,
 			DirtiedWhen: in.DirtiedWhen, DirtyPages: in.DirtyPages, WBPages: in.WritebackPages,
-			Retries: in.Retries, Errors: in.Errors, LastErr: in.LastErr, Busy: in.Has(inode.Busy), Probing: wb.probing})
+			Retries: in.Retries, Errors: in.Errors, LastErr: in.LastErr, Busy: in.Has(inode.Busy), Probing: probing})
 	}
 	for _, c := range wb.bDirty.classes {
 		for in := range c.list.All {

@@ -141,7 +141,7 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 	if n := r.rescans[dev]; n > 0 {
 		delete(r.rescans, dev)
 		wb.mu.Lock()
-		wb.rescans += n
+		wb.acct.rescans += n
 		wb.mu.Unlock()
 	}
 	return wb, nil
@@ -207,7 +207,7 @@ func (r *Registry) Rescanned(dev uint64) {
 		return
 	}
 	wb.mu.Lock()
-	wb.rescans++
+	wb.acct.rescans++
 	wb.gen++
 	wb.mu.Unlock()
 }

@@ -218,14 +218,14 @@ func (wb *Writeback) Snapshot() Stats {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	var s Stats
-	s.BdiReclaimable, s.BdiWriteback = wb.dirtySum, wb.wbSum
-	s.InflightBytes = wb.wbSum * uint64(os.Getpagesize())
-	s.BackgroundWorks, s.RangeWritebacks = wb.backgroundWorks, wb.rangeWritebacks
+	s.BdiReclaimable, s.BdiWriteback = wb.acct.dirtySum, wb.acct.wbSum
+	s.InflightBytes = wb.acct.wbSum * uint64(os.Getpagesize())
+	s.BackgroundWorks, s.RangeWritebacks = wb.acct.backgroundWorks, wb.acct.rangeWritebacks
 	if wb.probing {
 		s.Probing = 1
 	}
-	s.BdiWritten = wb.written
-	s.BdiDirtied = max(wb.dirtied, wb.written)
+	s.BdiWritten = wb.acct.written
+	s.BdiDirtied = max(wb.acct.dirtied, wb.acct.written)
 	s.BdiWriteBandwidth = wb.bandwidth
 	s.BDirty = wb.bDirty.len()
 	s.BIO = wb.BIO.Len() + wb.inflight.Len()
@@ -242,17 +242,17 @@ func (wb *Writeback) Snapshot() Stats {
 		s.State |= WBHasDirtyIO
 	}
 	s.RetryPauseMs = wb.pause.Milliseconds()
-	s.PlugRequests, s.PlugMerges, s.PlugBatches = wb.plugStats[0], wb.plugStats[1], wb.plugStats[2]
-	s.WritebackErrors = wb.nerrors
-	s.InodesGone = wb.gone
-	s.Rescans = wb.rescans
-	s.StuckCalls = wb.stuck + wb.stuckOffLoopLocked()
-	s.FailedFiles = wb.nfailed
-	s.Throttled = wb.throttled
-	s.DetachedCalls = wb.detached
+	s.PlugRequests, s.PlugMerges, s.PlugBatches = wb.acct.plug[0], wb.acct.plug[1], wb.acct.plug[2]
+	s.WritebackErrors = wb.acct.errors
+	s.InodesGone = wb.acct.gone
+	s.Rescans = wb.acct.rescans
+	s.StuckCalls = wb.acct.stuck + wb.stuckOffLoopLocked()
+	s.FailedFiles = wb.acct.failed
+	s.Throttled = wb.acct.throttled
+	s.DetachedCalls = wb.acct.detached
 	s.ListLockMaxUs = wb.mu.MaxHold().Microseconds()
 	s.LoopStallMaxUs = time.Duration(wb.stallMax.Load()).Microseconds()
-	s.Outcomes = wb.outcomes
+	s.Outcomes = wb.acct.outcomes
 	return s
 }
 

@@ -458,7 +458,7 @@ func (wb *Writeback) reqDetachedLocked(r *request, began time.Time) {
 	r.Owner.detached++
 	r.Owner.in.State |= inode.Busy
 	r.Tag = wb.trackCallLocked(wb.now() - time.Since(began))
-	wb.detached++
+	wb.acct.detached++
 }
 
 // reqTimedOutLocked gives a request whose call ran past attempt_timeout
@@ -470,7 +470,7 @@ func (wb *Writeback) reqTimedOutLocked(r *request) func() {
 	r.Err = ErrAttemptTimeout
 	r.Owner.stuck++
 	r.Owner.in.State |= inode.Busy
-	wb.stuck++
+	wb.acct.stuck++
 	return func() {
 		wb.errLog.Warn("writeback call exceeded attempt_timeout; the file is marked busy until it returns",
 			zap.String("path", strconv.Quote(r.Owner.path)), zap.Stringer("attempt_timeout", wb.cfg.AttemptTimeout))
@@ -495,7 +495,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	}
 	if r.State() == blk.TimedOut {
 		att.stuck--
-		wb.stuck--
+		wb.acct.stuck--
 		if att.stuck == 0 && att.detached == 0 {
 			wb.unbusyLocked(in)
 		}
@@ -513,7 +513,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		// pages it started writing back count in BdiWritten now. (An
 		// fdatasync's afterKnown call is integrity work, never
 		// detached.)
-		wb.written += w.queued
+		wb.acct.written += w.queued
 	}
 	att.detached--
 	if att.stuck == 0 && att.detached == 0 {
@@ -599,7 +599,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 				// stream.
 				w.res.deferred = true
 				wb.mu.Lock()
-				wb.throttled++
+				wb.acct.throttled++
 				wb.mu.Unlock()
 				return wb.closeCall(r, nil)
 			}

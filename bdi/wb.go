@@ -138,33 +138,18 @@ type Writeback struct {
 	// is left to retry. They stay tracked, reported as failed (stats,
 	// flusherd dirty, shutdown) until written again (MarkInodeDirty);
 	// they are not Dirty, which is how an inode on it is told from one on
-	// a writeback list (every one of those is Dirty). nfailed is its length.
+	// a writeback list (every one of those is Dirty). acct.failed is its length.
 	// +checklocks:mu
 	bFailed lists.List[*inode.Inode]
 	// +checklocks:mu
-	nfailed int
-	// +checklocks:mu
 	work []*Work
+	// acct is the device's counters, the source of every figure shown.
+	// +checklocks:mu
+	acct counters
 	// +checklocks:mu
 	gen uint64 // bumped on every change, for the stats writer
 	// +checklocks:mu
-	written uint64 // pages written back (BdiWritten)
-	// +checklocks:mu
-	throttled uint64 // attempts deferred by max_inflight
-	// +checklocks:mu
-	nerrors uint64 // failed attempts (writeback_errors)
-	// +checklocks:mu
-	gone uint64 // inodes dropped because their file went away
-	// +checklocks:mu
-	rescans uint64 // tree rescans on this device (Registry.Rescanned)
-	// +checklocks:mu
-	outcomes [policy.NumOutcomes]uint64 // attempts by outcome
-	// +checklocks:mu
-	stuck int // calls past attempt_timeout that have not returned
-	// +checklocks:mu
 	offLoop map[uint64]time.Duration // calls running off the device's goroutine (closes, detached calls), by id: when they began
-	// +checklocks:mu
-	detached uint64 // writeback calls detached (see detachAfter)
 	// +checklocks:mu
 	detachReturned bool // a detached call returned: retry b_more_io_wait now
 	// +checklocks:mu
@@ -190,8 +175,6 @@ type Writeback struct {
 	// +checklocks:mu
 	pause time.Duration
 	// +checklocks:mu
-	plugStats [3]uint64 // the plug's requests, merges, batches, published after each work
-	// +checklocks:mu
 	running bool
 
 	// shuttingDown: the daemon is exiting (Registry.Shutdown); a file
@@ -204,15 +187,6 @@ type Writeback struct {
 	// +checklocks:mu
 	givenUp []GivenUp
 
-	// dirtySum and wbSum are the sums of the tracked inodes' DirtyPages
-	// and WritebackPages (setPagesLocked keeps them): BdiReclaimable and
-	// BdiWriteback, and what the background threshold is checked against.
-	// +checklocks:mu
-	dirtySum, wbSum uint64
-	// dirtied counts pages seen newly dirty (BdiDirtied): at each look
-	// at an inode, the growth of its dirty count since the last.
-	// +checklocks:mu
-	dirtied uint64
 	// touched holds the inodes marked dirty since the last background
 	// check (each has inode.Touched), and streaming those the last check
 	// took (each has inode.Streaming until a check finds it untouched).
@@ -235,8 +209,6 @@ type Writeback struct {
 	sampled []sampleResult // a finished sample, for the goroutine
 	// +checklocks:mu
 	sampling bool // a sample call runs
-	// +checklocks:mu
-	backgroundWorks, rangeWritebacks uint64
 	// bgThresh is the device's background threshold in pages as of the
 	// last check (0: off).
 	// +checklocks:mu
@@ -518,7 +490,7 @@ func (wb *Writeback) Healthy(limit time.Duration) bool {
 func (wb *Writeback) StuckCalls() int {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return wb.stuck + wb.stuckOffLoopLocked()
+	return wb.acct.stuck + wb.stuckOffLoopLocked()
 }
 
 // Stopped is closed when Run has returned.
@@ -623,7 +595,7 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		if w.ForBackground {
 			wb.mu.Lock()
 			over := wb.wbOverBgThreshLocked()
-			w.NrPages = int64(wb.dirtySum) - int64(wb.bgThresh)
+			w.NrPages = int64(wb.acct.dirtySum) - int64(wb.bgThresh)
 			wb.mu.Unlock()
 			if !over {
 				break
@@ -716,7 +688,7 @@ func (wb *Writeback) wbWriteback(w *Work) {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) publishPlugStatsLocked() {
-	wb.plugStats = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
+	wb.acct.plug = [3]uint64{wb.plug.Requests, wb.plug.Merges, wb.plug.Batches}
 }
 
 // queueIOLocked is queue_io: b_more_io (for background work, back on
@@ -810,12 +782,12 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 			wb.mu.Unlock()
 			continue
 		}
-		if wb.stuck+len(wb.offLoop) >= maxStuckCalls {
+		if wb.acct.stuck+len(wb.offLoop) >= maxStuckCalls {
 			// The device's filesystem holds this many calls already
 			// (stalled): no new one until some return. (Not a
 			// max_inflight deferral: the wait follows the backoff,
 			// and a returning call retries b_more_io_wait at once.)
-			wb.throttled++
+			wb.acct.throttled++
 			wb.requeueIOWaitLocked(in)
 			wb.mu.Unlock()
 			continue

@@ -264,7 +264,7 @@ func TestRequeueOutcomes(t *testing.T) {
 		time.Sleep(6 * time.Second)
 		synctest.Wait()
 		h.wb.mu.Lock()
-		gone := h.wb.gone
+		gone := h.wb.acct.gone
 		h.wb.mu.Unlock()
 		if gone != 1 {
 			t.Fatalf("gone = %d, want 1", gone)
