@@ -34,6 +34,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -620,4 +621,25 @@ func busyLoop(s *setup, runFor time.Duration, errno syscall.Errno) ([]row, error
 		{"(c) 1000 blocked: retry passes/s (opens/s / 1000)", map[string]string{p: fmt.Sprintf("%.2f", float64(opens1-opens0)/el/1000)}},
 		{"(c) 1000 blocked: daemon CPU, % of one core", map[string]string{p: fmt.Sprintf("%.2f%%", 100*(cpu1-cpu0).Seconds()/el)}},
 	}, nil
+}
+
+// sleepCtx sleeps for d, or until ctx is done (then its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
