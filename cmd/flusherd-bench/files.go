@@ -14,29 +14,9 @@ import (
 	"github.com/prometheus/procfs"
 
 	"flusherd/bdi"
-	"flusherd/internal/testfs"
 )
 
 func mib(kb uint64) string { return fmt.Sprintf("%.1f MiB", float64(kb)/1024) }
-
-// newBenchLoop makes an fstype filesystem of sizeMB with its image in base,
-// with room for at least inodes files (0: mkfs's default), on a buffered
-// loop device (no direct I/O: the bench never measures I/O, and what is
-// written to the image stays in the host's page cache and is dropped with
-// the image), with testfs. On error nothing is left behind.
-func newBenchLoop(base, fstype string, sizeMB int64, inodes int) (*testfs.FS, error) {
-	opt := testfs.Options{Type: fstype, SizeMB: int(sizeMB), ImageDir: base}
-	if fstype == "ext4" {
-		opt.MkfsArgs = []string{"-m", "0"}
-		if inodes > 0 {
-			opt.MkfsArgs = append(opt.MkfsArgs, "-N", strconv.Itoa(inodes))
-		}
-		// No cache flushes: nothing here needs durability, and a flush
-		// on a buffered loop device is an fsync of the image.
-		opt.Data = "barrier=0"
-	}
-	return testfs.New(opt)
-}
 
 // parseKV reads "key: value ..." lines (the stats files' and /proc's
 // layout): the value is the first field after the colon. Other lines are

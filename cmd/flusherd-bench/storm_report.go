@@ -1,0 +1,314 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"os/exec"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+type stormStats struct {
+	probes              int
+	p50, p99, max       time.Duration // probe fdatasync
+	pwriteMax           time.Duration
+	stalled             time.Duration // time in probe calls (pwrite+fdatasync) over stallOver
+	wP99, wMax          time.Duration // writer's write(2)
+	toClean             time.Duration // notClean if not clean
+	peakDirty, peakBoth uint64
+}
+
+// percentile returns the p-th percentile (0 < p ≤ 100) of ds by nearest
+// rank: the smallest value that at least p% of the values do not exceed.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// stalledTime is the total time spent in calls longer than over.
+func stalledTime(ds []time.Duration, over time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		if d > over {
+			t += d
+		}
+	}
+	return t
+}
+
+// peaks returns the largest dirty, and dirty+writeback, of the samples.
+func peaks(ss []stormSample) (dirty, both uint64) {
+	for _, s := range ss {
+		dirty, both = max(dirty, s.dirty), max(both, s.dirty+s.wb)
+	}
+	return dirty, both
+}
+
+func (res *stormResult) stats() stormStats {
+	var syncs, calls []time.Duration
+	var pw time.Duration
+	for _, p := range res.probes {
+		syncs = append(syncs, p.sync)
+		calls = append(calls, p.pwrite+p.sync)
+		pw = max(pw, p.pwrite)
+	}
+	st := stormStats{
+		probes:    len(res.probes),
+		p50:       percentile(syncs, 50),
+		p99:       percentile(syncs, 99),
+		max:       percentile(syncs, 100),
+		pwriteMax: pw,
+		stalled:   stalledTime(calls, stallOver),
+		wP99:      percentile(res.writes, 99),
+		wMax:      percentile(res.writes, 100),
+		toClean:   notClean,
+	}
+	if res.cleanAt != 0 {
+		st.toClean = time.Duration(res.cleanAt - res.burstStart)
+	}
+	st.peakDirty, st.peakBoth = peaks(res.samples)
+	return st
+}
+
+// medianOf returns the median of xs (the upper one of an even count, as
+// median does).
+func medianOf[T int | uint64 | time.Duration](xs []T) T {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// medianStats is the field-by-field median of runs.
+func medianStats(ss []stormStats) stormStats {
+	pick := func(f func(stormStats) time.Duration) time.Duration {
+		var v []time.Duration
+		for _, s := range ss {
+			v = append(v, f(s))
+		}
+		return medianOf(v)
+	}
+	pickU := func(f func(stormStats) uint64) uint64 {
+		var v []uint64
+		for _, s := range ss {
+			v = append(v, f(s))
+		}
+		return medianOf(v)
+	}
+	var n []int
+	for _, s := range ss {
+		n = append(n, s.probes)
+	}
+	return stormStats{
+		probes:    medianOf(n),
+		p50:       pick(func(s stormStats) time.Duration { return s.p50 }),
+		p99:       pick(func(s stormStats) time.Duration { return s.p99 }),
+		max:       pick(func(s stormStats) time.Duration { return s.max }),
+		pwriteMax: pick(func(s stormStats) time.Duration { return s.pwriteMax }),
+		stalled:   pick(func(s stormStats) time.Duration { return s.stalled }),
+		wP99:      pick(func(s stormStats) time.Duration { return s.wP99 }),
+		wMax:      pick(func(s stormStats) time.Duration { return s.wMax }),
+		toClean:   pick(func(s stormStats) time.Duration { return s.toClean }),
+		peakDirty: pickU(func(s stormStats) uint64 { return s.peakDirty }),
+		peakBoth:  pickU(func(s stormStats) uint64 { return s.peakBoth }),
+	}
+}
+
+func fmtMs(d time.Duration) string {
+	ms := float64(d) / 1e6
+	switch {
+	case ms < 10:
+		return fmt.Sprintf("%.2f", ms)
+	case ms < 1000:
+		return fmt.Sprintf("%.1f", ms)
+	}
+	return fmt.Sprintf("%.0f", ms)
+}
+
+func cleanCell(d, maxWait time.Duration) string {
+	if d == notClean {
+		return fmt.Sprintf("not clean (> %v)", maxWait)
+	}
+	return fmt.Sprintf("%.1f", d.Seconds())
+}
+
+func mibOf(b uint64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
+
+var stormHeader = []string{"method", "runs", "probe fdatasync p50 (ms)", "p99 (ms)", "max (ms)",
+	"probe stalled, in calls > 100 ms (s)", "write() p99 (ms)", "write() max (ms)",
+	"burst start -> clean (s)", "peak dirty (MiB)", "peak dirty+writeback (MiB)"}
+
+func (r *stormRun) statsRow(name, runs string, st stormStats) []string {
+	return []string{name, runs, fmtMs(st.p50), fmtMs(st.p99), fmtMs(st.max),
+		fmt.Sprintf("%.2f", st.stalled.Seconds()), fmtMs(st.wP99), fmtMs(st.wMax),
+		cleanCell(st.toClean, r.o.maxWait), mibOf(st.peakDirty), mibOf(st.peakBoth)}
+}
+
+// printReport writes the settings of the runs, the table of medians
+// (and with --verbose one row per run), flusherd's estimate error and
+// where the probe waited.
+func (r *stormRun) printReport(w io.Writer, results map[byte][]*stormResult) {
+	r.printSettings(w)
+	fmt.Fprintf(w, "\nmedian of %d interleaved run(s) per method:\n", r.o.runs)
+	var cells [][]string
+	for _, m := range r.o.methods {
+		rs := results[m]
+		if len(rs) == 0 {
+			continue
+		}
+		var ss []stormStats
+		for _, res := range rs {
+			ss = append(ss, res.stats())
+		}
+		cells = append(cells, r.statsRow(r.methodName(m), strconv.Itoa(len(rs)), medianStats(ss)))
+	}
+	if len(cells) == 0 {
+		fmt.Fprintln(w, "no run finished")
+		return
+	}
+	markdownTable(w, stormHeader, cells)
+	if r.o.verbose {
+		r.printRuns(w, results)
+	}
+	printEstimates(w, results['f'])
+	r.printWaits(w, results)
+}
+
+// printSettings writes what the runs ran on and with.
+func (r *stormRun) printSettings(w io.Writer) {
+	var u unix.Utsname
+	unix.Uname(&u)
+	o := r.o
+	fmt.Fprintf(w, "\nstorm: a %s burst (1 MiB write() calls, no fsync) on a %d MiB ext4 on a direct-I/O loop device throttled to %s/s (blkio, root cgroup)\n",
+		sizeString(o.burst), r.sizeMB, sizeString(o.rate))
+	fmt.Fprintf(w, "machine: Linux %s, %d cores, %.1f GiB RAM; %s\n", unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(),
+		float64(meminfoKB().total)/(1<<20), runtime.Version())
+	fmt.Fprintf(w, "kernel settings (method k): vm.dirty_background_bytes=%s dirty_background_ratio=%s dirty_bytes=%s dirty_ratio=%s dirty_expire_centisecs=%s dirty_writeback_centisecs=%s\n",
+		r.vm["dirty_background_bytes"], r.vm["dirty_background_ratio"], r.vm["dirty_bytes"], r.vm["dirty_ratio"], r.vm["dirty_expire_centisecs"], r.vm["dirty_writeback_centisecs"])
+	if r.queue != "" {
+		fmt.Fprintf(w, "loop device queue (as attached): %s\n", r.queue)
+	}
+	fmt.Fprintf(w, "probe: 4 KiB pwrite at offset 0 + fdatasync, closed loop with %v between calls, from %v before the burst until the burst file is clean; stalled = time in calls (pwrite+fdatasync) over %v\n",
+		o.interval, probeLead, stallOver)
+	if slices.Contains(o.methods, 'f') {
+		fmt.Fprintf(w, "f: flusherd %s with its defaults and: %s\n", flusherdVersion(o.bin), strings.Join(strings.Fields(o.fConfig), " "))
+	}
+}
+
+// printRuns writes one row per run (--verbose), and each run's probe calls
+// and longest pwrite.
+func (r *stormRun) printRuns(w io.Writer, results map[byte][]*stormResult) {
+	fmt.Fprintln(w, "\nper run:")
+	var cells [][]string
+	for _, m := range r.o.methods {
+		for _, res := range results[m] {
+			cells = append(cells, r.statsRow(r.methodName(m), fmt.Sprintf("run %d", res.run), res.stats()))
+		}
+	}
+	markdownTable(w, stormHeader, cells)
+	fmt.Fprintln(w, "\nprobe calls, and the longest pwrite (ms), per run:")
+	for _, m := range r.o.methods {
+		for _, res := range results[m] {
+			st := res.stats()
+			fmt.Fprintf(w, "  %s run %d: %d calls, pwrite max %s ms\n", r.methodName(m), res.run, st.probes, fmtMs(st.pwriteMax))
+		}
+	}
+}
+
+// printEstimates writes, per run of method f, the error of flusherd's
+// dirty-bytes estimate against cachestat.
+func printEstimates(w io.Writer, fRuns []*stormResult) {
+	for _, res := range fRuns {
+		if len(res.ests) == 0 {
+			continue
+		}
+		med, worst := estimateError(res.ests)
+		fmt.Fprintf(w, "\nf run %d: flusherd's dirty bytes (stats file BdiReclaimable, rewritten at most once a second) against cachestat of the tree, %d samples every %v: median error %s MiB, largest %s MiB",
+			res.run, len(res.ests), sampleEvery, mibOf(med), mibOf(worst))
+	}
+	if len(fRuns) > 0 {
+		fmt.Fprintln(w)
+	}
+}
+
+// printWaits writes, per method over all its runs, the four kernel stack
+// tops the probe's threads were most often seen waiting in.
+func (r *stormRun) printWaits(w io.Writer, results map[byte][]*stormResult) {
+	fmt.Fprintf(w, "\nwhere the probe waited (kernel stack tops of its threads in D state, sampled every %v over all runs):\n", sampleEvery)
+	for _, m := range r.o.methods {
+		total := 0
+		counts := map[string]int{}
+		for _, res := range results[m] {
+			total += res.waitSamples
+			for k, v := range res.waits {
+				counts[k] += v
+			}
+		}
+		if len(results[m]) == 0 {
+			continue
+		}
+		if total == 0 {
+			fmt.Fprintf(w, "  %s: never seen in D state\n", r.methodName(m))
+			continue
+		}
+		keys := make([]string, 0, len(counts))
+		for k := range counts {
+			keys = append(keys, k)
+		}
+		sort.Slice(keys, func(i, j int) bool {
+			return counts[keys[i]] > counts[keys[j]] || counts[keys[i]] == counts[keys[j]] && keys[i] < keys[j]
+		})
+		fmt.Fprintf(w, "  %s: %d samples\n", r.methodName(m), total)
+		for _, k := range keys[:min(len(keys), 4)] {
+			fmt.Fprintf(w, "    %5.1f%%  %s\n", 100*float64(counts[k])/float64(total), k)
+		}
+	}
+}
+
+func sizeString(n int64) string {
+	switch {
+	case n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+func flusherdVersion(bin string) string {
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "flusherd"))
+}
+
+// estimateError summarises flusherd's dirty-bytes estimate against the
+// cachestat truth over the samples: the median and the largest absolute
+// error, in bytes.
+func estimateError(es []estSample) (median, worst uint64) {
+	var errs []uint64
+	for _, e := range es {
+		d := e.est - e.truth
+		if e.truth > e.est {
+			d = e.truth - e.est
+		}
+		errs = append(errs, d)
+		worst = max(worst, d)
+	}
+	return medianOf(errs), worst
+}

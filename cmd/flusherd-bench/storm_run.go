@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
+)
+
+type stormRun struct {
+	o      stormOpts
+	ctx    context.Context
+	knobs  *knobStack
+	base   string
+	sizeMB int
+	vm     map[string]string
+	queue  string // the loop device's queue settings, from the first run
+	// statsFile is the running daemon's stats file of the loop device
+	// (method f).
+	statsFile string
+}
+
+func (r *stormRun) methodName(m byte) string {
+	switch m {
+	case 'k':
+		return "k: kernel defaults"
+	case 't':
+		return "t: dirty_background_bytes=64MiB"
+	case 'w':
+		return fmt.Sprintf("w: wbt_lat_usec=%d", r.o.wbtLat)
+	case 'f':
+		return "f: flusherd"
+	}
+	return string(m)
+}
+
+// probeRec is one probe call: its start (CLOCK_MONOTONIC, ns) and the
+// pwrite and fdatasync latencies.
+type probeRec struct {
+	at           int64
+	pwrite, sync time.Duration
+}
+
+// stormSample is the burst file's page-cache state at a moment.
+type stormSample struct {
+	at        int64
+	dirty, wb uint64 // bytes
+}
+
+// estSample is flusherd's estimate of the tree's dirty bytes (the stats
+// file's BdiReclaimable, rewritten at most once a second) beside a
+// cachestat of every file in the tree, at a moment (method f).
+type estSample struct {
+	est, truth uint64 // bytes
+}
+
+type stormResult struct {
+	ests                 []estSample
+	method               byte
+	run                  int
+	burstStart, burstEnd int64 // the writer's first write and its end (monotonic ns)
+	writes               []time.Duration
+	probes               []probeRec
+	samples              []stormSample
+	cleanAt              int64 // 0: not clean within --max-wait
+	waits                map[string]int
+	waitSamples          int
+}
+
+func monoNow() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
+func (r *stormRun) noteQueue(device string) {
+	if r.queue != "" {
+		return
+	}
+	q := "/sys/block/" + filepath.Base(device) + "/queue/"
+	read := func(n string) string {
+		b, err := os.ReadFile(q + n)
+		if err != nil {
+			return "?"
+		}
+		s := strings.TrimSpace(string(b))
+		if i, j := strings.Index(s, "["), strings.Index(s, "]"); i >= 0 && j > i {
+			s = s[i+1 : j]
+		}
+		return s
+	}
+	r.queue = fmt.Sprintf("rotational=%s, scheduler=%s, nr_requests=%s, wbt_lat_usec=%s, max_sectors_kb=%s",
+		read("rotational"), read("scheduler"), read("nr_requests"), read("wbt_lat_usec"), read("max_sectors_kb"))
+}
+
+func (r *stormRun) daemonConfig(root string) string {
+	return fmt.Sprintf("%s\n\n[[watch]]\npath = %q\n", strings.TrimSpace(r.o.fConfig), root)
+}
+
+// once runs method m once on a fresh filesystem.
+func (r *stormRun) once(m byte, run int) (res *stormResult, err error) {
+	ctx := r.ctx
+	dir, err := os.MkdirTemp(r.base, fmt.Sprintf("run%d-%c-", run, m))
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	fs, err := benchFS(testfs.Options{Type: "ext4", SizeMB: r.sizeMB, DirectIO: true, ImageDir: dir})
+	if err != nil {
+		return nil, err
+	}
+	defer closeFS(fs, "storm")
+	r.noteQueue(fs.Device)
+	probePath, burstPath := filepath.Join(fs.Dir, "probe"), filepath.Join(fs.Dir, "burst")
+	if err := writeSynced(probePath, probeSize); err != nil {
+		return nil, err
+	}
+
+	switch m {
+	case 't':
+		restore, err := sysctl("dirty_background_bytes", strconv.Itoa(tunedBackground))
+		if err != nil {
+			return nil, fmt.Errorf("vm.dirty_background_bytes: %w", err)
+		}
+		k := r.knobs.push("vm.dirty_background_bytes", func() error { restore(); return nil })
+		defer r.knobs.restore(k)
+	case 'w':
+		k, err := setSysfs(r.knobs, wbtPath(fs.Device), strconv.Itoa(r.o.wbtLat))
+		if err != nil {
+			return nil, fmt.Errorf("wbt: %w", err)
+		}
+		defer r.knobs.restore(k)
+	case 'f':
+		ddir := filepath.Join(dir, "daemon") // its config, and its stats dir (ddir/run)
+		if err := os.Mkdir(ddir, 0o700); err != nil {
+			return nil, err
+		}
+		d, err := startDaemonAttr(r.o.bin, ddir, r.daemonConfig(fs.Dir),
+			&syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL})
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if serr := stopDaemonChecked(ctx, d); serr != nil && err == nil {
+				res, err = nil, serr
+			}
+		}()
+		r.statsFile = filepath.Join(ddir, "run", "bdi", fs.MajMin, "stats")
+		res, err = r.measure(ctx, m, run, fs, probePath, burstPath, d)
+		if err != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w\ndaemon log (last lines):\n%s", err, tail(d.logText(), 20))
+		}
+		return res, err
+	}
+	return r.measure(ctx, m, run, fs, probePath, burstPath, nil)
+}
+
+// writeSynced creates a file of n bytes and fsyncs it.
+func writeSynced(path string, n int) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(bytes.Repeat([]byte{'p'}, n))
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// stopDaemonChecked stops the daemon with SIGTERM and checks it exited
+// with status 0 within a minute (on Ctrl-C: SIGKILL).
+func stopDaemonChecked(ctx context.Context, d *daemon) error {
+	if ctx.Err() != nil {
+		d.kill()
+		return nil
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(60 * time.Second):
+		d.kill()
+		return fmt.Errorf("flusherd still running 60s after SIGTERM (killed); log (last lines):\n%s", tail(d.logText(), 20))
+	}
+	if st := d.cmd.ProcessState; st == nil || !st.Success() {
+		return fmt.Errorf("flusherd exited with %v after SIGTERM; log (last lines):\n%s", st, tail(d.logText(), 20))
+	}
+	return nil
+}
+
+// measure throttles the device, runs the probe and the writer, and
+// samples until the burst file is clean.
+func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, probePath, burstPath string, d *daemon) (*stormResult, error) {
+	// Nothing else dirty anywhere at the start.
+	unix.Sync()
+	thr, err := setThrottle(r.knobs, fs.MajMin, r.o.rate)
+	if err != nil {
+		return nil, err
+	}
+	defer r.knobs.restore(thr)
+	writer, probe, err := r.startChildren(ctx, burstPath, probePath)
+	if err != nil {
+		return nil, err
+	}
+	defer writer.kill()
+	defer probe.kill()
+	bf, err := os.Open(burstPath)
+	if err != nil {
+		return nil, err
+	}
+	defer bf.Close()
+
+	if err := sleepCtx(ctx, probeLead); err != nil {
+		return nil, err
+	}
+	res := &stormResult{method: m, run: run, waits: map[string]int{}}
+	goAt := monoNow()
+	if _, err := io.WriteString(writer.stdin, "go\n"); err != nil {
+		return nil, fmt.Errorf("writer: %w", err)
+	}
+	s := stormSampler{bf: bf, probePath: probePath, probePid: probe.cmd.Process.Pid, d: d, statsFile: r.statsFile}
+	deadline := goAt + r.o.maxWait.Nanoseconds()
+	writerFinished, err := s.untilClean(ctx, res, readWrites(writer), deadline)
+	if err != nil {
+		return nil, err
+	}
+	if !writerFinished {
+		// Not even the writer finished within --max-wait: its start is
+		// the go time, near enough.
+		writer.kill()
+		res.burstStart, res.burstEnd = goAt, monoNow()
+	}
+	recs, err := r.stopProbe(ctx, probe, thr)
+	if err != nil {
+		return nil, fmt.Errorf("probe: %w", err)
+	}
+	end := res.cleanAt
+	if end == 0 {
+		end = deadline
+	}
+	for _, p := range recs {
+		if p.at <= end {
+			res.probes = append(res.probes, p)
+		}
+	}
+	return res, nil
+}
+
+// startChildren starts the bulk writer and then the probe, and waits for
+// each to say it is ready; on error neither is left running.
+func (r *stormRun) startChildren(ctx context.Context, burstPath, probePath string) (writer, probe *stormChild, err error) {
+	writer, err = startStormChild(r.o.self, stormWriterCmd, "--file", burstPath, "--bytes", strconv.FormatInt(r.o.burst, 10))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := writer.expect(ctx, "ready", 30*time.Second); err != nil {
+		writer.kill()
+		return nil, nil, err
+	}
+	probe, err = startStormChild(r.o.self, stormProbeCmd, "--file", probePath, "--interval", r.o.interval.String())
+	if err != nil {
+		writer.kill()
+		return nil, nil, err
+	}
+	if err := probe.expect(ctx, "ready", 30*time.Second); err != nil {
+		probe.kill()
+		writer.kill()
+		return nil, nil, err
+	}
+	return writer, probe, nil
+}
+
+// stopProbe stops the probe and collects its calls. A probe call stuck
+// behind the throttle (not clean) is released by lifting the throttle thr.
+func (r *stormRun) stopProbe(ctx context.Context, probe *stormChild, thr *knob) ([]probeRec, error) {
+	if _, err := io.WriteString(probe.stdin, "stop\n"); err != nil {
+		return nil, err
+	}
+	recs, err := probe.collect(ctx, 5*time.Second)
+	if errors.Is(err, errChildSlow) {
+		r.knobs.restore(thr)
+		recs, err = probe.collect(ctx, 60*time.Second)
+	}
+	return recs, err
+}
