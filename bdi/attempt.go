@@ -47,7 +47,7 @@ type attempt struct {
 	result *error
 	// call is the worker side of the attempt's request.
 	call *attemptCall
-	wb   *Writeback // closes the file (closeFile); nil in tests
+	wb   *Writeback // closes the file (calls.close); nil in tests
 	// callMem and reqMem hold the attempt's call and request, so that an
 	// attempt is one allocation; call and the plug point to them.
 	callMem attemptCall
@@ -93,11 +93,11 @@ type callResult struct {
 func (a *attempt) hold() { a.refs.Add(1) }
 
 // release drops a reference and closes the file with the last one, on a
-// goroutine of its own when the attempt has a Writeback (closeFile).
+// goroutine of its own when the attempt has a Writeback (offLoop.close).
 func (a *attempt) release() {
 	if a.refs.Add(-1) == 0 && a.f != nil {
 		if a.wb != nil {
-			a.wb.closeFile(a.f)
+			a.wb.calls.close(a.f)
 		} else {
 			a.f.Close()
 		}

@@ -357,13 +357,13 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		return
 	}
 	wb.sampling = true
-	id := wb.trackCallLocked(now)
+	id := wb.calls.track(now)
 	wb.mu.Unlock()
 	chunk := wb.writeChunk()
 	go func() {
 		res := wb.runSample(probes, cfg, chunk)
 		wb.mu.Lock()
-		wb.returnedLocked(id)
+		wb.calls.returned(id, 0)
 		wb.sampling = false
 		wb.sampled = res
 		wb.mu.Unlock()

@@ -246,7 +246,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.WritebackErrors = wb.acct.errors
 	s.InodesGone = wb.acct.gone
 	s.Rescans = wb.acct.rescans
-	s.StuckCalls = wb.acct.stuck + wb.stuckOffLoopLocked()
+	s.StuckCalls = wb.acct.stuck + wb.calls.stuck(wb.cfg.AttemptTimeout)
 	s.FailedFiles = wb.acct.failed
 	s.Throttled = wb.acct.throttled
 	s.DetachedCalls = wb.acct.detached

@@ -14,98 +14,6 @@ import (
 	"flusherd/policy"
 )
 
-// closeFile closes f off the device's goroutine: close(2) can block for
-// long (a FUSE or NFS file's flush writes it back and waits; a stalled
-// server holds it; the last close of a deleted file frees its blocks), and
-// the device's goroutine, which completes attempts, must not. Closes queue
-// for the device's closer goroutine (closer), which runs them one after
-// another; another closer starts when the last close begun has run for
-// detachAfter, so one stalled close holds up no more than that. Each close
-// is recorded from the time it is queued, and counts in StuckCalls (and
-// stuck_calls) once past attempt_timeout until it returns.
-func (wb *Writeback) closeFile(f inode.File) {
-	wb.mu.Lock()
-	now := wb.now()
-	id := wb.trackCallLocked(now)
-	wb.closeQ = append(wb.closeQ, queuedClose{f, id})
-	start := wb.closers == 0 || now-wb.closeBegan > detachAfter
-	if start {
-		wb.closers++
-		wb.closeBegan = now
-	}
-	wb.mu.Unlock()
-	if start {
-		go wb.closer()
-	}
-}
-
-// queuedClose is a file waiting for the closer, and its offLoop record.
-type queuedClose struct {
-	f  inode.File
-	id uint64
-}
-
-// closer runs the queued closes (closeFile) until none is left.
-func (wb *Writeback) closer() {
-	wb.mu.Lock()
-	for len(wb.closeQ) > 0 {
-		c := wb.closeQ[0]
-		wb.closeQ[0] = queuedClose{}
-		wb.closeQ = wb.closeQ[1:]
-		wb.closeBegan = wb.now()
-		wb.mu.Unlock()
-		c.f.Close()
-		wb.mu.Lock()
-		wb.returnedLocked(c.id)
-	}
-	wb.closeQ = nil
-	wb.closers--
-	wb.mu.Unlock()
-}
-
-// trackCallLocked records a call that runs off the device's goroutine (a
-// close, a detached writeback call), begun at since (daemon clock), so that
-// it counts in stuck_calls once it runs past attempt_timeout; the caller
-// deletes wb.offLoop[id] when it returns. Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) trackCallLocked(since time.Duration) uint64 {
-	wb.offLoopSeq++
-	if wb.offLoop == nil {
-		wb.offLoop = map[uint64]time.Duration{}
-	}
-	wb.offLoop[wb.offLoopSeq] = since
-	return wb.offLoopSeq
-}
-
-// returnedLocked ends the record of an off-loop call (trackCallLocked)
-// that has returned, and says how long it ran (daemon clock) and whether
-// that was past attempt_timeout. Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) returnedLocked(id uint64) (took time.Duration, overran bool) {
-	took = wb.now() - wb.offLoop[id]
-	delete(wb.offLoop, id)
-	return took, wb.cfg.AttemptTimeout > 0 && took > wb.cfg.AttemptTimeout
-}
-
-// stuckOffLoopLocked counts the closes and detached calls running for
-// longer than attempt_timeout. Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) stuckOffLoopLocked() int {
-	if wb.cfg.AttemptTimeout <= 0 || len(wb.offLoop) == 0 {
-		return 0
-	}
-	n, now := 0, wb.now()
-	for _, since := range wb.offLoop {
-		if now-since > wb.cfg.AttemptTimeout {
-			n++
-		}
-	}
-	return n
-}
-
 // request is the writeback request of an attempt: a blk.Request whose
 // owner is the attempt. Each attempt has exactly one; its worker-side
 // state is the attempt's call (attemptCall).
@@ -450,14 +358,14 @@ func (h *queueHooks) Returned(r *request, err error) {
 }
 
 // reqDetachedLocked marks the inode of a detached call Busy until the
-// call returns, and records the call in offLoop (stuck_calls once past
+// call returns, and records the call in calls (stuck_calls once past
 // attempt_timeout). Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) reqDetachedLocked(r *request, began time.Time) {
 	r.Owner.detached++
 	r.Owner.in.State |= inode.Busy
-	r.Tag = wb.trackCallLocked(wb.now() - time.Since(began))
+	r.Tag = wb.calls.track(wb.now() - time.Since(began))
 	wb.acct.detached++
 }
 
@@ -507,7 +415,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 			wb.kick()
 		}
 	}
-	took, overran := wb.returnedLocked(r.Tag)
+	took, overran := wb.calls.returned(r.Tag, wb.cfg.AttemptTimeout)
 	if w := &att.call.res; err == nil && w.wrote && !w.afterKnown {
 		// Its attempt was completed without it (as still dirty): the
 		// pages it started writing back count in BdiWritten now. (An

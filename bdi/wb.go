@@ -146,10 +146,11 @@ type Writeback struct {
 	// acct is the device's counters, the source of every figure shown.
 	// +checklocks:mu
 	acct counters
+	// calls records the calls that run off the goroutine, and closes
+	// files; it has its own lock.
+	calls offLoop
 	// +checklocks:mu
 	gen uint64 // bumped on every change, for the stats writer
-	// +checklocks:mu
-	offLoop map[uint64]time.Duration // calls running off the device's goroutine (closes, detached calls), by id: when they began
 	// +checklocks:mu
 	detachReturned bool // a detached call returned: retry b_more_io_wait now
 	// +checklocks:mu
@@ -158,14 +159,6 @@ type Writeback struct {
 	unbusy chan struct{} // closed when a Busy inode's call returns (unbusyLocked); nil until asked for
 	// +checklocks:mu
 	reprobe map[uint64]bool // devs whose detached probe said sync_file_range is unsupported
-	// +checklocks:mu
-	offLoopSeq uint64
-	// +checklocks:mu
-	closeQ []queuedClose // files waiting for the closer (closeFile)
-	// +checklocks:mu
-	closers int // closer goroutines running
-	// +checklocks:mu
-	closeBegan time.Duration // when the last close began (daemon clock)
 	// +checklocks:mu
 	classWarned bool // the expire-class limit was logged
 	// +checklocks:mu
@@ -355,6 +348,7 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		open:     open,
 		log:      log,
 		stats:    stats,
+		calls:    offLoop{now: now},
 		wake:     make(chan struct{}, 1),
 		stopped:  make(chan struct{}),
 		backoff:  policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
@@ -490,7 +484,7 @@ func (wb *Writeback) Healthy(limit time.Duration) bool {
 func (wb *Writeback) StuckCalls() int {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return wb.acct.stuck + wb.stuckOffLoopLocked()
+	return wb.acct.stuck + wb.calls.stuck(wb.cfg.AttemptTimeout)
 }
 
 // Stopped is closed when Run has returned.
@@ -782,7 +776,7 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 			wb.mu.Unlock()
 			continue
 		}
-		if wb.acct.stuck+len(wb.offLoop) >= maxStuckCalls {
+		if wb.acct.stuck+wb.calls.running() >= maxStuckCalls {
 			// The device's filesystem holds this many calls already
 			// (stalled): no new one until some return. (Not a
 			// max_inflight deferral: the wait follows the backoff,

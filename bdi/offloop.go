@@ -1,0 +1,132 @@
+package bdi
+
+import (
+	"sync"
+	"time"
+
+	"flusherd/inode"
+)
+
+// offLoop is a device's record of the calls that run off its goroutine
+// (closes, detached writeback calls, background samples), so that they
+// count in stuck_calls once past attempt_timeout, and its closer, which
+// runs the closes. It owns its lock, a leaf that may be taken under the
+// list lock.
+type offLoop struct {
+	now func() time.Duration // the daemon clock
+	mu  sync.Mutex
+	// since holds the running calls by id: when each began.
+	// +checklocks:mu
+	since map[uint64]time.Duration
+	// +checklocks:mu
+	seq uint64
+	// +checklocks:mu
+	closeQ []queuedClose // files waiting for the closer
+	// +checklocks:mu
+	closers int // closer goroutines running
+	// +checklocks:mu
+	closeBegan time.Duration // when the last close began
+}
+
+// queuedClose is a file waiting for the closer, and its record's id.
+type queuedClose struct {
+	f  inode.File
+	id uint64
+}
+
+// track records a call begun at since (daemon clock) and returns its id
+// for returned.
+func (o *offLoop) track(since time.Duration) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.trackLocked(since)
+}
+
+// +checklocks:o.mu
+func (o *offLoop) trackLocked(since time.Duration) uint64 {
+	o.seq++
+	if o.since == nil {
+		o.since = map[uint64]time.Duration{}
+	}
+	o.since[o.seq] = since
+	return o.seq
+}
+
+// returned ends the record of call id, and says how long it ran and
+// whether that was past timeout (0: no bound).
+func (o *offLoop) returned(id uint64, timeout time.Duration) (took time.Duration, overran bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.returnedLocked(id, timeout)
+}
+
+// +checklocks:o.mu
+func (o *offLoop) returnedLocked(id uint64, timeout time.Duration) (took time.Duration, overran bool) {
+	took = o.now() - o.since[id]
+	delete(o.since, id)
+	return took, timeout > 0 && took > timeout
+}
+
+// stuck counts the calls running for longer than timeout (0: none is).
+func (o *offLoop) stuck(timeout time.Duration) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if timeout <= 0 || len(o.since) == 0 {
+		return 0
+	}
+	n, now := 0, o.now()
+	for _, since := range o.since {
+		if now-since > timeout {
+			n++
+		}
+	}
+	return n
+}
+
+// running counts the calls recorded.
+func (o *offLoop) running() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.since)
+}
+
+// close closes f off the device's goroutine: close(2) can block for long
+// (a FUSE or NFS file's flush writes it back and waits; a stalled server
+// holds it; the last close of a deleted file frees its blocks). Closes
+// queue for a closer goroutine, which runs them one after another;
+// another closer starts when the last close begun has run for
+// detachAfter, so one stalled close holds up no more than that. Each is
+// recorded from the time it is queued.
+func (o *offLoop) close(f inode.File) {
+	o.mu.Lock()
+	now := o.now()
+	id := o.trackLocked(now)
+	o.closeQ = append(o.closeQ, queuedClose{f, id})
+	start := o.closers == 0 || now-o.closeBegan > detachAfter
+	if start {
+		o.closers++
+		o.closeBegan = now
+	}
+	o.mu.Unlock()
+	if start {
+		go o.closer()
+	}
+}
+
+// closer runs the queued closes until none is left.
+func (o *offLoop) closer() {
+	o.mu.Lock()
+	for len(o.closeQ) > 0 {
+		c := o.closeQ[0]
+		o.closeQ[0] = queuedClose{}
+		o.closeQ = o.closeQ[1:]
+		o.closeBegan = o.now()
+		o.mu.Unlock()
+		c.f.Close()
+		o.mu.Lock()
+		o.returnedLocked(c.id, 0)
+	}
+	o.closeQ = nil
+	o.closers--
+	o.mu.Unlock()
+}
