@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -151,18 +150,6 @@ func fanotifyInit(target bool) (fd int, targetFID bool, err error) {
 	}
 	return fd, err == nil, err
 }
-
-// TreeError is a tree that a backend cannot serve, and why.
-type TreeError struct {
-	Root string
-	Err  error
-}
-
-func (e *TreeError) Error() string {
-	return fmt.Sprintf("tree %s: %v", strconv.Quote(e.Root), e.Err)
-}
-
-func (e *TreeError) Unwrap() error { return e.Err }
 
 // newFanotifyFor sets up fanotify and marks the filesystems of the trees
 // it can: it returns the backend serving those, and the trees whose

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
-	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
@@ -546,76 +544,4 @@ func (b *base) noWritebackDev(dev uint64, path string) bool {
 	}
 	b.devWritesBack.Store(dev, true)
 	return false
-}
-
-// ErrUnsettled is Settle's error: events or scans were lost for want of a
-// resource and the rescan that makes up for them could not complete, so
-// files in the trees may be dirty without being tracked.
-var ErrUnsettled = errors.New("events were lost for want of resources and the rescan of the trees could not complete: files may be dirty without being tracked")
-
-// Settle runs now the rescan that a lost event or an incomplete scan has
-// scheduled (scanIncomplete), if one is due, instead of after its delay: a
-// shutdown calls it after Quiesce, so that a file whose event was lost is
-// tracked, and written back, before the daemon says every tracked file is
-// clean. It returns ErrUnsettled (wrapping the last shortage seen) when
-// that rescan is left incomplete too; nil when nothing was due or the
-// rescan completed.
-func (b *base) Settle(ctx context.Context) error {
-	if !b.retry.due.Load() {
-		return nil
-	}
-	before := b.retry.failures.Load()
-	b.rescan(ctx, nil)
-	if b.retry.failures.Load() != before || ctx.Err() != nil {
-		return ErrUnsettled
-	}
-	b.retry.due.Store(false)
-	return nil
-}
-
-// Default backoff of the rescans after an incomplete scan (Options
-// RetryMin and RetryMax override it).
-const (
-	defaultRetryMin = time.Second
-	defaultRetryMax = 30 * time.Second
-)
-
-// retryState is the rescan-after-shortage schedule of a base.
-type retryState struct {
-	due      atomic.Bool   // a rescan is scheduled
-	failures atomic.Uint64 // scans left incomplete, ever
-	delay    atomic.Int64  // the next delay (ns); 0 means min
-	// min and max bound the delay: the first rescan comes min after the
-	// failure, each further one after twice the last delay, at most
-	// max; a complete rescan resets it. Set once, by init.
-	min, max time.Duration
-}
-
-// scanIncomplete records that a scan or an event could not be completed
-// for want of a resource, and schedules a cachestat rescan of every tree
-// (files already tracked keep their dirtiedWhen). Rescans repeat, with the
-// delay doubling from Options.RetryMin up to RetryMax (the daemon passes
-// min_pause and max_pause), until one completes. Logged once per
-// episode.
-func (b *base) scanIncomplete(err error) {
-	b.retry.failures.Add(1)
-	if b.retry.due.Swap(true) {
-		return
-	}
-	d := time.Duration(b.retry.delay.Load())
-	if d == 0 {
-		d = b.retry.min
-		b.log.Warn("a scan or event could not be completed for want of resources; rescanning the trees until a pass completes",
-			zap.Error(err), zap.Stringer("first_retry", d))
-	}
-	b.retry.delay.Store(int64(min(2*d, b.retry.max)))
-	time.AfterFunc(d, func() {
-		before := b.retry.failures.Load()
-		b.retry.due.Store(false)
-		b.rescan(context.Background(), nil)
-		if b.retry.failures.Load() == before {
-			b.retry.delay.Store(0)
-			b.log.Info("rescan after the resource shortage completed")
-		}
-	})
 }
