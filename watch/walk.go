@@ -137,48 +137,10 @@ func (b *base) dirError(dir string, err error) {
 // it, and fanotify cannot name its tree; that bounds the depth at about
 // 2,048 levels.
 func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty bool, onDir func(string), ids *dirIdentity) {
-	type frame struct {
-		fd      int // -1: let go (reopened from an ancestor when needed)
-		name    string
-		path    string
-		subdirs []string // names of subdirectories not yet visited
-	}
 	buf := make([]byte, 32<<10)
-	stack := []frame{{fd: fd, path: dir}}
-	defer func() {
-		for _, f := range stack {
-			if f.fd >= 0 {
-				unix.Close(f.fd)
-			}
-		}
-	}()
+	stack := walkStack{{fd: fd, path: dir}}
+	defer func() { stack.closeAll() }()
 	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, ids)
-	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	// parentFD returns a descriptor of the top frame's directory: its own,
-	// or one reached from the deepest held ancestor by name; temp says
-	// the caller closes it.
-	parentFD := func() (fd int, temp bool, err error) {
-		top := len(stack) - 1
-		if stack[top].fd >= 0 {
-			return stack[top].fd, false, nil
-		}
-		a := top - 1
-		for stack[a].fd < 0 {
-			a--
-		}
-		fd = stack[a].fd
-		for j := a + 1; j <= top; j++ {
-			next, err := unix.Openat(fd, stack[j].name, flags, 0)
-			if j > a+1 {
-				unix.Close(fd)
-			}
-			if err != nil {
-				return -1, false, err
-			}
-			fd = next
-		}
-		return fd, true, nil
-	}
 	for len(stack) > 0 {
 		if ctx.Err() != nil {
 			return
@@ -194,14 +156,14 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		name := top.subdirs[len(top.subdirs)-1]
 		top.subdirs = top.subdirs[:len(top.subdirs)-1]
 		path := joinPath(top.path, name)
-		pfd, temp, err := parentFD()
+		pfd, temp, err := stack.parentFD()
 		if err != nil {
 			// The parent went away (or was replaced) since it was read.
 			b.dirError(top.path, err)
 			top.subdirs = nil
 			continue
 		}
-		cfd, err := unix.Openat(pfd, name, flags, 0)
+		cfd, err := unix.Openat(pfd, name, walkFlags, 0)
 		if temp {
 			unix.Close(pfd)
 		}
@@ -227,7 +189,56 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 			unix.Close(cfd)
 			cfd = -1
 		}
-		stack = append(stack, frame{fd: cfd, name: name, path: path, subdirs: subdirs})
+		stack = append(stack, walkFrame{fd: cfd, name: name, path: path, subdirs: subdirs})
+	}
+}
+
+// walkFlags open a directory of a walk, relative to its parent.
+const walkFlags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+
+// walkFrame is one directory level of a walk.
+type walkFrame struct {
+	fd      int // -1: let go (reopened from an ancestor when needed)
+	name    string
+	path    string
+	subdirs []string // names of subdirectories not yet visited
+}
+
+// walkStack is a walk's directory levels, outermost first.
+type walkStack []walkFrame
+
+// parentFD returns a descriptor of the top frame's directory: its own,
+// or one reached from the deepest held ancestor by name; temp says the
+// caller closes it.
+func (stack walkStack) parentFD() (fd int, temp bool, err error) {
+	top := len(stack) - 1
+	if stack[top].fd >= 0 {
+		return stack[top].fd, false, nil
+	}
+	a := top - 1
+	for stack[a].fd < 0 {
+		a--
+	}
+	fd = stack[a].fd
+	for j := a + 1; j <= top; j++ {
+		next, err := unix.Openat(fd, stack[j].name, walkFlags, 0)
+		if j > a+1 {
+			unix.Close(fd)
+		}
+		if err != nil {
+			return -1, false, err
+		}
+		fd = next
+	}
+	return fd, true, nil
+}
+
+// closeAll closes the descriptors the levels hold.
+func (stack walkStack) closeAll() {
+	for _, f := range stack {
+		if f.fd >= 0 {
+			unix.Close(f.fd)
+		}
 	}
 }
 
