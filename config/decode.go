@@ -56,58 +56,19 @@ func (d *decoder) table(prefix string, v any, fields map[string]field) {
 	}
 }
 
+// config decodes the top-level table m into a Config: each section in
+// turn (in the order of their names), then the defaults that follow other
+// keys, then the [[watch]] entries.
 func (d *decoder) config(m map[string]any) *Config {
 	c := Default()
-	wb := &c.Writeback
-	maxPauseSet, oldInflight, newInflight := false, false, false
+	var g given
 	var watches []any
 	d.table("", m, map[string]field{
 		"writeback": func(key string, v any) {
-			d.table(key, v, map[string]field{
-				"dirty_writeback_interval": d.duration(&wb.DirtyWritebackInterval),
-				"dirty_expire_interval":    d.duration(&wb.DirtyExpireInterval),
-				"min_pause":                d.duration(&wb.MinPause),
-				"max_pause": func(key string, v any) {
-					maxPauseSet = true
-					d.duration(&wb.MaxPause)(key, v)
-				},
-				"write_chunk": func(key string, v any) {
-					if v == "auto" {
-						wb.WriteChunkAuto = true
-						return
-					}
-					if str, ok := v.(string); ok {
-						if _, err := parseSize(str); err != nil {
-							d.errorf(key, "bad size %q: %v; or \"auto\" (from the device's bandwidth)", str, err)
-							return
-						}
-					}
-					d.size(&wb.WriteChunk)(key, v)
-				},
-				"dirty_background_bytes": d.size(&wb.DirtyBackgroundBytes),
-				"dirty_background_ratio": d.integer(&wb.DirtyBackgroundRatio),
-				"range_bytes":            d.size(&wb.RangeBytes),
-				// The key plug.max_inflight_bytes had before.
-				"max_inflight": func(key string, v any) {
-					oldInflight = true
-					d.size(&c.Plug.MaxInflightBytes)(key, v)
-				},
-				"requeue_blocked":  d.str(&wb.RequeueBlocked),
-				"attempt_timeout":  d.duration(&wb.AttemptTimeout),
-				"shutdown_timeout": d.duration(&wb.ShutdownTimeout),
-			})
+			d.table(key, v, d.writebackFields(c, &g))
 		},
 		"plug": func(key string, v any) {
-			d.table(key, v, map[string]field{
-				"enabled":          d.boolean(&c.Plug.Enabled),
-				"max_pending":      d.integer(&c.Plug.MaxPending),
-				"queue_depth":      d.integer(&c.Plug.QueueDepth),
-				"integrity_syncfs": d.integer(&c.Plug.IntegritySyncfs),
-				"max_inflight_bytes": func(key string, v any) {
-					newInflight = true
-					d.size(&c.Plug.MaxInflightBytes)(key, v)
-				},
-			})
+			d.table(key, v, d.plugFields(c, &g))
 		},
 		"watcher": func(key string, v any) {
 			d.table(key, v, map[string]field{
@@ -125,60 +86,139 @@ func (d *decoder) config(m map[string]any) *Config {
 			d.table(key, v, map[string]field{"listen": d.str(&c.Metrics.Listen)})
 		},
 		"watch": func(key string, v any) {
-			switch v := v.(type) {
-			case []map[string]any:
-				for _, x := range v {
-					watches = append(watches, x)
-				}
-			case []any:
-				watches = v
-			default:
-				d.errorf(key, "want an array of tables ([[watch]]), got %s", describe(v))
-			}
+			watches = d.watchArray(key, v)
 		},
 	})
-	if !maxPauseSet {
+	d.followingDefaults(c, g)
+	for i, v := range watches {
+		c.Watch = append(c.Watch, d.watch(i, v, c.Writeback.DirtyExpireInterval))
+	}
+	return c
+}
+
+// given records keys whose presence sets other keys' defaults.
+type given struct {
+	maxPause    bool // writeback.max_pause
+	oldInflight bool // writeback.max_inflight
+	newInflight bool // plug.max_inflight_bytes
+}
+
+// writebackFields are the keys of [writeback].
+func (d *decoder) writebackFields(c *Config, g *given) map[string]field {
+	wb := &c.Writeback
+	return map[string]field{
+		"dirty_writeback_interval": d.duration(&wb.DirtyWritebackInterval),
+		"dirty_expire_interval":    d.duration(&wb.DirtyExpireInterval),
+		"min_pause":                d.duration(&wb.MinPause),
+		"max_pause": func(key string, v any) {
+			g.maxPause = true
+			d.duration(&wb.MaxPause)(key, v)
+		},
+		"write_chunk": func(key string, v any) {
+			if v == "auto" {
+				wb.WriteChunkAuto = true
+				return
+			}
+			if str, ok := v.(string); ok {
+				if _, err := parseSize(str); err != nil {
+					d.errorf(key, "bad size %q: %v; or \"auto\" (from the device's bandwidth)", str, err)
+					return
+				}
+			}
+			d.size(&wb.WriteChunk)(key, v)
+		},
+		"dirty_background_bytes": d.size(&wb.DirtyBackgroundBytes),
+		"dirty_background_ratio": d.integer(&wb.DirtyBackgroundRatio),
+		"range_bytes":            d.size(&wb.RangeBytes),
+		// The key plug.max_inflight_bytes had before.
+		"max_inflight": func(key string, v any) {
+			g.oldInflight = true
+			d.size(&c.Plug.MaxInflightBytes)(key, v)
+		},
+		"requeue_blocked":  d.str(&wb.RequeueBlocked),
+		"attempt_timeout":  d.duration(&wb.AttemptTimeout),
+		"shutdown_timeout": d.duration(&wb.ShutdownTimeout),
+	}
+}
+
+// plugFields are the keys of [plug].
+func (d *decoder) plugFields(c *Config, g *given) map[string]field {
+	return map[string]field{
+		"enabled":          d.boolean(&c.Plug.Enabled),
+		"max_pending":      d.integer(&c.Plug.MaxPending),
+		"queue_depth":      d.integer(&c.Plug.QueueDepth),
+		"integrity_syncfs": d.integer(&c.Plug.IntegritySyncfs),
+		"max_inflight_bytes": func(key string, v any) {
+			g.newInflight = true
+			d.size(&c.Plug.MaxInflightBytes)(key, v)
+		},
+	}
+}
+
+// followingDefaults sets the defaults that follow other keys (max_pause,
+// max_inflight_bytes) where the file did not set them, and refuses the
+// in-flight bound under both its names.
+func (d *decoder) followingDefaults(c *Config, g given) {
+	wb := &c.Writeback
+	if !g.maxPause {
 		wb.MaxPause = wb.DirtyWritebackInterval
 	}
-	if oldInflight && newInflight {
+	if g.oldInflight && g.newInflight {
 		d.errorf("writeback.max_inflight", "plug.max_inflight_bytes is given too: keep that one (writeback.max_inflight is its old name)")
 	}
-	if !oldInflight && !newInflight && !wb.WriteChunkAuto {
+	if !g.oldInflight && !g.newInflight && !wb.WriteChunkAuto {
 		// The default follows a larger write_chunk.
 		c.Plug.MaxInflightBytes = max(c.Plug.MaxInflightBytes, wb.WriteChunk)
 	}
-	for i, v := range watches {
-		key := fmt.Sprintf("watch[%d]", i)
-		w := Watch{Recursive: true, Mode: ModeWriteback, Expire: wb.DirtyExpireInterval}
-		pathSet, pathBad := false, false
-		d.table(key, v, map[string]field{
-			"path": func(key string, v any) {
-				pathSet = true
-				if _, ok := v.(string); !ok {
-					pathBad = true // (one error: not also "empty")
-				}
-				d.str(&w.Path)(key, v)
-			},
-			"recursive": d.boolean(&w.Recursive),
-			"mode":      d.str(&w.Mode),
-			"expire":    d.duration(&w.Expire),
-		})
-		switch {
-		case !pathSet:
-			if _, isTable := v.(map[string]any); isTable {
-				e := d.src.errorf(key+".path", "missing: every [[watch]] needs a path")
-				e.Line = d.src.line(key)
-				d.errs = append(d.errs, e)
-			}
-		case pathBad:
-		case w.Path == "":
-			d.errorf(key+".path", "must not be empty")
-		default:
-			d.abs(key+".path", &w.Path)
+}
+
+// watchArray returns the entries of the [[watch]] array v.
+func (d *decoder) watchArray(key string, v any) []any {
+	var watches []any
+	switch v := v.(type) {
+	case []map[string]any:
+		for _, x := range v {
+			watches = append(watches, x)
 		}
-		c.Watch = append(c.Watch, w)
+	case []any:
+		watches = v
+	default:
+		d.errorf(key, "want an array of tables ([[watch]]), got %s", describe(v))
 	}
-	return c
+	return watches
+}
+
+// watch decodes [[watch]] entry i, v; expire is its default expire.
+func (d *decoder) watch(i int, v any, expire time.Duration) Watch {
+	key := fmt.Sprintf("watch[%d]", i)
+	w := Watch{Recursive: true, Mode: ModeWriteback, Expire: expire}
+	pathSet, pathBad := false, false
+	d.table(key, v, map[string]field{
+		"path": func(key string, v any) {
+			pathSet = true
+			if _, ok := v.(string); !ok {
+				pathBad = true // (one error: not also "empty")
+			}
+			d.str(&w.Path)(key, v)
+		},
+		"recursive": d.boolean(&w.Recursive),
+		"mode":      d.str(&w.Mode),
+		"expire":    d.duration(&w.Expire),
+	})
+	switch {
+	case !pathSet:
+		if _, isTable := v.(map[string]any); isTable {
+			e := d.src.errorf(key+".path", "missing: every [[watch]] needs a path")
+			e.Line = d.src.line(key)
+			d.errs = append(d.errs, e)
+		}
+	case pathBad:
+	case w.Path == "":
+		d.errorf(key+".path", "must not be empty")
+	default:
+		d.abs(key+".path", &w.Path)
+	}
+	return w
 }
 
 func (d *decoder) duration(dst *time.Duration) field {

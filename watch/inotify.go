@@ -62,9 +62,6 @@ type Watcher struct {
 	removePanicked atomic.Bool // removeWatch recovered a panic of fsnotify (logged once)
 }
 
-// maxKeys bounds Watcher.keys: about 1.5 MiB of paths and keys.
-const maxKeys = 16384
-
 // NewInotify returns an inotify backend for trees. Its inotify instance is
 // made now; no watch is added until Start.
 func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
@@ -553,6 +550,8 @@ func coveredBy(dirs map[string]Tree, dir string) bool {
 	}
 }
 
+// handle handles one event, for the deepest served tree that holds its
+// name.
 func (w *Watcher) handle(ev fsnotify.Event) {
 	t, ok := w.TreeOf(ev.Name)
 	if !ok {
@@ -585,40 +584,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 	}
 	switch {
 	case ev.Has(fsnotify.Create):
-		var st unix.Stat_t
-		err := unix.Lstat(ev.Name, &st)
-		if known && (err != nil || (inode.Key{Dev: st.Dev, Ino: st.Ino}) != old) {
-			w.unlinked(old, ev.Name)
-		}
-		if err != nil {
-			if policy.Shortage(err) {
-				w.scanIncomplete(err)
-			}
-			return
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			w.forgetKeysUnder(ev.Name) // a directory moved in: the paths below it are new
-			// The tree of what is in it: a directory made in a
-			// non-recursive tree's root holds files of the tree
-			// around that one, if any.
-			ct, ok := w.TreeOf(joinPath(ev.Name, "f"))
-			if !ok || !ct.Recursive || ct.Root == ev.Name {
-				return // nothing of a tree in it, or a tree's own root
-			}
-			w.addOrNote(ct, ev.Name)
-			// Files made in it before the watch existed sent no event.
-			w.scanDir(context.Background(), ct, ev.Name, false, func(p string) { w.addOrNote(ct, p) })
-			w.logLimit()
-		case unix.S_IFREG:
-			// Made, linked or moved in: tracked without opening it
-			// here (an open can hang on a sick filesystem and would
-			// stall every tree); the writeback attempt, which has a
-			// timeout, finds out whether it is dirty.
-			key := inode.Key{Dev: st.Dev, Ino: st.Ino}
-			w.report(t, ev.Name, key, false)
-			w.cacheKey(ev.Name, key)
-		}
+		w.created(t, ev.Name, old, known)
 	case ev.Has(fsnotify.Write):
 		if known { // (old: the cache's entry, which a Write keeps)
 			w.report(t, ev.Name, old, false)
@@ -637,48 +603,43 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 	}
 }
 
-// unlinked tells the sink, if it takes them (NameUnlinkSink), that the
-// file key lost the name path.
-func (w *Watcher) unlinked(key inode.Key, path string) {
-	if w.nameSink != nil {
-		w.nameSink.NameUnlinked(key, path)
+// created handles a Create of name (made, linked or moved in) in tree t:
+// a directory is watched and scanned, a regular file reported. old is the
+// file the name led to before, if known.
+func (w *Watcher) created(t Tree, name string, old inode.Key, known bool) {
+	var st unix.Stat_t
+	err := unix.Lstat(name, &st)
+	if known && (err != nil || (inode.Key{Dev: st.Dev, Ino: st.Ino}) != old) {
+		w.unlinked(old, name)
 	}
-}
-
-// cacheKey records in keys that path names the regular file key, emptying
-// keys first when it holds maxKeys entries.
-func (w *Watcher) cacheKey(path string, key inode.Key) {
-	if len(w.keys) >= maxKeys {
-		clear(w.keys)
-	}
-	w.keys[path] = key
-}
-
-// forgetKey drops what keys knows of path, after an event that says the
-// name may lead elsewhere now: its entry, or the entries below it when
-// path is a watched directory (moved or removed: the paths below it
-// change).
-func (w *Watcher) forgetKey(path string) {
-	if _, ok := w.keys[path]; ok {
-		delete(w.keys, path)
+	if err != nil {
+		if policy.Shortage(err) {
+			w.scanIncomplete(err)
+		}
 		return
 	}
-	w.dmu.Lock()
-	_, dir := w.dirs[path]
-	w.dmu.Unlock()
-	if dir {
-		w.forgetKeysUnder(path)
-	}
-}
-
-// forgetKeysUnder drops the entries of keys below the directory dir: a
-// walk of the cache (at most maxKeys entries), as emptying it is.
-func (w *Watcher) forgetKeysUnder(dir string) {
-	prefix := dir + "/"
-	for p := range w.keys {
-		if strings.HasPrefix(p, prefix) {
-			delete(w.keys, p)
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		w.forgetKeysUnder(name) // a directory moved in: the paths below it are new
+		// The tree of what is in it: a directory made in a
+		// non-recursive tree's root holds files of the tree
+		// around that one, if any.
+		ct, ok := w.TreeOf(joinPath(name, "f"))
+		if !ok || !ct.Recursive || ct.Root == name {
+			return // nothing of a tree in it, or a tree's own root
 		}
+		w.addOrNote(ct, name)
+		// Files made in it before the watch existed sent no event.
+		w.scanDir(context.Background(), ct, name, false, func(p string) { w.addOrNote(ct, p) })
+		w.logLimit()
+	case unix.S_IFREG:
+		// Made, linked or moved in: tracked without opening it
+		// here (an open can hang on a sick filesystem and would
+		// stall every tree); the writeback attempt, which has a
+		// timeout, finds out whether it is dirty.
+		key := inode.Key{Dev: st.Dev, Ino: st.Ino}
+		w.report(t, name, key, false)
+		w.cacheKey(name, key)
 	}
 }
 

@@ -53,6 +53,21 @@ func (b *base) watchMounts(ctx context.Context) {
 	}
 }
 
+// noWriteback holds the statfs(2) f_type of filesystems that never hold
+// data to write back: pseudo filesystems, memory-backed ones (tmpfs,
+// ramfs: the data has no backing store) and read-only formats. A mount of
+// one inside a tree needs nothing from flusherd.
+var noWriteback = map[int64]string{
+	unix.PROC_SUPER_MAGIC: "proc", unix.SYSFS_MAGIC: "sysfs", unix.CGROUP_SUPER_MAGIC: "cgroup",
+	unix.CGROUP2_SUPER_MAGIC: "cgroup2", unix.DEVPTS_SUPER_MAGIC: "devpts", 0x19800202: "mqueue",
+	unix.DEBUGFS_MAGIC: "debugfs", unix.TRACEFS_MAGIC: "tracefs", unix.SECURITYFS_MAGIC: "securityfs",
+	unix.PSTOREFS_MAGIC: "pstore", unix.BPF_FS_MAGIC: "bpf", unix.AUTOFS_SUPER_MAGIC: "autofs",
+	0x62656570: "configfs", 0x65735543: "fusectl", unix.HUGETLBFS_MAGIC: "hugetlbfs",
+	unix.BINFMTFS_MAGIC: "binfmt_misc", unix.EFIVARFS_MAGIC: "efivarfs", unix.NSFS_MAGIC: "nsfs",
+	unix.TMPFS_MAGIC: "tmpfs", unix.RAMFS_MAGIC: "ramfs", unix.SQUASHFS_MAGIC: "squashfs",
+	unix.EROFS_SUPER_MAGIC_V1: "erofs", unix.ISOFS_SUPER_MAGIC: "iso9660", unix.CRAMFS_MAGIC: "cramfs",
+}
+
 // NoWriteback reports whether dir is on a filesystem whose data is never
 // written back (noWriteback: tmpfs, ramfs, proc, sysfs, squashfs, ...),
 // and its kind: a tree there is watched but has nothing to do. statfs(2)

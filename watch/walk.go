@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
-	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
@@ -139,48 +137,10 @@ func (b *base) dirError(dir string, err error) {
 // it, and fanotify cannot name its tree; that bounds the depth at about
 // 2,048 levels.
 func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty bool, onDir func(string), ids *dirIdentity) {
-	type frame struct {
-		fd      int // -1: let go (reopened from an ancestor when needed)
-		name    string
-		path    string
-		subdirs []string // names of subdirectories not yet visited
-	}
 	buf := make([]byte, 32<<10)
-	stack := []frame{{fd: fd, path: dir}}
-	defer func() {
-		for _, f := range stack {
-			if f.fd >= 0 {
-				unix.Close(f.fd)
-			}
-		}
-	}()
+	stack := walkStack{{fd: fd, path: dir}}
+	defer func() { stack.closeAll() }()
 	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, ids)
-	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	// parentFD returns a descriptor of the top frame's directory: its own,
-	// or one reached from the deepest held ancestor by name; temp says
-	// the caller closes it.
-	parentFD := func() (fd int, temp bool, err error) {
-		top := len(stack) - 1
-		if stack[top].fd >= 0 {
-			return stack[top].fd, false, nil
-		}
-		a := top - 1
-		for stack[a].fd < 0 {
-			a--
-		}
-		fd = stack[a].fd
-		for j := a + 1; j <= top; j++ {
-			next, err := unix.Openat(fd, stack[j].name, flags, 0)
-			if j > a+1 {
-				unix.Close(fd)
-			}
-			if err != nil {
-				return -1, false, err
-			}
-			fd = next
-		}
-		return fd, true, nil
-	}
 	for len(stack) > 0 {
 		if ctx.Err() != nil {
 			return
@@ -196,14 +156,14 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 		name := top.subdirs[len(top.subdirs)-1]
 		top.subdirs = top.subdirs[:len(top.subdirs)-1]
 		path := joinPath(top.path, name)
-		pfd, temp, err := parentFD()
+		pfd, temp, err := stack.parentFD()
 		if err != nil {
 			// The parent went away (or was replaced) since it was read.
 			b.dirError(top.path, err)
 			top.subdirs = nil
 			continue
 		}
-		cfd, err := unix.Openat(pfd, name, flags, 0)
+		cfd, err := unix.Openat(pfd, name, walkFlags, 0)
 		if temp {
 			unix.Close(pfd)
 		}
@@ -229,7 +189,56 @@ func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty b
 			unix.Close(cfd)
 			cfd = -1
 		}
-		stack = append(stack, frame{fd: cfd, name: name, path: path, subdirs: subdirs})
+		stack = append(stack, walkFrame{fd: cfd, name: name, path: path, subdirs: subdirs})
+	}
+}
+
+// walkFlags open a directory of a walk, relative to its parent.
+const walkFlags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+
+// walkFrame is one directory level of a walk.
+type walkFrame struct {
+	fd      int // -1: let go (reopened from an ancestor when needed)
+	name    string
+	path    string
+	subdirs []string // names of subdirectories not yet visited
+}
+
+// walkStack is a walk's directory levels, outermost first.
+type walkStack []walkFrame
+
+// parentFD returns a descriptor of the top frame's directory: its own,
+// or one reached from the deepest held ancestor by name; temp says the
+// caller closes it.
+func (stack walkStack) parentFD() (fd int, temp bool, err error) {
+	top := len(stack) - 1
+	if stack[top].fd >= 0 {
+		return stack[top].fd, false, nil
+	}
+	a := top - 1
+	for stack[a].fd < 0 {
+		a--
+	}
+	fd = stack[a].fd
+	for j := a + 1; j <= top; j++ {
+		next, err := unix.Openat(fd, stack[j].name, walkFlags, 0)
+		if j > a+1 {
+			unix.Close(fd)
+		}
+		if err != nil {
+			return -1, false, err
+		}
+		fd = next
+	}
+	return fd, true, nil
+}
+
+// closeAll closes the descriptors the levels hold.
+func (stack walkStack) closeAll() {
+	for _, f := range stack {
+		if f.fd >= 0 {
+			unix.Close(f.fd)
+		}
 	}
 }
 
@@ -546,76 +555,4 @@ func (b *base) noWritebackDev(dev uint64, path string) bool {
 	}
 	b.devWritesBack.Store(dev, true)
 	return false
-}
-
-// ErrUnsettled is Settle's error: events or scans were lost for want of a
-// resource and the rescan that makes up for them could not complete, so
-// files in the trees may be dirty without being tracked.
-var ErrUnsettled = errors.New("events were lost for want of resources and the rescan of the trees could not complete: files may be dirty without being tracked")
-
-// Settle runs now the rescan that a lost event or an incomplete scan has
-// scheduled (scanIncomplete), if one is due, instead of after its delay: a
-// shutdown calls it after Quiesce, so that a file whose event was lost is
-// tracked, and written back, before the daemon says every tracked file is
-// clean. It returns ErrUnsettled (wrapping the last shortage seen) when
-// that rescan is left incomplete too; nil when nothing was due or the
-// rescan completed.
-func (b *base) Settle(ctx context.Context) error {
-	if !b.retry.due.Load() {
-		return nil
-	}
-	before := b.retry.failures.Load()
-	b.rescan(ctx, nil)
-	if b.retry.failures.Load() != before || ctx.Err() != nil {
-		return ErrUnsettled
-	}
-	b.retry.due.Store(false)
-	return nil
-}
-
-// Default backoff of the rescans after an incomplete scan (Options
-// RetryMin and RetryMax override it).
-const (
-	defaultRetryMin = time.Second
-	defaultRetryMax = 30 * time.Second
-)
-
-// retryState is the rescan-after-shortage schedule of a base.
-type retryState struct {
-	due      atomic.Bool   // a rescan is scheduled
-	failures atomic.Uint64 // scans left incomplete, ever
-	delay    atomic.Int64  // the next delay (ns); 0 means min
-	// min and max bound the delay: the first rescan comes min after the
-	// failure, each further one after twice the last delay, at most
-	// max; a complete rescan resets it. Set once, by init.
-	min, max time.Duration
-}
-
-// scanIncomplete records that a scan or an event could not be completed
-// for want of a resource, and schedules a cachestat rescan of every tree
-// (files already tracked keep their dirtiedWhen). Rescans repeat, with the
-// delay doubling from Options.RetryMin up to RetryMax (the daemon passes
-// min_pause and max_pause), until one completes. Logged once per
-// episode.
-func (b *base) scanIncomplete(err error) {
-	b.retry.failures.Add(1)
-	if b.retry.due.Swap(true) {
-		return
-	}
-	d := time.Duration(b.retry.delay.Load())
-	if d == 0 {
-		d = b.retry.min
-		b.log.Warn("a scan or event could not be completed for want of resources; rescanning the trees until a pass completes",
-			zap.Error(err), zap.Stringer("first_retry", d))
-	}
-	b.retry.delay.Store(int64(min(2*d, b.retry.max)))
-	time.AfterFunc(d, func() {
-		before := b.retry.failures.Load()
-		b.retry.due.Store(false)
-		b.rescan(context.Background(), nil)
-		if b.retry.failures.Load() == before {
-			b.retry.delay.Store(0)
-			b.log.Info("rescan after the resource shortage completed")
-		}
-	})
 }

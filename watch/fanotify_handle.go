@@ -1,0 +1,259 @@
+package watch
+
+import (
+	"context"
+	"encoding/binary"
+	"path/filepath"
+	"strings"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/bdi"
+	"flusherd/inode"
+	"flusherd/policy"
+)
+
+// handle handles one event; it reports whether the event concerned a tree.
+func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
+	if ev.mask&unix.FAN_ONDIR != 0 {
+		return fa.handleDir(ctx, ev)
+	}
+	if ev.mask&(unix.FAN_DELETE|unix.FAN_DELETE_SELF) != 0 && ev.file != nil && fa.unlinkSink != nil {
+		// A name deleted, with the file's own handle
+		// (FAN_REPORT_TARGET_FID), or the file itself
+		// (FAN_DELETE_SELF, with FAN_REPORT_FID: its last name gone
+		// and its last opener closed, or replaced by a rename over
+		// its name, which makes no FAN_DELETE): after the rest of
+		// the event (the kernel may have merged a write into it),
+		// the sink brings its attempt forward.
+		defer fa.unlinked(ev)
+	}
+	if ev.mask&(unix.FAN_MODIFY|unix.FAN_CLOSE_WRITE|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 {
+		// Moves away need nothing: a tracked file is opened by
+		// handle, and its names are not needed.
+		return false
+	}
+	if ev.dir == nil {
+		return false
+	}
+	d, ok := fa.dirOf(ev)
+	if !ok || d.tree == nil {
+		return false
+	}
+	if ev.file == nil {
+		// Directory-entry events (a file made, linked or moved in)
+		// without FAN_REPORT_TARGET_FID (fanotifyInit) name the
+		// entry, not the object: look at it by name (lstat;
+		// no open here, which could hang on a sick filesystem and
+		// stall every tree); the writeback attempt, which has a
+		// timeout, finds out whether it is dirty. The writes read
+		// before it are reported first: a file written, then renamed
+		// (or its number given to a new file) must end with the name
+		// and handle of the later event, not those of the write.
+		fa.flushMarks()
+		fa.reportPath(d.tree.Tree, d.prefix+string(ev.name), false)
+		return true
+	}
+	tg, ok := fa.target(ev)
+	if !ok || !tg.regular {
+		return false
+	}
+	// The path as last seen, rebuilt only when the name changed.
+	if p := tg.path; len(p) != len(d.prefix)+len(ev.name) || !strings.HasPrefix(p, d.prefix) || p[len(d.prefix):] != string(ev.name) {
+		tg.path = d.prefix + string(ev.name)
+	}
+	if tg.events++; tg.events >= hotEvents {
+		// Quieted before it is marked dirty: the engine tracks it
+		// from a moment when its writes are no longer reported.
+		tg.events = 0
+		fa.quietFile(tg)
+	}
+	// Closed, with no write (nor a directory entry made) with it.
+	closed := ev.mask&(unix.FAN_MODIFY|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 && fa.closedSink != nil
+	return fa.reportTarget(d, tg, closed)
+}
+
+// handleDir handles an event of a directory (FAN_ONDIR): one moved in is
+// scanned, and a move or deletion has the roots checked (checkRoots). It
+// reports whether the event concerned a tree.
+func (fa *Fanotify) handleDir(ctx context.Context, ev *event) bool {
+	const dirent = unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_DELETE | unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF
+	if ev.mask&dirent == 0 {
+		return false // a directory made: nothing to watch, the mark covers it
+	}
+	// What follows may report files (a scan) or drop a tree's:
+	// the writes read before it are reported first, in order.
+	fa.flushMarks()
+	// A directory moved or deleted: cached paths may be stale.
+	fa.cmu.Lock()
+	fa.clearDirsLocked()
+	fa.cmu.Unlock()
+	if ev.mask&unix.FAN_MOVED_TO != 0 && ev.dir != nil {
+		// Moved in: its files made no event here; scan them.
+		if d, ok := fa.dirOf(ev); ok {
+			p := filepath.Join(d.path, string(ev.name))
+			// (The tree of what is in it: in a non-recursive
+			// tree's root, that of the tree around it.)
+			if t, ok := fa.TreeOf(joinPath(p, "f")); ok && t.Recursive {
+				fa.scanDir(ctx, t, p, true, nil)
+				return true
+			}
+		}
+	}
+	if ev.mask&(unix.FAN_DELETE|unix.FAN_DELETE_SELF|unix.FAN_MOVED_FROM|unix.FAN_MOVE_SELF) != 0 {
+		fa.checkRoots()
+	}
+	return false
+}
+
+// reportTarget reports file tg, written (or only closed after writing:
+// closed) in directory d of a tree: added to the batch of the read
+// (flushMarks) when the sink takes batches, else to the sink at once. It
+// reports whether the report was made.
+func (fa *Fanotify) reportTarget(d *fanotifyDir, tg *fanotifyTarget, closed bool) bool {
+	if fa.batchSink != nil {
+		// Marked with the rest of the read (flushMarks).
+		fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,
+			Tree: d.tree.Tree.Tree, Closed: closed})
+		fa.pendingTrees = append(fa.pendingTrees, d.tree)
+		if len(fa.pending) >= pendingMax {
+			fa.flushMarks()
+		}
+		return true
+	}
+	// One by one: a tree that has ended takes no more reports (a batch
+	// is checked as a whole when it is handed over: flushMarks).
+	fa.mu.Lock()
+	gone := d.tree.gone
+	fa.mu.Unlock()
+	if gone {
+		return false
+	}
+	mark := fa.sink.MarkInodeDirty
+	if closed {
+		mark = fa.closedSink.MarkInodeClosed
+	}
+	if err := mark(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
+		fa.markFailed(tg.key, tg.path, err)
+	}
+	return true
+}
+
+// unlinked tells the sink of a deleted name of a file (or of the file's
+// deletion, FAN_DELETE_SELF), by the file's key
+// and handle: from the handle cache when events reported the file, else
+// read from the handle itself (inode.HandleIno: a file reported by a scan
+// only, or since the cache was emptied at its bound, an overflow or a
+// reload), with the device of the event's filesystem id; Identify cannot
+// be asked, the inode may be gone (ESTALE). A handle of another layout is
+// not told of (the file waits for its attempt). The reports read before it
+// are handed over first, so that a file written and deleted in one read is
+// tracked before it is told of. The cache entry goes: the handle names a
+// deleted inode, or a file whose next event looks it up again.
+func (fa *Fanotify) unlinked(ev *event) {
+	k := fa.cacheKey(ev.fileFsid, ev.fileType, ev.file)
+	fa.cmu.Lock()
+	t := fa.files[string(k)]
+	delete(fa.files, string(k))
+	fa.cmu.Unlock()
+	var key inode.Key
+	var h inode.Handle
+	switch {
+	case t != nil && !t.regular:
+		return
+	case t != nil:
+		key, h = t.key, t.handle
+	default:
+		typ := int32(binary.NativeEndian.Uint32(ev.fileType))
+		dev, ok := fa.devOf(ev.fileFsid)
+		ino, iok := inode.HandleIno(typ, ev.file)
+		if !ok || !iok {
+			return
+		}
+		key, h = inode.Key{Dev: dev, Ino: ino}, inode.MakeHandle(typ, ev.file)
+	}
+	fa.flushMarks()
+	fa.unlinkSink.InodeUnlinked(key, h)
+}
+
+// pendingMax bounds the reports held before they are handed to the sink.
+const pendingMax = 256
+
+// flushMarks hands the pending file reports to the sink and handles
+// those it did not take. A report whose tree was removed or went away
+// since it was made goes to the tree that holds its file now, or is
+// dropped if none does (fence): the sink has let, or is letting, that
+// tree's files go.
+func (fa *Fanotify) flushMarks() {
+	if len(fa.pending) == 0 {
+		return
+	}
+	fa.reportMu.RLock()
+	ms := fa.pending
+	var dropped []inode.Key
+	fa.mu.Lock()
+	devGone := len(fa.goneDevs) > 0
+	for i, t := range fa.pendingTrees {
+		if t.gone || (devGone && fa.goneDevs[fa.pending[i].Key.Dev]) {
+			ms, dropped = fa.retargetMarksLocked(i)
+			break
+		}
+	}
+	fa.mu.Unlock()
+	for _, k := range dropped {
+		fa.unquiet(k) // (not tracked: its writes must be seen if a tree serves it again)
+	}
+	if len(ms) > 0 {
+		fa.batchSink.MarkInodesDirty(ms)
+	}
+	fa.reportMu.RUnlock()
+	for i := range ms {
+		if m := &ms[i]; m.Err != nil {
+			fa.markFailed(m.Key, m.Path, m.Err)
+		}
+	}
+	clear(fa.pending) // no names kept alive
+	clear(fa.pendingTrees)
+	fa.pending, fa.pendingTrees = fa.pending[:0], fa.pendingTrees[:0]
+}
+
+// retargetMarksLocked gives the reports of pending from index i (the
+// first whose tree or filesystem is gone) the tree that holds their file
+// now (retargetLocked), makes those of a removed tree that no other holds
+// leaving, drops those of a tree whose root is gone and those of a
+// filesystem unmounted from the trees, and returns the reports left, in
+// their order, and the keys of those dropped. Preconditions: fa.mu held.
+func (fa *Fanotify) retargetMarksLocked(i int) (ms []bdi.Mark, dropped []inode.Key) {
+	n := i
+	for j := i; j < len(fa.pending); j++ {
+		m, t := fa.pending[j], fa.pendingTrees[j]
+		if t.gone || fa.goneDevs[m.Key.Dev] {
+			nt, leaving, ok := fa.retargetLocked(t.Root, m.Path, m.Key.Dev)
+			if !ok {
+				dropped = append(dropped, m.Key)
+				continue
+			}
+			if nt != nil {
+				m.Tree = nt.Tree.Tree
+			}
+			m.Leaving = leaving
+		}
+		fa.pending[n] = m
+		n++
+	}
+	return fa.pending[:n], dropped
+}
+
+// markFailed handles a report the sink did not take: the file is
+// untracked, so its writes must be reported (not quieted), and a write not
+// taken for want of resources is not forgotten: the trees are rescanned
+// until a rescan completes.
+func (fa *Fanotify) markFailed(key inode.Key, path string, err error) {
+	fa.unquiet(key)
+	if policy.Shortage(err) {
+		fa.scanIncomplete(err)
+	} else {
+		fa.log.Warn("cannot track file", Q(path), zap.Error(err))
+	}
+}
