@@ -259,12 +259,12 @@ func TestWriteBandwidth(t *testing.T) {
 func TestUpdateBandwidth(t *testing.T) {
 	wb, _, now := newIdleWB(t, testConfig())
 	var disk uint64
-	wb.diskWritten = func() (uint64, error) { return disk, nil }
+	wb.bw.diskWritten = func() (uint64, error) { return disk, nil }
 	wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: 1}, "/f", "", Tree{Expire: time.Hour}) // dirty io
 	bw := func() (uint64, uint64) {
 		wb.mu.Lock()
 		defer wb.mu.Unlock()
-		return wb.bandwidth, wb.avgBandwidth
+		return wb.bw.kBps.Load(), wb.bw.avgKBps.Load()
 	}
 	step := func(d time.Duration, bytes uint64) {
 		*now += d
@@ -295,13 +295,13 @@ func TestUpdateBandwidth(t *testing.T) {
 	}
 	// A shortage reading the stat file (EMFILE) skips the update and
 	// keeps the source: the next update reads it again.
-	wb.diskWritten = func() (uint64, error) { return 0, &os.PathError{Op: "open", Path: "stat", Err: syscall.EMFILE} }
+	wb.bw.diskWritten = func() (uint64, error) { return 0, &os.PathError{Op: "open", Path: "stat", Err: syscall.EMFILE} }
 	*now += 400 * time.Millisecond
 	wb.updateBandwidth(*now)
-	if wb.diskWritten == nil {
+	if wb.bw.diskWritten == nil {
 		t.Fatal("an EMFILE reading the device's stat file dropped it as the bandwidth source for good")
 	}
-	wb.diskWritten = func() (uint64, error) { return disk, nil }
+	wb.bw.diskWritten = func() (uint64, error) { return disk, nil }
 	step(400*time.Millisecond, 4<<20) // 4 MiB in 800 ms since the stamp
 	if b, _ := bw(); b == 10240 {
 		t.Fatalf("after the shortage the device's writes were not counted: %d kB/s", b)
@@ -309,7 +309,7 @@ func TestUpdateBandwidth(t *testing.T) {
 	// No block statistics: flusherd's written pages (1000 pages of 4 KiB
 	// in 400 ms: 10000 kB/s, folded in with weight 400/4096).
 	b0, a0 := bw()
-	wb.diskWritten = func() (uint64, error) { return 0, os.ErrNotExist }
+	wb.bw.diskWritten = func() (uint64, error) { return 0, os.ErrNotExist }
 	wb.updateBandwidth(*now) // falls back, takes a stamp
 	wb.mu.Lock()
 	wb.acct.written += 1000
@@ -317,8 +317,8 @@ func TestUpdateBandwidth(t *testing.T) {
 	*now += 400 * time.Millisecond
 	wb.updateBandwidth(*now)
 	want, _ := writeBandwidth(b0, a0, 1000*pg, 400*time.Millisecond)
-	if b, _ := bw(); b != want || wb.diskWritten != nil {
-		t.Fatalf("flusherd's own pages: %d kB/s, want %d (diskWritten dropped: %v)", b, want, wb.diskWritten == nil)
+	if b, _ := bw(); b != want || wb.bw.diskWritten != nil {
+		t.Fatalf("flusherd's own pages: %d kB/s, want %d (diskWritten dropped: %v)", b, want, wb.bw.diskWritten == nil)
 	}
 }
 

@@ -149,7 +149,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	// The worker takes the tunables it needs now: a reload replaces
 	// wb.cfg while a detached call may still run.
-	att.callMem = attemptCall{chunk: chunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.fallback[key.Dev]}
+	att.callMem = attemptCall{chunk: chunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.loop.fallback[key.Dev]}
 	att.call = &att.callMem
 	att.reqMem = request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att}
 	wb.plug.Add(&att.reqMem)
@@ -451,7 +451,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	in, err := att.in, st.err
 	switch {
 	case att.res.deferred:
-		wb.pass.throttled++
+		wb.loop.pass.throttled++
 	case att.detached == 0:
 		// (A detached call has not returned: it tells nothing of the
 		// device yet.)
@@ -467,7 +467,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	}
 	if att.res.wrote && err == nil && att.res.dirtyBefore > st.dirty {
 		n := att.res.dirtyBefore - st.dirty
-		wb.pass.pages += n
+		wb.loop.pass.pages += n
 		wb.acct.written += n
 	}
 	if (att.res.dirtyBefore != 0 || att.res.wbBefore != 0) && !att.counted {
@@ -548,7 +548,7 @@ func (wb *Writeback) applyLocked(att *attempt, d policy.Decision, err error, dat
 	}
 	if d.CountGone {
 		wb.acct.gone++
-		wb.pass.cleaned++
+		wb.loop.pass.cleaned++
 	}
 	if d.TakeOtherPath {
 		other := in.OtherPath()
@@ -600,14 +600,14 @@ func (wb *Writeback) logAttempt(path string, o policy.Outcome, d policy.Decision
 //
 // +checklocks:wb.mu
 func (wb *Writeback) countAttemptLocked(err error) {
-	wb.pass.attempts++
+	wb.loop.pass.attempts++
 	errno, dev := policy.DeviceLevel(err)
 	if dev {
-		wb.pass.devFails++
-		if wb.pass.devErr == 0 {
-			wb.pass.devErr = errno
-		} else if wb.pass.devErr != errno {
-			wb.pass.devMixed = true
+		wb.loop.pass.devFails++
+		if wb.loop.pass.devErr == 0 {
+			wb.loop.pass.devErr = errno
+		} else if wb.loop.pass.devErr != errno {
+			wb.loop.pass.devMixed = true
 		}
 		return
 	}
@@ -621,11 +621,11 @@ func (wb *Writeback) countAttemptLocked(err error) {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) endProbingLocked(err error) {
-	if !wb.probing {
+	if !wb.probe.on {
 		return
 	}
-	wb.probing, wb.probeErr = false, 0
-	wb.detachReturned = true
+	wb.probe.on, wb.probe.err = false, 0
+	wb.probe.detachReturned = true
 	wb.log.Info("a writeback call got through on a probing device: every waiting file is retried", zap.Error(err))
 }
 
@@ -662,7 +662,7 @@ func (wb *Writeback) requeueInodeLocked(in *inode.Inode, dest policy.Dest, now t
 		wb.forgetLocked(in, dest == policy.Drop)
 	case policy.MoreIO:
 		wb.requeueIOLocked(in)
-		wb.pass.moreIO++
+		wb.loop.pass.moreIO++
 	case policy.MoreIOWait:
 		wb.requeueIOWaitLocked(in)
 	case policy.RedirtyTail:
@@ -679,7 +679,7 @@ func (wb *Writeback) requeueInodeLocked(in *inode.Inode, dest policy.Dest, now t
 func (wb *Writeback) forgetLocked(in *inode.Inode, gone bool) {
 	lists.Remove(in)
 	wb.dropInodeLocked(in)
-	wb.pass.cleaned++
+	wb.loop.pass.cleaned++
 	if gone {
 		wb.acct.gone++
 	}

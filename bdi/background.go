@@ -3,6 +3,7 @@ package bdi
 import (
 	"math"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,9 +46,9 @@ func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 	wb.acct.wbSum += uint64(w) - uint64(in.WritebackPages)
 	in.DirtyPages, in.WritebackPages = d, w
 	if w > 0 {
-		wb.underWB[in] = struct{}{}
+		wb.bg.underWB[in] = struct{}{}
 	} else {
-		delete(wb.underWB, in)
+		delete(wb.bg.underWB, in)
 	}
 }
 
@@ -64,7 +65,7 @@ func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
 	wb.setPagesLocked(in, 0, 0)
 	wb.inodes.Delete(in.Key)
 	delete(wb.wbIndex, in.Key)
-	delete(wb.rangeOff, in.Key)
+	delete(wb.bg.rangeOff, in.Key)
 	delete(wb.lateErr, in.Key)
 	delete(wb.retryAt, in.Key)
 	wb.bDirty.unref(in.Class)
@@ -106,7 +107,7 @@ func (wb *Writeback) checksWantedLocked() bool {
 }
 
 // followWBLocked reports whether the device follows the counts of files
-// whose writeback was in flight at their last look (wb.underWB) with
+// whose writeback was in flight at their last look (wb.bg.underWB) with
 // background checks: their pages under writeback are what
 // max_inflight_bytes bounds and what the background threshold counts.
 // Without range writeback or a background threshold, nothing else looks
@@ -132,8 +133,8 @@ func (wb *Writeback) touchLocked(in *inode.Inode) bool {
 		return false
 	}
 	in.State |= inode.Touched
-	wb.touched = append(wb.touched, in)
-	return len(wb.touched) == 1
+	wb.bg.touched = append(wb.bg.touched, in)
+	return len(wb.bg.touched) == 1
 }
 
 // shrink empties a list of inodes for reuse, keeping its capacity unless
@@ -190,12 +191,12 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 	now := wb.now()
 	wb.mu.Lock()
 	var unsupported []sampleResult
-	if res := wb.sampled; res != nil {
-		wb.sampled = nil
+	if res := wb.bg.sampled; res != nil {
+		wb.bg.sampled = nil
 		unsupported = wb.applySampleLocked(res)
 	}
-	due := !wb.sampling && (len(wb.touched) > 0 || len(wb.underWB) > 0 && wb.followWBLocked()) &&
-		now-wb.lastCheck >= backgroundCheckInterval
+	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0 && wb.followWBLocked()) &&
+		now-wb.loop.lastCheck >= backgroundCheckInterval
 	wb.mu.Unlock()
 	for _, r := range unsupported {
 		wb.useFdatasync(r.key.Dev, r.unsupported)
@@ -204,8 +205,8 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 	if due {
 		// Streaming means written in consecutive checks: after a pause
 		// of more than one interval without writes, nothing is.
-		consecutive := now-wb.lastCheck <= 2*backgroundCheckInterval
-		wb.lastCheck = now
+		consecutive := now-wb.loop.lastCheck <= 2*backgroundCheckInterval
+		wb.loop.lastCheck = now
 		if wb.observer != nil {
 			// The next check must see every file written until then.
 			wb.observer.Checking()
@@ -214,7 +215,7 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 	}
 	wb.mu.Lock()
 	over := wb.wbOverBgThreshLocked()
-	excess := int64(wb.acct.dirtySum) - int64(wb.bgThresh)
+	excess := int64(wb.acct.dirtySum) - int64(wb.bg.thresh)
 	if over {
 		wb.acct.backgroundWorks++
 	}
@@ -273,7 +274,7 @@ func (wb *Writeback) bgThreshold(cfg Config, kernelBg uint64) uint64 {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) wbOverBgThreshLocked() bool {
-	return wb.bgThresh > 0 && wb.acct.dirtySum > wb.bgThresh && wb.globalDirty > wb.bgThresh
+	return wb.bg.thresh > 0 && wb.acct.dirtySum > wb.bg.thresh && wb.bg.globalDirty > wb.bg.thresh
 }
 
 // startSample picks the files to look at (see wbCheckBackgroundFlush) and
@@ -285,35 +286,35 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	cfg := wb.cfg
 	wb.mu.Unlock()
 	var kernelBg, global uint64
-	if cfg.DirtyBackgroundRatio > 0 && wb.thresholds != nil {
-		if _, b, err := wb.thresholds(); err == nil {
+	if cfg.DirtyBackgroundRatio > 0 && wb.loop.thresholds != nil {
+		if _, b, err := wb.loop.thresholds(); err == nil {
 			kernelBg = b
 		}
 	}
 	thresh := wb.bgThreshold(cfg, kernelBg)
 	if thresh > 0 {
 		global = math.MaxUint64 // unknown means over: look
-		if wb.vmDirty != nil {
-			if n, err := wb.vmDirty(); err == nil {
+		if wb.loop.vmDirty != nil {
+			if n, err := wb.loop.vmDirty(); err == nil {
 				global = n
 			}
 		}
 	}
 	wb.mu.Lock()
-	wb.bgThresh, wb.globalDirty = thresh, global
+	wb.bg.thresh, wb.bg.globalDirty = thresh, global
 	all := thresh > 0 && global >= thresh
 	// Files the last check took but that were not written since are not
 	// streaming any more.
-	for _, in := range wb.streaming {
+	for _, in := range wb.bg.streaming {
 		if !in.Has(inode.Touched) || !consecutive {
 			in.State &^= inode.Streaming | inode.Streaming2
 		}
 	}
-	wb.streaming = shrink(wb.streaming)
+	wb.bg.streaming = shrink(wb.bg.streaming)
 	var probes []sampleProbe
 	probed := map[*inode.Inode]bool{}
-	rest := wb.touched[:0]
-	for _, in := range wb.touched {
+	rest := wb.bg.touched[:0]
+	for _, in := range wb.bg.touched {
 		if wb.inodes.Get(in.Key) != in || !in.Has(inode.Touched) {
 			continue // forgotten meanwhile
 		}
@@ -323,22 +324,22 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		}
 		in.State &^= inode.Touched
 		// Written at the last two checks and since: three in a row.
-		streaming := in.Has(inode.Streaming2) && cfg.RangeBytes > 0 && !wb.fallback[in.Key.Dev]
+		streaming := in.Has(inode.Streaming2) && cfg.RangeBytes > 0 && !wb.loop.fallback[in.Key.Dev]
 		if in.Has(inode.Streaming) {
 			in.State |= inode.Streaming2
 		}
 		in.State |= inode.Streaming
-		wb.streaming = append(wb.streaming, in)
+		wb.bg.streaming = append(wb.bg.streaming, in)
 		if (!streaming && !all) || in.Has(inode.Sync) || in.Has(inode.Busy) || !in.Has(inode.Dirty) {
 			// Not looked at now (an attempt in flight will read it).
 			continue
 		}
 		probed[in] = true
-		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.rangeOff[in.Key]})
+		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.bg.rangeOff[in.Key]})
 	}
 	// Files whose writeback was in flight at their last look, and that
 	// no attempt looks at now: their count again.
-	for in := range wb.underWB {
+	for in := range wb.bg.underWB {
 		if len(probes) >= maxSample {
 			break
 		}
@@ -347,16 +348,16 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		}
 		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle()})
 	}
-	clear(wb.touched[len(rest):])
-	wb.touched = rest
-	if cap(wb.touched) > 4096 && len(rest) < cap(wb.touched)/4 {
-		wb.touched = append([]*inode.Inode(nil), rest...) // a burst's capacity is not kept
+	clear(wb.bg.touched[len(rest):])
+	wb.bg.touched = rest
+	if cap(wb.bg.touched) > 4096 && len(rest) < cap(wb.bg.touched)/4 {
+		wb.bg.touched = append([]*inode.Inode(nil), rest...) // a burst's capacity is not kept
 	}
 	if len(probes) == 0 {
 		wb.mu.Unlock()
 		return
 	}
-	wb.sampling = true
+	wb.bg.sampling = true
 	id := wb.calls.track(now)
 	wb.mu.Unlock()
 	chunk := wb.writeChunk()
@@ -364,8 +365,8 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		res := wb.runSample(probes, cfg, chunk)
 		wb.mu.Lock()
 		wb.calls.returned(id, 0)
-		wb.sampling = false
-		wb.sampled = res
+		wb.bg.sampling = false
+		wb.bg.sampled = res
 		wb.mu.Unlock()
 		wb.kick()
 	}()
@@ -461,7 +462,7 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 			wb.setPagesLocked(in, uint64(in.DirtyPages), 0)
 		}
 		if r.rangeEnd > 0 {
-			wb.rangeOff[r.key] = r.rangeEnd
+			wb.bg.rangeOff[r.key] = r.rangeEnd
 			wb.acct.rangeWritebacks++
 			wb.acct.written += r.ranged
 			// (Not inode.Wrote: that writeback's outcome is not known
@@ -491,7 +492,7 @@ func (wb *Writeback) writeChunkLocked() int64 {
 	if !wb.cfg.WriteChunkAuto {
 		return wb.cfg.WriteChunk
 	}
-	bw := int64(wb.avgBandwidth) * 1024 // bytes/s
+	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
 	c := min((bw/2+minAutoChunk)/minAutoChunk*minAutoChunk, maxAutoChunk)
 	if wb.cfg.MaxInflight > 0 {
 		c = min(c, max(wb.cfg.MaxInflight, 4096))
@@ -507,55 +508,78 @@ const (
 	bandwidthPeriod   = 4096 * time.Millisecond
 )
 
-// updateBandwidth is __wb_update_bandwidth and wb_update_write_bandwidth:
-// every bandwidthInterval or more while the device has dirty io, the bytes
-// written since the last update, over the time since, are folded into
-// write_bandwidth (BdiWriteBandwidth) with weight elapsed/period, and that
-// into avg_write_bandwidth (auto write_chunk) with the kernel's extra
-// smoothing. What is written is the device's completed writes, from
-// /sys/dev/block/<bdi>/stat, for a block device; for another bdi (FUSE,
-// NFS, btrfs), the pages flusherd's attempts wrote back. A period in which
-// nothing was written is not counted, nor a long one that began so (the
-// kernel skips such a period too): a file waiting on b_dirty does not
-// wear the figure down to 0. Called on the device's goroutine.
+// updateBandwidth gives the device's bandwidth estimator (bw) what it
+// measures: whether the device has dirty io, and the bytes flusherd's
+// attempts wrote back. Called on the device's goroutine.
 func (wb *Writeback) updateBandwidth(now time.Duration) {
 	wb.mu.Lock()
 	has := wb.hasDirtyIOLocked()
 	flusherdWritten := wb.acct.written * uint64(os.Getpagesize())
 	wb.mu.Unlock()
+	wb.bw.update(now, has, flusherdWritten, wb.log)
+}
+
+// bandwidth is a device's write bandwidth estimator, the kernel's
+// wb->write_bandwidth and avg_write_bandwidth with their stamps. The
+// device's goroutine owns it and alone calls update; the figures are read
+// anywhere (atomics).
+type bandwidth struct {
+	kBps, avgKBps atomic.Uint64 // write_bandwidth, avg_write_bandwidth (kB/s)
+	// diskWritten reads the device's completed writes in bytes
+	// (/sys/dev/block/<bdi>/stat); nil: not a block device.
+	diskWritten func() (uint64, error)
+	// The written count and daemon time at the last update; started: the
+	// stamp is set; idle: nothing was written in the period before it.
+	stamp         time.Duration
+	written       uint64
+	started, idle bool
+}
+
+// update is __wb_update_bandwidth and wb_update_write_bandwidth: every
+// bandwidthInterval or more while the device has dirty io (has), the
+// bytes written since the last update, over the time since, are folded
+// into write_bandwidth (BdiWriteBandwidth) with weight elapsed/period, and
+// that into avg_write_bandwidth (auto write_chunk) with the kernel's extra
+// smoothing. What is written is the device's completed writes
+// (diskWritten) for a block device; for another bdi (FUSE, NFS, btrfs),
+// flusherdWritten, the bytes flusherd's attempts wrote back. A period in
+// which nothing was written is not counted, nor a long one that began so
+// (the kernel skips such a period too): a file waiting on b_dirty does not
+// wear the figure down to 0.
+func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, log *zap.Logger) {
 	written := flusherdWritten
-	if wb.diskWritten != nil {
-		if n, err := wb.diskWritten(); err == nil {
+	if b.diskWritten != nil {
+		if n, err := b.diskWritten(); err == nil {
 			written = n
 		} else if policy.Shortage(err) {
 			// Out of descriptors or memory for a moment: this update
 			// is skipped, the stat file read again at the next.
 			return
 		} else {
-			wb.diskWritten = nil // not a block device: no stat file to read
-			wb.log.Info("no block device statistics for this device: its write bandwidth (BdiWriteBandwidth, write_chunk = \"auto\") is measured from flusherd's own writeback", zap.Error(err))
-			wb.bwStarted = false
+			b.diskWritten = nil // not a block device: no stat file to read
+			log.Info("no block device statistics for this device: its write bandwidth (BdiWriteBandwidth, write_chunk = \"auto\") is measured from flusherd's own writeback", zap.Error(err))
+			b.started = false
 		}
 	}
-	elapsed := now - wb.bwStamp
-	idle := written == wb.bwWritten
+	elapsed := now - b.stamp
+	idle := written == b.written
 	switch {
-	case !wb.bwStarted:
-		wb.bwStarted = true
+	case !b.started:
+		b.started = true
 	case elapsed < bandwidthInterval:
 		return
-	case idle, elapsed > time.Second && wb.bwIdle, !has && elapsed > time.Second:
+	case idle, elapsed > time.Second && b.idle, !has && elapsed > time.Second:
 		// Nothing written since the last stamp, or a period that
 		// began idle and ran long (the kernel skips such a period:
 		// its writes began somewhere in it): a new stamp, no rate. A
 		// device that writes nothing has no bandwidth to measure,
 		// not one of 0.
 	default:
-		wb.mu.Lock()
-		wb.bandwidth, wb.avgBandwidth = writeBandwidth(wb.bandwidth, wb.avgBandwidth, written-min(written, wb.bwWritten), elapsed)
-		wb.mu.Unlock()
+		bw, avg := writeBandwidth(b.kBps.Load(), b.avgKBps.Load(), written-min(written, b.written), elapsed)
+		b.kBps.Store(bw)
+		b.avgKBps.Store(avg)
 	}
-	wb.bwStamp, wb.bwWritten, wb.bwIdle = now, written, idle
+	b.stamp, b.written, b.idle = now, written, idle
 }
 
 // writeBandwidth is wb_update_write_bandwidth's arithmetic: given the

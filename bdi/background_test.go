@@ -23,7 +23,7 @@ func bgConfig(thresh int64) Config {
 
 // machineDirty makes the device read /proc/vmstat nr_dirty as n pages.
 func machineDirty(n uint64) func(h *harness) {
-	return func(h *harness) { h.wb.vmDirty = func() (uint64, error) { return n, nil } }
+	return func(h *harness) { h.wb.loop.vmDirty = func() (uint64, error) { return n, nil } }
 }
 
 // writeOrder returns the paths of the fake's writes (sync_file_range,
@@ -134,7 +134,7 @@ func TestBackgroundGate(t *testing.T) {
 			t.Errorf("over nr_dirty: background writes %v, want 3 files (160 → 40 pages, under 64)", got)
 		}
 	}, func(h *harness) {
-		h.wb.vmDirty = func() (uint64, error) {
+		h.wb.loop.vmDirty = func() (uint64, error) {
 			h.wb.mu.Lock()
 			defer h.wb.mu.Unlock()
 			return global, nil
@@ -350,7 +350,7 @@ func TestAutoWriteChunk(t *testing.T) {
 		cfg.WriteChunkAuto, cfg.WriteChunk, cfg.MaxInflight = true, 1, tc.maxInflight
 		wb := New("7:0", cfg, func() time.Duration { return 0 }, newFakeFS(nil), nil, nil)
 		wb.mu.Lock()
-		wb.avgBandwidth = tc.avgKBps
+		wb.bw.avgKBps.Store(tc.avgKBps)
 		wb.mu.Unlock()
 		if got := wb.writeChunk(); got != tc.want {
 			t.Errorf("avg %d kB/s, max_inflight %d: chunk %d, want %d", tc.avgKBps, tc.maxInflight, got, tc.want)
@@ -383,7 +383,7 @@ func TestNoChecksWhenOff(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		wb.mu.Lock()
-		n := len(wb.touched)
+		n := len(wb.bg.touched)
 		wb.mu.Unlock()
 		if n != 0 || wb.Loops.Load() != loops {
 			t.Errorf("touched %d, loops %d → %d; want 0 and no wakeup before the kupdate tick", n, loops, wb.Loops.Load())
@@ -478,7 +478,7 @@ func TestThrottleRetry(t *testing.T) {
 		cfg.MaxInflight = tc.inflight
 		wb := New("7:0", cfg, nil, newFakeFS(nil), nil, nil)
 		wb.mu.Lock()
-		wb.avgBandwidth = tc.kBps
+		wb.bw.avgKBps.Store(tc.kBps)
 		got := wb.throttleRetryLocked()
 		wb.mu.Unlock()
 		if got != tc.want {

@@ -703,7 +703,7 @@ func (wb *Writeback) Inodes() []InodeInfo {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	out := make([]InodeInfo, 0, wb.inodes.Len())
-	probing := wb.probing
+	probing := wb.probe.on
 	add := func(list string, in *inode.Inode) {
 		out = append(out, InodeInfo{Path: in.Path(), Key: in.Key, Handle: in.Handle(), List: list,
 			DirtiedWhen: in.DirtiedWhen, DirtyPages: in.DirtyPages, WBPages: in.WritebackPages,

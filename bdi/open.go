@@ -53,7 +53,7 @@ func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f ino
 // +checklocks:wb.mu
 func (wb *Writeback) unbusyLocked(in *inode.Inode) {
 	in.State &^= inode.Busy
-	wb.detachReturned = true
+	wb.probe.detachReturned = true
 	if wb.unbusy != nil {
 		close(wb.unbusy)
 		wb.unbusy = nil

@@ -127,9 +127,9 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		wb = New(name, r.opt.Config, r.Now, r.opt.Opener, r.opt.Log, sw)
 		wb.errs = r.opt.Errs
 		wb.BeforePass = r.opt.BeforePass
-		wb.thresholds, wb.vmDirty = r.opt.Thresholds, r.opt.NrDirty
+		wb.loop.thresholds, wb.loop.vmDirty = r.opt.Thresholds, r.opt.NrDirty
 		if dw := r.opt.DiskWritten; dw != nil {
-			wb.diskWritten = func() (uint64, error) { return dw(name) }
+			wb.bw.diskWritten = func() (uint64, error) { return dw(name) }
 		}
 		r.byName[name] = wb
 		ctx, cancel := context.WithCancel(r.ctx)

@@ -221,12 +221,12 @@ func (wb *Writeback) Snapshot() Stats {
 	s.BdiReclaimable, s.BdiWriteback = wb.acct.dirtySum, wb.acct.wbSum
 	s.InflightBytes = wb.acct.wbSum * uint64(os.Getpagesize())
 	s.BackgroundWorks, s.RangeWritebacks = wb.acct.backgroundWorks, wb.acct.rangeWritebacks
-	if wb.probing {
+	if wb.probe.on {
 		s.Probing = 1
 	}
 	s.BdiWritten = wb.acct.written
 	s.BdiDirtied = max(wb.acct.dirtied, wb.acct.written)
-	s.BdiWriteBandwidth = wb.bandwidth
+	s.BdiWriteBandwidth = wb.bw.kBps.Load()
 	s.BDirty = wb.bDirty.len()
 	s.BIO = wb.BIO.Len() + wb.inflight.Len()
 	s.BMoreIO = wb.BMoreIO.Len()
@@ -251,7 +251,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.Throttled = wb.acct.throttled
 	s.DetachedCalls = wb.acct.detached
 	s.ListLockMaxUs = wb.mu.MaxHold().Microseconds()
-	s.LoopStallMaxUs = time.Duration(wb.stallMax.Load()).Microseconds()
+	s.LoopStallMaxUs = time.Duration(wb.live.stallMax.Load()).Microseconds()
 	s.Outcomes = wb.acct.outcomes
 	return s
 }

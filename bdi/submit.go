@@ -28,7 +28,7 @@ type attemptCall struct {
 	res callResult
 	// chunk and maxInflight are write_chunk and max_inflight (bytes) when
 	// the attempt was queued, and fallback whether its filesystem was
-	// known then to lack sync_file_range (fdatasync instead): wb.fallback
+	// known then to lack sync_file_range (fdatasync instead): wb.loop.fallback
 	// is the device goroutine's, and a detached worker runs on.
 	chunk, maxInflight int64
 	fallback           bool
@@ -56,18 +56,18 @@ type attemptCall struct {
 // attempts whose requests have all finished.
 func (wb *Writeback) submit(batch []*request) {
 	wb.mu.Lock()
-	for dev := range wb.reprobe {
-		delete(wb.probed, dev)
+	for dev := range wb.probe.reprobe {
+		delete(wb.loop.probed, dev)
 	}
-	clear(wb.reprobe)
+	clear(wb.probe.reprobe)
 	wb.mu.Unlock()
 	rest := batch[:0:0]
 	for _, r := range batch {
-		if !r.Integrity && !wb.probed[r.Dev] {
+		if !r.Integrity && !wb.loop.probed[r.Dev] {
 			// The first start-writeback request of a new filesystem
 			// runs alone and tells whether the rest may use
 			// sync_file_range.
-			wb.probed[r.Dev] = true
+			wb.loop.probed[r.Dev] = true
 			wb.runTimed([]*request{r}, true)
 			switch {
 			case blk.IsUnsupported(r.Err):
@@ -80,12 +80,12 @@ func (wb *Writeback) submit(batch []*request) {
 				// deferred by max_inflight, or not opened):
 				// the next request of the filesystem probes. (A
 				// detached one is looked at when it returns.)
-				delete(wb.probed, r.Dev)
+				delete(wb.loop.probed, r.Dev)
 			}
 			continue
 		}
 		// What the probe found holds for the rest of the batch.
-		r.Owner.call.fallback = wb.fallback[r.Dev]
+		r.Owner.call.fallback = wb.loop.fallback[r.Dev]
 		rest = append(rest, r)
 	}
 	rest = wb.startIntegrity(rest)
@@ -149,20 +149,20 @@ func (wb *Writeback) deferComplete(att *attempt) {
 		wb.mu.Unlock()
 		att.counted = true
 	}
-	wb.deferred = append(wb.deferred, att)
+	wb.loop.deferred = append(wb.loop.deferred, att)
 }
 
 // completeDeferred completes the oldest attempt left by deferComplete,
 // and reports whether there was one.
 func (wb *Writeback) completeDeferred() bool {
-	if len(wb.deferred) == 0 {
+	if len(wb.loop.deferred) == 0 {
 		return false
 	}
-	att := wb.deferred[0]
-	wb.deferred[0] = nil
-	wb.deferred = wb.deferred[1:]
-	if len(wb.deferred) == 0 {
-		wb.deferred = nil
+	att := wb.loop.deferred[0]
+	wb.loop.deferred[0] = nil
+	wb.loop.deferred = wb.loop.deferred[1:]
+	if len(wb.loop.deferred) == 0 {
+		wb.loop.deferred = nil
 	}
 	wb.complete(att)
 	return true
@@ -185,10 +185,10 @@ func (wb *Writeback) finishPlug() {
 // fdatasync from now on. Logged once per filesystem. Called on the
 // device's goroutine.
 func (wb *Writeback) useFdatasync(dev uint64, err error) {
-	if wb.fallback[dev] {
+	if wb.loop.fallback[dev] {
 		return
 	}
-	wb.fallback[dev] = true
+	wb.loop.fallback[dev] = true
 	wb.log.Warn("sync_file_range is not supported on this filesystem; using fdatasync instead", zap.Uint64("dev", dev), zap.Error(err))
 }
 
@@ -199,7 +199,7 @@ func (wb *Writeback) useFdatasync(dev uint64, err error) {
 func (wb *Writeback) startIntegrity(rest []*request) []*request {
 	var integ []*request
 	for _, r := range rest {
-		if r.Integrity && !wb.fallback[r.Dev] {
+		if r.Integrity && !wb.loop.fallback[r.Dev] {
 			r.Owner.call.startOnly = true
 			integ = append(integ, r)
 		}
@@ -432,10 +432,10 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		// sync_file_range does not work there, or made no such call:
 		// probe again. (Any other detached call of a probed
 		// filesystem only probes it once more.)
-		if wb.reprobe == nil {
-			wb.reprobe = map[uint64]bool{}
+		if wb.probe.reprobe == nil {
+			wb.probe.reprobe = map[uint64]bool{}
 		}
-		wb.reprobe[r.Dev] = true
+		wb.probe.reprobe[r.Dev] = true
 	}
 	if err != nil && !att.call.unsupported && wb.inodes.Get(in.Key) == in {
 		// (An unsupported sync_file_range is the filesystem's, not

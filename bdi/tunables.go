@@ -66,9 +66,9 @@ func (wb *Writeback) applyConfig() {
 	wb.newCfg = nil
 	if cfg != nil {
 		wb.cfg = *cfg
-		wb.backoff.Min, wb.backoff.Max = cfg.MinPause, cfg.MaxPause
-		if wb.backoff.Pause > cfg.MaxPause {
-			wb.backoff.Pause = cfg.MaxPause
+		wb.loop.backoff.Min, wb.loop.backoff.Max = cfg.MinPause, cfg.MaxPause
+		if wb.loop.backoff.Pause > cfg.MaxPause {
+			wb.loop.backoff.Pause = cfg.MaxPause
 		}
 	}
 	wb.mu.Unlock()

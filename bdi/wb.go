@@ -109,19 +109,13 @@ type Writeback struct {
 	// logSuppressed last said so.
 	suppressed atomic.Uint64
 	stats      *statsWriter
+	errs       *ErrWatch // the integrity trees' filesystems' error cursors; may be nil
 
 	mu holdMutex // the list lock (its longest hold is in the stats)
 	// inodes holds every tracked inode, by key (the package doc's inode
 	// map).
 	// +checklocks:mu
 	inodes inode.Table
-	// retryAt is the earliest time (daemon clock, nanoseconds) of the
-	// next attempt of each inode whose last attempt failed with an I/O
-	// error (policy.IOError): such a file is retried at max_pause, not at
-	// every pass. Only such inodes have one, so it is kept here, not in
-	// every Inode (setNextRetryLocked, nextRetryLocked).
-	// +checklocks:mu
-	retryAt map[inode.Key]time.Duration
 	// +checklocks:mu
 	bDirty dirtyList
 	// +checklocks:mu
@@ -132,44 +126,53 @@ type Writeback struct {
 	BMoreIOWait lists.List[*inode.Inode]
 	// +checklocks:mu
 	inflight lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
-	errs     *ErrWatch                // the integrity trees' filesystems' error cursors; may be nil
 	// bFailed holds inodes whose data was lost: a writeback of theirs
 	// failed and the kernel then dropped their dirty pages, so nothing
 	// is left to retry. They stay tracked, reported as failed (stats,
 	// flusherd dirty, shutdown) until written again (MarkInodeDirty);
 	// they are not Dirty, which is how an inode on it is told from one on
-	// a writeback list (every one of those is Dirty). acct.failed is its length.
+	// a writeback list (every one of those is Dirty). acct.failed is its
+	// length.
 	// +checklocks:mu
 	bFailed lists.List[*inode.Inode]
 	// +checklocks:mu
 	work []*Work
-	// acct is the device's counters, the source of every figure shown.
-	// +checklocks:mu
-	acct counters
-	// calls records the calls that run off the goroutine, and closes
-	// files; it has its own lock.
-	calls offLoop
 	// +checklocks:mu
 	gen uint64 // bumped on every change, for the stats writer
 	// +checklocks:mu
-	detachReturned bool // a detached call returned: retry b_more_io_wait now
-	// +checklocks:mu
-	lateErr map[inode.Key]error // errors of detached calls, for the inode's next attempt
-	// +checklocks:mu
-	unbusy chan struct{} // closed when a Busy inode's call returns (unbusyLocked); nil until asked for
-	// +checklocks:mu
-	reprobe map[uint64]bool // devs whose detached probe said sync_file_range is unsupported
-	// +checklocks:mu
-	classWarned bool // the expire-class limit was logged
-	// +checklocks:mu
 	newCfg *Config // a reload's tunables, taken by the goroutine
-	// +checklocks:mu
-	bandwidth uint64 // kB/s, smoothed
 	// +checklocks:mu
 	pause time.Duration
 	// +checklocks:mu
 	running bool
+	// +checklocks:mu
+	classWarned bool // the expire-class limit was logged
 
+	// Per-inode state that only some inodes have, by key, kept here
+	// rather than in every Inode. retryAt is the earliest time (daemon
+	// clock) of the next attempt of an inode whose last attempt failed
+	// with an I/O error (setNextRetryLocked); wbIndex is a chunked file's
+	// writeback index, the byte offset its next attempt starts at
+	// (mapping->writeback_index); lateErr is the error of a detached call,
+	// for the inode's next attempt.
+	// +checklocks:mu
+	retryAt map[inode.Key]time.Duration
+	// +checklocks:mu
+	wbIndex map[inode.Key]int64
+	// +checklocks:mu
+	lateErr map[inode.Key]error
+	// +checklocks:mu
+	unbusy chan struct{} // closed when a Busy inode's call returns (unbusyLocked); nil until asked for
+
+	// acct is the device's counters, the source of every figure shown.
+	// +checklocks:mu
+	acct counters
+	// bg is the background checks' and range writeback's state.
+	// +checklocks:mu
+	bg sampling
+	// probe is the device's probing state.
+	// +checklocks:mu
+	probe probing
 	// shuttingDown: the daemon is exiting (Registry.Shutdown); a file
 	// whose filesystem cannot be written (FSUnavailable: EROFS,
 	// ESHUTDOWN, ENODEV, ENXIO), or that the daemon may not open (EACCES,
@@ -180,63 +183,17 @@ type Writeback struct {
 	// +checklocks:mu
 	givenUp []GivenUp
 
-	// touched holds the inodes marked dirty since the last background
-	// check (each has inode.Touched), and streaming those the last check
-	// took (each has inode.Streaming until a check finds it untouched).
-	// +checklocks:mu
-	touched []*inode.Inode
-	// +checklocks:mu
-	streaming []*inode.Inode
-	// rangeOff is each streaming file's range writeback offset: the
-	// byte up to which its range behind the tail was written.
-	// +checklocks:mu
-	rangeOff map[inode.Key]int64
-	// underWB holds the tracked inodes whose last count had pages under
-	// writeback (setPagesLocked keeps it): the background checks read
-	// them again until their writeback is done, so that inflight_bytes
-	// and the room under max_inflight_bytes do not keep a file's count
-	// from the moment after its write while it waits on b_dirty.
-	// +checklocks:mu
-	underWB map[*inode.Inode]struct{}
-	// +checklocks:mu
-	sampled []sampleResult // a finished sample, for the goroutine
-	// +checklocks:mu
-	sampling bool // a sample call runs
-	// bgThresh is the device's background threshold in pages as of the
-	// last check (0: off).
-	// +checklocks:mu
-	bgThresh uint64
-	// globalDirty is /proc/vmstat nr_dirty in pages at the last check
-	// (only read with a background threshold).
-	// +checklocks:mu
-	globalDirty uint64
-	// +checklocks:mu
-	avgBandwidth uint64 // kB/s, avg_write_bandwidth
-	// probing: every retry of a kupdate or background work failed with
-	// one device-level error (policy.DeviceLevel: probeErr), so until an
-	// attempt gets past it, those works retry one inode per pause instead
-	// of every waiting one (a dead FUSE server, a vanished disk). An
-	// attempt that succeeds, or fails otherwise, ends it, and every
-	// waiting inode is retried at once.
-	// +checklocks:mu
-	probing bool
-	// +checklocks:mu
-	probeErr syscall.Errno
+	calls offLoop   // calls off the goroutine, and the closer; own lock
+	bw    bandwidth // the write bandwidth estimator; the goroutine's
+	live  liveness  // the goroutine's signs of life; atomics
+	loop  loopState // the goroutine's own
+	plug  blk.Plug[*attempt]
 
 	wake    chan struct{}
 	stopped chan struct{}
 
 	// Loops counts iterations of the writeback loop (wakeups).
 	Loops atomic.Uint64
-	// beat is the daemon clock (nanoseconds) at the goroutine's last sign
-	// of life; sleeping is set while it waits for work or a timer.
-	beat     atomic.Int64
-	sleeping atomic.Bool
-	// stallMax is the longest time (nanoseconds) between two signs of
-	// life of the goroutine while it was awake: how long one wait (a
-	// batch's call, an open) kept it from its loop. Written by the
-	// goroutine, read by Snapshot.
-	stallMax atomic.Int64
 	// BeforePass, if set before Run, is called by the goroutine before
 	// each round of work (a test hook: a hook that blocks wedges the
 	// loop, which Healthy must notice).
@@ -246,37 +203,73 @@ type Writeback struct {
 	// the kernel's writeback_single_inode tracepoint). It runs on the
 	// writeback goroutine, without locks held.
 	Trace func(path string, o policy.Outcome, d policy.Dest, err error)
+}
 
-	// Owned by the writeback goroutine.
-	plug blk.Plug[*attempt]
+// sampling is a device's background checks (wb_check_background_flush),
+// its range writeback behind streaming writers and its cachestat samples
+// of written files. The list lock guards it.
+type sampling struct {
+	// touched holds the inodes marked dirty since the last background
+	// check (each has inode.Touched), and streaming those the last check
+	// took (each has inode.Streaming until a check finds it untouched).
+	touched, streaming []*inode.Inode
+	// rangeOff is each streaming file's range writeback offset: the
+	// byte up to which its range behind the tail was written.
+	rangeOff map[inode.Key]int64
+	// underWB holds the tracked inodes whose last count had pages under
+	// writeback (setPagesLocked keeps it): the background checks read
+	// them again until their writeback is done, so that inflight_bytes
+	// and the room under max_inflight_bytes do not keep a file's count
+	// from the moment after its write while it waits on b_dirty.
+	underWB  map[*inode.Inode]struct{}
+	sampled  []sampleResult // a finished sample, for the goroutine
+	sampling bool           // a sample call runs
+	// thresh is the device's background threshold in pages as of the
+	// last check (0: off); globalDirty is /proc/vmstat nr_dirty in pages
+	// then (only read with a threshold).
+	thresh, globalDirty uint64
+}
+
+// probing: every retry of a kupdate or background work failed with one
+// device-level error (policy.DeviceLevel: err), so until an attempt gets
+// past it, those works retry one inode per pause instead of every waiting
+// one (a dead FUSE server, a vanished disk). An attempt that succeeds, or
+// fails otherwise, ends it, and every waiting inode is retried at once
+// (detachReturned, also set when a detached call returns). The list lock
+// guards it.
+type probing struct {
+	on             bool
+	err            syscall.Errno
+	detachReturned bool            // retry b_more_io_wait now
+	reprobe        map[uint64]bool // devs whose detached probe said sync_file_range is unsupported
+}
+
+// liveness is the device goroutine's signs of life, read by Healthy and
+// Snapshot. beat is the daemon clock (nanoseconds) at the last one;
+// sleeping is set while it waits for work or a timer; stallMax is the
+// longest time (nanoseconds) between two while it was awake: how long
+// one wait (a batch's call, an open) kept it from its loop.
+type liveness struct {
+	beat     atomic.Int64
+	sleeping atomic.Bool
+	stallMax atomic.Int64
+}
+
+// loopState is the device goroutine's own: no lock guards it.
+type loopState struct {
 	// deferred are the attempts of the last batch whose completion waits
-	// for the next batch's calls (deferComplete). The device goroutine's
-	// own.
+	// for the next batch's calls (deferComplete).
 	deferred     []*attempt
 	backoff      policy.Backoff
 	lastOldFlush time.Duration
 	waitRetryAt  time.Duration
 	pass         passCounters
 	probed       map[uint64]bool // dev -> sync_file_range probed
-	// wbIndex is each chunked file's writeback index: the byte offset its
-	// next attempt starts at (mapping->writeback_index). Only files larger
-	// than write_chunk have one, so it is kept here, not in every Inode.
-	// Guarded by the list lock: inodes are forgotten off the goroutine
-	// too (RetireUnder, DropUnder).
-	// +checklocks:mu
-	wbIndex     map[inode.Key]int64
-	fallback    map[uint64]bool // dev -> use fdatasync for start-writeback
-	lastBusyLog time.Duration
-	// The bandwidth estimator (updateBandwidth): the written count and
-	// daemon time at the last update; bwStarted: the stamp is set.
-	bwStamp     time.Duration
-	bwWritten   uint64
-	bwStarted   bool
-	bwIdle      bool          // the device had no dirty io at the stamp
-	lastCheck   time.Duration // the last background check (daemon clock)
-	thresholds  func() (dirty, background uint64, err error)
-	vmDirty     func() (uint64, error)
-	diskWritten func() (uint64, error)
+	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
+	lastBusyLog  time.Duration
+	lastCheck    time.Duration // the last background check (daemon clock)
+	thresholds   func() (dirty, background uint64, err error)
+	vmDirty      func() (uint64, error)
 }
 
 type passCounters struct {
@@ -314,7 +307,7 @@ const (
 //
 // +checklocks:wb.mu
 func (wb *Writeback) throttleRetryLocked() time.Duration {
-	bw := int64(wb.avgBandwidth) * 1024 // bytes/s
+	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
 	if bw <= 0 || wb.cfg.MaxInflight <= 0 {
 		return throttleRetry
 	}
@@ -329,10 +322,10 @@ func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
 // forgetLocked run there, under the list lock).
 //
 // +checklocksignore: the pass counters are the device goroutine's.
-func (wb *Writeback) resetPass() { wb.pass = passCounters{} }
+func (wb *Writeback) resetPass() { wb.loop.pass = passCounters{} }
 
 // +checklocksignore: the pass counters are the device goroutine's.
-func (wb *Writeback) passDone() passCounters { return wb.pass }
+func (wb *Writeback) passDone() passCounters { return wb.loop.pass }
 
 // New returns a device's writeback state; Run starts its goroutine. now is
 // the daemon's monotonic clock; stats may be nil (no stats file).
@@ -342,21 +335,19 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 	}
 	log = log.With(zap.String("bdi", name))
 	wb := &Writeback{
-		Name:     name,
-		cfg:      cfg,
-		now:      now,
-		open:     open,
-		log:      log,
-		stats:    stats,
-		calls:    offLoop{now: now},
-		wake:     make(chan struct{}, 1),
-		stopped:  make(chan struct{}),
-		backoff:  policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
-		probed:   make(map[uint64]bool),
-		wbIndex:  make(map[inode.Key]int64),
-		rangeOff: make(map[inode.Key]int64),
-		underWB:  make(map[*inode.Inode]struct{}),
-		fallback: make(map[uint64]bool),
+		Name:    name,
+		cfg:     cfg,
+		now:     now,
+		open:    open,
+		log:     log,
+		stats:   stats,
+		calls:   offLoop{now: now},
+		wake:    make(chan struct{}, 1),
+		stopped: make(chan struct{}),
+		wbIndex: make(map[inode.Key]int64),
+		bg:      sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{})},
+		loop: loopState{backoff: policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
+			probed: make(map[uint64]bool), fallback: make(map[uint64]bool)},
 	}
 	wb.errLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0, zapcore.SamplerHook(func(_ zapcore.Entry, d zapcore.SamplingDecision) {
@@ -395,7 +386,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.mu.Lock()
 	wb.running = true
 	wb.mu.Unlock()
-	wb.beat.Store(int64(wb.now()))
+	wb.live.beat.Store(int64(wb.now()))
 	var timer *time.Timer
 	for ctx.Err() == nil {
 		wb.Loops.Add(1)
@@ -415,14 +406,14 @@ func (wb *Writeback) Run(ctx context.Context) {
 		if arm {
 			tc = blk.ResetTimer(&timer, d)
 		}
-		wb.sleeping.Store(true)
+		wb.live.sleeping.Store(true)
 		select {
 		case <-wb.wake:
 		case <-tc:
 		case <-ctx.Done():
 		}
-		wb.sleeping.Store(false)
-		wb.beat.Store(int64(wb.now())) // the sleep is not a stall
+		wb.live.sleeping.Store(false)
+		wb.live.beat.Store(int64(wb.now())) // the sleep is not a stall
 		if timer != nil {
 			timer.Stop()
 		}
@@ -449,12 +440,12 @@ func (wb *Writeback) logSuppressed() {
 // longest yet (loop_stall_max_us). Safe for concurrent use.
 func (wb *Writeback) alive() {
 	now := int64(wb.now())
-	gap := now - wb.beat.Swap(now)
+	gap := now - wb.live.beat.Swap(now)
 	for {
 		// (The plug's workers call it too, concurrently: the largest
 		// gap wins.)
-		m := wb.stallMax.Load()
-		if gap <= m || wb.stallMax.CompareAndSwap(m, gap) {
+		m := wb.live.stallMax.Load()
+		if gap <= m || wb.live.stallMax.CompareAndSwap(m, gap) {
 			return
 		}
 	}
@@ -468,7 +459,7 @@ func (wb *Writeback) alive() {
 // kernel (a frozen filesystem) do not make it unhealthy: they are given up
 // on after attempt_timeout, and counted in StuckCalls.
 func (wb *Writeback) Healthy(limit time.Duration) bool {
-	if wb.sleeping.Load() {
+	if wb.live.sleeping.Load() {
 		return true
 	}
 	select {
@@ -476,7 +467,7 @@ func (wb *Writeback) Healthy(limit time.Duration) bool {
 		return true // stopped on purpose
 	default:
 	}
-	return wb.now()-time.Duration(wb.beat.Load()) < limit
+	return wb.now()-time.Duration(wb.live.beat.Load()) < limit
 }
 
 // StuckCalls returns the number of writeback system calls (opens
@@ -498,7 +489,7 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if len(wb.work) > 0 {
 		return 0, true
 	}
-	tick := wb.lastOldFlush + wb.cfg.DirtyWritebackInterval - now
+	tick := wb.loop.lastOldFlush + wb.cfg.DirtyWritebackInterval - now
 	// A change not yet in the stats file (rate-limited, or backing off
 	// after a failed write) is written when its turn comes, not at the
 	// next tick, which may be far off.
@@ -506,19 +497,19 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if statsDue {
 		tick = min(tick, max(at-now, time.Millisecond))
 	}
-	if wb.sampled != nil {
+	if wb.bg.sampled != nil {
 		return 0, true
 	}
-	if (len(wb.touched) > 0 || len(wb.underWB) > 0 && wb.followWBLocked()) && !wb.sampling {
+	if (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0 && wb.followWBLocked()) && !wb.bg.sampling {
 		// Freshly written files, or writeback to follow: the next
 		// background check.
-		tick = min(tick, max(wb.lastCheck+backgroundCheckInterval-now, time.Millisecond))
+		tick = min(tick, max(wb.loop.lastCheck+backgroundCheckInterval-now, time.Millisecond))
 		if !wb.hasDirtyIOLocked() {
 			return tick, true
 		}
 	}
 	if !wb.BMoreIOWait.Empty() {
-		return min(wb.waitRetryAt-now, tick), true
+		return min(wb.loop.waitRetryAt-now, tick), true
 	}
 	if wb.hasDirtyIOLocked() {
 		return tick, true
@@ -558,19 +549,19 @@ func (wb *Writeback) wbCheckOldDataFlush() {
 	wb.mu.Lock()
 	has := wb.hasDirtyIOLocked()
 	waiting := !wb.BMoreIOWait.Empty()
-	returned := wb.detachReturned
-	wb.detachReturned = false
+	returned := wb.probe.detachReturned
+	wb.probe.detachReturned = false
 	wb.mu.Unlock()
 	if !has {
 		return
 	}
-	due := now >= wb.lastOldFlush+wb.cfg.DirtyWritebackInterval
-	early := waiting && (now >= wb.waitRetryAt || returned)
+	due := now >= wb.loop.lastOldFlush+wb.cfg.DirtyWritebackInterval
+	early := waiting && (now >= wb.loop.waitRetryAt || returned)
 	if !due && !early {
 		return
 	}
 	if due {
-		wb.lastOldFlush = now
+		wb.loop.lastOldFlush = now
 	}
 	wb.wbWriteback(&Work{NrPages: math.MaxInt64, ForKupdate: true, Reason: "periodic"})
 }
@@ -589,7 +580,7 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		if w.ForBackground {
 			wb.mu.Lock()
 			over := wb.wbOverBgThreshLocked()
-			w.NrPages = int64(wb.acct.dirtySum) - int64(wb.bgThresh)
+			w.NrPages = int64(wb.acct.dirtySum) - int64(wb.bg.thresh)
 			wb.mu.Unlock()
 			if !over {
 				break
@@ -645,32 +636,32 @@ func (wb *Writeback) wbWriteback(w *Work) {
 		}
 		// No progress although b_more_io is not empty: looping again
 		// would spin.
-		if now-wb.lastBusyLog >= time.Minute || wb.lastBusyLog == 0 {
-			wb.lastBusyLog = now
+		if now-wb.loop.lastBusyLog >= time.Minute || wb.loop.lastBusyLog == 0 {
+			wb.loop.lastBusyLog = now
 			wb.log.Warn("possible busy loop: a writeback pass made no progress with b_more_io non-empty", zap.String("reason", w.Reason))
 		}
 		break
 	}
 	wb.mu.Lock()
-	if (w.ForKupdate || w.ForBackground) && !wb.probing && w.attempts >= 2 && w.devFails == w.attempts && !w.devMixed {
-		wb.probing, wb.probeErr = true, w.devErr
+	if (w.ForKupdate || w.ForBackground) && !wb.probe.on && w.attempts >= 2 && w.devFails == w.attempts && !w.devMixed {
+		wb.probe.on, wb.probe.err = true, w.devErr
 		wb.errLog.Warn("every writeback retry on this device failed with the same device-level error: probing it with one file per pause until one gets through",
 			zap.Int("attempts", w.attempts), zap.Error(w.devErr))
 	}
 	switch {
 	case wb.BMoreIOWait.Empty():
-		wb.backoff.Reset()
-	case w.waitSpliced || wb.backoff.Pause == 0 || w.throttled:
+		wb.loop.backoff.Reset()
+	case w.waitSpliced || wb.loop.backoff.Pause == 0 || w.throttled:
 		// The pause advances only when the waiting inodes were
 		// retried (or have just started waiting): a kupdate tick
 		// that did not reach them must not postpone them.
-		d := wb.backoff.Next(w.progress)
+		d := wb.loop.backoff.Next(w.progress)
 		if w.throttled {
 			d = min(d, wb.throttleRetryLocked())
 		}
-		wb.waitRetryAt = wb.now() + d
+		wb.loop.waitRetryAt = wb.now() + d
 	}
-	wb.pause = wb.backoff.Pause
+	wb.pause = wb.loop.backoff.Pause
 	wb.publishPlugStatsLocked()
 	wb.gen++
 	wb.mu.Unlock()
@@ -698,8 +689,8 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 	}
 	wb.BIO.SpliceBackInit(&wb.BMoreIO)
 	integrity := w.All || w.SyncMode == SyncAll
-	probe := wb.probing && !integrity
-	if !w.waitSpliced && (integrity || now >= wb.waitRetryAt) {
+	probe := wb.probe.on && !integrity
+	if !w.waitSpliced && (integrity || now >= wb.loop.waitRetryAt) {
 		if probe {
 			// The device is probing: one inode is tried, the rest
 			// wait for it to get through. An expired one not tried
