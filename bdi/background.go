@@ -3,14 +3,10 @@ package bdi
 import (
 	"math"
 	"os"
-	"sync/atomic"
 	"time"
-
-	"go.uber.org/zap"
 
 	"flusherd/blk"
 	"flusherd/inode"
-	"flusherd/policy"
 )
 
 // backgroundCheckInterval is how often a device with freshly written files
@@ -24,119 +20,6 @@ const backgroundCheckInterval = 100 * time.Millisecond
 // maxSample bounds the files one check opens: the rest wait for the next.
 const maxSample = 256
 
-// Auto write_chunk bounds (writeback_chunk_size rounds to
-// MIN_WRITEBACK_PAGES, 4 MiB).
-const (
-	minAutoChunk = 4 << 20
-	maxAutoChunk = 128 << 20
-)
-
-// setPagesLocked records cachestat's counts for in (pages), keeping the
-// device's sums (BdiReclaimable, BdiWriteback, the background threshold's
-// input) and BdiDirtied, which grows by what in gained since it was last
-// looked at. Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
-	d, w := uint32(min(dirty, math.MaxUint32)), uint32(min(wbp, math.MaxUint32))
-	if d > in.DirtyPages {
-		wb.acct.dirtied += uint64(d - in.DirtyPages)
-	}
-	wb.acct.dirtySum += uint64(d) - uint64(in.DirtyPages)
-	wb.acct.wbSum += uint64(w) - uint64(in.WritebackPages)
-	in.DirtyPages, in.WritebackPages = d, w
-	if w > 0 {
-		wb.bg.underWB[in] = struct{}{}
-	} else {
-		delete(wb.bg.underWB, in)
-	}
-}
-
-// dropInodeLocked removes what the device keeps of an inode besides its
-// list entry: its map entries and its share of the page sums. Every path
-// that forgets an inode calls it, and it tells the opener
-// (inode.AttemptObserver). Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
-	if wb.observer != nil {
-		wb.observer.Forgotten(in.Key)
-	}
-	wb.setPagesLocked(in, 0, 0)
-	wb.inodes.Delete(in.Key)
-	delete(wb.wbIndex, in.Key)
-	delete(wb.bg.rangeOff, in.Key)
-	delete(wb.lateErr, in.Key)
-	delete(wb.retryAt, in.Key)
-	wb.bDirty.unref(in.Class)
-	in.State = 0
-}
-
-// nextRetryLocked returns the earliest time (daemon clock, nanoseconds) of
-// in's next attempt after an I/O error, 0 for none (see retryAt).
-// Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) nextRetryLocked(in *inode.Inode) time.Duration {
-	return wb.retryAt[in.Key]
-}
-
-// setNextRetryLocked records at (daemon clock, nanoseconds) as the
-// earliest time of in's next attempt; 0 clears it. Preconditions: wb.mu
-// held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) setNextRetryLocked(in *inode.Inode, at time.Duration) {
-	if at == 0 {
-		delete(wb.retryAt, in.Key)
-		return
-	}
-	if wb.retryAt == nil {
-		wb.retryAt = make(map[inode.Key]time.Duration)
-	}
-	wb.retryAt[in.Key] = at
-}
-
-// checksWantedLocked reports whether the device looks at freshly written
-// files: with range writeback or a background threshold configured.
-// Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) checksWantedLocked() bool {
-	return wb.cfg.RangeBytes > 0 || wb.cfg.DirtyBackgroundBytes > 0 || wb.cfg.DirtyBackgroundRatio > 0
-}
-
-// followWBLocked reports whether the device follows the counts of files
-// whose writeback was in flight at their last look (wb.bg.underWB) with
-// background checks: their pages under writeback are what
-// max_inflight_bytes bounds and what the background threshold counts.
-// Without range writeback or a background threshold, nothing else looks
-// at such a file again before its next attempt, which may be an hour
-// away (a file on b_dirty), or never come (files deferred by
-// max_inflight_bytes without being opened, on those very counts): stale,
-// its count would hold the room under max_inflight_bytes for good.
-// Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) followWBLocked() bool {
-	return wb.checksWantedLocked() || wb.cfg.MaxInflight > 0
-}
-
-// touchLocked records that in was written (for the next background check)
-// and reports whether it is the first file since the last check, when the
-// goroutine must be woken to schedule the check. Preconditions: wb.mu
-// held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) touchLocked(in *inode.Inode) bool {
-	if in.Has(inode.Touched) || !wb.checksWantedLocked() {
-		return false
-	}
-	in.State |= inode.Touched
-	wb.bg.touched = append(wb.bg.touched, in)
-	return len(wb.bg.touched) == 1
-}
-
 // shrink empties a list of inodes for reuse, keeping its capacity unless
 // a burst made it large.
 func shrink(l []*inode.Inode) []*inode.Inode {
@@ -145,92 +28,6 @@ func shrink(l []*inode.Inode) []*inode.Inode {
 	}
 	clear(l)
 	return l[:0]
-}
-
-// sampleProbe is one file a background check looks at; sampleResult is
-// what its worker saw and did.
-type sampleProbe struct {
-	in        *inode.Inode
-	key       inode.Key
-	path      string
-	handle    inode.Handle
-	streaming bool  // range writeback may apply
-	rangeOff  int64 // bytes already range-written
-}
-
-type sampleResult struct {
-	sampleProbe
-	ok         bool   // dirty, wbp were read
-	before     uint64 // dirty pages before the range writeback
-	dirty, wbp uint64 // after the range writeback, if any
-	// rangeEnd > 0: the range [rangeOff, rangeEnd) was written back,
-	// ranged pages of it dirty.
-	rangeEnd    int64
-	ranged      uint64
-	unsupported error // sync_file_range is not supported there
-}
-
-// wbCheckBackgroundFlush is wb_check_background_flush, with flusherd's
-// range writeback: it takes in what the last sample saw, writes the
-// device's oldest files first while the tracked files' dirty data is over
-// the background threshold (wbOverBgThreshLocked), and starts the next
-// sample of freshly written files when one is due. Called on the device's
-// goroutine, after queued (sync) work and before kupdate.
-//
-// How the dirty bytes are learned: from cachestat, which is exact for a
-// file at the time it is read, at every attempt and at these samples. A
-// sample opens only files written since the last check that are streaming
-// (written at three consecutive checks: range writeback needs their
-// size), files whose writeback was in flight at their last look, and,
-// with a background threshold, every freshly written file, but only while
-// /proc/vmstat nr_dirty, the whole machine's dirty pages, is at or over the
-// threshold: the tracked files cannot be over it before the machine is,
-// so a device under it costs one read of /proc/vmstat per check and no
-// open at all.
-func (wb *Writeback) wbCheckBackgroundFlush() {
-	now := wb.now()
-	wb.mu.Lock()
-	var unsupported []sampleResult
-	if res := wb.bg.sampled; res != nil {
-		wb.bg.sampled = nil
-		unsupported = wb.applySampleLocked(res)
-	}
-	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0 && wb.followWBLocked()) &&
-		now-wb.loop.lastCheck >= backgroundCheckInterval
-	wb.mu.Unlock()
-	for _, r := range unsupported {
-		wb.useFdatasync(r.key.Dev, r.unsupported)
-	}
-	wb.updateBandwidth(now)
-	if due {
-		// Streaming means written in consecutive checks: after a pause
-		// of more than one interval without writes, nothing is.
-		consecutive := now-wb.loop.lastCheck <= 2*backgroundCheckInterval
-		wb.loop.lastCheck = now
-		if wb.observer != nil {
-			// The next check must see every file written until then.
-			wb.observer.Checking()
-		}
-		wb.startSample(now, consecutive)
-	}
-	wb.mu.Lock()
-	over := wb.wbOverBgThreshLocked()
-	excess := int64(wb.acct.dirtySum) - int64(wb.bg.thresh)
-	if over {
-		wb.acct.backgroundWorks++
-	}
-	wb.mu.Unlock()
-	if over {
-		// The kernel's background work has no page budget and checks
-		// wb_over_bg_thresh after each writeback_sb_inodes round; the
-		// counts here are learned when a batch completes, so a pass
-		// queues the excess over the threshold, and the next pass
-		// checks again.
-		wb.wbWriteback(&Work{NrPages: excess, ForBackground: true, Reason: "background"})
-		wb.mu.Lock()
-		wb.returnMoreIOLocked()
-		wb.mu.Unlock()
-	}
 }
 
 // returnMoreIOLocked puts the files on b_more_io (a big file with more
@@ -474,40 +271,6 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 	return unsupported
 }
 
-// writeChunk is the most bytes one attempt writes of a file: write_chunk,
-// or with write_chunk = "auto" writeback_chunk_size's rule: half a second
-// of the device's average write bandwidth (avg_write_bandwidth), rounded
-// down to 4 MiB after adding 4 MiB (so at least 4 MiB), at most 128 MiB
-// and at most max_inflight. Called on the device's goroutine.
-func (wb *Writeback) writeChunk() int64 {
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	return wb.writeChunkLocked()
-}
-
-// writeChunkLocked is writeChunk. Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) writeChunkLocked() int64 {
-	if !wb.cfg.WriteChunkAuto {
-		return wb.cfg.WriteChunk
-	}
-	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
-	c := min((bw/2+minAutoChunk)/minAutoChunk*minAutoChunk, maxAutoChunk)
-	if wb.cfg.MaxInflight > 0 {
-		c = min(c, max(wb.cfg.MaxInflight, 4096))
-	}
-	return c
-}
-
-// bandwidthInterval is the shortest period the write bandwidth is measured
-// over (the kernel's BANDWIDTH_INTERVAL is 200ms), and bandwidthPeriod the
-// smoothing period (roundup_pow_of_two(3 * HZ) jiffies at HZ=1000).
-const (
-	bandwidthInterval = 200 * time.Millisecond
-	bandwidthPeriod   = 4096 * time.Millisecond
-)
-
 // updateBandwidth gives the device's bandwidth estimator (bw) what it
 // measures: whether the device has dirty io, and the bytes flusherd's
 // attempts wrote back. Called on the device's goroutine.
@@ -517,88 +280,4 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 	flusherdWritten := wb.acct.written * uint64(os.Getpagesize())
 	wb.mu.Unlock()
 	wb.bw.update(now, has, flusherdWritten, wb.log)
-}
-
-// bandwidth is a device's write bandwidth estimator, the kernel's
-// wb->write_bandwidth and avg_write_bandwidth with their stamps. The
-// device's goroutine owns it and alone calls update; the figures are read
-// anywhere (atomics).
-type bandwidth struct {
-	kBps, avgKBps atomic.Uint64 // write_bandwidth, avg_write_bandwidth (kB/s)
-	// diskWritten reads the device's completed writes in bytes
-	// (/sys/dev/block/<bdi>/stat); nil: not a block device.
-	diskWritten func() (uint64, error)
-	// The written count and daemon time at the last update; started: the
-	// stamp is set; idle: nothing was written in the period before it.
-	stamp         time.Duration
-	written       uint64
-	started, idle bool
-}
-
-// update is __wb_update_bandwidth and wb_update_write_bandwidth: every
-// bandwidthInterval or more while the device has dirty io (has), the
-// bytes written since the last update, over the time since, are folded
-// into write_bandwidth (BdiWriteBandwidth) with weight elapsed/period, and
-// that into avg_write_bandwidth (auto write_chunk) with the kernel's extra
-// smoothing. What is written is the device's completed writes
-// (diskWritten) for a block device; for another bdi (FUSE, NFS, btrfs),
-// flusherdWritten, the bytes flusherd's attempts wrote back. A period in
-// which nothing was written is not counted, nor a long one that began so
-// (the kernel skips such a period too): a file waiting on b_dirty does not
-// wear the figure down to 0.
-func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, log *zap.Logger) {
-	written := flusherdWritten
-	if b.diskWritten != nil {
-		if n, err := b.diskWritten(); err == nil {
-			written = n
-		} else if policy.Shortage(err) {
-			// Out of descriptors or memory for a moment: this update
-			// is skipped, the stat file read again at the next.
-			return
-		} else {
-			b.diskWritten = nil // not a block device: no stat file to read
-			log.Info("no block device statistics for this device: its write bandwidth (BdiWriteBandwidth, write_chunk = \"auto\") is measured from flusherd's own writeback", zap.Error(err))
-			b.started = false
-		}
-	}
-	elapsed := now - b.stamp
-	idle := written == b.written
-	switch {
-	case !b.started:
-		b.started = true
-	case elapsed < bandwidthInterval:
-		return
-	case idle, elapsed > time.Second && b.idle, !has && elapsed > time.Second:
-		// Nothing written since the last stamp, or a period that
-		// began idle and ran long (the kernel skips such a period:
-		// its writes began somewhere in it): a new stamp, no rate. A
-		// device that writes nothing has no bandwidth to measure,
-		// not one of 0.
-	default:
-		bw, avg := writeBandwidth(b.kBps.Load(), b.avgKBps.Load(), written-min(written, b.written), elapsed)
-		b.kBps.Store(bw)
-		b.avgKBps.Store(avg)
-	}
-	b.stamp, b.written, b.idle = now, written, idle
-}
-
-// writeBandwidth is wb_update_write_bandwidth's arithmetic: given the
-// old write_bandwidth and avg_write_bandwidth (kB/s) and the bytes
-// written over elapsed, it returns the new ones.
-func writeBandwidth(old, avg, written uint64, elapsed time.Duration) (bw, newAvg uint64) {
-	rate := written * uint64(time.Second) / uint64(elapsed) / 1024 // kB/s
-	if elapsed > bandwidthPeriod || (old == 0 && avg == 0) {
-		// A period's worth, or the first figure (the kernel starts
-		// from a guess, INIT_BW; flusherd from its first measurement).
-		return rate, rate
-	}
-	bw = (rate*uint64(elapsed) + old*uint64(bandwidthPeriod-elapsed)) / uint64(bandwidthPeriod)
-	newAvg = avg
-	if newAvg > old && old >= bw {
-		newAvg -= (newAvg - old) >> 3
-	}
-	if newAvg < old && old <= bw {
-		newAvg += (old - newAvg) >> 3
-	}
-	return bw, newAvg
 }

@@ -449,38 +449,6 @@ func (wb *Writeback) stricterTreeLocked(in *inode.Inode, t Tree) {
 	}
 }
 
-// parkFailedLocked moves in to bFailed. Only a new write takes it off (as
-// dirty again), so the opener is told, as of a forgotten inode
-// (inode.AttemptObserver), that its writes must be reported. Preconditions:
-// wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
-	if wb.observer != nil {
-		wb.observer.Forgotten(in.Key)
-	}
-	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote | inode.LostBefore
-	wb.bFailed.MoveToBack(in)
-	wb.acct.failed++
-}
-
-// forgetFailedLocked forgets an inode on bFailed. Preconditions: wb.mu
-// held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) forgetFailedLocked(in *inode.Inode) {
-	lists.Remove(in)
-	wb.acct.failed--
-	wb.dropInodeLocked(in)
-}
-
-// failedLocked reports whether in is on bFailed. Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) failedLocked(in *inode.Inode) bool {
-	return in.Link().Linked() && !in.Has(inode.Dirty)
-}
-
 // Failed returns the inodes whose data was lost (see bFailed): path and
 // the errno of the failure.
 func (wb *Writeback) Failed() []GivenUp {
@@ -491,14 +459,6 @@ func (wb *Writeback) Failed() []GivenUp {
 		out = append(out, GivenUp{Path: in.Path(), Err: errnoError(in.LastErr)})
 	}
 	return out
-}
-
-// errnoError turns a LastErr back into an error.
-func errnoError(e uint8) error {
-	if e == 0 || e == inode.ErrnoOther {
-		return errors.New("writeback failed")
-	}
-	return unix.Errno(e)
 }
 
 // tracked is a tracked inode and its path, as read under the list lock.

@@ -130,3 +130,14 @@ func (o *offLoop) closer() {
 	o.closers--
 	o.mu.Unlock()
 }
+
+// detachAfter is how long the device's goroutine waits on an attempt's
+// call that is not integrity work before leaving it to finish on its
+// worker. On a slow device a call queues behind the device's backlog (a
+// full request queue, a loop device over slow storage) for as long as that
+// backlog takes to drain; the goroutine does not wait on it: it completes
+// the attempt as still dirty (retried once the call returns) and goes on
+// to other inodes. Integrity calls are waited for: their result is the
+// attempt's (a sync request's answer). (The kernel's writeback_sb_inodes
+// ends a pass after a time slice of the same 100 ms.)
+const detachAfter = 100 * time.Millisecond

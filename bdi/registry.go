@@ -459,13 +459,6 @@ func (wb *Writeback) TrackedPaths() []string {
 	return out
 }
 
-// GivenUp is a file the shutdown gave up on: its filesystem cannot be
-// written (read-only, shut down, gone), so waiting would not help.
-type GivenUp struct {
-	Path string
-	Err  error
-}
-
 // ShutdownReport is what Registry.Shutdown could not write, by device name.
 type ShutdownReport struct {
 	// Left are the paths still tracked (dirty, or under writeback) when

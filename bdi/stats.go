@@ -256,22 +256,6 @@ func (wb *Writeback) Snapshot() Stats {
 	return s
 }
 
-// statsWriter keeps a device's stats file, <dir>/bdi/<name>/stats.
-type statsWriter struct {
-	path       string
-	thresholds func() (dirty, background uint64, err error) // pages
-	log        *zap.Logger
-	every      time.Duration
-	lastGen    uint64
-	last       time.Duration
-	written    bool
-	lastErr    string // the last write error logged, so each is logged once
-	// After a failed write (a full or read-only stats.dir) the next try
-	// waits retry, which doubles from statsRetryMin up to statsRetryMax;
-	// a successful write resets it. nextTry is on the daemon clock.
-	retry, nextTry time.Duration
-}
-
 // The backoff of stats writes after a failure.
 const (
 	statsRetryMin = time.Second

@@ -14,40 +14,6 @@ import (
 	"flusherd/policy"
 )
 
-// request is the writeback request of an attempt: a blk.Request whose
-// owner is the attempt. Each attempt has exactly one; its worker-side
-// state is the attempt's call (attemptCall).
-type request = blk.Request[*attempt]
-
-// attemptCall is the worker side of an attempt (doAttempt): its file,
-// the tunables taken when it was queued, the phase of its calls and what
-// they found (res), read by the device's goroutine only once the call has
-// returned in time (adoptCall).
-type attemptCall struct {
-	f   inode.File
-	res callResult
-	// chunk and maxInflight are write_chunk and max_inflight (bytes) when
-	// the attempt was queued, and fallback whether its filesystem was
-	// known then to lack sync_file_range (fdatasync instead): wb.loop.fallback
-	// is the device goroutine's, and a detached worker runs on.
-	chunk, maxInflight int64
-	fallback           bool
-	// startOnly: the first phase of an integrity request (see
-	// startIntegrity).
-	startOnly bool
-	// synced: a syncfs made its data durable (syncfsIntegrity); the
-	// second phase skips the fdatasync.
-	synced bool
-	// started: sync_file_range(SYNC_FILE_RANGE_WRITE) was called, so the
-	// request's error tells whether the filesystem supports it (submit's
-	// probe). A request that found its file clean, deferred it, or could
-	// not open it made no such call and tells nothing.
-	started bool
-	// unsupported: sync_file_range failed as not supported (EINVAL,
-	// ESPIPE, EOPNOTSUPP) outside the probe (which was detached).
-	unsupported bool
-}
-
 // submit is the plug's Submit: it learns once per filesystem whether
 // sync_file_range works, runs the batch with at most QueueDepth requests in
 // flight (runTimed), waits for all of it (a request that exceeds
@@ -280,17 +246,6 @@ func (wb *Writeback) syncfsIntegrity(integ []*request) {
 // policy.ClassifyErr counts as blocked.
 var ErrAttemptTimeout = fmt.Errorf("writeback call exceeded attempt_timeout: %w", unix.ETIMEDOUT)
 
-// detachAfter is how long the device's goroutine waits on an attempt's
-// call that is not integrity work before leaving it to finish on its
-// worker. On a slow device a call queues behind the device's backlog (a
-// full request queue, a loop device over slow storage) for as long as that
-// backlog takes to drain; the goroutine does not wait on it: it completes
-// the attempt as still dirty (retried once the call returns) and goes on
-// to other inodes. Integrity calls are waited for: their result is the
-// attempt's (a sync request's answer). (The kernel's writeback_sb_inodes
-// ends a pass after a time slice of the same 100 ms.)
-const detachAfter = 100 * time.Millisecond
-
 // runTimed runs the requests' system calls on a blk.Queue: each on its own
 // worker, at most QueueDepth at a time, returning when each has returned,
 // has been detached or has exceeded AttemptTimeout (queueHooks says what
@@ -461,143 +416,54 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	}
 }
 
-// doAttempt runs an attempt on a worker: it opens the file safely, reads
-// cachestat and, if it is dirty (or the work is for integrity), writes it:
-// the whole file when its dirty data fits in write_chunk (or for
-// integrity, with fdatasync, or where sync_file_range is not supported),
-// else at most write_chunk of it in windows (writeChunks), unless the
-// device has max_inflight under writeback (deferred). It reads no state of
-// the device's goroutine: the tunables and whether to use fdatasync were
-// taken into its attemptCall, since a detached call outlives its batch. A
-// file that was written stays open for complete's cachestat,
-// except after fdatasync, which waited: its state after is read here. The
-// first phase of a two-phase integrity request only opens and starts
-// writeback, and leaves the file open for the second.
-func (wb *Writeback) doAttempt(r *request) error {
-	att := r.Owner
-	w := att.call
-	if w.f == nil {
-		key := inode.Key{Dev: r.Dev, Ino: r.Ino}
-		f, renewed, err := wb.openFile(att.path, key, att.handle)
-		if err != nil {
-			w.res.unread = true
-			return err
-		}
-		if wb.observer != nil {
-			wb.observer.Opened(key, f) // before its state is read
-		}
-		w.f, w.res.renewed = f, renewed
-		d, wbp, err := f.Cachestat(0, 0)
-		if err != nil {
-			w.res.unread = true
-			return wb.closeCall(r, err)
-		}
-		w.res.dirtyBefore, w.res.wbBefore, w.res.read = d, wbp, true
-		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {
-			return wb.closeCall(r, nil)
-		}
-		page := int64(os.Getpagesize())
-		if dirty := int64(d) * page; !r.Integrity && dirty > smallFile(w.chunk, w.maxInflight) {
-			room := wb.inflightRoom(att.in, wbp, w.maxInflight) / page * page
-			if room <= 0 {
-				// More than a small file's share to write, and the
-				// device has max_inflight_bytes under writeback: not now
-				// (b_more_io_wait, retried soon), so that a small file
-				// written meanwhile does not queue behind this one's
-				// stream.
-				w.res.deferred = true
-				wb.mu.Lock()
-				wb.acct.throttled++
-				wb.mu.Unlock()
-				return wb.closeCall(r, nil)
-			}
-			if limit := min(w.chunk, room); dirty > limit && !w.fallback {
-				// At most write_chunk, and no more than the room left
-				// under max_inflight_bytes.
-				w.chunk = limit
-				return wb.writeChunks(r)
-			}
-		}
+// writebackSingleInode is __writeback_single_inode under an inner plug: it
+// queues one request for the inode, whose worker (doAttempt) opens the
+// file safely, reads its page-cache state with cachestat, and writes at
+// most write_chunk of its dirty data (all of it for integrity work, which
+// is one fdatasync). It returns the pages it expects to be written, for
+// the work's budget: the inode's last known dirty count, at most
+// write_chunk. Attempts that need no call are completed at once.
+func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool, result *error) int64 {
+	wb.plug.Start()
+	defer wb.finishPlug()
+	att := &attempt{in: in, result: result, path: path, wb: wb}
+	wb.mu.Lock()
+	att.handle = in.Handle()
+	att.wroteBefore = in.Has(inode.Wrote)
+	var late error
+	failedLate := false
+	if len(wb.lateErr) > 0 {
+		late, failedLate = wb.lateErr[key]
+		delete(wb.lateErr, key)
 	}
-	switch {
-	case w.startOnly:
-		return w.f.StartWriteback(0, 0) // the file stays open for the fdatasync
-	case r.Integrity || w.fallback:
-		if !w.synced {
-			if err := w.f.DataSync(); err != nil {
-				return wb.closeCall(r, err)
-			}
-		}
-		// fdatasync has waited: the state after is final now.
-		w.res.wrote = true
-		d, wbp, err := w.f.Cachestat(0, 0)
-		w.res.dirtyAfter, w.res.wbAfter, w.res.afterKnown = d, wbp, true
-		if w.res.dirtyBefore == 0 && w.res.wbBefore == 0 && !att.wroteBefore && wb.errs != nil {
-			// Its data left the page cache before flusherd wrote it:
-			// if that writeback failed and someone else's fsync took
-			// the report, this fdatasync could not see it. The
-			// filesystem's own error cursor can (ErrWatch).
-			w.res.fsErrAt, w.res.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
-		}
-		return wb.closeCall(r, err)
+	wb.mu.Unlock()
+	att.refs.Store(1)
+	if failedLate {
+		// A detached call of its last attempt failed: this attempt
+		// is that failure's report (classified, counted, logged and
+		// requeued as any attempt's error); the next one writes.
+		att.err = late
+		wb.complete(att)
+		return 0
 	}
-	w.started, w.res.queued = true, w.res.dirtyBefore
-	if err := w.f.StartWriteback(0, 0); err != nil {
-		w.unsupported = blk.IsUnsupported(err)
-		return wb.closeCall(r, err)
+	page := int64(os.Getpagesize())
+	chunk := wb.writeChunk()
+	if dp := int64(in.DirtyPages) * page; !integrity && dp > smallFile(chunk, wb.cfg.MaxInflight) && dp <= chunk && wb.congested(in, 0, wb.cfg.MaxInflight) {
+		// Known to be biggish (its last attempt saw it), and the
+		// device has max_inflight under writeback in other files: it
+		// waits, small files go, and no open is spent on it. (Its own
+		// count is left out: it is as old as its last attempt. Bigger
+		// files are looked at by their worker, on a fresh cachestat.)
+		att.res.deferred = true
+		wb.assumeUnderWriteback(att)
+		wb.complete(att)
+		return 0
 	}
-	// The file stays open: complete looks at it once the whole batch is
-	// out, by when most of its writeback has finished.
-	w.res.wrote = true
-	return nil
-}
-
-// writeChunks writes at most write_chunk of the dirty data of a file that
-// holds more: ranges' windows, each with sync_file_range WRITE, which does
-// not wait. The file stays open for complete.
-func (wb *Writeback) writeChunks(r *request) error {
-	w := r.Owner.call
-	wins, queued, used, merged, err := wb.ranges(w.f, inode.Key{Dev: r.Dev, Ino: r.Ino}, w.chunk)
-	if err != nil {
-		return wb.closeCall(r, err)
-	}
-	w.res.chunkUsed, w.res.merged, w.res.queued = used, merged, uint64(queued)
-	w.started = true
-	for _, win := range wins {
-		if err := w.f.StartWriteback(win.Off, win.Len); err != nil {
-			w.unsupported = blk.IsUnsupported(err)
-			return wb.closeCall(r, err)
-		}
-	}
-	w.res.wrote = true
-	return nil
-}
-
-// closeCall closes an attempt's file, if it holds one, and
-// passes err on.
-func (wb *Writeback) closeCall(r *request, err error) error {
-	if w := r.Owner.call; w != nil && w.f != nil {
-		w.f.Close()
-		w.f = nil
-	}
-	return err
-}
-
-// adoptCall gives a finished attempt its call's result, and its open
-// file if it kept one, for complete; with nothing written, the counts
-// before are the counts after.
-func adoptCall(r *request) {
-	att := r.Owner
-	att.res = att.call.res
-	res := &att.res
-	switch {
-	case res.wrote:
-		att.f, att.call.f = att.call.f, nil // complete reads cachestat and closes it (nil after fdatasync)
-		return
-	case res.deferred:
-		att.pre = policy.UnderWriteback
-	default:
-		att.pre, _ = policy.BeforeWrite(res.dirtyBefore, res.wbBefore, r.Integrity)
-	}
-	res.afterKnown, res.dirtyAfter, res.wbAfter = true, res.dirtyBefore, res.wbBefore
+	// The worker takes the tunables it needs now: a reload replaces
+	// wb.cfg while a detached call may still run.
+	att.callMem = attemptCall{chunk: chunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.loop.fallback[key.Dev]}
+	att.call = &att.callMem
+	att.reqMem = request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att}
+	wb.plug.Add(&att.reqMem)
+	return min(max(1, int64(in.DirtyPages)), max(1, chunk/page))
 }

@@ -10,30 +10,30 @@
 // dirtied_when on blocked inodes". The block layer's side (the plug, the
 // request queue) is package blk.
 //
-// The data flow, and the file that holds each stage:
+// The files, each above the ones it uses:
 //
-//	watcher ─► MarkInodeDirty ─► b_dirty            mark.go, dirty.go
-//	     (MarkInodesDirty: a batch, one lock hold)
-//	Queue(Work), sync requests ─► work list          work.go
-//	Run: wbDoWriteback, wbCheckOldDataFlush,
-//	     wbWriteback, queueIO ─► b_io,
-//	     writebackSBInodes                           wb.go
-//	wbCheckBackgroundFlush: the background
-//	     threshold, range writeback, the checks'
-//	     cachestat samples, bandwidth, auto chunk     background.go
-//	Config, SetConfig (a reload)                     tunables.go
-//	writebackSingleInode ─► blk.Plug.Add ─► Finish   attempt.go
-//	submit ─► runTimed (a blk.Queue): each attempt
-//	     on a worker (doAttempt): open, cachestat,
-//	     sync_file_range of the file or of its
-//	     write_chunk windows (ranges), or fdatasync;
-//	     syncfs for integrity batches (blk.Timed)     submit.go, open.go
-//	complete ─► requeueInodeLocked ─► b_more_io,
-//	     b_more_io_wait, b_dirty, forgotten, failed  attempt.go
-//
-// Registry (registry.go) owns one Writeback per device; the stats file is
-// stats.go; ErrWatch (errwatch.go) holds integrity trees' filesystems open
-// for their error cursors.
+//	registry.go    Registry: one Writeback per device
+//	wb.go          the loop: Run, wbDoWriteback, wbCheckOldDataFlush,
+//	               wbCheckBackgroundFlush, wbWriteback, queueIO,
+//	               writebackSBInodes
+//	background.go  background checks' samples, range writeback, bandwidth
+//	work.go        sync requests (syncFiles)
+//	submit.go      writebackSingleInode ─► blk.Plug ─► submit ─► blk.Queue
+//	               (runTimed), integrity batches, the queue's hooks
+//	attempt.go     complete: readAfter, account, policy.Decide, apply
+//	mark.go        MarkInodeDirty ─► b_dirty; deletions, trees leaving,
+//	               the tracked inodes' views
+//	call.go        an attempt's system calls on a worker (doAttempt):
+//	               open, cachestat, sync_file_range of the file or of its
+//	               write_chunk windows (ranges), or fdatasync
+//	moves.go       the named moves (requeueIO, requeueIOWait, redirtyTail,
+//	               forget, park as failed) and page accounting
+//	stats.go, tunables.go   Snapshot and the stats file; SetConfig
+//	writeback.go   the types: Writeback and its parts, attempt, Work, Config
+//	dirty.go, accounting.go, offloop.go, bandwidth.go, errwatch.go,
+//	holdmutex.go   parts that own their state: b_dirty's classes, the
+//	               counters, the calls off the goroutine and the closer,
+//	               the bandwidth estimator, the error cursors, the list lock
 //
 // Locks (the fields each guards carry "+checklocks:mu", checked by gVisor's
 // checklocks analyzer in CI; functions named ...Locked carry
@@ -65,8 +65,6 @@ import (
 	"context"
 	"math"
 	"os"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -74,258 +72,8 @@ import (
 
 	"flusherd/blk"
 	"flusherd/inode"
-	"flusherd/lists"
 	"flusherd/policy"
 )
-
-// timeSlice bounds a pass once something was queued (writeback_sb_inodes
-// stops after HZ/10).
-const timeSlice = 100 * time.Millisecond
-
-// maxStuckCalls bounds the calls of one device that run on after its
-// goroutine stopped waiting for them (detached, timed out, closes). Each
-// holds an OS thread while the kernel blocks it (a stalled FUSE server, a
-// frozen filesystem), and the Go runtime ends the process at 10,000
-// threads. While a device has this many, no attempt starts there: its files
-// wait on b_more_io_wait (counted in throttled) until calls return.
-const maxStuckCalls = 1024
-
-// Writeback is one device's writeback state and goroutine, struct
-// bdi_writeback. A Registry makes and owns it (Registry.Device); its
-// exported methods are safe for concurrent use; its lists and inodes are
-// its goroutine's and the list lock's (see the package doc).
-type Writeback struct {
-	Name string
-
-	cfg  Config
-	now  func() time.Duration
-	open inode.Opener
-	// observer is open, if it is an inode.AttemptObserver: told of
-	// the attempts' opens and of forgotten inodes.
-	observer inode.AttemptObserver
-	log      *zap.Logger
-	errLog   *zap.Logger // rate-limited
-	// suppressed counts the errLog lines its sampling left out since
-	// logSuppressed last said so.
-	suppressed atomic.Uint64
-	stats      *statsWriter
-	errs       *ErrWatch // the integrity trees' filesystems' error cursors; may be nil
-
-	mu holdMutex // the list lock (its longest hold is in the stats)
-	// inodes holds every tracked inode, by key (the package doc's inode
-	// map).
-	// +checklocks:mu
-	inodes inode.Table
-	// +checklocks:mu
-	bDirty dirtyList
-	// +checklocks:mu
-	BIO lists.List[*inode.Inode]
-	// +checklocks:mu
-	BMoreIO lists.List[*inode.Inode]
-	// +checklocks:mu
-	BMoreIOWait lists.List[*inode.Inode]
-	// +checklocks:mu
-	inflight lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
-	// bFailed holds inodes whose data was lost: a writeback of theirs
-	// failed and the kernel then dropped their dirty pages, so nothing
-	// is left to retry. They stay tracked, reported as failed (stats,
-	// flusherd dirty, shutdown) until written again (MarkInodeDirty);
-	// they are not Dirty, which is how an inode on it is told from one on
-	// a writeback list (every one of those is Dirty). acct.failed is its
-	// length.
-	// +checklocks:mu
-	bFailed lists.List[*inode.Inode]
-	// +checklocks:mu
-	work []*Work
-	// +checklocks:mu
-	gen uint64 // bumped on every change, for the stats writer
-	// +checklocks:mu
-	newCfg *Config // a reload's tunables, taken by the goroutine
-	// +checklocks:mu
-	pause time.Duration
-	// +checklocks:mu
-	running bool
-	// +checklocks:mu
-	classWarned bool // the expire-class limit was logged
-
-	// Per-inode state that only some inodes have, by key, kept here
-	// rather than in every Inode. retryAt is the earliest time (daemon
-	// clock) of the next attempt of an inode whose last attempt failed
-	// with an I/O error (setNextRetryLocked); wbIndex is a chunked file's
-	// writeback index, the byte offset its next attempt starts at
-	// (mapping->writeback_index); lateErr is the error of a detached call,
-	// for the inode's next attempt.
-	// +checklocks:mu
-	retryAt map[inode.Key]time.Duration
-	// +checklocks:mu
-	wbIndex map[inode.Key]int64
-	// +checklocks:mu
-	lateErr map[inode.Key]error
-	// +checklocks:mu
-	unbusy chan struct{} // closed when a Busy inode's call returns (unbusyLocked); nil until asked for
-
-	// acct is the device's counters, the source of every figure shown.
-	// +checklocks:mu
-	acct counters
-	// bg is the background checks' and range writeback's state.
-	// +checklocks:mu
-	bg sampling
-	// probe is the device's probing state.
-	// +checklocks:mu
-	probe probing
-	// shuttingDown: the daemon is exiting (Registry.Shutdown); a file
-	// whose filesystem cannot be written (FSUnavailable: EROFS,
-	// ESHUTDOWN, ENODEV, ENXIO), or that the daemon may not open (EACCES,
-	// EPERM), is given up at once and recorded in givenUp instead of
-	// being retried until shutdown_timeout.
-	// +checklocks:mu
-	shuttingDown bool
-	// +checklocks:mu
-	givenUp []GivenUp
-
-	calls offLoop   // calls off the goroutine, and the closer; own lock
-	bw    bandwidth // the write bandwidth estimator; the goroutine's
-	live  liveness  // the goroutine's signs of life; atomics
-	loop  loopState // the goroutine's own
-	plug  blk.Plug[*attempt]
-
-	wake    chan struct{}
-	stopped chan struct{}
-
-	// Loops counts iterations of the writeback loop (wakeups).
-	Loops atomic.Uint64
-	// BeforePass, if set before Run, is called by the goroutine before
-	// each round of work (a test hook: a hook that blocks wedges the
-	// loop, which Healthy must notice).
-	BeforePass func()
-	// Trace, if set before Run, is called after each attempt with the
-	// file's path, the attempt's outcome and where the inode went (like
-	// the kernel's writeback_single_inode tracepoint). It runs on the
-	// writeback goroutine, without locks held.
-	Trace func(path string, o policy.Outcome, d policy.Dest, err error)
-}
-
-// sampling is a device's background checks (wb_check_background_flush),
-// its range writeback behind streaming writers and its cachestat samples
-// of written files. The list lock guards it.
-type sampling struct {
-	// touched holds the inodes marked dirty since the last background
-	// check (each has inode.Touched), and streaming those the last check
-	// took (each has inode.Streaming until a check finds it untouched).
-	touched, streaming []*inode.Inode
-	// rangeOff is each streaming file's range writeback offset: the
-	// byte up to which its range behind the tail was written.
-	rangeOff map[inode.Key]int64
-	// underWB holds the tracked inodes whose last count had pages under
-	// writeback (setPagesLocked keeps it): the background checks read
-	// them again until their writeback is done, so that inflight_bytes
-	// and the room under max_inflight_bytes do not keep a file's count
-	// from the moment after its write while it waits on b_dirty.
-	underWB  map[*inode.Inode]struct{}
-	sampled  []sampleResult // a finished sample, for the goroutine
-	sampling bool           // a sample call runs
-	// thresh is the device's background threshold in pages as of the
-	// last check (0: off); globalDirty is /proc/vmstat nr_dirty in pages
-	// then (only read with a threshold).
-	thresh, globalDirty uint64
-}
-
-// probing: every retry of a kupdate or background work failed with one
-// device-level error (policy.DeviceLevel: err), so until an attempt gets
-// past it, those works retry one inode per pause instead of every waiting
-// one (a dead FUSE server, a vanished disk). An attempt that succeeds, or
-// fails otherwise, ends it, and every waiting inode is retried at once
-// (detachReturned, also set when a detached call returns). The list lock
-// guards it.
-type probing struct {
-	on             bool
-	err            syscall.Errno
-	detachReturned bool            // retry b_more_io_wait now
-	reprobe        map[uint64]bool // devs whose detached probe said sync_file_range is unsupported
-}
-
-// liveness is the device goroutine's signs of life, read by Healthy and
-// Snapshot. beat is the daemon clock (nanoseconds) at the last one;
-// sleeping is set while it waits for work or a timer; stallMax is the
-// longest time (nanoseconds) between two while it was awake: how long
-// one wait (a batch's call, an open) kept it from its loop.
-type liveness struct {
-	beat     atomic.Int64
-	sleeping atomic.Bool
-	stallMax atomic.Int64
-}
-
-// loopState is the device goroutine's own: no lock guards it.
-type loopState struct {
-	// deferred are the attempts of the last batch whose completion waits
-	// for the next batch's calls (deferComplete).
-	deferred     []*attempt
-	backoff      policy.Backoff
-	lastOldFlush time.Duration
-	waitRetryAt  time.Duration
-	pass         passCounters
-	probed       map[uint64]bool // dev -> sync_file_range probed
-	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
-	lastBusyLog  time.Duration
-	lastCheck    time.Duration // the last background check (daemon clock)
-	thresholds   func() (dirty, background uint64, err error)
-	vmDirty      func() (uint64, error)
-}
-
-type passCounters struct {
-	pages, cleaned uint64
-	// attempts counts the pass's attempts that made a call (not
-	// deferred), devFails those that failed with a device-level error,
-	// devErr the first such error, and devMixed whether another differed.
-	attempts, devFails int
-	devErr             syscall.Errno
-	devMixed           bool
-	// throttled counts attempts deferred by max_inflight: they are
-	// retried after at most throttleRetry, not after the growing
-	// backoff, or the device would sit idle between them.
-	throttled uint64
-	// moreIO counts the pass's attempts that requeued their inode on
-	// b_more_io (requeue_io).
-	moreIO int
-}
-
-// throttleRetry is the longest wait before the files deferred by
-// max_inflight are tried again (b_more_io_wait's pause is cut to it), and
-// minThrottleRetry the shortest (throttleRetryLocked).
-const (
-	throttleRetry    = 50 * time.Millisecond
-	minThrottleRetry = 5 * time.Millisecond
-)
-
-// throttleRetryLocked is the wait before files deferred by
-// max_inflight_bytes are tried again: the time the device takes to write
-// half of max_inflight_bytes at its average write bandwidth, between
-// minThrottleRetry and throttleRetry (throttleRetry while the bandwidth is
-// unknown). A small bound on a fast device is then refilled before it
-// drains, and a slow device is not polled more than it needs.
-// Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) throttleRetryLocked() time.Duration {
-	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
-	if bw <= 0 || wb.cfg.MaxInflight <= 0 {
-		return throttleRetry
-	}
-	d := time.Duration(float64(wb.cfg.MaxInflight/2) / float64(bw) * float64(time.Second))
-	return min(max(d, minThrottleRetry), throttleRetry)
-}
-
-func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
-
-// resetPass starts a pass's counters, and passDone returns them. Called
-// on the device's goroutine, which alone counts them (complete and
-// forgetLocked run there, under the list lock).
-//
-// +checklocksignore: the pass counters are the device goroutine's.
-func (wb *Writeback) resetPass() { wb.loop.pass = passCounters{} }
-
-// +checklocksignore: the pass counters are the device goroutine's.
-func (wb *Writeback) passDone() passCounters { return wb.loop.pass }
 
 // New returns a device's writeback state; Run starts its goroutine. now is
 // the daemon's monotonic clock; stats may be nil (no stats file).
@@ -359,20 +107,6 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 	wb.observer, _ = open.(inode.AttemptObserver)
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
-}
-
-func (wb *Writeback) kick() {
-	select {
-	case wb.wake <- struct{}{}:
-	default:
-	}
-}
-
-// hasDirtyIOLocked is wb_has_dirty_io. Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) hasDirtyIOLocked() bool {
-	return !wb.bDirty.empty() || !wb.BIO.Empty() || !wb.BMoreIO.Empty() || !wb.BMoreIOWait.Empty() || !wb.inflight.Empty()
 }
 
 // Run is the writeback goroutine, wb_workfn: it runs queued work and
@@ -432,22 +166,6 @@ func (wb *Writeback) logSuppressed() {
 	if n := wb.suppressed.Swap(0); n > 0 {
 		wb.log.Warn("more per-file error lines of the same kind were left out of the log (at most 5 of one kind per 10 s are written); flusherd dirty lists every failing file, with its error, and the stats count them",
 			zap.Uint64("lines_left_out", n))
-	}
-}
-
-// alive records a sign of life of the goroutine (or of the calls it waits
-// on, see blk.Hooks.Alive), and the time since the last one when it is the
-// longest yet (loop_stall_max_us). Safe for concurrent use.
-func (wb *Writeback) alive() {
-	now := int64(wb.now())
-	gap := now - wb.live.beat.Swap(now)
-	for {
-		// (The plug's workers call it too, concurrently: the largest
-		// gap wins.)
-		m := wb.live.stallMax.Load()
-		if gap <= m || wb.live.stallMax.CompareAndSwap(m, gap) {
-			return
-		}
 	}
 }
 
@@ -797,5 +515,68 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		if queued > 0 && w.SyncMode == SyncNone && wb.now()-start >= timeSlice {
 			return
 		}
+	}
+}
+
+// wbCheckBackgroundFlush is wb_check_background_flush, with flusherd's
+// range writeback: it takes in what the last sample saw, writes the
+// device's oldest files first while the tracked files' dirty data is over
+// the background threshold (wbOverBgThreshLocked), and starts the next
+// sample of freshly written files when one is due. Called on the device's
+// goroutine, after queued (sync) work and before kupdate.
+//
+// How the dirty bytes are learned: from cachestat, which is exact for a
+// file at the time it is read, at every attempt and at these samples. A
+// sample opens only files written since the last check that are streaming
+// (written at three consecutive checks: range writeback needs their
+// size), files whose writeback was in flight at their last look, and,
+// with a background threshold, every freshly written file, but only while
+// /proc/vmstat nr_dirty, the whole machine's dirty pages, is at or over the
+// threshold: the tracked files cannot be over it before the machine is,
+// so a device under it costs one read of /proc/vmstat per check and no
+// open at all.
+func (wb *Writeback) wbCheckBackgroundFlush() {
+	now := wb.now()
+	wb.mu.Lock()
+	var unsupported []sampleResult
+	if res := wb.bg.sampled; res != nil {
+		wb.bg.sampled = nil
+		unsupported = wb.applySampleLocked(res)
+	}
+	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0 && wb.followWBLocked()) &&
+		now-wb.loop.lastCheck >= backgroundCheckInterval
+	wb.mu.Unlock()
+	for _, r := range unsupported {
+		wb.useFdatasync(r.key.Dev, r.unsupported)
+	}
+	wb.updateBandwidth(now)
+	if due {
+		// Streaming means written in consecutive checks: after a pause
+		// of more than one interval without writes, nothing is.
+		consecutive := now-wb.loop.lastCheck <= 2*backgroundCheckInterval
+		wb.loop.lastCheck = now
+		if wb.observer != nil {
+			// The next check must see every file written until then.
+			wb.observer.Checking()
+		}
+		wb.startSample(now, consecutive)
+	}
+	wb.mu.Lock()
+	over := wb.wbOverBgThreshLocked()
+	excess := int64(wb.acct.dirtySum) - int64(wb.bg.thresh)
+	if over {
+		wb.acct.backgroundWorks++
+	}
+	wb.mu.Unlock()
+	if over {
+		// The kernel's background work has no page budget and checks
+		// wb_over_bg_thresh after each writeback_sb_inodes round; the
+		// counts here are learned when a batch completes, so a pass
+		// queues the excess over the threshold, and the next pass
+		// checks again.
+		wb.wbWriteback(&Work{NrPages: excess, ForBackground: true, Reason: "background"})
+		wb.mu.Lock()
+		wb.returnMoreIOLocked()
+		wb.mu.Unlock()
 	}
 }

@@ -2,90 +2,15 @@ package bdi
 
 import (
 	"fmt"
-	"syscall"
 	"time"
 
 	"flusherd/inode"
 )
 
-// SyncMode is the work's writeback_sync_modes.
-type SyncMode uint8
-
 const (
 	SyncNone SyncMode = iota // WB_SYNC_NONE: start writeback
 	SyncAll                  // WB_SYNC_ALL: data integrity, fdatasync
 )
-
-// Work is a writeback work item, struct wb_writeback_work. The caller
-// makes it and hands it over with Queue; from then on the device's
-// goroutine owns it until Done is closed, after which the caller may read
-// Errs.
-type Work struct {
-	NrPages       int64 // pages to write before the work ends
-	SyncMode      SyncMode
-	ForKupdate    bool
-	ForBackground bool
-	// All queues every dirty inode dirtied before the work started, not
-	// only expired ones (sync and shutdown work).
-	All    bool
-	Reason string
-	// Files, when set, limits the work to these files (a sync request):
-	// each is written with fdatasync at once (FlushPlug), and Errs[i] is
-	// set to Files[i]'s error.
-	Files []FileRef
-	Errs  []error
-
-	start       time.Duration
-	waitSpliced bool
-	progress    bool
-	throttled   bool // an attempt was deferred by max_inflight
-	// foreignMoreIO: a pass without progress left b_more_io filled by
-	// others than its attempts, and another pass was made (wbWriteback).
-	foreignMoreIO bool
-	// The work's attempts, as passCounters counts them: they decide
-	// whether the device goes probing.
-	attempts, devFails int
-	devErr             syscall.Errno
-	devMixed           bool
-	done               chan struct{}
-}
-
-// FileRef names one file of a sync request.
-type FileRef struct {
-	Key  inode.Key
-	Path string
-	Tree Tree
-}
-
-// Done is closed when the work has run.
-func (w *Work) Done() <-chan struct{} { return w.done }
-
-// Queue adds work for the goroutine (wb_queue_work) and wakes it.
-func (wb *Writeback) Queue(w *Work) {
-	w.done = make(chan struct{})
-	wb.mu.Lock()
-	wb.work = append(wb.work, w)
-	wb.mu.Unlock()
-	wb.kick()
-}
-
-func (wb *Writeback) dequeue() *Work {
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	if len(wb.work) == 0 {
-		return nil
-	}
-	w := wb.work[0]
-	wb.work[0] = nil
-	wb.work = wb.work[1:]
-	return w
-}
-
-func (wb *Writeback) workQueued() bool {
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	return len(wb.work) > 0
-}
 
 // syncFiles runs a sync request (WB_SYNC_ALL for named files, reason
 // "sync"): each file is tracked if it was not, taken off whatever list it is

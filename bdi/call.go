@@ -1,0 +1,377 @@
+package bdi
+
+import (
+	"errors"
+	"math"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/blk"
+	"flusherd/inode"
+	"flusherd/policy"
+)
+
+// openFile opens a tracked file: by handle when it has one and the opener
+// can (a rename since it was dirtied does not matter then), else by path.
+//
+// (st_dev, st_ino) is not an identity over time: ext4 gives a freed inode
+// number to the next file at once, and only the handle's generation tells
+// the two apart. So when the handle names a deleted inode (ESTALE, or
+// inode.ErrUnlinked) and a regular file with the same number is at path, it
+// is a new file that took the number: it is opened by its own handle, which
+// is returned as renewed for the inode to keep. renewed is "" otherwise.
+func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f inode.File, renewed inode.Handle, err error) {
+	ho, ok := wb.open.(inode.HandleOpener)
+	if h == "" || !ok {
+		f, err = wb.open.Open(path, key)
+		return f, "", err
+	}
+	f, err = ho.OpenHandle(h, key)
+	if errors.Is(err, unix.EBADF) && path != "" {
+		// No descriptor of the inode's filesystem is registered for
+		// opens by handle: a filesystem inside a tree's (a btrfs
+		// subvolume has its own st_dev, so does a mount): by path.
+		f, err = wb.open.Open(path, key)
+		return f, "", err
+	}
+	if err == nil || path == "" || !errors.Is(err, unix.ESTALE) {
+		return f, "", err
+	}
+	nh, herr := ho.HandleOf(path, key)
+	if herr != nil || nh == "" || nh == h {
+		return nil, "", err
+	}
+	nf, nerr := ho.OpenHandle(nh, key)
+	if nerr != nil {
+		return nil, "", err
+	}
+	return nf, nh, nil
+}
+
+// smallFile is the most dirty bytes a file may have to be written whole
+// whatever the writeback in flight: a quarter of write_chunk, or of
+// max_inflight_bytes when that is smaller (0: no bound), so that the
+// bound holds for every file bigger than a quarter of it.
+func smallFile(chunk, maxInflight int64) int64 {
+	if maxInflight > 0 {
+		chunk = min(chunk, maxInflight)
+	}
+	return chunk / 4
+}
+
+// maxRangeWindows is how many write_chunk windows ranges looks for one by
+// one in an attempt before it takes the rest of the budget as one range.
+const maxRangeWindows = 16
+
+// window is a byte range of a file to write back; Len 0 is to the end.
+type window struct{ Off, Len int64 }
+
+// ranges chooses what to write of a file with dirty pages, more than
+// write_chunk (chunk, in bytes) of them (its worker calls it, writeback_chunk_size's side):
+// write_chunk-sized windows from the inode's writeback index onwards
+// (wrapping at the end, like writeback_index) that cachestat shows dirty,
+// until write_chunk of dirty pages are found. It returns the windows in
+// file order of writing, the dirty pages in them, and whether write_chunk
+// was used up (chunkUsed). Adjacent windows are folded into one; merged
+// counts the folds.
+func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []window, queued int64, chunkUsed bool, merged uint64, err error) {
+	page := int64(os.Getpagesize())
+	size, err := f.Size()
+	if err != nil {
+		return nil, 0, false, 0, err
+	}
+	wb.mu.Lock()
+	start := wb.wbIndex[key]
+	wb.mu.Unlock()
+	if start >= size || start < 0 {
+		start = 0
+	}
+	budget := chunk / page
+	off, wrapped := start, false
+	found := 0 // windows taken
+	// take adds the window [lo, lo+n) holding dirty dirty pages, folded
+	// into the last one when adjacent, and goes on after it.
+	take := func(lo, n, dirty int64) {
+		if last := len(wins) - 1; last >= 0 && wins[last].Off+wins[last].Len == lo {
+			wins[last].Len += n
+			merged++
+		} else {
+			wins = append(wins, window{lo, n})
+		}
+		found++
+		budget -= dirty
+		queued += dirty
+		off = lo + n
+	}
+	for budget > 0 {
+		regionEnd := size
+		if wrapped {
+			regionEnd = start
+		}
+		if off >= regionEnd {
+			if wrapped {
+				break
+			}
+			off, wrapped = 0, true
+			continue
+		}
+		// Find the first write_chunk window with dirty pages by
+		// bisection, so a sparse file of any size costs O(log size)
+		// cachestat calls, not one per window.
+		d, _, err := f.Cachestat(off, regionEnd-off)
+		if err != nil {
+			return nil, 0, false, 0, err
+		}
+		if d == 0 {
+			off = regionEnd
+			continue
+		}
+		if found >= maxRangeWindows {
+			// The rest of the budget in one range from off: all the
+			// region when its dirty pages fit, or else the longest
+			// prefix holding budget of them (bisection on its end).
+			// Past maxRangeWindows windows a file's dirty pages are
+			// scattered (a sparse image, a database written at
+			// random): a window each would cost a bisection over the
+			// whole region per dirty page, and each cachestat is
+			// linear in the pages it covers.
+			end, n := regionEnd, int64(d)
+			if n > budget {
+				lo, hi := off, regionEnd // dirty(off, lo) <= budget < dirty(off, hi)
+				n = 0
+				for hi-lo > page {
+					mid := lo + max(page, (hi-lo)/2/page*page)
+					dm, _, err := f.Cachestat(off, mid-off)
+					if err != nil {
+						return nil, 0, false, 0, err
+					}
+					if int64(dm) <= budget {
+						lo, n = mid, int64(dm)
+					} else {
+						hi = mid
+					}
+				}
+				end = lo
+			}
+			if n == 0 {
+				break // (cannot happen: one page is at most one dirty page)
+			}
+			take(off, end-off, n)
+			continue
+		}
+		lo, hi := off, regionEnd
+		for hi-lo > chunk {
+			mid := lo + max(page, (hi-lo)/2/page*page)
+			dm, _, err := f.Cachestat(lo, mid-lo)
+			if err != nil {
+				return nil, 0, false, 0, err
+			}
+			if dm > 0 {
+				hi = mid
+			} else {
+				lo = mid
+			}
+		}
+		n := min(chunk, regionEnd-lo)
+		dw, _, err := f.Cachestat(lo, n)
+		if err != nil {
+			return nil, 0, false, 0, err
+		}
+		take(lo, n, int64(dw))
+	}
+	if off >= size {
+		off = 0
+	}
+	wb.mu.Lock()
+	if off == 0 {
+		delete(wb.wbIndex, key)
+	} else {
+		wb.wbIndex[key] = off
+	}
+	wb.mu.Unlock()
+	if len(wins) == 0 {
+		// Dirty pages beyond the size seen at open (an append): write
+		// from the old end onwards.
+		wins = append(wins, window{})
+	}
+	return wins, queued, budget <= 0, merged, nil
+}
+
+// inflightRoom returns how many more bytes may go under writeback on the
+// device before maxInflight (plug.max_inflight_bytes; 0: no bound, room
+// math.MaxInt64) is reached: maxInflight less the writeback pages that
+// cachestat last saw in every tracked file (wbSum, kept by
+// setPagesLocked), in's own replaced by wbp (just read); 0 or less when the
+// device is at or over the bound. It bounds the writeback flusherd puts in
+// flight on one device, as the kernel's blk-wbt bounds in-flight writes,
+// so that a stream of big files, a range writeback or background work
+// cannot fill a slow device's queue (a throttled cgroup's, a USB disk's)
+// ahead of a small file or another program's write. O(1). Safe on a
+// worker.
+func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64) int64 {
+	if maxInflight <= 0 {
+		return math.MaxInt64
+	}
+	wb.mu.Lock()
+	sum := wb.acct.wbSum + wbp
+	if in != nil && wb.inodes.Get(in.Key) == in {
+		sum -= min(sum, uint64(in.WritebackPages))
+	}
+	wb.mu.Unlock()
+	page := int64(os.Getpagesize())
+	return maxInflight - int64(min(sum, uint64(maxInflight/page)))*page
+}
+
+// congested reports whether the device has no room for a page more under
+// writeback (inflightRoom), and counts that deferral in throttled.
+func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) bool {
+	if wb.inflightRoom(in, wbp, maxInflight) >= int64(os.Getpagesize()) {
+		return false
+	}
+	wb.mu.Lock()
+	wb.acct.throttled++
+	wb.mu.Unlock()
+	return true
+}
+
+// doAttempt runs an attempt on a worker: it opens the file safely, reads
+// cachestat and, if it is dirty (or the work is for integrity), writes it:
+// the whole file when its dirty data fits in write_chunk (or for
+// integrity, with fdatasync, or where sync_file_range is not supported),
+// else at most write_chunk of it in windows (writeChunks), unless the
+// device has max_inflight under writeback (deferred). It reads no state of
+// the device's goroutine: the tunables and whether to use fdatasync were
+// taken into its attemptCall, since a detached call outlives its batch. A
+// file that was written stays open for complete's cachestat,
+// except after fdatasync, which waited: its state after is read here. The
+// first phase of a two-phase integrity request only opens and starts
+// writeback, and leaves the file open for the second.
+func (wb *Writeback) doAttempt(r *request) error {
+	att := r.Owner
+	w := att.call
+	if w.f == nil {
+		key := inode.Key{Dev: r.Dev, Ino: r.Ino}
+		f, renewed, err := wb.openFile(att.path, key, att.handle)
+		if err != nil {
+			w.res.unread = true
+			return err
+		}
+		if wb.observer != nil {
+			wb.observer.Opened(key, f) // before its state is read
+		}
+		w.f, w.res.renewed = f, renewed
+		d, wbp, err := f.Cachestat(0, 0)
+		if err != nil {
+			w.res.unread = true
+			return wb.closeCall(r, err)
+		}
+		w.res.dirtyBefore, w.res.wbBefore, w.res.read = d, wbp, true
+		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {
+			return wb.closeCall(r, nil)
+		}
+		page := int64(os.Getpagesize())
+		if dirty := int64(d) * page; !r.Integrity && dirty > smallFile(w.chunk, w.maxInflight) {
+			room := wb.inflightRoom(att.in, wbp, w.maxInflight) / page * page
+			if room <= 0 {
+				// More than a small file's share to write, and the
+				// device has max_inflight_bytes under writeback: not now
+				// (b_more_io_wait, retried soon), so that a small file
+				// written meanwhile does not queue behind this one's
+				// stream.
+				w.res.deferred = true
+				wb.mu.Lock()
+				wb.acct.throttled++
+				wb.mu.Unlock()
+				return wb.closeCall(r, nil)
+			}
+			if limit := min(w.chunk, room); dirty > limit && !w.fallback {
+				// At most write_chunk, and no more than the room left
+				// under max_inflight_bytes.
+				w.chunk = limit
+				return wb.writeChunks(r)
+			}
+		}
+	}
+	switch {
+	case w.startOnly:
+		return w.f.StartWriteback(0, 0) // the file stays open for the fdatasync
+	case r.Integrity || w.fallback:
+		if !w.synced {
+			if err := w.f.DataSync(); err != nil {
+				return wb.closeCall(r, err)
+			}
+		}
+		// fdatasync has waited: the state after is final now.
+		w.res.wrote = true
+		d, wbp, err := w.f.Cachestat(0, 0)
+		w.res.dirtyAfter, w.res.wbAfter, w.res.afterKnown = d, wbp, true
+		if w.res.dirtyBefore == 0 && w.res.wbBefore == 0 && !att.wroteBefore && wb.errs != nil {
+			// Its data left the page cache before flusherd wrote it:
+			// if that writeback failed and someone else's fsync took
+			// the report, this fdatasync could not see it. The
+			// filesystem's own error cursor can (ErrWatch).
+			w.res.fsErrAt, w.res.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
+		}
+		return wb.closeCall(r, err)
+	}
+	w.started, w.res.queued = true, w.res.dirtyBefore
+	if err := w.f.StartWriteback(0, 0); err != nil {
+		w.unsupported = blk.IsUnsupported(err)
+		return wb.closeCall(r, err)
+	}
+	// The file stays open: complete looks at it once the whole batch is
+	// out, by when most of its writeback has finished.
+	w.res.wrote = true
+	return nil
+}
+
+// writeChunks writes at most write_chunk of the dirty data of a file that
+// holds more: ranges' windows, each with sync_file_range WRITE, which does
+// not wait. The file stays open for complete.
+func (wb *Writeback) writeChunks(r *request) error {
+	w := r.Owner.call
+	wins, queued, used, merged, err := wb.ranges(w.f, inode.Key{Dev: r.Dev, Ino: r.Ino}, w.chunk)
+	if err != nil {
+		return wb.closeCall(r, err)
+	}
+	w.res.chunkUsed, w.res.merged, w.res.queued = used, merged, uint64(queued)
+	w.started = true
+	for _, win := range wins {
+		if err := w.f.StartWriteback(win.Off, win.Len); err != nil {
+			w.unsupported = blk.IsUnsupported(err)
+			return wb.closeCall(r, err)
+		}
+	}
+	w.res.wrote = true
+	return nil
+}
+
+// closeCall closes an attempt's file, if it holds one, and
+// passes err on.
+func (wb *Writeback) closeCall(r *request, err error) error {
+	if w := r.Owner.call; w != nil && w.f != nil {
+		w.f.Close()
+		w.f = nil
+	}
+	return err
+}
+
+// adoptCall gives a finished attempt its call's result, and its open
+// file if it kept one, for complete; with nothing written, the counts
+// before are the counts after.
+func adoptCall(r *request) {
+	att := r.Owner
+	att.res = att.call.res
+	res := &att.res
+	switch {
+	case res.wrote:
+		att.f, att.call.f = att.call.f, nil // complete reads cachestat and closes it (nil after fdatasync)
+		return
+	case res.deferred:
+		att.pre = policy.UnderWriteback
+	default:
+		att.pre, _ = policy.BeforeWrite(res.dirtyBefore, res.wbBefore, r.Integrity)
+	}
+	res.afterKnown, res.dirtyAfter, res.wbAfter = true, res.dirtyBefore, res.wbBefore
+}

@@ -1,0 +1,304 @@
+package bdi
+
+import (
+	"errors"
+	"math"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
+	"flusherd/lists"
+	"flusherd/policy"
+)
+
+// endProbingLocked ends the device's probing, if it is probing, because a
+// call got past its device-level error (err: nil, or the file's own
+// error): every waiting inode is retried at once (detachReturned).
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) endProbingLocked(err error) {
+	if !wb.probe.on {
+		return
+	}
+	wb.probe.on, wb.probe.err = false, 0
+	wb.probe.detachReturned = true
+	wb.log.Info("a writeback call got through on a probing device: every waiting file is retried", zap.Error(err))
+}
+
+func classify(err error) policy.Outcome {
+	if errors.Is(err, inode.ErrNotRegular) {
+		return policy.Gone
+	}
+	return policy.ClassifyErr(err)
+}
+
+func errnoOf(err error) uint8 {
+	var e unix.Errno
+	if errors.As(err, &e) && e < inode.ErrnoOther {
+		return uint8(e)
+	}
+	return inode.ErrnoOther
+}
+
+func satInc(v uint16) uint16 {
+	if v == math.MaxUint16 {
+		return v
+	}
+	return v + 1
+}
+
+// requeueInodeLocked is requeue_inode: it puts in where dest says, after
+// an attempt (see policy.Requeue for the table). Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) requeueInodeLocked(in *inode.Inode, dest policy.Dest, now time.Duration) {
+	switch dest {
+	case policy.Forget, policy.Drop:
+		wb.forgetLocked(in, dest == policy.Drop)
+	case policy.MoreIO:
+		wb.requeueIOLocked(in)
+		wb.loop.pass.moreIO++
+	case policy.MoreIOWait:
+		wb.requeueIOWaitLocked(in)
+	case policy.RedirtyTail:
+		wb.redirtyTailLocked(in, now)
+	case policy.Failed:
+		wb.parkFailedLocked(in)
+	}
+}
+
+// forgetLocked forgets a clean inode, or one whose file is gone (counted
+// in inodes_gone). Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) forgetLocked(in *inode.Inode, gone bool) {
+	lists.Remove(in)
+	wb.dropInodeLocked(in)
+	wb.loop.pass.cleaned++
+	if gone {
+		wb.acct.gone++
+	}
+}
+
+// requeueIOLocked is requeue_io: in goes to the tail of b_more_io, for
+// the next queue_io (its write_chunk was used up, or it was redirtied).
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) requeueIOLocked(in *inode.Inode) { wb.BMoreIO.MoveToBack(in) }
+
+// requeueIOWaitLocked is requeue_io_wait, from the series "writeback:
+// avoid touching dirtied_when on blocked inodes": a blocked inode goes to
+// b_more_io_wait, keeping its dirtiedWhen, and is retried after the
+// backoff pause. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) requeueIOWaitLocked(in *inode.Inode) { wb.BMoreIOWait.MoveToBack(in) }
+
+// redirtyTailLocked is redirty_tail: in goes back to b_dirty with
+// dirtiedWhen = now, as if newly dirtied. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) redirtyTailLocked(in *inode.Inode, now time.Duration) {
+	lists.Remove(in)
+	in.DirtiedWhen = now
+	wb.bDirty.pushBack(in)
+}
+
+// setPagesLocked records cachestat's counts for in (pages), keeping the
+// device's sums (BdiReclaimable, BdiWriteback, the background threshold's
+// input) and BdiDirtied, which grows by what in gained since it was last
+// looked at. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
+	d, w := uint32(min(dirty, math.MaxUint32)), uint32(min(wbp, math.MaxUint32))
+	if d > in.DirtyPages {
+		wb.acct.dirtied += uint64(d - in.DirtyPages)
+	}
+	wb.acct.dirtySum += uint64(d) - uint64(in.DirtyPages)
+	wb.acct.wbSum += uint64(w) - uint64(in.WritebackPages)
+	in.DirtyPages, in.WritebackPages = d, w
+	if w > 0 {
+		wb.bg.underWB[in] = struct{}{}
+	} else {
+		delete(wb.bg.underWB, in)
+	}
+}
+
+// dropInodeLocked removes what the device keeps of an inode besides its
+// list entry: its map entries and its share of the page sums. Every path
+// that forgets an inode calls it, and it tells the opener
+// (inode.AttemptObserver). Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
+	if wb.observer != nil {
+		wb.observer.Forgotten(in.Key)
+	}
+	wb.setPagesLocked(in, 0, 0)
+	wb.inodes.Delete(in.Key)
+	delete(wb.wbIndex, in.Key)
+	delete(wb.bg.rangeOff, in.Key)
+	delete(wb.lateErr, in.Key)
+	delete(wb.retryAt, in.Key)
+	wb.bDirty.unref(in.Class)
+	in.State = 0
+}
+
+// nextRetryLocked returns the earliest time (daemon clock, nanoseconds) of
+// in's next attempt after an I/O error, 0 for none (see retryAt).
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) nextRetryLocked(in *inode.Inode) time.Duration {
+	return wb.retryAt[in.Key]
+}
+
+// setNextRetryLocked records at (daemon clock, nanoseconds) as the
+// earliest time of in's next attempt; 0 clears it. Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) setNextRetryLocked(in *inode.Inode, at time.Duration) {
+	if at == 0 {
+		delete(wb.retryAt, in.Key)
+		return
+	}
+	if wb.retryAt == nil {
+		wb.retryAt = make(map[inode.Key]time.Duration)
+	}
+	wb.retryAt[in.Key] = at
+}
+
+// checksWantedLocked reports whether the device looks at freshly written
+// files: with range writeback or a background threshold configured.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) checksWantedLocked() bool {
+	return wb.cfg.RangeBytes > 0 || wb.cfg.DirtyBackgroundBytes > 0 || wb.cfg.DirtyBackgroundRatio > 0
+}
+
+// followWBLocked reports whether the device follows the counts of files
+// whose writeback was in flight at their last look (wb.bg.underWB) with
+// background checks: their pages under writeback are what
+// max_inflight_bytes bounds and what the background threshold counts.
+// Without range writeback or a background threshold, nothing else looks
+// at such a file again before its next attempt, which may be an hour
+// away (a file on b_dirty), or never come (files deferred by
+// max_inflight_bytes without being opened, on those very counts): stale,
+// its count would hold the room under max_inflight_bytes for good.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) followWBLocked() bool {
+	return wb.checksWantedLocked() || wb.cfg.MaxInflight > 0
+}
+
+// touchLocked records that in was written (for the next background check)
+// and reports whether it is the first file since the last check, when the
+// goroutine must be woken to schedule the check. Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) touchLocked(in *inode.Inode) bool {
+	if in.Has(inode.Touched) || !wb.checksWantedLocked() {
+		return false
+	}
+	in.State |= inode.Touched
+	wb.bg.touched = append(wb.bg.touched, in)
+	return len(wb.bg.touched) == 1
+}
+
+// writeChunk is the most bytes one attempt writes of a file: write_chunk,
+// or with write_chunk = "auto" writeback_chunk_size's rule: half a second
+// of the device's average write bandwidth (avg_write_bandwidth), rounded
+// down to 4 MiB after adding 4 MiB (so at least 4 MiB), at most 128 MiB
+// and at most max_inflight. Called on the device's goroutine.
+func (wb *Writeback) writeChunk() int64 {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return wb.writeChunkLocked()
+}
+
+// writeChunkLocked is writeChunk. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) writeChunkLocked() int64 {
+	if !wb.cfg.WriteChunkAuto {
+		return wb.cfg.WriteChunk
+	}
+	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
+	c := min((bw/2+minAutoChunk)/minAutoChunk*minAutoChunk, maxAutoChunk)
+	if wb.cfg.MaxInflight > 0 {
+		c = min(c, max(wb.cfg.MaxInflight, 4096))
+	}
+	return c
+}
+
+// parkFailedLocked moves in to bFailed. Only a new write takes it off (as
+// dirty again), so the opener is told, as of a forgotten inode
+// (inode.AttemptObserver), that its writes must be reported. Preconditions:
+// wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
+	if wb.observer != nil {
+		wb.observer.Forgotten(in.Key)
+	}
+	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote | inode.LostBefore
+	wb.bFailed.MoveToBack(in)
+	wb.acct.failed++
+}
+
+// forgetFailedLocked forgets an inode on bFailed. Preconditions: wb.mu
+// held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) forgetFailedLocked(in *inode.Inode) {
+	lists.Remove(in)
+	wb.acct.failed--
+	wb.dropInodeLocked(in)
+}
+
+// failedLocked reports whether in is on bFailed. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) failedLocked(in *inode.Inode) bool {
+	return in.Link().Linked() && !in.Has(inode.Dirty)
+}
+
+// errnoError turns a LastErr back into an error.
+func errnoError(e uint8) error {
+	if e == 0 || e == inode.ErrnoOther {
+		return errors.New("writeback failed")
+	}
+	return unix.Errno(e)
+}
+
+// unbusyLocked clears in's Busy once no call for it is stuck or detached
+// (callers have counted theirs down), asks for b_more_io_wait to be
+// retried now (the inode waits there for this call only), and wakes a sync
+// request waiting for it. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) unbusyLocked(in *inode.Inode) {
+	in.State &^= inode.Busy
+	wb.probe.detachReturned = true
+	if wb.unbusy != nil {
+		close(wb.unbusy)
+		wb.unbusy = nil
+	}
+}
+
+// Auto write_chunk bounds (writeback_chunk_size rounds to
+// MIN_WRITEBACK_PAGES, 4 MiB).
+const (
+	minAutoChunk = 4 << 20
+	maxAutoChunk = 128 << 20
+)

@@ -1,0 +1,575 @@
+package bdi
+
+import (
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"flusherd/blk"
+	"flusherd/inode"
+	"flusherd/lists"
+	"flusherd/policy"
+)
+
+// timeSlice bounds a pass once something was queued (writeback_sb_inodes
+// stops after HZ/10).
+const timeSlice = 100 * time.Millisecond
+
+// maxStuckCalls bounds the calls of one device that run on after its
+// goroutine stopped waiting for them (detached, timed out, closes). Each
+// holds an OS thread while the kernel blocks it (a stalled FUSE server, a
+// frozen filesystem), and the Go runtime ends the process at 10,000
+// threads. While a device has this many, no attempt starts there: its files
+// wait on b_more_io_wait (counted in throttled) until calls return.
+const maxStuckCalls = 1024
+
+// Writeback is one device's writeback state and goroutine, struct
+// bdi_writeback. A Registry makes and owns it (Registry.Device); its
+// exported methods are safe for concurrent use; its lists and inodes are
+// its goroutine's and the list lock's (see the package doc).
+type Writeback struct {
+	Name string
+
+	cfg  Config
+	now  func() time.Duration
+	open inode.Opener
+	// observer is open, if it is an inode.AttemptObserver: told of
+	// the attempts' opens and of forgotten inodes.
+	observer inode.AttemptObserver
+	log      *zap.Logger
+	errLog   *zap.Logger // rate-limited
+	// suppressed counts the errLog lines its sampling left out since
+	// logSuppressed last said so.
+	suppressed atomic.Uint64
+	stats      *statsWriter
+	errs       *ErrWatch // the integrity trees' filesystems' error cursors; may be nil
+
+	mu holdMutex // the list lock (its longest hold is in the stats)
+	// inodes holds every tracked inode, by key (the package doc's inode
+	// map).
+	// +checklocks:mu
+	inodes inode.Table
+	// +checklocks:mu
+	bDirty dirtyList
+	// +checklocks:mu
+	BIO lists.List[*inode.Inode]
+	// +checklocks:mu
+	BMoreIO lists.List[*inode.Inode]
+	// +checklocks:mu
+	BMoreIOWait lists.List[*inode.Inode]
+	// +checklocks:mu
+	inflight lists.List[*inode.Inode] // under an attempt (I_SYNC); counted as b_io
+	// bFailed holds inodes whose data was lost: a writeback of theirs
+	// failed and the kernel then dropped their dirty pages, so nothing
+	// is left to retry. They stay tracked, reported as failed (stats,
+	// flusherd dirty, shutdown) until written again (MarkInodeDirty);
+	// they are not Dirty, which is how an inode on it is told from one on
+	// a writeback list (every one of those is Dirty). acct.failed is its
+	// length.
+	// +checklocks:mu
+	bFailed lists.List[*inode.Inode]
+	// +checklocks:mu
+	work []*Work
+	// +checklocks:mu
+	gen uint64 // bumped on every change, for the stats writer
+	// +checklocks:mu
+	newCfg *Config // a reload's tunables, taken by the goroutine
+	// +checklocks:mu
+	pause time.Duration
+	// +checklocks:mu
+	running bool
+	// +checklocks:mu
+	classWarned bool // the expire-class limit was logged
+
+	// Per-inode state that only some inodes have, by key, kept here
+	// rather than in every Inode. retryAt is the earliest time (daemon
+	// clock) of the next attempt of an inode whose last attempt failed
+	// with an I/O error (setNextRetryLocked); wbIndex is a chunked file's
+	// writeback index, the byte offset its next attempt starts at
+	// (mapping->writeback_index); lateErr is the error of a detached call,
+	// for the inode's next attempt.
+	// +checklocks:mu
+	retryAt map[inode.Key]time.Duration
+	// +checklocks:mu
+	wbIndex map[inode.Key]int64
+	// +checklocks:mu
+	lateErr map[inode.Key]error
+	// +checklocks:mu
+	unbusy chan struct{} // closed when a Busy inode's call returns (unbusyLocked); nil until asked for
+
+	// acct is the device's counters, the source of every figure shown.
+	// +checklocks:mu
+	acct counters
+	// bg is the background checks' and range writeback's state.
+	// +checklocks:mu
+	bg sampling
+	// probe is the device's probing state.
+	// +checklocks:mu
+	probe probing
+	// shuttingDown: the daemon is exiting (Registry.Shutdown); a file
+	// whose filesystem cannot be written (FSUnavailable: EROFS,
+	// ESHUTDOWN, ENODEV, ENXIO), or that the daemon may not open (EACCES,
+	// EPERM), is given up at once and recorded in givenUp instead of
+	// being retried until shutdown_timeout.
+	// +checklocks:mu
+	shuttingDown bool
+	// +checklocks:mu
+	givenUp []GivenUp
+
+	calls offLoop   // calls off the goroutine, and the closer; own lock
+	bw    bandwidth // the write bandwidth estimator; the goroutine's
+	live  liveness  // the goroutine's signs of life; atomics
+	loop  loopState // the goroutine's own
+	plug  blk.Plug[*attempt]
+
+	wake    chan struct{}
+	stopped chan struct{}
+
+	// Loops counts iterations of the writeback loop (wakeups).
+	Loops atomic.Uint64
+	// BeforePass, if set before Run, is called by the goroutine before
+	// each round of work (a test hook: a hook that blocks wedges the
+	// loop, which Healthy must notice).
+	BeforePass func()
+	// Trace, if set before Run, is called after each attempt with the
+	// file's path, the attempt's outcome and where the inode went (like
+	// the kernel's writeback_single_inode tracepoint). It runs on the
+	// writeback goroutine, without locks held.
+	Trace func(path string, o policy.Outcome, d policy.Dest, err error)
+}
+
+// sampling is a device's background checks (wb_check_background_flush),
+// its range writeback behind streaming writers and its cachestat samples
+// of written files. The list lock guards it.
+type sampling struct {
+	// touched holds the inodes marked dirty since the last background
+	// check (each has inode.Touched), and streaming those the last check
+	// took (each has inode.Streaming until a check finds it untouched).
+	touched, streaming []*inode.Inode
+	// rangeOff is each streaming file's range writeback offset: the
+	// byte up to which its range behind the tail was written.
+	rangeOff map[inode.Key]int64
+	// underWB holds the tracked inodes whose last count had pages under
+	// writeback (setPagesLocked keeps it): the background checks read
+	// them again until their writeback is done, so that inflight_bytes
+	// and the room under max_inflight_bytes do not keep a file's count
+	// from the moment after its write while it waits on b_dirty.
+	underWB  map[*inode.Inode]struct{}
+	sampled  []sampleResult // a finished sample, for the goroutine
+	sampling bool           // a sample call runs
+	// thresh is the device's background threshold in pages as of the
+	// last check (0: off); globalDirty is /proc/vmstat nr_dirty in pages
+	// then (only read with a threshold).
+	thresh, globalDirty uint64
+}
+
+// probing: every retry of a kupdate or background work failed with one
+// device-level error (policy.DeviceLevel: err), so until an attempt gets
+// past it, those works retry one inode per pause instead of every waiting
+// one (a dead FUSE server, a vanished disk). An attempt that succeeds, or
+// fails otherwise, ends it, and every waiting inode is retried at once
+// (detachReturned, also set when a detached call returns). The list lock
+// guards it.
+type probing struct {
+	on             bool
+	err            syscall.Errno
+	detachReturned bool            // retry b_more_io_wait now
+	reprobe        map[uint64]bool // devs whose detached probe said sync_file_range is unsupported
+}
+
+// liveness is the device goroutine's signs of life, read by Healthy and
+// Snapshot. beat is the daemon clock (nanoseconds) at the last one;
+// sleeping is set while it waits for work or a timer; stallMax is the
+// longest time (nanoseconds) between two while it was awake: how long
+// one wait (a batch's call, an open) kept it from its loop.
+type liveness struct {
+	beat     atomic.Int64
+	sleeping atomic.Bool
+	stallMax atomic.Int64
+}
+
+// loopState is the device goroutine's own: no lock guards it.
+type loopState struct {
+	// deferred are the attempts of the last batch whose completion waits
+	// for the next batch's calls (deferComplete).
+	deferred     []*attempt
+	backoff      policy.Backoff
+	lastOldFlush time.Duration
+	waitRetryAt  time.Duration
+	pass         passCounters
+	probed       map[uint64]bool // dev -> sync_file_range probed
+	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
+	lastBusyLog  time.Duration
+	lastCheck    time.Duration // the last background check (daemon clock)
+	thresholds   func() (dirty, background uint64, err error)
+	vmDirty      func() (uint64, error)
+}
+
+type passCounters struct {
+	pages, cleaned uint64
+	// attempts counts the pass's attempts that made a call (not
+	// deferred), devFails those that failed with a device-level error,
+	// devErr the first such error, and devMixed whether another differed.
+	attempts, devFails int
+	devErr             syscall.Errno
+	devMixed           bool
+	// throttled counts attempts deferred by max_inflight: they are
+	// retried after at most throttleRetry, not after the growing
+	// backoff, or the device would sit idle between them.
+	throttled uint64
+	// moreIO counts the pass's attempts that requeued their inode on
+	// b_more_io (requeue_io).
+	moreIO int
+}
+
+// throttleRetry is the longest wait before the files deferred by
+// max_inflight are tried again (b_more_io_wait's pause is cut to it), and
+// minThrottleRetry the shortest (throttleRetryLocked).
+const (
+	throttleRetry    = 50 * time.Millisecond
+	minThrottleRetry = 5 * time.Millisecond
+)
+
+// throttleRetryLocked is the wait before files deferred by
+// max_inflight_bytes are tried again: the time the device takes to write
+// half of max_inflight_bytes at its average write bandwidth, between
+// minThrottleRetry and throttleRetry (throttleRetry while the bandwidth is
+// unknown). A small bound on a fast device is then refilled before it
+// drains, and a slow device is not polled more than it needs.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) throttleRetryLocked() time.Duration {
+	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
+	if bw <= 0 || wb.cfg.MaxInflight <= 0 {
+		return throttleRetry
+	}
+	d := time.Duration(float64(wb.cfg.MaxInflight/2) / float64(bw) * float64(time.Second))
+	return min(max(d, minThrottleRetry), throttleRetry)
+}
+
+func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
+
+// resetPass starts a pass's counters, and passDone returns them. Called
+// on the device's goroutine, which alone counts them (complete and
+// forgetLocked run there, under the list lock).
+//
+// +checklocksignore: the pass counters are the device goroutine's.
+func (wb *Writeback) resetPass() { wb.loop.pass = passCounters{} }
+
+// +checklocksignore: the pass counters are the device goroutine's.
+func (wb *Writeback) passDone() passCounters { return wb.loop.pass }
+
+func (wb *Writeback) kick() {
+	select {
+	case wb.wake <- struct{}{}:
+	default:
+	}
+}
+
+// hasDirtyIOLocked is wb_has_dirty_io. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) hasDirtyIOLocked() bool {
+	return !wb.bDirty.empty() || !wb.BIO.Empty() || !wb.BMoreIO.Empty() || !wb.BMoreIOWait.Empty() || !wb.inflight.Empty()
+}
+
+// alive records a sign of life of the goroutine (or of the calls it waits
+// on, see blk.Hooks.Alive), and the time since the last one when it is the
+// longest yet (loop_stall_max_us). Safe for concurrent use.
+func (wb *Writeback) alive() {
+	now := int64(wb.now())
+	gap := now - wb.live.beat.Swap(now)
+	for {
+		// (The plug's workers call it too, concurrently: the largest
+		// gap wins.)
+		m := wb.live.stallMax.Load()
+		if gap <= m || wb.live.stallMax.CompareAndSwap(m, gap) {
+			return
+		}
+	}
+}
+
+// attempt is one writeback attempt on one inode, from open to requeue.
+// Its system calls run on a plug worker (doAttempt), which fills its
+// call's result; the device's goroutine takes that result (res) once the
+// call has returned in time (adoptCall) and completes the attempt
+// (complete).
+type attempt struct {
+	in     *inode.Inode
+	f      inode.File
+	err    error
+	res    callResult
+	pre    policy.Outcome // when nothing was written
+	handle inode.Handle
+	path   string
+	// wroteBefore: an earlier attempt wrote the inode's data since it
+	// became dirty (inode.Wrote), so finding it clean is no surprise.
+	wroteBefore bool
+	// counted: its page counts before and as the write left them were
+	// accounted when its completion was deferred (deferComplete).
+	counted bool
+	// refs counts holders of f: the attempt itself and each request whose
+	// system call is running; the last to let go closes it.
+	refs atomic.Int32
+	// stuck counts timed-out requests whose call has not returned, and
+	// detached the detached ones (see detachAfter). Guarded by the list
+	// lock.
+	stuck, detached int
+	// result, if set, receives the attempt's error (a sync request).
+	result *error
+	// call is the worker side of the attempt's request.
+	call *attemptCall
+	wb   *Writeback // closes the file (calls.close); nil in tests
+	// callMem and reqMem hold the attempt's call and request, so that an
+	// attempt is one allocation; call and the plug point to them.
+	callMem attemptCall
+	reqMem  request
+}
+
+// callResult is what an attempt's system calls found. Its worker writes
+// the call's copy; the attempt takes it once the call has returned in
+// time (adoptCall). A detached call keeps writing its own, then unread.
+type callResult struct {
+	// renewed is the handle of a new file found under the inode's number
+	// (openFile); the inode takes it at completion.
+	renewed inode.Handle
+	// Page counts (cachestat) before the write, and after it once
+	// afterKnown (read by the worker, or nothing was written).
+	dirtyBefore, wbBefore, dirtyAfter, wbAfter uint64
+	wrote, afterKnown                          bool
+	// chunkUsed: write_chunk was used up with more dirty (a file holding
+	// more than write_chunk); merged counts the windows folded into
+	// their neighbours (plug_merges).
+	chunkUsed bool
+	merged    uint64
+	// deferred: not written because the device had max_inflight under
+	// writeback (counted in throttled).
+	deferred bool
+	// queued is the dirty pages the call started writing back: the
+	// whole file's, or those in its windows.
+	queued uint64
+	// fsErrAt is when a writeback error was last seen on the inode's
+	// filesystem (ErrWatch; daemon clock), read when its data had left
+	// the page cache without flusherd writing it; 0: none, or not read.
+	fsErrAt time.Duration
+	fsErrno unix.Errno // the error that check saw
+	// unread: the call failed before it reached the file's data, in its
+	// open or its first cachestat (EACCES, EPERM, an open's EIO): nothing
+	// was written, so its error is not one of the data's. read: its first
+	// cachestat succeeded, so the counts before are the file's
+	// (policy.Lost trusts no other zeros).
+	unread, read bool
+}
+
+// hold takes a reference on the attempt's file.
+func (a *attempt) hold() { a.refs.Add(1) }
+
+// release drops a reference and closes the file with the last one, on a
+// goroutine of its own when the attempt has a Writeback (offLoop.close).
+func (a *attempt) release() {
+	if a.refs.Add(-1) == 0 && a.f != nil {
+		if a.wb != nil {
+			a.wb.calls.close(a.f)
+		} else {
+			a.f.Close()
+		}
+	}
+}
+
+// request is the writeback request of an attempt: a blk.Request whose
+// owner is the attempt. Each attempt has exactly one; its worker-side
+// state is the attempt's call (attemptCall).
+type request = blk.Request[*attempt]
+
+// attemptCall is the worker side of an attempt (doAttempt): its file,
+// the tunables taken when it was queued, the phase of its calls and what
+// they found (res), read by the device's goroutine only once the call has
+// returned in time (adoptCall).
+type attemptCall struct {
+	f   inode.File
+	res callResult
+	// chunk and maxInflight are write_chunk and max_inflight (bytes) when
+	// the attempt was queued, and fallback whether its filesystem was
+	// known then to lack sync_file_range (fdatasync instead): wb.loop.fallback
+	// is the device goroutine's, and a detached worker runs on.
+	chunk, maxInflight int64
+	fallback           bool
+	// startOnly: the first phase of an integrity request (see
+	// startIntegrity).
+	startOnly bool
+	// synced: a syncfs made its data durable (syncfsIntegrity); the
+	// second phase skips the fdatasync.
+	synced bool
+	// started: sync_file_range(SYNC_FILE_RANGE_WRITE) was called, so the
+	// request's error tells whether the filesystem supports it (submit's
+	// probe). A request that found its file clean, deferred it, or could
+	// not open it made no such call and tells nothing.
+	started bool
+	// unsupported: sync_file_range failed as not supported (EINVAL,
+	// ESPIPE, EOPNOTSUPP) outside the probe (which was detached).
+	unsupported bool
+}
+
+// SyncMode is the work's writeback_sync_modes.
+type SyncMode uint8
+
+// Work is a writeback work item, struct wb_writeback_work. The caller
+// makes it and hands it over with Queue; from then on the device's
+// goroutine owns it until Done is closed, after which the caller may read
+// Errs.
+type Work struct {
+	NrPages       int64 // pages to write before the work ends
+	SyncMode      SyncMode
+	ForKupdate    bool
+	ForBackground bool
+	// All queues every dirty inode dirtied before the work started, not
+	// only expired ones (sync and shutdown work).
+	All    bool
+	Reason string
+	// Files, when set, limits the work to these files (a sync request):
+	// each is written with fdatasync at once (FlushPlug), and Errs[i] is
+	// set to Files[i]'s error.
+	Files []FileRef
+	Errs  []error
+
+	start       time.Duration
+	waitSpliced bool
+	progress    bool
+	throttled   bool // an attempt was deferred by max_inflight
+	// foreignMoreIO: a pass without progress left b_more_io filled by
+	// others than its attempts, and another pass was made (wbWriteback).
+	foreignMoreIO bool
+	// The work's attempts, as passCounters counts them: they decide
+	// whether the device goes probing.
+	attempts, devFails int
+	devErr             syscall.Errno
+	devMixed           bool
+	done               chan struct{}
+}
+
+// FileRef names one file of a sync request.
+type FileRef struct {
+	Key  inode.Key
+	Path string
+	Tree Tree
+}
+
+// Done is closed when the work has run.
+func (w *Work) Done() <-chan struct{} { return w.done }
+
+// Config holds a device's tunables. Durations are time.Duration
+// (nanoseconds); WriteChunk is in bytes.
+type Config struct {
+	DirtyWritebackInterval time.Duration // kupdate period
+	MinPause, MaxPause     time.Duration // b_more_io_wait backoff
+	WriteChunk             int64         // most bytes written per inode per attempt
+	// WriteChunkAuto: the chunk follows the device's write bandwidth
+	// (writeChunk), WriteChunk is ignored.
+	WriteChunkAuto bool
+	MaxInflight    int64 // bytes under writeback on the device before big files, ranges and background work wait; 0: no bound
+	// DirtyBackgroundBytes and DirtyBackgroundRatio (a percentage of the
+	// kernel's nr_dirty_background_threshold) set the device's background
+	// threshold (the lower one when both are set); 0: off.
+	DirtyBackgroundBytes int64
+	DirtyBackgroundRatio int
+	// RangeBytes is the hot tail of a streaming file left to its writer;
+	// what lies behind it is written back once the file has grown by
+	// 2 × RangeBytes past the last range writeback. 0: off.
+	RangeBytes  int64
+	Requeue     policy.RequeueBlocked
+	PlugEnabled bool
+	MaxPending  int // plug requests before a forced flush
+	QueueDepth  int // requests in flight during a flush
+	// IntegritySyncfs: a batch holding at least this many integrity
+	// requests for one filesystem makes them durable with one syncfs(2)
+	// (sync_inodes_sb plus sync_fs, as the kernel's syncfs does) instead
+	// of an fdatasync each; 0: never.
+	IntegritySyncfs int
+	// AttemptTimeout bounds one writeback system call; one that takes
+	// longer counts as blocked (ETIMEDOUT) and its inode stays Busy until
+	// the call returns. 0: no bound.
+	AttemptTimeout time.Duration
+}
+
+// Tree is what a watched tree contributes to its inodes.
+type Tree struct {
+	Expire    time.Duration // dirty_expire_interval for its inodes
+	Integrity bool          // fdatasync instead of sync_file_range
+}
+
+// statsWriter keeps a device's stats file, <dir>/bdi/<name>/stats.
+type statsWriter struct {
+	path       string
+	thresholds func() (dirty, background uint64, err error) // pages
+	log        *zap.Logger
+	every      time.Duration
+	lastGen    uint64
+	last       time.Duration
+	written    bool
+	lastErr    string // the last write error logged, so each is logged once
+	// After a failed write (a full or read-only stats.dir) the next try
+	// waits retry, which doubles from statsRetryMin up to statsRetryMax;
+	// a successful write resets it. nextTry is on the daemon clock.
+	retry, nextTry time.Duration
+}
+
+// sampleProbe is one file a background check looks at; sampleResult is
+// what its worker saw and did.
+type sampleProbe struct {
+	in        *inode.Inode
+	key       inode.Key
+	path      string
+	handle    inode.Handle
+	streaming bool  // range writeback may apply
+	rangeOff  int64 // bytes already range-written
+}
+
+type sampleResult struct {
+	sampleProbe
+	ok         bool   // dirty, wbp were read
+	before     uint64 // dirty pages before the range writeback
+	dirty, wbp uint64 // after the range writeback, if any
+	// rangeEnd > 0: the range [rangeOff, rangeEnd) was written back,
+	// ranged pages of it dirty.
+	rangeEnd    int64
+	ranged      uint64
+	unsupported error // sync_file_range is not supported there
+}
+
+// GivenUp is a file the shutdown gave up on: its filesystem cannot be
+// written (read-only, shut down, gone), so waiting would not help.
+type GivenUp struct {
+	Path string
+	Err  error
+}
+
+// Queue adds work for the goroutine (wb_queue_work) and wakes it.
+func (wb *Writeback) Queue(w *Work) {
+	w.done = make(chan struct{})
+	wb.mu.Lock()
+	wb.work = append(wb.work, w)
+	wb.mu.Unlock()
+	wb.kick()
+}
+
+func (wb *Writeback) dequeue() *Work {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	if len(wb.work) == 0 {
+		return nil
+	}
+	w := wb.work[0]
+	wb.work[0] = nil
+	wb.work = wb.work[1:]
+	return w
+}
+
+func (wb *Writeback) workQueued() bool {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	return len(wb.work) > 0
+}
