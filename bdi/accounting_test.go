@@ -124,7 +124,7 @@ func TestRanges(t *testing.T) {
 			}
 			if tc.start != -1 {
 				wb.mu.Lock()
-				wb.wbIndex[f.key] = tc.start
+				wb.side.wbIndex[f.key] = tc.start
 				wb.mu.Unlock()
 			}
 			got, queued, used, merged, err := wb.ranges(h, f.key, 4*pg)
@@ -138,7 +138,7 @@ func TestRanges(t *testing.T) {
 				t.Errorf("%d dirty pages found, chunk used %v, %d folded; want %d, %v, %d", queued, used, merged, tc.queued, tc.chunkUsed, tc.merged)
 			}
 			wb.mu.Lock()
-			index, kept := wb.wbIndex[f.key]
+			index, kept := wb.side.wbIndex[f.key]
 			wb.mu.Unlock()
 			if index != tc.index || kept != (tc.index != 0) {
 				t.Errorf("writeback index after = %d (kept %v), want %d", index, kept, tc.index)

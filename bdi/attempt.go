@@ -189,7 +189,7 @@ func (wb *Writeback) factsLocked(att *attempt, o policy.Outcome, st afterState, 
 		Renewed:      in.Handle() != att.handle,
 		HadHandle:    att.handle != "",
 		OtherPath:    in.OtherPath() != "",
-		ShuttingDown: wb.shuttingDown,
+		ShuttingDown: wb.stop.on,
 		Denied:       errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM),
 	}
 }
@@ -227,7 +227,7 @@ func (wb *Writeback) applyLocked(att *attempt, d policy.Decision, err error, dat
 		in.SetPath(other)
 	}
 	if d.GiveUp {
-		wb.givenUp = append(wb.givenUp, GivenUp{Path: in.Path(), Err: err})
+		wb.stop.givenUp = append(wb.stop.givenUp, GivenUp{Path: in.Path(), Err: err})
 	}
 	wb.requeueInodeLocked(in, d.Dest, now)
 	if d.Dest == policy.Failed && (err == nil || dataErr != 0 && errnoOf(err) != dataErr) {

@@ -82,7 +82,7 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 		return nil, 0, false, 0, err
 	}
 	wb.mu.Lock()
-	start := wb.wbIndex[key]
+	start := wb.side.wbIndex[key]
 	wb.mu.Unlock()
 	if start >= size || start < 0 {
 		start = 0
@@ -185,9 +185,9 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 	}
 	wb.mu.Lock()
 	if off == 0 {
-		delete(wb.wbIndex, key)
+		delete(wb.side.wbIndex, key)
 	} else {
-		wb.wbIndex[key] = off
+		wb.side.wbIndex[key] = off
 	}
 	wb.mu.Unlock()
 	if len(wins) == 0 {

@@ -56,7 +56,7 @@ func withLogs(level zapcore.Level, logs **observer.ObservedLogs) func(h *harness
 		core, l := observer.New(level)
 		*logs = l
 		h.wb.log = zap.New(core)
-		h.wb.errLog = h.wb.log
+		h.wb.errLog.Logger = h.wb.log
 	}
 }
 
@@ -246,7 +246,7 @@ func TestCompleteRouting(t *testing.T) {
 				f := h.fs.add("/a", 1, pg, 1)
 				f.openErr = c.err
 				h.wb.mu.Lock()
-				h.wb.shuttingDown = true
+				h.wb.stop.on = true
 				h.wb.mu.Unlock()
 				h.mark(f, 0)
 				time.Sleep(1100 * time.Millisecond)
@@ -256,7 +256,7 @@ func TestCompleteRouting(t *testing.T) {
 					h.t.Fatalf("attempts %+v, want the first to %v with %v (%s)", recs, c.dest, c.err, c.reason)
 				}
 				h.wb.mu.Lock()
-				given := h.wb.givenUp
+				given := h.wb.stop.givenUp
 				h.wb.mu.Unlock()
 				if c.given != (len(given) == 1) || c.given && (given[0].Path != "/a" || !errors.Is(given[0].Err, c.err)) {
 					h.t.Errorf("given up %+v; want it given up: %v (%s)", given, c.given, c.reason)
@@ -455,7 +455,7 @@ func TestDataLost(t *testing.T) {
 		synctest.Wait()
 		in := h.inode("/a")
 		h.wb.mu.Lock()
-		next := h.wb.retryAt[f.key]
+		next := h.wb.side.retryAt[f.key]
 		h.wb.mu.Unlock()
 		if in == nil || !in.Has(inode.DataError) || next == 0 {
 			t.Fatalf("after EIO: %+v, next retry %v, want DataError and a retry at max_pause", in, next)

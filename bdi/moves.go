@@ -142,10 +142,10 @@ func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
 	}
 	wb.setPagesLocked(in, 0, 0)
 	wb.inodes.Delete(in.Key)
-	delete(wb.wbIndex, in.Key)
+	delete(wb.side.wbIndex, in.Key)
 	delete(wb.bg.rangeOff, in.Key)
-	delete(wb.lateErr, in.Key)
-	delete(wb.retryAt, in.Key)
+	delete(wb.side.lateErr, in.Key)
+	delete(wb.side.retryAt, in.Key)
 	wb.bDirty.unref(in.Class)
 	in.State = 0
 }
@@ -156,7 +156,7 @@ func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) nextRetryLocked(in *inode.Inode) time.Duration {
-	return wb.retryAt[in.Key]
+	return wb.side.retryAt[in.Key]
 }
 
 // setNextRetryLocked records at (daemon clock, nanoseconds) as the
@@ -166,13 +166,13 @@ func (wb *Writeback) nextRetryLocked(in *inode.Inode) time.Duration {
 // +checklocks:wb.mu
 func (wb *Writeback) setNextRetryLocked(in *inode.Inode, at time.Duration) {
 	if at == 0 {
-		delete(wb.retryAt, in.Key)
+		delete(wb.side.retryAt, in.Key)
 		return
 	}
-	if wb.retryAt == nil {
-		wb.retryAt = make(map[inode.Key]time.Duration)
+	if wb.side.retryAt == nil {
+		wb.side.retryAt = make(map[inode.Key]time.Duration)
 	}
-	wb.retryAt[in.Key] = at
+	wb.side.retryAt[in.Key] = at
 }
 
 // checksWantedLocked reports whether the device looks at freshly written

@@ -485,13 +485,13 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 	var wg sync.WaitGroup
 	for _, wb := range r.Devices() {
 		wb.mu.Lock()
-		wb.shuttingDown = true
+		wb.stop.on = true
 		wb.mu.Unlock()
 		wg.Go(func() {
 			err := wb.Drain(ctx, "shutdown")
 			wb.mu.Lock()
-			given := wb.givenUp
-			wb.givenUp = nil
+			given := wb.stop.givenUp
+			wb.stop.givenUp = nil
 			wb.mu.Unlock()
 			lost := wb.Failed()
 			var left []string

@@ -395,10 +395,10 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	if err != nil && !att.call.unsupported && wb.inodes.Get(in.Key) == in {
 		// (An unsupported sync_file_range is the filesystem's, not
 		// the file's: the probe again, and the file is retried.)
-		if wb.lateErr == nil {
-			wb.lateErr = map[inode.Key]error{}
+		if wb.side.lateErr == nil {
+			wb.side.lateErr = map[inode.Key]error{}
 		}
-		wb.lateErr[in.Key] = err
+		wb.side.lateErr[in.Key] = err
 	}
 	wb.gen++
 	return func() {
@@ -432,9 +432,9 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	att.wroteBefore = in.Has(inode.Wrote)
 	var late error
 	failedLate := false
-	if len(wb.lateErr) > 0 {
-		late, failedLate = wb.lateErr[key]
-		delete(wb.lateErr, key)
+	if len(wb.side.lateErr) > 0 {
+		late, failedLate = wb.side.lateErr[key]
+		delete(wb.side.lateErr, key)
 	}
 	wb.mu.Unlock()
 	att.refs.Store(1)

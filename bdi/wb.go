@@ -68,7 +68,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"flusherd/blk"
 	"flusherd/inode"
@@ -92,18 +91,12 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		calls:   offLoop{now: now},
 		wake:    make(chan struct{}, 1),
 		stopped: make(chan struct{}),
-		wbIndex: make(map[inode.Key]int64),
+		side:    sideState{wbIndex: make(map[inode.Key]int64)},
 		bg:      sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{})},
 		loop: loopState{backoff: policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
 			probed: make(map[uint64]bool), fallback: make(map[uint64]bool)},
 	}
-	wb.errLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0, zapcore.SamplerHook(func(_ zapcore.Entry, d zapcore.SamplingDecision) {
-			if d&zapcore.LogDropped != 0 {
-				wb.suppressed.Add(1)
-			}
-		}))
-	}))
+	wb.errLog = newSampledLog(log)
 	wb.observer, _ = open.(inode.AttemptObserver)
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
@@ -163,7 +156,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 // left out since it last said so (at most 5 of one message per 10 s are
 // logged), and where every file is listed. Called at the end of each pass.
 func (wb *Writeback) logSuppressed() {
-	if n := wb.suppressed.Swap(0); n > 0 {
+	if n := wb.errLog.suppressed.Swap(0); n > 0 {
 		wb.log.Warn("more per-file error lines of the same kind were left out of the log (at most 5 of one kind per 10 s are written); flusherd dirty lists every failing file, with its error, and the stats count them",
 			zap.Uint64("lines_left_out", n))
 	}

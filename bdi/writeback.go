@@ -40,12 +40,9 @@ type Writeback struct {
 	// the attempts' opens and of forgotten inodes.
 	observer inode.AttemptObserver
 	log      *zap.Logger
-	errLog   *zap.Logger // rate-limited
-	// suppressed counts the errLog lines its sampling left out since
-	// logSuppressed last said so.
-	suppressed atomic.Uint64
-	stats      *statsWriter
-	errs       *ErrWatch // the integrity trees' filesystems' error cursors; may be nil
+	errLog   *sampledLog // per-file error lines, rate-limited
+	stats    *statsWriter
+	errs     *ErrWatch // the integrity trees' filesystems' error cursors; may be nil
 
 	mu holdMutex // the list lock (its longest hold is in the stats)
 	// inodes holds every tracked inode, by key (the package doc's inode
@@ -84,19 +81,8 @@ type Writeback struct {
 	// +checklocks:mu
 	classWarned bool // the expire-class limit was logged
 
-	// Per-inode state that only some inodes have, by key, kept here
-	// rather than in every Inode. retryAt is the earliest time (daemon
-	// clock) of the next attempt of an inode whose last attempt failed
-	// with an I/O error (setNextRetryLocked); wbIndex is a chunked file's
-	// writeback index, the byte offset its next attempt starts at
-	// (mapping->writeback_index); lateErr is the error of a detached call,
-	// for the inode's next attempt.
 	// +checklocks:mu
-	retryAt map[inode.Key]time.Duration
-	// +checklocks:mu
-	wbIndex map[inode.Key]int64
-	// +checklocks:mu
-	lateErr map[inode.Key]error
+	side sideState
 	// +checklocks:mu
 	unbusy chan struct{} // closed when a Busy inode's call returns (unbusyLocked); nil until asked for
 
@@ -109,15 +95,8 @@ type Writeback struct {
 	// probe is the device's probing state.
 	// +checklocks:mu
 	probe probing
-	// shuttingDown: the daemon is exiting (Registry.Shutdown); a file
-	// whose filesystem cannot be written (FSUnavailable: EROFS,
-	// ESHUTDOWN, ENODEV, ENXIO), or that the daemon may not open (EACCES,
-	// EPERM), is given up at once and recorded in givenUp instead of
-	// being retried until shutdown_timeout.
 	// +checklocks:mu
-	shuttingDown bool
-	// +checklocks:mu
-	givenUp []GivenUp
+	stop shutdown
 
 	calls offLoop   // calls off the goroutine, and the closer; own lock
 	bw    bandwidth // the write bandwidth estimator; the goroutine's
@@ -164,6 +143,29 @@ type sampling struct {
 	// last check (0: off); globalDirty is /proc/vmstat nr_dirty in pages
 	// then (only read with a threshold).
 	thresh, globalDirty uint64
+}
+
+// sideState is per-inode state that only some inodes have, by key, kept
+// here rather than in every Inode. retryAt is the earliest time (daemon
+// clock) of the next attempt of an inode whose last attempt failed with an
+// I/O error (setNextRetryLocked); wbIndex is a chunked file's writeback
+// index, the byte offset its next attempt starts at
+// (mapping->writeback_index); lateErr is the error of a detached call, for
+// the inode's next attempt. The list lock guards it.
+type sideState struct {
+	retryAt map[inode.Key]time.Duration
+	wbIndex map[inode.Key]int64
+	lateErr map[inode.Key]error
+}
+
+// shutdown: the daemon is exiting (Registry.Shutdown, on); a file whose
+// filesystem cannot be written (FSUnavailable: EROFS, ESHUTDOWN, ENODEV,
+// ENXIO), or that the daemon may not open (EACCES, EPERM), is given up at
+// once and recorded in givenUp instead of being retried until
+// shutdown_timeout. The list lock guards it.
+type shutdown struct {
+	on      bool
+	givenUp []GivenUp
 }
 
 // probing: every retry of a kupdate or background work failed with one
