@@ -116,9 +116,6 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 			off, wrapped = 0, true
 			continue
 		}
-		// Find the first write_chunk window with dirty pages by
-		// bisection, so a sparse file of any size costs O(log size)
-		// cachestat calls, not one per window.
 		d, _, err := f.Cachestat(off, regionEnd-off)
 		if err != nil {
 			return nil, 0, false, 0, err
@@ -130,29 +127,15 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 		if found >= maxRangeWindows {
 			// The rest of the budget in one range from off: all the
 			// region when its dirty pages fit, or else the longest
-			// prefix holding budget of them (bisection on its end).
-			// Past maxRangeWindows windows a file's dirty pages are
-			// scattered (a sparse image, a database written at
-			// random): a window each would cost a bisection over the
-			// whole region per dirty page, and each cachestat is
-			// linear in the pages it covers.
+			// prefix holding budget of them. Past maxRangeWindows
+			// windows a file's dirty pages are scattered (a sparse
+			// image, a database written at random): a window each
+			// would cost a bisection over the region per dirty page.
 			end, n := regionEnd, int64(d)
 			if n > budget {
-				lo, hi := off, regionEnd // dirty(off, lo) <= budget < dirty(off, hi)
-				n = 0
-				for hi-lo > page {
-					mid := lo + max(page, (hi-lo)/2/page*page)
-					dm, _, err := f.Cachestat(off, mid-off)
-					if err != nil {
-						return nil, 0, false, 0, err
-					}
-					if int64(dm) <= budget {
-						lo, n = mid, int64(dm)
-					} else {
-						hi = mid
-					}
+				if end, n, err = dirtyPrefix(f, off, regionEnd, budget); err != nil {
+					return nil, 0, false, 0, err
 				}
-				end = lo
 			}
 			if n == 0 {
 				break // (cannot happen: one page is at most one dirty page)
@@ -160,18 +143,9 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 			take(off, end-off, n)
 			continue
 		}
-		lo, hi := off, regionEnd
-		for hi-lo > chunk {
-			mid := lo + max(page, (hi-lo)/2/page*page)
-			dm, _, err := f.Cachestat(lo, mid-lo)
-			if err != nil {
-				return nil, 0, false, 0, err
-			}
-			if dm > 0 {
-				hi = mid
-			} else {
-				lo = mid
-			}
+		lo, err := firstDirtyWindow(f, off, regionEnd, chunk)
+		if err != nil {
+			return nil, 0, false, 0, err
 		}
 		n := min(chunk, regionEnd-lo)
 		dw, _, err := f.Cachestat(lo, n)
@@ -196,6 +170,48 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 		wins = append(wins, window{})
 	}
 	return wins, queued, budget <= 0, merged, nil
+}
+
+// dirtyPrefix returns the end of the longest range from off (at most to
+// end) that holds at most budget dirty pages, and the dirty pages in it,
+// found by bisection on the end; the range from off to end holds more.
+func dirtyPrefix(f inode.File, off, end, budget int64) (prefixEnd, n int64, err error) {
+	page := int64(os.Getpagesize())
+	lo, hi := off, end // dirty(off, lo) <= budget < dirty(off, hi)
+	for hi-lo > page {
+		mid := lo + max(page, (hi-lo)/2/page*page)
+		dm, _, err := f.Cachestat(off, mid-off)
+		if err != nil {
+			return 0, 0, err
+		}
+		if int64(dm) <= budget {
+			lo, n = mid, int64(dm)
+		} else {
+			hi = mid
+		}
+	}
+	return lo, n, nil
+}
+
+// firstDirtyWindow returns the start of the first write_chunk (chunk
+// bytes) window of [lo, hi) that holds dirty pages, given that the range
+// holds some, by bisection: O(log size) cachestat calls, not one per
+// window, however sparse the file.
+func firstDirtyWindow(f inode.File, lo, hi, chunk int64) (int64, error) {
+	page := int64(os.Getpagesize())
+	for hi-lo > chunk {
+		mid := lo + max(page, (hi-lo)/2/page*page)
+		dm, _, err := f.Cachestat(lo, mid-lo)
+		if err != nil {
+			return 0, err
+		}
+		if dm > 0 {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return lo, nil
 }
 
 // inflightRoom returns how many more bytes may go under writeback on the

@@ -298,87 +298,12 @@ func (wb *Writeback) wantsHandleLocked(key inode.Key, h inode.Handle) bool {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t Tree, now time.Duration, how markHow) (wasIdle bool) {
-	closed := how&markClosed != 0
 	in := wb.inodes.Get(key)
 	if in == nil {
-		class, exact := wb.bDirty.class(t.Expire)
-		if !exact && !wb.classWarned {
-			wb.classWarned = true
-			wb.log.Warn("more than 255 distinct expire intervals hold files on this device (reloads); new files share the nearest one",
-				zap.Stringer("expire", t.Expire), zap.Stringer("used", wb.bDirty.classes[class].expire))
-		}
-		in = &inode.Inode{Key: key, Class: class}
-		in.SetPath(path)
-		in.SetHandle(h)
-		if t.Integrity {
-			in.State |= inode.Integrity
-		}
-		wb.inodes.Set(in)
-	} else {
-		if h != "" {
-			// Reported with a handle: whether the same file or a new
-			// one, a deletion told before is dealt with below.
-			in.State &^= inode.Unlinked
-		}
-		switch old := in.Handle(); {
-		case h == "" || h == old:
-		case old == "":
-			in.SetHandle(h)
-		case h.SameLayout(old) && !in.Has(inode.Sync) && !in.Has(inode.Busy) && !wb.failedLocked(in):
-			// The same (dev, ino) with another handle of the same
-			// layout (its generation differs): the tracked inode was
-			// deleted and a new file took its number (ext4 reuses
-			// numbers at once). The kernel evicted the old inode (off
-			// its lists: evict, inode_io_list_del) and dirties the new
-			// one afresh: the old is forgotten as gone, and the new
-			// file tracked from now, with its own tree's settings, not
-			// at the deleted file's age or place (which a deletion may
-			// have brought forward to the next pass: Unlinked). (A
-			// handle of another type or length is not taken for a new
-			// file: were two encodings of one inode to reach here, its
-			// age would be reset by each, and its writeback put off.)
-			lists.Remove(in)
-			wb.dropInodeLocked(in)
-			wb.acct.gone++
-			return wb.markInodeDirtyLocked(key, path, h, t, now, how)
-		default:
-			// The same, while an attempt (or a call left to its
-			// worker) holds the old inode, or its loss is kept to be
-			// reported, or a handle of another layout: the inode is
-			// the new file now, its place kept.
-			in.SetHandle(h)
-			in.SetPath(path)
-			in.Errors, in.LastErr = 0, 0
-		}
-		if how&markKeepName == 0 && !in.HasPath(path) {
-			in.SetOtherPath(in.Path())
-			in.SetPath(path)
-		}
-		switch {
-		case wb.failedLocked(in) && closed:
-			// Closed, not written: tracked, but its loss stands until
-			// an attempt finds data written since (LostBefore).
-			lists.Remove(in)
-			wb.acct.failed--
-			in.Retries = 0
-			in.State |= inode.LostBefore
-		case wb.failedLocked(in):
-			// Written again: its earlier loss is no longer the
-			// state of its data. It is dirty like a new file.
-			lists.Remove(in)
-			wb.acct.failed--
-			in.Errors, in.LastErr, in.Retries = 0, 0, 0
-		case in.Has(inode.LostBefore) && !closed:
-			// Written again after a close took it off the failed
-			// list.
-			in.State &^= inode.LostBefore
-			in.Errors, in.LastErr = 0, 0
-		}
-		// Reported by the watcher: a tree holds it again (its tree
-		// was added back by a reload before its leaving attempt), and
-		// this write must not be forgotten with it.
-		in.State &^= inode.Leaving
-		wb.stricterTreeLocked(in, t)
+		in = wb.newInodeLocked(key, path, h, t)
+	} else if !wb.reportedAgainLocked(in, path, h, t, how) {
+		// A new file took the number: the old inode was dropped.
+		return wb.markInodeDirtyLocked(key, path, h, t, now, how)
 	}
 	switch {
 	case in.Has(inode.Sync):
@@ -405,6 +330,103 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 	}
 	wb.gen++
 	return wasIdle
+}
+
+// newInodeLocked tracks a new inode from tree t, not yet dirty.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) newInodeLocked(key inode.Key, path string, h inode.Handle, t Tree) *inode.Inode {
+	class, exact := wb.bDirty.class(t.Expire)
+	if !exact && !wb.classWarned {
+		wb.classWarned = true
+		wb.log.Warn("more than 255 distinct expire intervals hold files on this device (reloads); new files share the nearest one",
+			zap.Stringer("expire", t.Expire), zap.Stringer("used", wb.bDirty.classes[class].expire))
+	}
+	in := &inode.Inode{Key: key, Class: class}
+	in.SetPath(path)
+	in.SetHandle(h)
+	if t.Integrity {
+		in.State |= inode.Integrity
+	}
+	wb.inodes.Set(in)
+	return in
+}
+
+// reportedAgainLocked updates a tracked inode reported again (with handle
+// h, under path, from tree t): its handle and name, its loss, its tree's
+// settings. It returns false when h shows a new file with the inode's
+// number: the old inode is dropped as gone, and the caller tracks the new
+// one afresh. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) reportedAgainLocked(in *inode.Inode, path string, h inode.Handle, t Tree, how markHow) bool {
+	closed := how&markClosed != 0
+	if h != "" {
+		// Reported with a handle: whether the same file or a new
+		// one, a deletion told before is dealt with below.
+		in.State &^= inode.Unlinked
+	}
+	switch old := in.Handle(); {
+	case h == "" || h == old:
+	case old == "":
+		in.SetHandle(h)
+	case h.SameLayout(old) && !in.Has(inode.Sync) && !in.Has(inode.Busy) && !wb.failedLocked(in):
+		// The same (dev, ino) with another handle of the same
+		// layout (its generation differs): the tracked inode was
+		// deleted and a new file took its number (ext4 reuses
+		// numbers at once). The kernel evicted the old inode (off
+		// its lists: evict, inode_io_list_del) and dirties the new
+		// one afresh: the old is forgotten as gone, and the new
+		// file tracked from now, with its own tree's settings, not
+		// at the deleted file's age or place (which a deletion may
+		// have brought forward to the next pass: Unlinked). (A
+		// handle of another type or length is not taken for a new
+		// file: were two encodings of one inode to reach here, its
+		// age would be reset by each, and its writeback put off.)
+		lists.Remove(in)
+		wb.dropInodeLocked(in)
+		wb.acct.gone++
+		return false
+	default:
+		// The same, while an attempt (or a call left to its
+		// worker) holds the old inode, or its loss is kept to be
+		// reported, or a handle of another layout: the inode is
+		// the new file now, its place kept.
+		in.SetHandle(h)
+		in.SetPath(path)
+		in.Errors, in.LastErr = 0, 0
+	}
+	if how&markKeepName == 0 && !in.HasPath(path) {
+		in.SetOtherPath(in.Path())
+		in.SetPath(path)
+	}
+	switch {
+	case wb.failedLocked(in) && closed:
+		// Closed, not written: tracked, but its loss stands until
+		// an attempt finds data written since (LostBefore).
+		lists.Remove(in)
+		wb.acct.failed--
+		in.Retries = 0
+		in.State |= inode.LostBefore
+	case wb.failedLocked(in):
+		// Written again: its earlier loss is no longer the
+		// state of its data. It is dirty like a new file.
+		lists.Remove(in)
+		wb.acct.failed--
+		in.Errors, in.LastErr, in.Retries = 0, 0, 0
+	case in.Has(inode.LostBefore) && !closed:
+		// Written again after a close took it off the failed
+		// list.
+		in.State &^= inode.LostBefore
+		in.Errors, in.LastErr = 0, 0
+	}
+	// Reported by the watcher: a tree holds it again (its tree
+	// was added back by a reload before its leaving attempt), and
+	// this write must not be forgotten with it.
+	in.State &^= inode.Leaving
+	wb.stricterTreeLocked(in, t)
+	return true
 }
 
 // stricterTreeLocked applies to a tracked inode reported from tree t
