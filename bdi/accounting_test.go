@@ -57,11 +57,11 @@ func TestCongested(t *testing.T) {
 		{3, true},  // 10: at the bound
 		{4, true},
 	} {
-		before := wb.acct.throttled
+		before := wb.Snapshot().Throttled
 		if got := wb.congested(self, tc.wbp, wb.cfg.MaxInflight); got != tc.want {
 			t.Errorf("own writeback %d pages, others 7, bound 10: congested = %v, want %v", tc.wbp, got, tc.want)
 		}
-		counted := wb.acct.throttled - before
+		counted := wb.Snapshot().Throttled - before
 		if want := map[bool]uint64{true: 1, false: 0}[tc.want]; counted != want {
 			t.Errorf("own writeback %d: throttled counted %d, want %d", tc.wbp, counted, want)
 		}

@@ -646,9 +646,7 @@ func TestWrittenPagesCounted(t *testing.T) {
 		if s.BdiWritten != 48 {
 			t.Errorf("BdiWritten = %d pages, want 48 (40 + 8; the stuck file's 4 stay dirty)", s.BdiWritten)
 		}
-		h.wb.mu.Lock()
-		clean, chunk, skipped := h.wb.acct.outcomes[policy.Clean], h.wb.acct.outcomes[policy.ChunkUsed], h.wb.acct.outcomes[policy.Skipped]
-		h.wb.mu.Unlock()
+		clean, chunk, skipped := s.Outcomes[policy.Clean], s.Outcomes[policy.ChunkUsed], s.Outcomes[policy.Skipped]
 		if clean != 2 || chunk != 2 || skipped < 1 {
 			t.Errorf("outcomes: clean %d, chunk_used %d, skipped %d; want 2, 2 (two chunks, then the rest), at least 1", clean, chunk, skipped)
 		}

@@ -263,10 +263,7 @@ func TestRequeueOutcomes(t *testing.T) {
 		h.mark(f, 0)
 		time.Sleep(6 * time.Second)
 		synctest.Wait()
-		h.wb.mu.Lock()
-		gone := h.wb.acct.gone
-		h.wb.mu.Unlock()
-		if gone != 1 {
+		if gone := h.wb.Snapshot().InodesGone; gone != 1 {
 			t.Fatalf("gone = %d, want 1", gone)
 		}
 	})
