@@ -13,6 +13,7 @@ import (
 	"flusherd/bdi"
 	"flusherd/config"
 	"flusherd/metrics"
+	"flusherd/service"
 	"flusherd/watch"
 )
 
@@ -36,7 +37,7 @@ func startMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wa
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		fields := []zap.Field{zap.String("listen", addr), zap.Error(err)}
-		if errors.Is(err, unix.EAFNOSUPPORT) || underSystemd() {
+		if errors.Is(err, unix.EAFNOSUPPORT) || service.UnderSystemd() {
 			fields = append(fields, zap.String("hint", metricsDropInHint))
 		}
 		log.Error("cannot listen for metrics; running without them", fields...)
