@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
 	"flusherd/bdi"
@@ -74,7 +73,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "flusherd run: log.level: %v\n", err)
 		return exitUsage
 	}
-	log := newLogger(level, stderr)
+	log := service.NewLogger(level, stderr)
 	defer log.Sync()
 	for _, n := range cfg.Notes() {
 		log.Warn("configuration: " + n)
@@ -98,36 +97,6 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 
 // gcPercent is the daemon's GOGC unless the environment sets one.
 const gcPercent = 50
-
-// newLogger logs to w at level. Under systemd (JOURNAL_STREAM set) it
-// writes no timestamp, since the journal adds its own, and starts each line
-// with the sd-daemon(3) priority prefix ("<3>" error, "<4>" warning, "<6>"
-// info, "<7>" debug), which the journal maps to the entry's priority.
-func newLogger(lvl zapcore.LevelEnabler, w io.Writer) *zap.Logger {
-	ec := zap.NewProductionEncoderConfig()
-	ec.EncodeTime = zapcore.ISO8601TimeEncoder
-	ec.EncodeLevel = zapcore.CapitalLevelEncoder
-	if os.Getenv("JOURNAL_STREAM") != "" {
-		ec.TimeKey = ""
-		ec.EncodeLevel = journalLevel
-	}
-	core := zapcore.NewCore(zapcore.NewConsoleEncoder(ec), zapcore.Lock(zapcore.AddSync(w)), lvl)
-	return zap.New(core)
-}
-
-// journalLevel writes the level with its sd-daemon(3) prefix.
-func journalLevel(l zapcore.Level, enc zapcore.PrimitiveArrayEncoder) {
-	prio := 6 // SD_INFO
-	switch {
-	case l >= zapcore.ErrorLevel:
-		prio = 3 // SD_ERR
-	case l == zapcore.WarnLevel:
-		prio = 4 // SD_WARNING
-	case l <= zapcore.DebugLevel:
-		prio = 7 // SD_DEBUG
-	}
-	enc.AppendString(fmt.Sprintf("<%d>%s", prio, l.CapitalString()))
-}
 
 // resolveBdi names the bdi of st_dev dev, opening path O_PATH (no symlink
 // followed, inode.OpenPath) for the filesystems (btrfs) whose name needs a
@@ -179,7 +148,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		go ctl.Serve(ctx)
 		defer ctl.Close()
 	}
-	waitMetrics := startMetrics(ctx, cfg, d.Reg, d.Wat, log)
+	waitMetrics := service.StartMetrics(ctx, cfg, d.Reg, d.Wat, log)
 	defer waitMetrics()
 	d.Ready(ctx)
 	service.StartWatchdog(ctx, d.Reg, cfg.Writeback.AttemptTimeout, n, log)
