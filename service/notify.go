@@ -23,7 +23,8 @@ type Notifier struct {
 	failed sync.Once
 }
 
-// NewNotifier returns a Notifier that logs to log and times with clock.
+// NewNotifier returns a Notifier that logs to log; clock times its
+// periodic messages (ExtendWhile, Progress, Watchdog).
 func NewNotifier(log *zap.Logger, clock Clock) *Notifier {
 	return &Notifier{log: log, clock: clock}
 }
@@ -35,10 +36,9 @@ func (n *Notifier) Send(state string) {
 	}
 }
 
-// ExtendWhile sends EXTEND_TIMEOUT_USEC=extend and STATUS=status() every
-// `every` until stop, when progress() moved since the last message (the
-// first always goes): a start-up that makes progress is never cut off by
-// TimeoutStartSec, one that hangs still is. stop is idempotent.
+// ExtendWhile sends EXTEND_TIMEOUT_USEC=extend with STATUS=status() every
+// `every` when progress() moved (the first always goes), until stop
+// (idempotent): TimeoutStartSec= still ends a start-up that hangs.
 func (n *Notifier) ExtendWhile(every, extend time.Duration, status func() string, progress func() int64) (stop func()) {
 	done := make(chan struct{})
 	tick, stopTick := n.clock.Tick(every)

@@ -92,12 +92,10 @@ func (p TreePlan) Returned(root string) bool {
 	return false
 }
 
-// Reload is SIGHUP (systemd's reload: RELOADING=1 with MONOTONIC_USEC=,
-// then READY=1, sd_notify(3)): the configuration is read and validated
-// again; a good one goes to the running devices and trees (reloadConfig),
-// a bad one is logged and the running one kept. short reports a shortage
-// (EMFILE, ENOMEM, ...) that kept it from completing: ServeSignals
-// retries it.
+// Reload is SIGHUP, between RELOADING=1 and READY=1 (sd_notify(3)): a
+// good configuration goes to the devices and trees, a bad one is logged
+// and the running one kept. short reports a shortage (EMFILE, ENOMEM)
+// that kept it from completing, for ServeSignals to retry.
 func (d *Daemon) Reload() (short bool) {
 	cfg, trees, short := d.reloadConfig()
 	if cfg != nil {
@@ -109,12 +107,8 @@ func (d *Daemon) Reload() (short bool) {
 	return short
 }
 
-// reloadConfig applies a new configuration: tunables to the devices,
-// roots added and removed (a removed root's files are written back once
-// and forgotten; a root that was gone is added again if it is back). It
-// returns the configuration and the trees served now, or a nil
-// configuration when it was rejected. stats.dir, watcher.* and
-// metrics.listen change at the next start only; that is logged.
+// reloadConfig reads and applies the configuration. It returns it with
+// the trees served now, or nil when it was rejected.
 func (d *Daemon) reloadConfig() (_ *config.Config, _ []watch.Tree, short bool) {
 	log, running := d.Log, d.Trees
 	d.Notify.Send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", d.Clock.MonotonicUsec()))
@@ -185,11 +179,9 @@ func keepStartOnly(old, cfg *config.Config, log *zap.Logger) {
 	}
 }
 
-// applyPlan carries out a reload's tree changes: retired roots leave the
-// watcher and their files are written back once and forgotten; replaced
-// and new roots are (re)added. It returns the trees served now, how many
-// roots are new, and whether a shortage kept one from being added (the
-// retried reload adds it).
+// applyPlan carries out a reload's tree changes: a retired root's files
+// are written back once and forgotten; replaced and new roots are added.
+// short: a shortage kept a root out (the retried reload adds it).
 func (d *Daemon) applyPlan(plan TreePlan) (served []watch.Tree, added int, short bool) {
 	log, wat := d.Log, d.Wat
 	// Retired roots leave the watcher first, so that a file of theirs is

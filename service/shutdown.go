@@ -20,10 +20,8 @@ import (
 const QuiesceTimeout = 2 * time.Second
 
 // StopBudget is how long a stop may take with shutdown_timeout d: the
-// quiesce (QuiesceTimeout), d (the rescan of lost events and the
-// writeback share it), and 15 s for the rest (closing the watcher, the
-// report). It goes to systemd as EXTEND_TIMEOUT_USEC= with STOPPING=1
-// (sd_notify(3)), extending TimeoutStopSec=.
+// quiesce, d, and 15 s for the rest. It extends systemd's TimeoutStopSec=
+// (EXTEND_TIMEOUT_USEC= with STOPPING=1, sd_notify(3)).
 func StopBudget(d time.Duration) time.Duration { return d + QuiesceTimeout + 15*time.Second }
 
 // Stop is the daemon's stop sequence (SIGTERM, SIGINT): the steps it
@@ -45,10 +43,10 @@ type Stop struct {
 	Finish    func() // after the writeback (the watch stats file)
 }
 
-// Run stops for sig: the initial scan is stopped, STOPPING=1 sent with
-// StopBudget, the queued events handled (QuiesceTimeout at most), then
-// lost events rescanned and every tracked file written back within
-// Timeout, or until a second signal. LogShutdown reports the outcome.
+// Run stops for sig: STOPPING=1 with StopBudget, the queued events
+// handled (QuiesceTimeout at most), then lost events rescanned and every
+// tracked file written back within Timeout or until a second signal;
+// LogShutdown reports.
 func (s *Stop) Run(sig os.Signal) {
 	// scanCut: the initial scan stopped before it reached every
 	// directory, so a dirty file there is not tracked, and the last line
@@ -111,13 +109,10 @@ func (s *Stop) secondSignal(ctx context.Context, cut func()) {
 	}
 }
 
-// LogShutdown logs what the shutdown could not write, by device (the
-// first 20 files by name), and a last line with what was left and why:
-// data lost to a failed writeback (rep.Lost), files given up (rep.GivenUp:
-// read-only filesystem, no permission), files still dirty when end (the
-// deadline or a second signal) cut the writeback short (rep.Left).
-// unsettled (the watcher's Settle error, a cut scan) turns "every tracked
-// file is clean" into an error.
+// LogShutdown logs the files the shutdown could not write by device and
+// cause (rep; the first 20 names), and a last line counting them; end
+// names what cut the writeback short. unsettled (events lost, a cut scan)
+// turns "every tracked file is clean" into an error.
 func LogShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled error) {
 	lost := logByError(log, rep.Lost, func(error) string {
 		return "shutdown: files whose data was lost to a failed writeback (not on disk; flusherd dirty listed them as failed, counted in failed_files)"

@@ -11,11 +11,9 @@ import (
 )
 
 // ServeSignals calls reload on each SIGHUP until SIGTERM or SIGINT, which
-// it returns (SIGTERM when sigs is closed). A reload that reports a
-// shortage (short: EMFILE, ENOMEM, ... kept it from completing) is retried
-// with backoff, pauses() (min_pause, max_pause) doubling to its max,
-// until one completes: an operator's SIGHUP is never lost to a passing
-// shortage. pauses is read after each reload, which may change it.
+// it returns (SIGTERM when sigs is closed). A reload cut short by a
+// shortage (EMFILE, ENOMEM) is retried after pauses() (min_pause,
+// max_pause, read after each reload), doubling, until one completes.
 func ServeSignals(clock Clock, sigs <-chan os.Signal, reload func() (short bool), pauses func() (lo, hi time.Duration), log *zap.Logger) os.Signal {
 	var retry <-chan time.Time
 	var b policy.Backoff // its Pause is 0 while no retry is due

@@ -13,12 +13,10 @@ import (
 	"flusherd/bdi"
 )
 
-// ClaimStatsDir makes the stats directory if needed, checks that no one
-// else can write in it (owned by this user, not group- or world-writable,
-// not a symlink), and locks it (flock on <dir>/flusherd.lock) so that a
-// second daemon with the same directory fails at once. The temporary
-// files a killed daemon left are removed (logged). unlock releases the
-// lock. Each refusal says what to do.
+// ClaimStatsDir makes dir if needed, refuses it unless only this user can
+// write in it (not a symlink), and locks it (flock <dir>/flusherd.lock):
+// a second daemon fails at once. A killed daemon's temporary files are
+// removed. Each refusal says what to do; unlock releases the lock.
 func ClaimStatsDir(dir string, log *zap.Logger) (unlock func(), err error) {
 	unlock, err = claimStatsDir(dir)
 	if err != nil {

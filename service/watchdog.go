@@ -52,10 +52,9 @@ func StartWatchdog(ctx context.Context, reg *bdi.Registry, attemptTimeout time.D
 }
 
 // Watchdog sends WATCHDOG=1 every interval/2 (sd_watchdog_enabled(3))
-// while every device of health() is healthy: a wedged writeback goroutine
-// stops the pings, and systemd restarts the service. Calls stuck in the
-// kernel do not stop them (they are given up on after attempt_timeout);
-// they are shown in STATUS=. It returns when ctx ends.
+// while every device of health() is healthy, so systemd restarts a
+// daemon with a wedged writeback goroutine; stuck calls only change
+// STATUS=. It returns when ctx ends.
 func Watchdog(ctx context.Context, interval time.Duration, health func() []Health, n *Notifier, log *zap.Logger) {
 	tick, stop := n.clock.Tick(interval / 2)
 	defer stop()

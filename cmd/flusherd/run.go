@@ -129,12 +129,11 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	// progress, extend it.
 	start := service.StartProgress(n, len(cfg.Watch))
 	defer start.Stop()
-	d, err := newDaemon(cfg, log, level, reload, n, start)
-	if d != nil {
-		defer d.Handles.Close()
-		defer d.Errs.Close()
-	}
-	if err != nil {
+	d := &service.Daemon{Config: cfg, Load: reload, Level: level, Notify: n, Log: log, Clock: service.SystemClock,
+		Handles: inode.NewHandles(), Errs: bdi.NewErrWatch(), Socket: socketPath(cfg.Stats.Dir)}
+	defer d.Handles.Close()
+	defer d.Errs.Close()
+	if err := wire(d, start); err != nil {
 		return err
 	}
 	ctx, err := d.Start()
@@ -156,14 +155,10 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	return nil
 }
 
-// newDaemon builds the daemon's parts for cfg: the device registry, the
-// trees set up, the watcher. On error, the parts made so far are in the
-// Daemon returned, for the caller to close.
-func newDaemon(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error),
-	n *service.Notifier, start *service.Startup) (*service.Daemon, error) {
-	sys := sysfs.Default()
-	d := &service.Daemon{Config: cfg, Load: reload, Level: level, Notify: n, Log: log, Clock: service.SystemClock,
-		Handles: inode.NewHandles(), Errs: bdi.NewErrWatch(), Socket: socketPath(cfg.Stats.Dir)}
+// wire builds the rest of d's parts for d.Config: the device registry,
+// the trees set up, the watcher.
+func wire(d *service.Daemon, start *service.Startup) error {
+	cfg, log, sys := d.Config, d.Log, sysfs.Default()
 	d.Reg = bdi.NewRegistry(bdi.Options{
 		Config:      service.BdiConfig(cfg),
 		StatsDir:    cfg.Stats.Dir,
@@ -178,13 +173,13 @@ func newDaemon(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reloa
 	})
 	var err error
 	if d.Trees, err = service.TreesOf(cfg); err != nil {
-		return d, err
+		return err
 	}
 	service.SetUpTrees(d.Trees, d.Handles, d.Errs, start, log)
 	d.Wat, err = watch.New(d.Trees, d.Reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: d.Handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
 		StatsDir: cfg.Stats.Dir, Log: log, Progress: start.Offered})
-	return d, err
+	return err
 }
 
 // listenControl opens the control socket in dir (nil, logged, when it
