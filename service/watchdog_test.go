@@ -124,3 +124,41 @@ func TestRegistryHealthWedged(t *testing.T) {
 	release <- struct{}{}
 	poll("the device healthy again", healthy)
 }
+
+// TestStartWatchdog: with $WATCHDOG_USEC the pings start, at half its
+// interval, with a warning when it is under twice attempt_timeout; an
+// unusable value is a warning and no pings; without it, nothing.
+// (attempt_timeout is 1.5 s here.)
+func TestStartWatchdog(t *testing.T) {
+	sd := newFakeSystemd(t)
+	reg := bdi.NewRegistry(bdi.Options{Resolve: func(uint64, string) (string, error) { return "test", nil }})
+	defer reg.Stop()
+	for _, tc := range []struct {
+		usec    string
+		pings   int // in 5 s
+		warning string
+	}{
+		{"2000000", 5, "WatchdogSec is less than twice writeback.attempt_timeout"},
+		{"20000000", 0, ""},
+		{"2s", 0, "WATCHDOG_USEC is set but unusable"},
+		{"", 0, ""},
+	} {
+		t.Setenv("WATCHDOG_USEC", tc.usec)
+		synctest.Test(t, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			StartWatchdog(ctx, reg, 1500*time.Millisecond, NewNotifier(zap.NewNop(), SystemClock), zap.New(core))
+			time.Sleep(5*time.Second + time.Millisecond)
+			synctest.Wait()
+			var want []string
+			for range tc.pings {
+				want = append(want, "WATCHDOG=1")
+			}
+			sd.expect(t, "WATCHDOG_USEC="+tc.usec, want...)
+			if n := logs.FilterLevelExact(zap.WarnLevel).Len(); (tc.warning == "") != (n == 0) || (n > 0 && logs.FilterMessageSnippet(tc.warning).Len() != 1) {
+				t.Errorf("WATCHDOG_USEC=%s: warnings %v, want %q", tc.usec, logs.FilterLevelExact(zap.WarnLevel).All(), tc.warning)
+			}
+		})
+	}
+}
