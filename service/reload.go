@@ -1,9 +1,16 @@
 package service
 
 import (
+	"context"
+	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 
+	"go.uber.org/zap"
+
+	"flusherd/config"
+	"flusherd/policy"
 	"flusherd/watch"
 )
 
@@ -83,4 +90,147 @@ func (p TreePlan) Returned(root string) bool {
 		}
 	}
 	return false
+}
+
+// Reload is SIGHUP, between RELOADING=1 and READY=1 (sd_notify(3)): a
+// good configuration goes to the devices and trees, a bad one is logged
+// and the running one kept. short reports a shortage (EMFILE, ENOMEM)
+// that kept it from completing, for ServeSignals to retry.
+func (d *Daemon) Reload() (short bool) {
+	cfg, trees, short := d.reloadConfig()
+	if cfg != nil {
+		d.Config, d.Trees = cfg, trees
+		// Its tree: lines name the trees served now (the watcher
+		// writes the file again only on its next event).
+		WriteWatchStats(cfg.Stats.Dir, d.Wat, d.Log)
+	}
+	return short
+}
+
+// reloadConfig reads and applies the configuration. It returns it with
+// the trees served now, or nil when it was rejected.
+func (d *Daemon) reloadConfig() (_ *config.Config, _ []watch.Tree, short bool) {
+	log, running := d.Log, d.Trees
+	d.Notify.Send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", d.Clock.MonotonicUsec()))
+	defer d.Notify.Send("READY=1")
+	cfg, err := d.Load()
+	var trees []watch.Tree
+	if err == nil {
+		trees, err = TreesOf(cfg)
+	}
+	if err != nil {
+		if policy.Shortage(err) {
+			log.Debug("configuration reload could not read the file for want of resources", zap.Error(err))
+			return nil, running, true
+		}
+		log.Error("configuration reload rejected; the running configuration is unchanged", zap.Error(err))
+		d.Notify.Send("STATUS=reload rejected: " + err.Error())
+		return nil, running, false
+	}
+	keepStartOnly(d.Config, cfg, log)
+	if l, err := zap.ParseAtomicLevel(cfg.Log.Level); err == nil {
+		d.Level.SetLevel(l.Level())
+	}
+	d.Reg.SetConfig(BdiConfig(cfg))
+	plan := PlanTrees(running, trees, d.Wat.Served)
+	served, added, short := d.applyPlan(plan)
+	// Files tracked already take the settings of the tree that holds
+	// them now where those are stricter (a shorter expire, integrity): a
+	// tree changed, a tree added inside another, or a tree made
+	// non-recursive, whose subdirectories the tree around it holds now.
+	restricted := 0
+	for _, t := range served {
+		root := t.Root
+		restricted += d.Reg.TreeRestricted(root, t.Tree, func(p string) bool { h, ok := d.Wat.TreeOf(p); return ok && h.Root == root })
+	}
+	log.Info("configuration reloaded", zap.Int("roots_added", added), zap.Int("roots_removed", len(plan.Retire)), zap.Int("tracked_files", restricted),
+		zap.Stringer("dirty_writeback_interval", cfg.Writeback.DirtyWritebackInterval))
+	if len(served) == 0 {
+		if len(running) > 0 {
+			log.Warn("the reloaded configuration leaves no tree watched: idle until a tree is added and the configuration reloaded (SIGHUP; systemctl reload flusherd)",
+				zap.Int("trees_before", len(running)))
+		}
+		d.Notify.Send("STATUS=idle: no [[watch]] entries configured; configuration reloaded")
+	} else {
+		d.Notify.Send(fmt.Sprintf("STATUS=watching %s (%s); configuration reloaded", Plural(len(served), "tree", "trees"), d.Wat.Name()))
+	}
+	return cfg, served, short
+}
+
+// keepStartOnly sets cfg's settings that change at the next start only to
+// old's (what runs is what later reloads compare with), with a warning
+// for each that differs.
+func keepStartOnly(old, cfg *config.Config, log *zap.Logger) {
+	for _, c := range []struct {
+		key, running, configured string
+		keep                     func() // sets cfg's to the running value
+	}{
+		{"stats.dir", old.Stats.Dir, cfg.Stats.Dir, func() { cfg.Stats.Dir = old.Stats.Dir }},
+		{"watcher.backend", old.Watcher.Backend, cfg.Watcher.Backend, func() { cfg.Watcher.Backend = old.Watcher.Backend }},
+		{"watcher.rescan_interval", old.Watcher.RescanInterval.String(), cfg.Watcher.RescanInterval.String(),
+			func() { cfg.Watcher.RescanInterval = old.Watcher.RescanInterval }},
+		{"metrics.listen", old.Metrics.Listen, cfg.Metrics.Listen, func() { cfg.Metrics.Listen = old.Metrics.Listen }},
+	} {
+		if c.running != c.configured {
+			log.Warn("this setting changes at the next start, not on reload", zap.String("key", c.key),
+				zap.String("running", c.running), zap.String("configured", c.configured))
+			c.keep()
+		}
+	}
+}
+
+// applyPlan carries out a reload's tree changes: a retired root's files
+// are written back once and forgotten; replaced and new roots are added.
+// short: a shortage kept a root out (the retried reload adds it).
+func (d *Daemon) applyPlan(plan TreePlan) (served []watch.Tree, added int, short bool) {
+	log, wat := d.Log, d.Wat
+	// Retired roots leave the watcher first, so that a file of theirs is
+	// kept only if another tree (one replaced included) still holds it.
+	for _, t := range plan.Retire {
+		wat.RemoveTree(t.Root)
+		d.Errs.Remove(t.Root)
+	}
+	for _, t := range plan.Retire {
+		k := d.Reg.TreeRemoved(t.Root, func(p string) bool { _, in := wat.TreeOf(p); return in })
+		log.Info("watch root removed; its tracked files are written back once more (a large one write_chunk at a time) and forgotten",
+			zap.String("root", strconv.Quote(t.Root)), zap.Int("files", k))
+	}
+	for _, t := range plan.Replace {
+		// Taken out and put back with its new settings below.
+		wat.RemoveTree(t.Root)
+		d.Errs.Remove(t.Root)
+	}
+	served = plan.Keep
+	for _, t := range plan.Add {
+		root := t.Root
+		if _, err := d.Handles.AddMount(root); policy.Shortage(err) {
+			short = true
+			continue
+		} else if err != nil {
+			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(root)), zap.Error(err))
+		}
+		if err := wat.AddTree(context.Background(), t); err != nil {
+			if policy.Shortage(err) {
+				short = true
+				continue
+			}
+			log.Error("cannot watch a root added by the reload", zap.String("root", strconv.Quote(root)), zap.Error(err))
+			continue
+		}
+		WatchErrors(d.Errs, t, log)
+		served = append(served, t)
+		// As the start-up "watching" line: the tree's settings too.
+		fields := []zap.Field{zap.String("root", strconv.Quote(root)), zap.Bool("recursive", t.Recursive),
+			zap.Bool("integrity", t.Integrity), zap.Stringer("expire", t.Expire)}
+		switch {
+		case plan.Returned(root):
+			log.Info("watch root served again (it was gone)", fields...)
+		case plan.Replaced(root):
+			log.Info("watch root settings changed", fields...)
+		default:
+			log.Info("watch root added", fields...)
+			added++
+		}
+	}
+	return served, added, short
 }

@@ -1,12 +1,16 @@
 package service
 
 import (
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"flusherd/bdi"
+	"flusherd/config"
 	"flusherd/watch"
 )
 
@@ -59,5 +63,31 @@ func TestPlanTrees(t *testing.T) {
 	}
 	if p := PlanTrees(running, nil, served); len(p.Retire) != len(running) || len(p.Keep)+len(p.Add)+len(p.Replace) != 0 {
 		t.Errorf("to nothing: %+v", p)
+	}
+}
+
+// TestKeepStartOnly: the keys read at start only keep their running
+// values in the reloaded configuration, with one warning each; the others
+// take the new values.
+func TestKeepStartOnly(t *testing.T) {
+	old, cfg := config.Default(), config.Default()
+	old.Stats.Dir, cfg.Stats.Dir = "/run/a", "/run/b"
+	old.Metrics.Listen, cfg.Metrics.Listen = "", "127.0.0.1:9"
+	cfg.Watcher.RescanInterval = old.Watcher.RescanInterval + time.Second
+	cfg.Writeback.MinPause = old.Writeback.MinPause + time.Second
+	core, logs := observer.New(zap.InfoLevel)
+	keepStartOnly(old, cfg, zap.New(core))
+	if cfg.Stats.Dir != "/run/a" || cfg.Metrics.Listen != "" || cfg.Watcher.RescanInterval != old.Watcher.RescanInterval {
+		t.Errorf("start-only keys not kept: %+v %+v %v", cfg.Stats, cfg.Metrics, cfg.Watcher.RescanInterval)
+	}
+	if cfg.Writeback.MinPause != old.Writeback.MinPause+time.Second {
+		t.Errorf("min_pause not reloaded: %v", cfg.Writeback.MinPause)
+	}
+	var keys []string
+	for _, e := range logs.FilterMessage("this setting changes at the next start, not on reload").All() {
+		keys = append(keys, e.ContextMap()["key"].(string))
+	}
+	if want := []string{"stats.dir", "watcher.rescan_interval", "metrics.listen"}; !slices.Equal(keys, want) {
+		t.Errorf("warned about %q, want %q", keys, want)
 	}
 }

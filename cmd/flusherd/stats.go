@@ -65,55 +65,71 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if !*filesOnly {
-		resp, err := control.Call(socketPath(cfg.Stats.Dir), control.Request{Op: "stats"}, 10*time.Second)
-		if err == nil && resp.OK {
-			shown := 0
-			for _, d := range resp.Devices {
-				if dev != "" && d.Bdi != dev {
-					continue
-				}
-				if shown > 0 {
-					fmt.Fprintln(stdout)
-				}
-				shown++
-				name := strconv.Quote(d.Bdi)
-				fmt.Fprintf(stdout, "==> bdi/%s <==\n%s", name[1:len(name)-1], d.Stats)
-			}
-			if shown == 0 {
-				if dev != "" {
-					names := make([]string, 0, len(resp.Devices))
-					for _, d := range resp.Devices {
-						names = append(names, strconv.Quote(d.Bdi))
-					}
-					has := "it has none yet (no file has been dirtied)"
-					if len(names) > 0 {
-						has = "it has " + strings.Join(names, ", ") + " (major:minor, as in /sys/kernel/debug/bdi)"
-					}
-					fmt.Fprintf(stderr, "flusherd stats: the daemon has no device %s; %s\n", strconv.Quote(dev), has)
-					return exitFailed
-				}
-				fmt.Fprintln(stderr, "flusherd stats: no device yet (no file has been dirtied)")
-			}
-			return exitOK
-		}
-		if err != nil && !errors.Is(err, control.ErrUnreachable) {
-			fmt.Fprintf(stderr, "flusherd stats: asking the daemon: %v; reading the stats files\n", err)
-		} else if _, serr := os.Stat(cfg.Stats.Dir); errors.Is(err, control.ErrUnreachable) && serr == nil {
-			// Say that the figures are not live: a stopped daemon's
-			// files stay, with its last figures. (A stats dir that
-			// does not exist is said below, alone.)
-			fmt.Fprintf(stderr, "flusherd stats: the daemon does not answer on %s; showing the stats files as it last wrote them\n", socketPath(cfg.Stats.Dir))
+		if code, done := statsLive(cfg.Stats.Dir, dev, stdout, stderr); done {
+			return code
 		}
 	}
-	bdiDir := filepath.Join(cfg.Stats.Dir, "bdi")
+	return statsFiles(cfg.Stats.Dir, dev, stdout, stderr)
+}
+
+// statsLive prints the running daemon's statistics (all devices, or dev's)
+// and its exit code; done is false when the daemon did not answer (said
+// on stderr), for the stats files to be read instead.
+func statsLive(statsDir, dev string, stdout, stderr io.Writer) (code int, done bool) {
+	resp, err := control.Call(socketPath(statsDir), control.Request{Op: "stats"}, 10*time.Second)
+	if err == nil && resp.OK {
+		shown := 0
+		for _, d := range resp.Devices {
+			if dev != "" && d.Bdi != dev {
+				continue
+			}
+			if shown > 0 {
+				fmt.Fprintln(stdout)
+			}
+			shown++
+			name := strconv.Quote(d.Bdi)
+			fmt.Fprintf(stdout, "==> bdi/%s <==\n%s", name[1:len(name)-1], d.Stats)
+		}
+		if shown == 0 {
+			if dev != "" {
+				names := make([]string, 0, len(resp.Devices))
+				for _, d := range resp.Devices {
+					names = append(names, strconv.Quote(d.Bdi))
+				}
+				has := "it has none yet (no file has been dirtied)"
+				if len(names) > 0 {
+					has = "it has " + strings.Join(names, ", ") + " (major:minor, as in /sys/kernel/debug/bdi)"
+				}
+				fmt.Fprintf(stderr, "flusherd stats: the daemon has no device %s; %s\n", strconv.Quote(dev), has)
+				return exitFailed, true
+			}
+			fmt.Fprintln(stderr, "flusherd stats: no device yet (no file has been dirtied)")
+		}
+		return exitOK, true
+	}
+	if err != nil && !errors.Is(err, control.ErrUnreachable) {
+		fmt.Fprintf(stderr, "flusherd stats: asking the daemon: %v; reading the stats files\n", err)
+	} else if _, serr := os.Stat(statsDir); errors.Is(err, control.ErrUnreachable) && serr == nil {
+		// Say that the figures are not live: a stopped daemon's
+		// files stay, with its last figures. (A stats dir that
+		// does not exist is said by statsFiles, alone.)
+		fmt.Fprintf(stderr, "flusherd stats: the daemon does not answer on %s; showing the stats files as it last wrote them\n", socketPath(statsDir))
+	}
+	return 0, false
+}
+
+// statsFiles prints the statistics from the stats files in statsDir (all
+// devices, or dev's) and returns the exit code.
+func statsFiles(statsDir, dev string, stdout, stderr io.Writer) int {
+	bdiDir := filepath.Join(statsDir, "bdi")
 	entries, err := os.ReadDir(bdiDir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		if _, serr := os.Stat(cfg.Stats.Dir); errors.Is(serr, fs.ErrNotExist) {
-			fmt.Fprintf(stderr, "flusherd stats: %s does not exist: is flusherd running with this stats dir?\n", cfg.Stats.Dir)
+		if _, serr := os.Stat(statsDir); errors.Is(serr, fs.ErrNotExist) {
+			fmt.Fprintf(stderr, "flusherd stats: %s does not exist: is flusherd running with this stats dir?\n", statsDir)
 			return exitFailed
 		}
-		fmt.Fprintf(stderr, "flusherd stats: no device has stats in %s yet (no file has been dirtied)\n", cfg.Stats.Dir)
+		fmt.Fprintf(stderr, "flusherd stats: no device has stats in %s yet (no file has been dirtied)\n", statsDir)
 		return exitOK
 	case err != nil:
 		fmt.Fprintf(stderr, "flusherd stats: %v\n", err)
@@ -141,10 +157,10 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 	}
 	if shown == 0 {
 		if dev != "" {
-			fmt.Fprintf(stderr, "flusherd stats: no stats file for device %s in %s\n", strconv.Quote(dev), cfg.Stats.Dir)
+			fmt.Fprintf(stderr, "flusherd stats: no stats file for device %s in %s\n", strconv.Quote(dev), statsDir)
 			return exitFailed
 		}
-		fmt.Fprintf(stderr, "flusherd stats: no device has stats in %s yet (no file has been dirtied)\n", cfg.Stats.Dir)
+		fmt.Fprintf(stderr, "flusherd stats: no device has stats in %s yet (no file has been dirtied)\n", statsDir)
 	}
 	return exitOK
 }

@@ -1,4 +1,4 @@
-package main
+package service
 
 import (
 	"errors"
@@ -26,7 +26,7 @@ func TestLogShutdownWording(t *testing.T) {
 		}},
 		Left: map[string][]string{"7:0": {"/t/slow"}},
 	}
-	logShutdown(zap.New(core), rep, "shutdown_timeout (1s) ended", nil)
+	LogShutdown(zap.New(core), rep, "shutdown_timeout (1s) ended", nil)
 	msgs := map[string]string{} // error text -> message
 	for _, e := range logs.All() {
 		if s, ok := e.ContextMap()["error"].(string); ok {
@@ -49,7 +49,7 @@ func TestLogShutdownWording(t *testing.T) {
 	// Lost and given-up files only, nothing left at the deadline: the
 	// lost ones are named as lost, and the last line blames no timeout.
 	core, logs = observer.New(zap.InfoLevel)
-	logShutdown(zap.New(core), bdi.ShutdownReport{
+	LogShutdown(zap.New(core), bdi.ShutdownReport{
 		Lost:    map[string][]bdi.GivenUp{"7:0": {{Path: "/t/lost", Err: syscall.EIO}}},
 		GivenUp: map[string][]bdi.GivenUp{"7:0": {{Path: "/t/ro", Err: syscall.EROFS}}},
 	}, "shutdown_timeout (1s) ended", nil)
@@ -66,7 +66,7 @@ func TestLogShutdownWording(t *testing.T) {
 	}
 
 	core, logs = observer.New(zap.InfoLevel)
-	logShutdown(zap.New(core), bdi.ShutdownReport{}, "shutdown_timeout (1s) ended", errors.New("the initial scan was stopped"))
+	LogShutdown(zap.New(core), bdi.ShutdownReport{}, "shutdown_timeout (1s) ended", errors.New("the initial scan was stopped"))
 	if n := logs.FilterMessageSnippet("may be dirty and untracked").Len(); n != 1 || logs.FilterMessageSnippet("every tracked file is clean").Len() != 0 {
 		t.Errorf("after a cut scan: %v", logs.All())
 	}

@@ -1,4 +1,4 @@
-package main
+package service
 
 import (
 	"context"
@@ -23,12 +23,12 @@ const metricsDropInHint = "the shipped flusherd.service allows no network; insta
 	"(/usr/share/doc/flusherd/flusherd-metrics.conf, or systemd/flusherd-metrics.conf in the source) as " +
 	"/etc/systemd/system/flusherd.service.d/metrics.conf, then systemctl daemon-reload and restart flusherd"
 
-// startMetrics serves the Prometheus metrics of reg and wat on
+// StartMetrics serves the Prometheus metrics of reg and wat on
 // metrics.listen until ctx ends; with metrics.listen empty it does
 // nothing. A failure to listen is logged as an error and flusherd runs on
 // without metrics. The returned function waits until the server has
 // stopped.
-func startMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wat watch.Backend, log *zap.Logger) (wait func()) {
+func StartMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wat watch.Backend, log *zap.Logger) (wait func()) {
 	addr := cfg.Metrics.Listen
 	if addr == "" {
 		return func() {}
@@ -36,7 +36,7 @@ func startMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wa
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		fields := []zap.Field{zap.String("listen", addr), zap.Error(err)}
-		if errors.Is(err, unix.EAFNOSUPPORT) || underSystemd() {
+		if errors.Is(err, unix.EAFNOSUPPORT) || UnderSystemd() {
 			fields = append(fields, zap.String("hint", metricsDropInHint))
 		}
 		log.Error("cannot listen for metrics; running without them", fields...)

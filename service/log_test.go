@@ -1,4 +1,4 @@
-package main
+package service
 
 import (
 	"bytes"
@@ -27,7 +27,7 @@ func TestJournalLogging(t *testing.T) {
 			t.Setenv("JOURNAL_STREAM", "")
 		}
 		var buf bytes.Buffer
-		log := newLogger(zapcore.InfoLevel, &buf)
+		log := NewLogger(zapcore.InfoLevel, &buf)
 		log.Info("ready")
 		log.Warn("slow")
 		log.Error("failed")
