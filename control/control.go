@@ -40,6 +40,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -466,3 +467,7 @@ func checkPeer(c *net.UnixConn) error {
 	}
 	return nil
 }
+
+// SocketPath is where the daemon whose stats directory is statsDir
+// listens.
+func SocketPath(statsDir string) string { return filepath.Join(statsDir, "flusherd.sock") }

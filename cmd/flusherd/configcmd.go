@@ -7,17 +7,18 @@ import (
 	"strings"
 
 	"flusherd/config"
+	"flusherd/internal/cli"
 	"flusherd/watch"
 )
 
 // cmdCheckConfig validates a configuration file the way `run` would and
 // prints the effective configuration (defaults filled in) as TOML.
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("check-config", "check-config FILE | check-config --config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
+	fset := cli.NewFlagSet("check-config", "check-config FILE | check-config --config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
 	file := fset.String("config", "", "the configuration `file` (as the other commands take it; or give it as the argument)")
-	pos, err := parseArgs(fset, args)
+	pos, err := cli.ParseArgs(fset, args)
 	if err != nil {
-		return parseExit(err)
+		return cli.ParseExit(err)
 	}
 	if *file != "" {
 		pos = append(pos, *file)
@@ -25,15 +26,15 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	if len(pos) != 1 {
 		fmt.Fprintln(stderr, "flusherd check-config: name one configuration file")
 		fset.Usage()
-		return exitUsage
+		return cli.ExitUsage
 	}
 	cfg, err := config.Load(pos[0])
 	if err == nil {
 		err = cfg.Validate()
 	}
 	if err != nil {
-		printErr(stderr, "flusherd check-config", err)
-		return exitUsage
+		cli.PrintErr(stderr, "flusherd check-config", err)
+		return cli.ExitUsage
 	}
 	for _, n := range cfg.Notes() {
 		fmt.Fprintf(stderr, "flusherd check-config: note: %s\n", n)
@@ -58,9 +59,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := cfg.Encode(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
-		return exitFailed
+		return cli.ExitFailed
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // cmdPrintDefaultConfig prints the built-in defaults as a configuration
@@ -69,8 +70,8 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 // (max_pause, a tree's expire) are printed commented out, so that changing
 // the key they follow changes them too.
 func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > flusherd.toml && flusherd check-config flusherd.toml", stdout, stderr)
-	if code, stop := parseFlags(fset, args); stop {
+	fset := cli.NewFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > flusherd.toml && flusherd check-config flusherd.toml", stdout, stderr)
+	if code, stop := cli.ParseFlags(fset, args); stop {
 		return code
 	}
 	cfg := config.Default()
@@ -79,7 +80,7 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 	var buf bytes.Buffer
 	if err := cfg.Encode(&buf); err != nil {
 		fmt.Fprintf(stderr, "flusherd print-default-config: %v\n", err)
-		return exitFailed
+		return cli.ExitFailed
 	}
 	follows := map[string]string{
 		"writeback.max_pause": "dirty_writeback_interval",
@@ -99,7 +100,7 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprint(stdout, line)
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // privateDir reports whether path is under a directory the shipped unit

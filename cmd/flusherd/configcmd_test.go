@@ -3,12 +3,12 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
+
+	"flusherd/internal/cli"
 )
 
 // TestPrintDefaultConfigRoundTrip: print-default-config is accepted
@@ -19,7 +19,7 @@ import (
 // with them, as they would without a file.
 func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 	var out, errb bytes.Buffer
-	if code := Main([]string{"print-default-config"}, &out, &errb); code != exitOK {
+	if code := Main([]string{"print-default-config"}, &out, &errb); code != cli.ExitOK {
 		t.Fatalf("print-default-config: exit %d: %s", code, errb.String())
 	}
 	if _, err := os.Stat("/var/log"); err != nil {
@@ -32,7 +32,7 @@ func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 	}
 	var checked bytes.Buffer
 	errb.Reset()
-	if code := Main([]string{"check-config", file}, &checked, &errb); code != exitOK {
+	if code := Main([]string{"check-config", file}, &checked, &errb); code != cli.ExitOK {
 		t.Fatalf("check-config of the defaults: exit %d: %s", code, errb.String())
 	}
 	var want strings.Builder
@@ -54,7 +54,7 @@ func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	checked.Reset()
-	if code := Main([]string{"check-config", file}, &checked, &errb); code != exitOK {
+	if code := Main([]string{"check-config", file}, &checked, &errb); code != cli.ExitOK {
 		t.Fatalf("check-config with the kernel's intervals: exit %d: %s", code, errb.String())
 	}
 	for _, line := range []string{`max_pause = "5s"`, `expire = "30s"`} {
@@ -69,36 +69,11 @@ func TestCheckConfigRejects(t *testing.T) {
 	os.WriteFile(file, []byte("[writeback]\ndirty_expire_interval = 30\n"), 0o644)
 	var out, errb bytes.Buffer
 	code := Main([]string{"check-config", file}, &out, &errb)
-	if code != exitUsage || !strings.Contains(errb.String(), "bad.toml:2: writeback.dirty_expire_interval") {
+	if code != cli.ExitUsage || !strings.Contains(errb.String(), "bad.toml:2: writeback.dirty_expire_interval") {
 		t.Fatalf("exit %d, stderr %q: want exit 2 naming file, line and key", code, errb.String())
 	}
 	if out.Len() != 0 {
 		t.Errorf("printed a configuration for a bad file: %s", out.String())
-	}
-}
-
-// TestFlagsAfterArguments: flags may follow positional arguments; "--"
-// ends the flags.
-func TestFlagsAfterArguments(t *testing.T) {
-	fs := newFlagSet("x", "x", "x", io.Discard, io.Discard)
-	n := fs.Int("n", 0, "")
-	b := fs.Bool("b", false, "")
-	for _, tc := range []struct {
-		args []string
-		pos  []string
-		n    int
-		b    bool
-	}{
-		{[]string{"a", "--n", "3", "b"}, []string{"a", "b"}, 3, false},
-		{[]string{"-b", "a"}, []string{"a"}, 0, true},
-		{[]string{"a", "--", "-b", "--n"}, []string{"a", "-b", "--n"}, 0, false},
-		{nil, nil, 0, false},
-	} {
-		*n, *b = 0, false
-		pos, err := parseArgs(fs, tc.args)
-		if err != nil || !slices.Equal(pos, tc.pos) || *n != tc.n || *b != tc.b {
-			t.Errorf("parseArgs(%q) = %q, %v, n=%d b=%v; want %q, n=%d b=%v", tc.args, pos, err, *n, *b, tc.pos, tc.n, tc.b)
-		}
 	}
 }
 
@@ -109,13 +84,13 @@ func TestSubcommandHelp(t *testing.T) {
 	for _, cmd := range []string{"run", "sync", "dirty", "stats", "check-config", "print-default-config"} {
 		for _, h := range []string{"-h", "--help"} {
 			var stdout, stderr bytes.Buffer
-			if code := Main([]string{cmd, h}, &stdout, &stderr); code != exitOK || stderr.Len() != 0 ||
+			if code := Main([]string{cmd, h}, &stdout, &stderr); code != cli.ExitOK || stderr.Len() != 0 ||
 				!strings.HasPrefix(stdout.String(), "Usage: flusherd "+cmd) {
 				t.Errorf("%s %s: exit %d, stdout %q, stderr %q; want 0 and the usage on stdout only", cmd, h, code, stdout.String(), stderr.String())
 			}
 		}
 		var stdout, stderr bytes.Buffer
-		if code := Main([]string{cmd, "--no-such-flag"}, &stdout, &stderr); code != exitUsage || stdout.Len() != 0 ||
+		if code := Main([]string{cmd, "--no-such-flag"}, &stdout, &stderr); code != cli.ExitUsage || stdout.Len() != 0 ||
 			!strings.Contains(stderr.String(), "Usage: flusherd "+cmd) {
 			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q; want 2 and the usage on stderr only", cmd, code, stdout.String(), stderr.String())
 		}
@@ -127,13 +102,13 @@ func TestSubcommandHelp(t *testing.T) {
 func TestVersionAndHelpSpellings(t *testing.T) {
 	for _, arg := range []string{"version", "--version", "-version"} {
 		var out, errb bytes.Buffer
-		if code := Main([]string{arg}, &out, &errb); code != exitOK || !strings.HasPrefix(out.String(), "flusherd ") {
+		if code := Main([]string{arg}, &out, &errb); code != cli.ExitOK || !strings.HasPrefix(out.String(), "flusherd ") {
 			t.Errorf("flusherd %s: exit %d, stdout %q, stderr %q; want 0 and the version", arg, code, out.String(), errb.String())
 		}
 	}
 	for _, arg := range []string{"help", "--help", "-help", "-h"} {
 		var out, errb bytes.Buffer
-		if code := Main([]string{arg}, &out, &errb); code != exitOK || !strings.Contains(out.String(), "Usage") {
+		if code := Main([]string{arg}, &out, &errb); code != cli.ExitOK || !strings.Contains(out.String(), "Usage") {
 			t.Errorf("flusherd %s: exit %d, stderr %q; want 0 and the usage on stdout", arg, code, errb.String())
 		}
 	}
@@ -166,7 +141,7 @@ func TestCheckConfigPrivateDirs(t *testing.T) {
 		}
 		var out, errb bytes.Buffer
 		code := Main([]string{"check-config", cfgPath}, &out, &errb)
-		if code != exitOK {
+		if code != cli.ExitOK {
 			t.Fatalf("%s: exit %d: %s", c.path, code, errb.String())
 		}
 		if got, want := strings.Contains(errb.String(), "the shipped systemd unit replaces with a private one"), c.note != ""; got != want ||

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"flusherd/control"
+	"flusherd/internal/cli"
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 )
@@ -145,7 +146,7 @@ expire = "100ms"
 		t.Errorf("flusherd stats %s (live):\n%s", mnt.MajMin, live)
 	}
 	out.Reset()
-	if code := Main([]string{"stats", "--stats-dir", d.statsDir, "99:99"}, &out, &out); code != exitFailed {
+	if code := Main([]string{"stats", "--stats-dir", d.statsDir, "99:99"}, &out, &out); code != cli.ExitFailed {
 		t.Errorf("flusherd stats of an unknown device: exit %d, want 1: %s", code, out.String())
 	}
 	if !strings.Contains(out.String(), strconv.Quote(mnt.MajMin)) {
@@ -161,8 +162,8 @@ func TestDirtyUnreachable(t *testing.T) {
 	dir := t.TempDir()
 	for _, cmd := range []string{"dirty", "sync"} {
 		var out bytes.Buffer
-		if code := Main([]string{cmd, "--stats-dir", dir}, &out, &out); code != exitUnreachable {
-			t.Errorf("%s: exit %d, want %d: %s", cmd, code, exitUnreachable, out.String())
+		if code := Main([]string{cmd, "--stats-dir", dir}, &out, &out); code != cli.ExitUnreachable {
+			t.Errorf("%s: exit %d, want %d: %s", cmd, code, cli.ExitUnreachable, out.String())
 		}
 		for _, want := range []string{"is the daemon running", strconv.Quote(dir), "--stats-dir"} {
 			if !strings.Contains(out.String(), want) {
@@ -393,7 +394,7 @@ func TestDirtyTopSaysMore(t *testing.T) {
 	dir := t.TempDir()
 	var total atomic.Int64
 	total.Store(5)
-	srv, err := control.Listen(socketPath(dir), func(_ context.Context, req control.Request) control.Response {
+	srv, err := control.Listen(control.SocketPath(dir), func(_ context.Context, req control.Request) control.Response {
 		files := []control.DirtyFile{{Path: "/t/a", Bdi: "7:0", List: "b_dirty"}, {Path: "/t/b", Bdi: "7:0", List: "b_dirty"}}
 		return control.Response{OK: true, Dirty: files, DirtyTotal: int(total.Load())}
 	}, zap.NewNop())

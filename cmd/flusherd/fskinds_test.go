@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"flusherd/internal/cli"
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 )
@@ -127,8 +128,8 @@ func TestOverlayRefused(t *testing.T) {
 		if ee, ok := err.(*exec.ExitError); ok {
 			code = ee.ExitCode()
 		}
-		if code != exitUsage || !strings.Contains(string(out), "is on overlayfs") || !strings.Contains(string(out), "upperdir") {
-			t.Errorf("flusherd %s: exit %d, %s; want exit %d naming overlayfs and the upper layer", args[0], code, out, exitUsage)
+		if code != cli.ExitUsage || !strings.Contains(string(out), "is on overlayfs") || !strings.Contains(string(out), "upperdir") {
+			t.Errorf("flusherd %s: exit %d, %s; want exit %d naming overlayfs and the upper layer", args[0], code, out, cli.ExitUsage)
 		}
 	}
 }

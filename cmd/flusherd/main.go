@@ -14,22 +14,15 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strings"
-	"time"
 
 	"flusherd/config"
+	"flusherd/internal/cli"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = ""
 
 const defaultConfigPath = "/etc/flusherd/flusherd.toml"
-
-const (
-	exitOK     = 0
-	exitFailed = 1
-	exitUsage  = 2
-)
 
 const usage = `flusherd - a userspace writeback flusher for chosen directory trees
 
@@ -80,7 +73,7 @@ func main() {
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	switch args[0] {
 	case "run":
@@ -98,20 +91,20 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "version", "--version", "-version":
 		if len(args) > 1 && (args[1] == "-h" || args[1] == "--help" || args[1] == "-help") {
 			fmt.Fprint(stdout, "Usage: flusherd version\n\nPrints the version: the package's version for a packaged build; devel-<commit> for a build from a checkout, or devel when the build has no version-control information (-buildvcs=false).\n\nExample:\n  flusherd version\n")
-			return exitOK
+			return cli.ExitOK
 		}
 		if len(args) > 1 {
 			fmt.Fprintf(stderr, "flusherd version: unexpected argument %q\n", args[1])
-			return exitUsage
+			return cli.ExitUsage
 		}
 		fmt.Fprintln(stdout, "flusherd", versionString())
-		return exitOK
+		return cli.ExitOK
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
-		return exitOK
+		return cli.ExitOK
 	}
 	fmt.Fprintf(stderr, "flusherd: unknown command %q\n\n%s", args[0], usage)
-	return exitUsage
+	return cli.ExitUsage
 }
 
 func versionString() string {
@@ -141,63 +134,10 @@ func versionString() string {
 	return "devel"
 }
 
-// multiFlag is a repeatable string flag.
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
-
-// durationFlag is a flag.Value for a duration written as in the
-// configuration (config.ParseDuration), whose errors say what is wrong
-// ("needs a unit") where flag.Duration says only "parse error". It is
-// never negative.
-type durationFlag time.Duration
-
-func (d *durationFlag) String() string { return time.Duration(*d).String() }
-func (d *durationFlag) Set(v string) error {
-	x, err := config.ParseDuration(v)
-	if err != nil {
-		return err
-	}
-	if x < 0 {
-		return fmt.Errorf("%s is negative", v)
-	}
-	*d = durationFlag(x)
-	return nil
-}
-
-// nonEmpty is a string flag that refuses an empty value: "--stats-dir
-// \"\"" (an unset shell variable, say) is a mistake, not a request for
-// the default.
-type nonEmpty struct{ p *string }
-
-func (n nonEmpty) String() string {
-	if n.p == nil {
-		return ""
-	}
-	return *n.p
-}
-
-func (n nonEmpty) Set(v string) error {
-	if v == "" {
-		return errors.New("empty value")
-	}
-	*n.p = v
-	return nil
-}
-
 // commonFlags are the flags shared by the commands that read the config.
 type commonFlags struct {
 	config   string
 	statsDir string
-}
-
-// printErr writes err after prefix, one line per problem (a
-// configuration with several problems gives config.Errors, one a line).
-func printErr(w io.Writer, prefix string, err error) {
-	for _, line := range strings.Split(err.Error(), "\n") {
-		fmt.Fprintf(w, "%s: %s\n", prefix, line)
-	}
 }
 
 // readsFile reports whether loadConfig reads a configuration file: --config
@@ -211,108 +151,8 @@ func (c *commonFlags) readsFile() bool {
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
-	fs.Var(nonEmpty{&c.config}, "config", "configuration `file` (default "+defaultConfigPath+" if it exists)")
-	fs.Var(nonEmpty{&c.statsDir}, "stats-dir", "`directory` of the stats files and the control socket; overrides stats.dir (default /run/flusherd)")
-}
-
-func newFlagSet(name, synopsis, example string, stdout, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	// -h and --help print the usage on stdout (it was asked for, as with
-	// flusherd --help); a usage error prints it on stderr.
-	help := &helpFlag{fs: fs, out: stdout}
-	fs.Var(help, "help", "print this help on standard output")
-	fs.Var(help, "h", "the same as --help")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: flusherd %s\n", synopsis)
-		// The flags but -h and --help (said in flusherd --help and
-		// flusherd(8) once, for every command).
-		shown := flag.NewFlagSet(name, flag.ContinueOnError)
-		shown.SetOutput(fs.Output())
-		fs.VisitAll(func(f *flag.Flag) {
-			if _, isHelp := f.Value.(*helpFlag); !isHelp {
-				shown.Var(f.Value, f.Name, f.Usage)
-				shown.Lookup(f.Name).DefValue = f.DefValue
-			}
-		})
-		n := 0
-		shown.VisitAll(func(*flag.Flag) { n++ })
-		if n > 0 {
-			fmt.Fprintf(fs.Output(), "\nFlags:\n")
-			shown.PrintDefaults()
-		}
-		fmt.Fprintf(fs.Output(), "\nExample:\n  %s\n", example)
-	}
-	return fs
-}
-
-// helpFlag is the -h and --help flag: set, it prints the flag set's usage
-// on out and stops the parse (parseArgs returns flag.ErrHelp).
-type helpFlag struct {
-	fs    *flag.FlagSet
-	out   io.Writer
-	asked bool
-}
-
-func (h *helpFlag) String() string   { return "" }
-func (h *helpFlag) IsBoolFlag() bool { return true }
-func (h *helpFlag) Set(string) error {
-	h.asked = true
-	h.fs.SetOutput(h.out)
-	h.fs.Usage()
-	h.fs.SetOutput(io.Discard) // (the parse error that follows says nothing)
-	return flag.ErrHelp
-}
-
-// parseArgs parses args with flags allowed before, between and after the
-// positional arguments (which it returns); "--" ends the flags.
-func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if f := fs.Lookup("help"); f != nil {
-				if h, ok := f.Value.(*helpFlag); ok && h.asked {
-					return nil, flag.ErrHelp
-				}
-			}
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-}
-
-// parseExit is the exit code for a flag parsing error: 0 for --help.
-func parseExit(err error) int {
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	return exitUsage
-}
-
-// parseFlags parses args; it returns an exit code when the caller should
-// stop (help, or a usage error).
-func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK, true
-		}
-		return exitUsage, true
-	}
-	if len(pos) > 0 {
-		fmt.Fprintf(fs.Output(), "flusherd %s: unexpected argument %q\n", fs.Name(), pos[0])
-		fs.Usage()
-		return exitUsage, true
-	}
-	return 0, false
+	fs.Var(cli.NonEmpty{P: &c.config}, "config", "configuration `file` (default "+defaultConfigPath+" if it exists)")
+	fs.Var(cli.NonEmpty{P: &c.statsDir}, "stats-dir", "`directory` of the stats files and the control socket; overrides stats.dir (default /run/flusherd)")
 }
 
 // loadConfig reads the configuration: --config, else the default path if it

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"flusherd/internal/cli"
 )
 
 // nobodyCred returns the credentials of the user nobody, for a daemon run
@@ -99,8 +101,8 @@ func TestWithoutPrivileges(t *testing.T) {
 		t.Run("unreadable-root-"+backend, func(t *testing.T) {
 			cfg, statsDir := config(t, fmt.Sprintf("[watcher]\nbackend = %q\n[[watch]]\npath = %q\n", backend, closed))
 			code, out := runAs(t, cred, "run", "--config", cfg, "--stats-dir", statsDir)
-			if code != exitUsage || !strings.Contains(out, "may not read the tree") {
-				t.Errorf("exit %d, want %d and \"may not read the tree\":\n%s", code, exitUsage, out)
+			if code != cli.ExitUsage || !strings.Contains(out, "may not read the tree") {
+				t.Errorf("exit %d, want %d and \"may not read the tree\":\n%s", code, cli.ExitUsage, out)
 			}
 			if strings.Contains(out, "refuses fanotify") {
 				t.Errorf("the filesystem blamed for a permission:\n%s", out)
@@ -110,8 +112,8 @@ func TestWithoutPrivileges(t *testing.T) {
 	t.Run("fanotify-by-name", func(t *testing.T) {
 		cfg, statsDir := config(t, fmt.Sprintf("[watcher]\nbackend = \"fanotify\"\n[[watch]]\npath = %q\n", open))
 		code, out := runAs(t, cred, "run", "--config", cfg, "--stats-dir", statsDir)
-		if code != exitUsage || !strings.Contains(out, "fanotify is not permitted") || !strings.Contains(out, "CAP_SYS_ADMIN") {
-			t.Errorf("exit %d, want %d and \"fanotify is not permitted ... CAP_SYS_ADMIN\":\n%s", code, exitUsage, out)
+		if code != cli.ExitUsage || !strings.Contains(out, "fanotify is not permitted") || !strings.Contains(out, "CAP_SYS_ADMIN") {
+			t.Errorf("exit %d, want %d and \"fanotify is not permitted ... CAP_SYS_ADMIN\":\n%s", code, cli.ExitUsage, out)
 		}
 	})
 	t.Run("socket-of-another-user", func(t *testing.T) {
@@ -122,8 +124,8 @@ func TestWithoutPrivileges(t *testing.T) {
 		other := &syscall.Credential{Uid: cred.Uid - 1, Gid: cred.Gid, Groups: []uint32{}}
 		code, out := runAs(t, other, "dirty", "--stats-dir", d.statsDir)
 		want := fmt.Sprintf("only for its owner, uid %d, and root", cred.Uid)
-		if code != exitFailed || !strings.Contains(out, want) {
-			t.Errorf("dirty as uid %d: exit %d, want %d and %q:\n%s", other.Uid, code, exitFailed, want, out)
+		if code != cli.ExitFailed || !strings.Contains(out, want) {
+			t.Errorf("dirty as uid %d: exit %d, want %d and %q:\n%s", other.Uid, code, cli.ExitFailed, want, out)
 		}
 		d.stop(t)
 	})

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"flusherd/internal/cli"
 )
 
 // TestReadmeMatchesCLI keeps the README true to the binary: every command
@@ -19,7 +21,7 @@ func TestReadmeMatchesCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if code := Main([]string{"--help"}, &out, &out); code != exitOK {
+	if code := Main([]string{"--help"}, &out, &out); code != cli.ExitOK {
 		t.Fatalf("--help: exit %d", code)
 	}
 	cmds := regexp.MustCompile(`(?m)^  flusherd ([a-z-]+)`).FindAllStringSubmatch(out.String(), -1)
@@ -32,7 +34,7 @@ func TestReadmeMatchesCLI(t *testing.T) {
 		}
 	}
 	out.Reset()
-	if code := Main([]string{"print-default-config"}, &out, &out); code != exitOK {
+	if code := Main([]string{"print-default-config"}, &out, &out); code != cli.ExitOK {
 		t.Fatalf("print-default-config: exit %d", code)
 	}
 	table, keys := "", 0

@@ -16,6 +16,7 @@ import (
 	"flusherd/config"
 	"flusherd/control"
 	"flusherd/inode"
+	"flusherd/internal/cli"
 	"flusherd/internal/earlysig"
 	"flusherd/service"
 	"flusherd/sysfs"
@@ -34,7 +35,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	signal.Notify(sigs, earlysig.Signals...)
 	defer signal.Stop(sigs)
-	fset := newFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]\n\n"+
+	fset := cli.NewFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]\n\n"+
 		"Watch the trees and write their dirty data back, in the foreground, logging to\n"+
 		"stderr. SIGHUP reloads the configuration (an invalid one is logged and the running\n"+
 		"one kept; stats.dir, watcher.* and metrics.listen wait for a restart). SIGTERM or\n"+
@@ -43,9 +44,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
-	var watches multiFlag
+	var watches cli.MultiFlag
 	fset.Var(&watches, "watch", "`directory` tree to watch, recursively, in writeback mode (repeatable; added to the config's [[watch]] entries)")
-	if code, stop := parseFlags(fset, args); stop {
+	if code, stop := cli.ParseFlags(fset, args); stop {
 		return code
 	}
 	cfg, err := loadConfig(c, watches)
@@ -58,8 +59,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		err = errors.New("nothing to watch: give --watch DIR, or --config FILE with [[watch]] entries")
 	}
 	if err != nil {
-		printErr(stderr, "flusherd run", err)
-		return exitUsage
+		cli.PrintErr(stderr, "flusherd run", err)
+		return cli.ExitUsage
 	}
 	if os.Getenv("GOGC") == "" {
 		// Most of the heap is the tracked inodes, which live long: a
@@ -71,7 +72,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	level, err := zap.ParseAtomicLevel(cfg.Log.Level)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd run: log.level: %v\n", err)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	log := service.NewLogger(level, stderr)
 	defer log.Sync()
@@ -88,11 +89,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if err := run(cfg, log, level, reload, sigs); err != nil {
 		log.Error("flusherd failed", zap.Error(err))
 		if errors.Is(err, watch.ErrBackendRefused) {
-			return exitUsage // the configuration asks for what cannot be
+			return cli.ExitUsage // the configuration asks for what cannot be
 		}
-		return exitFailed
+		return cli.ExitFailed
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // gcPercent is the daemon's GOGC unless the environment sets one.
@@ -130,7 +131,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	start := service.StartProgress(n, len(cfg.Watch))
 	defer start.Stop()
 	d := &service.Daemon{Config: cfg, Load: reload, Level: level, Notify: n, Log: log, Clock: service.SystemClock,
-		Handles: inode.NewHandles(), Errs: bdi.NewErrWatch(), Socket: socketPath(cfg.Stats.Dir)}
+		Handles: inode.NewHandles(), Errs: bdi.NewErrWatch(), Socket: control.SocketPath(cfg.Stats.Dir)}
 	defer d.Handles.Close()
 	defer d.Errs.Close()
 	if err := wire(d, start); err != nil {
@@ -189,7 +190,7 @@ func listenControl(dir string, d *service.Daemon, log *zap.Logger) *control.Serv
 		log.Error("cannot create the stats directory; flusherd sync will not reach this daemon", zap.Error(err))
 		return nil
 	}
-	ctl, err := control.Listen(socketPath(dir), service.ControlHandler(d.Reg, d.Wat), log)
+	ctl, err := control.Listen(control.SocketPath(dir), service.ControlHandler(d.Reg, d.Wat), log)
 	if err != nil {
 		log.Error("cannot create the control socket; flusherd sync will not reach this daemon", zap.Error(err))
 		return nil

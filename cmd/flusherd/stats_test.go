@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"flusherd/internal/cli"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -38,7 +40,7 @@ func TestStatsCommand(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("flusherd stats hung")
 	}
-	if code != exitFailed || !strings.Contains(errb.String(), "not a regular file") && !strings.Contains(errb.String(), "too many levels") {
+	if code != cli.ExitFailed || !strings.Contains(errb.String(), "not a regular file") && !strings.Contains(errb.String(), "too many levels") {
 		t.Errorf("exit %d, stderr %q: want exit 1 naming the bad file", code, errb.String())
 	}
 	if strings.Contains(out.String(), "wrong") {
@@ -50,7 +52,7 @@ func TestStatsCommand(t *testing.T) {
 	os.RemoveAll(filepath.Join(dir, "bdi", "link"))
 	out.Reset()
 	errb.Reset()
-	if code := Main([]string{"stats", "--stats-dir", dir}, &out, &errb); code != exitOK {
+	if code := Main([]string{"stats", "--stats-dir", dir}, &out, &errb); code != cli.ExitOK {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	if want := "==> bdi/7:0 <==\nb_dirty:                     3\n"; out.String() != want {
@@ -70,15 +72,15 @@ func TestClientCommandsWithADeadTree(t *testing.T) {
 	os.WriteFile(filepath.Join(statsDir, "bdi", "7:0", "stats"), []byte("b_dirty:                     3\n"), 0o644)
 	os.WriteFile(conf, []byte(fmt.Sprintf("[stats]\ndir = %q\n[[watch]]\npath = %q\n", statsDir, filepath.Join(dir, "gone"))), 0o644)
 	var out, errb bytes.Buffer
-	if code := Main([]string{"stats", "--config", conf, "--files"}, &out, &errb); code != exitOK || !strings.Contains(out.String(), "b_dirty:") {
+	if code := Main([]string{"stats", "--config", conf, "--files"}, &out, &errb); code != cli.ExitOK || !strings.Contains(out.String(), "b_dirty:") {
 		t.Errorf("flusherd stats with a missing watch root: exit %d, stdout %q, stderr %q; want the stats", code, out.String(), errb.String())
 	}
 	errb.Reset()
-	if code := Main([]string{"dirty", "--config", conf}, &out, &errb); code == exitUsage || strings.Contains(errb.String(), "watch[0].path") {
+	if code := Main([]string{"dirty", "--config", conf}, &out, &errb); code == cli.ExitUsage || strings.Contains(errb.String(), "watch[0].path") {
 		t.Errorf("flusherd dirty with a missing watch root: exit %d, stderr %q; want it to try the daemon, not refuse the watch path", code, errb.String())
 	}
 	errb.Reset()
-	if code := Main([]string{"check-config", conf}, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "watch[0].path") {
+	if code := Main([]string{"check-config", conf}, &out, &errb); code != cli.ExitUsage || !strings.Contains(errb.String(), "watch[0].path") {
 		t.Errorf("check-config with a missing watch root: exit %d, stderr %q; want exit 2 naming watch[0].path", code, errb.String())
 	}
 }
@@ -89,8 +91,8 @@ func TestClientCommandsWithADeadTree(t *testing.T) {
 func TestStatsMissingDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "nowhere")
 	var out, errb bytes.Buffer
-	if code := Main([]string{"stats", "--stats-dir", dir}, &out, &errb); code != exitFailed {
-		t.Errorf("exit %d, want %d", code, exitFailed)
+	if code := Main([]string{"stats", "--stats-dir", dir}, &out, &errb); code != cli.ExitFailed {
+		t.Errorf("exit %d, want %d", code, cli.ExitFailed)
 	}
 	want := fmt.Sprintf("flusherd stats: %s does not exist: is flusherd running with this stats dir?\n", dir)
 	if errb.String() != want {

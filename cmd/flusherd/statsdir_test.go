@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"flusherd/control"
+	"flusherd/internal/cli"
 )
 
 // TestStatsDirClaimed: a second daemon with the same stats directory exits
@@ -19,10 +22,10 @@ func TestStatsDirClaimed(t *testing.T) {
 	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\n", tree))
 	var out bytes.Buffer
 	code := Main([]string{"run", "--watch", t.TempDir(), "--stats-dir", d.statsDir}, &out, &out)
-	if code != exitFailed || !strings.Contains(out.String(), "another flusherd runs with stats.dir") {
+	if code != cli.ExitFailed || !strings.Contains(out.String(), "another flusherd runs with stats.dir") {
 		t.Errorf("second daemon: exit %d, want 1 naming the other:\n%s", code, out.String())
 	}
-	if _, err := os.Stat(socketPath(d.statsDir)); err != nil {
+	if _, err := os.Stat(control.SocketPath(d.statsDir)); err != nil {
 		t.Errorf("the first daemon's socket: %v", err)
 	}
 	// Not under systemd (no NOTIFY_SOCKET): the log speaks of no READY=1.
@@ -38,7 +41,7 @@ func TestStatsDirClaimed(t *testing.T) {
 	os.Chmod(open, 0o777|os.ModeSticky)
 	out.Reset()
 	code = Main([]string{"run", "--watch", t.TempDir(), "--stats-dir", open}, &out, &out)
-	if code != exitFailed || !strings.Contains(out.String(), "writable by group or others (mode 01777)") ||
+	if code != cli.ExitFailed || !strings.Contains(out.String(), "writable by group or others (mode 01777)") ||
 		!strings.Contains(out.String(), "chmod go-w it, or choose another directory with --stats-dir or stats.dir") {
 		t.Errorf("world-writable stats dir: exit %d, want 1 with its whole mode and what to do:\n%s", code, out.String())
 	}
@@ -53,7 +56,7 @@ func TestStatsDirClaimed(t *testing.T) {
 		}
 		out.Reset()
 		code = Main([]string{"run", "--watch", t.TempDir(), "--stats-dir", other}, &out, &out)
-		if code != exitFailed || !strings.Contains(out.String(), "belongs to uid 65534") || !strings.Contains(out.String(), "chown it, or choose another directory") {
+		if code != cli.ExitFailed || !strings.Contains(out.String(), "belongs to uid 65534") || !strings.Contains(out.String(), "chown it, or choose another directory") {
 			t.Errorf("stats dir of another user: exit %d:\n%s", code, out.String())
 		}
 	}
@@ -64,7 +67,7 @@ func TestStatsDirClaimed(t *testing.T) {
 	}
 	out.Reset()
 	code = Main([]string{"run", "--watch", tree, "--stats-dir", filepath.Join(link, "run")}, &out, &out)
-	if code == exitOK || !strings.Contains(out.String(), "inside the watched tree") {
+	if code == cli.ExitOK || !strings.Contains(out.String(), "inside the watched tree") {
 		t.Errorf("stats dir inside the tree through a symlink: exit %d:\n%s", code, out.String())
 	}
 }
@@ -79,7 +82,7 @@ func TestEmptyPathFlags(t *testing.T) {
 		{"sync", "--config", ""},
 	} {
 		var out bytes.Buffer
-		if code := Main(args, &out, &out); code != exitUsage || !strings.Contains(out.String(), `invalid value "" for flag`) {
+		if code := Main(args, &out, &out); code != cli.ExitUsage || !strings.Contains(out.String(), `invalid value "" for flag`) {
 			t.Errorf("%q: exit %d, %q", args, code, out.String())
 		}
 	}

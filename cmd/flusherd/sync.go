@@ -11,24 +11,12 @@ import (
 	"syscall"
 	"time"
 
-	"flusherd/control"
+	"flusherd/client"
+	"flusherd/internal/cli"
 )
 
-const exitUnreachable = 3
-
-// socketPath is where the daemon with this config listens.
-func socketPath(statsDir string) string { return filepath.Join(statsDir, "flusherd.sock") }
-
-// unreachableHint is the line printed after a control.ErrUnreachable: the
-// two usual causes, a daemon that is not running and one that runs with
-// another stats.dir.
-func unreachableHint(cmd, statsDir string) string {
-	return fmt.Sprintf("flusherd %s: is the daemon running (systemctl status flusherd)? Its socket is in its stats.dir; "+
-		"this command looked in %s: pass the daemon's with --stats-dir or --config\n", cmd, strconv.Quote(statsDir))
-}
-
 func cmdSync(args []string, stdout, stderr io.Writer) int {
-	fset := newFlagSet("sync", "sync [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]\n\n"+
+	fset := cli.NewFlagSet("sync", "sync [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]\n\n"+
 		"Integrity writeback (fdatasync, or one syncfs for a large batch) through the running\n"+
 		"daemon, ahead of background writeback; waits for it. A named file must be a regular\n"+
 		"file in a watched tree, and is written whether or not it is tracked; a directory means\n"+
@@ -39,85 +27,39 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stdout, stderr)
 	var c commonFlags
 	c.register(fset)
-	var timeoutFlag durationFlag
+	var timeoutFlag cli.Duration
 	fset.Var(&timeoutFlag, "timeout", "give up waiting after this `duration`, e.g. 30s (0: wait as long as it takes); the daemon finishes the sync anyway")
 	timeout := (*time.Duration)(&timeoutFlag)
-	args, err := parseArgs(fset, args)
+	args, err := cli.ParseArgs(fset, args)
 	if err != nil {
-		return parseExit(err)
+		return cli.ParseExit(err)
 	}
 	cfg, err := loadClientConfig(c)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	var paths []string
 	for _, p := range args {
 		if p == "" {
 			// An unset shell variable, not the current directory.
 			fmt.Fprintln(stderr, "flusherd sync: an empty path")
-			return exitUsage
+			return cli.ExitUsage
 		}
 		if strings.HasSuffix(p, "/") {
 			// filepath.Abs drops the slash, which asks for a directory:
 			// "file/" is ENOTDIR, as for any other command.
 			if _, err := os.Stat(p); errors.Is(err, syscall.ENOTDIR) {
 				fmt.Fprintf(stderr, "flusherd sync: %s: not a directory\n", strconv.Quote(p))
-				return exitFailed
+				return cli.ExitFailed
 			}
 		}
 		abs, err := filepath.Abs(p)
 		if err != nil {
 			fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
-			return exitUsage
+			return cli.ExitUsage
 		}
 		paths = append(paths, abs)
 	}
-	resp, err := control.Call(socketPath(cfg.Stats.Dir), control.Request{Op: "sync", Paths: control.Names(paths)}, *timeout)
-	switch {
-	case errors.Is(err, control.ErrNotSent) && errors.Is(err, os.ErrDeadlineExceeded):
-		fmt.Fprintf(stderr, "flusherd sync: --timeout %v ran out before the request was sent; nothing was synced\n", *timeout)
-		return exitFailed
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		fmt.Fprintf(stderr, "flusherd sync: gave up after --timeout %v; the daemon goes on with the sync\n", *timeout)
-		return exitFailed
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
-		if errors.Is(err, control.ErrUnreachable) {
-			fmt.Fprint(stderr, unreachableHint("sync", cfg.Stats.Dir))
-			return exitUnreachable
-		}
-		return exitFailed
-	}
-	failed, gone := 0, 0
-	for _, f := range resp.Files {
-		switch {
-		case f.Error != "":
-			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", strconv.Quote(string(f.Path)), f.Error)
-			failed++
-		case f.Gone:
-			gone++
-		}
-	}
-	if resp.Error != "" {
-		fmt.Fprintf(stderr, "flusherd sync: %s\n", resp.Error)
-		return exitFailed
-	}
-	if ok := len(resp.Files) - failed - gone; ok == 1 {
-		fmt.Fprint(stdout, "1 file written back")
-	} else {
-		fmt.Fprintf(stdout, "%d files written back", ok)
-	}
-	switch {
-	case gone == 1:
-		fmt.Fprint(stdout, "; 1 deleted before its writeback (nothing to write)")
-	case gone > 1:
-		fmt.Fprintf(stdout, "; %d deleted before their writeback (nothing to write)", gone)
-	}
-	fmt.Fprintln(stdout)
-	if failed > 0 || !resp.OK {
-		return exitFailed
-	}
-	return exitOK
+	return client.Sync(cfg.Stats.Dir, paths, *timeout, stdout, stderr)
 }

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"flusherd/internal/cli"
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 )
@@ -207,7 +208,7 @@ func TestSyncTimeoutBeforeSend(t *testing.T) {
 	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\n", tree))
 	var out bytes.Buffer
 	code := Main([]string{"sync", "--stats-dir", d.statsDir, "--timeout", "1ns", tree}, &out, &out)
-	if code != exitFailed || !strings.Contains(out.String(), "before the request was sent; nothing was synced") {
+	if code != cli.ExitFailed || !strings.Contains(out.String(), "before the request was sent; nothing was synced") {
 		t.Errorf("sync --timeout 1ns: exit %d, %q", code, out.String())
 	}
 }
@@ -255,15 +256,15 @@ func TestSyncTimeoutFlagErrors(t *testing.T) {
 	} {
 		var out bytes.Buffer
 		code := Main([]string{"sync", "--stats-dir", t.TempDir(), "--timeout", tc.arg}, &out, &out)
-		if code != exitUsage || !strings.Contains(out.String(), tc.want) {
-			t.Errorf("sync --timeout %q: exit %d, want %d and %q in %q", tc.arg, code, exitUsage, tc.want, out.String())
+		if code != cli.ExitUsage || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("sync --timeout %q: exit %d, want %d and %q in %q", tc.arg, code, cli.ExitUsage, tc.want, out.String())
 		}
 	}
 	// A bare zero is zero (wait as long as it takes), as --help says:
 	// accepted, and with no daemon to ask, exit 3.
 	var out bytes.Buffer
-	if code := Main([]string{"sync", "--stats-dir", t.TempDir(), "--timeout", "0"}, &out, &out); code != exitUnreachable {
-		t.Errorf("sync --timeout 0: exit %d, want %d: %s", code, exitUnreachable, out.String())
+	if code := Main([]string{"sync", "--stats-dir", t.TempDir(), "--timeout", "0"}, &out, &out); code != cli.ExitUnreachable {
+		t.Errorf("sync --timeout 0: exit %d, want %d: %s", code, cli.ExitUnreachable, out.String())
 	}
 }
 
@@ -280,8 +281,8 @@ func TestSyncPathErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{"", exitUsage, "an empty path"},
-		{f + "/", exitFailed, "not a directory"},
+		{"", cli.ExitUsage, "an empty path"},
+		{f + "/", cli.ExitFailed, "not a directory"},
 	} {
 		var out bytes.Buffer
 		code := Main([]string{"sync", "--stats-dir", t.TempDir(), tc.arg}, &out, &out)
@@ -332,7 +333,7 @@ func TestSyncSpecialFiles(t *testing.T) {
 		go func() { done <- Main([]string{"sync", "--stats-dir", d.statsDir, c.path}, &out, &out) }()
 		select {
 		case code := <-done:
-			if code != exitFailed || !strings.Contains(out.String(), c.want) {
+			if code != cli.ExitFailed || !strings.Contains(out.String(), c.want) {
 				t.Errorf("sync %s: exit %d, %q; want exit 1 and %q", c.path, code, out.String(), c.want)
 			}
 		case <-time.After(10 * time.Second):
@@ -368,7 +369,7 @@ func TestSyncAboveTreesAndTwice(t *testing.T) {
 	}
 	bad := filepath.Join(tree, "\xff")
 	code, out := runSync(t, d, bad)
-	if code != exitFailed || !strings.Contains(out, strconv.Quote(bad)) || strings.Contains(out, "\xff") || strings.ContainsRune(out, utf8.RuneError) {
+	if code != cli.ExitFailed || !strings.Contains(out, strconv.Quote(bad)) || strings.Contains(out, "\xff") || strings.ContainsRune(out, utf8.RuneError) {
 		t.Errorf("sync of a missing non-UTF-8 name: exit %d, %q; want exit 1, the name quoted and no raw byte (nor U+FFFD, what JSON makes of one)", code, out)
 	}
 }
@@ -394,7 +395,7 @@ func TestSyncBelowFlatTree(t *testing.T) {
 	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\nrecursive = false\n", tree))
 	for _, p := range []string{sub, f} {
 		code, out := runSync(t, d, p)
-		if code != exitFailed || !strings.Contains(out, "not in a watched tree") || !strings.Contains(out, "recursive = false") {
+		if code != cli.ExitFailed || !strings.Contains(out, "not in a watched tree") || !strings.Contains(out, "recursive = false") {
 			t.Errorf("sync %s: exit %d, %q; want exit 1, not in a watched tree, recursive = false", p, code, out)
 		}
 	}

@@ -1,0 +1,181 @@
+// Package cli is flusherd's command-line plumbing: flag sets whose -h and
+// --help print the usage on standard output, flags allowed after
+// positional arguments, flag types (a repeatable string, a duration as the
+// configuration writes it, a non-empty string) and the exit codes.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"flusherd/config"
+)
+
+// The exit codes of every command.
+const (
+	ExitOK          = 0
+	ExitFailed      = 1 // the operation failed
+	ExitUsage       = 2 // usage or configuration error
+	ExitUnreachable = 3 // the daemon is not reachable (sync, dirty)
+)
+
+// MultiFlag is a repeatable string flag.
+type MultiFlag []string
+
+func (m *MultiFlag) String() string { return strings.Join(*m, ",") }
+
+func (m *MultiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// Duration is a flag.Value for a duration written as in the
+// configuration (config.ParseDuration), whose errors say what is wrong
+// ("needs a unit") where flag.Duration says only "parse error". It is
+// never negative.
+type Duration time.Duration
+
+func (d *Duration) String() string { return time.Duration(*d).String() }
+
+func (d *Duration) Set(v string) error {
+	x, err := config.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if x < 0 {
+		return fmt.Errorf("%s is negative", v)
+	}
+	*d = Duration(x)
+	return nil
+}
+
+// NonEmpty is a string flag that refuses an empty value: "--stats-dir
+// \"\"" (an unset shell variable, say) is a mistake, not a request for
+// the default.
+type NonEmpty struct{ P *string }
+
+func (n NonEmpty) String() string {
+	if n.P == nil {
+		return ""
+	}
+	return *n.P
+}
+
+func (n NonEmpty) Set(v string) error {
+	if v == "" {
+		return errors.New("empty value")
+	}
+	*n.P = v
+	return nil
+}
+
+// PrintErr writes err after prefix, one line per problem (a
+// configuration with several problems gives config.Errors, one a line).
+func PrintErr(w io.Writer, prefix string, err error) {
+	for _, line := range strings.Split(err.Error(), "\n") {
+		fmt.Fprintf(w, "%s: %s\n", prefix, line)
+	}
+}
+
+func NewFlagSet(name, synopsis, example string, stdout, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	// -h and --help print the usage on stdout (it was asked for, as with
+	// flusherd --help); a usage error prints it on stderr.
+	help := &helpFlag{fs: fs, out: stdout}
+	fs.Var(help, "help", "print this help on standard output")
+	fs.Var(help, "h", "the same as --help")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: flusherd %s\n", synopsis)
+		// The flags but -h and --help (said in flusherd --help and
+		// flusherd(8) once, for every command).
+		shown := flag.NewFlagSet(name, flag.ContinueOnError)
+		shown.SetOutput(fs.Output())
+		fs.VisitAll(func(f *flag.Flag) {
+			if _, isHelp := f.Value.(*helpFlag); !isHelp {
+				shown.Var(f.Value, f.Name, f.Usage)
+				shown.Lookup(f.Name).DefValue = f.DefValue
+			}
+		})
+		n := 0
+		shown.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprintf(fs.Output(), "\nFlags:\n")
+			shown.PrintDefaults()
+		}
+		fmt.Fprintf(fs.Output(), "\nExample:\n  %s\n", example)
+	}
+	return fs
+}
+
+// helpFlag is the -h and --help flag: set, it prints the flag set's usage
+// on out and stops the parse (ParseArgs returns flag.ErrHelp).
+type helpFlag struct {
+	fs    *flag.FlagSet
+	out   io.Writer
+	asked bool
+}
+
+func (h *helpFlag) String() string { return "" }
+
+func (h *helpFlag) IsBoolFlag() bool { return true }
+
+func (h *helpFlag) Set(string) error {
+	h.asked = true
+	h.fs.SetOutput(h.out)
+	h.fs.Usage()
+	h.fs.SetOutput(io.Discard) // (the parse error that follows says nothing)
+	return flag.ErrHelp
+}
+
+// ParseArgs parses args with flags allowed before, between and after the
+// positional arguments (which it returns); "--" ends the flags.
+func ParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if f := fs.Lookup("help"); f != nil {
+				if h, ok := f.Value.(*helpFlag); ok && h.asked {
+					return nil, flag.ErrHelp
+				}
+			}
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// ParseExit is the exit code for a flag parsing error: 0 for --help.
+func ParseExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	return ExitUsage
+}
+
+// ParseFlags parses args; it returns an exit code when the caller should
+// stop (help, or a usage error).
+func ParseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+	pos, err := ParseArgs(fs, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK, true
+		}
+		return ExitUsage, true
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(fs.Output(), "flusherd %s: unexpected argument %q\n", fs.Name(), pos[0])
+		fs.Usage()
+		return ExitUsage, true
+	}
+	return 0, false
+}
