@@ -114,103 +114,128 @@ func holdsTree(wat watch.Backend, dir string) bool {
 // path is named. A file deleted before its writeback is reported Gone, not
 // failed.
 func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []string) control.Response {
-	var files []control.FileResult
-	type slot struct {
-		work  *bdi.Work
-		index []int
-	}
-	works := map[*bdi.Writeback]*slot{}
-	named := map[inode.Key]bool{} // a file named twice (DIR and DIR/file) is written and counted once
-	add := func(wb *bdi.Writeback, ref bdi.FileRef) {
-		if named[ref.Key] {
-			return
-		}
-		named[ref.Key] = true
-		s := works[wb]
-		if s == nil {
-			s = &slot{work: &bdi.Work{SyncMode: bdi.SyncAll, Reason: "sync"}}
-			works[wb] = s
-		}
-		s.work.Files = append(s.work.Files, ref)
-		s.index = append(s.index, len(files))
-		files = append(files, control.FileResult{Path: control.Name(ref.Path)})
-	}
-	fail := func(p, msg string) { files = append(files, control.FileResult{Path: control.Name(p), Error: msg}) }
+	sp := &syncPlan{reg: reg, wat: wat, works: map[*bdi.Writeback]*syncWork{}, named: map[inode.Key]bool{}}
 	if len(paths) == 0 {
-		for _, wb := range reg.Devices() {
-			for _, ref := range wb.Refs("") {
-				add(wb, ref)
-			}
-		}
+		sp.addUnder("")
 	}
 	for _, p := range paths {
-		if !filepath.IsAbs(p) {
-			fail(p, "not an absolute path")
-			continue
-		}
-		p = filepath.Clean(p)
-		// No component may be a symlink (a sync request must not reach
-		// outside the trees through one), and nothing is opened for I/O.
-		st, err := inode.StatPath(p)
-		if errors.Is(err, unix.ELOOP) {
-			fail(p, "a directory in the path is a symbolic link, which is not followed ("+linkHint(wat, p, "give the path without it")+")")
-			continue
-		}
-		if err != nil {
-			fail(p, reason(err))
-			continue
-		}
-		tree, ok := wat.TreeOf(p)
-		if !ok && st.Mode&unix.S_IFMT == unix.S_IFDIR && holdsTree(wat, p) {
-			// A directory above trees: their tracked files under it.
-			for _, wb := range reg.Devices() {
-				for _, ref := range wb.Refs(p) {
-					add(wb, ref)
-				}
-			}
-			continue
-		}
-		if !ok {
-			msg := "not in a watched tree"
-			if h := linkHint(wat, p, ""); h != "" {
-				msg += " as named (" + h + ")"
-			} else if root := flatAbove(wat, p); root != "" {
-				msg += " (" + flatHint(root) + ")"
-			}
-			fail(p, msg)
-			continue
-		}
-		if st.Mode&unix.S_IFMT == unix.S_IFDIR && !tree.Recursive && p != tree.Root && !holdsTree(wat, p) {
-			// A subdirectory of a tree without recursion: none of the
-			// files below it is the tree's.
-			fail(p, "not in a watched tree ("+flatHint(tree.Root)+")")
-			continue
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			for _, wb := range reg.Devices() {
-				for _, ref := range wb.Refs(p) {
-					add(wb, ref)
-				}
-			}
-		case unix.S_IFREG:
-			key := inode.Key{Dev: st.Dev, Ino: st.Ino}
-			wb, err := reg.Device(key.Dev, p)
-			if err != nil {
-				fail(p, err.Error())
-				continue
-			}
-			add(wb, bdi.FileRef{Key: key, Path: p, Tree: tree.Tree})
-		case unix.S_IFLNK:
-			fail(p, "a symbolic link: not followed (name the file it points to)")
-		default:
-			fail(p, "not a regular file or directory")
+		sp.addPath(p)
+	}
+	return sp.run(ctx)
+}
+
+// syncPlan is a sync request's files, gathered per device.
+type syncPlan struct {
+	reg   *bdi.Registry
+	wat   watch.Backend
+	files []control.FileResult
+	works map[*bdi.Writeback]*syncWork
+	named map[inode.Key]bool // a file named twice (DIR and DIR/file) is written and counted once
+}
+
+// syncWork is one device's work, and where each of its files stands in
+// the plan's results.
+type syncWork struct {
+	work  *bdi.Work
+	index []int
+}
+
+// add puts ref on wb's work, once.
+func (sp *syncPlan) add(wb *bdi.Writeback, ref bdi.FileRef) {
+	if sp.named[ref.Key] {
+		return
+	}
+	sp.named[ref.Key] = true
+	s := sp.works[wb]
+	if s == nil {
+		s = &syncWork{work: &bdi.Work{SyncMode: bdi.SyncAll, Reason: "sync"}}
+		sp.works[wb] = s
+	}
+	s.work.Files = append(s.work.Files, ref)
+	s.index = append(s.index, len(sp.files))
+	sp.files = append(sp.files, control.FileResult{Path: control.Name(ref.Path)})
+}
+
+// addUnder adds every tracked file under dir ("": every one).
+func (sp *syncPlan) addUnder(dir string) {
+	for _, wb := range sp.reg.Devices() {
+		for _, ref := range wb.Refs(dir) {
+			sp.add(wb, ref)
 		}
 	}
-	for wb, s := range works {
+}
+
+func (sp *syncPlan) fail(p, msg string) {
+	sp.files = append(sp.files, control.FileResult{Path: control.Name(p), Error: msg})
+}
+
+// addPath adds what a named path asks for: a regular file in a tree, the
+// tracked files under a directory of a tree or above trees; anything else
+// is a failure with its reason.
+func (sp *syncPlan) addPath(p string) {
+	if !filepath.IsAbs(p) {
+		sp.fail(p, "not an absolute path")
+		return
+	}
+	p = filepath.Clean(p)
+	// No component may be a symlink (a sync request must not reach
+	// outside the trees through one), and nothing is opened for I/O.
+	st, err := inode.StatPath(p)
+	if errors.Is(err, unix.ELOOP) {
+		sp.fail(p, "a directory in the path is a symbolic link, which is not followed ("+linkHint(sp.wat, p, "give the path without it")+")")
+		return
+	}
+	if err != nil {
+		sp.fail(p, reason(err))
+		return
+	}
+	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+	tree, ok := sp.wat.TreeOf(p)
+	switch {
+	case !ok && isDir && holdsTree(sp.wat, p):
+		// A directory above trees: their tracked files under it.
+		sp.addUnder(p)
+		return
+	case !ok:
+		msg := "not in a watched tree"
+		if h := linkHint(sp.wat, p, ""); h != "" {
+			msg += " as named (" + h + ")"
+		} else if root := flatAbove(sp.wat, p); root != "" {
+			msg += " (" + flatHint(root) + ")"
+		}
+		sp.fail(p, msg)
+		return
+	case isDir && !tree.Recursive && p != tree.Root && !holdsTree(sp.wat, p):
+		// A subdirectory of a tree without recursion: none of the
+		// files below it is the tree's.
+		sp.fail(p, "not in a watched tree ("+flatHint(tree.Root)+")")
+		return
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		sp.addUnder(p)
+	case unix.S_IFREG:
+		key := inode.Key{Dev: st.Dev, Ino: st.Ino}
+		wb, err := sp.reg.Device(key.Dev, p)
+		if err != nil {
+			sp.fail(p, err.Error())
+			return
+		}
+		sp.add(wb, bdi.FileRef{Key: key, Path: p, Tree: tree.Tree})
+	case unix.S_IFLNK:
+		sp.fail(p, "a symbolic link: not followed (name the file it points to)")
+	default:
+		sp.fail(p, "not a regular file or directory")
+	}
+}
+
+// run queues each device's work, waits for all of it (or for ctx: the
+// daemon shutting down), and returns the response.
+func (sp *syncPlan) run(ctx context.Context) control.Response {
+	for wb, s := range sp.works {
 		wb.Queue(s.work)
 	}
-	for _, s := range works {
+	for _, s := range sp.works {
 		select {
 		case <-s.work.Done():
 		case <-ctx.Done():
@@ -223,19 +248,19 @@ func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []str
 				// Deleted since it was tracked or named: nothing
 				// of it is left to write (as fsync(2) of a
 				// deleted file succeeds).
-				files[i].Gone = true
+				sp.files[i].Gone = true
 			default:
-				files[i].Error = reason(err)
+				sp.files[i].Error = reason(err)
 			}
 		}
 	}
 	ok := true
-	for _, f := range files {
+	for _, f := range sp.files {
 		if f.Error != "" {
 			ok = false
 		}
 	}
-	return control.Response{OK: ok, Files: files}
+	return control.Response{OK: ok, Files: sp.files}
 }
 
 // freshCachestat opens a tracked file and reads cachestat, giving up after
