@@ -847,12 +847,12 @@ var lintianTag = regexp.MustCompile(`^([EWIPXO]): flusherd(?: [a-z]+)?: (\S+)(.*
 func TestLintian(t *testing.T) {
 	needTools(t, map[string]string{"lintian": "lintian"})
 	deb := builtDeb(t)
-	cmd := exec.Command("lintian", "--info", "--show-overrides", "--fail-on", "none", deb)
+	cmd := exec.Command("lintian", "--display-info", "--show-overrides", "--fail-on", "none", deb)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("lintian: %v\n%s", err, out)
 	}
-	t.Logf("lintian --info --show-overrides %s:\n%s", filepath.Base(deb), out)
+	t.Logf("lintian --display-info --show-overrides %s:\n%s", filepath.Base(deb), out)
 	overridden := 0
 	for _, l := range strings.Split(string(out), "\n") {
 		m := lintianTag.FindStringSubmatch(l)
