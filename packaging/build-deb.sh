@@ -12,6 +12,20 @@
 # (`flusherd version`). The architecture is `dpkg --print-architecture`
 # (DEB_HOST_ARCH overrides it, to cross-build).
 #
+# The Maintainer field (and the changelog's signature) is
+# "$DEBFULLNAME <$DEBEMAIL>", the variables Debian's tools (dch, debmake)
+# read; DEBEMAIL may also hold "Name <address>" by itself. Without DEBEMAIL
+# it is the committer of the commit built (git log -1 --format='%cn <%ce>'),
+# so that the same commit gives the same package; outside a git checkout
+# DEBEMAIL is required. The address must be a real mail address: lintian
+# fails a host such as localhost (bogus-mail-host).
+#
+# The layout follows what debhelper makes: the changelog as
+# changelog.gz (a native package: the version has no Debian revision),
+# documents over 4 KiB gzipped as dh_compress does (not those under
+# examples/), the systemd maintainer-script snippets of dh_installsystemd,
+# and a lintian override file that gives the reason for each override.
+#
 # Needs go, dpkg-deb, gzip and go-md2man (installed with `go install` if it
 # is not on PATH). No root: the files are recorded as root:root by
 # `dpkg-deb --root-owner-group`.
@@ -50,6 +64,25 @@ debversion() {
 version=$(debversion)
 if ! [[ $version =~ ^[0-9][A-Za-z0-9.+~]*$ ]]; then
 	echo "$0: $version (from git describe) is not a usable Debian version" >&2
+	exit 1
+fi
+
+# --- Maintainer --------------------------------------------------------------
+if [ -n "${DEBEMAIL:-}" ]; then
+	if [[ $DEBEMAIL == *"<"*">" ]]; then
+		maintainer=$DEBEMAIL
+	else
+		maintainer="${DEBFULLNAME:-flusherd maintainers} <$DEBEMAIL>"
+	fi
+elif ! maintainer=$(git log -1 --format='%cn <%ce>' 2>/dev/null); then
+	echo "$0: not a git checkout: set DEBEMAIL (and DEBFULLNAME) to the maintainer's address" >&2
+	exit 1
+fi
+# "Name <user@host.domain>", the host not a local name.
+mail_re='^[^<>@]*[^<>@ ] <[^<>@ ]+@([A-Za-z0-9-]+[.])+[A-Za-z0-9-]+>$'
+local_re='@(.*[.])?(localhost|localdomain|local)>$'
+if ! [[ $maintainer =~ $mail_re ]] || [[ $maintainer =~ $local_re ]]; then
+	echo "$0: maintainer \"$maintainer\" is not \"Name <address>\" with a mail domain: set DEBFULLNAME and DEBEMAIL" >&2
 	exit 1
 fi
 
@@ -97,7 +130,8 @@ trap 'rm -rf "$tmp"' EXIT
 root=$tmp/flusherd
 doc=$root/usr/share/doc/flusherd
 install -d -m 0755 "$root" "$root/DEBIAN" "$root/usr/sbin" "$root/lib/systemd/system" \
-	"$root/etc/flusherd" "$doc" "$root/usr/share/man/man5" "$root/usr/share/man/man8"
+	"$root/etc/flusherd" "$doc" "$root/usr/share/man/man5" "$root/usr/share/man/man8" \
+	"$root/usr/share/lintian/overrides"
 
 # A static binary (no cgo): the package depends on nothing.
 CGO_ENABLED=0 GOOS=linux GOARCH=$goarch go build -trimpath \
@@ -118,6 +152,28 @@ install -m 0644 packaging/flusherd.toml "$root/etc/flusherd/flusherd.toml"
 install -m 0644 systemd/flusherd-metrics.conf README.md "$doc/"
 # The README's one picture, at the path its link names.
 install -D -m 0644 doc/storm.png "$doc/doc/storm.png"
+# Prometheus rules and their promtool tests: examples, to copy to the
+# Prometheus server (Debian policy 12.6: examples/, left uncompressed).
+install -d -m 0755 "$doc/examples" "$doc/examples/prometheus"
+install -m 0644 deploy/prometheus/flusherd-rules.yml deploy/prometheus/flusherd-rules.test.yml \
+	"$doc/examples/prometheus/"
+install -m 0644 packaging/lintian-overrides "$root/usr/share/lintian/overrides/flusherd"
+
+# The changelog (Debian policy 12.7; a native package's is changelog.gz):
+# one entry for the commit built, signed by the maintainer, dated with
+# SOURCE_DATE_EPOCH.
+if commit=$(git rev-parse HEAD 2>/dev/null); then
+	built="at commit"$'\n'"    $commit"
+	[[ $version == *.dirty ]] && built+=" with uncommitted changes"
+else
+	built="(not a git checkout)"
+fi
+{
+	printf 'flusherd (%s) unstable; urgency=medium\n\n' "$version"
+	printf '  * Package of the flusherd source %s.\n' "$built"
+	printf '\n -- %s  %s\n' "$maintainer" "$(LC_ALL=C date -u -R -d "@$SOURCE_DATE_EPOCH")"
+} >"$doc/changelog"
+chmod 0644 "$doc/changelog"
 
 # Man pages; the version goes into the footer.
 for page in flusherd.8 flusherd.toml.5; do
@@ -137,7 +193,7 @@ done
 	cat <<-'EOF'
 		flusherd - userspace writeback flusher for chosen directory trees
 
-		Copyright: the flusherd developers <flusherd@localhost>
+		Copyright: the flusherd developers
 		License: the flusherd source tree states no license.
 
 		/usr/sbin/flusherd also contains code from Go (its standard library
@@ -169,6 +225,14 @@ done
 } >"$doc/copyright"
 chmod 0644 "$doc/copyright"
 
+# Compress what dh_compress would: files in the doc directory over 4 KiB,
+# and changelogs, except the copyright, pictures and examples/.
+find "$doc" -path "$doc/examples" -prune -o -type f \( -size +4k -o -name 'changelog*' \) \
+	! -name copyright ! -iname '*.png' ! -name '*.gz' -print0 |
+	while IFS= read -r -d '' f; do
+		gzip -9n "$f"
+	done
+
 # --- Control files -----------------------------------------------------------
 echo /etc/flusherd/flusherd.toml >"$root/DEBIAN/conffiles"
 install -m 0755 packaging/postinst packaging/prerm packaging/postrm "$root/DEBIAN/"
@@ -179,7 +243,7 @@ cat >"$root/DEBIAN/control" <<EOF
 Package: flusherd
 Version: $version
 Architecture: $arch
-Maintainer: flusherd developers <flusherd@localhost>
+Maintainer: $maintainer
 Installed-Size: $installed_size
 Recommends: systemd
 Section: admin

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,17 +24,97 @@ import (
 )
 
 // The files of the Debian package, with their modes; directories are all
-// 0755 and everything belongs to root:root.
+// 0755 and everything belongs to root:root. The README is added by
+// readmeInDeb.
 var debFiles = map[string]os.FileMode{
-	"./usr/sbin/flusherd":                            0o755,
-	"./lib/systemd/system/flusherd.service":          0o644,
-	"./etc/flusherd/flusherd.toml":                   0o644,
-	"./usr/share/doc/flusherd/README.md":             0o644,
-	"./usr/share/doc/flusherd/flusherd-metrics.conf": 0o644,
-	"./usr/share/doc/flusherd/doc/storm.png":         0o644,
-	"./usr/share/doc/flusherd/copyright":             0o644,
-	"./usr/share/man/man8/flusherd.8.gz":             0o644,
-	"./usr/share/man/man5/flusherd.toml.5.gz":        0o644,
+	"./usr/sbin/flusherd":                                                  0o755,
+	"./lib/systemd/system/flusherd.service":                                0o644,
+	"./etc/flusherd/flusherd.toml":                                         0o644,
+	"./usr/share/doc/flusherd/flusherd-metrics.conf":                       0o644,
+	"./usr/share/doc/flusherd/doc/storm.png":                               0o644,
+	"./usr/share/doc/flusherd/copyright":                                   0o644,
+	"./usr/share/doc/flusherd/changelog.gz":                                0o644,
+	"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.yml":      0o644,
+	"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.test.yml": 0o644,
+	"./usr/share/lintian/overrides/flusherd":                               0o644,
+	"./usr/share/man/man8/flusherd.8.gz":                                   0o644,
+	"./usr/share/man/man5/flusherd.toml.5.gz":                              0o644,
+}
+
+// readmeInDeb returns the README's path in the package: gzipped when it
+// is over 4 KiB, as dh_compress does.
+func readmeInDeb(t *testing.T) string {
+	t.Helper()
+	fi, err := os.Stat("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() > 4096 {
+		return "./usr/share/doc/flusherd/README.md.gz"
+	}
+	return "./usr/share/doc/flusherd/README.md"
+}
+
+// The maintainer that the tests build the package with (DEBFULLNAME and
+// DEBEMAIL).
+const (
+	testMaintainerName = "Package Test"
+	testMaintainerMail = "package-test@example.org"
+)
+
+var (
+	debOnce sync.Once
+	debPath string
+	debErr  error
+)
+
+// needTools skips the test when a tool is missing, or fails it under
+// CI=true, naming the Debian package that has it.
+func needTools(t *testing.T, tools map[string]string) {
+	t.Helper()
+	for tool, pkg := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s (Debian package %s) is needed to build and check the Debian package: %v", tool, pkg, err)
+			}
+			t.Skipf("%s (Debian package %s) not found; skipping", tool, pkg)
+		}
+	}
+}
+
+// builtDeb builds the package with build-deb.sh once for the tests of this
+// package (as testMaintainer) and returns its path. It needs dpkg-deb and
+// dpkg, and is skipped with -short.
+func builtDeb(t *testing.T) string {
+	t.Helper()
+	needTools(t, map[string]string{"dpkg-deb": "dpkg", "dpkg": "dpkg"})
+	if testing.Short() {
+		t.Skip("builds the package; skipped with -short")
+	}
+	debOnce.Do(func() {
+		outdir, err := os.MkdirTemp("", "flusherd-packaging-deb")
+		if err != nil {
+			debErr = err
+			return
+		}
+		cmd := exec.Command("bash", "build-deb.sh", outdir)
+		cmd.Env = append(os.Environ(), "DEBFULLNAME="+testMaintainerName, "DEBEMAIL="+testMaintainerMail)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			debErr = fmt.Errorf("build-deb.sh: %v\n%s", err, stderr.String())
+			return
+		}
+		debPath = strings.TrimSpace(string(out))
+		if ents, _ := os.ReadDir(outdir); len(ents) != 1 || filepath.Join(outdir, ents[0].Name()) != debPath {
+			debErr = fmt.Errorf("build-deb.sh printed %q; OUTDIR holds %v", debPath, ents)
+		}
+	})
+	if debErr != nil {
+		t.Fatal(debErr)
+	}
+	return debPath
 }
 
 var debControlFiles = map[string]os.FileMode{
@@ -174,6 +255,9 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if buildBin != "" {
 		os.RemoveAll(filepath.Dir(buildBin))
+	}
+	if debPath != "" {
+		os.RemoveAll(filepath.Dir(debPath))
 	}
 	os.Exit(code)
 }
@@ -359,29 +443,10 @@ func TestManPageConfigKeys(t *testing.T) {
 // modes and owners, its control fields, conffiles and maintainer scripts,
 // and the unit, configuration, man pages and binary in it.
 func TestDeb(t *testing.T) {
-	for _, tool := range []string{"dpkg-deb", "dpkg"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is needed to build and check the Debian package: %v", tool, err)
-			}
-			t.Skipf("%s not found; skipping the Debian package test", tool)
-		}
-	}
-	if testing.Short() {
-		t.Skip("builds the package; skipped with -short")
-	}
-	outdir := t.TempDir()
-	cmd := exec.Command("bash", "build-deb.sh", outdir)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("build-deb.sh: %v\n%s", err, stderr.String())
-	}
-	deb := strings.TrimSpace(string(out))
-	if ents, _ := os.ReadDir(outdir); len(ents) != 1 || filepath.Join(outdir, ents[0].Name()) != deb {
-		t.Fatalf("build-deb.sh printed %q; OUTDIR holds %v", deb, ents)
-	}
+	deb := builtDeb(t)
+	debFiles := maps.Clone(debFiles)
+	readme := readmeInDeb(t)
+	debFiles[readme] = 0o644
 
 	dpkgDeb := func(args ...string) string {
 		t.Helper()
@@ -423,7 +488,7 @@ func TestDeb(t *testing.T) {
 	for name, want := range map[string]string{
 		"Package":      "flusherd",
 		"Architecture": arch,
-		"Maintainer":   "flusherd developers <flusherd@localhost>",
+		"Maintainer":   testMaintainerName + " <" + testMaintainerMail + ">",
 		"Recommends":   "systemd",
 		"Depends":      "",
 		"Pre-Depends":  "",
@@ -523,17 +588,34 @@ func TestDeb(t *testing.T) {
 		t.Errorf("the packaged unit is not systemd/flusherd.service with ExecStart=/usr/sbin/flusherd")
 	}
 	for pkgPath, src := range map[string]string{
-		"./etc/flusherd/flusherd.toml":                   "flusherd.toml",
-		"./usr/share/doc/flusherd/README.md":             "../README.md",
-		"./usr/share/doc/flusherd/flusherd-metrics.conf": "../systemd/flusherd-metrics.conf",
+		"./etc/flusherd/flusherd.toml": "flusherd.toml",
+		readme:                         "../README.md",
+		"./usr/share/doc/flusherd/flusherd-metrics.conf":                       "../systemd/flusherd-metrics.conf",
+		"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.yml":      "../deploy/prometheus/flusherd-rules.yml",
+		"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.test.yml": "../deploy/prometheus/flusherd-rules.test.yml",
+		"./usr/share/lintian/overrides/flusherd":                               "lintian-overrides",
 	} {
 		want, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(files[pkgPath].data, want) {
+		got := files[pkgPath].data
+		if strings.HasSuffix(pkgPath, ".gz") {
+			got = gunzip(t, pkgPath, got)
+		}
+		if !bytes.Equal(got, want) {
 			t.Errorf("%s in the package is not %s", pkgPath, src)
 		}
+	}
+	// The changelog: one entry for this version, signed by the maintainer
+	// and dated with the commit's time.
+	changelog := string(gunzip(t, "changelog.gz", files["./usr/share/doc/flusherd/changelog.gz"].data))
+	if want := "flusherd (" + version + ") unstable; urgency=medium\n\n  * Package of the flusherd source "; !strings.HasPrefix(changelog, want) {
+		t.Errorf("changelog.gz does not start with %q:\n%s", want, changelog)
+	}
+	trailer := regexp.MustCompile(`\n -- (.*)  ((Mon|Tue|Wed|Thu|Fri|Sat|Sun), [0-9]{2} [A-Z][a-z]{2} [0-9]{4} [0-9:]{8} \+0000)\n$`).FindStringSubmatch(changelog)
+	if trailer == nil || trailer[1] != testMaintainerName+" <"+testMaintainerMail+">" {
+		t.Errorf("changelog.gz does not end with the line \" -- %s <%s>  <date>\":\n%s", testMaintainerName, testMaintainerMail, changelog)
 	}
 	copyright := string(files["./usr/share/doc/flusherd/copyright"].data)
 	if !strings.Contains(copyright, "==== Go go1.") {
@@ -548,16 +630,7 @@ func TestDeb(t *testing.T) {
 		"./usr/share/man/man8/flusherd.8.gz":      ".TH flusherd 8 ",
 		"./usr/share/man/man5/flusherd.toml.5.gz": ".TH flusherd.toml 5 ",
 	} {
-		zr, err := gzip.NewReader(bytes.NewReader(files[pkgPath].data))
-		if err != nil {
-			t.Errorf("%s: %v", pkgPath, err)
-			continue
-		}
-		page, err := io.ReadAll(zr)
-		if err != nil {
-			t.Errorf("%s: %v", pkgPath, err)
-			continue
-		}
+		page := gunzip(t, pkgPath, files[pkgPath].data)
 		if !strings.Contains(string(page), "\n"+title) || !strings.Contains(string(page), `"flusherd `+version+`"`) {
 			t.Errorf("%s: no title line %q... with the version %s", pkgPath, title, version)
 		}
@@ -587,6 +660,20 @@ func TestDeb(t *testing.T) {
 	if out, err := exec.Command(bin, "version").Output(); err != nil || string(out) != "flusherd "+version+"\n" {
 		t.Errorf("flusherd version: %q, %v; want \"flusherd %s\"", out, err, version)
 	}
+}
+
+// gunzip returns the gzip data's content.
+func gunzip(t *testing.T, name string, data []byte) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return out
 }
 
 type tarFile struct {
@@ -681,7 +768,14 @@ func TestMaintainerScripts(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(root, "etc/flusherd"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	want("postrm purge", run("postrm", "purge"), []string{"deb-systemd-helper purge flusherd.service"})
+	// The postrm runs deb-systemd-helper only if /usr/bin/deb-systemd-helper
+	// is there (init-system-helpers may be gone by then), as debhelper's
+	// snippet does; the call goes to the stand-in on PATH.
+	purgeCalls := []string{""}
+	if fi, err := os.Stat("/usr/bin/deb-systemd-helper"); err == nil && fi.Mode()&0o111 != 0 {
+		purgeCalls = []string{"deb-systemd-helper purge flusherd.service"}
+	}
+	want("postrm purge", run("postrm", "purge"), purgeCalls)
 	for _, p := range []string{"etc/flusherd", "run/flusherd"} {
 		if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("after postrm purge, /%s: %v; want it gone", p, err)
@@ -718,5 +812,148 @@ func TestPackagedConfigHasEveryKey(t *testing.T) {
 	}
 	if n < 20 {
 		t.Fatalf("only %d keys found in the README's table", n)
+	}
+}
+
+// TestMaintainerScriptsNoSystemctl: the maintainer scripts leave the
+// unit's state to deb-systemd-helper and deb-systemd-invoke, as debhelper's
+// snippets do; systemctl is only called for daemon-reload (what lintian's
+// maintainer-script-calls-systemctl allows).
+func TestMaintainerScriptsNoSystemctl(t *testing.T) {
+	for _, name := range []string{"postinst", "prerm", "postrm"} {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, l := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), "#") {
+				continue
+			}
+			if regexp.MustCompile(`\bsystemctl\b`).MatchString(l) && !strings.Contains(l, "systemctl --system daemon-reload >/dev/null || true") {
+				t.Errorf("packaging/%s:%d calls systemctl for more than daemon-reload: %q", name, i+1, l)
+			}
+		}
+	}
+}
+
+// lintianTag is a line of lintian's output: "E: flusherd: tag [info]" (E
+// error, W warning, I info, P pedantic, X experimental, O overridden).
+var lintianTag = regexp.MustCompile(`^([EWIPXO]): flusherd(?: [a-z]+)?: (\S+)(.*)$`)
+
+// TestLintian runs lintian on the package that build-deb.sh makes: no
+// error and no warning may be reported, and every override of
+// packaging/lintian-overrides must be used and give its reason (comment
+// lines above it).
+func TestLintian(t *testing.T) {
+	needTools(t, map[string]string{"lintian": "lintian"})
+	deb := builtDeb(t)
+	cmd := exec.Command("lintian", "--display-info", "--show-overrides", "--fail-on", "none", deb)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("lintian: %v\n%s", err, out)
+	}
+	t.Logf("lintian --display-info --show-overrides %s:\n%s", filepath.Base(deb), out)
+	overridden := 0
+	for _, l := range strings.Split(string(out), "\n") {
+		m := lintianTag.FindStringSubmatch(l)
+		switch {
+		case m == nil:
+		case m[1] == "E" || m[1] == "W":
+			t.Errorf("lintian: %s", l)
+		case m[2] == "unused-override" || m[2] == "mismatched-override":
+			t.Errorf("lintian: %s (packaging/lintian-overrides)", l)
+		case m[1] == "O":
+			overridden++
+		}
+	}
+
+	// Each override has its reason above it.
+	data, err := os.ReadFile("lintian-overrides")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(data), "\n")
+	n := 0
+	for i, l := range lines {
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		n++
+		if !strings.HasPrefix(l, "flusherd: ") {
+			t.Errorf("packaging/lintian-overrides:%d: %q is not \"flusherd: tag [context]\"", i+1, l)
+		}
+		if i == 0 || !strings.HasPrefix(lines[i-1], "# ") {
+			t.Errorf("packaging/lintian-overrides:%d: the override %q has no reason (a comment right above it)", i+1, l)
+		}
+	}
+	if overridden != n {
+		t.Errorf("lintian reports %d overridden tags; packaging/lintian-overrides has %d overrides", overridden, n)
+	}
+}
+
+// intrawordEmphasis finds italics or bold that start inside a word in
+// roff, as go-md2man makes of underscores or asterisks in a name
+// (vm.dirty_background_* became vm.dirty\fIbackground\fP*).
+// Font changes are first replaced by one byte: \x01 for \fP and \fR, \x02
+// for \fI and \fB, so that a font change right after another is no match.
+var (
+	fontEnd, fontStart = regexp.MustCompile(`\\f[PR]`), regexp.MustCompile(`\\f[IB]`)
+	intrawordEmphasis  = regexp.MustCompile("[A-Za-z0-9.]\x02")
+)
+
+// TestManPagesRender renders the package's man pages with
+// `man --warnings` as lintian does: groff must print no warning, and no
+// emphasis may start inside a word.
+func TestManPagesRender(t *testing.T) {
+	needTools(t, map[string]string{"man": "man-db"})
+	deb := builtDeb(t)
+	files := readTar(t, "--fsys-tarfile", deb)
+	dir := t.TempDir()
+	for _, page := range []string{"./usr/share/man/man8/flusherd.8.gz", "./usr/share/man/man5/flusherd.toml.5.gz"} {
+		f, ok := files[page]
+		if !ok {
+			t.Errorf("%s is not in the package", page)
+			continue
+		}
+		p := filepath.Join(dir, filepath.Base(page))
+		if err := os.WriteFile(p, f.data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("man", "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", p)
+		cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8", "MANROFFSEQ=", "MANWIDTH=80")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil || stderr.Len() > 0 {
+			t.Errorf("man --warnings -l %s: %v\n%s", page, err, stderr.String())
+		}
+		for i, l := range strings.Split(string(gunzip(t, page, f.data)), "\n") {
+			if intrawordEmphasis.MatchString(fontStart.ReplaceAllString(fontEnd.ReplaceAllString(l, "\x01"), "\x02")) {
+				t.Errorf("%s:%d: emphasis starts inside a word (an unescaped _ or * in doc/): %q", page, i+1, l)
+			}
+		}
+	}
+}
+
+// TestBuildDebMaintainer: build-deb.sh refuses a maintainer address that
+// lintian would call bogus, before it builds anything.
+func TestBuildDebMaintainer(t *testing.T) {
+	for _, env := range [][]string{
+		{"DEBEMAIL=flusherd@localhost"},
+		{"DEBEMAIL=flusherd@host.localdomain"},
+		{"DEBEMAIL=flusherd"},
+		{"DEBEMAIL=Name <flusherd@localhost>"},
+		{"DEBEMAIL=<flusherd@example.org>"},
+		{"DEBFULLNAME=Name", "DEBEMAIL=flusherd@mail.local"},
+	} {
+		cmd := exec.Command("bash", "build-deb.sh", t.TempDir())
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			t.Errorf("build-deb.sh with %q succeeded; want a refusal", env)
+			continue
+		}
+		if !strings.Contains(string(out), "set DEBFULLNAME and DEBEMAIL") {
+			t.Errorf("build-deb.sh with %q: %v\n%s\nwant the message naming DEBFULLNAME and DEBEMAIL", env, err, out)
+		}
 	}
 }
