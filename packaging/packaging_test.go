@@ -20,6 +20,7 @@ import (
 	"testing"
 
 	"flusherd/config"
+	"flusherd/internal/testfs"
 )
 
 // The files of the Debian package, with their modes; directories are all
@@ -359,6 +360,7 @@ func TestManPageConfigKeys(t *testing.T) {
 // modes and owners, its control fields, conffiles and maintainer scripts,
 // and the unit, configuration, man pages and binary in it.
 func TestDeb(t *testing.T) {
+	testfs.SkipShort(t, "builds the Debian package")
 	for _, tool := range []string{"dpkg-deb", "dpkg"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") == "true" {
@@ -366,9 +368,6 @@ func TestDeb(t *testing.T) {
 			}
 			t.Skipf("%s not found; skipping the Debian package test", tool)
 		}
-	}
-	if testing.Short() {
-		t.Skip("builds the package; skipped with -short")
 	}
 	outdir := t.TempDir()
 	cmd := exec.Command("bash", "build-deb.sh", outdir)

@@ -25,9 +25,6 @@ func requireRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	if testing.Short() {
-		t.Skip("real-system test skipped in -short mode")
-	}
 }
 
 // debugfs is the mount of /sys/kernel/debug that requireDebugfs made, if

@@ -54,6 +54,7 @@ expire = "60s"
 // order on one container and one daemon, each leaving the service as the
 // next one expects it.
 func TestUnderSystemd(t *testing.T) {
+	testfs.SkipShort(t, "boots a Debian container and builds the package")
 	nspawn.Need(t)
 	if _, err := exec.LookPath("strace"); err != nil {
 		testfs.Missing(t, "strace not found (Debian package strace): %v", err)

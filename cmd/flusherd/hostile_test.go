@@ -104,6 +104,7 @@ func fifoWithWriter(t *testing.T, path string) <-chan error {
 // outside the tree stays dirty. A file deleted while queued is dropped and
 // counted.
 func TestHostileTree(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on a hostile tree on loop-mounted ext4")
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
 	tree := filepath.Join(mnt.Dir, "tree")
 	outside := filepath.Join(mnt.Dir, "outside")

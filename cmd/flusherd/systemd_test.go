@@ -146,6 +146,7 @@ func TestExtendTimeout(t *testing.T) {
 // it got, before READY=1; while it is stuck on one open, none goes out, so
 // TimeoutStartSec still ends a hung start-up.
 func TestExtendTimeoutDaemon(t *testing.T) {
+	testfs.SkipShort(t, "start-ups slowed to 8 and 10 s on FUSE")
 	for _, tc := range []struct {
 		name     string
 		roots    int
@@ -265,6 +266,7 @@ func TestWatchdogStopsWhenWedged(t *testing.T) {
 // forgotten; the new interval is used); a bad configuration
 // is rejected with its key and line, and the old one keeps running.
 func TestNotifyAndReload(t *testing.T) {
+	testfs.SkipShort(t, "the daemon under a fake systemd, reloaded")
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
 	a, b := filepath.Join(mnt.Dir, "a"), filepath.Join(mnt.Dir, "b")
 	for _, d := range []string{a, b} {

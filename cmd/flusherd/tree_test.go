@@ -47,6 +47,7 @@ const (
 // checked with cachestat and the daemon's stats file, within bounds of a
 // few seconds that the kernel's own flusher (30s) cannot meet.
 func TestTreeChanges(t *testing.T) {
+	testfs.SkipShort(t, "the daemon through about 20 tree changes, each backend")
 	if euid := os.Geteuid(); euid != 0 {
 		t.Skipf("needs root: loop-mounted filesystems, fanotify, device nodes (euid=%d)", euid)
 	}
@@ -1020,6 +1021,7 @@ func (s *treeSuite) inodeReuse(t *testing.T) {
 // TestStricterTreeHolds checks that it is written with fdatasync); a file
 // left in the writeback tree stays dirty.
 func TestMovedIntoIntegrityTree(t *testing.T) {
+	testfs.SkipShort(t, "the daemon until a moved file expires")
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
 	wbTree, intTree := filepath.Join(mnt.Dir, "wb"), filepath.Join(mnt.Dir, "int")
 	mkdirs(t, wbTree, intTree)
@@ -1087,6 +1089,7 @@ expire = "200ms"
 // written at the next pass. A file tracked under an expire of an hour was
 // left dirty for that hour after the operator asked for 1 s.
 func TestReloadStricterAppliesToTracked(t *testing.T) {
+	testfs.SkipShort(t, "the daemon reloaded until a file expires")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -1117,6 +1120,7 @@ func TestReloadStricterAppliesToTracked(t *testing.T) {
 // an inner tree made non-recursive (the file in its subdirectory, which
 // the stricter tree around it holds now). Both had kept the hour.
 func TestReloadNestingAppliesToTracked(t *testing.T) {
+	testfs.SkipShort(t, "the daemon reloaded over nested trees")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -44,6 +45,16 @@ func Missing(t T, format string, args ...any) {
 		t.Fatalf("missing under CI: "+format, args...)
 	}
 	t.Skipf(format, args...)
+}
+
+// SkipShort skips a slow test in the short lane (go test -short), saying
+// why it is slow. The full lane (no -short) runs it; unlike Missing, this
+// skip hides nothing under CI, which runs both lanes.
+func SkipShort(t T, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("slow, left to the full lane (skipped with -short): %s", why)
+	}
 }
 
 // Options selects the filesystem to create.
