@@ -20,6 +20,7 @@ import (
 	"flusherd/internal/faultfs"
 	"flusherd/internal/nspawn"
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // The trees' bounds in the container: data written under /srv/data is due
@@ -511,12 +512,8 @@ func (h *harness) waitActive() {
 
 func (h *harness) waitFor(what string, within time.Duration, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("waited %s for %s", within, what)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testwait.Poll(within, cond) {
+		h.t.Fatalf("waited %s for %s", within, what)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 type sink struct {
@@ -98,13 +99,7 @@ func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
 
 func eventually(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, what, 10*time.Second, ok)
 }
 
 // TestNewSubdirectoryRace: files written in directories made after the

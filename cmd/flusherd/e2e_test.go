@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // binary is the flusherd built for the end-to-end tests.
@@ -144,17 +145,24 @@ func startDaemonWith(t *testing.T, bin, configText string, cred *syscall.Credent
 			t.Logf("daemon log:\n%s", d.log.String())
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(d.log.String(), "ready") {
+	exited := false
+	ready := testwait.Poll(30*time.Second, func() bool {
+		if strings.Contains(d.log.String(), "ready") {
+			return true
+		}
 		select {
 		case <-d.done:
-			t.Fatalf("flusherd exited early: %v\n%s", d.err, d.log.String())
+			exited = true
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("flusherd not ready after 30s:\n%s", d.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	})
+	if exited {
+		t.Fatalf("flusherd exited early: %v\n%s", d.err, d.log.String())
+	}
+	if !ready {
+		t.Fatalf("flusherd not ready after 30s:\n%s", d.log.String())
 	}
 	return d
 }

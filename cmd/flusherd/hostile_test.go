@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // writeDirty writes n bytes to path without syncing, so they stay dirty.
@@ -26,19 +27,20 @@ func writeDirty(t *testing.T, path string, n int) {
 func waitClean(t *testing.T, path string, limit time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for {
-		d, wb, err := cachestat(path, 0, 0)
-		if err != nil {
-			t.Fatalf("cachestat %q: %v", path, err)
-		}
-		if d == 0 && wb == 0 {
-			return time.Since(start)
-		}
-		if time.Since(start) > limit {
-			t.Fatalf("%q still has %d dirty, %d writeback pages after %v", path, d, wb, limit)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var d, wb uint64
+	var err error
+	clean := testwait.Poll(limit, func() bool {
+		d, wb, err = cachestat(path, 0, 0)
+		return err != nil || d == 0 && wb == 0
+	})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("cachestat %q: %v", path, err)
 	}
+	if !clean {
+		t.Fatalf("%q still has %d dirty, %d writeback pages after %v", path, d, wb, limit)
+	}
+	return took
 }
 
 // hostileEntries puts in tree a FIFO (no reader or writer), a listening

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 const (
@@ -229,19 +230,10 @@ func brief(s map[string]int64) string {
 		s["b_dirty"], s["b_io"], s["b_more_io"], s["b_more_io_wait"], s["inodes_gone"], s["writeback_errors"])
 }
 
-// poll calls cond every 20ms until it returns true, and reports whether it
-// did within limit (cond is called once more at the end).
+// poll is testwait.Poll: it calls cond until it returns true, and reports
+// whether it did within limit.
 func poll(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return cond()
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return testwait.Poll(limit, cond)
 }
 
 // waitStats polls the stats file until ok holds; after limit it fails the

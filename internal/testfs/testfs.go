@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testwait"
 )
 
 // T is what Mount needs of its caller: a *testing.T or *testing.B, or the
@@ -434,18 +436,11 @@ func (td *teardown) detach(t T) {
 			}
 			continue
 		}
-		deadline := time.Now().Add(detachWait)
-		for {
-			bf, err := backingFile(dev)
-			if err != nil || bf != td.image {
-				break // detached (and maybe already reused by someone else)
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("testfs: %s is still attached to %s after detach; "+
-					"it is marked autoclear and goes away once its last user closes it", dev, td.image)
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
+		// Detached, and maybe already reused by someone else.
+		detached := func() bool { bf, err := backingFile(dev); return err != nil || bf != td.image }
+		if !testwait.Poll(detachWait, detached) {
+			t.Errorf("testfs: %s is still attached to %s after detach; "+
+				"it is marked autoclear and goes away once its last user closes it", dev, td.image)
 		}
 	}
 }
