@@ -187,11 +187,7 @@ func testStartupScanAndSpecialFiles(t *testing.T, backend string) {
 	if err := os.WriteFile(sentinel, []byte("s"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !s.has(sentinel) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !s.has(sentinel) {
+	if !testwait.Poll(5*time.Second, func() bool { return s.has(sentinel) }) {
 		t.Fatalf("the sentinel written after the FIFO and the symlink was not reported")
 	}
 	for _, p := range []string{fifo, link, filepath.Join(root, "link2")} {

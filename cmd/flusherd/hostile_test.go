@@ -183,35 +183,20 @@ expire = "4s"
 	drained := func(s map[string]int64) bool {
 		return s != nil && s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !drained(readStats(t, statsPath)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("lists did not drain: %v", readStats(t, statsPath))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testwait.Poll(5*time.Second, func() bool { return drained(readStats(t, statsPath)) }) {
+		t.Fatalf("lists did not drain: %v", readStats(t, statsPath))
 	}
 	doomed := filepath.Join(slow, "doomed")
 	writeDirty(t, doomed, 16<<10)
-	deadline = time.Now().Add(4 * time.Second)
-	for readStats(t, statsPath)["b_dirty"] == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the new file never showed on b_dirty: %v", readStats(t, statsPath))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testwait.Poll(4*time.Second, func() bool { return readStats(t, statsPath)["b_dirty"] != 0 }) {
+		t.Fatalf("the new file never showed on b_dirty: %v", readStats(t, statsPath))
 	}
 	if err := os.Remove(doomed); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(8 * time.Second)
-	for {
-		s := readStats(t, statsPath)
-		if s["inodes_gone"] >= 1 && drained(s) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("want the deleted file counted in inodes_gone and the lists drained: %v", s)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var s map[string]int64
+	if !testwait.Poll(8*time.Second, func() bool { s = readStats(t, statsPath); return s["inodes_gone"] >= 1 && drained(s) }) {
+		t.Fatalf("want the deleted file counted in inodes_gone and the lists drained: %v", s)
 	}
 	d.stop(t)
 }
