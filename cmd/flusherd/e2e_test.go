@@ -115,7 +115,7 @@ func startDaemonWith(t *testing.T, bin, configText string, cred *syscall.Credent
 	if cred != nil {
 		for _, p := range []string{dir, filepath.Dir(bin)} {
 			if err := makeSearchable(p); err != nil {
-				t.Skipf("cannot run flusherd as uid %d: %v", cred.Uid, err)
+				testfs.Missing(t, "cannot run flusherd as uid %d: %v", cred.Uid, err)
 			}
 		}
 		if err := os.Mkdir(statsDir, 0o755); err != nil {
@@ -373,7 +373,7 @@ func endToEnd(t *testing.T, fstype string) {
 		src = filepath.Join(strings.TrimSpace(string(out)), "src", "net")
 	}
 	if _, err := os.Stat(src); err != nil {
-		t.Skipf("no source tree to copy: %v", err)
+		testfs.Missing(t, "no source tree to copy (FLUSHERD_E2E_SRC, or Go's src/net): %v", err)
 	}
 	mnt := testfs.Mount(t, testfs.Options{Type: fstype, SizeMB: 1024, DirectIO: true})
 	data := filepath.Join(mnt.Dir, "data")

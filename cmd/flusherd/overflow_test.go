@@ -18,7 +18,7 @@ func setSysctl(t *testing.T, path, value string) (restore func()) {
 	t.Helper()
 	old, err := os.ReadFile(path)
 	if err != nil {
-		t.Skipf("%s: %v", path, err)
+		testfs.Missing(t, "%s: %v", path, err)
 	}
 	if err := os.WriteFile(path, []byte(value), 0); err != nil {
 		t.Fatalf("%s: %v", path, err)

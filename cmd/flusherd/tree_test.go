@@ -898,7 +898,7 @@ func (s *treeSuite) unreadable(t *testing.T) {
 	cred := nobodyCred(t)
 	tree := s.dir(t, "unreadable")
 	if err := makeSearchable(tree); err != nil {
-		t.Skipf("the tree cannot be made reachable for nobody: %v", err)
+		testfs.Missing(t, "the tree cannot be made reachable for nobody: %v", err)
 	}
 	d := s.start(t, treeOpts{cred: cred, shutdownTimeout: "2s"}, treeWatch{path: tree})
 	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid)); err != nil ||
