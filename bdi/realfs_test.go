@@ -133,6 +133,9 @@ func TestRealOutcomes(t *testing.T) {
 			if os.Getenv("FLUSHERD_MUTATION") != "" && (tc.faults.OpenDelay > 0 || tc.faults.FsyncDelay > 0) {
 				t.Skip("a 3 s case, left out of mutation runs (FLUSHERD_MUTATION is set)")
 			}
+			if tc.faults.OpenDelay > 0 || tc.faults.FsyncDelay > 0 {
+				testfs.SkipShort(t, "an open or fsync delayed 3 s")
+			}
 			ffs := faultfs.MountT(t)
 			wb, ch := realWB(t, realConfig())
 			p := filepath.Join(ffs.Dir, "f")

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testwait"
 )
 
 func key(t *testing.T, p string) Key {
@@ -122,19 +124,16 @@ func TestWritebackSyscalls(t *testing.T) {
 	if err := f.StartWriteback(0, 0); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		d, wb, err := f.Cachestat(0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d == 0 && wb == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still dirty=%d writeback=%d", d, wb)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var d, wb uint64
+	clean := testwait.Poll(30*time.Second, func() bool {
+		d, wb, err = f.Cachestat(0, 0)
+		return err != nil || d == 0 && wb == 0
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !clean {
+		t.Fatalf("still dirty=%d writeback=%d", d, wb)
 	}
 	if err := f.DataSync(); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // TestHandles opens files by handle on a real ext4 filesystem: after a
@@ -107,16 +108,12 @@ func TestHandles(t *testing.T) {
 	// the filesystem busy.
 	// (Idle is 50 ms; the timer that closes it may run late on a loaded
 	// machine.)
-	open := 0
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	closed := testwait.Poll(5*time.Second, func() bool {
 		h.mu.Lock()
-		open = h.mounts[dev].fd
-		h.mu.Unlock()
-		if open < 0 {
-			break
-		}
-	}
-	if open >= 0 {
+		defer h.mu.Unlock()
+		return h.mounts[dev].fd < 0
+	})
+	if !closed {
 		t.Errorf("mount descriptor still open 5 s after the idle time (50 ms)")
 	}
 }

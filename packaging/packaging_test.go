@@ -21,6 +21,7 @@ import (
 	"testing"
 
 	"flusherd/config"
+	"flusherd/internal/testfs"
 )
 
 // The files of the Debian package, with their modes; directories are all
@@ -88,9 +89,7 @@ func needTools(t *testing.T, tools map[string]string) {
 func builtDeb(t *testing.T) string {
 	t.Helper()
 	needTools(t, map[string]string{"dpkg-deb": "dpkg", "dpkg": "dpkg"})
-	if testing.Short() {
-		t.Skip("builds the package; skipped with -short")
-	}
+	testfs.SkipShort(t, "builds the Debian package")
 	debOnce.Do(func() {
 		outdir, err := os.MkdirTemp("", "flusherd-packaging-deb")
 		if err != nil {

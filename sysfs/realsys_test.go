@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // Tests in this file run against the live kernel and need root; they create
@@ -24,9 +25,6 @@ func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
-	}
-	if testing.Short() {
-		t.Skip("real-system test skipped in -short mode")
 	}
 }
 
@@ -344,14 +342,7 @@ func writeMBR(t *testing.T, img string, size int64) {
 }
 
 func waitFor(p string, d time.Duration) bool {
-	for end := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := os.Stat(p); err == nil {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
-	}
+	return testwait.Poll(d, func() bool { _, err := os.Stat(p); return err == nil })
 }
 
 func TestRealLoopPartition(t *testing.T) {

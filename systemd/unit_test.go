@@ -20,6 +20,7 @@ import (
 	"flusherd/internal/faultfs"
 	"flusherd/internal/nspawn"
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // The trees' bounds in the container: data written under /srv/data is due
@@ -54,6 +55,7 @@ expire = "60s"
 // order on one container and one daemon, each leaving the service as the
 // next one expects it.
 func TestUnderSystemd(t *testing.T) {
+	testfs.SkipShort(t, "boots a Debian container and builds the package")
 	nspawn.Need(t)
 	if _, err := exec.LookPath("strace"); err != nil {
 		testfs.Missing(t, "strace not found (Debian package strace): %v", err)
@@ -510,12 +512,8 @@ func (h *harness) waitActive() {
 
 func (h *harness) waitFor(what string, within time.Duration, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("waited %s for %s", within, what)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testwait.Poll(within, cond) {
+		h.t.Fatalf("waited %s for %s", within, what)
 	}
 }
 

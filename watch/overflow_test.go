@@ -10,6 +10,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/testwait"
 )
 
 // TestOverflowRescan: the rescan after an overflow runs beside the caller
@@ -38,12 +39,8 @@ func TestOverflowRescan(t *testing.T) {
 	release <- struct{}{}
 	<-started
 	release <- struct{}{}
-	deadline := time.Now().Add(10 * time.Second)
-	for b.rescanBusy() {
-		if time.Now().After(deadline) {
-			t.Fatal("rescanBusy still true 10s after the last rescan")
-		}
-		time.Sleep(time.Millisecond)
+	if !testwait.Poll(10*time.Second, func() bool { return !b.rescanBusy() }) {
+		t.Fatal("rescanBusy still true 10s after the last rescan")
 	}
 	if n := runs.Load(); n != 2 {
 		t.Errorf("%d rescans, want 2 (the first and one for the overflows during it)", n)
@@ -52,8 +49,8 @@ func TestOverflowRescan(t *testing.T) {
 	b.overflowRescan(ctx, rescan)
 	<-started
 	release <- struct{}{}
-	for b.rescanBusy() {
-		time.Sleep(time.Millisecond)
+	if !testwait.Poll(10*time.Second, func() bool { return !b.rescanBusy() }) {
+		t.Fatal("rescanBusy still true 10s after the later rescan")
 	}
 	if n := runs.Load(); n != 3 {
 		t.Errorf("%d rescans after a later overflow, want 3", n)

@@ -340,6 +340,7 @@ func deepFile(t *testing.T, root string) string {
 // are not, and that is logged once. Every descriptor the walk opened is
 // closed.
 func TestScanDeepTree(t *testing.T) {
+	testfs.SkipShort(t, "makes and scans 5,000 nested directories")
 	root := t.TempDir()
 	const depth = 5000
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

@@ -18,6 +18,7 @@ import (
 	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 type sink struct {
@@ -98,13 +99,7 @@ func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
 
 func eventually(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, what, 10*time.Second, ok)
 }
 
 // TestNewSubdirectoryRace: files written in directories made after the
@@ -192,11 +187,7 @@ func testStartupScanAndSpecialFiles(t *testing.T, backend string) {
 	if err := os.WriteFile(sentinel, []byte("s"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !s.has(sentinel) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !s.has(sentinel) {
+	if !testwait.Poll(5*time.Second, func() bool { return s.has(sentinel) }) {
 		t.Fatalf("the sentinel written after the FIFO and the symlink was not reported")
 	}
 	for _, p := range []string{fifo, link, filepath.Join(root, "link2")} {
@@ -593,6 +584,7 @@ func TestRootParentRenamed(t *testing.T) {
 // without any later event to rewrite it (it was rewritten only by events
 // in trees, so a tree gone stayed listed as served).
 func TestGoneRootInWatchStats(t *testing.T) {
+	testfs.SkipShort(t, "waits for the stats of each backend's removed root")
 	for _, b := range backends {
 		t.Run(b, func(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "root")

@@ -42,6 +42,7 @@ path = %q
 // writeback the file would hold all of its 25 MiB dirty (the kernel's
 // thresholds on this machine are gigabytes, its expiry 30 s).
 func TestStreamingWriterBounded(t *testing.T) {
+	testfs.SkipShort(t, "a streaming writer under the daemon on loop-mounted ext4")
 	mnt, tree, d := storageWithDaemon(t, `range_bytes = "1MiB"`)
 	path := filepath.Join(tree, "stream.log")
 	f, err := os.Create(path)
@@ -93,6 +94,7 @@ func TestStreamingWriterBounded(t *testing.T) {
 // estimate of the dirty bytes (BdiReclaimable) against a cachestat scan
 // of the files.
 func TestBackgroundThresholdBurst(t *testing.T) {
+	testfs.SkipShort(t, "a 16 MiB burst under the daemon on loop-mounted ext4")
 	mnt, tree, d := storageWithDaemon(t, "dirty_background_bytes = \"16MiB\"\nrange_bytes = \"0\"")
 	buf := make([]byte, 16<<20)
 	for i := range buf {

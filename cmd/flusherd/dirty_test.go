@@ -28,6 +28,7 @@ import (
 // error: two files on ext4 waiting on b_dirty (expire 1h), and one on a
 // FUSE filesystem whose opens fail with EAGAIN, on b_more_io_wait.
 func TestDirtyCommand(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on loop-mounted ext4 and FUSE")
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
 	ffs := faultfs.MountT(t)
 	tree := filepath.Join(mnt.Dir, "tree")
@@ -238,6 +239,7 @@ func TestNamesNotUTF8(t *testing.T) {
 // an error since, so the file is reported failed (flusherd dirty, stats),
 // not dropped as clean; written again, it is written back and forgotten.
 func TestLostDataConsumedElsewhere(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on FUSE failing writeback")
 	ffs := faultfs.MountT(t)
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
@@ -299,6 +301,7 @@ mode = "integrity"
 // EIO they were lost to, not retried as EROFS for ever; the shutdown names
 // them and does not say that every file is clean.
 func TestLostThenReadOnly(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on FUSE failing writeback, then read-only")
 	ffs := faultfs.MountT(t)
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]

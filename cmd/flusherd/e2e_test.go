@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // binary is the flusherd built for the end-to-end tests.
@@ -114,7 +115,7 @@ func startDaemonWith(t *testing.T, bin, configText string, cred *syscall.Credent
 	if cred != nil {
 		for _, p := range []string{dir, filepath.Dir(bin)} {
 			if err := makeSearchable(p); err != nil {
-				t.Skipf("cannot run flusherd as uid %d: %v", cred.Uid, err)
+				testfs.Missing(t, "cannot run flusherd as uid %d: %v", cred.Uid, err)
 			}
 		}
 		if err := os.Mkdir(statsDir, 0o755); err != nil {
@@ -144,17 +145,24 @@ func startDaemonWith(t *testing.T, bin, configText string, cred *syscall.Credent
 			t.Logf("daemon log:\n%s", d.log.String())
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(d.log.String(), "ready") {
+	exited := false
+	ready := testwait.Poll(30*time.Second, func() bool {
+		if strings.Contains(d.log.String(), "ready") {
+			return true
+		}
 		select {
 		case <-d.done:
-			t.Fatalf("flusherd exited early: %v\n%s", d.err, d.log.String())
+			exited = true
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("flusherd not ready after 30s:\n%s", d.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	})
+	if exited {
+		t.Fatalf("flusherd exited early: %v\n%s", d.err, d.log.String())
+	}
+	if !ready {
+		t.Fatalf("flusherd not ready after 30s:\n%s", d.log.String())
 	}
 	return d
 }
@@ -349,6 +357,7 @@ func copyTree(t *testing.T, src, dst string, rec func(written)) {
 // bound holds only if flusherd does the work. FLUSHERD_E2E_SRC replaces the
 // copied tree (default $GOROOT/src/net).
 func TestEndToEnd(t *testing.T) {
+	testfs.SkipShort(t, "a source tree copied onto loop-mounted ext4 and xfs under the daemon")
 	for _, fstype := range []string{"ext4", "xfs"} {
 		t.Run(fstype, func(t *testing.T) { endToEnd(t, fstype) })
 	}
@@ -364,7 +373,7 @@ func endToEnd(t *testing.T, fstype string) {
 		src = filepath.Join(strings.TrimSpace(string(out)), "src", "net")
 	}
 	if _, err := os.Stat(src); err != nil {
-		t.Skipf("no source tree to copy: %v", err)
+		testfs.Missing(t, "no source tree to copy (FLUSHERD_E2E_SRC, or Go's src/net): %v", err)
 	}
 	mnt := testfs.Mount(t, testfs.Options{Type: fstype, SizeMB: 1024, DirectIO: true})
 	data := filepath.Join(mnt.Dir, "data")

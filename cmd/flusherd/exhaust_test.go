@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
 )
 
 // TestDescriptorExhaustion: with the daemon's RLIMIT_NOFILE lowered to
@@ -24,6 +26,7 @@ import (
 // was reported as ENODEV (filesystem gone) and the events were dropped
 // without a word.
 func TestDescriptorExhaustion(t *testing.T) {
+	testfs.SkipShort(t, "the daemon under lowered descriptor limits, each backend")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts, fanotify")
 	}

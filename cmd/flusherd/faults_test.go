@@ -85,6 +85,7 @@ type faultKind struct {
 var fuseScanFlushes = []string{"rescan"}
 
 func TestFaultSuite(t *testing.T) {
+	testfs.SkipShort(t, "the daemon through each fault, each stage, on loop devices and FUSE")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts, FUSE, fsfreeze")
 	}

@@ -25,6 +25,7 @@ import (
 // written in the subvolume is written back within the bound, and SIGTERM
 // does not wait for it. Both backends.
 func TestBtrfsSubvolume(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on loop-mounted btrfs")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -57,6 +58,7 @@ func TestBtrfsSubvolume(t *testing.T) {
 // refuses, the start fails as a configuration error (exit 2) naming the
 // tree and suggesting "auto".
 func TestBtrfsSubvolumeRoot(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on loop-mounted btrfs")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -187,6 +189,7 @@ func bindMount(t *testing.T, src, dst string) {
 // saw the writes of neither mount and inotify not those of the later one:
 // they waited for the kernel's own writeback. Both backends.
 func TestMountsInsideTree(t *testing.T) {
+	testfs.SkipShort(t, "the daemon across nested loop mounts, each backend")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -309,6 +312,7 @@ func TestCheckConfigNoWriteback(t *testing.T) {
 // inotify. With backend = "fanotify", the daemon refuses to start and
 // names the tree.
 func TestBackendPerFilesystem(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on ext4, FUSE and tmpfs at once")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts, FUSE, fanotify")
 	}
@@ -406,6 +410,7 @@ func checkTreeLines(t *testing.T, d *flusherdProc, want map[string]string) {
 // mount as an inotify tree, and its unmount forgets it without an error.
 // Before, it was logged as not served and counted in unserved_mounts.
 func TestFUSEMountedInsideFanotifyTree(t *testing.T) {
+	testfs.SkipShort(t, "the daemon with FUSE inside a fanotify tree")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts, FUSE, fanotify")
 	}
@@ -501,6 +506,7 @@ func runFor(cmd *exec.Cmd, d time.Duration) (string, error) {
 // was dropped with "the unmount wrote them back" and stayed dirty. Both
 // backends; the expire is an hour, so only the sync writes it.
 func TestNestedBindUnmountedKeepsFiles(t *testing.T) {
+	testfs.SkipShort(t, "the daemon across a bind mount unmounted, each backend")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -547,6 +553,7 @@ path = %q
 // write was ignored, and sync and the shutdown called the tree clean);
 // with backend = "fanotify" it is logged as not served.
 func TestSameFilesystemBindInTree(t *testing.T) {
+	testfs.SkipShort(t, "the daemon across bind mounts, three backends")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -582,6 +589,7 @@ func TestSameFilesystemBindInTree(t *testing.T) {
 // fanotify had named through the first mount and tracked under the first
 // tree's hour (a sync of its root wrote nothing).
 func TestTreesThroughTwoMounts(t *testing.T) {
+	testfs.SkipShort(t, "the daemon until a file expires through a bind mount")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -617,6 +625,7 @@ mode = "integrity"
 // waits for none of them and says every tracked file is clean; the ext4
 // tree's file is written back as usual.
 func TestNoWritebackTrees(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on proc, sysfs, tmpfs and ext4 mounts")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts proc, sysfs and tmpfs")
 	}

@@ -18,7 +18,7 @@ func setSysctl(t *testing.T, path, value string) (restore func()) {
 	t.Helper()
 	old, err := os.ReadFile(path)
 	if err != nil {
-		t.Skipf("%s: %v", path, err)
+		testfs.Missing(t, "%s: %v", path, err)
 	}
 	if err := os.WriteFile(path, []byte(value), 0); err != nil {
 		t.Fatalf("%s: %v", path, err)
@@ -123,6 +123,7 @@ func forBackends(t *testing.T, f func(t *testing.T, backend string, mnt *testfs.
 // overflows; the daemon rescans the tree with cachestat and every file
 // still gets clean within the bound. Both backends.
 func TestOverflow(t *testing.T) {
+	testfs.SkipShort(t, "queue overflows with the daemon stopped, each backend")
 	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
 		d := startCutQueue(t, backend, tree, "")
 		files := overflowWrites(t, d, tree, nil)
@@ -155,6 +156,7 @@ func TestOverflow(t *testing.T) {
 // overflow), at once after SIGCONT, or 50 ms later (while the overflow's
 // rescan runs, or after it).
 func TestRemoveTreeAfterOverflow(t *testing.T) {
+	testfs.SkipShort(t, "queue overflows with the daemon stopped, three timings")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
@@ -212,6 +214,7 @@ backend = "fanotify"
 // overflow's rescan looks at the tracked names, finds these gone, and the
 // next pass forgets them (inodes_gone). Both backends.
 func TestDeletedInOverflow(t *testing.T) {
+	testfs.SkipShort(t, "queue overflows with the daemon stopped, each backend")
 	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
 		doomedDir := filepath.Join(tree, "doomed")
 		d := startCutQueue(t, backend, tree, "1h")
@@ -257,6 +260,7 @@ func TestDeletedInOverflow(t *testing.T) {
 // under that name and be replaced by the new directory's, and the files
 // below it went unseen). Both backends.
 func TestDirMovedInOverflow(t *testing.T) {
+	testfs.SkipShort(t, "queue overflows with the daemon stopped, each backend")
 	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
 		d := startCutQueue(t, backend, tree, "500ms")
 		d.cmd.Process.Signal(syscall.SIGSTOP)

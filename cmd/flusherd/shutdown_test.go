@@ -98,6 +98,7 @@ expire = "1h"
 // line says that files the scan had not reached may be dirty and
 // untracked, not that every tracked file is clean.
 func TestShutdownDuringInitialScan(t *testing.T) {
+	testfs.SkipShort(t, "30,000 directories made and scanned")
 	tree := t.TempDir()
 	for i := range 30 {
 		for j := range 1000 {

@@ -53,6 +53,7 @@ func throttleWrites(t *testing.T, majMin string, bps int64) (unthrottle func()) 
 // The daemon is the plain build (plainBinary) also under -race: the bound
 // is a latency of the shipped binary.
 func TestSlowDeviceSmallFile(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on throttled loop devices")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts, cgroup blk-throttle")
 	}
@@ -122,6 +123,7 @@ path = %q
 // expire + interval + 1 s, and the stalled close counts in stuck_calls
 // while it lasts (attempt_timeout 1s).
 func TestStalledClose(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on a stalled FUSE filesystem")
 	ffs := faultfs.MountT(t)
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
@@ -161,6 +163,7 @@ path = %q
 // the longest gap between pings stays under 2 s. The watchdog means "the
 // daemon's loops are alive", not "every filesystem is healthy".
 func TestStalledWrites(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on a stalled FUSE filesystem")
 	ffs := faultfs.MountT(t)
 	sd := newFakeSystemd(t)
 	t.Setenv("NOTIFY_SOCKET", sd.path)
@@ -228,6 +231,7 @@ path = %q
 // the stream's events several times slower, and the bound is a latency of
 // the shipped binary.
 func TestSlowFUSEDeviceSmallFile(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on ext4 over a paced FUSE image")
 	ffs := faultfs.MountWriteThroughT(t)
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 4096, ImageDir: ffs.Dir})
 	tree := filepath.Join(mnt.Dir, "w")

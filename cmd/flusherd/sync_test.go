@@ -35,6 +35,7 @@ func runSync(t *testing.T, d *flusherdProc, paths ...string) (int, string) {
 // 25 s however fast the machine: the ordering is tested every time (on a
 // fast disk an unthrottled background sometimes finished first).
 func TestSyncAheadOfBackground(t *testing.T) {
+	testfs.SkipShort(t, "500 MiB written to a 4 GiB loop-mounted ext4")
 	// 4 GiB: ext4 starts writing back every dirty file itself once its
 	// free space is under twice the dirty (delalloc) data
 	// (ext4_nonda_switch), which 500 MiB on a 1 GiB filesystem is.
@@ -218,6 +219,7 @@ func TestSyncTimeoutBeforeSend(t *testing.T) {
 // deleted, with nothing to write, not failed: the command exits 0 and the
 // other file is written back.
 func TestSyncDeletedFile(t *testing.T) {
+	testfs.SkipShort(t, "the daemon syncing deleted files on loop-mounted ext4")
 	mnt, tree := mountTree(t, "ext4")
 	d := startDaemon(t, fmt.Sprintf("[writeback]\ndirty_expire_interval = \"1h\"\n[[watch]]\npath = %q\n", tree))
 	stats := d.devStats(mnt.MajMin)

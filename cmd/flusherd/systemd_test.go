@@ -116,6 +116,7 @@ func waitFor(t *testing.T, what string, limit time.Duration, ok func() bool) {
 // watcher's steps too. (A start-up stuck on one open sends none:
 // service.TestExtendWhile, in virtual time.)
 func TestExtendTimeoutDaemon(t *testing.T) {
+	testfs.SkipShort(t, "a start-up slowed to 8 s on FUSE")
 	const roots, delay = 3, 1400 * time.Millisecond
 	ffs := faultfs.MountT(t)
 	var conf strings.Builder
@@ -171,6 +172,7 @@ func TestExtendTimeoutDaemon(t *testing.T) {
 // forgotten; the new interval is used); a bad configuration
 // is rejected with its key and line, and the old one keeps running.
 func TestNotifyAndReload(t *testing.T) {
+	testfs.SkipShort(t, "the daemon under a fake systemd, reloaded")
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
 	a, b := filepath.Join(mnt.Dir, "a"), filepath.Join(mnt.Dir, "b")
 	for _, d := range []string{a, b} {

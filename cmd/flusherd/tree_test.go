@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 const (
@@ -47,6 +48,7 @@ const (
 // checked with cachestat and the daemon's stats file, within bounds of a
 // few seconds that the kernel's own flusher (30s) cannot meet.
 func TestTreeChanges(t *testing.T) {
+	testfs.SkipShort(t, "the daemon through about 20 tree changes, each backend")
 	if euid := os.Geteuid(); euid != 0 {
 		t.Skipf("needs root: loop-mounted filesystems, fanotify, device nodes (euid=%d)", euid)
 	}
@@ -228,19 +230,10 @@ func brief(s map[string]int64) string {
 		s["b_dirty"], s["b_io"], s["b_more_io"], s["b_more_io_wait"], s["inodes_gone"], s["writeback_errors"])
 }
 
-// poll calls cond every 20ms until it returns true, and reports whether it
-// did within limit (cond is called once more at the end).
+// poll is testwait.Poll: it calls cond until it returns true, and reports
+// whether it did within limit.
 func poll(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return cond()
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return testwait.Poll(limit, cond)
 }
 
 // waitStats polls the stats file until ok holds; after limit it fails the
@@ -905,7 +898,7 @@ func (s *treeSuite) unreadable(t *testing.T) {
 	cred := nobodyCred(t)
 	tree := s.dir(t, "unreadable")
 	if err := makeSearchable(tree); err != nil {
-		t.Skipf("the tree cannot be made reachable for nobody: %v", err)
+		testfs.Missing(t, "the tree cannot be made reachable for nobody: %v", err)
 	}
 	d := s.start(t, treeOpts{cred: cred, shutdownTimeout: "2s"}, treeWatch{path: tree})
 	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid)); err != nil ||
@@ -1020,6 +1013,7 @@ func (s *treeSuite) inodeReuse(t *testing.T) {
 // TestStricterTreeHolds checks that it is written with fdatasync); a file
 // left in the writeback tree stays dirty.
 func TestMovedIntoIntegrityTree(t *testing.T) {
+	testfs.SkipShort(t, "the daemon until a moved file expires")
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
 	wbTree, intTree := filepath.Join(mnt.Dir, "wb"), filepath.Join(mnt.Dir, "int")
 	mkdirs(t, wbTree, intTree)
@@ -1087,6 +1081,7 @@ expire = "200ms"
 // written at the next pass. A file tracked under an expire of an hour was
 // left dirty for that hour after the operator asked for 1 s.
 func TestReloadStricterAppliesToTracked(t *testing.T) {
+	testfs.SkipShort(t, "the daemon reloaded until a file expires")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}
@@ -1117,6 +1112,7 @@ func TestReloadStricterAppliesToTracked(t *testing.T) {
 // an inner tree made non-recursive (the file in its subdirectory, which
 // the stricter tree around it holds now). Both had kept the hour.
 func TestReloadNestingAppliesToTracked(t *testing.T) {
+	testfs.SkipShort(t, "the daemon reloaded over nested trees")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
 	}

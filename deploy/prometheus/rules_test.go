@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"flusherd/internal/testfs"
 	"flusherd/metrics"
 	"flusherd/watch"
 )
@@ -168,9 +169,7 @@ func TestRulesPromtool(t *testing.T) {
 // `promtool test rules` must fail.
 func TestRulesTestsCanFail(t *testing.T) {
 	bin := promtool(t)
-	if testing.Short() {
-		t.Skip("runs promtool 30 times; skipped with -short")
-	}
+	testfs.SkipShort(t, "runs promtool 30 times")
 	lines := rulesLines(t)
 	rules := readRules(t, lines)
 	tests, err := os.ReadFile(testsFile)

@@ -17,9 +17,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testwait"
 )
 
 // T is what Mount needs of its caller: a *testing.T or *testing.B, or the
@@ -44,6 +47,16 @@ func Missing(t T, format string, args ...any) {
 		t.Fatalf("missing under CI: "+format, args...)
 	}
 	t.Skipf(format, args...)
+}
+
+// SkipShort skips a slow test in the short lane (go test -short), saying
+// why it is slow. The full lane (no -short) runs it; unlike Missing, this
+// skip hides nothing under CI, which runs both lanes.
+func SkipShort(t T, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("slow, left to the full lane (skipped with -short): %s", why)
+	}
 }
 
 // Options selects the filesystem to create.
@@ -423,18 +436,11 @@ func (td *teardown) detach(t T) {
 			}
 			continue
 		}
-		deadline := time.Now().Add(detachWait)
-		for {
-			bf, err := backingFile(dev)
-			if err != nil || bf != td.image {
-				break // detached (and maybe already reused by someone else)
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("testfs: %s is still attached to %s after detach; "+
-					"it is marked autoclear and goes away once its last user closes it", dev, td.image)
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
+		// Detached, and maybe already reused by someone else.
+		detached := func() bool { bf, err := backingFile(dev); return err != nil || bf != td.image }
+		if !testwait.Poll(detachWait, detached) {
+			t.Errorf("testfs: %s is still attached to %s after detach; "+
+				"it is marked autoclear and goes away once its last user closes it", dev, td.image)
 		}
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testwait"
 )
 
 func TestExt4(t *testing.T) { testType(t, "ext4", unix.EXT4_SUPER_MAGIC) }
@@ -196,13 +198,9 @@ func checkGone(t *testing.T, fs *FS) {
 
 func waitDetached(t *testing.T, fs *FS) {
 	t.Helper()
-	for range 200 {
-		if bf, err := backingFile(fs.Device); err != nil || bf != fs.Image {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testwait.Poll(2*time.Second, func() bool { return !fs.Attached() }) {
+		t.Errorf("%s still backed by %s", fs.Device, fs.Image)
 	}
-	t.Errorf("%s still backed by %s", fs.Device, fs.Image)
 }
 
 // isMounted reports whether dir is a mount point in /proc/self/mountinfo.
