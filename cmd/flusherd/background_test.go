@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // storageWithDaemon mounts an ext4 on a direct-I/O loop device and runs
@@ -76,7 +77,7 @@ func TestStreamingWriterBounded(t *testing.T) {
 	if dirty, _, _ := cachestat(path, 0, 0); dirty == 0 {
 		t.Errorf("no dirty data left: the hot tail (the last range_bytes) was written back too")
 	}
-	waitFor(t, "range_writebacks in the stats file", 5*time.Second, func() bool {
+	testwait.For(t, "range_writebacks in the stats file", 5*time.Second, func() bool {
 		return readStats(t, d.devStats(mnt.MajMin))["range_writebacks"] > 0
 	})
 	// Its writes are all needed (each background check must see it
@@ -124,7 +125,7 @@ func TestBackgroundThresholdBurst(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "the burst under dirty_background_bytes", 10*time.Second, func() bool { return total() <= 16<<20 })
+	testwait.For(t, "the burst under dirty_background_bytes", 10*time.Second, func() bool { return total() <= 16<<20 })
 	t.Logf("under 16 MiB %v after the burst (expiry: 1h)", time.Since(written).Round(10*time.Millisecond))
 	time.Sleep(1500 * time.Millisecond) // the stats file, and nothing more written
 	after := total()

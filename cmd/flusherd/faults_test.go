@@ -22,6 +22,7 @@ import (
 	"flusherd/control"
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 var faultsLong = flag.Bool("faults.long", false, "TestFaultSuite: 200 files a cell and faults that last 10 s (default: 20 files, 1.5 s)")
@@ -719,7 +720,7 @@ expire = "200ms"
 	}
 	waitClean(t, p, 5*time.Second) // written back, and the pages dropped
 	listed := ""
-	waitFor(t, "the daemon done with the file (forgotten, or parked as failed)", 5*time.Second, func() bool {
+	testwait.For(t, "the daemon done with the file (forgotten, or parked as failed)", 5*time.Second, func() bool {
 		var out, errb bytes.Buffer
 		Main([]string{"dirty", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb)
 		listed = ""

@@ -12,6 +12,7 @@ import (
 
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // throttleWrites limits writes to the block device majMin to bps bytes a
@@ -179,7 +180,7 @@ max_inflight_bytes = "256KiB"
 [[watch]]
 path = %q
 `, ffs.Dir))
-	waitFor(t, "watchdog pings", 3*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 2 })
+	testwait.For(t, "watchdog pings", 3*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 2 })
 	ffs.Set(faultfs.Faults{WriteDelay: 6 * time.Second})
 	// Bigger than write_chunk: the chunked path, whose attempts the
 	// device's goroutine completes.
@@ -246,7 +247,7 @@ dirty_expire_interval = "1s"
 [[watch]]
 path = %q
 `, tree), nil)
-	waitFor(t, "watchdog pings", 5*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 1 })
+	testwait.For(t, "watchdog pings", 5*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 1 })
 	// Registered after the daemon's cleanup: the pacing is lifted first,
 	// so that the daemon's stop and the unmount do not wait on it.
 	ffs.Set(faultfs.Faults{WriteBPS: 40 << 20})

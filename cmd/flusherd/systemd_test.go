@@ -14,6 +14,7 @@ import (
 
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // fakeSystemd is a unixgram socket standing in for systemd's notify
@@ -96,17 +97,6 @@ func (f *fakeSystemd) all() string {
 	return strings.Join(f.msgs, " | ")
 }
 
-func waitFor(t *testing.T, what string, limit time.Duration, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestExtendTimeoutDaemon runs the daemon binary over a real notify
 // socket with three trees whose set-up is slow: their filesystem (faultfs)
 // takes 1.4 s to open a root, and start-up opens each root twice (set-up,
@@ -137,7 +127,7 @@ func TestExtendTimeoutDaemon(t *testing.T) {
 	if n := ffs.Count("opendir") - opens; n < 2*roots {
 		t.Fatalf("precondition: %d OPENDIR during start-up, want at least %d (two per root)", n, 2*roots)
 	}
-	waitFor(t, "READY=1", 5*time.Second, func() bool { return sd.count("READY=1", 0) == 1 })
+	testwait.For(t, "READY=1", 5*time.Second, func() bool { return sd.count("READY=1", 0) == 1 })
 	const ext = "EXTEND_TIMEOUT_USEC=6000000\nSTATUS="
 	sd.mu.Lock()
 	var got []string
@@ -191,12 +181,12 @@ func TestNotifyAndReload(t *testing.T) {
 		return s
 	}
 	d := startDaemon(t, conf("1h", "1h", a))
-	waitFor(t, "READY=1", 5*time.Second, func() bool { return sd.count("READY=1", 0) == 1 })
-	waitFor(t, "READY=1 in the log", 5*time.Second, func() bool {
+	testwait.For(t, "READY=1", 5*time.Second, func() bool { return sd.count("READY=1", 0) == 1 })
+	testwait.For(t, "READY=1 in the log", 5*time.Second, func() bool {
 		return strings.Contains(d.log.String(), "every root is watched; READY=1 (the initial scan goes on)")
 	})
-	waitFor(t, "STATUS=", 5*time.Second, func() bool { return sd.count("STATUS=watching 1 tree (", 0) >= 1 })
-	waitFor(t, "watchdog pings", 5*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 3 })
+	testwait.For(t, "STATUS=", 5*time.Second, func() bool { return sd.count("STATUS=watching 1 tree (", 0) >= 1 })
+	testwait.For(t, "watchdog pings", 5*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 3 })
 
 	// Files in a: tracked, and not due for an hour. big holds six
 	// write_chunks (4 MiB) of dirty data.
@@ -205,7 +195,7 @@ func TestNotifyAndReload(t *testing.T) {
 	big := filepath.Join(a, "big")
 	writeDirty(t, big, 24<<20)
 	statsPath := d.devStats(mnt.MajMin)
-	waitFor(t, "a/f and a/big tracked", 5*time.Second, func() bool { return readStats(t, statsPath)["b_dirty"] == 2 })
+	testwait.For(t, "a/f and a/big tracked", 5*time.Second, func() bool { return readStats(t, statsPath)["b_dirty"] == 2 })
 
 	// Reload: a is removed, b is added, the interval is 200ms and the
 	// expiry 1s.
@@ -215,12 +205,12 @@ func TestNotifyAndReload(t *testing.T) {
 	}
 	from := sd.len()
 	d.cmd.Process.Signal(syscall.SIGHUP)
-	waitFor(t, "RELOADING=1 then READY=1", 5*time.Second, func() bool {
+	testwait.For(t, "RELOADING=1 then READY=1", 5*time.Second, func() bool {
 		return sd.count("RELOADING=1\nMONOTONIC_USEC=", from) == 1 && sd.count("READY=1", from) == 1
 	})
 	// watch/stats names the trees served now, before any event in b.
 	watchStats := filepath.Join(d.statsDir, "watch", "stats")
-	waitFor(t, "watch/stats naming b, not a", time.Second, func() bool {
+	testwait.For(t, "watch/stats naming b, not a", time.Second, func() bool {
 		data, _ := os.ReadFile(watchStats)
 		return strings.Contains(string(data), strconv.Quote(b)) && !strings.Contains(string(data), strconv.Quote(a))
 	})
@@ -229,7 +219,7 @@ func TestNotifyAndReload(t *testing.T) {
 	// forgotten.
 	waitClean(t, fa, 5*time.Second)
 	waitClean(t, big, 10*time.Second)
-	waitFor(t, "a/f forgotten", 5*time.Second, func() bool {
+	testwait.For(t, "a/f forgotten", 5*time.Second, func() bool {
 		s := readStats(t, statsPath)
 		return s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0
 	})
@@ -255,8 +245,8 @@ func TestNotifyAndReload(t *testing.T) {
 	}
 	from = sd.len()
 	d.cmd.Process.Signal(syscall.SIGHUP)
-	waitFor(t, "READY=1 after a rejected reload", 5*time.Second, func() bool { return sd.count("READY=1", from) == 1 })
-	waitFor(t, "the rejection in the log", 5*time.Second, func() bool {
+	testwait.For(t, "READY=1 after a rejected reload", 5*time.Second, func() bool { return sd.count("READY=1", from) == 1 })
+	testwait.For(t, "the rejection in the log", 5*time.Second, func() bool {
 		return strings.Contains(d.log.String(), "configuration reload rejected") && strings.Contains(d.log.String(), "flusherd.toml:3: writeback.min_pause")
 	})
 	fb2 := filepath.Join(b, "f2")
@@ -273,13 +263,13 @@ func TestNotifyAndReload(t *testing.T) {
 	if err := os.RemoveAll(b); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the removal logged", 5*time.Second, func() bool { return strings.Contains(d.log.String()[from:], "root is gone") })
+	testwait.For(t, "the removal logged", 5*time.Second, func() bool { return strings.Contains(d.log.String()[from:], "root is gone") })
 	if err := os.Mkdir(b, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	from2 := sd.len()
 	d.cmd.Process.Signal(syscall.SIGHUP)
-	waitFor(t, "READY=1 after the reload", 5*time.Second, func() bool { return sd.count("READY=1", from2) == 1 })
+	testwait.For(t, "READY=1 after the reload", 5*time.Second, func() bool { return sd.count("READY=1", from2) == 1 })
 	fb3 := filepath.Join(b, "f3")
 	writeDirty(t, fb3, 4096)
 	waitClean(t, fb3, 5*time.Second)
@@ -294,7 +284,7 @@ func TestNotifyAndReload(t *testing.T) {
 	}
 	from = len(d.log.String())
 	d.cmd.Process.Signal(syscall.SIGHUP)
-	waitFor(t, "the idle warning after a reload to no tree", 5*time.Second, func() bool {
+	testwait.For(t, "the idle warning after a reload to no tree", 5*time.Second, func() bool {
 		return strings.Contains(d.log.String()[from:], "WARN\tthe reloaded configuration leaves no tree watched")
 	})
 	d.stop(t)

@@ -1066,11 +1066,11 @@ expire = "200ms"
 	if err := mnt.UnmountLazy(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the root found gone", 5*time.Second, func() bool {
+	testwait.For(t, "the root found gone", 5*time.Second, func() bool {
 		_, ok := d.logLineSince(from, "root", mnt.Dir)
 		return ok
 	})
-	waitFor(t, "the filesystem released (its loop device detached)", 5*time.Second, func() bool { return !mnt.Attached() })
+	testwait.For(t, "the filesystem released (its loop device detached)", 5*time.Second, func() bool { return !mnt.Attached() })
 	d.mustRun(t)
 	d.stop(t)
 }
