@@ -121,36 +121,7 @@ func Mount(t T, opt Options) *FS {
 	if euid := os.Geteuid(); euid != 0 {
 		t.Skipf("testfs: needs root to attach loop devices and mount (euid=%d)", euid)
 	}
-	typ := opt.Type
-	if typ == "" {
-		typ = "ext4"
-	}
-	var mkfsArgs []string
-	size := opt.SizeMB
-	switch typ {
-	case "ext4":
-		// Initialise inode tables and the journal now, so that the
-		// ext4lazyinit thread does not write in the background during tests.
-		mkfsArgs = []string{"-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"}
-		if size == 0 {
-			size = defaultSizeMB
-		}
-	case "xfs":
-		mkfsArgs = []string{"-q", "-f"}
-		if size == 0 {
-			size = defaultXFSSizeMB
-		}
-	case "btrfs":
-		mkfsArgs = []string{"-q", "-f"}
-		if size == 0 {
-			size = defaultSizeMB
-		}
-	default:
-		t.Fatalf("testfs: unsupported filesystem type %q (want \"ext4\", \"xfs\" or \"btrfs\")", typ)
-	}
-	if size < 0 {
-		t.Fatalf("testfs: negative SizeMB %d", size)
-	}
+	typ, mkfsArgs, size := mkfsFor(t, opt)
 	mkfs, err := exec.LookPath("mkfs." + typ)
 	if err != nil {
 		Missing(t, "testfs: cannot make a %s filesystem: mkfs.%s not found (%v)", typ, typ, err)
@@ -180,28 +151,85 @@ func Mount(t T, opt Options) *FS {
 	}
 	t.Cleanup(func() { td.run(t) })
 
-	img, err := os.OpenFile(td.image, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	makeImage(t, td.image, size, mkfs, append(mkfsArgs, opt.MkfsArgs...))
+	attach(t, td, losetup, opt.DirectIO)
+	st := mountAt(t, td, typ, opt.Data)
+	return &FS{
+		Dir:    td.dir,
+		Device: td.device,
+		Image:  td.image,
+		Dev:    uint64(st.Dev),
+		MajMin: fmt.Sprintf("%d:%d", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev))),
+		fstype: typ,
+		td:     td,
+	}
+}
+
+// mkfsFor returns the filesystem type of opt (ext4 by default), its mkfs
+// arguments and the image's size in MiB.
+func mkfsFor(t T, opt Options) (typ string, args []string, size int) {
+	t.Helper()
+	typ, size = opt.Type, opt.SizeMB
+	if typ == "" {
+		typ = "ext4"
+	}
+	switch typ {
+	case "ext4":
+		// Initialise inode tables and the journal now, so that the
+		// ext4lazyinit thread does not write in the background during tests.
+		args = []string{"-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"}
+		if size == 0 {
+			size = defaultSizeMB
+		}
+	case "xfs":
+		args = []string{"-q", "-f"}
+		if size == 0 {
+			size = defaultXFSSizeMB
+		}
+	case "btrfs":
+		args = []string{"-q", "-f"}
+		if size == 0 {
+			size = defaultSizeMB
+		}
+	default:
+		t.Fatalf("testfs: unsupported filesystem type %q (want \"ext4\", \"xfs\" or \"btrfs\")", typ)
+	}
+	if size < 0 {
+		t.Fatalf("testfs: negative SizeMB %d", size)
+	}
+	return typ, args, size
+}
+
+// makeImage creates image, sizeMB MiB, and makes a filesystem on it.
+func makeImage(t T, image string, sizeMB int, mkfs string, args []string) {
+	t.Helper()
+	img, err := os.OpenFile(image, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		t.Fatalf("testfs: create image: %v", err)
 	}
-	err = img.Truncate(int64(size) << 20)
+	err = img.Truncate(int64(sizeMB) << 20)
 	if cerr := img.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		t.Fatalf("testfs: size image %s to %d MiB: %v", td.image, size, err)
+		t.Fatalf("testfs: size image %s to %d MiB: %v", image, sizeMB, err)
 	}
-
-	mkfsArgs = append(mkfsArgs, opt.MkfsArgs...)
-	if out, err := exec.Command(mkfs, append(mkfsArgs, td.image)...).CombinedOutput(); err != nil {
-		t.Fatalf("testfs: %s %s %s: %v\n%s", mkfs, strings.Join(mkfsArgs, " "), td.image, err, out)
+	if out, err := exec.Command(mkfs, append(args, image)...).CombinedOutput(); err != nil {
+		t.Fatalf("testfs: %s %s %s: %v\n%s", mkfs, strings.Join(args, " "), image, err, out)
 	}
+}
 
+// attach attaches td's image to a free loop device (with direct I/O if
+// asked, which must then be on) and records it in td, for the teardown,
+// as soon as it is known.
+func attach(t T, td *teardown, losetup string, directIO bool) {
+	t.Helper()
+	image := td.image
 	loArgs := []string{"--find", "--show"}
-	if opt.DirectIO {
+	if directIO {
 		loArgs = append(loArgs, "--direct-io=on")
 	}
-	loArgs = append(loArgs, td.image)
+	loArgs = append(loArgs, image)
 	td.attachTried = true
 	var stderr bytes.Buffer
 	cmd := exec.Command(losetup, loArgs...)
@@ -215,24 +243,30 @@ func Mount(t T, opt Options) *FS {
 	if s := strings.TrimSpace(stderr.String()); s != "" {
 		t.Logf("testfs: losetup: %s", s)
 	}
-	if got, err := backingFile(dev); err != nil || got != td.image {
-		t.Fatalf("testfs: %s: backing file %q (err %v), want %q", dev, got, err, td.image)
+	if got, err := backingFile(dev); err != nil || got != image {
+		t.Fatalf("testfs: %s: backing file %q (err %v), want %q", dev, got, err, image)
 	}
-	if opt.DirectIO {
+	if directIO {
 		dio, err := os.ReadFile(filepath.Join(sysLoopDir(dev), "dio"))
 		if err != nil {
 			t.Fatalf("testfs: %s: reading dio state: %v", dev, err)
 		}
 		if strings.TrimSpace(string(dio)) != "1" {
-			Missing(t, "testfs: %s: direct I/O requested but the loop driver did not enable it (backing filesystem of %s lacks O_DIRECT support?)", dev, td.image)
+			Missing(t, "testfs: %s: direct I/O requested but the loop driver did not enable it (backing filesystem of %s lacks O_DIRECT support?)", dev, image)
 		}
 	}
+}
 
+// mountAt mounts td's device on td.dir, marks the device autoclear, and
+// returns the mounted root's stat, checked to be on the device.
+func mountAt(t T, td *teardown, typ, data string) unix.Stat_t {
+	t.Helper()
+	dev := td.device
 	if err := os.Mkdir(td.dir, 0o755); err != nil {
 		t.Fatalf("testfs: mkdir mount point: %v", err)
 	}
-	if err := unix.Mount(dev, td.dir, typ, 0, opt.Data); err != nil {
-		t.Fatalf("testfs: mount -t %s -o %q %s %s: %v", typ, opt.Data, dev, td.dir, err)
+	if err := unix.Mount(dev, td.dir, typ, 0, data); err != nil {
+		t.Fatalf("testfs: mount -t %s -o %q %s %s: %v", typ, data, dev, td.dir, err)
 	}
 	td.mounted = true
 
@@ -246,11 +280,10 @@ func Mount(t T, opt Options) *FS {
 		t.Fatalf("testfs: %s: set autoclear: %v", dev, err)
 	}
 
-	var st unix.Stat_t
+	var st, dst unix.Stat_t
 	if err := unix.Stat(td.dir, &st); err != nil {
 		t.Fatalf("testfs: stat %s: %v", td.dir, err)
 	}
-	var dst unix.Stat_t
 	if err := unix.Stat(dev, &dst); err != nil {
 		t.Fatalf("testfs: stat %s: %v", dev, err)
 	}
@@ -261,16 +294,7 @@ func Mount(t T, opt Options) *FS {
 			td.dir, unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev)),
 			dev, unix.Major(uint64(dst.Rdev)), unix.Minor(uint64(dst.Rdev)))
 	}
-
-	return &FS{
-		Dir:    td.dir,
-		Device: dev,
-		Image:  td.image,
-		Dev:    uint64(st.Dev),
-		MajMin: fmt.Sprintf("%d:%d", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev))),
-		fstype: typ,
-		td:     td,
-	}
+	return st
 }
 
 // Unmount unmounts the filesystem before the test ends, retrying for a
