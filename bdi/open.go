@@ -8,6 +8,25 @@ import (
 	"flusherd/inode"
 )
 
+// Files are how a device reaches its files (New).
+type Files struct {
+	// Opener opens files by path.
+	Opener inode.Opener
+	// Handles, if set, makes file handles and opens files by handle.
+	Handles inode.HandleOpener
+	// Observer, if set, is told of the attempts' opens, the background
+	// checks and the forgotten inodes.
+	Observer AttemptObserver
+}
+
+// Handles opens files by handle on the filesystems registered with it
+// (inode.Handles).
+type Handles interface {
+	inode.HandleOpener
+	// RemoveMount lets the filesystem dev go: no tree is on it any more.
+	RemoveMount(dev uint64)
+}
+
 // openFile opens a tracked file: by handle when it has one and the opener
 // can (a rename since it was dirtied does not matter then), else by path.
 //
@@ -18,8 +37,8 @@ import (
 // is a new file that took the number: it is opened by its own handle, which
 // is returned as renewed for the inode to keep. renewed is "" otherwise.
 func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f inode.File, renewed inode.Handle, err error) {
-	ho, ok := wb.open.(inode.HandleOpener)
-	if h == "" || !ok {
+	ho := wb.handles
+	if h == "" || ho == nil {
 		f, err = wb.open.Open(path, key)
 		return f, "", err
 	}

@@ -38,8 +38,11 @@ type Options struct {
 	// DiskWritten returns the bytes block device name has completed
 	// writing (sysfs.FS.DiskWritten), for the write bandwidth; may be nil.
 	DiskWritten func(name string) (uint64, error)
-	Opener      inode.Opener
-	Log         *zap.Logger
+	// Opener opens files by path; nil means inode.OS.
+	Opener inode.Opener
+	// Handles, if set, opens files by handle (the daemon's inode.Handles).
+	Handles Handles
+	Log     *zap.Logger
 	// BeforePass, if set, becomes each new device's BeforePass (a test
 	// hook).
 	BeforePass func()
@@ -58,6 +61,7 @@ type Registry struct {
 	ctx   context.Context
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
+	sub   subscription // the devices' AttemptObserver (Observe)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -86,6 +90,10 @@ func NewRegistry(opt Options) *Registry {
 	return &Registry{opt: opt, epoch: time.Now(), ctx: ctx, stop: stop, byDev: map[uint64]*Writeback{}, byName: map[string]*Writeback{},
 		cancel: map[string]context.CancelFunc{}, rescans: map[uint64]uint64{}}
 }
+
+// Observe subscribes o to every device's attempts' opens, background
+// checks and forgotten inodes, replacing the one before (nil: none).
+func (r *Registry) Observe(o AttemptObserver) { r.sub.set(o) }
 
 // Now is the daemon's monotonic clock: time since the registry was made.
 func (r *Registry) Now() time.Duration { return time.Since(r.epoch) }
@@ -124,7 +132,8 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		if r.opt.StatsDir != "" {
 			sw = NewStatsWriter(r.opt.StatsDir, name, r.opt.StatsEvery, r.opt.Thresholds, r.opt.Log)
 		}
-		wb = New(name, r.opt.Config, r.Now, r.opt.Opener, r.opt.Log, sw)
+		files := Files{Opener: r.opt.Opener, Handles: r.opt.Handles, Observer: &r.sub}
+		wb = New(name, r.opt.Config, r.Now, files, r.opt.Log, sw)
 		wb.errs = r.opt.Errs
 		wb.BeforePass = r.opt.BeforePass
 		wb.thresholds, wb.vmDirty = r.opt.Thresholds, r.opt.NrDirty
@@ -233,8 +242,8 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 	if !lastOnDev {
 		return
 	}
-	if h, ok := r.opt.Opener.(*inode.Handles); ok {
-		h.RemoveMount(dev)
+	if r.opt.Handles != nil {
+		r.opt.Handles.RemoveMount(dev)
 	}
 	if wb == nil {
 		return

@@ -100,9 +100,10 @@ type Writeback struct {
 	cfg  Config
 	now  func() time.Duration
 	open inode.Opener
-	// observer is open, if it is an inode.AttemptObserver: told of
-	// the attempts' opens and of forgotten inodes.
-	observer inode.AttemptObserver
+	// handles opens by handle (nil: by path only); observer is told of
+	// the attempts' opens and of forgotten inodes (nil: none).
+	handles  inode.HandleOpener
+	observer AttemptObserver
 	log      *zap.Logger
 	errLog   *zap.Logger // rate-limited
 	// suppressed counts the errLog lines its sampling left out since
@@ -336,7 +337,7 @@ func (wb *Writeback) passDone() passCounters { return wb.pass }
 
 // New returns a device's writeback state; Run starts its goroutine. now is
 // the daemon's monotonic clock; stats may be nil (no stats file).
-func New(name string, cfg Config, now func() time.Duration, open inode.Opener, log *zap.Logger, stats *statsWriter) *Writeback {
+func New(name string, cfg Config, now func() time.Duration, files Files, log *zap.Logger, stats *statsWriter) *Writeback {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -345,7 +346,9 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 		Name:     name,
 		cfg:      cfg,
 		now:      now,
-		open:     open,
+		open:     files.Opener,
+		handles:  files.Handles,
+		observer: files.Observer,
 		log:      log,
 		stats:    stats,
 		calls:    offLoop{now: now},
@@ -365,7 +368,6 @@ func New(name string, cfg Config, now func() time.Duration, open inode.Opener, l
 			}
 		}))
 	}))
-	wb.observer, _ = open.(inode.AttemptObserver)
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
 }

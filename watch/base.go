@@ -24,6 +24,7 @@ type base struct {
 	nameChecker NameChecker    // sink, if it checks names after a rescan; else nil
 	log         *zap.Logger
 	open        inode.Opener
+	handles     *inode.Handles   // opens by handle; nil: by path only
 	ctr         *Counters        // shared by the two halves of a Mixed backend
 	statsName   func() string    // the backend's name in watch/stats (set by its constructor)
 	statsTrees  func() []TreeUse // the trees in watch/stats (the whole backend's, for a Mixed half)
@@ -111,10 +112,13 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if open == nil && opt.Handles != nil {
+		open = opt.Handles
+	}
 	if open == nil {
 		open = inode.OS{}
 	}
-	b.sink, b.log, b.open, b.statsDir = sink, log, open, opt.StatsDir
+	b.sink, b.log, b.open, b.handles, b.statsDir = sink, log, open, opt.Handles, opt.StatsDir
 	b.closedSink, _ = sink.(ClosedSink)
 	b.keyTracker, _ = sink.(KeyTracker)
 	b.batchSink, _ = sink.(BatchSink)

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/policy"
 )
@@ -87,8 +88,8 @@ func (w *Watcher) nestedMount(ctx context.Context, t Tree, mountpoint string) bo
 	// Its files are opened by handle, as a root's are, when the opener
 	// can (inode.Handles): through another mount of the filesystem if
 	// this one is unmounted while it stays mounted elsewhere.
-	if am, ok := w.open.(mountAdder); ok {
-		if _, err := am.AddMount(mountpoint); err != nil {
+	if w.handles != nil {
+		if _, err := w.handles.AddMount(mountpoint); err != nil {
 			w.log.Info("files of this filesystem mounted inside a tree are opened by path, not by file handle", Q(mountpoint), zap.Error(err))
 		}
 	}
@@ -100,6 +101,9 @@ func (w *Watcher) nestedMount(ctx context.Context, t Tree, mountpoint string) bo
 
 // Name implements Backend.
 func (w *Watcher) Name() string { return "inotify" }
+
+// Observer implements Backend: inotify needs none.
+func (w *Watcher) Observer() bdi.AttemptObserver { return nil }
 
 // add watches dir and records it.
 func (w *Watcher) add(dir string) error {

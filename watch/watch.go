@@ -110,6 +110,10 @@ type KeyTracker interface {
 type Backend interface {
 	// Name is "fanotify" or "inotify".
 	Name() string
+	// Observer is what the writeback engine is to tell of its attempts
+	// (bdi.Registry.Observe): fanotify's, for its quieted files; nil
+	// when the backend needs none.
+	Observer() bdi.AttemptObserver
 	// Start is WatchRoots, then Scan.
 	Start(ctx context.Context) error
 	// WatchRoots watches or marks every tree's root: from then on, writes

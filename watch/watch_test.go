@@ -66,8 +66,8 @@ func startTrees(t *testing.T, trees []Tree, backend string, s Sink) Backend {
 	return startOpts(t, trees, s, Options{Backend: backend})
 }
 
-// startOpts is startTrees with options (Opener is set to a new
-// inode.Handles).
+// startOpts is startTrees with options (Opener and Handles are set to a
+// new inode.Handles).
 func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
 	t.Helper()
 	if opt.Backend == "fanotify-by-name" {
@@ -78,7 +78,7 @@ func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
 	}
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
-	opt.Opener = h
+	opt.Opener, opt.Handles = h, h
 	w, err := New(trees, s, opt)
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +264,7 @@ func TestFanotifyRunEnds(t *testing.T) {
 	s := &sink{seen: map[string]int{}}
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
-	fa, err := NewFanotify([]Tree{{Root: root, Recursive: true}}, s, Options{Opener: h})
+	fa, err := NewFanotify([]Tree{{Root: root, Recursive: true}}, s, Options{Opener: h, Handles: h})
 	if err != nil {
 		t.Fatal(err)
 	}

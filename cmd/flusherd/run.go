@@ -307,6 +307,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		NrDirty:     sys.NrDirty,
 		DiskWritten: sys.DiskWritten,
 		Opener:      handles,
+		Handles:     handles,
 		Log:         log,
 		Errs:        errs,
 	})
@@ -334,12 +335,13 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		watchErrors(errs, t, log)
 		setUp.Add(1)
 	}
-	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles,
+	wat, err := watch.New(trees, reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: handles, Handles: handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
 		StatsDir: cfg.Stats.Dir, Log: log, Progress: func() { offered.Add(1) }})
 	if err != nil {
 		return err
 	}
+	reg.Observe(wat.Observer())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan struct{})
