@@ -377,7 +377,7 @@ func (r *Registry) Tracks(key inode.Key, path string) bool {
 // InodeUnlinked tells the device of key that a name of the inode, or the
 // inode itself, was deleted, with the inode's file handle h (fanotify's
 // FAN_DELETE with FAN_REPORT_TARGET_FID, FAN_DELETE_SELF;
-// watch.UnlinkSink): Writeback.Unlinked. A device not known is not made.
+// watch.Sink): Writeback.Unlinked. A device not known is not made.
 func (r *Registry) InodeUnlinked(key inode.Key, h inode.Handle) {
 	if wb := r.known(key.Dev); wb != nil {
 		wb.Unlinked(key, h)
@@ -385,7 +385,7 @@ func (r *Registry) InodeUnlinked(key inode.Key, h inode.Handle) {
 }
 
 // NameUnlinked tells the device of key that the name path of the inode was
-// deleted (inotify's IN_DELETE, watch.NameUnlinkSink):
+// deleted (inotify's IN_DELETE, watch.Sink):
 // Writeback.NameUnlinked. A device not known is not made.
 func (r *Registry) NameUnlinked(key inode.Key, path string) {
 	if wb := r.known(key.Dev); wb != nil {
@@ -395,7 +395,7 @@ func (r *Registry) NameUnlinked(key inode.Key, path string) {
 
 // CheckNames looks, on every device, whether each file tracked under root
 // still has its name (Writeback.CheckNames), after a rescan of the tree
-// (watch.NameChecker).
+// (watch.Sink).
 func (r *Registry) CheckNames(root string) {
 	for _, wb := range r.Devices() {
 		if n := wb.CheckNames(root); n > 0 {
@@ -406,7 +406,7 @@ func (r *Registry) CheckNames(root string) {
 }
 
 // TracksKey reports whether the inode key is tracked, under any name
-// (watch.KeyTracker).
+// (watch.Sink).
 func (r *Registry) TracksKey(key inode.Key) bool {
 	wb := r.known(key.Dev)
 	return wb != nil && wb.Tracks(key, "")

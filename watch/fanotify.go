@@ -73,9 +73,9 @@ type Fanotify struct {
 	buf   []byte
 	kbuf  []byte
 
-	// pending are the file reports of the batch being read, for
-	// batchSink, and pendingTrees the tree each was made with (Run's
-	// goroutine only).
+	// pending are the file reports of the batch being read (for
+	// Sink.MarkInodesDirty), and pendingTrees the tree each was made
+	// with (Run's goroutine only).
 	pending      []bdi.Mark
 	pendingTrees []*tree
 

@@ -47,7 +47,7 @@ type Watcher struct {
 	// Write events named, by path, so that a stream of writes to a file
 	// costs one lstat(2), not one per event, and so that the deletion of
 	// a name (Remove) can be told to the sink with the file's key
-	// (NameUnlinkSink). Only Run's goroutine uses it. An entry
+	// (Sink.NameUnlinked). Only Run's goroutine uses it. An entry
 	// goes when an event says the name may now lead elsewhere (Create,
 	// Rename, Remove of it), the entries below a directory when it is
 	// made, moved or removed (the paths below it change), and the whole

@@ -50,9 +50,8 @@ import (
 // A device with range writeback or a background threshold (range_bytes
 // is 1 MiB by default) checks every 100 ms, while files are written, the
 // files written since its last check: a streaming writer is one written at
-// consecutive checks. A file there is not quieted (the sink says which
-// devices make no checks: an optional Unchecked(dev) method; a sink
-// without it allows every device). Quieting there and removing the marks
+// consecutive checks. A file there is not quieted (Sink.Unchecked says
+// which devices make no checks). Quieting there and removing the marks
 // at each check was tried: it took a quarter of the events but more CPU
 // per write than the events it saved (each quiet costs an
 // open_by_handle_at, a fanotify_mark through /proc and a close). Should a
@@ -121,7 +120,7 @@ func (fa *Fanotify) quietFile(tg *fanotifyTarget) {
 	if fa.handles == nil || q.off.Load() {
 		return
 	}
-	if u, ok := fa.sink.(interface{ Unchecked(dev uint64) bool }); ok && !u.Unchecked(tg.key.Dev) {
+	if !fa.sink.Unchecked(tg.key.Dev) {
 		return // its device's background checks need its writes
 	}
 	if q.n.Load() >= quietMax {

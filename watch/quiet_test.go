@@ -48,7 +48,7 @@ func TestQuietHotFile(t *testing.T) {
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
 	s := &handleSink{sink: sink{seen: map[string]int{}}, key: map[string]inode.Key{}, handle: map[string]inode.Handle{}}
-	w, err := New([]Tree{{Root: root, Recursive: true}}, s, Options{Backend: "fanotify", Opener: h, Handles: h})
+	w, err := New([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Backend: "fanotify", Opener: h, Handles: h})
 	if err != nil {
 		t.Fatal(err)
 	}
