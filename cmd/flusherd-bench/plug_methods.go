@@ -98,6 +98,7 @@ type countingOpener struct {
 	n     atomic.Int64
 }
 
+// RemoveMount implements bdi.Handles.
 func (c *countingOpener) RemoveMount(dev uint64) { c.inner.RemoveMount(dev) }
 
 func (c *countingOpener) HandleOf(path string, key inode.Key) (inode.Handle, error) {
