@@ -28,7 +28,7 @@ func newIdleWB(t *testing.T, cfg Config) (*Writeback, *fakeFS, *time.Duration) {
 	var now time.Duration
 	clock := func() time.Duration { return now }
 	fs := newFakeFS(clock)
-	return New("7:0", cfg, clock, fs, nil, nil), fs, &now
+	return New("7:0", cfg, clock, Files{Opener: fs}, nil, nil), fs, &now
 }
 
 // TestCongested: a device is congested once the writeback pages of its
@@ -596,7 +596,7 @@ func TestErrLogLeftOut(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	var now time.Duration
 	clock := func() time.Duration { return now }
-	wb := New("7:0", testConfig(), clock, newFakeFS(clock), zap.New(core), nil)
+	wb := New("7:0", testConfig(), clock, Files{Opener: newFakeFS(clock)}, zap.New(core), nil)
 	for range 8 {
 		wb.errLog.Error("data lost: a writeback of this file failed")
 	}

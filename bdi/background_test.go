@@ -348,7 +348,7 @@ func TestAutoWriteChunk(t *testing.T) {
 	} {
 		cfg := testConfig()
 		cfg.WriteChunkAuto, cfg.WriteChunk, cfg.MaxInflight = true, 1, tc.maxInflight
-		wb := New("7:0", cfg, func() time.Duration { return 0 }, newFakeFS(nil), nil, nil)
+		wb := New("7:0", cfg, func() time.Duration { return 0 }, Files{Opener: newFakeFS(nil)}, nil, nil)
 		wb.mu.Lock()
 		wb.bw.avgKBps.Store(tc.avgKBps)
 		wb.mu.Unlock()
@@ -358,7 +358,7 @@ func TestAutoWriteChunk(t *testing.T) {
 	}
 	cfg := testConfig()
 	cfg.WriteChunk = 12345
-	if got := New("7:0", cfg, nil, newFakeFS(nil), nil, nil).writeChunk(); got != 12345 {
+	if got := New("7:0", cfg, nil, Files{Opener: newFakeFS(nil)}, nil, nil).writeChunk(); got != 12345 {
 		t.Errorf("fixed write_chunk: %d, want 12345", got)
 	}
 }
@@ -370,7 +370,7 @@ func TestNoChecksWhenOff(t *testing.T) {
 		epoch := time.Now()
 		now := func() time.Duration { return time.Since(epoch) }
 		fs := newFakeFS(now)
-		wb := New("7:0", testConfig(), now, fs, nil, nil)
+		wb := New("7:0", testConfig(), now, Files{Opener: fs}, nil, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		go wb.Run(ctx)
 		defer func() { cancel(); <-wb.Stopped() }()
@@ -476,7 +476,7 @@ func TestThrottleRetry(t *testing.T) {
 	} {
 		cfg := testConfig()
 		cfg.MaxInflight = tc.inflight
-		wb := New("7:0", cfg, nil, newFakeFS(nil), nil, nil)
+		wb := New("7:0", cfg, nil, Files{Opener: newFakeFS(nil)}, nil, nil)
 		wb.mu.Lock()
 		wb.bw.avgKBps.Store(tc.kBps)
 		got := wb.throttleRetryLocked()

@@ -22,8 +22,8 @@ import (
 // is a new file that took the number: it is opened by its own handle, which
 // is returned as renewed for the inode to keep. renewed is "" otherwise.
 func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f inode.File, renewed inode.Handle, err error) {
-	ho, ok := wb.open.(inode.HandleOpener)
-	if h == "" || !ok {
+	ho := wb.handles
+	if h == "" || ho == nil {
 		f, err = wb.open.Open(path, key)
 		return f, "", err
 	}

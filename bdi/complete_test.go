@@ -62,7 +62,10 @@ func withLogs(level zapcore.Level, logs **observer.ObservedLogs) func(h *harness
 
 // handles is a withWB setup that opens by handle (handleFS).
 func handles(ebadf bool) func(h *harness) {
-	return func(h *harness) { h.wb.open = &handleFS{fakeFS: h.fs, ebadf: ebadf} }
+	return func(h *harness) {
+		fs := &handleFS{fakeFS: h.fs, ebadf: ebadf}
+		h.wb.open, h.wb.handles = fs, fs
+	}
 }
 
 // outcomes returns the Trace calls without their errors.

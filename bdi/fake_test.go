@@ -246,6 +246,9 @@ type handleFS struct {
 	ebadf bool
 }
 
+// RemoveMount implements Handles: there is no mount to let go.
+func (fs *handleFS) RemoveMount(uint64) {}
+
 func (fs *handleFS) HandleOf(path string, key inode.Key) (inode.Handle, error) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
@@ -334,7 +337,7 @@ func withWB(t *testing.T, cfg Config, f func(h *harness), setup ...func(h *harne
 	synctest.Test(t, func(t *testing.T) {
 		h := &harness{t: t, epoch: time.Now()}
 		h.fs = newFakeFS(h.now)
-		h.wb = New("7:0", cfg, h.now, h.fs, nil, nil)
+		h.wb = New("7:0", cfg, h.now, Files{Opener: h.fs}, nil, nil)
 		for _, s := range setup {
 			s(h)
 		}

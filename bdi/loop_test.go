@@ -19,7 +19,7 @@ import (
 // message per 10 s and drops the rest.
 func TestErrorLogSampled(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
-	wb := New("7:0", testConfig(), func() time.Duration { return 0 }, newFakeFS(func() time.Duration { return 0 }), zap.New(core), nil)
+	wb := New("7:0", testConfig(), func() time.Duration { return 0 }, Files{Opener: newFakeFS(func() time.Duration { return 0 })}, zap.New(core), nil)
 	for i := range 8 {
 		wb.errLog.Warn("writeback failed", zap.Int("i", i))
 		time.Sleep(time.Millisecond)
@@ -330,7 +330,7 @@ func runWithStats(t *testing.T, cfg Config) (*Writeback, *fakeFS, string) {
 	epoch := time.Now()
 	now := func() time.Duration { return time.Since(epoch) }
 	fs := newFakeFS(now)
-	wb := New("7:0", cfg, now, fs, nil, NewStatsWriter(dir, "7:0", time.Second, nil, zap.NewNop()))
+	wb := New("7:0", cfg, now, Files{Opener: fs}, nil, NewStatsWriter(dir, "7:0", time.Second, nil, zap.NewNop()))
 	ctx, cancel := context.WithCancel(context.Background())
 	go wb.Run(ctx)
 	t.Cleanup(func() { cancel(); <-wb.Stopped() })

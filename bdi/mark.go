@@ -223,7 +223,7 @@ const markBatchMax = 64
 // one (wantsHandleLocked) ends the lock hold and is marked alone (mark:
 // lockWithHandle asks the opener for the handle without the lock).
 func (wb *Writeback) markBatch(ms []Mark) {
-	_, opens := wb.open.(inode.HandleOpener)
+	opens := wb.handles != nil
 	now := wb.now()
 	wasIdle := false
 	for i := 0; i < len(ms); {
@@ -263,12 +263,11 @@ func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) 
 	if !wb.wantsHandleLocked(key, h) {
 		return h
 	}
-	ho, ok := wb.open.(inode.HandleOpener)
-	if !ok {
+	if wb.handles == nil {
 		return h
 	}
 	wb.mu.Unlock()
-	h, _ = ho.HandleOf(path, key)
+	h, _ = wb.handles.HandleOf(path, key)
 	wb.mu.Lock()
 	return h
 }

@@ -76,7 +76,7 @@ func trackedInodeMemory(n int) (bytesPer, objectsPer float64) {
 	epoch := time.Now()
 	now := func() time.Duration { return time.Since(epoch) }
 	b0, o0 := liveHeap()
-	wb := New("8:0", testConfig(), now, memOpener{}, nil, nil)
+	wb := New("8:0", testConfig(), now, Files{Opener: memOpener{}, Handles: memOpener{}}, nil, nil)
 	tree := Tree{Expire: 30 * time.Second}
 	buf := make([]byte, 0, 64)
 	for i := range n {

@@ -133,7 +133,7 @@ func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 // dropInodeLocked removes what the device keeps of an inode besides its
 // list entry: its map entries and its share of the page sums. Every path
 // that forgets an inode calls it, and it tells the opener
-// (inode.AttemptObserver). Preconditions: wb.mu held.
+// (AttemptObserver). Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
@@ -243,7 +243,7 @@ func (wb *Writeback) writeChunkLocked() int64 {
 
 // parkFailedLocked moves in to bFailed. Only a new write takes it off (as
 // dirty again), so the opener is told, as of a forgotten inode
-// (inode.AttemptObserver), that its writes must be reported. Preconditions:
+// (AttemptObserver), that its writes must be reported. Preconditions:
 // wb.mu held.
 //
 // +checklocks:wb.mu

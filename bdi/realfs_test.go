@@ -38,7 +38,7 @@ type traced struct {
 func realWB(t *testing.T, cfg Config) (*Writeback, <-chan traced) {
 	t.Helper()
 	epoch := time.Now()
-	wb := New("test", cfg, func() time.Duration { return time.Since(epoch) }, inode.OS{}, nil, nil)
+	wb := New("test", cfg, func() time.Duration { return time.Since(epoch) }, Files{Opener: inode.OS{}}, nil, nil)
 	ch := make(chan traced, 1024)
 	wb.Trace = func(path string, o policy.Outcome, d policy.Dest, err error) {
 		select {
@@ -350,7 +350,7 @@ func TestIntegritySyncfs(t *testing.T) {
 			cfg := realConfig()
 			cfg.IntegritySyncfs = tc.threshold
 			epoch := time.Now()
-			wb := New("test", cfg, func() time.Duration { return time.Since(epoch) }, op, nil, nil)
+			wb := New("test", cfg, func() time.Duration { return time.Since(epoch) }, Files{Opener: op}, nil, nil)
 			var files []*os.File
 			for i := range 100 {
 				p := filepath.Join(mnt.Dir, fmt.Sprint(i))

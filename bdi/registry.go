@@ -38,8 +38,11 @@ type Options struct {
 	// DiskWritten returns the bytes block device name has completed
 	// writing (sysfs.FS.DiskWritten), for the write bandwidth; may be nil.
 	DiskWritten func(name string) (uint64, error)
-	Opener      inode.Opener
-	Log         *zap.Logger
+	// Opener opens files by path; nil means inode.OS.
+	Opener inode.Opener
+	// Handles, if set, opens files by handle (the daemon's inode.Handles).
+	Handles Handles
+	Log     *zap.Logger
 	// BeforePass, if set, becomes each new device's BeforePass (a test
 	// hook).
 	BeforePass func()
@@ -58,6 +61,7 @@ type Registry struct {
 	ctx   context.Context
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
+	sub   subscription // the devices' AttemptObserver (Observe)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -86,6 +90,10 @@ func NewRegistry(opt Options) *Registry {
 	return &Registry{opt: opt, epoch: time.Now(), ctx: ctx, stop: stop, byDev: map[uint64]*Writeback{}, byName: map[string]*Writeback{},
 		cancel: map[string]context.CancelFunc{}, rescans: map[uint64]uint64{}}
 }
+
+// Observe subscribes o to every device's attempts' opens, background
+// checks and forgotten inodes, replacing the one before (nil: none).
+func (r *Registry) Observe(o AttemptObserver) { r.sub.set(o) }
 
 // Now is the daemon's monotonic clock: time since the registry was made.
 func (r *Registry) Now() time.Duration { return time.Since(r.epoch) }
@@ -124,7 +132,8 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		if r.opt.StatsDir != "" {
 			sw = NewStatsWriter(r.opt.StatsDir, name, r.opt.StatsEvery, r.opt.Thresholds, r.opt.Log)
 		}
-		wb = New(name, r.opt.Config, r.Now, r.opt.Opener, r.opt.Log, sw)
+		files := Files{Opener: r.opt.Opener, Handles: r.opt.Handles, Observer: &r.sub}
+		wb = New(name, r.opt.Config, r.Now, files, r.opt.Log, sw)
 		wb.errs = r.opt.Errs
 		wb.BeforePass = r.opt.BeforePass
 		wb.loop.thresholds, wb.loop.vmDirty = r.opt.Thresholds, r.opt.NrDirty
@@ -233,8 +242,8 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 	if !lastOnDev {
 		return
 	}
-	if h, ok := r.opt.Opener.(*inode.Handles); ok {
-		h.RemoveMount(dev)
+	if r.opt.Handles != nil {
+		r.opt.Handles.RemoveMount(dev)
 	}
 	if wb == nil {
 		return
@@ -368,7 +377,7 @@ func (r *Registry) Tracks(key inode.Key, path string) bool {
 // InodeUnlinked tells the device of key that a name of the inode, or the
 // inode itself, was deleted, with the inode's file handle h (fanotify's
 // FAN_DELETE with FAN_REPORT_TARGET_FID, FAN_DELETE_SELF;
-// watch.UnlinkSink): Writeback.Unlinked. A device not known is not made.
+// watch.Sink): Writeback.Unlinked. A device not known is not made.
 func (r *Registry) InodeUnlinked(key inode.Key, h inode.Handle) {
 	if wb := r.known(key.Dev); wb != nil {
 		wb.Unlinked(key, h)
@@ -376,7 +385,7 @@ func (r *Registry) InodeUnlinked(key inode.Key, h inode.Handle) {
 }
 
 // NameUnlinked tells the device of key that the name path of the inode was
-// deleted (inotify's IN_DELETE, watch.NameUnlinkSink):
+// deleted (inotify's IN_DELETE, watch.Sink):
 // Writeback.NameUnlinked. A device not known is not made.
 func (r *Registry) NameUnlinked(key inode.Key, path string) {
 	if wb := r.known(key.Dev); wb != nil {
@@ -386,7 +395,7 @@ func (r *Registry) NameUnlinked(key inode.Key, path string) {
 
 // CheckNames looks, on every device, whether each file tracked under root
 // still has its name (Writeback.CheckNames), after a rescan of the tree
-// (watch.NameChecker).
+// (watch.Sink).
 func (r *Registry) CheckNames(root string) {
 	for _, wb := range r.Devices() {
 		if n := wb.CheckNames(root); n > 0 {
@@ -397,7 +406,7 @@ func (r *Registry) CheckNames(root string) {
 }
 
 // TracksKey reports whether the inode key is tracked, under any name
-// (watch.KeyTracker).
+// (watch.Sink).
 func (r *Registry) TracksKey(key inode.Key) bool {
 	wb := r.known(key.Dev)
 	return wb != nil && wb.Tracks(key, "")

@@ -253,7 +253,7 @@ func TestDrainPolls(t *testing.T) {
 // inode.
 func TestTracksByName(t *testing.T) {
 	epoch := time.Now()
-	wb := New("8:0", testConfig(), func() time.Duration { return time.Since(epoch) }, memOpener{}, nil, nil)
+	wb := New("8:0", testConfig(), func() time.Duration { return time.Since(epoch) }, Files{Opener: memOpener{}, Handles: memOpener{}}, nil, nil)
 	key := inode.Key{Dev: 8, Ino: 12}
 	wb.MarkInodeDirty(key, "/srv/x/old", "", Tree{Expire: time.Hour})
 	for path, want := range map[string]bool{"/srv/x/old": true, "/srv/y/new": false, "/srv/x/old2": false} {
@@ -277,7 +277,7 @@ func TestMarkInodesDirty(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		newReg := func() (*Registry, *handleFS) {
 			fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
-			r := NewRegistry(Options{Config: testConfig(), Opener: fs,
+			r := NewRegistry(Options{Config: testConfig(), Opener: fs, Handles: fs,
 				Resolve: func(dev uint64, path string) (string, error) {
 					if dev == 13 {
 						return "", syscall.ENODEV
@@ -409,7 +409,7 @@ func TestMarkInodesDirty(t *testing.T) {
 // whose every st_dev is the device 7:0, stopped at the test's end.
 func oneDeviceRegistry(t *testing.T) (*Registry, *handleFS) {
 	fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
-	r := NewRegistry(Options{Config: testConfig(), Opener: fs,
+	r := NewRegistry(Options{Config: testConfig(), Opener: fs, Handles: fs,
 		Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
 	t.Cleanup(r.Stop)
 	return r, fs
@@ -753,7 +753,7 @@ func TestDeletionDuringIdlePass(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		core, logs := observer.New(zapcore.InfoLevel)
 		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
-		r := NewRegistry(Options{Config: testConfig(), Opener: fs, Log: zap.New(core),
+		r := NewRegistry(Options{Config: testConfig(), Opener: fs, Handles: fs, Log: zap.New(core),
 			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
 		t.Cleanup(r.Stop)
 		gone := fs.add("/d/gone", 2, pg, 1)
@@ -835,6 +835,36 @@ func TestNewFileTakesNumber(t *testing.T) {
 		}
 		if s := onlyDeviceStats(t, r); s.InodesGone != 1 {
 			t.Errorf("a handle of another layout: inodes_gone %d, want 1 still", s.InodesGone)
+		}
+	})
+}
+
+// TestRegistryObserve: the observer Registry.Observe subscribes is told
+// of each device's attempts' opens and forgotten inodes; after
+// Observe(nil) it is told nothing.
+func TestRegistryObserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, fs := oneDeviceRegistry(t)
+		ob := &observerFS{fakeFS: fs.fakeFS}
+		r.Observe(ob)
+		tree := Tree{Expire: time.Hour}
+		f := fs.add("/d/told", 1, pg, 1)
+		r.MarkInodesDirty([]Mark{{Path: f.path, Key: f.key, Handle: f.handle, Tree: tree, Leaving: true}})
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if diff := gocmp.Diff([]string{"opened 1", "forgot 1"}, slices.Compact(ob.all())); diff != "" {
+			t.Errorf("what the observer was told (-want +got):\n%s", diff)
+		}
+		r.Observe(nil)
+		g := fs.add("/d/untold", 2, pg, 1)
+		r.MarkInodesDirty([]Mark{{Path: g.path, Key: g.key, Handle: g.handle, Tree: tree, Leaving: true}})
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if len(fs.callsOf("sync_file_range", g.path)) == 0 {
+			t.Fatalf("%s not written back", g.path)
+		}
+		if got := slices.Compact(ob.all()); len(got) != 2 {
+			t.Errorf("after Observe(nil), the observer was told %v, want only the first file's", got)
 		}
 	})
 }

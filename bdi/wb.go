@@ -76,28 +76,29 @@ import (
 
 // New returns a device's writeback state; Run starts its goroutine. now is
 // the daemon's monotonic clock; stats may be nil (no stats file).
-func New(name string, cfg Config, now func() time.Duration, open inode.Opener, log *zap.Logger, stats *statsWriter) *Writeback {
+func New(name string, cfg Config, now func() time.Duration, files Files, log *zap.Logger, stats *statsWriter) *Writeback {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	log = log.With(zap.String("bdi", name))
 	wb := &Writeback{
-		Name:    name,
-		cfg:     cfg,
-		now:     now,
-		open:    open,
-		log:     log,
-		stats:   stats,
-		calls:   offLoop{now: now},
-		wake:    make(chan struct{}, 1),
-		stopped: make(chan struct{}),
-		side:    sideState{wbIndex: make(map[inode.Key]int64)},
-		bg:      sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{})},
+		Name:     name,
+		cfg:      cfg,
+		now:      now,
+		open:     files.Opener,
+		handles:  files.Handles,
+		observer: files.Observer,
+		log:      log,
+		stats:    stats,
+		calls:    offLoop{now: now},
+		wake:     make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
+		side:     sideState{wbIndex: make(map[inode.Key]int64)},
+		bg:       sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{})},
 		loop: loopState{backoff: policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
 			probed: make(map[uint64]bool), fallback: make(map[uint64]bool)},
 	}
 	wb.errLog = newSampledLog(log)
-	wb.observer, _ = open.(inode.AttemptObserver)
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
 }

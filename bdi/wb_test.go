@@ -587,7 +587,7 @@ func TestHealthy(t *testing.T) {
 		epoch := time.Now()
 		now := func() time.Duration { return time.Since(epoch) }
 		fs := newFakeFS(now)
-		wb := New("7:0", testConfig(), now, fs, nil, nil)
+		wb := New("7:0", testConfig(), now, Files{Opener: fs}, nil, nil)
 		wedge := make(chan struct{})
 		var wedged atomic.Bool
 		wb.BeforePass = func() {
@@ -690,7 +690,7 @@ func TestMarkKnownInodeAllocates(t *testing.T) {
 	epoch := time.Now()
 	now := func() time.Duration { return time.Since(epoch) }
 	fs := newFakeFS(now)
-	wb := New("7:0", testConfig(), now, fs, nil, nil)
+	wb := New("7:0", testConfig(), now, Files{Opener: fs}, nil, nil)
 	f := fs.add("/srv/data/dir/file", 1, pg, 1)
 	wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
 	if n := testing.AllocsPerRun(100, func() { wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour}) }); n != 0 {
@@ -719,7 +719,7 @@ func TestStatsWriteFailureBacksOff(t *testing.T) {
 		now := func() time.Duration { return time.Since(epoch) }
 		fs := newFakeFS(now)
 		sw := NewStatsWriter(dir, "7:0", time.Second, nil, zap.New(core))
-		wb := New("7:0", testConfig(), now, fs, zap.New(core), sw)
+		wb := New("7:0", testConfig(), now, Files{Opener: fs}, zap.New(core), sw)
 		ctx, cancel := context.WithCancel(context.Background())
 		go wb.Run(ctx)
 		defer func() { cancel(); <-wb.Stopped() }()
@@ -829,7 +829,7 @@ func TestErrWatchOnlyWhenDataLeftUnwritten(t *testing.T) {
 		epoch := time.Now()
 		now := func() time.Duration { return time.Since(epoch) }
 		fs := newFakeFS(now)
-		wb := New("7:0", testConfig(), now, fs, nil, nil)
+		wb := New("7:0", testConfig(), now, Files{Opener: fs}, nil, nil)
 		wb.errs = errs
 		ctx, cancel := context.WithCancel(context.Background())
 		go wb.Run(ctx)
@@ -993,7 +993,7 @@ func TestDetachedCall(t *testing.T) {
 }
 
 // observerFS is a fakeFS that records the engine's attempts' opens and
-// the inodes it forgets (inode.AttemptObserver).
+// the inodes it forgets (an AttemptObserver).
 type observerFS struct {
 	*fakeFS
 	mu     sync.Mutex
@@ -1024,9 +1024,9 @@ func (fs *observerFS) all() []string {
 	return slices.Clone(fs.events)
 }
 
-// TestAttemptObserverTold: an opener that is an inode.AttemptObserver is
-// told of each attempt's open, before the attempt decides the file is
-// clean and forgets it, and of each inode the engine forgets, whichever
+// TestAttemptObserverTold: the device's AttemptObserver is told of each
+// attempt's open, before the attempt decides the file is clean and
+// forgets it, and of each inode the engine forgets, whichever
 // way: written back clean, its tree dropped (DropUnder, no attempt). The
 // fanotify watcher relies on it to report again the writes of a file it
 // had quieted.

@@ -36,9 +36,10 @@ type Writeback struct {
 	cfg  Config
 	now  func() time.Duration
 	open inode.Opener
-	// observer is open, if it is an inode.AttemptObserver: told of
-	// the attempts' opens and of forgotten inodes.
-	observer inode.AttemptObserver
+	// handles opens by handle (nil: by path only); observer is told of
+	// the attempts' opens and of forgotten inodes (nil: none).
+	handles  inode.HandleOpener
+	observer AttemptObserver
 	log      *zap.Logger
 	errLog   *sampledLog // per-file error lines, rate-limited
 	stats    *statsWriter
@@ -574,4 +575,23 @@ func (wb *Writeback) workQueued() bool {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	return len(wb.work) > 0
+}
+
+// Files are how a device reaches its files (New).
+type Files struct {
+	// Opener opens files by path.
+	Opener inode.Opener
+	// Handles, if set, makes file handles and opens files by handle.
+	Handles inode.HandleOpener
+	// Observer, if set, is told of the attempts' opens, the background
+	// checks and the forgotten inodes.
+	Observer AttemptObserver
+}
+
+// Handles opens files by handle on the filesystems registered with it
+// (inode.Handles).
+type Handles interface {
+	inode.HandleOpener
+	// RemoveMount lets the filesystem dev go: no tree is on it any more.
+	RemoveMount(dev uint64)
 }

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -122,10 +121,6 @@ type Handles struct {
 	// 200ms.
 	Idle time.Duration
 
-	// hook is told what the engine tells Handles (SetWritebackHook);
-	// nil for none.
-	hook atomic.Pointer[AttemptObserver]
-
 	mu sync.Mutex
 	// +checklocks:mu
 	mounts map[uint64]*mount
@@ -138,57 +133,6 @@ type mount struct {
 	fd      int      // -1 when closed
 	refs    int
 	lastUse time.Time
-}
-
-// AttemptObserver is told what the writeback engine does with the files
-// it opens: the engine tells its opener, if it is one (Handles), and
-// Handles tells its hook (SetWritebackHook), the fanotify watcher, which
-// uses it to stop and restart the reports of a file that is written
-// continually (see watch.Fanotify).
-type AttemptObserver interface {
-	// Opened: f was just opened for a writeback attempt of the inode
-	// key, which has not read its state yet.
-	Opened(key Key, f File)
-	// Forgotten: the engine forgot the inode key (clean, gone, or its
-	// tree no longer served) or parked it as failed (only a new write
-	// revives it). Called with its list lock held: it must not block or
-	// call back into the engine.
-	Forgotten(key Key)
-	// Checking: a background check is taking the files written since
-	// the last one (range writeback, background thresholds); every
-	// file's next write must be reported, for the next check to see it.
-	Checking()
-}
-
-// SetWritebackHook makes hk the hook; ClearWritebackHook(hk) removes it.
-func (h *Handles) SetWritebackHook(hk AttemptObserver) { h.hook.Store(&hk) }
-
-// ClearWritebackHook removes hk if it is the hook.
-func (h *Handles) ClearWritebackHook(hk AttemptObserver) {
-	if p := h.hook.Load(); p != nil && *p == hk {
-		h.hook.CompareAndSwap(p, nil)
-	}
-}
-
-// Opened implements AttemptObserver: it tells the hook, if any.
-func (h *Handles) Opened(key Key, f File) {
-	if p := h.hook.Load(); p != nil {
-		(*p).Opened(key, f)
-	}
-}
-
-// Forgotten implements AttemptObserver: it tells the hook, if any.
-func (h *Handles) Forgotten(key Key) {
-	if p := h.hook.Load(); p != nil {
-		(*p).Forgotten(key)
-	}
-}
-
-// Checking implements AttemptObserver: it tells the hook, if any.
-func (h *Handles) Checking() {
-	if p := h.hook.Load(); p != nil {
-		(*p).Checking()
-	}
 }
 
 // NewHandles returns a Handles with no filesystem registered.

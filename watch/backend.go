@@ -16,9 +16,13 @@ import (
 type Options struct {
 	// Backend is "auto", "fanotify" or "inotify".
 	Backend string
-	// Opener opens files for the cachestat scans; nil means inode.OS.
-	// When it is an *inode.Handles, fanotify events are matched by handle.
+	// Opener opens files for the cachestat scans; nil means Handles if
+	// set, else inode.OS.
 	Opener inode.Opener
+	// Handles, if set, opens files by handle: fanotify needs it, and a
+	// filesystem mounted inside a tree is registered with it. Nil: opens
+	// by path only (no fanotify).
+	Handles *inode.Handles
 	// RescanInterval is the period of the rescans of directories inotify
 	// could not watch.
 	RescanInterval time.Duration

@@ -16,14 +16,9 @@ import (
 // roots' identity.
 type base struct {
 	sink        Sink
-	closedSink  ClosedSink     // sink, if it tells a close from a write; else nil
-	keyTracker  KeyTracker     // sink, if it tells whether a key is tracked; else nil
-	batchSink   BatchSink      // sink, if it takes reports in batches; else nil
-	unlinkSink  UnlinkSink     // sink, if it is told of deleted names; else nil
-	nameSink    NameUnlinkSink // sink, if it is told of deleted names by name; else nil
-	nameChecker NameChecker    // sink, if it checks names after a rescan; else nil
 	log         *zap.Logger
 	open        inode.Opener
+	handles     *inode.Handles   // opens by handle; nil: by path only
 	ctr         *Counters        // shared by the two halves of a Mixed backend
 	statsName   func() string    // the backend's name in watch/stats (set by its constructor)
 	statsTrees  func() []TreeUse // the trees in watch/stats (the whole backend's, for a Mixed half)
@@ -111,16 +106,13 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if open == nil && opt.Handles != nil {
+		open = opt.Handles
+	}
 	if open == nil {
 		open = inode.OS{}
 	}
-	b.sink, b.log, b.open, b.statsDir = sink, log, open, opt.StatsDir
-	b.closedSink, _ = sink.(ClosedSink)
-	b.keyTracker, _ = sink.(KeyTracker)
-	b.batchSink, _ = sink.(BatchSink)
-	b.unlinkSink, _ = sink.(UnlinkSink)
-	b.nameSink, _ = sink.(NameUnlinkSink)
-	b.nameChecker, _ = sink.(NameChecker)
+	b.sink, b.log, b.open, b.handles, b.statsDir = sink, log, open, opt.Handles, opt.StatsDir
 	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)

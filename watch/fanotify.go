@@ -27,14 +27,13 @@ import (
 // look-up.
 //
 // It needs CAP_SYS_ADMIN (fanotify_init) and CAP_DAC_READ_SEARCH
-// (open_by_handle_at), and an *inode.Handles opener on which every tree's
-// filesystem can be registered.
+// (open_by_handle_at), and an *inode.Handles (Options.Handles) on which
+// every tree's filesystem can be registered.
 type Fanotify struct {
 	base
 	// nestedFallback serves a mount inside a tree that fanotify cannot
 	// mark (Mixed: the inotify half); nil: such a mount is not served.
 	nestedFallback func(ctx context.Context, t Tree, mountpoint string) bool
-	handles        *inode.Handles
 	// targetFID: the group reports the handle of a file whose directory
 	// entry was made (FAN_REPORT_TARGET_FID; fanotifyInit).
 	targetFID bool
@@ -74,9 +73,9 @@ type Fanotify struct {
 	buf   []byte
 	kbuf  []byte
 
-	// pending are the file reports of the batch being read, for
-	// batchSink, and pendingTrees the tree each was made with (Run's
-	// goroutine only).
+	// pending are the file reports of the batch being read (for
+	// Sink.MarkInodesDirty), and pendingTrees the tree each was made
+	// with (Run's goroutine only).
 	pending      []bdi.Mark
 	pendingTrees []*tree
 
@@ -92,12 +91,11 @@ type Fanotify struct {
 
 // NewFanotify sets up fanotify and marks the filesystem of every tree. It
 // fails (and auto picks inotify) without CAP_SYS_ADMIN, on a kernel that
-// refuses the flags, when opt.Opener is not an *inode.Handles, or when a
+// refuses the flags, without opt.Handles, or when a
 // tree's filesystem cannot be opened by handle.
 func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
-	h, ok := opt.Opener.(*inode.Handles)
-	if !ok {
-		return nil, errors.New("file handles are not in use (the opener is not an inode.Handles)")
+	if opt.Handles == nil {
+		return nil, errors.New("file handles are not in use (no inode.Handles given)")
 	}
 	fd, targetFID, err := fanotifyInit(!opt.noTargetFID)
 	if err != nil {
@@ -108,11 +106,10 @@ func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	fa := &Fanotify{handles: h, fd: fd, stop: stop, targetFID: targetFID, fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
+	fa := &Fanotify{fd: fd, stop: stop, targetFID: targetFID, fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
 		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10),
 		quiet: quietMarks{fd: fd, keys: map[inode.Key]struct{}{}}}
 	fa.init(trees, sink, opt)
-	h.SetWritebackHook(fa)
 	fa.nested = fa.nestedMount
 	fa.statsTrees, fa.statsName = fa.Trees, fa.Name
 	for _, t := range trees {
@@ -180,6 +177,10 @@ func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeErr
 // Name implements Backend.
 func (fa *Fanotify) Name() string { return "fanotify" }
 
+// Observer implements Backend: fa, whose quieted files the writeback
+// engine's attempts un-quiet. Once fa is closed its methods do nothing.
+func (fa *Fanotify) Observer() bdi.AttemptObserver { return fa }
+
 // Close implements Backend: it ends Run, and the fanotify group is
 // closed once Run has returned (at once if it is not running), so that
 // Run never reads a descriptor number that was closed and reused.
@@ -219,9 +220,6 @@ func (fa *Fanotify) wakeLocked() {
 // closeFDs closes the group and the eventfd; fdMu is held. The group's
 // ignore marks go with it.
 func (fa *Fanotify) closeFDs() error {
-	if fa.handles != nil {
-		fa.handles.ClearWritebackHook(fa)
-	}
 	fa.quiet.closed()
 	fa.fdsClosed = true
 	err := unix.Close(fa.fd)

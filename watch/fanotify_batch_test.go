@@ -19,8 +19,8 @@ import (
 	"flusherd/inode"
 )
 
-// batchSink is a BatchSink and ClosedSink that records each batch and
-// refuses the inodes in fail with their error.
+// batchSink is a sink with MarkInodesDirty and MarkInodeClosed that
+// records each batch and refuses the inodes in fail with their error.
 type batchSink struct {
 	nopSink
 	closed  int
@@ -40,10 +40,10 @@ func (s *batchSink) MarkInodesDirty(ms []bdi.Mark) {
 	}
 }
 
-// TestFanotifyBatchReports: with a BatchSink, the file reports of one read
-// reach the sink in batches of at most pendingMax, in the order of the
-// events, each with its path, key, handle and tree, a close with no write
-// marked Closed, and none one by one; a report refused for want of
+// TestFanotifyBatchReports: the file reports of one read reach the sink
+// in batches of at most pendingMax, in the order of the events, each with
+// its path, key, handle and tree, a close with no write marked Closed,
+// and none one by one; a report refused for want of
 // resources (EMFILE) makes the scan incomplete (rescans follow), another
 // refusal is logged with the file's path.
 func TestFanotifyBatchReports(t *testing.T) {

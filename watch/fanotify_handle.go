@@ -19,7 +19,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	if ev.mask&unix.FAN_ONDIR != 0 {
 		return fa.handleDir(ctx, ev)
 	}
-	if ev.mask&(unix.FAN_DELETE|unix.FAN_DELETE_SELF) != 0 && ev.file != nil && fa.unlinkSink != nil {
+	if ev.mask&(unix.FAN_DELETE|unix.FAN_DELETE_SELF) != 0 && ev.file != nil {
 		// A name deleted, with the file's own handle
 		// (FAN_REPORT_TARGET_FID), or the file itself
 		// (FAN_DELETE_SELF, with FAN_REPORT_FID: its last name gone
@@ -70,7 +70,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		fa.quietFile(tg)
 	}
 	// Closed, with no write (nor a directory entry made) with it.
-	closed := ev.mask&(unix.FAN_MODIFY|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 && fa.closedSink != nil
+	closed := ev.mask&(unix.FAN_MODIFY|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0
 	return fa.reportTarget(d, tg, closed)
 }
 
@@ -108,34 +108,14 @@ func (fa *Fanotify) handleDir(ctx context.Context, ev *event) bool {
 }
 
 // reportTarget reports file tg, written (or only closed after writing:
-// closed) in directory d of a tree: added to the batch of the read
-// (flushMarks) when the sink takes batches, else to the sink at once. It
-// reports whether the report was made.
+// closed) in directory d of a tree: added to the batch of the read, which
+// flushMarks hands to the sink. It reports whether the report was made.
 func (fa *Fanotify) reportTarget(d *fanotifyDir, tg *fanotifyTarget, closed bool) bool {
-	if fa.batchSink != nil {
-		// Marked with the rest of the read (flushMarks).
-		fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,
-			Tree: d.tree.Tree.Tree, Closed: closed})
-		fa.pendingTrees = append(fa.pendingTrees, d.tree)
-		if len(fa.pending) >= pendingMax {
-			fa.flushMarks()
-		}
-		return true
-	}
-	// One by one: a tree that has ended takes no more reports (a batch
-	// is checked as a whole when it is handed over: flushMarks).
-	fa.mu.Lock()
-	gone := d.tree.gone
-	fa.mu.Unlock()
-	if gone {
-		return false
-	}
-	mark := fa.sink.MarkInodeDirty
-	if closed {
-		mark = fa.closedSink.MarkInodeClosed
-	}
-	if err := mark(tg.path, tg.key, tg.handle, d.tree.Tree.Tree); err != nil {
-		fa.markFailed(tg.key, tg.path, err)
+	fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,
+		Tree: d.tree.Tree.Tree, Closed: closed})
+	fa.pendingTrees = append(fa.pendingTrees, d.tree)
+	if len(fa.pending) >= pendingMax {
+		fa.flushMarks()
 	}
 	return true
 }
@@ -174,7 +154,7 @@ func (fa *Fanotify) unlinked(ev *event) {
 		key, h = inode.Key{Dev: dev, Ino: ino}, inode.MakeHandle(typ, ev.file)
 	}
 	fa.flushMarks()
-	fa.unlinkSink.InodeUnlinked(key, h)
+	fa.sink.InodeUnlinked(key, h)
 }
 
 // pendingMax bounds the reports held before they are handed to the sink.
@@ -205,7 +185,7 @@ func (fa *Fanotify) flushMarks() {
 		fa.unquiet(k) // (not tracked: its writes must be seen if a tree serves it again)
 	}
 	if len(ms) > 0 {
-		fa.batchSink.MarkInodesDirty(ms)
+		fa.sink.MarkInodesDirty(ms)
 	}
 	fa.reportMu.RUnlock()
 	for i := range ms {

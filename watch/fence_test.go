@@ -17,7 +17,7 @@ import (
 	"flusherd/inode"
 )
 
-// gateSink is a BatchSink whose reports, once armed, wait in the sink
+// gateSink is a sink whose batches of reports, once armed, wait in the sink
 // until released: a report in flight while a tree is removed.
 type gateSink struct {
 	nopSink
@@ -107,7 +107,7 @@ func waitsFor(t *testing.T, s *gateSink, remove func()) {
 // (2m) and more, a directory cached in each of the first two, and files
 // f0... cached, f<i> in /srv/a/d if i is even and in /srv/b/d if odd; it
 // returns one parsed FAN_MODIFY event for each.
-func twoTreeFanotify(s Sink, n int, more ...Tree) (*Fanotify, []event) {
+func twoTreeFanotify(s partialSink, n int, more ...Tree) (*Fanotify, []event) {
 	trees := append([]Tree{{Root: "/srv/a", Recursive: true, Tree: bdi.Tree{Expire: time.Minute}},
 		{Root: "/srv/b", Recursive: true, Tree: bdi.Tree{Expire: 2 * time.Minute}}}, more...)
 	fa := fakeFanotify(42, trees, s, Options{})
@@ -237,7 +237,7 @@ func TestReportRemovedTree(t *testing.T) {
 				b, remove = &fa.base, func() { fa.RemoveTree(root) }
 			} else {
 				w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]Tree{}}
-				w.init(trees, s, Options{})
+				w.init(trees, sinkOf(s), Options{})
 				b, remove = &w.base, func() { w.RemoveTree(root) }
 			}
 			if err := b.recordRoots(); err != nil {
@@ -388,7 +388,7 @@ func TestRemovedTreeFinalScan(t *testing.T) {
 					b, remove = &fa.base, func() bool { return fa.RemoveTree(root) }
 				} else {
 					w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]Tree{}}
-					w.init([]Tree{tr}, s, Options{})
+					w.init([]Tree{tr}, sinkOf(s), Options{})
 					b, remove = &w.base, func() bool { return w.RemoveTree(root) }
 				}
 				b.devWritesBack.Store(key.Dev, true) // (t.TempDir may be on tmpfs)

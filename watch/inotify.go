@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/policy"
 )
@@ -46,7 +47,7 @@ type Watcher struct {
 	// Write events named, by path, so that a stream of writes to a file
 	// costs one lstat(2), not one per event, and so that the deletion of
 	// a name (Remove) can be told to the sink with the file's key
-	// (NameUnlinkSink). Only Run's goroutine uses it. An entry
+	// (Sink.NameUnlinked). Only Run's goroutine uses it. An entry
 	// goes when an event says the name may now lead elsewhere (Create,
 	// Rename, Remove of it), the entries below a directory when it is
 	// made, moved or removed (the paths below it change), and the whole
@@ -87,8 +88,8 @@ func (w *Watcher) nestedMount(ctx context.Context, t Tree, mountpoint string) bo
 	// Its files are opened by handle, as a root's are, when the opener
 	// can (inode.Handles): through another mount of the filesystem if
 	// this one is unmounted while it stays mounted elsewhere.
-	if am, ok := w.open.(mountAdder); ok {
-		if _, err := am.AddMount(mountpoint); err != nil {
+	if w.handles != nil {
+		if _, err := w.handles.AddMount(mountpoint); err != nil {
 			w.log.Info("files of this filesystem mounted inside a tree are opened by path, not by file handle", Q(mountpoint), zap.Error(err))
 		}
 	}
@@ -100,6 +101,9 @@ func (w *Watcher) nestedMount(ctx context.Context, t Tree, mountpoint string) bo
 
 // Name implements Backend.
 func (w *Watcher) Name() string { return "inotify" }
+
+// Observer implements Backend: inotify needs none.
+func (w *Watcher) Observer() bdi.AttemptObserver { return nil }
 
 // add watches dir and records it.
 func (w *Watcher) add(dir string) error {

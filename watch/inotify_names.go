@@ -46,10 +46,5 @@ func (w *Watcher) forgetKeysUnder(dir string) {
 	}
 }
 
-// unlinked tells the sink, if it takes them (NameUnlinkSink), that the
-// file key lost the name path.
-func (w *Watcher) unlinked(key inode.Key, path string) {
-	if w.nameSink != nil {
-		w.nameSink.NameUnlinked(key, path)
-	}
-}
+// unlinked tells the sink that the file key lost the name path.
+func (w *Watcher) unlinked(key inode.Key, path string) { w.sink.NameUnlinked(key, path) }

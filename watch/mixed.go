@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"go.uber.org/zap"
+
+	"flusherd/bdi"
 )
 
 // Mixed serves each tree with the backend its filesystem allows, at once:
@@ -33,6 +35,9 @@ func newMixed(fa *Fanotify, in *Watcher) *Mixed {
 	fa.nestedFallback = in.serveNested
 	return m
 }
+
+// Observer implements Backend: the fanotify half's.
+func (m *Mixed) Observer() bdi.AttemptObserver { return m.fa.Observer() }
 
 // Name implements Backend: the halves that serve trees now.
 func (m *Mixed) Name() string {

@@ -169,13 +169,6 @@ func (b *base) checkMounts(ctx context.Context) {
 	}
 }
 
-// mountAdder is an opener that opens files by handle through the
-// mounts registered with it (inode.Handles).
-type mountAdder interface {
-	// AddMount registers the filesystem of dir, a directory.
-	AddMount(dir string) (dev uint64, err error)
-}
-
 // nestedMount is a served filesystem mounted inside a tree.
 type nestedMount struct {
 	mountpoint string
@@ -222,8 +215,8 @@ func (b *base) forgetUnmounted(present map[int]bool, devs map[uint64]string) {
 			}
 		}
 		if other, ok := devs[nm.dev]; ok {
-			if am, ok := b.open.(mountAdder); ok {
-				if _, err := am.AddMount(other); err != nil {
+			if b.handles != nil {
+				if _, err := b.handles.AddMount(other); err != nil {
 					b.log.Warn("cannot open a remaining mount of a filesystem unmounted inside a tree; its tracked files' writeback fails until it is mounted there again",
 						mp(nm), zap.String("other_mountpoint", strconv.Quote(other)), zap.Error(err))
 				}

@@ -156,7 +156,7 @@ func TestInotifySwapRemove(t *testing.T) {
 		}
 	}
 	s := &sink{seen: map[string]int{}}
-	iw, err := NewInotify([]Tree{{Root: root, Recursive: true}}, s, Options{})
+	iw, err := NewInotify([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

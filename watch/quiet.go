@@ -34,8 +34,9 @@ import (
 //     tracks the file from a moment when its writes are no longer reported:
 //     if a writeback attempt is under way, it is flagged redirtied and
 //     requeued;
-//   - the engine tells the Handles of every writeback attempt's open
-//     (inode.AttemptObserver), before the attempt reads the file's state
+//   - the engine tells fa of every writeback attempt's open
+//     (bdi.AttemptObserver, subscribed by the daemon's wiring with
+//     bdi.Registry.Observe), before the attempt reads the file's state
 //     with cachestat, and Opened removes the mark: a write after the
 //     removal makes an event again, one before it left its pages dirty
 //     for the attempt to see. (Only an attempt can find a file clean and
@@ -49,9 +50,8 @@ import (
 // A device with range writeback or a background threshold (range_bytes
 // is 1 MiB by default) checks every 100 ms, while files are written, the
 // files written since its last check: a streaming writer is one written at
-// consecutive checks. A file there is not quieted (the sink says which
-// devices make no checks: an optional Unchecked(dev) method; a sink
-// without it allows every device). Quieting there and removing the marks
+// consecutive checks. A file there is not quieted (Sink.Unchecked says
+// which devices make no checks). Quieting there and removing the marks
 // at each check was tried: it took a quarter of the events but more CPU
 // per write than the events it saved (each quiet costs an
 // open_by_handle_at, a fanotify_mark through /proc and a close). Should a
@@ -120,7 +120,7 @@ func (fa *Fanotify) quietFile(tg *fanotifyTarget) {
 	if fa.handles == nil || q.off.Load() {
 		return
 	}
-	if u, ok := fa.sink.(interface{ Unchecked(dev uint64) bool }); ok && !u.Unchecked(tg.key.Dev) {
+	if !fa.sink.Unchecked(tg.key.Dev) {
 		return // its device's background checks need its writes
 	}
 	if q.n.Load() >= quietMax {
@@ -173,7 +173,7 @@ func (fa *Fanotify) unquiet(key inode.Key) {
 	}
 }
 
-// Opened implements inode.AttemptObserver: the ignore mark of a file
+// Opened implements bdi.AttemptObserver: the ignore mark of a file
 // opened for writeback is removed (fanotify_mark FAN_MARK_REMOVE on its
 // descriptor) before the attempt reads its state. When the removal fails
 // for another reason than the mark being gone already (ENOENT: its inode
@@ -203,7 +203,7 @@ func (fa *Fanotify) Opened(key inode.Key, f inode.File) {
 	q.n.Store(int64(len(q.keys)))
 }
 
-// Checking implements inode.AttemptObserver: a device's background check
+// Checking implements bdi.AttemptObserver: a device's background check
 // (every 100 ms while files are written, with range writeback or a
 // background threshold configured) needs every file written since the
 // last check reported, to tell a streaming writer: every ignore mark is
@@ -219,7 +219,7 @@ func (fa *Fanotify) Checking() {
 	q.mu.Unlock()
 }
 
-// Forgotten implements inode.AttemptObserver: an inode forgotten while
+// Forgotten implements bdi.AttemptObserver: an inode forgotten while
 // quieted (without an attempt that removed its mark) has every ignore mark
 // removed (FAN_MARK_FLUSH: the engine holds no descriptor of it, and
 // opening one under its list lock could block).

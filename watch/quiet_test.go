@@ -48,7 +48,7 @@ func TestQuietHotFile(t *testing.T) {
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
 	s := &handleSink{sink: sink{seen: map[string]int{}}, key: map[string]inode.Key{}, handle: map[string]inode.Handle{}}
-	w, err := New([]Tree{{Root: root, Recursive: true}}, s, Options{Backend: "fanotify", Opener: h})
+	w, err := New([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Backend: "fanotify", Opener: h, Handles: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestQuietHotFile(t *testing.T) {
 	if fa.quiet.n.Load() != 1 {
 		t.Errorf("an open that is not an attempt's (a sample's): %d quieted, want 1", fa.quiet.n.Load())
 	}
-	h.Opened(key, wf) // as an attempt does, before it reads the state
+	fa.Opened(key, wf) // as an attempt does, before it reads the state
 	wf.Close()
 	if fa.quiet.n.Load() != 0 {
 		t.Errorf("after the engine opened the only quieted file: %d quieted, want 0", fa.quiet.n.Load())
@@ -129,12 +129,12 @@ func TestQuietHotFile(t *testing.T) {
 		t.Fatalf("written again: %d files quieted, want 1", fa.quiet.n.Load())
 	}
 	n = s.count(p)
-	h.Forgotten(inode.Key{Dev: key.Dev, Ino: key.Ino + 1000}) // another inode: nothing changes
+	fa.Forgotten(inode.Key{Dev: key.Dev, Ino: key.Ino + 1000}) // another inode: nothing changes
 	write(hotEvents / 2)
 	if got := s.count(p); got != n {
 		t.Fatalf("after another inode was forgotten: %d more reports, want none", got-n)
 	}
-	h.Forgotten(key)
+	fa.Forgotten(key)
 	write(1)
 	eventually(t, "a write after the engine forgot the file reported", func() bool { return s.count(p) > n })
 
@@ -143,7 +143,7 @@ func TestQuietHotFile(t *testing.T) {
 	if fa.quiet.n.Load() != 1 {
 		t.Fatalf("written again: %d files quieted, want 1", fa.quiet.n.Load())
 	}
-	h.Checking()
+	fa.Checking()
 	if fa.quiet.n.Load() != 0 {
 		t.Errorf("after a background check: %d files quieted, want 0", fa.quiet.n.Load())
 	}
@@ -157,7 +157,7 @@ func TestQuietHotFile(t *testing.T) {
 	if fa.quiet.n.Load() != 1 {
 		t.Fatalf("written again: %d files quieted, want 1", fa.quiet.n.Load())
 	}
-	h.Opened(key, struct{ inode.File }{})
+	fa.Opened(key, struct{ inode.File }{})
 	if fa.quiet.n.Load() != 0 {
 		t.Errorf("after an open on no descriptor: %d files quieted, want 0", fa.quiet.n.Load())
 	}
@@ -174,11 +174,11 @@ func TestQuietHotFile(t *testing.T) {
 			2*hotEvents, got, fa.quiet.n.Load(), 2*hotEvents)
 	}
 
-	// A closed group quiets nothing and its hook is gone.
+	// A closed group quiets nothing, and what the engine tells it does nothing.
 	w.Close()
 	cancel()
 	<-done
-	h.Forgotten(key)
+	fa.Forgotten(key)
 	if fa.quiet.n.Load() != 0 {
 		t.Errorf("closed group: %d files quieted, want 0", fa.quiet.n.Load())
 	}

@@ -46,10 +46,10 @@ func (b *base) rescanTrees(ctx context.Context, trees []*tree, onDir func(t Tree
 			f = func(p string) { onDir(t.Tree, p) }
 		}
 		b.scanDir(ctx, t.Tree, t.Root, true, f)
-		if served && b.nameChecker != nil && ctx.Err() == nil {
+		if served && ctx.Err() == nil {
 			// The events lost may have told of deletions, which no
 			// scan can find: the tracked names are looked at.
-			b.nameChecker.CheckNames(t.Root)
+			b.sink.CheckNames(t.Root)
 		}
 	}
 }

@@ -429,7 +429,7 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 		// add, and opens only the files it does not know.
 		return
 	}
-	if onlyDirty && b.keyTracker != nil && b.keyTracker.TracksKey(key) {
+	if onlyDirty && b.sink.TracksKey(key) {
 		// Tracked under another name: moved or linked here (a directory
 		// renamed into an integrity tree), its attempt perhaps in
 		// flight in another tree's mode. Reported without a look at its
@@ -475,14 +475,14 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	}
 	var err error
 	switch {
-	case !served || (leaving && b.batchSink == nil):
-	case b.batchSink != nil && (onlyDirty || leaving):
+	case !served:
+	case onlyDirty || leaving:
 		// A scan's look at a file not tracked when it looked: were it
 		// tracked since (an event, under a name newer than the one this
 		// scan read from its directory), it keeps its name. A report
 		// made with a tree a reload removed: written once more.
 		ms := [1]bdi.Mark{{Path: path, Key: key, Tree: settings, KeepName: onlyDirty, Leaving: leaving}}
-		b.batchSink.MarkInodesDirty(ms[:])
+		b.sink.MarkInodesDirty(ms[:])
 		err = ms[0].Err
 	default:
 		err = b.sink.MarkInodeDirty(path, key, "", settings)

@@ -36,10 +36,10 @@ func (s *keySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t b
 	return s.sink.MarkInodeDirty(path, key, h, t)
 }
 
-func newScanner(t *testing.T, root string, s Sink, open inode.Opener) *base {
+func newScanner(t *testing.T, root string, s partialSink, open inode.Opener) *base {
 	t.Helper()
 	b := &base{}
-	b.init([]Tree{{Root: root, Recursive: true}}, s, Options{Opener: open})
+	b.init([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Opener: open})
 	return b
 }
 
@@ -225,7 +225,7 @@ func TestTreeOfDeepest(t *testing.T) {
 	outer := Tree{Root: "/a", Recursive: true, Tree: bdi.Tree{Expire: time.Second}}
 	inner := Tree{Root: "/a/b", Recursive: true, Tree: bdi.Tree{Expire: time.Minute, Integrity: true}}
 	flat := Tree{Root: "/c", Recursive: false, Tree: bdi.Tree{Expire: time.Hour}}
-	b.init([]Tree{outer, inner, flat}, &sink{seen: map[string]int{}}, Options{})
+	b.init([]Tree{outer, inner, flat}, sinkOf(&sink{seen: map[string]int{}}), Options{})
 	for _, c := range []struct {
 		path string
 		want Tree
@@ -378,7 +378,7 @@ func TestScanDeepTree(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	ks := &keySink{sink: sink{seen: map[string]int{}}, keys: map[inode.Key]string{}}
 	b := &base{}
-	b.init([]Tree{{Root: root, Recursive: true}}, ks, Options{Opener: inode.OS{}, Log: zap.New(core)})
+	b.init([]Tree{{Root: root, Recursive: true}}, sinkOf(ks), Options{Opener: inode.OS{}, Log: zap.New(core)})
 	var dirs atomic.Int64
 	maxFDs := 0
 	b.scanDir(context.Background(), b.list()[0].Tree, root, false, func(string) {
@@ -426,7 +426,7 @@ func openFDs(t *testing.T) int {
 func TestLogOverflowThrottled(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	b := &base{}
-	b.init(nil, &sink{seen: map[string]int{}}, Options{Log: zap.New(core)})
+	b.init(nil, sinkOf(&sink{seen: map[string]int{}}), Options{Log: zap.New(core)})
 	for range 17 {
 		b.logOverflow("inotify")
 	}

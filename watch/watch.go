@@ -52,64 +52,38 @@ type Sink interface {
 	// unmounted: its inodes are to be dropped; lastOnDev is set when no
 	// other tree is on that filesystem.
 	TreeGone(root string, dev uint64, lastOnDev bool)
-}
-
-// ClosedSink is a Sink that tells a close apart from a write: a backend
-// that reports a file only closed after writing (fanotify's
-// FAN_CLOSE_WRITE without FAN_MODIFY) calls MarkInodeClosed instead of
-// MarkInodeDirty when its sink has it (bdi.Registry does).
-type ClosedSink interface {
-	MarkInodeClosed(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
-}
-
-// BatchSink is a Sink that takes reports of files with dirty data in
-// batches (bdi.Registry.MarkInodesDirty): the fanotify backend hands it
-// the file reports of each read at once. A report not taken gets its error
-// in its Err.
-type BatchSink interface {
+	// MarkInodesDirty takes reports of files with dirty data in a batch
+	// (a read of fanotify's events, a scan's look); a report not taken
+	// gets its error in its Err.
 	MarkInodesDirty(ms []bdi.Mark)
-}
-
-// UnlinkSink is a Sink told when a name of a file, or the file itself, is
-// deleted, with the file's own handle (fanotify's FAN_DELETE under
-// FAN_REPORT_TARGET_FID, FAN_DELETE_SELF): bdi.Registry.InodeUnlinked,
-// which has a deleted file's attempt made at the next pass instead of at
-// its expiry.
-type UnlinkSink interface {
-	InodeUnlinked(key inode.Key, h inode.Handle)
-}
-
-// NameUnlinkSink is a Sink told when a name of a file is deleted, with the
-// file's key as last seen under that name and the name (inotify's
-// IN_DELETE, which carries no handle): bdi.Registry.NameUnlinked, which
-// has the file's attempt made at the next pass instead of at its expiry.
-type NameUnlinkSink interface {
-	NameUnlinked(key inode.Key, path string)
-}
-
-// NameChecker is a Sink that, after a rescan of a tree (events may have
-// been lost: a queue overflow, a resource shortage), looks whether each
-// file it tracks under the tree's root still has its name, and has the
-// next pass look at those that do not (bdi.Registry.CheckNames): a
-// deletion lost with the events is found within a pass, not at the file's
-// expiry.
-type NameChecker interface {
-	CheckNames(root string)
-}
-
-// KeyTracker is a Sink that tells whether an inode is tracked under any
-// name (bdi.Registry does): a scan reports such a file found under a new
-// name (moved or linked into a tree) without looking at it, so that the
-// tree's settings reach it even when it is clean by then (its writeback
-// attempt, in flight, reads its state).
-type KeyTracker interface {
+	// TracksKey reports whether the inode key is tracked under any name:
+	// a scan reports such a file found under a new name without looking
+	// at it, so that the tree's settings reach it.
 	TracksKey(key inode.Key) bool
+	// InodeUnlinked: a name of the file, or the file, was deleted, with
+	// its own handle (fanotify's FAN_DELETE under FAN_REPORT_TARGET_FID,
+	// FAN_DELETE_SELF); its attempt is brought forward.
+	InodeUnlinked(key inode.Key, h inode.Handle)
+	// NameUnlinked: the name path of the file key was deleted (inotify's
+	// IN_DELETE, no handle); its attempt is brought forward.
+	NameUnlinked(key inode.Key, path string)
+	// CheckNames looks, after a rescan of the tree rooted at root (events
+	// may have been lost), whether each file tracked under it still has
+	// its name; the next pass looks at those that do not.
+	CheckNames(root string)
+	// Unchecked reports whether device dev makes no background checks
+	// of freshly written files, so that fanotify may quiet a file there.
+	Unchecked(dev uint64) bool
 }
 
 // Backend is a way of watching the trees.
 type Backend interface {
 	// Name is "fanotify" or "inotify".
 	Name() string
+	// Observer is what the writeback engine is to tell of its attempts
+	// (bdi.Registry.Observe): fanotify's, for its quieted files; nil
+	// when the backend needs none.
+	Observer() bdi.AttemptObserver
 	// Start is WatchRoots, then Scan.
 	Start(ctx context.Context) error
 	// WatchRoots watches or marks every tree's root: from then on, writes

@@ -56,20 +56,20 @@ func start(t *testing.T, root, backend string) (Backend, *sink) {
 
 // startWith starts a backend on one recursive tree at root, reporting to
 // s, and stops it when the test ends.
-func startWith(t *testing.T, root, backend string, s Sink) Backend {
+func startWith(t *testing.T, root, backend string, s partialSink) Backend {
 	t.Helper()
 	return startTrees(t, []Tree{{Root: root, Recursive: true}}, backend, s)
 }
 
 // startTrees is startWith for any trees.
-func startTrees(t *testing.T, trees []Tree, backend string, s Sink) Backend {
+func startTrees(t *testing.T, trees []Tree, backend string, s partialSink) Backend {
 	t.Helper()
 	return startOpts(t, trees, s, Options{Backend: backend})
 }
 
-// startOpts is startTrees with options (Opener is set to a new
-// inode.Handles).
-func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
+// startOpts is startTrees with options (Opener and Handles are set to a
+// new inode.Handles).
+func startOpts(t *testing.T, trees []Tree, s partialSink, opt Options) Backend {
 	t.Helper()
 	if opt.Backend == "fanotify-by-name" {
 		opt.Backend, opt.noTargetFID = "fanotify", true
@@ -79,8 +79,8 @@ func startOpts(t *testing.T, trees []Tree, s Sink, opt Options) Backend {
 	}
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
-	opt.Opener = h
-	w, err := New(trees, s, opt)
+	opt.Opener, opt.Handles = h, h
+	w, err := New(trees, sinkOf(s), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestFanotifyRunEnds(t *testing.T) {
 	s := &sink{seen: map[string]int{}}
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
-	fa, err := NewFanotify([]Tree{{Root: root, Recursive: true}}, s, Options{Opener: h})
+	fa, err := NewFanotify([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Opener: h, Handles: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +317,8 @@ func (s *closedSink) MarkInodeClosed(path string, key inode.Key, _ inode.Handle,
 
 // TestFanotifyClosedApart: fanotify reports a close that comes alone (its
 // write was read before) with MarkInodeClosed, and a write with
-// MarkInodeDirty, to a sink that tells them apart (ClosedSink).
+// MarkInodeDirty, to a sink that tells them apart (it has
+// MarkInodeClosed, which sinkOf hands a batch's closes).
 func TestFanotifyClosedApart(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("fanotify needs root")
@@ -648,7 +649,7 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 }
 
 // nameUnlinkSink records the reports and the deletions told by name
-// (NameUnlinkSink), in order.
+// (Sink.NameUnlinked), in order.
 type nameUnlinkSink struct {
 	sink
 	log []string

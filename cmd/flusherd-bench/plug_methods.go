@@ -98,6 +98,9 @@ type countingOpener struct {
 	n     atomic.Int64
 }
 
+// RemoveMount implements bdi.Handles.
+func (c *countingOpener) RemoveMount(dev uint64) { c.inner.RemoveMount(dev) }
+
 func (c *countingOpener) HandleOf(path string, key inode.Key) (inode.Handle, error) {
 	return c.inner.HandleOf(path, key) // at marking time, not timed
 }
@@ -175,6 +178,7 @@ func flusherdMethod(s *fileSet, plugOn, integrity bool, depth int, st *plugStat)
 		},
 		Resolve: func(dev uint64, path string) (string, error) { return sys.BdiName(dev, -1) },
 		Opener:  op,
+		Handles: op,
 	})
 	for _, p := range s.paths {
 		key, _, err := inode.Stat(p)

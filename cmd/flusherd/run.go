@@ -169,6 +169,7 @@ func wire(d *service.Daemon, start *service.Startup) error {
 		NrDirty:     sys.NrDirty,
 		DiskWritten: sys.DiskWritten,
 		Opener:      d.Handles,
+		Handles:     d.Handles,
 		Log:         log,
 		Errs:        d.Errs,
 	})
@@ -177,10 +178,14 @@ func wire(d *service.Daemon, start *service.Startup) error {
 		return err
 	}
 	service.SetUpTrees(d.Trees, d.Handles, d.Errs, start, log)
-	d.Wat, err = watch.New(d.Trees, d.Reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: d.Handles,
+	d.Wat, err = watch.New(d.Trees, d.Reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: d.Handles, Handles: d.Handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
 		StatsDir: cfg.Stats.Dir, Log: log, Progress: start.Offered})
-	return err
+	if err != nil {
+		return err
+	}
+	d.Reg.Observe(d.Wat.Observer())
+	return nil
 }
 
 // listenControl opens the control socket in dir (nil, logged, when it
