@@ -302,3 +302,45 @@ const (
 	minAutoChunk = 4 << 20
 	maxAutoChunk = 128 << 20
 )
+
+// stricterTreeLocked applies to a tracked inode reported from tree t
+// (moved or hard-linked into it, or written through a name there) what t
+// asks for beyond its own settings: integrity mode, and a shorter expiry,
+// which moves it to that expiry's class at its age (dirtiedWhen kept). The
+// stricter of its trees holds, so that a file renamed from a writeback
+// tree into an integrity tree (a temporary file renamed into place) is
+// made durable within that tree's bound, not only started. Preconditions:
+// wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) stricterTreeLocked(in *inode.Inode, t Tree) {
+	if t.Integrity && !in.Has(inode.Integrity) {
+		in.State |= inode.Integrity
+	}
+	old := in.Class
+	if t.Expire >= wb.bDirty.classes[old].expire {
+		return
+	}
+	c, exact := wb.bDirty.class(t.Expire)
+	if !exact && wb.bDirty.classes[c].expire >= wb.bDirty.classes[old].expire {
+		wb.bDirty.unref(c) // no class closer to t's expiry than its own
+		return
+	}
+	// On its class's FIFO (b_dirty) it moves to the new one; on another
+	// list it goes back to b_dirty by its class later.
+	onDirty := false
+	for x := range wb.bDirty.classes[old].list.All {
+		if x == in {
+			onDirty = true
+			break
+		}
+	}
+	if onDirty {
+		lists.Remove(in)
+	}
+	in.Class = c
+	wb.bDirty.unref(old)
+	if onDirty {
+		wb.bDirty.insertByAge(in)
+	}
+}

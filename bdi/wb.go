@@ -21,8 +21,9 @@
 //	submit.go      writebackSingleInode ─► blk.Plug ─► submit ─► blk.Queue
 //	               (runTimed), integrity batches, the queue's hooks
 //	attempt.go     complete: readAfter, account, policy.Decide, apply
-//	mark.go        MarkInodeDirty ─► b_dirty; deletions, trees leaving,
-//	               the tracked inodes' views
+//	mark.go        MarkInodeDirty ─► b_dirty; deletions told, names checked
+//	views.go       the tracked inodes' views; trees restricted, retired,
+//	               dropped
 //	call.go        an attempt's system calls on a worker (doAttempt):
 //	               open, cachestat, sync_file_range of the file or of its
 //	               write_chunk windows (ranges), or fdatasync
