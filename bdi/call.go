@@ -1,52 +1,17 @@
 package bdi
 
 import (
-	"errors"
 	"math"
 	"os"
-
-	"golang.org/x/sys/unix"
 
 	"flusherd/blk"
 	"flusherd/inode"
 	"flusherd/policy"
 )
 
-// openFile opens a tracked file: by handle when it has one and the opener
-// can (a rename since it was dirtied does not matter then), else by path.
-//
-// (st_dev, st_ino) is not an identity over time: ext4 gives a freed inode
-// number to the next file at once, and only the handle's generation tells
-// the two apart. So when the handle names a deleted inode (ESTALE, or
-// inode.ErrUnlinked) and a regular file with the same number is at path, it
-// is a new file that took the number: it is opened by its own handle, which
-// is returned as renewed for the inode to keep. renewed is "" otherwise.
+// openFile opens a tracked file for an attempt (inode.OpenTracked).
 func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f inode.File, renewed inode.Handle, err error) {
-	ho := wb.handles
-	if h == "" || ho == nil {
-		f, err = wb.open.Open(path, key)
-		return f, "", err
-	}
-	f, err = ho.OpenHandle(h, key)
-	if errors.Is(err, unix.EBADF) && path != "" {
-		// No descriptor of the inode's filesystem is registered for
-		// opens by handle: a filesystem inside a tree's (a btrfs
-		// subvolume has its own st_dev, so does a mount): by path.
-		f, err = wb.open.Open(path, key)
-		return f, "", err
-	}
-	if err == nil || path == "" || !errors.Is(err, unix.ESTALE) {
-		return f, "", err
-	}
-	nh, herr := ho.HandleOf(path, key)
-	if herr != nil || nh == "" || nh == h {
-		return nil, "", err
-	}
-	nf, nerr := ho.OpenHandle(nh, key)
-	if nerr != nil {
-		return nil, "", err
-	}
-	return nf, nh, nil
+	return inode.OpenTracked(wb.open, wb.handles, path, key, h)
 }
 
 // smallFile is the most dirty bytes a file may have to be written whole
@@ -65,7 +30,7 @@ func smallFile(chunk, maxInflight int64) int64 {
 const maxRangeWindows = 16
 
 // window is a byte range of a file to write back; Len 0 is to the end.
-type window struct{ Off, Len int64 }
+type window = inode.Window
 
 // ranges chooses what to write of a file with dirty pages, more than
 // write_chunk (chunk, in bytes) of them (its worker calls it, writeback_chunk_size's side):
@@ -97,7 +62,7 @@ func (wb *Writeback) ranges(f inode.File, key inode.Key, chunk int64) (wins []wi
 			wins[last].Len += n
 			merged++
 		} else {
-			wins = append(wins, window{lo, n})
+			wins = append(wins, window{Off: lo, Len: n})
 		}
 		found++
 		budget -= dirty
@@ -313,15 +278,13 @@ func (wb *Writeback) doAttempt(r *request) error {
 	case w.startOnly:
 		return w.f.StartWriteback(0, 0) // the file stays open for the fdatasync
 	case r.Integrity || w.fallback:
-		if !w.synced {
-			if err := w.f.DataSync(); err != nil {
-				return wb.closeCall(r, err)
-			}
+		// fdatasync waits: the state after is final.
+		out, err := inode.Write{Sync: true, Synced: w.synced}.Do(w.f)
+		if err != nil {
+			return wb.closeCall(r, err)
 		}
-		// fdatasync has waited: the state after is final now.
 		w.res.wrote = true
-		d, wbp, err := w.f.Cachestat(0, 0)
-		w.res.dirtyAfter, w.res.wbAfter, w.res.afterKnown = d, wbp, true
+		w.res.dirtyAfter, w.res.wbAfter, w.res.afterKnown = out.Dirty, out.Writeback, true
 		if w.res.dirtyBefore == 0 && w.res.wbBefore == 0 && !att.wroteBefore && wb.errs != nil {
 			// Its data left the page cache before flusherd wrote it:
 			// if that writeback failed and someone else's fsync took
@@ -329,22 +292,30 @@ func (wb *Writeback) doAttempt(r *request) error {
 			// filesystem's own error cursor can (ErrWatch).
 			w.res.fsErrAt, w.res.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
 		}
-		return wb.closeCall(r, err)
+		return wb.closeCall(r, nil)
 	}
-	w.started, w.res.queued = true, w.res.dirtyBefore
-	if err := w.f.StartWriteback(0, 0); err != nil {
+	w.res.queued = w.res.dirtyBefore
+	return wb.startWriteback(r, nil)
+}
+
+// startWriteback starts writeback of wins (none: the whole file) of the
+// attempt's file (inode.Write); the file stays open: complete looks at it
+// once the whole batch is out, by when most of its writeback has
+// finished.
+func (wb *Writeback) startWriteback(r *request, wins []inode.Window) error {
+	w := r.Owner.call
+	out, err := inode.Write{Windows: wins}.Do(w.f)
+	w.started = out.Started
+	if err != nil {
 		w.unsupported = blk.IsUnsupported(err)
 		return wb.closeCall(r, err)
 	}
-	// The file stays open: complete looks at it once the whole batch is
-	// out, by when most of its writeback has finished.
 	w.res.wrote = true
 	return nil
 }
 
 // writeChunks writes at most write_chunk of the dirty data of a file that
-// holds more: ranges' windows, each with sync_file_range WRITE, which does
-// not wait. The file stays open for complete.
+// holds more: ranges' windows, each started with sync_file_range WRITE.
 func (wb *Writeback) writeChunks(r *request) error {
 	w := r.Owner.call
 	wins, queued, used, merged, err := wb.ranges(w.f, inode.Key{Dev: r.Dev, Ino: r.Ino}, w.chunk)
@@ -352,15 +323,7 @@ func (wb *Writeback) writeChunks(r *request) error {
 		return wb.closeCall(r, err)
 	}
 	w.res.chunkUsed, w.res.merged, w.res.queued = used, merged, uint64(queued)
-	w.started = true
-	for _, win := range wins {
-		if err := w.f.StartWriteback(win.Off, win.Len); err != nil {
-			w.unsupported = blk.IsUnsupported(err)
-			return wb.closeCall(r, err)
-		}
-	}
-	w.res.wrote = true
-	return nil
+	return wb.startWriteback(r, wins)
 }
 
 // closeCall closes an attempt's file, if it holds one, and
