@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"flusherd/inode"
@@ -26,6 +27,8 @@ type offLoop struct {
 	closers int // closer goroutines running
 	// +checklocks:mu
 	closeBegan time.Duration // when the last close began
+	// n is len(since), read without the lock (a pass checks it per inode).
+	n atomic.Int64
 }
 
 // queuedClose is a file waiting for the closer, and its record's id.
@@ -49,6 +52,7 @@ func (o *offLoop) trackLocked(since time.Duration) uint64 {
 		o.since = map[uint64]time.Duration{}
 	}
 	o.since[o.seq] = since
+	o.n.Add(1)
 	return o.seq
 }
 
@@ -62,8 +66,12 @@ func (o *offLoop) returned(id uint64, timeout time.Duration) (took time.Duration
 
 // +checklocks:o.mu
 func (o *offLoop) returnedLocked(id uint64, timeout time.Duration) (took time.Duration, overran bool) {
-	took = o.now() - o.since[id]
-	delete(o.since, id)
+	began, ok := o.since[id]
+	took = o.now() - began
+	if ok {
+		delete(o.since, id)
+		o.n.Add(-1)
+	}
 	return took, timeout > 0 && took > timeout
 }
 
@@ -83,12 +91,8 @@ func (o *offLoop) stuck(timeout time.Duration) int {
 	return n
 }
 
-// running counts the calls recorded.
-func (o *offLoop) running() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.since)
-}
+// running counts the calls recorded, without taking the lock.
+func (o *offLoop) running() int { return int(o.n.Load()) }
 
 // close closes f off the device's goroutine: close(2) can block for long
 // (a FUSE or NFS file's flush writes it back and waits; a stalled server
