@@ -327,47 +327,45 @@ func TestUpdateBandwidth(t *testing.T) {
 // says when it returns whether it overran; with no attempt_timeout nothing
 // is ever stuck.
 func TestOffLoopCalls(t *testing.T) {
-	cfg := testConfig()
-	cfg.AttemptTimeout = time.Second
-	wb, _, now := newIdleWB(t, cfg)
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	if n := wb.calls.stuck(wb.cfg.AttemptTimeout); n != 0 {
+	now := new(time.Duration)
+	calls := &offLoop{now: func() time.Duration { return *now }}
+	timeout := time.Second
+	if n := calls.stuck(timeout); n != 0 {
 		t.Fatalf("no calls: %d stuck", n)
 	}
-	a := wb.calls.track(0)
-	b := wb.calls.track(500 * time.Millisecond)
+	a := calls.track(0)
+	b := calls.track(500 * time.Millisecond)
 	if a == b {
 		t.Fatalf("two calls share the id %d", a)
 	}
 	*now = time.Second
-	if n := wb.calls.stuck(wb.cfg.AttemptTimeout); n != 0 {
+	if n := calls.stuck(timeout); n != 0 {
 		t.Errorf("a call at exactly attempt_timeout: %d stuck, want 0", n)
 	}
 	*now = time.Second + 1
-	if n := wb.calls.stuck(wb.cfg.AttemptTimeout); n != 1 {
+	if n := calls.stuck(timeout); n != 1 {
 		t.Errorf("one call past attempt_timeout: %d stuck, want 1", n)
 	}
-	if took, overran := wb.calls.returned(b, wb.cfg.AttemptTimeout); took != 500*time.Millisecond+1 || overran {
+	if took, overran := calls.returned(b, timeout); took != 500*time.Millisecond+1 || overran {
 		t.Errorf("call b: took %v, overran %v; want 500ms+1ns, false", took, overran)
 	}
-	at := wb.calls.track(1)
-	if took, overran := wb.calls.returned(at, wb.cfg.AttemptTimeout); took != time.Second || overran {
+	at := calls.track(1)
+	if took, overran := calls.returned(at, timeout); took != time.Second || overran {
 		t.Errorf("a call of exactly attempt_timeout: took %v, overran %v; want 1s, false", took, overran)
 	}
-	if took, overran := wb.calls.returned(a, wb.cfg.AttemptTimeout); took != time.Second+1 || !overran {
+	if took, overran := calls.returned(a, timeout); took != time.Second+1 || !overran {
 		t.Errorf("call a: took %v, overran %v; want 1s+1ns, true", took, overran)
 	}
-	if n := wb.calls.stuck(wb.cfg.AttemptTimeout); n != 0 || wb.calls.running() != 0 {
-		t.Errorf("after both returned: %d stuck, %d recorded", n, wb.calls.running())
+	if n := calls.stuck(timeout); n != 0 || calls.running() != 0 {
+		t.Errorf("after both returned: %d stuck, %d recorded", n, calls.running())
 	}
-	wb.cfg.AttemptTimeout = 0
-	c := wb.calls.track(0)
+	timeout = 0
+	c := calls.track(0)
 	*now = time.Hour
-	if n := wb.calls.stuck(wb.cfg.AttemptTimeout); n != 0 {
+	if n := calls.stuck(timeout); n != 0 {
 		t.Errorf("no attempt_timeout: %d stuck", n)
 	}
-	if _, overran := wb.calls.returned(c, wb.cfg.AttemptTimeout); overran {
+	if _, overran := calls.returned(c, timeout); overran {
 		t.Error("no attempt_timeout: overran")
 	}
 }

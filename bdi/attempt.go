@@ -44,8 +44,8 @@ func (wb *Writeback) complete(att *attempt) {
 	if att.result != nil {
 		*att.result = st.err
 	}
-	if wb.Trace != nil {
-		wb.Trace(path, o, d.Dest, st.err)
+	if wb.Hooks.Trace != nil {
+		wb.Hooks.Trace(path, o, d.Dest, st.err)
 	}
 	wb.logAttempt(path, o, d, st, ac.newErr, retries)
 }
@@ -162,9 +162,9 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 		}
 	}
 	if o == policy.IOError {
-		wb.setNextRetryLocked(in, now+wb.cfg.MaxPause)
+		wb.side.setNextRetry(in.Key, now+wb.cfg.MaxPause)
 	} else {
-		wb.setNextRetryLocked(in, 0)
+		wb.side.setNextRetry(in.Key, 0)
 	}
 	ac.hadIOError = in.Has(inode.DataError) || (att.res.fsErrAt != 0 && att.res.fsErrAt >= in.DirtiedWhen)
 	if o == policy.IOError && !att.res.unread {
@@ -282,5 +282,5 @@ func (wb *Writeback) countAttemptLocked(err error) {
 		}
 		return
 	}
-	wb.endProbingLocked(err)
+	wb.probe.end(wb.log, err)
 }

@@ -165,7 +165,7 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		wb.bg.sampling = false
 		wb.bg.sampled = res
 		wb.mu.Unlock()
-		wb.kick()
+		wb.live.kick()
 	}()
 }
 

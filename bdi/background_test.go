@@ -379,14 +379,14 @@ func TestNoChecksWhenOff(t *testing.T) {
 			wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
 		}
 		synctest.Wait()
-		loops := wb.Loops.Load()
+		loops := wb.live.loops.Load()
 		time.Sleep(time.Second)
 		synctest.Wait()
 		wb.mu.Lock()
 		n := len(wb.bg.touched)
 		wb.mu.Unlock()
-		if n != 0 || wb.Loops.Load() != loops {
-			t.Errorf("touched %d, loops %d → %d; want 0 and no wakeup before the kupdate tick", n, loops, wb.Loops.Load())
+		if n != 0 || wb.live.loops.Load() != loops {
+			t.Errorf("touched %d, loops %d → %d; want 0 and no wakeup before the kupdate tick", n, loops, wb.live.loops.Load())
 		}
 	})
 }

@@ -11,7 +11,7 @@ import (
 
 // openFile opens a tracked file for an attempt (inode.OpenTracked).
 func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f inode.File, renewed inode.Handle, err error) {
-	return inode.OpenTracked(wb.open, wb.handles, path, key, h)
+	return inode.OpenTracked(wb.files.Opener, wb.files.Handles, path, key, h)
 }
 
 // smallFile is the most dirty bytes a file may have to be written whole
@@ -238,8 +238,8 @@ func (wb *Writeback) doAttempt(r *request) error {
 			w.res.unread = true
 			return err
 		}
-		if wb.observer != nil {
-			wb.observer.Opened(key, f) // before its state is read
+		if wb.files.Observer != nil {
+			wb.files.Observer.Opened(key, f) // before its state is read
 		}
 		w.f, w.res.renewed = f, renewed
 		d, wbp, err := f.Cachestat(0, 0)

@@ -36,7 +36,7 @@ type tracer struct {
 
 // setup is a withWB setup that installs the tracer.
 func (tr *tracer) setup(h *harness) {
-	h.wb.Trace = func(path string, o policy.Outcome, d policy.Dest, err error) {
+	h.wb.Hooks.Trace = func(path string, o policy.Outcome, d policy.Dest, err error) {
 		tr.mu.Lock()
 		tr.recs = append(tr.recs, attemptRec{path, o, d, err})
 		tr.mu.Unlock()
@@ -64,7 +64,7 @@ func withLogs(level zapcore.Level, logs **observer.ObservedLogs) func(h *harness
 func handles(ebadf bool) func(h *harness) {
 	return func(h *harness) {
 		fs := &handleFS{fakeFS: h.fs, ebadf: ebadf}
-		h.wb.open, h.wb.handles = fs, fs
+		h.wb.files.Opener, h.wb.files.Handles = fs, fs
 	}
 }
 

@@ -104,13 +104,13 @@ func TestStatsDueWakesLoop(t *testing.T) {
 		wb.MarkInodeDirty(b.key, b.path, "", Tree{Expire: time.Hour})
 		wb.SetConfig(cfg)
 		synctest.Wait()
-		loops := wb.Loops.Load()
+		loops := wb.live.loops.Load()
 		time.Sleep(501 * time.Millisecond)
 		synctest.Wait()
 		if n := bDirty(); n != 2 {
 			t.Fatalf("1 s after the first write: b_dirty %d, want 2", n)
 		}
-		if n := wb.Loops.Load() - loops; n > 2 {
+		if n := wb.live.loops.Load() - loops; n > 2 {
 			t.Errorf("the loop woke %d times waiting 0.5 s for the stats file", n)
 		}
 		// Idle, and the write fails: retried after the backoff (1 s).

@@ -153,7 +153,7 @@ func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t Tree, ho
 	wasIdle := wb.markInodeDirtyLocked(key, path, h, t, now, how)
 	wb.mu.Unlock()
 	if wasIdle {
-		wb.kick()
+		wb.live.kick()
 	}
 }
 
@@ -208,7 +208,7 @@ const markBatchMax = 64
 // one (wantsHandleLocked) ends the lock hold and is marked alone (mark:
 // lockWithHandle asks the opener for the handle without the lock).
 func (wb *Writeback) markBatch(ms []Mark) {
-	opens := wb.handles != nil
+	opens := wb.files.Handles != nil
 	now := wb.now()
 	wasIdle := false
 	for i := 0; i < len(ms); {
@@ -231,7 +231,7 @@ func (wb *Writeback) markBatch(ms []Mark) {
 		}
 	}
 	if wasIdle {
-		wb.kick()
+		wb.live.kick()
 	}
 }
 
@@ -248,11 +248,11 @@ func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) 
 	if !wb.wantsHandleLocked(key, h) {
 		return h
 	}
-	if wb.handles == nil {
+	if wb.files.Handles == nil {
 		return h
 	}
 	wb.mu.Unlock()
-	h, _ = wb.handles.HandleOf(path, key)
+	h, _ = wb.files.Handles.HandleOf(path, key)
 	wb.mu.Lock()
 	return h
 }

@@ -5,28 +5,12 @@ import (
 	"math"
 	"time"
 
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
 	"flusherd/lists"
 	"flusherd/policy"
 )
-
-// endProbingLocked ends the device's probing, if it is probing, because a
-// call got past its device-level error (err: nil, or the file's own
-// error): every waiting inode is retried at once (detachReturned).
-// Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) endProbingLocked(err error) {
-	if !wb.probe.on {
-		return
-	}
-	wb.probe.on, wb.probe.err = false, 0
-	wb.probe.detachReturned = true
-	wb.log.Info("a writeback call got through on a probing device: every waiting file is retried", zap.Error(err))
-}
 
 func classify(err error) policy.Outcome {
 	if errors.Is(err, inode.ErrNotRegular) {
@@ -137,8 +121,8 @@ func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
-	if wb.observer != nil {
-		wb.observer.Forgotten(in.Key)
+	if wb.files.Observer != nil {
+		wb.files.Observer.Forgotten(in.Key)
 	}
 	wb.setPagesLocked(in, 0, 0)
 	wb.inodes.Delete(in.Key)
@@ -148,31 +132,6 @@ func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
 	delete(wb.side.retryAt, in.Key)
 	wb.bDirty.unref(in.Class)
 	in.State = 0
-}
-
-// nextRetryLocked returns the earliest time (daemon clock, nanoseconds) of
-// in's next attempt after an I/O error, 0 for none (see retryAt).
-// Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) nextRetryLocked(in *inode.Inode) time.Duration {
-	return wb.side.retryAt[in.Key]
-}
-
-// setNextRetryLocked records at (daemon clock, nanoseconds) as the
-// earliest time of in's next attempt; 0 clears it. Preconditions: wb.mu
-// held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) setNextRetryLocked(in *inode.Inode, at time.Duration) {
-	if at == 0 {
-		delete(wb.side.retryAt, in.Key)
-		return
-	}
-	if wb.side.retryAt == nil {
-		wb.side.retryAt = make(map[inode.Key]time.Duration)
-	}
-	wb.side.retryAt[in.Key] = at
 }
 
 // checksWantedLocked reports whether the device looks at freshly written
@@ -248,8 +207,8 @@ func (wb *Writeback) writeChunkLocked() int64 {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
-	if wb.observer != nil {
-		wb.observer.Forgotten(in.Key)
+	if wb.files.Observer != nil {
+		wb.files.Observer.Forgotten(in.Key)
 	}
 	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote | inode.LostBefore
 	wb.bFailed.MoveToBack(in)

@@ -40,7 +40,7 @@ func realWB(t *testing.T, cfg Config) (*Writeback, <-chan traced) {
 	epoch := time.Now()
 	wb := New("test", cfg, func() time.Duration { return time.Since(epoch) }, Files{Opener: inode.OS{}}, nil, nil)
 	ch := make(chan traced, 1024)
-	wb.Trace = func(path string, o policy.Outcome, d policy.Dest, err error) {
+	wb.Hooks.Trace = func(path string, o policy.Outcome, d policy.Dest, err error) {
 		select {
 		case ch <- traced{path, o, d, err}:
 		default:

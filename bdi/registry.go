@@ -135,7 +135,7 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		files := Files{Opener: r.opt.Opener, Handles: r.opt.Handles, Observer: &r.sub}
 		wb = New(name, r.opt.Config, r.Now, files, r.opt.Log, sw)
 		wb.errs = r.opt.Errs
-		wb.BeforePass = r.opt.BeforePass
+		wb.Hooks.BeforePass = r.opt.BeforePass
 		wb.loop.thresholds, wb.loop.vmDirty = r.opt.Thresholds, r.opt.NrDirty
 		if dw := r.opt.DiskWritten; dw != nil {
 			wb.bw.diskWritten = func() (uint64, error) { return dw(name) }
@@ -280,7 +280,7 @@ func (r *Registry) retire(dev uint64, wb *Writeback) {
 	if shared {
 		return
 	}
-	<-wb.stopped
+	<-wb.live.stopped
 	if wb.stats != nil {
 		if err := os.Remove(wb.stats.path); err != nil && !os.IsNotExist(err) {
 			r.opt.Log.Warn("cannot remove a retired device's stats file", zap.Error(err))
@@ -439,7 +439,7 @@ func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 		case <-w.done:
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-wb.stopped:
+		case <-wb.live.stopped:
 			return fmt.Errorf("bdi %s: writeback stopped", wb.Name)
 		}
 		if wb.Tracked() == 0 {

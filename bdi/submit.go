@@ -284,7 +284,7 @@ func (h *queueHooks) Start(r *request) { r.Owner.hold() }
 func (h *queueHooks) Finished(r *request) { r.Owner.release() }
 
 // Alive is a sign of life of the device's goroutine (loop_stall_max_us).
-func (h *queueHooks) Alive() { h.wb.alive() }
+func (h *queueHooks) Alive() { h.wb.live.alive(int64(h.wb.now())) }
 
 // Do runs the request's system call.
 func (h *queueHooks) Do(r *request) error { return h.wb.doAttempt(r) }
@@ -354,7 +354,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	if _, dev := policy.DeviceLevel(err); !dev {
 		// A call left to its worker (slow, or past attempt_timeout)
 		// came back past the device's error: the device serves again.
-		wb.endProbingLocked(err)
+		wb.probe.end(wb.log, err)
 	}
 	if r.State() == blk.TimedOut {
 		att.stuck--
@@ -367,7 +367,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 			// close(2) can block (NFS, FUSE): never under the list lock.
 			wb.closeCall(r, nil)
 			wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
-			wb.kick()
+			wb.live.kick()
 		}
 	}
 	took, overran := wb.calls.returned(r.Tag, wb.cfg.AttemptTimeout)
@@ -412,7 +412,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		if err != nil {
 			wb.log.Info("a detached writeback call failed; the file's next attempt reports it", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
 		}
-		wb.kick()
+		wb.live.kick()
 	}
 }
 

@@ -11,7 +11,7 @@ func (wb *Writeback) SetConfig(cfg Config) {
 	wb.mu.Lock()
 	wb.newCfg = &cfg
 	wb.mu.Unlock()
-	wb.kick()
+	wb.live.kick()
 }
 
 // applyConfig installs a pending SetConfig; called by the goroutine

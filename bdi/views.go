@@ -78,7 +78,7 @@ func (wb *Writeback) RestrictUnder(root string, t Tree, holds func(path string) 
 	}
 	wb.gen++
 	wb.mu.Unlock()
-	wb.kick()
+	wb.live.kick()
 	return len(held)
 }
 
@@ -183,7 +183,7 @@ func (wb *Writeback) DropUnder(root string) int {
 	}
 	wb.gen++
 	wb.mu.Unlock()
-	wb.kick()
+	wb.live.kick()
 	return n
 }
 

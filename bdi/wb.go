@@ -83,19 +83,16 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 	}
 	log = log.With(zap.String("bdi", name))
 	wb := &Writeback{
-		Name:     name,
-		cfg:      cfg,
-		now:      now,
-		open:     files.Opener,
-		handles:  files.Handles,
-		observer: files.Observer,
-		log:      log,
-		stats:    stats,
-		calls:    offLoop{now: now},
-		wake:     make(chan struct{}, 1),
-		stopped:  make(chan struct{}),
-		side:     sideState{wbIndex: make(map[inode.Key]int64)},
-		bg:       sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{})},
+		Name:  name,
+		cfg:   cfg,
+		now:   now,
+		files: files,
+		log:   log,
+		stats: stats,
+		calls: offLoop{now: now},
+		live:  liveness{wake: make(chan struct{}, 1), stopped: make(chan struct{})},
+		side:  sideState{wbIndex: make(map[inode.Key]int64)},
+		bg:    sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{})},
 		loop: loopState{backoff: policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
 			probed: make(map[uint64]bool), fallback: make(map[uint64]bool)},
 	}
@@ -111,17 +108,17 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 // timer at all until MarkInodeDirty or Queue wakes it. Run returns when ctx
 // is done.
 func (wb *Writeback) Run(ctx context.Context) {
-	defer close(wb.stopped)
+	defer close(wb.live.stopped)
 	wb.mu.Lock()
 	wb.running = true
 	wb.mu.Unlock()
 	wb.live.beat.Store(int64(wb.now()))
 	var timer *time.Timer
 	for ctx.Err() == nil {
-		wb.Loops.Add(1)
-		wb.alive()
-		if wb.BeforePass != nil {
-			wb.BeforePass()
+		wb.live.loops.Add(1)
+		wb.live.alive(int64(wb.now()))
+		if wb.Hooks.BeforePass != nil {
+			wb.Hooks.BeforePass()
 		}
 		wb.applyConfig()
 		wb.wbDoWriteback()
@@ -137,7 +134,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		}
 		wb.live.sleeping.Store(true)
 		select {
-		case <-wb.wake:
+		case <-wb.live.wake:
 		case <-tc:
 		case <-ctx.Done():
 		}
@@ -176,7 +173,7 @@ func (wb *Writeback) Healthy(limit time.Duration) bool {
 		return true
 	}
 	select {
-	case <-wb.stopped:
+	case <-wb.live.stopped:
 		return true // stopped on purpose
 	default:
 	}
@@ -192,7 +189,7 @@ func (wb *Writeback) StuckCalls() int {
 }
 
 // Stopped is closed when Run has returned.
-func (wb *Writeback) Stopped() <-chan struct{} { return wb.stopped }
+func (wb *Writeback) Stopped() <-chan struct{} { return wb.live.stopped }
 
 // sleepFor returns how long to sleep, and whether to arm a timer at all.
 func (wb *Writeback) sleepFor() (time.Duration, bool) {
@@ -449,7 +446,7 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 func (wb *Writeback) writebackSBInodes(w *Work) {
 	start := wb.now()
 	for {
-		wb.alive()
+		wb.live.alive(int64(wb.now()))
 		wb.mu.Lock()
 		in := wb.BIO.Front()
 		if in == nil {
@@ -473,7 +470,7 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		if w.ForBackground {
 			in.State |= inode.Background
 		}
-		if next := wb.nextRetryLocked(in); in.Has(inode.Busy) || (next > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < next) {
+		if next := wb.side.nextRetry(in.Key); in.Has(inode.Busy) || (next > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < next) {
 			// A call for it is still stuck, or it failed with an I/O
 			// error and waits for max_pause: not now.
 			wb.requeueIOWaitLocked(in)
@@ -550,9 +547,9 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		// of more than one interval without writes, nothing is.
 		consecutive := now-wb.loop.lastCheck <= 2*backgroundCheckInterval
 		wb.loop.lastCheck = now
-		if wb.observer != nil {
+		if wb.files.Observer != nil {
 			// The next check must see every file written until then.
-			wb.observer.Checking()
+			wb.files.Observer.Checking()
 		}
 		wb.startSample(now, consecutive)
 	}

@@ -74,10 +74,10 @@ func TestIdleArmsNoTimer(t *testing.T) {
 	withWB(t, testConfig(), func(h *harness) {
 		t := h.t
 		synctest.Wait()
-		before := h.wb.Loops.Load()
+		before := h.wb.live.loops.Load()
 		time.Sleep(24 * time.Hour)
 		synctest.Wait()
-		if after := h.wb.Loops.Load(); after != before {
+		if after := h.wb.live.loops.Load(); after != before {
 			t.Fatalf("idle writeback woke %d times in a day", after-before)
 		}
 		// And after the last dirty inode is written, it goes idle again.
@@ -88,10 +88,10 @@ func TestIdleArmsNoTimer(t *testing.T) {
 		if h.wb.Tracked() != 0 {
 			t.Fatal("inode not written")
 		}
-		before = h.wb.Loops.Load()
+		before = h.wb.live.loops.Load()
 		time.Sleep(24 * time.Hour)
 		synctest.Wait()
-		if after := h.wb.Loops.Load(); after != before {
+		if after := h.wb.live.loops.Load(); after != before {
 			t.Fatalf("writeback woke %d times after going idle", after-before)
 		}
 	})
@@ -590,7 +590,7 @@ func TestHealthy(t *testing.T) {
 		wb := New("7:0", testConfig(), now, Files{Opener: fs}, nil, nil)
 		wedge := make(chan struct{})
 		var wedged atomic.Bool
-		wb.BeforePass = func() {
+		wb.Hooks.BeforePass = func() {
 			if wedged.Load() {
 				<-wedge
 			}
@@ -737,7 +737,7 @@ func TestStatsWriteFailureBacksOff(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "bdi"), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		before := wb.Loops.Load()
+		before := wb.live.loops.Load()
 		f := fs.add("/a", 1, 4*pg, 4)
 		wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Second})
 		time.Sleep(10 * time.Minute)
@@ -746,7 +746,7 @@ func TestStatsWriteFailureBacksOff(t *testing.T) {
 			t.Fatal("the file was not written back")
 		}
 		// Backoff 1s, 2s, 4s ... 60s: about 15 tries in 10 minutes.
-		if loops := wb.Loops.Load() - before; loops > 100 {
+		if loops := wb.live.loops.Load() - before; loops > 100 {
 			t.Errorf("the loop woke %d times in 10 minutes with an unwritable stats file", loops)
 		}
 		if n := logs.FilterMessageSnippet("cannot write stats file").Len(); n != 1 {
@@ -1049,7 +1049,7 @@ func TestAttemptObserverTold(t *testing.T) {
 		}
 	}, func(h *harness) {
 		ob = &observerFS{fakeFS: h.fs}
-		h.wb.open, h.wb.observer = ob, ob
+		h.wb.files.Opener, h.wb.files.Observer = ob, ob
 	})
 }
 
@@ -1081,7 +1081,7 @@ func TestAttemptObserverChecking(t *testing.T) {
 			}
 		}, func(h *harness) {
 			ob = &observerFS{fakeFS: h.fs}
-			h.wb.open, h.wb.observer = ob, ob
+			h.wb.files.Opener, h.wb.files.Observer = ob, ob
 		})
 	}
 }

@@ -91,7 +91,7 @@ func (wb *Writeback) waitUnbusyLocked(in *inode.Inode) bool {
 			wb.mu.Lock()
 			return !in.Has(inode.Busy)
 		}
-		wb.alive()
+		wb.live.alive(int64(wb.now()))
 		wb.mu.Lock()
 	}
 	return true

@@ -33,17 +33,13 @@ const maxStuckCalls = 1024
 type Writeback struct {
 	Name string
 
-	cfg  Config
-	now  func() time.Duration
-	open inode.Opener
-	// handles opens by handle (nil: by path only); observer is told of
-	// the attempts' opens and of forgotten inodes (nil: none).
-	handles  inode.HandleOpener
-	observer AttemptObserver
-	log      *zap.Logger
-	errLog   *sampledLog // per-file error lines, rate-limited
-	stats    *statsWriter
-	errs     *ErrWatch // the integrity trees' filesystems' error cursors; may be nil
+	cfg    Config
+	now    func() time.Duration
+	files  Files // Handles nil: by path only; Observer nil: none
+	log    *zap.Logger
+	errLog *sampledLog // per-file error lines, rate-limited
+	stats  *statsWriter
+	errs   *ErrWatch // the integrity trees' filesystems' error cursors; may be nil
 
 	mu holdMutex // the list lock (its longest hold is in the stats)
 	// inodes holds every tracked inode, by key (the package doc's inode
@@ -101,23 +97,24 @@ type Writeback struct {
 
 	calls offLoop   // calls off the goroutine, and the closer; own lock
 	bw    bandwidth // the write bandwidth estimator; the goroutine's
-	live  liveness  // the goroutine's signs of life; atomics
+	live  liveness  // the goroutine's signs of life and its wake-up
 	loop  loopState // the goroutine's own
 	plug  blk.Plug[*attempt]
 
-	wake    chan struct{}
-	stopped chan struct{}
+	// Hooks are set before Run, or not at all.
+	Hooks Hooks
+}
 
-	// Loops counts iterations of the writeback loop (wakeups).
-	Loops atomic.Uint64
-	// BeforePass, if set before Run, is called by the goroutine before
-	// each round of work (a test hook: a hook that blocks wedges the
-	// loop, which Healthy must notice).
+// Hooks are a device's observation points, for tests and tracing.
+type Hooks struct {
+	// BeforePass, if set, is called by the goroutine before each round
+	// of work (a hook that blocks wedges the loop, which Healthy must
+	// notice).
 	BeforePass func()
-	// Trace, if set before Run, is called after each attempt with the
-	// file's path, the attempt's outcome and where the inode went (like
-	// the kernel's writeback_single_inode tracepoint). It runs on the
-	// writeback goroutine, without locks held.
+	// Trace, if set, is called after each attempt with the file's path,
+	// the attempt's outcome and where the inode went (like the kernel's
+	// writeback_single_inode tracepoint). It runs on the writeback
+	// goroutine, without locks held.
 	Trace func(path string, o policy.Outcome, d policy.Dest, err error)
 }
 
@@ -159,6 +156,23 @@ type sideState struct {
 	lateErr map[inode.Key]error
 }
 
+// nextRetry is the earliest time (daemon clock) of k's next attempt, 0
+// for none.
+func (s *sideState) nextRetry(k inode.Key) time.Duration { return s.retryAt[k] }
+
+// setNextRetry records at (daemon clock) as the earliest time of k's next
+// attempt; 0 clears it.
+func (s *sideState) setNextRetry(k inode.Key, at time.Duration) {
+	if at == 0 {
+		delete(s.retryAt, k)
+		return
+	}
+	if s.retryAt == nil {
+		s.retryAt = make(map[inode.Key]time.Duration)
+	}
+	s.retryAt[k] = at
+}
+
 // shutdown: the daemon is exiting (Registry.Shutdown, on); a file whose
 // filesystem cannot be written (FSUnavailable: EROFS, ESHUTDOWN, ENODEV,
 // ENXIO), or that the daemon may not open (EACCES, EPERM), is given up at
@@ -183,15 +197,53 @@ type probing struct {
 	reprobe        map[uint64]bool // devs whose detached probe said sync_file_range is unsupported
 }
 
+// end ends probing, if on, after a call that got through with err (nil or
+// an error of another kind): every waiting file is retried.
+func (p *probing) end(log *zap.Logger, err error) {
+	if !p.on {
+		return
+	}
+	p.on, p.err = false, 0
+	p.detachReturned = true
+	log.Info("a writeback call got through on a probing device: every waiting file is retried", zap.Error(err))
+}
+
 // liveness is the device goroutine's signs of life, read by Healthy and
 // Snapshot. beat is the daemon clock (nanoseconds) at the last one;
 // sleeping is set while it waits for work or a timer; stallMax is the
 // longest time (nanoseconds) between two while it was awake: how long
-// one wait (a batch's call, an open) kept it from its loop.
+// one wait (a batch's call, an open) kept it from its loop; loops
+// counts its iterations (wakeups). wake (buffered, one) wakes it (kick);
+// stopped is closed when Run returns. Set by New; atomics and channels.
 type liveness struct {
 	beat     atomic.Int64
 	sleeping atomic.Bool
 	stallMax atomic.Int64
+	loops    atomic.Uint64
+	wake     chan struct{}
+	stopped  chan struct{}
+}
+
+// kick wakes the goroutine, or leaves the wake-up already pending.
+func (l *liveness) kick() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// alive records a sign of life at now (daemon clock, nanoseconds): the
+// beat, and the gap since the last one if it is the longest.
+func (l *liveness) alive(now int64) {
+	gap := now - l.beat.Swap(now)
+	for {
+		// (The plug's workers call it too, concurrently: the largest
+		// gap wins.)
+		m := l.stallMax.Load()
+		if gap <= m || l.stallMax.CompareAndSwap(m, gap) {
+			return
+		}
+	}
 }
 
 // loopState is the device goroutine's own: no lock guards it.
@@ -266,34 +318,11 @@ func (wb *Writeback) resetPass() { wb.loop.pass = passCounters{} }
 // +checklocksignore: the pass counters are the device goroutine's.
 func (wb *Writeback) passDone() passCounters { return wb.loop.pass }
 
-func (wb *Writeback) kick() {
-	select {
-	case wb.wake <- struct{}{}:
-	default:
-	}
-}
-
 // hasDirtyIOLocked is wb_has_dirty_io. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) hasDirtyIOLocked() bool {
 	return !wb.bDirty.empty() || !wb.BIO.Empty() || !wb.BMoreIO.Empty() || !wb.BMoreIOWait.Empty() || !wb.inflight.Empty()
-}
-
-// alive records a sign of life of the goroutine (or of the calls it waits
-// on, see blk.Hooks.Alive), and the time since the last one when it is the
-// longest yet (loop_stall_max_us). Safe for concurrent use.
-func (wb *Writeback) alive() {
-	now := int64(wb.now())
-	gap := now - wb.live.beat.Swap(now)
-	for {
-		// (The plug's workers call it too, concurrently: the largest
-		// gap wins.)
-		m := wb.live.stallMax.Load()
-		if gap <= m || wb.live.stallMax.CompareAndSwap(m, gap) {
-			return
-		}
-	}
 }
 
 // attempt is one writeback attempt on one inode, from open to requeue.
@@ -556,7 +585,7 @@ func (wb *Writeback) Queue(w *Work) {
 	wb.mu.Lock()
 	wb.work = append(wb.work, w)
 	wb.mu.Unlock()
-	wb.kick()
+	wb.live.kick()
 }
 
 func (wb *Writeback) dequeue() *Work {
