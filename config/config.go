@@ -361,11 +361,11 @@ func load(path string, stat bool) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := parse(path, data)
+	c, decodeErrs, err := parse(path, data)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.check(stat); err != nil {
+	if err := c.check(stat, decodeErrs); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -414,34 +414,37 @@ func readConfigFile(path string) ([]byte, error) {
 // [Config.Validate] does the rest.
 //
 // The error, if any, is an *Error, or Errors when there are several: a
-// syntax error alone; else every key and type problem; else every value
-// problem, in file order. For a syntax error, Key is the last key the TOML
-// parser read, which may precede the error.
+// syntax error alone; else every key, type and value problem, in file
+// order (a key with a type problem is not checked for its value as well).
+// For a syntax error, Key is the last key the TOML parser read, which may
+// precede the error.
 func Parse(name string, data []byte) (*Config, error) {
-	c, err := parse(name, data)
+	c, decodeErrs, err := parse(name, data)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.check(false); err != nil {
+	if err := c.check(false, decodeErrs); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// parse is Parse without the value checks.
-func parse(name string, data []byte) (*Config, error) {
+// parse is Parse without the value checks: it returns the configuration,
+// each key with a key or type problem left at its default, and those
+// problems. A syntax error (err) returns no configuration.
+func parse(name string, data []byte) (*Config, []*Error, error) {
 	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) || bytes.HasPrefix(data, []byte{0, 0, 0xfe, 0xff}) {
 		// The TOML decoder drops a UTF-16 byte-order mark as if it were
 		// UTF-8's, and would read what follows as garbage or nothing.
 		// (FF FE 00 00 is UTF-32's, little-endian; 00 00 FE FF its
 		// big-endian one.)
-		return nil, &Error{File: name, Line: 1, Msg: "the file starts with a UTF-16 or UTF-32 byte-order mark: a configuration is TOML in UTF-8 (convert it, e.g. with iconv -f UTF-16 -t UTF-8)"}
+		return nil, nil, &Error{File: name, Line: 1, Msg: "the file starts with a UTF-16 or UTF-32 byte-order mark: a configuration is TOML in UTF-8 (convert it, e.g. with iconv -f UTF-16 -t UTF-8)"}
 	}
 	// A UTF-8 byte-order mark is allowed (the decoder skips it); the key
 	// lines are found without it, so that the first header counts.
 	lines, tooDeep := scanLines(string(bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))))
 	if tooDeep > 0 {
-		return nil, &Error{File: name, Line: tooDeep, Msg: fmt.Sprintf("nested more than %d levels deep (dotted key parts, arrays and inline tables)", MaxDepth)}
+		return nil, nil, &Error{File: name, Line: tooDeep, Msg: fmt.Sprintf("nested more than %d levels deep (dotted key parts, arrays and inline tables)", MaxDepth)}
 	}
 	var m map[string]any
 	if _, err := toml.Decode(string(data), &m); err != nil {
@@ -452,18 +455,15 @@ func parse(name string, data []byte) (*Config, error) {
 			if st := pe.Position.Start; st > 0 && st <= len(data) {
 				line = 1 + bytes.Count(data[:st], []byte("\n"))
 			}
-			return nil, &Error{File: name, Line: line, Key: pe.LastKey, Msg: pe.Message, err: err}
+			return nil, nil, &Error{File: name, Line: line, Key: pe.LastKey, Msg: pe.Message, err: err}
 		}
-		return nil, &Error{File: name, Msg: err.Error(), err: err}
+		return nil, nil, &Error{File: name, Msg: err.Error(), err: err}
 	}
 	src := &source{file: name, lines: lines}
 	d := &decoder{src: src}
 	c := d.config(m)
-	if err := collect(d.errs); err != nil {
-		return nil, err
-	}
 	c.src = src
-	return c, nil
+	return c, d.errs, nil
 }
 
 // Validate checks c: every duration and count positive, write_chunk at least
@@ -476,7 +476,7 @@ func parse(name string, data []byte) (*Config, error) {
 // line). The error is an *Error, or Errors for several problems (every one
 // found, in file order).
 func (c *Config) Validate() error {
-	return c.check(true)
+	return c.check(true, nil)
 }
 
 // source is where a Config was parsed from: the file name and the line of

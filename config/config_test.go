@@ -357,11 +357,11 @@ func TestParseErrors(t *testing.T) {
 		{"duplicate watch", "[[watch]]\npath = \"/srv/a\"\n[[watch]]\npath = \"/srv/b\"\n[[watch]]\npath = \"/srv//a/\"\n", "watch[2].path", 6, `"/srv/a" is already watched by watch[0] (line 2)`},
 
 		// The first problem in file order is reported.
-		{"decode error before earlier value errors", "[writeback]\nshutdown_timeout = \"-1s\"\n[plug]\nmax_pending = 0\n[writeback.x]\n", "writeback.x", 5, "unknown key"},
+		{"value error before a later decode error", "[writeback]\nshutdown_timeout = \"-1s\"\n[plug]\nmax_pending = 0\n[writeback.x]\n", "writeback.shutdown_timeout", 2, "must be positive"},
 		{"first decode error in file order", "[writeback]\nmin_pause = 3\nbogus = 1\n", "writeback.min_pause", 2, "bad duration 3"},
 		{"first value error in file order", "[plug]\nmax_pending = 0\n[writeback]\nattempt_timeout = \"0s\"\n", "plug.max_pending", 2, "must be positive"},
 		{"first value error in file order 2", "[writeback]\nshutdown_timeout = \"-1s\"\n[plug]\nmax_pending = 0\n", "writeback.shutdown_timeout", 2, "must be positive"},
-		{"decode errors before value errors", "[plug]\nmax_pending = 0\n[writeback]\nmin_pause = 3\n", "writeback.min_pause", 4, "bad duration 3"},
+		{"value and decode errors in file order", "[plug]\nmax_pending = 0\n[writeback]\nmin_pause = 3\n", "plug.max_pending", 2, "must be positive"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1264,5 +1264,64 @@ func TestBindMountedTwice(t *testing.T) {
 	_, err := Load(p)
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("watch[1].path: %q is the directory watch[0] (line 4) watches, under another name (a bind mount)", real)) {
 		t.Errorf("Load = %v, want watch[1] refused as watch[0]'s directory", err)
+	}
+}
+
+// TestLoadEveryError: a file with problems of every stage (a bad duration,
+// a size without a known unit, an unknown backend, a missing watch path, an
+// unknown mode, a type error in a watch entry) reports all of them in one
+// run, in file order, each with its line and key, and a key with a type
+// problem is not reported again for its value.
+func TestLoadEveryError(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "flusherd.toml")
+	src := strings.Join([]string{
+		`[writeback]`,
+		`dirty_expire_interval = "5 sec"`,
+		`write_chunk = "4MB"`,
+		`[watcher]`,
+		`backend = "fanotfy"`,
+		`[[watch]]`,
+		`path = "` + filepath.Join(dir, "missing") + `"`,
+		`[[watch]]`,
+		`path = "` + dir + `"`,
+		`mode = "integrty"`,
+		`[[watch]]`,
+		`path = "` + dir + `/b"`,
+		`recursive = "yes"`,
+	}, "\n") + "\n"
+	if err := os.Mkdir(filepath.Join(dir, "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	var es Errors
+	if !errors.As(err, &es) {
+		t.Fatalf("Load: %v (%T), want Errors", err, err)
+	}
+	want := []struct {
+		line int
+		key  string
+	}{
+		{2, "writeback.dirty_expire_interval"},
+		{3, "writeback.write_chunk"},
+		{5, "watcher.backend"},
+		{7, "watch[0].path"},
+		{10, "watch[1].mode"},
+		{13, "watch[2].recursive"},
+	}
+	var got []string
+	for _, e := range es {
+		got = append(got, fmt.Sprintf("%d %s", e.Line, e.Key))
+	}
+	if len(es) != len(want) {
+		t.Fatalf("got %d errors, want %d:\n%v", len(es), len(want), err)
+	}
+	for i, w := range want {
+		if es[i].Line != w.line || es[i].Key != w.key || es[i].File == "" {
+			t.Errorf("error %d: %s:%d %s, want line %d key %s\n(all: %v)", i, es[i].File, es[i].Line, es[i].Key, w.line, w.key, got)
+		}
 	}
 }

@@ -19,8 +19,14 @@ import (
 // check runs the value checks; stat adds the file system checks on watch
 // paths. Errors come in the order of the steps, each step's in its keys'
 // order.
-func (c *Config) check(stat bool) error {
-	ch := &checker{c: c, s: c.src, stat: stat}
+func (c *Config) check(stat bool, decodeErrs []*Error) error {
+	ch := &checker{c: c, s: c.src, stat: stat, errs: slices.Clone(decodeErrs)}
+	for _, e := range decodeErrs {
+		if ch.decoded == nil {
+			ch.decoded = map[string]bool{}
+		}
+		ch.decoded[e.Key] = true
+	}
 	ch.writebackTimes()
 	ch.writebackSizes()
 	ch.plug()
@@ -38,6 +44,9 @@ type checker struct {
 	s    *source
 	stat bool // check the watch paths and stats.dir on the file system
 	errs []*Error
+	// decoded holds the keys that had a key or type problem: left at
+	// their defaults, they are not checked again.
+	decoded map[string]bool
 
 	// Of the watch entries checked so far (trees): the index of each
 	// cleaned path, of each path's symlinks resolved (when stat is set),
@@ -48,6 +57,9 @@ type checker struct {
 }
 
 func (ch *checker) add(key, format string, args ...any) {
+	if ch.decoded[key] {
+		return
+	}
 	ch.errs = append(ch.errs, ch.s.errorf(key, format, args...))
 }
 

@@ -9,10 +9,13 @@ import (
 	"flusherd/config"
 	"flusherd/internal/cli"
 	"flusherd/watch"
+
+	"golang.org/x/sys/unix"
 )
 
 // cmdCheckConfig validates a configuration file the way `run` would and
-// prints the effective configuration (defaults filled in) as TOML.
+// prints the effective configuration (defaults filled in) as TOML, then a
+// verdict line on stderr; on errors it prints every one and exits 2.
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	fset := cli.NewFlagSet("check-config", "check-config FILE | check-config --config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
 	file := fset.String("config", "", "the configuration `file` (as the other commands take it; or give it as the argument)")
@@ -61,7 +64,27 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
 		return cli.ExitFailed
 	}
+	fmt.Fprintf(stderr, "flusherd check-config: configuration OK: %s\n", verdict(cfg.Watch))
 	return cli.ExitOK
+}
+
+// verdict counts the trees of ws and the filesystems (st_dev) they are on,
+// e.g. "2 trees on 1 device".
+func verdict(ws []config.Watch) string {
+	devs := map[uint64]bool{}
+	for _, w := range ws {
+		var st unix.Stat_t
+		if unix.Stat(w.Path, &st) == nil {
+			devs[st.Dev] = true
+		}
+	}
+	plural := func(n int, one string) string {
+		if n == 1 {
+			return "1 " + one
+		}
+		return fmt.Sprintf("%d %ss", n, one)
+	}
+	return plural(len(ws), "tree") + " on " + plural(len(devs), "device")
 }
 
 // cmdPrintDefaultConfig prints the built-in defaults as a configuration

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"flusherd/config"
 	"flusherd/internal/cli"
 	"flusherd/internal/testfs"
 )
@@ -35,6 +36,9 @@ func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 	errb.Reset()
 	if code := Main([]string{"check-config", file}, &checked, &errb); code != cli.ExitOK {
 		t.Fatalf("check-config of the defaults: exit %d: %s", code, errb.String())
+	}
+	if lines := strings.Split(strings.TrimSpace(errb.String()), "\n"); lines[len(lines)-1] != "flusherd check-config: configuration OK: 1 tree on 1 device" {
+		t.Errorf("check-config of the defaults: last line %q, want the verdict", lines[len(lines)-1])
 	}
 	var want strings.Builder
 	for _, line := range strings.SplitAfter(text[strings.Index(text, "[writeback]"):], "\n") {
@@ -152,6 +156,27 @@ func TestCheckConfigPrivateDirs(t *testing.T) {
 		// The note says how to watch it under the unit after all.
 		if off := strings.TrimSuffix(c.note, "=yes") + "=no in a drop-in"; c.note != "" && !strings.Contains(errb.String(), off) {
 			t.Errorf("%s: the note does not say %q: %s", c.path, off, errb.String())
+		}
+	}
+}
+
+// TestCheckConfigVerdict: the verdict counts the trees and the filesystems
+// they are on.
+func TestCheckConfigVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		trees []string
+		want  string
+	}{
+		{nil, "0 trees on 0 devices"},
+		{[]string{"/var/log"}, "1 tree on 1 device"},
+		{[]string{"/var/log", "/proc/self"}, "2 trees on 2 devices"},
+	} {
+		var ws []config.Watch
+		for _, p := range tc.trees {
+			ws = append(ws, config.Watch{Path: p})
+		}
+		if got := verdict(ws); got != tc.want {
+			t.Errorf("verdict(%v) = %q, want %q", tc.trees, got, tc.want)
 		}
 	}
 }
