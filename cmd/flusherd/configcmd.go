@@ -17,7 +17,11 @@ import (
 // prints the effective configuration (defaults filled in) as TOML, then a
 // verdict line on stderr; on errors it prints every one and exits 2.
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
-	fset := cli.NewFlagSet("check-config", "check-config FILE | check-config --config FILE", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
+	fset := cli.NewFlagSet("check-config", "check-config FILE | check-config --config FILE\n\n"+
+		"Checks a configuration file as `run` would read it: the syntax, every key and\n"+
+		"value, and that each watched directory exists. Prints the effective\n"+
+		"configuration (defaults filled in) on stdout and a verdict on stderr; on\n"+
+		"errors, prints every one (file:line: key: problem) and exits 2.", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
 	file := fset.String("config", "", "the configuration `file` (as the other commands take it; or give it as the argument)")
 	pos, err := cli.ParseArgs(fset, args)
 	if err != nil {
@@ -93,7 +97,9 @@ func verdict(ws []config.Watch) string {
 // (max_pause, a tree's expire) are printed commented out, so that changing
 // the key they follow changes them too.
 func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
-	fset := cli.NewFlagSet("print-default-config", "print-default-config", "flusherd print-default-config > flusherd.toml && flusherd check-config flusherd.toml", stdout, stderr)
+	fset := cli.NewFlagSet("print-default-config", "print-default-config\n\n"+
+		"Prints the built-in defaults as a configuration file, with one example\n"+
+		"[[watch]] entry (/var/log); check-config accepts it unchanged.", "flusherd print-default-config > flusherd.toml && flusherd check-config flusherd.toml", stdout, stderr)
 	if code, stop := cli.ParseFlags(fset, args); stop {
 		return code
 	}

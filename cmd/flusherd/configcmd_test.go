@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -83,8 +84,9 @@ func TestCheckConfigRejects(t *testing.T) {
 }
 
 // TestSubcommandHelp: each command's -h and --help print its usage on
-// standard output and exit 0 (flusherd run --help | less works); a usage
-// error prints the usage on standard error and exits 2.
+// standard output and exit 0 (flusherd run --help | less works), with a
+// description and the flags shown with two dashes; a usage error prints
+// one line and where to look on standard error, and exits 2.
 func TestSubcommandHelp(t *testing.T) {
 	for _, cmd := range []string{"run", "sync", "dirty", "stats", "check-config", "print-default-config"} {
 		for _, h := range []string{"-h", "--help"} {
@@ -93,11 +95,17 @@ func TestSubcommandHelp(t *testing.T) {
 				!strings.HasPrefix(stdout.String(), "Usage: flusherd "+cmd) {
 				t.Errorf("%s %s: exit %d, stdout %q, stderr %q; want 0 and the usage on stdout only", cmd, h, code, stdout.String(), stderr.String())
 			}
+			if lines := strings.Split(stdout.String(), "\n"); len(lines) < 3 || lines[1] != "" || lines[2] == "" || strings.HasPrefix(lines[2], "Flags:") {
+				t.Errorf("%s %s: no description after the usage line:\n%s", cmd, h, stdout.String())
+			}
+			if m := regexp.MustCompile(`(?m)^  -[a-z]`).FindString(stdout.String()); m != "" {
+				t.Errorf("%s %s: a flag shown with one dash (%q):\n%s", cmd, h, m, stdout.String())
+			}
 		}
 		var stdout, stderr bytes.Buffer
-		if code := Main([]string{cmd, "--no-such-flag"}, &stdout, &stderr); code != cli.ExitUsage || stdout.Len() != 0 ||
-			!strings.Contains(stderr.String(), "Usage: flusherd "+cmd) {
-			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q; want 2 and the usage on stderr only", cmd, code, stdout.String(), stderr.String())
+		want := "flusherd " + cmd + ": flag provided but not defined: --no-such-flag\nsee 'flusherd " + cmd + " --help'\n"
+		if code := Main([]string{cmd, "--no-such-flag"}, &stdout, &stderr); code != cli.ExitUsage || stdout.Len() != 0 || stderr.String() != want {
+			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q; want 2 and on stderr only %q", cmd, code, stdout.String(), stderr.String(), want)
 		}
 	}
 }

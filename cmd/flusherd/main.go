@@ -103,7 +103,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return cli.ExitOK
 	}
-	fmt.Fprintf(stderr, "flusherd: unknown command %q\n\n%s", args[0], usage)
+	fmt.Fprintf(stderr, "flusherd: unknown command %q\nsee 'flusherd --help'\n", args[0])
 	return cli.ExitUsage
 }
 

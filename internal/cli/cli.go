@@ -5,10 +5,12 @@
 package cli
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"time"
 
@@ -78,42 +80,54 @@ func PrintErr(w io.Writer, prefix string, err error) {
 	}
 }
 
+// NewFlagSet returns the flag set of command name: --help (and -h) print
+// the synopsis (its first line the usage, then a description), the flags
+// (shown with two dashes) and the example on stdout; a usage error prints
+// one line and where to look ("see 'flusherd NAME --help'") on stderr.
 func NewFlagSet(name, synopsis, example string, stdout, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	// -h and --help print the usage on stdout (it was asked for, as with
-	// flusherd --help); a usage error prints it on stderr.
 	help := &helpFlag{fs: fs, out: stdout}
-	fs.Var(help, "help", "print this help on standard output")
-	fs.Var(help, "h", "the same as --help")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: flusherd %s\n", synopsis)
+	help.print = func(w io.Writer) {
+		fmt.Fprintf(w, "Usage: flusherd %s\n", synopsis)
 		// The flags but -h and --help (said in flusherd --help and
 		// flusherd(8) once, for every command).
 		shown := flag.NewFlagSet(name, flag.ContinueOnError)
-		shown.SetOutput(fs.Output())
+		var flags bytes.Buffer
+		shown.SetOutput(&flags)
 		fs.VisitAll(func(f *flag.Flag) {
 			if _, isHelp := f.Value.(*helpFlag); !isHelp {
 				shown.Var(f.Value, f.Name, f.Usage)
 				shown.Lookup(f.Name).DefValue = f.DefValue
 			}
 		})
-		n := 0
-		shown.VisitAll(func(*flag.Flag) { n++ })
-		if n > 0 {
-			fmt.Fprintf(fs.Output(), "\nFlags:\n")
-			shown.PrintDefaults()
+		shown.PrintDefaults()
+		if flags.Len() > 0 {
+			fmt.Fprintf(w, "\nFlags:\n%s", flagLine.ReplaceAll(flags.Bytes(), []byte("$1--")))
 		}
-		fmt.Fprintf(fs.Output(), "\nExample:\n  %s\n", example)
+		fmt.Fprintf(w, "\nExample:\n  %s\n", example)
 	}
+	fs.Var(help, "help", "print this help on standard output")
+	fs.Var(help, "h", "the same as --help")
+	fs.Usage = func() { fmt.Fprintf(fs.Output(), "see 'flusherd %s --help'\n", name) }
 	return fs
 }
 
-// helpFlag is the -h and --help flag: set, it prints the flag set's usage
+// flagLine matches the start of a flag's line in flag.PrintDefaults'
+// output ("  -name"), which is shown with two dashes.
+var flagLine = regexp.MustCompile(`(?m)^(  )-`)
+
+// flagName matches a flag's name in the flag package's parse errors
+// ("flag provided but not defined: -x", "invalid value ... for flag -x"),
+// shown with two dashes as the help shows it.
+var flagName = regexp.MustCompile(`(: |flag )-([A-Za-z])`)
+
+// helpFlag is the -h and --help flag: set, it prints the flag set's help
 // on out and stops the parse (ParseArgs returns flag.ErrHelp).
 type helpFlag struct {
 	fs    *flag.FlagSet
 	out   io.Writer
+	print func(io.Writer)
 	asked bool
 }
 
@@ -123,9 +137,7 @@ func (h *helpFlag) IsBoolFlag() bool { return true }
 
 func (h *helpFlag) Set(string) error {
 	h.asked = true
-	h.fs.SetOutput(h.out)
-	h.fs.Usage()
-	h.fs.SetOutput(io.Discard) // (the parse error that follows says nothing)
+	h.print(h.out)
 	return flag.ErrHelp
 }
 
@@ -134,12 +146,7 @@ func (h *helpFlag) Set(string) error {
 func ParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if f := fs.Lookup("help"); f != nil {
-				if h, ok := f.Value.(*helpFlag); ok && h.asked {
-					return nil, flag.ErrHelp
-				}
-			}
+		if err := parse(fs, args); err != nil {
 			return nil, err
 		}
 		rest := fs.Args()
@@ -152,6 +159,25 @@ func ParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+}
+
+// parse is fs.Parse, with its error printed as one line naming the
+// command, and where to look, instead of the whole usage.
+func parse(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if f := fs.Lookup("help"); f != nil {
+		if h, ok := f.Value.(*helpFlag); ok && h.asked {
+			return flag.ErrHelp
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(out, "flusherd %s: %s\n", fs.Name(), flagName.ReplaceAllString(err.Error(), "$1--$2"))
+		fs.Usage()
+	}
+	return err
 }
 
 // ParseExit is the exit code for a flag parsing error: 0 for --help.
