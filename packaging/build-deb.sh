@@ -158,6 +158,10 @@ install -d -m 0755 "$doc/examples" "$doc/examples/prometheus"
 install -m 0644 deploy/prometheus/flusherd-rules.yml deploy/prometheus/flusherd-rules.test.yml \
 	"$doc/examples/prometheus/"
 install -m 0644 packaging/lintian-overrides "$root/usr/share/lintian/overrides/flusherd"
+# Shell completions, where bash-completion, zsh and fish look for them.
+install -D -m 0644 completions/flusherd.bash "$root/usr/share/bash-completion/completions/flusherd"
+install -D -m 0644 completions/_flusherd "$root/usr/share/zsh/vendor-completions/_flusherd"
+install -D -m 0644 completions/flusherd.fish "$root/usr/share/fish/vendor_completions.d/flusherd.fish"
 
 # The changelog (Debian policy 12.7; a native package's is changelog.gz):
 # one entry for the commit built, signed by the maintainer, dated with

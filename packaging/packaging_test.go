@@ -40,6 +40,9 @@ var debFiles = map[string]os.FileMode{
 	"./usr/share/lintian/overrides/flusherd":                               0o644,
 	"./usr/share/man/man8/flusherd.8.gz":                                   0o644,
 	"./usr/share/man/man5/flusherd.toml.5.gz":                              0o644,
+	"./usr/share/bash-completion/completions/flusherd":                     0o644,
+	"./usr/share/zsh/vendor-completions/_flusherd":                         0o644,
+	"./usr/share/fish/vendor_completions.d/flusherd.fish":                  0o644,
 }
 
 // readmeInDeb returns the README's path in the package: gzipped when it
@@ -300,7 +303,7 @@ func sections(doc, prefix string) map[string]string {
 
 var (
 	usageCommand = regexp.MustCompile(`(?m)^  flusherd ([a-z][a-z-]*)`)
-	helpFlag     = regexp.MustCompile(`(?m)^  -([A-Za-z][A-Za-z0-9_-]*)`)
+	helpFlag     = regexp.MustCompile(`(?m)^  --?([A-Za-z][A-Za-z0-9_-]*)`)
 	docFlagTerm  = regexp.MustCompile(`(?m)^\*\*--([A-Za-z][A-Za-z0-9_-]*)\*\*`)
 )
 

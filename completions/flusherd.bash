@@ -1,0 +1,48 @@
+# bash completion for flusherd(8)
+_flusherd() {
+	local cur prev cmd i
+	cur=${COMP_WORDS[COMP_CWORD]}
+	prev=${COMP_WORDS[COMP_CWORD-1]}
+	cmd=
+	for ((i = 1; i < COMP_CWORD; i++)); do
+		case ${COMP_WORDS[i]} in
+		-*) ;;
+		*) cmd=${COMP_WORDS[i]}; break ;;
+		esac
+	done
+	if [[ -z $cmd ]]; then
+		COMPREPLY=($(compgen -W 'run stats sync dirty check-config print-default-config version help --help --version' -- "$cur"))
+		return
+	fi
+	case $prev in
+	--config)
+		COMPREPLY=($(compgen -f -- "$cur"))
+		return
+		;;
+	--stats-dir | --watch)
+		COMPREPLY=($(compgen -d -- "$cur"))
+		return
+		;;
+	--timeout | --top)
+		return
+		;;
+	esac
+	local flags
+	case $cmd in
+	run) flags='--config --stats-dir --watch' ;;
+	stats) flags='--config --stats-dir --files' ;;
+	sync) flags='--config --stats-dir --timeout' ;;
+	dirty) flags='--config --stats-dir --top --json' ;;
+	check-config) flags='--config' ;;
+	print-default-config | version | help) flags= ;;
+	*) return ;;
+	esac
+	if [[ $cur == -* ]]; then
+		COMPREPLY=($(compgen -W "$flags --help" -- "$cur"))
+		return
+	fi
+	case $cmd in
+	sync | check-config) COMPREPLY=($(compgen -f -- "$cur")) ;;
+	esac
+}
+complete -F _flusherd flusherd
