@@ -92,7 +92,8 @@ func verdict(ws []config.Watch) string {
 }
 
 // cmdPrintDefaultConfig prints the built-in defaults as a configuration
-// file that check-config accepts unchanged: its one [[watch]] is /var/log,
+// file that check-config accepts unchanged, each key with a one-line
+// comment (config.KeyComment): its one [[watch]] is /var/log,
 // which every Linux system has. Keys whose default follows another key
 // (max_pause, a tree's expire) are printed commented out, so that changing
 // the key they follow changes them too.
@@ -122,6 +123,9 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 			table = strings.Trim(t, "[]")
 		case strings.Contains(t, " = "):
 			key, _, _ := strings.Cut(t, " = ")
+			if c := config.KeyComment(table + "." + key); c != "" {
+				line = fmt.Sprintf("%-36s # %s\n", t, c)
+			}
 			if f, ok := follows[table+"."+key]; ok {
 				fmt.Fprintf(stdout, "# default: as %s\n# %s", f, line)
 				continue
