@@ -11,6 +11,7 @@ import (
 	"flusherd/inode"
 	"flusherd/lists"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // endProbingLocked ends the device's probing, if it is probing, because a
@@ -313,8 +314,8 @@ const (
 // wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) stricterTreeLocked(in *inode.Inode, t Tree) {
-	if t.Integrity && !in.Has(inode.Integrity) {
+func (wb *Writeback) stricterTreeLocked(in *inode.Inode, t tree.Tree) {
+	if t.Integrity() && !in.Has(inode.Integrity) {
 		in.State |= inode.Integrity
 	}
 	old := in.Class
