@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // newIdleWB returns a device's Writeback over a fakeFS whose goroutine is
@@ -260,7 +261,7 @@ func TestUpdateBandwidth(t *testing.T) {
 	wb, _, now := newIdleWB(t, testConfig())
 	var disk uint64
 	wb.bw.diskWritten = func() (uint64, error) { return disk, nil }
-	wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: 1}, "/f", "", Tree{Expire: time.Hour}) // dirty io
+	wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: 1}, "/f", "", tree.Tree{Expire: time.Hour}) // dirty io
 	bw := func() (uint64, uint64) {
 		wb.mu.Lock()
 		defer wb.mu.Unlock()

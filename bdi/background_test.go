@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // bgConfig is testConfig with a background threshold of thresh pages and
@@ -126,7 +127,7 @@ func TestBackgroundGate(t *testing.T) {
 		global = 1 << 20
 		h.wb.mu.Unlock()
 		for i := range 4 { // written again
-			h.wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: uint64(i + 1)}, "/f"+string(rune('0'+i)), "", Tree{Expire: time.Hour})
+			h.wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: uint64(i + 1)}, "/f"+string(rune('0'+i)), "", tree.Tree{Expire: time.Hour})
 		}
 		time.Sleep(500 * time.Millisecond)
 		synctest.Wait()
@@ -163,7 +164,7 @@ func TestBackgroundYieldsToSync(t *testing.T) {
 		bg[0].set(func(f *fakeFile) {
 			f.onWrite = func() {
 				time.Sleep(20 * time.Millisecond)
-				w = &Work{SyncMode: SyncAll, Reason: "sync", Files: []FileRef{{Key: urgent.key, Path: urgent.path, Tree: Tree{Expire: time.Hour}}}}
+				w = &Work{SyncMode: SyncAll, Reason: "sync", Files: []FileRef{{Key: urgent.key, Path: urgent.path, Tree: tree.Tree{Expire: time.Hour}}}}
 				h.wb.Queue(w)
 			}
 		})
@@ -376,7 +377,7 @@ func TestNoChecksWhenOff(t *testing.T) {
 		defer func() { cancel(); <-wb.Stopped() }()
 		for i := range 10 {
 			f := fs.add("/f"+string(rune('0'+i)), uint64(i+1), 4*pg, 4)
-			wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
+			wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Hour})
 		}
 		synctest.Wait()
 		loops := wb.live.loops.Load()

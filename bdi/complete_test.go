@@ -18,6 +18,7 @@ import (
 
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // attemptRec is one Trace call: an attempt's path, outcome and destination.
@@ -162,7 +163,7 @@ func TestCompleteRouting(t *testing.T) {
 	t.Run("leaving and gone: dropped", func(t *testing.T) {
 		var tr tracer
 		withWB(t, cfg, func(h *harness) {
-			h.wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: 1}, "/t/gone", "", Tree{Expire: time.Hour})
+			h.wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: 1}, "/t/gone", "", tree.Tree{Expire: time.Hour})
 			h.wb.RetireUnder("/t", func(string) bool { return false })
 			time.Sleep(2 * time.Second)
 			synctest.Wait()
@@ -206,7 +207,7 @@ func TestCompleteRouting(t *testing.T) {
 			f := h.fs.add("/a", 1, pg, 1)
 			h.mark(f, 0)
 			// A second name of the same inode, since removed.
-			h.wb.MarkInodeDirty(f.key, "/b", "", Tree{})
+			h.wb.MarkInodeDirty(f.key, "/b", "", tree.Tree{})
 			time.Sleep(3 * time.Second)
 			synctest.Wait()
 			// Trace names the path the inode has after the
@@ -494,7 +495,7 @@ func TestDataLost(t *testing.T) {
 		// attempt is held in open(2) while the test looks.
 		gate := make(chan struct{})
 		f.set(func(f *fakeFile) { f.onOpen = func() { <-gate } })
-		h.wb.MarkInodeClosed(f.key, f.path, "", Tree{Expire: 0})
+		h.wb.MarkInodeClosed(f.key, f.path, "", tree.Tree{Expire: 0})
 		synctest.Wait()
 		if s := h.wb.Snapshot(); s.FailedFiles != 0 || s.Tracked() != 1 {
 			t.Errorf("closed: failed_files %d, tracked %d; want 0, 1 (tracked until an attempt looks)", s.FailedFiles, s.Tracked())
@@ -511,8 +512,8 @@ func TestDataLost(t *testing.T) {
 		}
 		// Closed again, then a sync request before any attempt: a sync
 		// is not a write either, and it is answered with the loss.
-		h.wb.MarkInodeClosed(f.key, f.path, "", Tree{Expire: time.Hour})
-		w := &Work{SyncMode: SyncAll, Reason: "sync", Files: []FileRef{{Key: f.key, Path: f.path, Tree: Tree{Expire: time.Hour}}}}
+		h.wb.MarkInodeClosed(f.key, f.path, "", tree.Tree{Expire: time.Hour})
+		w := &Work{SyncMode: SyncAll, Reason: "sync", Files: []FileRef{{Key: f.key, Path: f.path, Tree: tree.Tree{Expire: time.Hour}}}}
 		h.wb.Queue(w)
 		<-w.Done()
 		if !errors.Is(w.Errs[0], syscall.EIO) {
@@ -618,7 +619,7 @@ func TestClosedWithDataAfterLoss(t *testing.T) {
 			t.Fatalf("Failed() = %+v, want /a: the test shows nothing", h.wb.Failed())
 		}
 		f.redirty(0) // through the mapping: no write reported
-		h.wb.MarkInodeClosed(f.key, f.path, "", Tree{Expire: 0})
+		h.wb.MarkInodeClosed(f.key, f.path, "", tree.Tree{Expire: 0})
 		time.Sleep(1100 * time.Millisecond)
 		synctest.Wait()
 		if len(h.wb.Failed()) != 0 || h.wb.Tracked() != 0 || f.dirtyCount() != 0 {
@@ -665,7 +666,7 @@ func TestRenamedFileKeepsBoth(t *testing.T) {
 	withWB(t, testConfig(), func(h *harness) {
 		f := h.fs.add("/a", 1, pg, 1)
 		h.mark(f, time.Hour)
-		h.wb.MarkInodeDirty(f.key, "/b", "", Tree{Expire: time.Hour})
+		h.wb.MarkInodeDirty(f.key, "/b", "", tree.Tree{Expire: time.Hour})
 		in := h.inode("/b")
 		if in == nil || in.OtherPath() != "/a" || !strings.HasSuffix(in.Path(), "/b") {
 			h.t.Fatalf("after a second name: %+v, want path /b, other /a", in)
@@ -796,7 +797,7 @@ func TestLostByFilesystemError(t *testing.T) {
 				time.Sleep(2 * time.Second) // dirtiedWhen away from 0
 				f := h.fs.add("/a", 1, pg, 0)
 				f.key.Dev = dev
-				h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: 0, Integrity: true})
+				h.wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: 0, Mode: tree.ModeIntegrity})
 				dirtied := h.inode("/a").DirtiedWhen
 				errs.mu.Lock()
 				errs.fses[dev].lastErr, errs.fses[dev].lastErrno = dirtied+c.errAt, syscall.ENOSPC
@@ -839,7 +840,7 @@ func TestNewFileTakesNumberDuringAttempt(t *testing.T) {
 			// The first open fails, and meanwhile the new file is
 			// seen; the next opens find it.
 			if opens++; opens == 1 {
-				h.wb.MarkInodeDirty(f.key, f.path, "h-new", Tree{})
+				h.wb.MarkInodeDirty(f.key, f.path, "h-new", tree.Tree{})
 			} else {
 				f.set(func(f *fakeFile) { f.openErr = nil })
 			}

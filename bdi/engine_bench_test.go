@@ -10,6 +10,7 @@ import (
 
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // nopOpener opens nopFiles: files of four dirty pages that one
@@ -62,7 +63,7 @@ func BenchmarkDrainOverhead(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		for i, p := range paths {
-			if err := reg.MarkInodeDirty(p, inode.Key{Dev: 7, Ino: uint64(i + 1)}, "", Tree{Expire: time.Hour}); err != nil {
+			if err := reg.MarkInodeDirty(p, inode.Key{Dev: 7, Ino: uint64(i + 1)}, "", tree.Tree{Expire: time.Hour}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -106,7 +107,7 @@ func BenchmarkCheckNames(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := reg.MarkInodeDirty(p, key, "", Tree{Expire: time.Hour}); err != nil {
+		if err := reg.MarkInodeDirty(p, key, "", tree.Tree{Expire: time.Hour}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"flusherd/inode"
 	"flusherd/lists"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // fakeFS is a fake inode.Opener: files with dirty and writeback page
@@ -349,7 +350,7 @@ func withWB(t *testing.T, cfg Config, f func(h *harness), setup ...func(h *harne
 }
 
 func (h *harness) mark(f *fakeFile, expire time.Duration) {
-	h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: expire})
+	h.wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: expire})
 }
 
 // lists returns the list each tracked inode is on, by path.

@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"flusherd/tree"
 )
 
 // TestErrorLogSampled: the rate-limited log keeps the first 5 lines of a
@@ -93,7 +95,7 @@ func TestStatsDueWakesLoop(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		a, b := fs.add("/a", 1, pg, 1), fs.add("/b", 2, pg, 1)
-		wb.MarkInodeDirty(a.key, a.path, "", Tree{Expire: time.Hour})
+		wb.MarkInodeDirty(a.key, a.path, "", tree.Tree{Expire: time.Hour})
 		synctest.Wait()
 		if n := bDirty(); n != 1 {
 			t.Fatalf("a change `every` after the first write: b_dirty %d, want 1", n)
@@ -101,7 +103,7 @@ func TestStatsDueWakesLoop(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		// A second file (no wakeup: the device is not idle), then a
 		// wakeup for another reason (a reload) within `every`.
-		wb.MarkInodeDirty(b.key, b.path, "", Tree{Expire: time.Hour})
+		wb.MarkInodeDirty(b.key, b.path, "", tree.Tree{Expire: time.Hour})
 		wb.SetConfig(cfg)
 		synctest.Wait()
 		loops := wb.live.loops.Load()
@@ -304,7 +306,7 @@ func TestTimeSlice(t *testing.T) {
 					seen = statsBDirty(t, path)
 				}
 			}
-			wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Second})
+			wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Second})
 		}
 		time.Sleep(600 * time.Millisecond)
 		synctest.Wait()

@@ -10,6 +10,7 @@ import (
 
 	"flusherd/inode"
 	"flusherd/lists"
+	"flusherd/tree"
 )
 
 // Unlinked is told that a name of the inode key, whose file handle is h,
@@ -119,7 +120,7 @@ func (wb *Writeback) unlinked(key inode.Key, same func(*inode.Inode) bool) bool 
 // rename). h is the file's handle if the caller has it (fanotify); for a
 // new inode without one, it is asked of the opener when that is an
 // inode.HandleOpener. Safe for concurrent use.
-func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, t Tree) {
+func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, t tree.Tree) {
 	wb.mark(key, path, h, t, 0)
 }
 
@@ -130,7 +131,7 @@ func (wb *Writeback) MarkInodeDirty(key inode.Key, path string, h inode.Handle, 
 // lost (on the failed list) keeps that loss until an attempt finds dirty
 // data in it (inode.LostBefore): an application that closes the file after
 // its writeback failed has written nothing new.
-func (wb *Writeback) MarkInodeClosed(key inode.Key, path string, h inode.Handle, t Tree) {
+func (wb *Writeback) MarkInodeClosed(key inode.Key, path string, h inode.Handle, t tree.Tree) {
 	wb.mark(key, path, h, t, markClosed)
 }
 
@@ -147,7 +148,7 @@ const (
 	markLeaving
 )
 
-func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t Tree, how markHow) {
+func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t tree.Tree, how markHow) {
 	now := wb.now()
 	h = wb.lockWithHandle(key, path, h)
 	wasIdle := wb.markInodeDirtyLocked(key, path, h, t, now, how)
@@ -173,7 +174,7 @@ type Mark struct {
 	Path     string
 	Key      inode.Key
 	Handle   inode.Handle
-	Tree     Tree
+	Tree     tree.Tree // its tree: its Mode and Expire are what bdi reads
 	Closed   bool
 	KeepName bool
 	Leaving  bool
@@ -281,7 +282,7 @@ func (wb *Writeback) wantsHandleLocked(key inode.Key, h inode.Handle) bool {
 // its goroutine then). Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t Tree, now time.Duration, how markHow) (wasIdle bool) {
+func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t tree.Tree, now time.Duration, how markHow) (wasIdle bool) {
 	in := wb.inodes.Get(key)
 	if in == nil {
 		in = wb.newInodeLocked(key, path, h, t)
@@ -320,7 +321,7 @@ func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Ha
 // Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) newInodeLocked(key inode.Key, path string, h inode.Handle, t Tree) *inode.Inode {
+func (wb *Writeback) newInodeLocked(key inode.Key, path string, h inode.Handle, t tree.Tree) *inode.Inode {
 	class, exact := wb.bDirty.class(t.Expire)
 	if !exact && !wb.classWarned {
 		wb.classWarned = true
@@ -330,7 +331,7 @@ func (wb *Writeback) newInodeLocked(key inode.Key, path string, h inode.Handle, 
 	in := &inode.Inode{Key: key, Class: class}
 	in.SetPath(path)
 	in.SetHandle(h)
-	if t.Integrity {
+	if t.Integrity() {
 		in.State |= inode.Integrity
 	}
 	wb.inodes.Set(in)
@@ -344,7 +345,7 @@ func (wb *Writeback) newInodeLocked(key inode.Key, path string, h inode.Handle, 
 // one afresh. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) reportedAgainLocked(in *inode.Inode, path string, h inode.Handle, t Tree, how markHow) bool {
+func (wb *Writeback) reportedAgainLocked(in *inode.Inode, path string, h inode.Handle, t tree.Tree, how markHow) bool {
 	closed := how&markClosed != 0
 	if h != "" {
 		// Reported with a handle: whether the same file or a new

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // memOpener is an inode.HandleOpener for BenchmarkTrackedInodeMemory: it
@@ -77,14 +78,14 @@ func trackedInodeMemory(n int) (bytesPer, objectsPer float64) {
 	now := func() time.Duration { return time.Since(epoch) }
 	b0, o0 := liveHeap()
 	wb := New("8:0", testConfig(), now, Files{Opener: memOpener{}, Handles: memOpener{}}, nil, nil)
-	tree := Tree{Expire: 30 * time.Second}
+	tr := tree.Tree{Expire: 30 * time.Second}
 	buf := make([]byte, 0, 64)
 	for i := range n {
 		buf = append(buf[:0], "/srv/data/d"...)
 		buf = appendPadded(buf, i/1000, 4)
 		buf = append(buf, "/f"...)
 		buf = appendPadded(buf, i, 6)
-		wb.MarkInodeDirty(inode.Key{Dev: 8<<8 | 1, Ino: uint64(1000 + i)}, string(buf), "", tree)
+		wb.MarkInodeDirty(inode.Key{Dev: 8<<8 | 1, Ino: uint64(1000 + i)}, string(buf), "", tr)
 	}
 	buf = nil
 	b1, o1 := liveHeap()

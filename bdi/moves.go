@@ -10,6 +10,7 @@ import (
 	"flusherd/inode"
 	"flusherd/lists"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 func classify(err error) policy.Outcome {
@@ -272,8 +273,8 @@ const (
 // wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) stricterTreeLocked(in *inode.Inode, t Tree) {
-	if t.Integrity && !in.Has(inode.Integrity) {
+func (wb *Writeback) stricterTreeLocked(in *inode.Inode, t tree.Tree) {
+	if t.Integrity() && !in.Has(inode.Integrity) {
 		in.State |= inode.Integrity
 	}
 	old := in.Class

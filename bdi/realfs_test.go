@@ -18,6 +18,7 @@ import (
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // The tests in this file create each row of the requeue table's condition
@@ -108,25 +109,25 @@ func pagesOf(t *testing.T, f *os.File) (dirty, wb uint64) {
 
 func TestRealOutcomes(t *testing.T) {
 	tests := []struct {
-		name      string
-		faults    faultfs.Faults
-		integrity bool
-		want      policy.Outcome
+		name   string
+		faults faultfs.Faults
+		mode   tree.Mode
+		want   policy.Outcome
 	}{
-		{"open EAGAIN is blocked", faultfs.Faults{OpenErr: syscall.EAGAIN}, false, policy.Blocked},
-		{"open EMFILE is blocked", faultfs.Faults{OpenErr: syscall.EMFILE}, false, policy.Blocked},
-		{"open EBUSY is blocked", faultfs.Faults{OpenErr: syscall.EBUSY}, false, policy.Blocked},
-		{"open EROFS: filesystem unavailable", faultfs.Faults{OpenErr: syscall.EROFS}, false, policy.FSUnavailable},
-		{"fsync EIO is an I/O error", faultfs.Faults{FsyncErr: syscall.EIO}, true, policy.IOError},
-		{"fsync ENOSPC is an I/O error", faultfs.Faults{FsyncErr: syscall.ENOSPC}, true, policy.IOError},
-		{"fsync EAGAIN is blocked", faultfs.Faults{FsyncErr: syscall.EAGAIN}, true, policy.Blocked},
+		{"open EAGAIN is blocked", faultfs.Faults{OpenErr: syscall.EAGAIN}, tree.ModeWriteback, policy.Blocked},
+		{"open EMFILE is blocked", faultfs.Faults{OpenErr: syscall.EMFILE}, tree.ModeWriteback, policy.Blocked},
+		{"open EBUSY is blocked", faultfs.Faults{OpenErr: syscall.EBUSY}, tree.ModeWriteback, policy.Blocked},
+		{"open EROFS: filesystem unavailable", faultfs.Faults{OpenErr: syscall.EROFS}, tree.ModeWriteback, policy.FSUnavailable},
+		{"fsync EIO is an I/O error", faultfs.Faults{FsyncErr: syscall.EIO}, tree.ModeIntegrity, policy.IOError},
+		{"fsync ENOSPC is an I/O error", faultfs.Faults{FsyncErr: syscall.ENOSPC}, tree.ModeIntegrity, policy.IOError},
+		{"fsync EAGAIN is blocked", faultfs.Faults{FsyncErr: syscall.EAGAIN}, tree.ModeIntegrity, policy.Blocked},
 		// An attempt's open runs on a worker, which the device's
 		// goroutine leaves to it after detachAfter: not known to be
 		// written, the file waits (Busy) on b_more_io_wait until the
 		// open returns. These two take 3 s each: a mutation run
 		// (FLUSHERD_MUTATION set, .ci/mutation) leaves them out.
-		{"open slower than attempt_timeout is detached", faultfs.Faults{OpenDelay: 3 * time.Second}, false, policy.UnderWriteback},
-		{"fsync slower than attempt_timeout is blocked", faultfs.Faults{FsyncDelay: 3 * time.Second}, true, policy.Blocked},
+		{"open slower than attempt_timeout is detached", faultfs.Faults{OpenDelay: 3 * time.Second}, tree.ModeWriteback, policy.UnderWriteback},
+		{"fsync slower than attempt_timeout is blocked", faultfs.Faults{FsyncDelay: 3 * time.Second}, tree.ModeIntegrity, policy.Blocked},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,7 +142,7 @@ func TestRealOutcomes(t *testing.T) {
 			p := filepath.Join(ffs.Dir, "f")
 			key, w := dirtyFile(t, p, 64<<10)
 			ffs.Set(tc.faults)
-			wb.MarkInodeDirty(key, p, "", Tree{Expire: 0, Integrity: tc.integrity})
+			wb.MarkInodeDirty(key, p, "", tree.Tree{Expire: 0, Mode: tc.mode})
 			dirtied := inodeOf(wb, key).DirtiedWhen
 			tr := waitFor(t, ch, p, func(traced) bool { return true })
 			if tr.o != tc.want || tr.d != policy.MoreIOWait {
@@ -168,7 +169,7 @@ func TestRealOutcomes(t *testing.T) {
 				if _, err := w.WriteAt([]byte("again"), 0); err != nil {
 					t.Fatal(err)
 				}
-				wb.MarkInodeDirty(key, p, "", Tree{Expire: 0, Integrity: tc.integrity})
+				wb.MarkInodeDirty(key, p, "", tree.Tree{Expire: 0, Mode: tc.mode})
 			}
 			waitFor(t, ch, p, func(tr traced) bool { return tr.o == policy.Clean && tr.d == policy.Forget })
 			if d, wbp := pagesOf(t, w); d != 0 || wbp != 0 {
@@ -200,7 +201,7 @@ func TestRealGone(t *testing.T) {
 	if err := os.Remove(p); err != nil {
 		t.Fatal(err)
 	}
-	wb.MarkInodeDirty(key, p, "", Tree{})
+	wb.MarkInodeDirty(key, p, "", tree.Tree{})
 	tr := waitFor(t, ch, p, func(traced) bool { return true })
 	if tr.o != policy.Gone || tr.d != policy.Drop || !errors.Is(tr.err, syscall.ENOENT) {
 		t.Fatalf("attempt on a deleted file: %v -> %v (%v), want gone -> drop (ENOENT)", tr.o, tr.d, tr.err)
@@ -220,8 +221,8 @@ func TestRealRedirtied(t *testing.T) {
 	p := filepath.Join(ffs.Dir, "log")
 	key, w := dirtyFile(t, p, 4096)
 	ffs.Set(faultfs.Faults{OpenDelay: 200 * time.Millisecond})
-	tree := Tree{}
-	wb.MarkInodeDirty(key, p, "", tree)
+	settings := tree.Tree{}
+	wb.MarkInodeDirty(key, p, "", settings)
 	dirtied := inodeOf(wb, key).DirtiedWhen
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -233,7 +234,7 @@ func TestRealRedirtied(t *testing.T) {
 			case <-time.After(10 * time.Millisecond):
 			}
 			w.Write([]byte("a line of log\n"))
-			wb.MarkInodeDirty(key, p, "", tree) // what the watcher does on IN_MODIFY
+			wb.MarkInodeDirty(key, p, "", settings) // what the watcher does on IN_MODIFY
 		}
 	})
 	tr := waitFor(t, ch, p, func(traced) bool { return true })
@@ -261,7 +262,7 @@ func TestRealChunkUsed(t *testing.T) {
 	if d, _ := pagesOf(t, w); d*4096 <= 1<<20 {
 		t.Fatalf("precondition: only %d dirty pages right after writing 6 MiB (the kernel's flusher wrote it first, under memory pressure?)", d)
 	}
-	wb.MarkInodeDirty(key, p, "", Tree{})
+	wb.MarkInodeDirty(key, p, "", tree.Tree{})
 	tr := waitFor(t, ch, p, func(traced) bool { return true })
 	if tr.o != policy.ChunkUsed || tr.d != policy.MoreIO {
 		t.Fatalf("first attempt: %v -> %v, want chunk_used -> b_more_io", tr.o, tr.d)
@@ -283,8 +284,8 @@ func TestRealHardLinkName(t *testing.T) {
 	if err := os.Link(a, b); err != nil {
 		t.Fatal(err)
 	}
-	wb.MarkInodeDirty(key, b, "", Tree{Expire: time.Hour}) // seen as b first
-	wb.MarkInodeDirty(key, a, "", Tree{Expire: time.Hour}) // then written as a
+	wb.MarkInodeDirty(key, b, "", tree.Tree{Expire: time.Hour}) // seen as b first
+	wb.MarkInodeDirty(key, a, "", tree.Tree{Expire: time.Hour}) // then written as a
 	if err := os.Remove(a); err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +356,7 @@ func TestIntegritySyncfs(t *testing.T) {
 			for i := range 100 {
 				p := filepath.Join(mnt.Dir, fmt.Sprint(i))
 				key, f := dirtyFile(t, p, 16<<10)
-				wb.MarkInodeDirty(key, p, "", Tree{Expire: time.Hour, Integrity: true})
+				wb.MarkInodeDirty(key, p, "", tree.Tree{Expire: time.Hour, Mode: tree.ModeIntegrity})
 				files = append(files, f)
 			}
 			ctx, cancel := context.WithCancel(context.Background())

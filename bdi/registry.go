@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // Options configure a Registry.
@@ -197,7 +198,7 @@ func (r *Registry) TreeRemoved(root string, keep func(path string) bool) int {
 // TreeRestricted applies a reloaded tree's stricter settings to the files
 // tracked under root on every device (Writeback.RestrictUnder); it returns
 // how many files the tree holds.
-func (r *Registry) TreeRestricted(root string, t Tree, holds func(path string) bool) int {
+func (r *Registry) TreeRestricted(root string, t tree.Tree, holds func(path string) bool) int {
 	n := 0
 	for _, wb := range r.Devices() {
 		n += wb.RestrictUnder(root, t, holds)
@@ -293,17 +294,17 @@ func (r *Registry) retire(dev uint64, wb *Writeback) {
 // MarkInodeDirty marks the inode key at path dirty on its device
 // (__mark_inode_dirty); h is its file handle, if known (see
 // Writeback.MarkInodeDirty).
-func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t Tree) error {
+func (r *Registry) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
 	return r.mark(path, key, h, t, 0)
 }
 
 // MarkInodeClosed is MarkInodeDirty for a close with no write reported
 // (Writeback.MarkInodeClosed).
-func (r *Registry) MarkInodeClosed(path string, key inode.Key, h inode.Handle, t Tree) error {
+func (r *Registry) MarkInodeClosed(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
 	return r.mark(path, key, h, t, markClosed)
 }
 
-func (r *Registry) mark(path string, key inode.Key, h inode.Handle, t Tree, how markHow) error {
+func (r *Registry) mark(path string, key inode.Key, h inode.Handle, t tree.Tree, how markHow) error {
 	wb, err := r.Device(key.Dev, path)
 	if err != nil {
 		return err

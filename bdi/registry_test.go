@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // newTestRegistry returns a Registry over a fakeFS whose devices are named
@@ -103,10 +104,10 @@ func TestRegistryDevices(t *testing.T) {
 		}
 		f := fs.add("/a/f", 1, pg, 1)
 		f.key.Dev = 10
-		if err := r.MarkInodeDirty(f.path, f.key, "", Tree{Expire: time.Hour}); err != nil || a.Tracked() != 1 {
+		if err := r.MarkInodeDirty(f.path, f.key, "", tree.Tree{Expire: time.Hour}); err != nil || a.Tracked() != 1 {
 			t.Fatalf("MarkInodeDirty: %v, %d tracked on 8:0", err, a.Tracked())
 		}
-		if err := r.MarkInodeDirty("/x", inode.Key{Dev: 13, Ino: 1}, "", Tree{}); !errors.Is(err, syscall.ENODEV) {
+		if err := r.MarkInodeDirty("/x", inode.Key{Dev: 13, Ino: 1}, "", tree.Tree{}); !errors.Is(err, syscall.ENODEV) {
 			t.Errorf("MarkInodeDirty on an unnamed device: %v, want ENODEV", err)
 		}
 		short := cfg
@@ -135,7 +136,7 @@ func TestRegistryTreeGone(t *testing.T) {
 		r, fs, dir := newTestRegistry(t, testConfig(), map[uint64]string{10: "8:0", 11: "btrfs-1", 12: "btrfs-1"})
 		f := fs.add("/a/f", 1, pg, 1)
 		f.key.Dev = 10
-		if err := r.MarkInodeDirty(f.path, f.key, "", Tree{Expire: time.Hour}); err != nil {
+		if err := r.MarkInodeDirty(f.path, f.key, "", tree.Tree{Expire: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		a, _ := r.Device(10, "/a")
@@ -188,7 +189,7 @@ func TestRegistryShutdown(t *testing.T) {
 			f := fs.add(path, ino, pg, 1)
 			f.key.Dev = dev
 			change(f)
-			if err := r.MarkInodeDirty(path, f.key, "", Tree{Expire: time.Hour}); err != nil {
+			if err := r.MarkInodeDirty(path, f.key, "", tree.Tree{Expire: time.Hour}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -255,7 +256,7 @@ func TestTracksByName(t *testing.T) {
 	epoch := time.Now()
 	wb := New("8:0", testConfig(), func() time.Duration { return time.Since(epoch) }, Files{Opener: memOpener{}, Handles: memOpener{}}, nil, nil)
 	key := inode.Key{Dev: 8, Ino: 12}
-	wb.MarkInodeDirty(key, "/srv/x/old", "", Tree{Expire: time.Hour})
+	wb.MarkInodeDirty(key, "/srv/x/old", "", tree.Tree{Expire: time.Hour})
 	for path, want := range map[string]bool{"/srv/x/old": true, "/srv/y/new": false, "/srv/x/old2": false} {
 		if got := wb.Tracks(key, path); got != want {
 			t.Errorf("Tracks(%v, %q) = %v, want %v", key, path, got, want)
@@ -289,7 +290,7 @@ func TestMarkInodesDirty(t *testing.T) {
 		}
 		batchReg, batchFS := newReg()
 		singleReg, singleFS := newReg()
-		tree := Tree{Expire: time.Second}
+		tr := tree.Tree{Expire: time.Second}
 		var first, second []Mark
 		for _, fs := range []*handleFS{batchFS, singleFS} {
 			first, second = first[:0], second[:0] // the same on both sides
@@ -300,7 +301,7 @@ func TestMarkInodesDirty(t *testing.T) {
 					ino++
 					f := fs.add(fmt.Sprintf("/d%d/f%d", dev, ino), ino, pg, 1)
 					f.key.Dev = dev
-					m := Mark{Path: f.path, Key: f.key, Tree: tree}
+					m := Mark{Path: f.path, Key: f.key, Tree: tr}
 					if ino%3 == 0 {
 						m.Handle = f.handle // some with the handle (fanotify), some without
 					}
@@ -324,7 +325,7 @@ func TestMarkInodesDirty(t *testing.T) {
 			f := side.fs.add("/d8/lost", 999, pg, 1)
 			f.key.Dev = 8
 			f.set(func(f *fakeFile) { f.writeErr = syscall.EIO })
-			if err := side.r.MarkInodeDirty(f.path, f.key, f.handle, Tree{}); err != nil {
+			if err := side.r.MarkInodeDirty(f.path, f.key, f.handle, tree.Tree{}); err != nil {
 				t.Fatal(err)
 			}
 			lost = append(lost, f)
@@ -342,7 +343,7 @@ func TestMarkInodesDirty(t *testing.T) {
 			}
 		}
 		f := lost[0]
-		second = append(second, Mark{Path: f.path, Key: f.key, Handle: f.handle, Tree: tree, Closed: true})
+		second = append(second, Mark{Path: f.path, Key: f.key, Handle: f.handle, Tree: tr, Closed: true})
 		for i, batch := range [][]Mark{first, second} {
 			batchReg.MarkInodesDirty(batch)
 			for _, m := range batch {
@@ -395,7 +396,7 @@ func TestMarkInodesDirty(t *testing.T) {
 				}
 			}
 			late := batchFS.add(fmt.Sprintf("/d7/late%d", batchFS.handles), 1000+uint64(batchFS.handles), pg, 1)
-			batchReg.MarkInodesDirty([]Mark{{Path: late.path, Key: late.key, Handle: late.handle, Tree: tree}})
+			batchReg.MarkInodesDirty([]Mark{{Path: late.path, Key: late.key, Handle: late.handle, Tree: tr}})
 			time.Sleep(time.Minute)
 			synctest.Wait()
 			if len(batchFS.callsOf("sync_file_range", late.path)) == 0 {
@@ -424,13 +425,13 @@ func oneDeviceRegistry(t *testing.T) (*Registry, *handleFS) {
 func TestMarkKeepName(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)
-		tree := Tree{Expire: time.Hour}
+		tr := tree.Tree{Expire: time.Hour}
 		f := fs.add("/d/new", 1, pg, 1)
 		g := fs.add("/d/g", 2, pg, 1)
-		if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree); err != nil {
+		if err := r.MarkInodeDirty(f.path, f.key, f.handle, tr); err != nil {
 			t.Fatal(err)
 		}
-		ms := []Mark{{Path: "/d/old", Key: f.key, Tree: tree, KeepName: true}, {Path: g.path, Key: g.key, Tree: tree, KeepName: true}}
+		ms := []Mark{{Path: "/d/old", Key: f.key, Tree: tr, KeepName: true}, {Path: g.path, Key: g.key, Tree: tr, KeepName: true}}
 		r.MarkInodesDirty(ms)
 		for _, m := range ms {
 			if m.Err != nil {
@@ -443,7 +444,7 @@ func TestMarkKeepName(t *testing.T) {
 		if !r.Tracks(g.key, g.path) {
 			t.Errorf("an untracked file reported with KeepName: not tracked as %s", g.path)
 		}
-		r.MarkInodesDirty([]Mark{{Path: "/d/renamed", Key: f.key, Tree: tree}})
+		r.MarkInodesDirty([]Mark{{Path: "/d/renamed", Key: f.key, Tree: tr}})
 		if !r.Tracks(f.key, "/d/renamed") {
 			t.Errorf("a report without KeepName did not rename the tracked file")
 		}
@@ -457,10 +458,10 @@ func TestMarkKeepName(t *testing.T) {
 func TestMarkLeaving(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)
-		tree := Tree{Expire: time.Hour}
+		tr := tree.Tree{Expire: time.Hour}
 		f := fs.add("/d/leaving", 1, pg, 1)
 		g := fs.add("/d/staying", 2, pg, 1)
-		ms := []Mark{{Path: f.path, Key: f.key, Handle: f.handle, Tree: tree, Leaving: true}, {Path: g.path, Key: g.key, Handle: g.handle, Tree: tree}}
+		ms := []Mark{{Path: f.path, Key: f.key, Handle: f.handle, Tree: tr, Leaving: true}, {Path: g.path, Key: g.key, Handle: g.handle, Tree: tr}}
 		r.MarkInodesDirty(ms)
 		time.Sleep(10 * time.Second) // a few passes, well before the hour
 		synctest.Wait()
@@ -488,10 +489,10 @@ func onlyDeviceStats(t *testing.T, r *Registry) Stats {
 
 // markFiles reports each of the fake files as written, under tree, with
 // its handle.
-func markFiles(t *testing.T, r *Registry, tree Tree, files ...*fakeFile) {
+func markFiles(t *testing.T, r *Registry, tr tree.Tree, files ...*fakeFile) {
 	t.Helper()
 	for _, f := range files {
-		if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree); err != nil {
+		if err := r.MarkInodeDirty(f.path, f.key, f.handle, tr); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -507,13 +508,13 @@ func markFiles(t *testing.T, r *Registry, tree Tree, files ...*fakeFile) {
 func TestInodeUnlinked(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)
-		tree := Tree{Expire: time.Hour}
+		tr := tree.Tree{Expire: time.Hour}
 		gone := fs.add("/d/gone", 1, pg, 1)
 		linked := fs.add("/d/linked", 2, pg, 1)
 		reused := fs.add("/d/reused", 3, pg, 1)
 		nohandle := fs.add("/d/nohandle", 4, pg, 1)
 		untracked := fs.add("/d/untracked", 5, pg, 1)
-		markFiles(t, r, tree, gone, linked, reused, nohandle)
+		markFiles(t, r, tr, gone, linked, reused, nohandle)
 		fs.remove(gone.path)
 		r.InodeUnlinked(gone.key, gone.handle)
 		r.InodeUnlinked(linked.key, linked.handle)
@@ -562,11 +563,11 @@ func TestInodeUnlinked(t *testing.T) {
 func TestNameUnlinked(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)
-		tree := Tree{Expire: time.Hour}
+		tr := tree.Tree{Expire: time.Hour}
 		gone := fs.add("/d/gone", 1, pg, 1)
 		linked := fs.add("/d/linked", 2, pg, 1)
 		renamed := fs.add("/d/renamed", 3, pg, 1)
-		markFiles(t, r, tree, gone, linked, renamed)
+		markFiles(t, r, tr, gone, linked, renamed)
 		fs.remove(gone.path)
 		r.NameUnlinked(gone.key, gone.path)
 		r.NameUnlinked(linked.key, linked.path)
@@ -579,14 +580,14 @@ func TestNameUnlinked(t *testing.T) {
 		// and the new file is tracked afresh, at its own expiry.
 		taken := fs.add("/d/taken", 5, pg, 1)
 		taken.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino5gen1")) })
-		if err := r.MarkInodeDirty(taken.path, taken.key, "", tree); err != nil {
+		if err := r.MarkInodeDirty(taken.path, taken.key, "", tr); err != nil {
 			t.Fatal(err)
 		}
 		fs.remove(taken.path)
 		r.NameUnlinked(taken.key, taken.path)
 		nf := fs.add("/d/new", 5, pg, 1)
 		nf.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino5gen2")) })
-		if err := r.MarkInodeDirty(nf.path, nf.key, "", tree); err != nil {
+		if err := r.MarkInodeDirty(nf.path, nf.key, "", tr); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Second) // two passes, well before the hour
@@ -622,7 +623,7 @@ func TestNameUnlinked(t *testing.T) {
 func TestCheckNames(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)
-		tree := Tree{Expire: time.Hour}
+		tr := tree.Tree{Expire: time.Hour}
 		base := t.TempDir()
 		root, other := filepath.Join(base, "tree"), filepath.Join(base, "other")
 		for _, d := range []string{root, other} {
@@ -647,7 +648,7 @@ func TestCheckNames(t *testing.T) {
 			f := fs.add(p, uint64(i+1), pg, 1)
 			f.set(func(f *fakeFile) { f.key = key })
 			files[p] = f
-			if err := r.MarkInodeDirty(p, key, f.handle, tree); err != nil {
+			if err := r.MarkInodeDirty(p, key, f.handle, tr); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -726,12 +727,12 @@ func TestNumberTakenDuringAttempt(t *testing.T) {
 				fs.remove("/d/old")
 				nf := fs.add("/d/new", 1, pg, 1)
 				nf.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino1gen2")) })
-				if err := r.MarkInodeDirty(nf.path, nf.key, nf.handle, Tree{Expire: 0}); err != nil {
+				if err := r.MarkInodeDirty(nf.path, nf.key, nf.handle, tree.Tree{Expire: 0}); err != nil {
 					t.Error(err)
 				}
 			}
 		})
-		if err := r.MarkInodeDirty(old.path, old.key, old.handle, Tree{Expire: 0}); err != nil {
+		if err := r.MarkInodeDirty(old.path, old.key, old.handle, tree.Tree{Expire: 0}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Second)
@@ -757,7 +758,7 @@ func TestDeletionDuringIdlePass(t *testing.T) {
 			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
 		t.Cleanup(r.Stop)
 		gone := fs.add("/d/gone", 2, pg, 1)
-		if err := r.MarkInodeDirty(gone.path, gone.key, gone.handle, Tree{Expire: time.Hour}); err != nil {
+		if err := r.MarkInodeDirty(gone.path, gone.key, gone.handle, tree.Tree{Expire: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		blocked := fs.add("/d/blocked", 1, pg, 1)
@@ -772,7 +773,7 @@ func TestDeletionDuringIdlePass(t *testing.T) {
 				}
 			}
 		})
-		if err := r.MarkInodeDirty(blocked.path, blocked.key, blocked.handle, Tree{Expire: 0}); err != nil {
+		if err := r.MarkInodeDirty(blocked.path, blocked.key, blocked.handle, tree.Tree{Expire: 0}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5100 * time.Millisecond) // the first kupdate pass
@@ -798,12 +799,12 @@ func TestDeletionDuringIdlePass(t *testing.T) {
 func TestNewFileTakesNumber(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)
-		tree := Tree{Expire: time.Hour}
+		tr := tree.Tree{Expire: time.Hour}
 		old := fs.add("/d/old", 1, pg, 1)
 		// Handles as the kernel makes them: one type and length, the
 		// generation differs.
 		old.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino1gen1")) })
-		if err := r.MarkInodeDirty(old.path, old.key, old.handle, tree); err != nil {
+		if err := r.MarkInodeDirty(old.path, old.key, old.handle, tr); err != nil {
 			t.Fatal(err)
 		}
 		fs.remove(old.path)
@@ -813,7 +814,7 @@ func TestNewFileTakesNumber(t *testing.T) {
 		if nf.key != old.key || nf.handle == old.handle {
 			t.Fatalf("set-up: %v %q, want the old number with a new handle", nf.key, nf.handle)
 		}
-		if err := r.MarkInodeDirty(nf.path, nf.key, nf.handle, tree); err != nil {
+		if err := r.MarkInodeDirty(nf.path, nf.key, nf.handle, tr); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Second) // two passes, well before the hour
@@ -830,7 +831,7 @@ func TestNewFileTakesNumber(t *testing.T) {
 		}
 		// A handle of another layout for the number (another
 		// encoding of one inode) is not taken for a new file.
-		if err := r.MarkInodeDirty(nf.path, nf.key, inode.MakeHandle(2, []byte("ino1gen2par1gen1")), tree); err != nil {
+		if err := r.MarkInodeDirty(nf.path, nf.key, inode.MakeHandle(2, []byte("ino1gen2par1gen1")), tr); err != nil {
 			t.Fatal(err)
 		}
 		if s := onlyDeviceStats(t, r); s.InodesGone != 1 {
@@ -847,9 +848,9 @@ func TestRegistryObserve(t *testing.T) {
 		r, fs := oneDeviceRegistry(t)
 		ob := &observerFS{fakeFS: fs.fakeFS}
 		r.Observe(ob)
-		tree := Tree{Expire: time.Hour}
+		tr := tree.Tree{Expire: time.Hour}
 		f := fs.add("/d/told", 1, pg, 1)
-		r.MarkInodesDirty([]Mark{{Path: f.path, Key: f.key, Handle: f.handle, Tree: tree, Leaving: true}})
+		r.MarkInodesDirty([]Mark{{Path: f.path, Key: f.key, Handle: f.handle, Tree: tr, Leaving: true}})
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		if diff := gocmp.Diff([]string{"opened 1", "forgot 1"}, slices.Compact(ob.all())); diff != "" {
@@ -857,7 +858,7 @@ func TestRegistryObserve(t *testing.T) {
 		}
 		r.Observe(nil)
 		g := fs.add("/d/untold", 2, pg, 1)
-		r.MarkInodesDirty([]Mark{{Path: g.path, Key: g.key, Handle: g.handle, Tree: tree, Leaving: true}})
+		r.MarkInodesDirty([]Mark{{Path: g.path, Key: g.key, Handle: g.handle, Tree: tr, Leaving: true}})
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		if len(fs.callsOf("sync_file_range", g.path)) == 0 {

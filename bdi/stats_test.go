@@ -11,6 +11,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"flusherd/tree"
 )
 
 // TestRemoveStaleTemps: the temporary files of WriteFileAtomic that a
@@ -105,7 +107,7 @@ func TestStatsWriterSchedule(t *testing.T) {
 		t.Errorf("thresholds in the file %d, %d; want 300, 100", d, b)
 	}
 	f := fs.add("/a", 1, pg, 1)
-	wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
+	wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Hour})
 	*now = 999 * time.Millisecond
 	wb.writeStats(false)
 	if n := bDirty(); n != 0 {
@@ -124,7 +126,7 @@ func TestStatsWriterSchedule(t *testing.T) {
 	}
 	// Another change half of `every` after that write: held back.
 	g := fs.add("/g", 2, pg, 1)
-	wb.MarkInodeDirty(g.key, g.path, "", Tree{Expire: time.Hour})
+	wb.MarkInodeDirty(g.key, g.path, "", tree.Tree{Expire: time.Hour})
 	*now = 1500 * time.Millisecond
 	wb.writeStats(false)
 	if n := bDirty(); n != 1 {
@@ -165,7 +167,7 @@ func TestStatsWriterSchedule(t *testing.T) {
 	}
 	failedAt := *now + time.Second
 	*now = failedAt
-	wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
+	wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Hour})
 	wb.writeStats(false)
 	if at, due := wb.stats.due(wb.gen); !due || at != failedAt+statsRetryMin {
 		t.Fatalf("after a failed write: due %v, %v; want at %v", at, due, failedAt+statsRetryMin)

@@ -8,10 +8,11 @@ import (
 	"testing/synctest"
 	"time"
 
-	"flusherd/policy"
-
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // TestBandwidthOfABatch: the write bandwidth is the pages a batch wrote
@@ -26,7 +27,7 @@ func TestBandwidthOfABatch(t *testing.T) {
 		a.onWrite = func() { time.Sleep(250 * time.Millisecond) }
 		b := h.fs.add("/b", 2, 16*pg, 16)
 		for _, f := range []*fakeFile{a, b} {
-			h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Integrity: true})
+			h.wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Mode: tree.ModeIntegrity})
 		}
 		time.Sleep(1600 * time.Millisecond)
 		synctest.Wait()
@@ -62,7 +63,7 @@ func TestIntegrityBatch(t *testing.T) {
 			withWB(t, cfg, func(h *harness) {
 				for i := range c.files {
 					f := h.fs.add("/"+string(rune('a'+i)), uint64(i+1), 4*pg, 4)
-					h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Integrity: true})
+					h.wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Mode: tree.ModeIntegrity})
 				}
 				time.Sleep(1100 * time.Millisecond)
 				synctest.Wait()

@@ -7,6 +7,7 @@ import (
 
 	"flusherd/inode"
 	"flusherd/lists"
+	"flusherd/tree"
 )
 
 // Tracks reports whether the inode key is tracked (on any list, the
@@ -62,7 +63,7 @@ func (wb *Writeback) under(root string) []tracked {
 // dirtiedWhen, and the integrity mode (stricterTreeLocked). Looser
 // settings apply to data dirtied from then on. It returns how many files
 // it looked at; holds is called without the list lock.
-func (wb *Writeback) RestrictUnder(root string, t Tree, holds func(path string) bool) int {
+func (wb *Writeback) RestrictUnder(root string, t tree.Tree, holds func(path string) bool) int {
 	cands := wb.under(root)
 	var held []*inode.Inode
 	for _, c := range cands {
@@ -206,8 +207,11 @@ func (wb *Writeback) Refs(dir string) []FileRef {
 		if dir != "" && !in.InDir(dir) {
 			continue
 		}
-		out = append(out, FileRef{Key: in.Key, Path: in.Path(),
-			Tree: Tree{Expire: classes[in.Class].expire, Integrity: in.Has(inode.Integrity)}})
+		t := tree.Tree{Mode: tree.ModeWriteback, Expire: classes[in.Class].expire}
+		if in.Has(inode.Integrity) {
+			t.Mode = tree.ModeIntegrity
+		}
+		out = append(out, FileRef{Key: in.Key, Path: in.Path(), Tree: t})
 	}
 	return out
 }

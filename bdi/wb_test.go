@@ -20,6 +20,7 @@ import (
 
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // TestKupdateExpiry: an inode dirtied at t0 is written at the first kupdate
@@ -275,7 +276,7 @@ func TestIntegrityUsesFdatasync(t *testing.T) {
 	withWB(t, testConfig(), func(h *harness) {
 		t := h.t
 		f := h.fs.add("/db", 1, 8*pg, 8)
-		h.wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: 0, Integrity: true})
+		h.wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: 0, Mode: tree.ModeIntegrity})
 		time.Sleep(6 * time.Second)
 		synctest.Wait()
 		if n := len(h.fs.callsOf("fdatasync", "/db")); n != 1 {
@@ -605,7 +606,7 @@ func TestHealthy(t *testing.T) {
 		}
 		wedged.Store(true)
 		f := fs.add("/a", 1, pg, 1)
-		wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Second})
+		wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Second})
 		synctest.Wait() // blocked in BeforePass
 		time.Sleep(500 * time.Millisecond)
 		if !wb.Healthy(time.Second) {
@@ -692,12 +693,12 @@ func TestMarkKnownInodeAllocates(t *testing.T) {
 	fs := newFakeFS(now)
 	wb := New("7:0", testConfig(), now, Files{Opener: fs}, nil, nil)
 	f := fs.add("/srv/data/dir/file", 1, pg, 1)
-	wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour})
-	if n := testing.AllocsPerRun(100, func() { wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Hour}) }); n != 0 {
+	wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Hour})
+	if n := testing.AllocsPerRun(100, func() { wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Hour}) }); n != 0 {
 		t.Errorf("%v allocations per event on a known inode, want 0", n)
 	}
 	// A rename is recorded.
-	wb.MarkInodeDirty(f.key, "/srv/data/other", "", Tree{Expire: time.Hour})
+	wb.MarkInodeDirty(f.key, "/srv/data/other", "", tree.Tree{Expire: time.Hour})
 	wb.mu.Lock()
 	in := wb.inodes.Get(f.key)
 	got, other := in.Path(), in.OtherPath()
@@ -724,7 +725,7 @@ func TestStatsWriteFailureBacksOff(t *testing.T) {
 		go wb.Run(ctx)
 		defer func() { cancel(); <-wb.Stopped() }()
 		first := fs.add("/first", 2, 4*pg, 4)
-		wb.MarkInodeDirty(first.key, first.path, "", Tree{Expire: time.Second})
+		wb.MarkInodeDirty(first.key, first.path, "", tree.Tree{Expire: time.Second})
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		if _, err := os.Stat(filepath.Join(dir, "bdi", "7:0", "stats")); err != nil {
@@ -739,7 +740,7 @@ func TestStatsWriteFailureBacksOff(t *testing.T) {
 		}
 		before := wb.live.loops.Load()
 		f := fs.add("/a", 1, 4*pg, 4)
-		wb.MarkInodeDirty(f.key, f.path, "", Tree{Expire: time.Second})
+		wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Second})
 		time.Sleep(10 * time.Minute)
 		synctest.Wait()
 		if wb.Tracked() != 0 {
@@ -834,7 +835,7 @@ func TestErrWatchOnlyWhenDataLeftUnwritten(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		go wb.Run(ctx)
 		defer func() { cancel(); <-wb.Stopped() }()
-		integrity := Tree{Expire: time.Second, Integrity: true}
+		integrity := tree.Tree{Expire: time.Second, Mode: tree.ModeIntegrity}
 		for i := range 20 {
 			f := fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
 			f.key.Dev = dev
@@ -1099,15 +1100,15 @@ func TestStricterTreeHolds(t *testing.T) {
 		t := h.t
 		moved := h.fs.add("/wb/moved", 1, 2*pg, 2)
 		kept := h.fs.add("/int/kept", 2, 2*pg, 2)
-		h.wb.MarkInodeDirty(moved.key, moved.path, "", Tree{Expire: time.Hour})
-		h.wb.MarkInodeDirty(kept.key, kept.path, "", Tree{Expire: 300 * time.Millisecond, Integrity: true})
+		h.wb.MarkInodeDirty(moved.key, moved.path, "", tree.Tree{Expire: time.Hour})
+		h.wb.MarkInodeDirty(kept.key, kept.path, "", tree.Tree{Expire: 300 * time.Millisecond, Mode: tree.ModeIntegrity})
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
 		// Renamed into the integrity tree; kept linked into the
 		// writeback tree and written there.
 		moved.path = "/int/moved"
-		h.wb.MarkInodeDirty(moved.key, "/int/moved", "", Tree{Expire: 300 * time.Millisecond, Integrity: true})
-		h.wb.MarkInodeDirty(kept.key, "/wb/kept", "", Tree{Expire: time.Hour})
+		h.wb.MarkInodeDirty(moved.key, "/int/moved", "", tree.Tree{Expire: 300 * time.Millisecond, Mode: tree.ModeIntegrity})
+		h.wb.MarkInodeDirty(kept.key, "/wb/kept", "", tree.Tree{Expire: time.Hour})
 		time.Sleep(400 * time.Millisecond)
 		synctest.Wait()
 		if n := moved.dirtyCount(); n != 0 {

@@ -12,6 +12,7 @@ import (
 	"flusherd/inode"
 	"flusherd/lists"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // timeSlice bounds a pass once something was queued (writeback_sb_inodes
@@ -487,7 +488,7 @@ type Work struct {
 type FileRef struct {
 	Key  inode.Key
 	Path string
-	Tree Tree
+	Tree tree.Tree // what it is tracked with: its Mode and Expire
 }
 
 // Done is closed when the work has run.
@@ -525,12 +526,6 @@ type Config struct {
 	// longer counts as blocked (ETIMEDOUT) and its inode stays Busy until
 	// the call returns. 0: no bound.
 	AttemptTimeout time.Duration
-}
-
-// Tree is what a watched tree contributes to its inodes.
-type Tree struct {
-	Expire    time.Duration // dirty_expire_interval for its inodes
-	Integrity bool          // fdatasync instead of sync_file_range
 }
 
 // statsWriter keeps a device's stats file, <dir>/bdi/<name>/stats.

@@ -83,6 +83,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"flusherd/tree"
 )
 
 // Values of [Writeback.RequeueBlocked]: what happens to an inode whose
@@ -94,16 +96,6 @@ const (
 	// RequeueRedirtyTail puts the inode back at the tail of the dirty list
 	// with a fresh dirtied time, as if it had just been dirtied.
 	RequeueRedirtyTail = "redirty_tail"
-)
-
-// Values of [Watch.Mode].
-const (
-	// ModeWriteback writes dirty data back without waiting for completion
-	// (WB_SYNC_NONE semantics).
-	ModeWriteback = "writeback"
-	// ModeIntegrity writes dirty data back and waits for it (WB_SYNC_ALL
-	// semantics).
-	ModeIntegrity = "integrity"
 )
 
 // Log levels accepted in [Log.Level].
@@ -263,16 +255,12 @@ type Metrics struct {
 
 // Watch is one [[watch]] entry: a directory tree flusherd manages.
 type Watch struct {
-	// Path is the directory, cleaned and absolute. Required.
-	Path string
-	// Recursive includes the whole tree below Path. Default true.
-	Recursive bool
-	// Mode is ModeWriteback (default) or ModeIntegrity.
-	Mode string
-	// Expire is the effective dirty_expire_interval for this tree: its own
-	// expire key, or else Writeback.DirtyExpireInterval. Positive; a Watch
-	// built in code (e.g. from flags) must set it.
-	Expire time.Duration
+	// Tree is the entry's tree. Root is its path key, cleaned and
+	// absolute (required). Recursive defaults to true, Mode to
+	// tree.ModeWriteback. Expire is its own expire key, or else
+	// Writeback.DirtyExpireInterval; positive, and a Watch built in code
+	// (e.g. from flags) must set it.
+	tree.Tree
 	// Flag is the command-line flag that added the entry (e.g.
 	// "--watch"), "" for a [[watch]] table of the file: Validate's errors
 	// name it rather than watch[i].

@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"flusherd/tree"
 )
 
 // ignoreSrc ignores the unexported position information in Config.
@@ -122,8 +124,8 @@ path = "rel/../tree"
 				c.Log.Level = "debug"
 				c.Metrics.Listen = "127.0.0.1:9469"
 				c.Watch = []Watch{
-					{Path: "/srv/data", Recursive: false, Mode: ModeIntegrity, Expire: 10 * time.Second},
-					{Path: filepath.Join(dir, "tree"), Recursive: true, Mode: ModeWriteback, Expire: time.Minute},
+					{Tree: tree.Tree{Root: "/srv/data", Recursive: false, Mode: tree.ModeIntegrity, Expire: 10 * time.Second}},
+					{Tree: tree.Tree{Root: filepath.Join(dir, "tree"), Recursive: true, Mode: tree.ModeWriteback, Expire: time.Minute}},
 				}
 			},
 		},
@@ -140,7 +142,7 @@ path = "rel/../tree"
 			src:  "[writeback]\ndirty_expire_interval = \"45s\"\n[[watch]]\npath = \"/a\"\n",
 			want: func(c *Config) {
 				c.Writeback.DirtyExpireInterval = 45 * time.Second
-				c.Watch = []Watch{{Path: "/a", Recursive: true, Mode: ModeWriteback, Expire: 45 * time.Second}}
+				c.Watch = []Watch{{Tree: tree.Tree{Root: "/a", Recursive: true, Mode: tree.ModeWriteback, Expire: 45 * time.Second}}}
 			},
 		},
 		{
@@ -148,7 +150,7 @@ path = "rel/../tree"
 			src:  "[stats]\ndir = \"run\"\n[[watch]]\npath = \"data/\"\n",
 			want: func(c *Config) {
 				c.Stats.Dir = filepath.Join(dir, "run")
-				c.Watch = []Watch{{Path: filepath.Join(dir, "data"), Recursive: true, Mode: ModeWriteback, Expire: c.Writeback.DirtyExpireInterval}}
+				c.Watch = []Watch{{Tree: tree.Tree{Root: filepath.Join(dir, "data"), Recursive: true, Mode: tree.ModeWriteback, Expire: c.Writeback.DirtyExpireInterval}}}
 			},
 		},
 		{
@@ -192,8 +194,8 @@ watch = [ { path = "/x", mode = "integrity" },
 				c.Writeback.MinPause = time.Millisecond
 				c.Log.Level = "warn"
 				c.Watch = []Watch{
-					{Path: "/x", Recursive: true, Mode: ModeIntegrity, Expire: 5 * time.Second},
-					{Path: "/y", Recursive: false, Mode: ModeWriteback, Expire: 5 * time.Second},
+					{Tree: tree.Tree{Root: "/x", Recursive: true, Mode: tree.ModeIntegrity, Expire: 5 * time.Second}},
+					{Tree: tree.Tree{Root: "/y", Recursive: false, Mode: tree.ModeWriteback, Expire: 5 * time.Second}},
 				}
 			},
 		},
@@ -224,8 +226,8 @@ func TestParseExample(t *testing.T) {
 	}
 	want := Default()
 	want.Watch = []Watch{
-		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 5 * time.Second},
-		{Path: "/srv/db", Recursive: false, Mode: ModeIntegrity, Expire: 5 * time.Second},
+		{Tree: tree.Tree{Root: "/srv/data", Recursive: true, Mode: tree.ModeWriteback, Expire: 5 * time.Second}},
+		{Tree: tree.Tree{Root: "/srv/db", Recursive: false, Mode: tree.ModeIntegrity, Expire: 5 * time.Second}},
 	}
 	if diff := cmp.Diff(want, got, ignoreSrc); diff != "" {
 		t.Errorf("Parse mismatch (-want +got):\n%s", diff)
@@ -413,7 +415,7 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	watch := func(p string) Watch {
-		return Watch{Path: p, Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}
+		return Watch{Tree: tree.Tree{Root: p, Recursive: true, Mode: tree.ModeWriteback, Expire: 30 * time.Second}}
 	}
 	tests := []struct {
 		name     string
@@ -535,7 +537,7 @@ func TestLoad(t *testing.T) {
 		}
 		want := Default()
 		want.Log.Level = "error"
-		want.Watch = []Watch{{Path: data, Recursive: true, Mode: ModeWriteback, Expire: 5 * time.Second}}
+		want.Watch = []Watch{{Tree: tree.Tree{Root: data, Recursive: true, Mode: tree.ModeWriteback, Expire: 5 * time.Second}}}
 		if diff := cmp.Diff(want, c, ignoreSrc); diff != "" {
 			t.Errorf("Load mismatch (-want +got):\n%s", diff)
 		}
@@ -588,13 +590,13 @@ func TestEncodeRoundTrip(t *testing.T) {
 	full.Log.Level = "warn"
 	full.Metrics.Listen = "[::1]:9469"
 	full.Watch = []Watch{
-		{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 5 * time.Second},
-		{Path: "/srv/weird name/ü", Recursive: false, Mode: ModeIntegrity, Expire: 10 * time.Millisecond},
+		{Tree: tree.Tree{Root: "/srv/data", Recursive: true, Mode: tree.ModeWriteback, Expire: 5 * time.Second}},
+		{Tree: tree.Tree{Root: "/srv/weird name/ü", Recursive: false, Mode: tree.ModeIntegrity, Expire: 10 * time.Millisecond}},
 	}
 	odd := Default()
 	odd.Writeback.WriteChunk = 4097 // not a multiple of any unit
 	odd.Writeback.MaxPause = time.Second
-	odd.Watch = []Watch{{Path: "/x", Recursive: true, Mode: ModeWriteback, Expire: time.Second}}
+	odd.Watch = []Watch{{Tree: tree.Tree{Root: "/x", Recursive: true, Mode: tree.ModeWriteback, Expire: time.Second}}}
 
 	for name, c := range map[string]*Config{"default": Default(), "full": full, "odd": odd} {
 		t.Run(name, func(t *testing.T) {
@@ -639,7 +641,7 @@ func TestEncodeDefault(t *testing.T) {
 		t.Fatalf("Parse: %v\n%s", err, text)
 	}
 	want := Default()
-	want.Watch = []Watch{{Path: "/srv/data", Recursive: true, Mode: ModeWriteback, Expire: 5 * time.Second}}
+	want.Watch = []Watch{{Tree: tree.Tree{Root: "/srv/data", Recursive: true, Mode: tree.ModeWriteback, Expire: 5 * time.Second}}}
 	if diff := cmp.Diff(want, got, ignoreSrc); diff != "" {
 		t.Errorf("mismatch (-want +got):\n%s", diff)
 	}
@@ -812,7 +814,7 @@ func TestValidateStatsDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	watch := func(p string) Watch {
-		return Watch{Path: p, Recursive: true, Mode: ModeWriteback, Expire: 30 * time.Second}
+		return Watch{Tree: tree.Tree{Root: p, Recursive: true, Mode: tree.ModeWriteback, Expire: 30 * time.Second}}
 	}
 	for _, c := range []struct {
 		name, stats, tree string
@@ -988,7 +990,7 @@ func TestBoundaries(t *testing.T) {
 	watches := func(n int) []Watch {
 		var out []Watch
 		for i := range n {
-			out = append(out, Watch{Path: dirs[i], Recursive: true, Mode: ModeWriteback, Expire: time.Duration(i+1) * time.Second})
+			out = append(out, Watch{Tree: tree.Tree{Root: dirs[i], Recursive: true, Mode: tree.ModeWriteback, Expire: time.Duration(i+1) * time.Second}})
 		}
 		return out
 	}
@@ -1123,7 +1125,7 @@ func TestFlagWatchErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	flagWatch := func(c *Config, p string) {
-		c.Watch = append(c.Watch, Watch{Path: p, Recursive: true, Mode: ModeWriteback, Expire: c.Writeback.DirtyExpireInterval, Flag: "--watch"})
+		c.Watch = append(c.Watch, Watch{Tree: tree.Tree{Root: p, Recursive: true, Mode: tree.ModeWriteback, Expire: c.Writeback.DirtyExpireInterval}, Flag: "--watch"})
 	}
 	for _, tc := range []struct {
 		name, path, want string
@@ -1213,7 +1215,7 @@ func TestSymlinkDuplicateOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Watch = append(c.Watch, Watch{Path: link, Recursive: true, Mode: ModeWriteback, Expire: time.Minute, Flag: "--watch"})
+	c.Watch = append(c.Watch, Watch{Tree: tree.Tree{Root: link, Recursive: true, Mode: tree.ModeWriteback, Expire: time.Minute}, Flag: "--watch"})
 	err = c.Validate()
 	if err == nil || strings.Count(err.Error(), "\n") != 0 || !strings.Contains(err.Error(), "already watched by watch[0]") {
 		t.Errorf("Validate() = %v, want one \"already watched\" error", err)

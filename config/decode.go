@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"flusherd/tree"
 )
 
 // decoder turns the generic TOML tree into a Config, collecting errors.
@@ -191,7 +193,7 @@ func (d *decoder) watchArray(key string, v any) []any {
 // watch decodes [[watch]] entry i, v; expire is its default expire.
 func (d *decoder) watch(i int, v any, expire time.Duration) Watch {
 	key := fmt.Sprintf("watch[%d]", i)
-	w := Watch{Recursive: true, Mode: ModeWriteback, Expire: expire}
+	w := Watch{Tree: tree.Tree{Recursive: true, Mode: tree.ModeWriteback, Expire: expire}}
 	pathSet, pathBad := false, false
 	d.table(key, v, map[string]field{
 		"path": func(key string, v any) {
@@ -199,10 +201,10 @@ func (d *decoder) watch(i int, v any, expire time.Duration) Watch {
 			if _, ok := v.(string); !ok {
 				pathBad = true // (one error: not also "empty")
 			}
-			d.str(&w.Path)(key, v)
+			d.str(&w.Root)(key, v)
 		},
 		"recursive": d.boolean(&w.Recursive),
-		"mode":      d.str(&w.Mode),
+		"mode":      d.str((*string)(&w.Mode)),
 		"expire":    d.duration(&w.Expire),
 	})
 	switch {
@@ -213,10 +215,10 @@ func (d *decoder) watch(i int, v any, expire time.Duration) Watch {
 			d.errs = append(d.errs, e)
 		}
 	case pathBad:
-	case w.Path == "":
+	case w.Root == "":
 		d.errorf(key+".path", "must not be empty")
 	default:
-		d.abs(key+".path", &w.Path)
+		d.abs(key+".path", &w.Root)
 	}
 	return w
 }

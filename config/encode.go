@@ -35,7 +35,7 @@ func (c *Config) Encode(w io.Writer) error {
 		e.Writeback.WriteChunk = "auto"
 	}
 	for _, x := range c.Watch {
-		e.Watch = append(e.Watch, encWatch{Path: x.Path, Recursive: x.Recursive, Mode: x.Mode, Expire: x.Expire.String()})
+		e.Watch = append(e.Watch, encWatch{Path: x.Root, Recursive: x.Recursive, Mode: string(x.Mode), Expire: x.Expire.String()})
 	}
 	var buf bytes.Buffer
 	enc := toml.NewEncoder(&buf)

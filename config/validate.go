@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/tree"
 )
 
 // check runs the value checks; stat adds the file system checks on watch
@@ -225,7 +227,7 @@ func (ch *checker) trees() {
 func (ch *checker) ref(j int) string {
 	s := ch.s
 	if f := ch.c.Watch[j].Flag; f != "" {
-		return fmt.Sprintf("%s %q", f, ch.c.Watch[j].Path)
+		return fmt.Sprintf("%s %q", f, ch.c.Watch[j].Root)
 	}
 	r := fmt.Sprintf("watch[%d]", j)
 	if l := s.line(r + ".path"); l > 0 {
@@ -264,16 +266,16 @@ func (ch *checker) tree(i int, w Watch) {
 		// is that key's error, reported once, at its line.)
 		ch.positive(key+".expire", w.Expire)
 	}
-	ch.oneOf(key+".mode", w.Mode, ModeWriteback, ModeIntegrity)
+	ch.oneOf(key+".mode", string(w.Mode), string(tree.ModeWriteback), string(tree.ModeIntegrity))
 	switch {
-	case w.Path == "":
+	case w.Root == "":
 		ch.add(pkey, "must not be empty")
 		return
-	case !filepath.IsAbs(w.Path):
-		ch.add(pkey, "%q is not an absolute path", w.Path)
+	case !filepath.IsAbs(w.Root):
+		ch.add(pkey, "%q is not an absolute path", w.Root)
 		return
 	}
-	p := filepath.Clean(w.Path)
+	p := filepath.Clean(w.Root)
 	j, dupName := ch.seen[p]
 	if dupName {
 		ch.add(pkey, "%q is already watched by %s", p, ch.ref(j))

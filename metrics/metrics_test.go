@@ -21,6 +21,7 @@ import (
 	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/tree"
 	"flusherd/watch"
 )
 
@@ -152,7 +153,7 @@ func TestLiveSource(t *testing.T) {
 	})
 	defer reg.Stop()
 	key := inode.Key{Dev: 1, Ino: 2}
-	if err := reg.MarkInodeDirty(file, key, "", bdi.Tree{Expire: time.Hour}); err != nil {
+	if err := reg.MarkInodeDirty(file, key, "", tree.Tree{Expire: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	reg.Rescanned(1)
@@ -209,14 +210,14 @@ func onlyMetric(c prometheus.Collector, name string) prometheus.Collector {
 
 type fakeBackend struct{ ctr watch.Counters }
 
-func (b *fakeBackend) Name() string                     { return "inotify" }
-func (b *fakeBackend) Start(context.Context) error      { return nil }
-func (b *fakeBackend) Run(context.Context)              {}
-func (b *fakeBackend) Close() error                     { return nil }
-func (b *fakeBackend) Counters() *watch.Counters        { return &b.ctr }
-func (b *fakeBackend) Quiesce(context.Context)          {}
-func (b *fakeBackend) Settle(context.Context) error     { return nil }
-func (b *fakeBackend) TreeOf(string) (watch.Tree, bool) { return watch.Tree{}, false }
+func (b *fakeBackend) Name() string                    { return "inotify" }
+func (b *fakeBackend) Start(context.Context) error     { return nil }
+func (b *fakeBackend) Run(context.Context)             {}
+func (b *fakeBackend) Close() error                    { return nil }
+func (b *fakeBackend) Counters() *watch.Counters       { return &b.ctr }
+func (b *fakeBackend) Quiesce(context.Context)         {}
+func (b *fakeBackend) Settle(context.Context) error    { return nil }
+func (b *fakeBackend) TreeOf(string) (tree.Tree, bool) { return tree.Tree{}, false }
 
 // TestServe: Serve answers on an ephemeral port with the flusherd, Go and
 // process metrics, and stops, closing the listener and leaving no

@@ -221,7 +221,7 @@ func (sp *syncPlan) addPath(p string) {
 			sp.fail(p, err.Error())
 			return
 		}
-		sp.add(wb, bdi.FileRef{Key: key, Path: p, Tree: tree.Tree})
+		sp.add(wb, bdi.FileRef{Key: key, Path: p, Tree: tree})
 	case unix.S_IFLNK:
 		sp.fail(p, "a symbolic link: not followed (name the file it points to)")
 	default:

@@ -14,6 +14,7 @@ import (
 	"flusherd/config"
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/tree"
 	"flusherd/watch"
 )
 
@@ -22,7 +23,7 @@ import (
 // calls go Start, Ready, Serve, Shutdown, on one goroutine.
 type Daemon struct {
 	Config  *config.Config
-	Trees   []watch.Tree                   // served, as resolved when added
+	Trees   []tree.Tree                    // served, as resolved when added
 	Load    func() (*config.Config, error) // reads and validates the configuration (SIGHUP)
 	Reg     *bdi.Registry
 	Wat     watch.Backend
@@ -123,7 +124,7 @@ func (d *Daemon) Shutdown(sig os.Signal, sigs <-chan os.Signal) {
 // logs each with its settings (and a filesystem without writeback),
 // registers its mount for opens by handle, holds an integrity tree's
 // filesystem for its writeback errors, and counts it in start.
-func SetUpTrees(trees []watch.Tree, handles *inode.Handles, errs *bdi.ErrWatch, start *Startup, log *zap.Logger) {
+func SetUpTrees(trees []tree.Tree, handles *inode.Handles, errs *bdi.ErrWatch, start *Startup, log *zap.Logger) {
 	if err := inode.ProbeOpenat2(); err != nil {
 		log.Info("openat2(2) is refused (under systemd, RestrictSUIDSGID=yes does this): paths in the trees are resolved one component at a time with openat(2) and O_NOFOLLOW instead",
 			zap.Error(err))
@@ -133,7 +134,7 @@ func SetUpTrees(trees []watch.Tree, handles *inode.Handles, errs *bdi.ErrWatch, 
 	}
 	for _, t := range trees {
 		log.Info("watching", zap.String("root", strconv.Quote(t.Root)), zap.Bool("recursive", t.Recursive),
-			zap.Bool("integrity", t.Integrity), zap.Stringer("expire", t.Expire))
+			zap.Bool("integrity", t.Integrity()), zap.Stringer("expire", t.Expire))
 		if kind, ok := watch.NoWriteback(t.Root); ok {
 			log.Warn("this tree is on a filesystem without writeback: its files have no backing store and there is never anything to write back",
 				zap.String("root", strconv.Quote(t.Root)), zap.String("fstype", kind))
@@ -148,8 +149,8 @@ func SetUpTrees(trees []watch.Tree, handles *inode.Handles, errs *bdi.ErrWatch, 
 
 // WatchErrors holds the filesystem of an integrity tree open for its
 // writeback errors (bdi.ErrWatch).
-func WatchErrors(errs *bdi.ErrWatch, t watch.Tree, log *zap.Logger) {
-	if !t.Integrity {
+func WatchErrors(errs *bdi.ErrWatch, t tree.Tree, log *zap.Logger) {
+	if !t.Integrity() {
 		return
 	}
 	if _, err := errs.Add(t.Root); err != nil {
@@ -168,15 +169,16 @@ func WriteWatchStats(dir string, wat watch.Backend, log *zap.Logger) {
 
 // TreesOf resolves the configuration's watch roots (symlinks in them are
 // resolved once, here).
-func TreesOf(cfg *config.Config) ([]watch.Tree, error) {
-	trees := make([]watch.Tree, 0, len(cfg.Watch))
+func TreesOf(cfg *config.Config) ([]tree.Tree, error) {
+	trees := make([]tree.Tree, 0, len(cfg.Watch))
 	for _, w := range cfg.Watch {
-		root, err := filepath.EvalSymlinks(w.Path)
+		t := w.Tree
+		root, err := filepath.EvalSymlinks(t.Root)
 		if err != nil {
-			return nil, fmt.Errorf("watch %s: %w", strconv.Quote(w.Path), err)
+			return nil, fmt.Errorf("watch %s: %w", strconv.Quote(t.Root), err)
 		}
-		trees = append(trees, watch.Tree{Root: root, Recursive: w.Recursive,
-			Tree: bdi.Tree{Expire: w.Expire, Integrity: w.Mode == config.ModeIntegrity}})
+		t.Root = root
+		trees = append(trees, t)
 	}
 	return trees, nil
 }

@@ -11,7 +11,7 @@ import (
 
 	"flusherd/config"
 	"flusherd/policy"
-	"flusherd/watch"
+	"flusherd/tree"
 )
 
 // TreePlan is what a configuration reload does to the watched trees
@@ -19,27 +19,27 @@ import (
 type TreePlan struct {
 	// Keep: configured before and now with the same settings, and
 	// served: left alone.
-	Keep []watch.Tree
+	Keep []tree.Tree
 	// Retire: no longer configured: taken out of the watcher, their
 	// tracked files written back once and forgotten.
-	Retire []watch.Tree
+	Retire []tree.Tree
 	// Replace: configured still, but with other settings or not served
 	// any more (gone, and maybe back): taken out of the watcher and
 	// added again (they are in Add too, with their new settings).
-	Replace []watch.Tree
+	Replace []tree.Tree
 	// Add: to be watched: new roots and those of Replace.
-	Add []watch.Tree
+	Add []tree.Tree
 }
 
 // PlanTrees compares the trees served before a reload (running, as
 // resolved when they were added) with those of the new configuration
 // (configured), given which roots the watcher serves now (served).
-func PlanTrees(running, configured []watch.Tree, served func(root string) bool) TreePlan {
-	was := map[string]watch.Tree{}
+func PlanTrees(running, configured []tree.Tree, served func(root string) bool) TreePlan {
+	was := map[string]tree.Tree{}
 	for _, t := range running {
 		was[t.Root] = t
 	}
-	now := map[string]watch.Tree{}
+	now := map[string]tree.Tree{}
 	for _, t := range configured {
 		now[t.Root] = t
 	}
@@ -109,12 +109,12 @@ func (d *Daemon) Reload() (short bool) {
 
 // reloadConfig reads and applies the configuration. It returns it with
 // the trees served now, or nil when it was rejected.
-func (d *Daemon) reloadConfig() (_ *config.Config, _ []watch.Tree, short bool) {
+func (d *Daemon) reloadConfig() (_ *config.Config, _ []tree.Tree, short bool) {
 	log, running := d.Log, d.Trees
 	d.Notify.Send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", d.Clock.MonotonicUsec()))
 	defer d.Notify.Send("READY=1")
 	cfg, err := d.Load()
-	var trees []watch.Tree
+	var trees []tree.Tree
 	if err == nil {
 		trees, err = TreesOf(cfg)
 	}
@@ -141,7 +141,7 @@ func (d *Daemon) reloadConfig() (_ *config.Config, _ []watch.Tree, short bool) {
 	restricted := 0
 	for _, t := range served {
 		root := t.Root
-		restricted += d.Reg.TreeRestricted(root, t.Tree, func(p string) bool { h, ok := d.Wat.TreeOf(p); return ok && h.Root == root })
+		restricted += d.Reg.TreeRestricted(root, t, func(p string) bool { h, ok := d.Wat.TreeOf(p); return ok && h.Root == root })
 	}
 	log.Info("configuration reloaded", zap.Int("roots_added", added), zap.Int("roots_removed", len(plan.Retire)), zap.Int("tracked_files", restricted),
 		zap.Stringer("dirty_writeback_interval", cfg.Writeback.DirtyWritebackInterval))
@@ -182,7 +182,7 @@ func keepStartOnly(old, cfg *config.Config, log *zap.Logger) {
 // applyPlan carries out a reload's tree changes: a retired root's files
 // are written back once and forgotten; replaced and new roots are added.
 // short: a shortage kept a root out (the retried reload adds it).
-func (d *Daemon) applyPlan(plan TreePlan) (served []watch.Tree, added int, short bool) {
+func (d *Daemon) applyPlan(plan TreePlan) (served []tree.Tree, added int, short bool) {
 	log, wat := d.Log, d.Wat
 	// Retired roots leave the watcher first, so that a file of theirs is
 	// kept only if another tree (one replaced included) still holds it.
@@ -221,7 +221,7 @@ func (d *Daemon) applyPlan(plan TreePlan) (served []watch.Tree, added int, short
 		served = append(served, t)
 		// As the start-up "watching" line: the tree's settings too.
 		fields := []zap.Field{zap.String("root", strconv.Quote(root)), zap.Bool("recursive", t.Recursive),
-			zap.Bool("integrity", t.Integrity), zap.Stringer("expire", t.Expire)}
+			zap.Bool("integrity", t.Integrity()), zap.Stringer("expire", t.Expire)}
 		switch {
 		case plan.Returned(root):
 			log.Info("watch root served again (it was gone)", fields...)

@@ -9,39 +9,38 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"flusherd/bdi"
 	"flusherd/config"
-	"flusherd/watch"
+	"flusherd/tree"
 )
 
 // TestPlanTrees: a reload keeps what is unchanged and served, retires what
 // is no longer configured, replaces what changed or is not served any
 // more, and adds what is new; every list is in root order.
 func TestPlanTrees(t *testing.T) {
-	tree := func(root string, expire time.Duration, integrity bool) watch.Tree {
-		return watch.Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: expire, Integrity: integrity}}
+	at := func(root string, expire time.Duration, mode tree.Mode) tree.Tree {
+		return tree.Tree{Root: root, Recursive: true, Mode: mode, Expire: expire}
 	}
-	running := []watch.Tree{
-		tree("/z/same", time.Second, false),
-		tree("/a/gone", time.Second, false),
-		tree("/m/expire", time.Second, false),
-		tree("/m/mode", time.Second, false),
-		tree("/u/unserved", time.Second, false),
+	running := []tree.Tree{
+		at("/z/same", time.Second, tree.ModeWriteback),
+		at("/a/gone", time.Second, tree.ModeWriteback),
+		at("/m/expire", time.Second, tree.ModeWriteback),
+		at("/m/mode", time.Second, tree.ModeWriteback),
+		at("/u/unserved", time.Second, tree.ModeWriteback),
 	}
-	configured := []watch.Tree{
-		tree("/z/same", time.Second, false),
-		tree("/m/expire", 5*time.Second, false),
-		tree("/m/mode", time.Second, true),
-		tree("/u/unserved", time.Second, false),
-		tree("/b/new", time.Second, false),
+	configured := []tree.Tree{
+		at("/z/same", time.Second, tree.ModeWriteback),
+		at("/m/expire", 5*time.Second, tree.ModeWriteback),
+		at("/m/mode", time.Second, tree.ModeIntegrity),
+		at("/u/unserved", time.Second, tree.ModeWriteback),
+		at("/b/new", time.Second, tree.ModeWriteback),
 	}
 	served := func(root string) bool { return root != "/u/unserved" }
 	got := PlanTrees(running, configured, served)
 	want := TreePlan{
-		Keep:    []watch.Tree{tree("/z/same", time.Second, false)},
-		Retire:  []watch.Tree{tree("/a/gone", time.Second, false)},
-		Replace: []watch.Tree{tree("/m/expire", time.Second, false), tree("/m/mode", time.Second, false), tree("/u/unserved", time.Second, false)},
-		Add:     []watch.Tree{tree("/b/new", time.Second, false), tree("/m/expire", 5*time.Second, false), tree("/m/mode", time.Second, true), tree("/u/unserved", time.Second, false)},
+		Keep:    []tree.Tree{at("/z/same", time.Second, tree.ModeWriteback)},
+		Retire:  []tree.Tree{at("/a/gone", time.Second, tree.ModeWriteback)},
+		Replace: []tree.Tree{at("/m/expire", time.Second, tree.ModeWriteback), at("/m/mode", time.Second, tree.ModeWriteback), at("/u/unserved", time.Second, tree.ModeWriteback)},
+		Add:     []tree.Tree{at("/b/new", time.Second, tree.ModeWriteback), at("/m/expire", 5*time.Second, tree.ModeWriteback), at("/m/mode", time.Second, tree.ModeIntegrity), at("/u/unserved", time.Second, tree.ModeWriteback)},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("PlanTrees (-want +got)\n%s", d)

@@ -16,6 +16,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // TestWatchdog: WATCHDOG=1 every interval/2 while every device is healthy;
@@ -118,7 +119,7 @@ func TestRegistryHealthWedged(t *testing.T) {
 	}
 	poll("a healthy device", healthy)
 	wedged.Store(true)
-	reg.MarkInodeDirty(p, key, "", bdi.Tree{Expire: 0})
+	reg.MarkInodeDirty(p, key, "", tree.Tree{Expire: 0})
 	poll("the wedged device reported", func() bool { h := health(); return len(h) == 1 && !h[0].Healthy })
 	wedged.Store(false)
 	release <- struct{}{}

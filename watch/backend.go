@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // Options configure New.
@@ -88,7 +89,7 @@ func fanotifyRefused(err error) string {
 // FAN_REPORT_DFID_NAME|FAN_REPORT_FID with a filesystem mark on every
 // tree) and inotify otherwise, and logs which and why. An explicit
 // "fanotify" that cannot be set up is an error.
-func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
+func New(trees []tree.Tree, sink Sink, opt Options) (Backend, error) {
 	log := opt.Log
 	if log == nil {
 		log = zap.NewNop()
@@ -107,7 +108,7 @@ func New(trees []Tree, sink Sink, opt Options) (Backend, error) {
 
 // newConfiguredFanotify is New for backend = "fanotify": a tree it cannot
 // serve is an ErrBackendRefused that says why.
-func newConfiguredFanotify(trees []Tree, sink Sink, opt Options, log *zap.Logger) (Backend, error) {
+func newConfiguredFanotify(trees []tree.Tree, sink Sink, opt Options, log *zap.Logger) (Backend, error) {
 	f, err := NewFanotify(trees, sink, opt)
 	if te := (*TreeError)(nil); errors.As(err, &te) {
 		root := strconv.Quote(te.Root)
@@ -131,13 +132,13 @@ func newConfiguredFanotify(trees []Tree, sink Sink, opt Options, log *zap.Logger
 
 // newAuto is New for backend = "auto", per filesystem: fanotify where the
 // mark is taken, inotify for the trees whose filesystem refuses it.
-func newAuto(trees []Tree, sink Sink, opt Options, log *zap.Logger) (Backend, error) {
+func newAuto(trees []tree.Tree, sink Sink, opt Options, log *zap.Logger) (Backend, error) {
 	f, refused, err := newFanotifyFor(trees, sink, opt)
 	if err != nil {
 		log.Info("watch backend: inotify (auto: fanotify unavailable)", zap.Error(err))
 		return NewInotify(trees, sink, opt)
 	}
-	var inTrees []Tree
+	var inTrees []tree.Tree
 	for _, r := range refused {
 		log.Info(fanotifyRefused(r.Err), zap.String("root", strconv.Quote(r.Root)), zap.Error(r.Err))
 		for _, t := range trees {

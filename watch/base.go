@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // base is what both backends share: the trees, the sink, scanning and the
@@ -49,7 +50,7 @@ type base struct {
 	statsDue  atomic.Bool // statsNext is armed (read without statsMu)
 
 	mu    sync.Mutex
-	trees []*tree // replaced as a whole (AddTree, RemoveTree), never changed in place
+	trees []*watchedTree // replaced as a whole (AddTree, RemoveTree), never changed in place
 
 	// reportMu orders the reports against a tree's end: a report checks
 	// that its tree is served and hands the file to the sink under its
@@ -81,14 +82,14 @@ type base struct {
 	// (below its root): the backend's own way of seeing its writes.
 	// It reports false, having logged why, when it cannot. Set once by the
 	// backend's constructor.
-	nested    func(ctx context.Context, t Tree, mountpoint string) bool
+	nested    func(ctx context.Context, t tree.Tree, mountpoint string) bool
 	mountsMu  sync.Mutex
 	mountsMet map[int]*nestedMount // mount IDs seen: handed to nested, or skipped (nil)
 }
 
-// tree is a watched tree and its state.
-type tree struct {
-	Tree
+// watchedTree is a watched tree and its state.
+type watchedTree struct {
+	tree.Tree
 	root inode.Key // the root's identity when first watched
 	gone bool      // guarded by base.mu: its root is gone, it is no longer served
 	// failing, guarded by base.mu: its root could not be reached at
@@ -101,7 +102,7 @@ type tree struct {
 	nestedIn string
 }
 
-func (b *base) init(trees []Tree, sink Sink, opt Options) {
+func (b *base) init(trees []tree.Tree, sink Sink, opt Options) {
 	log, open := opt.Log, opt.Opener
 	if log == nil {
 		log = zap.NewNop()
@@ -117,7 +118,7 @@ func (b *base) init(trees []Tree, sink Sink, opt Options) {
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)
 	for _, t := range trees {
-		b.trees = append(b.trees, &tree{Tree: t})
+		b.trees = append(b.trees, &watchedTree{Tree: t})
 	}
 }
 

@@ -3,11 +3,12 @@ package watch
 import (
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // partialSink is the least a test's fake sink implements.
 type partialSink interface {
-	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
+	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error
 	Tracks(key inode.Key, path string) bool
 	Rescanned(dev uint64)
 	TreeGone(root string, dev uint64, lastOnDev bool)
@@ -34,7 +35,7 @@ func (f fakeSink) MarkInodesDirty(ms []bdi.Mark) {
 		return
 	}
 	closer, _ := f.partialSink.(interface {
-		MarkInodeClosed(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
+		MarkInodeClosed(path string, key inode.Key, h inode.Handle, t tree.Tree) error
 	})
 	for i := range ms {
 		m := &ms[i]

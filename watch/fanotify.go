@@ -12,6 +12,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // Fanotify is the fanotify(7) backend: one mark per watched filesystem
@@ -33,7 +34,7 @@ type Fanotify struct {
 	base
 	// nestedFallback serves a mount inside a tree that fanotify cannot
 	// mark (Mixed: the inotify half); nil: such a mount is not served.
-	nestedFallback func(ctx context.Context, t Tree, mountpoint string) bool
+	nestedFallback func(ctx context.Context, t tree.Tree, mountpoint string) bool
 	// targetFID: the group reports the handle of a file whose directory
 	// entry was made (FAN_REPORT_TARGET_FID; fanotifyInit).
 	targetFID bool
@@ -77,7 +78,7 @@ type Fanotify struct {
 	// Sink.MarkInodesDirty), and pendingTrees the tree each was made
 	// with (Run's goroutine only).
 	pending      []bdi.Mark
-	pendingTrees []*tree
+	pendingTrees []*watchedTree
 
 	// dirGen counts the clearings of dirs; lastDir is the directory of
 	// the last event dirOf resolved, under the cache key lastDirKey, valid
@@ -93,7 +94,7 @@ type Fanotify struct {
 // fails (and auto picks inotify) without CAP_SYS_ADMIN, on a kernel that
 // refuses the flags, without opt.Handles, or when a
 // tree's filesystem cannot be opened by handle.
-func NewFanotify(trees []Tree, sink Sink, opt Options) (*Fanotify, error) {
+func NewFanotify(trees []tree.Tree, sink Sink, opt Options) (*Fanotify, error) {
 	if opt.Handles == nil {
 		return nil, errors.New("file handles are not in use (no inode.Handles given)")
 	}
@@ -153,7 +154,7 @@ func fanotifyInit(target bool) (fd int, targetFID bool, err error) {
 // filesystem refused the mark or opens by handle (a FUSE server without
 // handles, for one) with their errors. It fails as NewFanotify does when
 // fanotify itself is unavailable.
-func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeError, error) {
+func newFanotifyFor(trees []tree.Tree, sink Sink, opt Options) (*Fanotify, []*TreeError, error) {
 	fa, err := NewFanotify(nil, sink, opt)
 	if err != nil {
 		return nil, nil, err
@@ -169,7 +170,7 @@ func newFanotifyFor(trees []Tree, sink Sink, opt Options) (*Fanotify, []*TreeErr
 			refused = append(refused, &TreeError{Root: t.Root, Err: err})
 			continue
 		}
-		fa.trees = append(fa.trees, &tree{Tree: t})
+		fa.trees = append(fa.trees, &watchedTree{Tree: t})
 	}
 	return fa, refused, nil
 }
@@ -249,7 +250,7 @@ func (fa *Fanotify) Scan(ctx context.Context) {
 
 // AddTree implements Backend: it marks the tree's filesystem (again, if
 // it was marked before) and scans the tree.
-func (fa *Fanotify) AddTree(ctx context.Context, t Tree) error {
+func (fa *Fanotify) AddTree(ctx context.Context, t tree.Tree) error {
 	fa.markMu.Lock()
 	// Marked again even when its fsid is known: a tree added by a
 	// reload may be one whose filesystem was unmounted and mounted

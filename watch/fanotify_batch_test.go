@@ -17,6 +17,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // batchSink is a sink with MarkInodesDirty and MarkInodeClosed that
@@ -28,7 +29,7 @@ type batchSink struct {
 	fail    map[uint64]error // by inode number
 }
 
-func (s *batchSink) MarkInodeClosed(string, inode.Key, inode.Handle, bdi.Tree) error {
+func (s *batchSink) MarkInodeClosed(string, inode.Key, inode.Handle, tree.Tree) error {
 	s.closed++
 	return nil
 }
@@ -52,8 +53,8 @@ func TestFanotifyBatchReports(t *testing.T) {
 		5: errors.New("bdi: shutting down"),
 	}}
 	core, logs := observer.New(zap.InfoLevel)
-	tree := Tree{Root: "/srv/data", Recursive: true, Tree: bdi.Tree{Expire: time.Minute}}
-	fa := fakeFanotify(42, []Tree{tree}, s, Options{Log: zap.New(core), RetryMin: time.Hour, RetryMax: time.Hour})
+	tr := tree.Tree{Root: "/srv/data", Recursive: true, Expire: time.Minute}
+	fa := fakeFanotify(42, []tree.Tree{tr}, s, Options{Log: zap.New(core), RetryMin: time.Hour, RetryMax: time.Hour})
 	const files = pendingMax + 44
 	buf := fa.knownFiles(42, 0, files, 1)
 	// The eighth event: a close with no write.
@@ -79,7 +80,7 @@ func TestFanotifyBatchReports(t *testing.T) {
 	}
 	for i, m := range all {
 		want := bdi.Mark{Path: fmt.Sprintf("/srv/data/d0/f%d", i), Key: inode.Key{Dev: 42, Ino: uint64(i)},
-			Handle: inode.MakeHandle(1, binary.NativeEndian.AppendUint64(nil, uint64(i))), Tree: tree.Tree, Closed: i == 7}
+			Handle: inode.MakeHandle(1, binary.NativeEndian.AppendUint64(nil, uint64(i))), Tree: tr, Closed: i == 7}
 		if m != want {
 			t.Errorf("report %d: %+v, want %+v", i, m, want)
 		}
@@ -111,7 +112,7 @@ func lens(b [][]bdi.Mark) []int {
 func TestFanotifyLastDirCleared(t *testing.T) {
 	fsid := testFsid
 	s := &batchSink{}
-	fa := fakeFanotify(42, []Tree{{Root: "/srv/data", Recursive: true}}, s, Options{})
+	fa := fakeFanotify(42, []tree.Tree{{Root: "/srv/data", Recursive: true}}, s, Options{})
 	dirH, fh := []byte("dirhandl"), []byte("filehndl")
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
 	ev := fanEvent(fsid, dirH, fh, "f")
@@ -174,7 +175,7 @@ type orderSink struct {
 	log []string
 }
 
-func (s *orderSink) MarkInodeDirty(path string, _ inode.Key, _ inode.Handle, _ bdi.Tree) error {
+func (s *orderSink) MarkInodeDirty(path string, _ inode.Key, _ inode.Handle, _ tree.Tree) error {
 	s.log = append(s.log, "now "+path)
 	return nil
 }
@@ -205,7 +206,7 @@ func TestFanotifyReportOrder(t *testing.T) {
 	}
 	key := keyOf(t, newPath)
 	s := &orderSink{}
-	fa := fakeFanotify(key.Dev, []Tree{{Root: root, Recursive: true}}, s, Options{})
+	fa := fakeFanotify(key.Dev, []tree.Tree{{Root: root, Recursive: true}}, s, Options{})
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
 	dirA, dirB, fh := []byte("dirA...."), []byte("dirB...."), []byte("filehndl")
 	for h, p := range map[string]string{string(dirA): filepath.Join(root, "a"), string(dirB): filepath.Join(root, "b")} {
@@ -231,8 +232,8 @@ func TestFanotifyReportOrder(t *testing.T) {
 // by one); a rename's report gives the file its new name.
 func TestFanotifyTargetFID(t *testing.T) {
 	s := &batchSink{}
-	tree := Tree{Root: "/srv/data", Recursive: true}
-	fa := fakeFanotify(42, []Tree{tree}, s, Options{})
+	tr := tree.Tree{Root: "/srv/data", Recursive: true}
+	fa := fakeFanotify(42, []tree.Tree{tr}, s, Options{})
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
 	dir, fh := []byte("dirhandl"), []byte("filehndl")
 	fa.dirs[string(fa.cacheKey(testFsid[:], typ, dir))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: fa.list()[0]}
@@ -291,8 +292,8 @@ func (s *unlinkOrderSink) InodeUnlinked(key inode.Key, h inode.Handle) {
 // the latter at its last close) is told of alike.
 func TestFanotifyUnlinked(t *testing.T) {
 	s := &unlinkOrderSink{}
-	tree := Tree{Root: "/srv/data", Recursive: true}
-	fa := fakeFanotify(42, []Tree{tree}, s, Options{})
+	tr := tree.Tree{Root: "/srv/data", Recursive: true}
+	fa := fakeFanotify(42, []tree.Tree{tr}, s, Options{})
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
 	dir, fh, gh, sub, unknown, short, victim := []byte("dirhandl"), []byte("filehndl"), []byte("fileg..."), []byte("subdir.."), []byte("unknown."), []byte("shrt"), []byte("victim..")
 	fa.dirs[string(fa.cacheKey(testFsid[:], typ, dir))] = &fanotifyDir{path: "/srv/data/d", prefix: "/srv/data/d/", tree: fa.list()[0]}

@@ -11,11 +11,12 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 type nopSink struct{ n int }
 
-func (s *nopSink) MarkInodeDirty(string, inode.Key, inode.Handle, bdi.Tree) error {
+func (s *nopSink) MarkInodeDirty(string, inode.Key, inode.Handle, tree.Tree) error {
 	s.n++
 	return nil
 }
@@ -67,7 +68,7 @@ var testFsid = [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
 // fakeFanotify returns a Fanotify without a group, for tests of its event
 // path: one marked filesystem (testFsid, on st_dev dev), the trees, and
 // the sink s.
-func fakeFanotify(dev uint64, trees []Tree, s partialSink, opt Options) *Fanotify {
+func fakeFanotify(dev uint64, trees []tree.Tree, s partialSink, opt Options) *Fanotify {
 	fa := &Fanotify{fsids: map[[8]byte]uint64{testFsid: dev}, mounts: map[uint64]bool{},
 		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}}
 	fa.init(trees, sinkOf(s), opt)
@@ -119,7 +120,7 @@ func BenchmarkFanotifyEvents(b *testing.B) {
 	for _, ndirs := range []int{1, 1000} {
 		b.Run(fmt.Sprintf("dirs=%d", ndirs), func(b *testing.B) {
 			s := &nopSink{}
-			fa := fakeFanotify(42, []Tree{{Root: "/srv/data", Recursive: true}}, s, Options{})
+			fa := fakeFanotify(42, []tree.Tree{{Root: "/srv/data", Recursive: true}}, s, Options{})
 			const files = 1000
 			buf := fa.knownFiles(42, 0, files, ndirs)
 			benchEvents(b, fa, buf, files)
@@ -162,7 +163,7 @@ func BenchmarkFanotifyEventsRegistry(b *testing.B) {
 			if mode == "single" {
 				sink = singleSink{reg}
 			}
-			fa := fakeFanotify(7, []Tree{{Root: "/srv/data", Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}}, sink, Options{})
+			fa := fakeFanotify(7, []tree.Tree{{Root: "/srv/data", Recursive: true, Expire: time.Hour}}, sink, Options{})
 			const files = 1000
 			buf := fa.knownFiles(7, 1, files, 1)
 			benchEvents(b, fa, buf, files)

@@ -19,8 +19,8 @@ const cacheMax = 1 << 16
 // fanotifyDir is an entry of the directory cache (dirOf).
 type fanotifyDir struct {
 	path   string
-	prefix string // path with a trailing slash
-	tree   *tree  // the tree whose files it holds, or nil
+	prefix string       // path with a trailing slash
+	tree   *watchedTree // the tree whose files it holds, or nil
 }
 
 // fanotifyTarget is an entry of the file cache (target).
@@ -100,8 +100,8 @@ func (fa *Fanotify) setLastDir(d *fanotifyDir, k []byte, gen uint64) {
 
 // treeOfDir returns the deepest tree that holds the files of directory
 // dir, or nil.
-func (fa *Fanotify) treeOfDir(dir string) *tree {
-	var best *tree
+func (fa *Fanotify) treeOfDir(dir string) *watchedTree {
+	var best *watchedTree
 	for _, t := range fa.list() {
 		in := dir == t.Root || (t.Recursive && (t.Root == "/" || strings.HasPrefix(dir, t.Root+"/")))
 		if in && (best == nil || len(t.Root) > len(best.Root)) {

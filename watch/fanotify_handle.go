@@ -112,7 +112,7 @@ func (fa *Fanotify) handleDir(ctx context.Context, ev *event) bool {
 // flushMarks hands to the sink. It reports whether the report was made.
 func (fa *Fanotify) reportTarget(d *fanotifyDir, tg *fanotifyTarget, closed bool) bool {
 	fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,
-		Tree: d.tree.Tree.Tree, Closed: closed})
+		Tree: d.tree.Tree, Closed: closed})
 	fa.pendingTrees = append(fa.pendingTrees, d.tree)
 	if len(fa.pending) >= pendingMax {
 		fa.flushMarks()
@@ -215,7 +215,7 @@ func (fa *Fanotify) retargetMarksLocked(i int) (ms []bdi.Mark, dropped []inode.K
 				continue
 			}
 			if nt != nil {
-				m.Tree = nt.Tree.Tree
+				m.Tree = nt.Tree
 			}
 			m.Leaving = leaving
 		}

@@ -8,6 +8,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"flusherd/tree"
 )
 
 // otherMount returns errSecondMount when another tree served here is on
@@ -47,7 +49,7 @@ var errSecondMount = errors.New("fanotify names this mount's files through anoth
 // handle (a FUSE server without handles, for one): its writes are then
 // not seen, and the log says to watch it as a tree of its own with the
 // inotify backend.
-func (fa *Fanotify) nestedMount(ctx context.Context, t Tree, mountpoint string) bool {
+func (fa *Fanotify) nestedMount(ctx context.Context, t tree.Tree, mountpoint string) bool {
 	var err error
 	var st unix.Stat_t
 	if serr := unix.Stat(mountpoint, &st); serr == nil && fa.handles.Has(st.Dev) {

@@ -15,6 +15,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // gateSink is a sink whose batches of reports, once armed, wait in the sink
@@ -51,7 +52,7 @@ func (s *gateSink) record(ps ...string) {
 	s.mu.Unlock()
 }
 
-func (s *gateSink) MarkInodeDirty(path string, _ inode.Key, _ inode.Handle, t bdi.Tree) error {
+func (s *gateSink) MarkInodeDirty(path string, _ inode.Key, _ inode.Handle, t tree.Tree) error {
 	s.wait()
 	s.recordMark(path, t, false)
 	return nil
@@ -68,7 +69,7 @@ func (s *gateSink) MarkInodesDirty(ms []bdi.Mark) {
 }
 
 // recordMark records a report, "path[ expire][ leaving]".
-func (s *gateSink) recordMark(path string, t bdi.Tree, leaving bool) {
+func (s *gateSink) recordMark(path string, t tree.Tree, leaving bool) {
 	if s.withExpire {
 		path += " " + t.Expire.String()
 	}
@@ -107,9 +108,9 @@ func waitsFor(t *testing.T, s *gateSink, remove func()) {
 // (2m) and more, a directory cached in each of the first two, and files
 // f0... cached, f<i> in /srv/a/d if i is even and in /srv/b/d if odd; it
 // returns one parsed FAN_MODIFY event for each.
-func twoTreeFanotify(s partialSink, n int, more ...Tree) (*Fanotify, []event) {
-	trees := append([]Tree{{Root: "/srv/a", Recursive: true, Tree: bdi.Tree{Expire: time.Minute}},
-		{Root: "/srv/b", Recursive: true, Tree: bdi.Tree{Expire: 2 * time.Minute}}}, more...)
+func twoTreeFanotify(s partialSink, n int, more ...tree.Tree) (*Fanotify, []event) {
+	trees := append([]tree.Tree{{Root: "/srv/a", Recursive: true, Expire: time.Minute},
+		{Root: "/srv/b", Recursive: true, Expire: 2 * time.Minute}}, more...)
 	fa := fakeFanotify(42, trees, s, Options{})
 	typ := binary.NativeEndian.AppendUint32(nil, 1)
 	for i, tr := range fa.list()[:2] {
@@ -143,14 +144,14 @@ func TestFanotifyRemovedTreeReports(t *testing.T) {
 	a, b := "/srv/a/d/f", "/srv/b/d/f"
 	for _, c := range []struct {
 		name string
-		more []Tree // trees beside /srv/a and /srv/b
-		add  *Tree  // added after /srv/a is removed
+		more []tree.Tree // trees beside /srv/a and /srv/b
+		add  *tree.Tree  // added after /srv/a is removed
 		want []string
 	}{
 		{"no other tree", nil, nil, []string{a + "0 1m0s leaving", b + "1 2m0s", a + "2 1m0s leaving", b + "3 2m0s", a + "4 1m0s leaving", b + "5 2m0s"}},
-		{"a tree around it", []Tree{{Root: "/srv", Recursive: true, Tree: bdi.Tree{Expire: 3 * time.Minute}}}, nil,
+		{"a tree around it", []tree.Tree{{Root: "/srv", Recursive: true, Expire: 3 * time.Minute}}, nil,
 			[]string{a + "0 3m0s", b + "1 2m0s", a + "2 3m0s", b + "3 2m0s", a + "4 3m0s", b + "5 2m0s"}},
-		{"replaced", nil, &Tree{Root: "/srv/a", Recursive: true, Tree: bdi.Tree{Expire: 4 * time.Minute}},
+		{"replaced", nil, &tree.Tree{Root: "/srv/a", Recursive: true, Expire: 4 * time.Minute},
 			[]string{a + "0 4m0s", b + "1 2m0s", a + "2 4m0s", b + "3 2m0s", a + "4 4m0s", b + "5 2m0s"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -165,7 +166,7 @@ func TestFanotifyRemovedTreeReports(t *testing.T) {
 			}
 			if c.add != nil { // (as addTree, without its lstat of the root)
 				fa.mu.Lock()
-				fa.trees = append(slices.Clip(fa.trees), &tree{Tree: *c.add})
+				fa.trees = append(slices.Clip(fa.trees), &watchedTree{Tree: *c.add})
 				fa.mu.Unlock()
 			}
 			fa.flushMarks()
@@ -218,12 +219,12 @@ func TestReportRemovedTree(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "root")
 			path := filepath.Join(root, "f")
 			key := dirtyFile(t, path)
-			tr := Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Minute}}
-			trees := []Tree{tr}
+			tr := tree.Tree{Root: root, Recursive: true, Expire: time.Minute}
+			trees := []tree.Tree{tr}
 			want := []string{path + " 1m0s"}
 			switch {
 			case c.around:
-				trees = append(trees, Tree{Root: filepath.Dir(root), Recursive: true, Tree: bdi.Tree{Expire: 3 * time.Minute}})
+				trees = append(trees, tree.Tree{Root: filepath.Dir(root), Recursive: true, Expire: 3 * time.Minute})
 				want = append(want, path+" 3m0s")
 			case c.how == "removed":
 				want = append(want, path+" 1m0s leaving")
@@ -236,7 +237,7 @@ func TestReportRemovedTree(t *testing.T) {
 				fa := fakeFanotify(key.Dev, trees, s, Options{})
 				b, remove = &fa.base, func() { fa.RemoveTree(root) }
 			} else {
-				w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]Tree{}}
+				w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}}
 				w.init(trees, sinkOf(s), Options{})
 				b, remove = &w.base, func() { w.RemoveTree(root) }
 			}
@@ -297,8 +298,8 @@ func TestScanStaleName(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &staleNameSink{gateSink: *newGateSink(), key: key}
-	tr := Tree{Root: dir, Recursive: true}
-	fa := fakeFanotify(key.Dev, []Tree{tr}, s, Options{})
+	tr := tree.Tree{Root: dir, Recursive: true}
+	fa := fakeFanotify(key.Dev, []tree.Tree{tr}, s, Options{})
 	fa.devWritesBack.Store(key.Dev, true)
 	fa.report(tr, filepath.Join(dir, "old"), key, true) // renamed from since
 	fa.report(tr, other, key, true)                     // the name is another file's now
@@ -335,12 +336,12 @@ func TestUnmountedReportsDropped(t *testing.T) {
 	}
 	nested, other := st.Dev, st.Dev+1
 	s := newGateSink()
-	tr := Tree{Root: "/srv", Recursive: true}
-	fa := fakeFanotify(other, []Tree{tr}, s, Options{})
+	tr := tree.Tree{Root: "/srv", Recursive: true}
+	fa := fakeFanotify(other, []tree.Tree{tr}, s, Options{})
 	fa.devWritesBack.Store(nested, true)
 	fa.mountsMet = map[int]*nestedMount{7: {mountpoint: "/srv/mnt", dev: nested}}
 	for i, dev := range []uint64{nested, other, nested} {
-		fa.pending = append(fa.pending, bdi.Mark{Path: fmt.Sprintf("/srv/mnt/f%d", i), Key: inode.Key{Dev: dev, Ino: uint64(i)}, Tree: tr.Tree})
+		fa.pending = append(fa.pending, bdi.Mark{Path: fmt.Sprintf("/srv/mnt/f%d", i), Key: inode.Key{Dev: dev, Ino: uint64(i)}, Tree: tr})
 		fa.pendingTrees = append(fa.pendingTrees, fa.list()[0])
 	}
 	// f0 was quieted (an ignore mark on its inode): dropped, it must not
@@ -357,7 +358,7 @@ func TestUnmountedReportsDropped(t *testing.T) {
 		t.Errorf("reports that reached the sink: %q, want %q", got, want)
 	}
 	// Mounted in a tree again.
-	if _, err := fa.addTree(Tree{Root: dir, Recursive: true}); err != nil {
+	if _, err := fa.addTree(tree.Tree{Root: dir, Recursive: true}); err != nil {
 		t.Fatal(err)
 	}
 	fa.report(tr, "/srv/mnt/g", inode.Key{Dev: nested, Ino: 9}, false)
@@ -378,17 +379,17 @@ func TestRemovedTreeFinalScan(t *testing.T) {
 				root := filepath.Join(t.TempDir(), "root")
 				path := filepath.Join(root, "d", "f")
 				key := dirtyFile(t, path)
-				tr := Tree{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}
+				tr := tree.Tree{Root: root, Recursive: true, Expire: time.Hour}
 				s := newGateSink()
 				s.withExpire = true
 				var b *base
 				var remove func() bool
 				if kind == "fanotify" {
-					fa := fakeFanotify(key.Dev, []Tree{tr}, s, Options{})
+					fa := fakeFanotify(key.Dev, []tree.Tree{tr}, s, Options{})
 					b, remove = &fa.base, func() bool { return fa.RemoveTree(root) }
 				} else {
-					w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]Tree{}}
-					w.init([]Tree{tr}, sinkOf(s), Options{})
+					w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}}
+					w.init([]tree.Tree{tr}, sinkOf(s), Options{})
 					b, remove = &w.base, func() bool { return w.RemoveTree(root) }
 				}
 				b.devWritesBack.Store(key.Dev, true) // (t.TempDir may be on tmpfs)
@@ -443,7 +444,7 @@ func removedTreeSetup(t *testing.T) (*Fanotify, *gateSink, string) {
 	key := dirtyFile(t, path)
 	s := newGateSink()
 	s.withExpire = true
-	fa := fakeFanotify(key.Dev, []Tree{{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}}}, s, Options{})
+	fa := fakeFanotify(key.Dev, []tree.Tree{{Root: root, Recursive: true, Expire: time.Hour}}, s, Options{})
 	fa.devWritesBack.Store(key.Dev, true) // (t.TempDir may be on tmpfs)
 	return fa, s, path
 }
@@ -509,7 +510,7 @@ func TestRescanCoversRemovedTree(t *testing.T) {
 	trees := fa.list()
 	fa.RemoveTree(root)
 	var watched []string
-	fa.rescanTrees(context.Background(), trees, func(_ Tree, p string) { watched = append(watched, p) })
+	fa.rescanTrees(context.Background(), trees, func(_ tree.Tree, p string) { watched = append(watched, p) })
 	if got, want := s.got(), []string{path + " 1h0m0s leaving"}; !slices.Equal(got, want) {
 		t.Errorf("reports: %q, want %q", got, want)
 	}

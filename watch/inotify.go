@@ -21,6 +21,7 @@ import (
 	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // Watcher is the inotify backend: one inotify watch per directory
@@ -39,7 +40,7 @@ type Watcher struct {
 
 	dmu       sync.Mutex
 	dirs      map[string]inode.Key // watched directories and their identity when watched (zero: unknown), for renames and removals
-	unwatched map[string]Tree      // directories out of watches, rescanned periodically
+	unwatched map[string]tree.Tree // directories out of watches, rescanned periodically
 	limitLogs int                  // most directories unwatched in this episode (0: none, the next episode is logged)
 	kick      chan struct{}
 
@@ -65,7 +66,7 @@ type Watcher struct {
 
 // NewInotify returns an inotify backend for trees. Its inotify instance is
 // made now; no watch is added until Start.
-func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
+func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
 	w, err := fsnotify.NewBufferedWatcher(4096)
 	if err != nil {
 		return nil, fmt.Errorf("inotify: %w", err)
@@ -74,7 +75,7 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, looked: map[string]bool{}}
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
 	iw.statsTrees, iw.statsName = iw.Trees, iw.Name
@@ -84,7 +85,7 @@ func NewInotify(trees []Tree, sink Sink, opt Options) (*Watcher, error) {
 // nestedMount serves a filesystem mounted inside tree t: its directories
 // are watched and its files scanned with cachestat. A watch made before
 // the mount is on the directory it covers, which sees none of its writes.
-func (w *Watcher) nestedMount(ctx context.Context, t Tree, mountpoint string) bool {
+func (w *Watcher) nestedMount(ctx context.Context, t tree.Tree, mountpoint string) bool {
 	// Its files are opened by handle, as a root's are, when the opener
 	// can (inode.Handles): through another mount of the filesystem if
 	// this one is unmounted while it stays mounted elsewhere.
@@ -157,7 +158,7 @@ func (w *Watcher) dropMovedWatches() int {
 
 // addOrNote watches dir; a directory beyond the watch limit is noted for
 // the periodic rescans.
-func (w *Watcher) addOrNote(t Tree, dir string) {
+func (w *Watcher) addOrNote(t tree.Tree, dir string) {
 	err := w.add(dir)
 	switch {
 	case err == nil:
@@ -293,7 +294,7 @@ func (w *Watcher) Scan(ctx context.Context) {
 }
 
 // AddTree implements Backend: it watches the new tree's root and scans it.
-func (w *Watcher) AddTree(ctx context.Context, t Tree) error {
+func (w *Watcher) AddTree(ctx context.Context, t tree.Tree) error {
 	if _, err := w.addTree(t); err != nil {
 		return err
 	}
@@ -311,9 +312,9 @@ func (w *Watcher) AddTree(ctx context.Context, t Tree) error {
 // fanotify tree): as a tree of this backend rooted at mountpoint, with
 // parent's settings. An earlier mount's tree there, gone, is replaced. It
 // reports false, having logged why, when the mount cannot be watched.
-func (w *Watcher) serveNested(ctx context.Context, parent Tree, mountpoint string) bool {
+func (w *Watcher) serveNested(ctx context.Context, parent tree.Tree, mountpoint string) bool {
 	w.mu.Lock()
-	var old *tree
+	var old *watchedTree
 	for _, t := range w.trees {
 		if t.Root == mountpoint {
 			old = t
@@ -482,7 +483,7 @@ func (w *Watcher) Settle(ctx context.Context) error {
 // (Counters.Rescans, Sink.Rescanned).
 func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 	w.dmu.Lock()
-	dirs := make(map[string]Tree, len(w.unwatched))
+	dirs := make(map[string]tree.Tree, len(w.unwatched))
 	for d, t := range w.unwatched {
 		dirs[d] = t
 	}
@@ -539,7 +540,7 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 
 // coveredBy reports whether a proper ancestor of dir is in dirs, in the
 // same tree (its recursive walk reaches dir).
-func coveredBy(dirs map[string]Tree, dir string) bool {
+func coveredBy(dirs map[string]tree.Tree, dir string) bool {
 	root := dirs[dir].Root
 	if dir == root {
 		return false
@@ -610,7 +611,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 // created handles a Create of name (made, linked or moved in) in tree t:
 // a directory is watched and scanned, a regular file reported. old is the
 // file the name led to before, if known.
-func (w *Watcher) created(t Tree, name string, old inode.Key, known bool) {
+func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 	var st unix.Stat_t
 	err := unix.Lstat(name, &st)
 	if known && (err != nil || (inode.Key{Dev: st.Dev, Ino: st.Ino}) != old) {

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"flusherd/bdi"
+	"flusherd/tree"
 )
 
 // Mixed serves each tree with the backend its filesystem allows, at once:
@@ -76,7 +77,7 @@ func (m *Mixed) ScannedDirs() uint64 { return m.fa.ScannedDirs() + m.in.ScannedD
 
 // AddTree implements Backend: fanotify if the tree's filesystem takes the
 // mark, else inotify.
-func (m *Mixed) AddTree(ctx context.Context, t Tree) error {
+func (m *Mixed) AddTree(ctx context.Context, t tree.Tree) error {
 	err := m.fa.AddTree(ctx, t)
 	if err == nil {
 		return nil
@@ -127,7 +128,7 @@ func (m *Mixed) Close() error { return errors.Join(m.fa.Close(), m.in.Close()) }
 func (m *Mixed) Counters() *Counters { return m.fa.Counters() }
 
 // TreeOf implements Backend: the deepest tree of either half.
-func (m *Mixed) TreeOf(path string) (Tree, bool) {
+func (m *Mixed) TreeOf(path string) (tree.Tree, bool) {
 	a, okA := m.fa.TreeOf(path)
 	b, okB := m.in.TreeOf(path)
 	switch {

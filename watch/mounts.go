@@ -108,7 +108,7 @@ func (b *base) checkMounts(ctx context.Context) {
 	}
 	b.forgetUnmounted(present, devs)
 	for _, m := range infos {
-		var in *tree
+		var in *watchedTree
 		for _, t := range trees {
 			if !t.Recursive || m.Mountpoint == t.Root || !(t.Root == "/" || strings.HasPrefix(m.Mountpoint, t.Root+"/")) {
 				continue

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/internal/testwait"
+	"flusherd/tree"
 )
 
 // TestOverflowRescan: the rescan after an overflow runs beside the caller
@@ -63,7 +63,7 @@ type lastKeySink struct {
 	last map[string]inode.Key
 }
 
-func (s *lastKeySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+func (s *lastKeySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
 	s.mu.Lock()
 	s.last[path] = key
 	s.mu.Unlock()
@@ -156,7 +156,7 @@ func TestInotifySwapRemove(t *testing.T) {
 		}
 	}
 	s := &sink{seen: map[string]int{}}
-	iw, err := NewInotify([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{})
+	iw, err := NewInotify([]tree.Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

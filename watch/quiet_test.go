@@ -8,9 +8,9 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/internal/testfs"
+	"flusherd/tree"
 )
 
 // handleSink records, per path, the reports and the last key and handle.
@@ -22,7 +22,7 @@ type handleSink struct {
 	checked atomic.Bool
 }
 
-func (s *handleSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+func (s *handleSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
 	s.mu.Lock()
 	s.key[path], s.handle[path] = key, h
 	s.mu.Unlock()
@@ -48,7 +48,7 @@ func TestQuietHotFile(t *testing.T) {
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
 	s := &handleSink{sink: sink{seen: map[string]int{}}, key: map[string]inode.Key{}, handle: map[string]inode.Handle{}}
-	w, err := New([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Backend: "fanotify", Opener: h, Handles: h})
+	w, err := New([]tree.Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Backend: "fanotify", Opener: h, Handles: h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,13 +9,15 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"flusherd/tree"
 )
 
 // rescan scans every served tree again with cachestat (after an
 // overflow). Files already tracked keep their dirtiedWhen.
 // The trees removed by a reload recently (recentlyRemoved) are scanned
 // too: the writes lost may have been made in one before its removal.
-func (b *base) rescan(ctx context.Context, onDir func(t Tree, path string)) {
+func (b *base) rescan(ctx context.Context, onDir func(t tree.Tree, path string)) {
 	b.mu.Lock()
 	trees := slices.Clone(b.trees)
 	for _, r := range b.recentlyRemoved {
@@ -30,7 +32,7 @@ func (b *base) rescan(ctx context.Context, onDir func(t Tree, path string)) {
 // scanned all the same (its dirty files are reported as leaving) and is
 // then no longer among the recently removed; one whose root is gone is
 // not scanned.
-func (b *base) rescanTrees(ctx context.Context, trees []*tree, onDir func(t Tree, path string)) {
+func (b *base) rescanTrees(ctx context.Context, trees []*watchedTree, onDir func(t tree.Tree, path string)) {
 	for _, t := range trees {
 		served := b.served(t)
 		if !served && !b.removedRoot(t.Root) {
@@ -122,7 +124,7 @@ func (b *base) rescanBusy() bool {
 
 // removedTree is a tree removed by a reload, and its removal's number.
 type removedTree struct {
-	t   *tree
+	t   *watchedTree
 	seq uint64
 }
 
@@ -136,7 +138,7 @@ const recentlyRemovedMax = 64
 // rescan running, or a rescan after a shortage due), scans it once more
 // (finalScan). Otherwise it stays among the recently removed trees: an
 // overflow still in the queue, read later, has it rescanned then.
-func (b *base) removed(t *tree) {
+func (b *base) removed(t *watchedTree) {
 	b.fence()
 	if b.rescanBusy() || b.retry.due.Load() {
 		b.scannedRemoved(t)
@@ -146,7 +148,7 @@ func (b *base) removed(t *tree) {
 
 // scannedRemoved takes t, a removed tree that a scan begun after its
 // removal covers, off the recently removed trees.
-func (b *base) scannedRemoved(t *tree) {
+func (b *base) scannedRemoved(t *watchedTree) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.recentlyRemoved = slices.DeleteFunc(b.recentlyRemoved, func(r removedTree) bool { return r.t == t })
@@ -183,7 +185,7 @@ func (b *base) forgetRemovedUpTo(seq uint64) {
 // shortage) left them unknown, and the reload writes back the files of the
 // tree it knows of once more. Each file found is reported as leaving
 // (retargetLocked), or to the tree that holds it now.
-func (b *base) finalScan(t Tree) {
+func (b *base) finalScan(t tree.Tree) {
 	b.finalScans.Add(1)
 	b.log.Info("events were lost before this tree was removed; scanning it once more for dirty files to write back",
 		zap.String("root", strconv.Quote(t.Root)))

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/tree"
 )
 
 // treeUses lists the trees, served by kind.
@@ -27,14 +28,14 @@ func (b *base) treeUses(kind string) []TreeUse {
 }
 
 // list returns the current trees; the slice must not be changed.
-func (b *base) list() []*tree {
+func (b *base) list() []*watchedTree {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.trees
 }
 
 // served reports whether t is in the list and its root is not gone.
-func (b *base) served(t *tree) bool {
+func (b *base) served(t *watchedTree) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return !t.gone && slices.Contains(b.trees, t)
@@ -53,12 +54,12 @@ func (b *base) Served(root string) bool {
 }
 
 // addTree appends t after recording its root's identity.
-func (b *base) addTree(t Tree) (*tree, error) { return b.addTreeIn(t, "") }
+func (b *base) addTree(t tree.Tree) (*watchedTree, error) { return b.addTreeIn(t, "") }
 
 // addTreeIn is addTree for a tree that is a mount inside the tree rooted
 // at nestedIn ("" for a configured tree).
-func (b *base) addTreeIn(t Tree, nestedIn string) (*tree, error) {
-	nt := &tree{Tree: t, nestedIn: nestedIn}
+func (b *base) addTreeIn(t tree.Tree, nestedIn string) (*watchedTree, error) {
+	nt := &watchedTree{Tree: t, nestedIn: nestedIn}
 	if err := nt.record(); err != nil {
 		return nil, err
 	}
@@ -77,10 +78,10 @@ func (b *base) addTreeIn(t Tree, nestedIn string) (*tree, error) {
 
 // removeTree takes the tree rooted at root out of the list; it returns it
 // and whether another served tree is on the same filesystem.
-func (b *base) removeTree(root string) (*tree, bool) {
+func (b *base) removeTree(root string) (*watchedTree, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	i := slices.IndexFunc(b.trees, func(t *tree) bool { return t.Root == root })
+	i := slices.IndexFunc(b.trees, func(t *watchedTree) bool { return t.Root == root })
 	if i < 0 {
 		return nil, false
 	}
@@ -137,7 +138,7 @@ func (b *base) removedRoot(root string) bool {
 // and forgotten, as the reload does with the files it tracked), and one
 // whose root is gone has it dropped (ok false), as has a filesystem
 // unmounted from the trees (goneDevs). Preconditions: b.mu held.
-func (b *base) retargetLocked(root, path string, dev uint64) (t *tree, leaving, ok bool) {
+func (b *base) retargetLocked(root, path string, dev uint64) (t *watchedTree, leaving, ok bool) {
 	if b.goneDevs[dev] {
 		return nil, false, false
 	}
@@ -154,22 +155,22 @@ func (b *base) retargetLocked(root, path string, dev uint64) (t *tree, leaving, 
 }
 
 // TreeOf returns the deepest served tree whose root contains path.
-func (b *base) TreeOf(path string) (Tree, bool) {
+func (b *base) TreeOf(path string) (tree.Tree, bool) {
 	if t := b.treeAt(path); t != nil {
 		return t.Tree, true
 	}
-	return Tree{}, false
+	return tree.Tree{}, false
 }
 
-func (b *base) treeAt(path string) *tree {
+func (b *base) treeAt(path string) *watchedTree {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.treeAtLocked(path)
 }
 
 // treeAtLocked is treeAt. Preconditions: b.mu held.
-func (b *base) treeAtLocked(path string) *tree {
-	var best *tree
+func (b *base) treeAtLocked(path string) *watchedTree {
+	var best *watchedTree
 	for _, t := range b.trees {
 		if t.gone {
 			continue
@@ -191,7 +192,7 @@ func (b *base) treeAtLocked(path string) *tree {
 // its root, which its own walk and watches cover; a non-recursive one
 // holds only the files directly in its root, and the directories below
 // belong to t still (the deepest tree that holds a path is its tree).
-func (b *base) rootOf(dir string, t Tree) (root, recursive bool) {
+func (b *base) rootOf(dir string, t tree.Tree) (root, recursive bool) {
 	for _, o := range b.list() {
 		if o.Root == dir && o.Root != t.Root {
 			return true, o.Recursive
@@ -201,7 +202,7 @@ func (b *base) rootOf(dir string, t Tree) (root, recursive bool) {
 }
 
 // record notes the root's identity, for checkRoots.
-func (t *tree) record() error {
+func (t *watchedTree) record() error {
 	var st unix.Stat_t
 	if err := unix.Lstat(t.Root, &st); err != nil {
 		return &fs.PathError{Op: "lstat", Path: t.Root, Err: err}

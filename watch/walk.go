@@ -15,6 +15,7 @@ import (
 	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/policy"
+	"flusherd/tree"
 )
 
 // scanDir walks dir (the whole subtree when the tree is recursive),
@@ -33,7 +34,7 @@ import (
 // never followed, opened or listed. What could not be read for want of a
 // resource (EMFILE, ENFILE, ENOMEM, EAGAIN, EINTR) makes the scan
 // incomplete, and a rescan is scheduled with backoff (scanIncomplete).
-func (b *base) scanDir(ctx context.Context, t Tree, dir string, onlyDirty bool, onDir func(path string)) {
+func (b *base) scanDir(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string)) {
 	pfd, err := inode.OpenPath(dir)
 	if err == nil {
 		var fd int
@@ -83,7 +84,7 @@ func mountPointsUnder(dir string) (mps map[string]bool, ok bool) {
 // an entry by the number of the file it hides. Each is looked at with
 // fstatat from its parent opened without following symlinks, and reported
 // as the walk would have.
-func (b *base) lookAtNewMounts(t Tree, dir string, before map[string]bool) {
+func (b *base) lookAtNewMounts(t tree.Tree, dir string, before map[string]bool) {
 	after, ok := mountPointsUnder(dir)
 	if !ok {
 		return
@@ -136,7 +137,7 @@ func (b *base) dirError(dir string, err error) {
 // longPath): its files could not be opened by path, inotify cannot watch
 // it, and fanotify cannot name its tree; that bounds the depth at about
 // 2,048 levels.
-func (b *base) walk(ctx context.Context, t Tree, dir string, fd int, onlyDirty bool, onDir func(string), ids *dirIdentity) {
+func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDirty bool, onDir func(string), ids *dirIdentity) {
 	buf := make([]byte, 32<<10)
 	stack := walkStack{{fd: fd, path: dir}}
 	defer func() { stack.closeAll() }()
@@ -259,7 +260,7 @@ const heldLevels = 64
 // is first looked up by that number: a file tracked already under its name
 // costs no fstatat. An overflow rescan of a tree whose files are all
 // tracked thus reads directories only.
-func (b *base) readDir(ctx context.Context, t Tree, dir string, fd int, buf []byte, onlyDirty bool, ids *dirIdentity) (subdirs []string) {
+func (b *base) readDir(ctx context.Context, t tree.Tree, dir string, fd int, buf []byte, onlyDirty bool, ids *dirIdentity) (subdirs []string) {
 	b.dirsScanned.Add(1)
 	looked := false // ids describes fd's filesystem
 	// The root of a non-recursive tree nested in t: its files are that
@@ -420,7 +421,7 @@ func direntName(b []byte) string {
 // reload, or its root gone), the file is reported with the tree that
 // holds it now, if any, else as leaving (t removed) or not at all (see
 // fence and retargetLocked).
-func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
+func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 	if b.noWritebackDev(key.Dev, path) {
 		return // (proc, sysfs, tmpfs...: nothing to write, ever)
 	}
@@ -469,9 +470,9 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 	b.mu.Lock()
 	holder, leaving, served := b.retargetLocked(t.Root, path, key.Dev)
 	b.mu.Unlock()
-	settings := t.Tree
+	settings := t
 	if holder != nil {
-		settings = holder.Tree.Tree
+		settings = holder.Tree
 	}
 	var err error
 	switch {
@@ -504,7 +505,7 @@ func (b *base) report(t Tree, path string, key inode.Key, onlyDirty bool) {
 // (only a regular file is reported; the writeback attempt opens it with
 // inode.OpenPath, which refuses symlinks in any component). It returns the
 // file's key and whether it was a regular file, reported.
-func (b *base) reportPath(t Tree, path string, onlyDirty bool) (inode.Key, bool) {
+func (b *base) reportPath(t tree.Tree, path string, onlyDirty bool) (inode.Key, bool) {
 	key, regular, err := inode.Stat(path)
 	if err != nil {
 		if policy.Shortage(err) {

@@ -17,10 +17,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 
-	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
+	"flusherd/tree"
 )
 
 // keySink records the keys and paths reported.
@@ -29,7 +29,7 @@ type keySink struct {
 	keys map[inode.Key]string
 }
 
-func (s *keySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+func (s *keySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
 	s.mu.Lock()
 	s.keys[key] = path
 	s.mu.Unlock()
@@ -39,7 +39,7 @@ func (s *keySink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t b
 func newScanner(t *testing.T, root string, s partialSink, open inode.Opener) *base {
 	t.Helper()
 	b := &base{}
-	b.init([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Opener: open})
+	b.init([]tree.Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Opener: open})
 	return b
 }
 
@@ -58,25 +58,25 @@ func keyOf(t *testing.T, p string) inode.Key {
 // outside directory, and the directory's own file must still be found.
 func TestScanStaysInsideTree(t *testing.T) {
 	base := t.TempDir()
-	tree, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
-	for _, d := range []string{filepath.Join(tree, "x"), filepath.Join(outside, "sub")} {
+	dir, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
+	for _, d := range []string{filepath.Join(dir, "x"), filepath.Join(outside, "sub")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, f := range []string{filepath.Join(tree, "x", "inside"), filepath.Join(outside, "secret"), filepath.Join(outside, "sub", "deep")} {
+	for _, f := range []string{filepath.Join(dir, "x", "inside"), filepath.Join(outside, "secret"), filepath.Join(outside, "sub", "deep")} {
 		if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Symlink(outside, filepath.Join(tree, "y")); err != nil {
+	if err := os.Symlink(outside, filepath.Join(dir, "y")); err != nil {
 		t.Fatal(err)
 	}
 	secret, deep := keyOf(t, filepath.Join(outside, "secret")), keyOf(t, filepath.Join(outside, "sub", "deep"))
-	inside := keyOf(t, filepath.Join(tree, "x", "inside"))
+	inside := keyOf(t, filepath.Join(dir, "x", "inside"))
 
 	ks := &keySink{sink: sink{seen: map[string]int{}}, keys: map[inode.Key]string{}}
-	b := newScanner(t, tree, ks, inode.OS{})
+	b := newScanner(t, dir, ks, inode.OS{})
 	var dirs sync.Map
 	stop := make(chan struct{})
 	var swaps atomic.Int64
@@ -88,7 +88,7 @@ func TestScanStaysInsideTree(t *testing.T) {
 				return
 			default:
 			}
-			if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(tree, "x"), unix.AT_FDCWD, filepath.Join(tree, "y"), unix.RENAME_EXCHANGE); err != nil {
+			if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(dir, "x"), unix.AT_FDCWD, filepath.Join(dir, "y"), unix.RENAME_EXCHANGE); err != nil {
 				t.Error(err)
 				return
 			}
@@ -96,7 +96,7 @@ func TestScanStaysInsideTree(t *testing.T) {
 		}
 	})
 	for range 2000 {
-		b.scanDir(context.Background(), Tree{Root: tree, Recursive: true}, tree, false, func(p string) { dirs.Store(p, true) })
+		b.scanDir(context.Background(), tree.Tree{Root: dir, Recursive: true}, dir, false, func(p string) { dirs.Store(p, true) })
 	}
 	close(stop)
 	wg.Wait()
@@ -154,7 +154,7 @@ func TestScanUnknownIsTracked(t *testing.T) {
 		s := &sink{seen: map[string]int{}}
 		b := newScanner(t, root, s, failOpener{&os.PathError{Op: "open", Path: p, Err: c.err}})
 		b.retry.min, b.retry.max = time.Hour, time.Hour // no rescan while the test runs
-		b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+		b.scanDir(context.Background(), tree.Tree{Root: root, Recursive: true}, root, true, nil)
 		if got := s.has(p); got != c.want {
 			t.Errorf("open fails with %v: tracked = %v, want %v", c.err, got, c.want)
 		}
@@ -177,7 +177,7 @@ func TestScanRetriedAfterShortage(t *testing.T) {
 		// Hold the descriptor limit at what is open now: the walk cannot
 		// open the root's subdirectories.
 		restore := holdFDLimit(t)
-		b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+		b.scanDir(context.Background(), tree.Tree{Root: root, Recursive: true}, root, true, nil)
 		first := s.has(p)
 		failures := b.retry.failures.Load()
 		// Rescans run at 20, 60 and 140 ms (the delay doubles up to max);
@@ -222,13 +222,13 @@ func TestScanRetriedAfterShortage(t *testing.T) {
 // and a removed tree holds nothing.
 func TestTreeOfDeepest(t *testing.T) {
 	b := &base{}
-	outer := Tree{Root: "/a", Recursive: true, Tree: bdi.Tree{Expire: time.Second}}
-	inner := Tree{Root: "/a/b", Recursive: true, Tree: bdi.Tree{Expire: time.Minute, Integrity: true}}
-	flat := Tree{Root: "/c", Recursive: false, Tree: bdi.Tree{Expire: time.Hour}}
-	b.init([]Tree{outer, inner, flat}, sinkOf(&sink{seen: map[string]int{}}), Options{})
+	outer := tree.Tree{Root: "/a", Recursive: true, Expire: time.Second}
+	inner := tree.Tree{Root: "/a/b", Recursive: true, Expire: time.Minute, Mode: tree.ModeIntegrity}
+	flat := tree.Tree{Root: "/c", Recursive: false, Expire: time.Hour}
+	b.init([]tree.Tree{outer, inner, flat}, sinkOf(&sink{seen: map[string]int{}}), Options{})
 	for _, c := range []struct {
 		path string
-		want Tree
+		want tree.Tree
 		ok   bool
 	}{
 		{"/a/f", outer, true},
@@ -236,8 +236,8 @@ func TestTreeOfDeepest(t *testing.T) {
 		{"/a/b/c/d/f", inner, true},
 		{"/a/bb/f", outer, true}, // a sibling with a common prefix
 		{"/c/f", flat, true},
-		{"/c/d/f", Tree{}, false}, // below a non-recursive tree
-		{"/x/f", Tree{}, false},
+		{"/c/d/f", tree.Tree{}, false}, // below a non-recursive tree
+		{"/x/f", tree.Tree{}, false},
 	} {
 		got, ok := b.TreeOf(c.path)
 		if ok != c.ok || got != c.want {
@@ -261,7 +261,7 @@ func TestSettle(t *testing.T) {
 		t.Fatalf("Settle with nothing due: %v", err)
 	}
 	restore := holdFDLimit(t)
-	b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+	b.scanDir(context.Background(), tree.Tree{Root: root, Recursive: true}, root, true, nil)
 	if s.has(p) || !b.retry.due.Load() {
 		t.Fatalf("the shortage was not exercised: found %v, rescan due %v", s.has(p), b.retry.due.Load())
 	}
@@ -378,7 +378,7 @@ func TestScanDeepTree(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	ks := &keySink{sink: sink{seen: map[string]int{}}, keys: map[inode.Key]string{}}
 	b := &base{}
-	b.init([]Tree{{Root: root, Recursive: true}}, sinkOf(ks), Options{Opener: inode.OS{}, Log: zap.New(core)})
+	b.init([]tree.Tree{{Root: root, Recursive: true}}, sinkOf(ks), Options{Opener: inode.OS{}, Log: zap.New(core)})
 	var dirs atomic.Int64
 	maxFDs := 0
 	b.scanDir(context.Background(), b.list()[0].Tree, root, false, func(string) {
@@ -494,7 +494,7 @@ func TestRescanSkipsTrackedEntries(t *testing.T) {
 				}
 			}
 			b := newScanner(t, root, s, inode.OS{})
-			b.scanDir(context.Background(), Tree{Root: root, Recursive: true}, root, true, nil)
+			b.scanDir(context.Background(), tree.Tree{Root: root, Recursive: true}, root, true, nil)
 
 			// (On FUSE the scan's own open writes the file's cached
 			// pages back: without FOPEN_KEEP_CACHE, fuse_open
@@ -552,18 +552,18 @@ func TestRescanBindMountedFile(t *testing.T) {
 	if keyOf(t, entry) == hidden {
 		t.Fatal("the bind mount did not take")
 	}
-	tree := Tree{Root: root, Recursive: true}
+	tr := tree.Tree{Root: root, Recursive: true}
 
 	s := &trackedSink{sink: sink{seen: map[string]int{}}, names: map[inode.Key]string{hidden: entry}}
 	b := newScanner(t, root, s, inode.OS{})
-	b.scanDir(context.Background(), tree, root, true, nil)
+	b.scanDir(context.Background(), tr, root, true, nil)
 	if !s.has(entry) {
 		t.Error("the file mounted over a tracked entry was not reported by the scan")
 	}
 
 	s2 := &trackedSink{sink: sink{seen: map[string]int{}}, names: map[inode.Key]string{hidden: entry}}
 	b2 := newScanner(t, root, s2, inode.OS{})
-	b2.lookAtNewMounts(tree, root, map[string]bool{})
+	b2.lookAtNewMounts(tr, root, map[string]bool{})
 	if !s2.has(entry) {
 		t.Error("a file mounted during a walk was not looked at after it")
 	}

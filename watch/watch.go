@@ -26,20 +26,14 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/tree"
 )
-
-// Tree is one watched directory tree.
-type Tree struct {
-	Root      string // absolute, symlink-free directory
-	Recursive bool
-	bdi.Tree
-}
 
 // Sink receives what the watcher finds (bdi.Registry).
 type Sink interface {
 	// MarkInodeDirty reports a regular file with dirty data; h is its
 	// file handle when the backend has one.
-	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error
+	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error
 	// Tracks reports whether the inode key is tracked already under the
 	// name path: a scan need not open it to look (its writeback attempt
 	// reads its state with cachestat, whatever events were lost). A file
@@ -96,7 +90,7 @@ type Backend interface {
 	// ScannedDirs counts the directories scanned so far, for progress.
 	ScannedDirs() uint64
 	// AddTree starts watching another tree and scans it.
-	AddTree(ctx context.Context, t Tree) error
+	AddTree(ctx context.Context, t tree.Tree) error
 	// RemoveTree stops serving the tree rooted at root; it reports
 	// whether there was one. When it returns, a report made with that
 	// tree (even one read before the call) reaches the sink only as a
@@ -121,7 +115,7 @@ type Backend interface {
 	// Counters returns the backend's counters.
 	Counters() *Counters
 	// TreeOf returns the deepest served tree whose root contains path.
-	TreeOf(path string) (Tree, bool)
+	TreeOf(path string) (tree.Tree, bool)
 	// Trees says which backend serves each tree, for watch/stats.
 	Trees() []TreeUse
 }

@@ -15,10 +15,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/internal/testfs"
 	"flusherd/internal/testwait"
+	"flusherd/tree"
 )
 
 type sink struct {
@@ -26,7 +26,7 @@ type sink struct {
 	seen map[string]int
 }
 
-func (s *sink) MarkInodeDirty(path string, key inode.Key, _ inode.Handle, t bdi.Tree) error {
+func (s *sink) MarkInodeDirty(path string, key inode.Key, _ inode.Handle, t tree.Tree) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seen[path]++
@@ -58,18 +58,18 @@ func start(t *testing.T, root, backend string) (Backend, *sink) {
 // s, and stops it when the test ends.
 func startWith(t *testing.T, root, backend string, s partialSink) Backend {
 	t.Helper()
-	return startTrees(t, []Tree{{Root: root, Recursive: true}}, backend, s)
+	return startTrees(t, []tree.Tree{{Root: root, Recursive: true}}, backend, s)
 }
 
 // startTrees is startWith for any trees.
-func startTrees(t *testing.T, trees []Tree, backend string, s partialSink) Backend {
+func startTrees(t *testing.T, trees []tree.Tree, backend string, s partialSink) Backend {
 	t.Helper()
 	return startOpts(t, trees, s, Options{Backend: backend})
 }
 
 // startOpts is startTrees with options (Opener and Handles are set to a
 // new inode.Handles).
-func startOpts(t *testing.T, trees []Tree, s partialSink, opt Options) Backend {
+func startOpts(t *testing.T, trees []tree.Tree, s partialSink, opt Options) Backend {
 	t.Helper()
 	if opt.Backend == "fanotify-by-name" {
 		opt.Backend, opt.noTargetFID = "fanotify", true
@@ -255,7 +255,7 @@ func TestFanotifyRunEnds(t *testing.T) {
 	s := &sink{seen: map[string]int{}}
 	h := inode.NewHandles()
 	t.Cleanup(h.Close)
-	fa, err := NewFanotify([]Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Opener: h, Handles: h})
+	fa, err := NewFanotify([]tree.Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{Opener: h, Handles: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ type closedSink struct {
 	closed map[string]int
 }
 
-func (s *closedSink) MarkInodeClosed(path string, key inode.Key, _ inode.Handle, t bdi.Tree) error {
+func (s *closedSink) MarkInodeClosed(path string, key inode.Key, _ inode.Handle, t tree.Tree) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed[path]++
@@ -372,7 +372,7 @@ func TestSharedFsid(t *testing.T) {
 		t.Fatalf("fsids %v and %v differ: the test shows nothing", sa.Fsid, sb.Fsid)
 	}
 	s := &sink{seen: map[string]int{}}
-	w := startTrees(t, []Tree{{Root: a.Dir, Recursive: true}, {Root: b.Dir, Recursive: true}}, "auto", s)
+	w := startTrees(t, []tree.Tree{{Root: a.Dir, Recursive: true}, {Root: b.Dir, Recursive: true}}, "auto", s)
 	backends := map[string]string{}
 	for _, u := range w.Trees() {
 		backends[u.Root] = u.Backend
@@ -451,7 +451,7 @@ type treeSink struct {
 	expire map[string]time.Duration
 }
 
-func (s *treeSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+func (s *treeSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
 	s.mu.Lock()
 	s.expire[path] = t.Expire
 	s.mu.Unlock()
@@ -486,9 +486,9 @@ func TestNonRecursiveTreeInRecursive(t *testing.T) {
 				}
 			}
 			s := &treeSink{sink: sink{seen: map[string]int{}}, expire: map[string]time.Duration{}}
-			startTrees(t, []Tree{
-				{Root: root, Recursive: true, Tree: bdi.Tree{Expire: time.Hour}},
-				{Root: inner, Recursive: false, Tree: bdi.Tree{Expire: time.Minute}},
+			startTrees(t, []tree.Tree{
+				{Root: root, Recursive: true, Expire: time.Hour},
+				{Root: inner, Recursive: false, Expire: time.Minute},
 			}, b, s)
 			eventually(t, "the start-up scan's report of "+pre, func() bool { return s.has(pre) })
 			eventually(t, "the start-up scan's report of "+own, func() bool { return s.has(own) })
@@ -551,7 +551,7 @@ func TestRootParentRenamed(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := &goneSink{sink: sink{seen: map[string]int{}}}
-			w := startTrees(t, []Tree{{Root: root, Recursive: true}}, b, s)
+			w := startTrees(t, []tree.Tree{{Root: root, Recursive: true}}, b, s)
 			a := filepath.Join(root, "a")
 			if err := os.WriteFile(a, []byte("x"), 0o644); err != nil {
 				t.Fatal(err)
@@ -593,7 +593,7 @@ func TestGoneRootInWatchStats(t *testing.T) {
 				t.Fatal(err)
 			}
 			statsDir := t.TempDir()
-			startOpts(t, []Tree{{Root: root, Recursive: true}}, &sink{seen: map[string]int{}}, Options{Backend: b, StatsDir: statsDir})
+			startOpts(t, []tree.Tree{{Root: root, Recursive: true}}, &sink{seen: map[string]int{}}, Options{Backend: b, StatsDir: statsDir})
 			if err := os.Remove(root); err != nil {
 				t.Fatal(err)
 			}
@@ -610,10 +610,10 @@ func TestGoneRootInWatchStats(t *testing.T) {
 // the same recursive tree is covered by that one's walk; one in another
 // tree, below a non-recursive one, or a tree's root is not.
 func TestCoveredBy(t *testing.T) {
-	rec := Tree{Root: "/t", Recursive: true}
-	flat := Tree{Root: "/f"}
-	other := Tree{Root: "/t/o", Recursive: true}
-	dirs := map[string]Tree{
+	rec := tree.Tree{Root: "/t", Recursive: true}
+	flat := tree.Tree{Root: "/f"}
+	other := tree.Tree{Root: "/t/o", Recursive: true}
+	dirs := map[string]tree.Tree{
 		"/t": rec, "/t/a": rec, "/t/a/b/c": rec, "/t/x": rec,
 		"/f":   flat,
 		"/t/o": other, "/t/o/p": other,
@@ -655,7 +655,7 @@ type nameUnlinkSink struct {
 	log []string
 }
 
-func (s *nameUnlinkSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t bdi.Tree) error {
+func (s *nameUnlinkSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
 	s.mu.Lock()
 	s.log = append(s.log, fmt.Sprintf("mark %s %d", path, key.Ino))
 	s.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 	"flusherd/inode"
 	"flusherd/policy"
 	"flusherd/sysfs"
+	"flusherd/tree"
 )
 
 // fileSet is the files of one size in one directory, made by makeSet;
@@ -180,13 +181,17 @@ func flusherdMethod(s *fileSet, plugOn, integrity bool, depth int, st *plugStat)
 		Opener:  op,
 		Handles: op,
 	})
+	t := tree.Tree{Mode: tree.ModeWriteback, Expire: time.Hour}
+	if integrity {
+		t.Mode = tree.ModeIntegrity
+	}
 	for _, p := range s.paths {
 		key, _, err := inode.Stat(p)
 		if err != nil {
 			reg.Stop()
 			return nil, err
 		}
-		if err := reg.MarkInodeDirty(p, key, "", bdi.Tree{Expire: time.Hour, Integrity: integrity}); err != nil {
+		if err := reg.MarkInodeDirty(p, key, "", t); err != nil {
 			reg.Stop()
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 
 	"flusherd/config"
 	"flusherd/internal/cli"
+	"flusherd/tree"
 	"flusherd/watch"
 
 	"golang.org/x/sys/unix"
@@ -50,18 +51,18 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "flusherd check-config: note: no [[watch]] entries; the daemon will start idle until one is added and the configuration reloaded")
 	}
 	for _, w := range cfg.Watch {
-		if kind, ok := watch.NoWriteback(w.Path); ok {
-			fmt.Fprintf(stderr, "flusherd check-config: note: %q is on %s, a filesystem without writeback: nothing there is ever written back\n", w.Path, kind)
+		if kind, ok := watch.NoWriteback(w.Root); ok {
+			fmt.Fprintf(stderr, "flusherd check-config: note: %q is on %s, a filesystem without writeback: nothing there is ever written back\n", w.Root, kind)
 			continue // (under the unit or not, nothing to do there)
 		}
-		if d, setting, ok := privateDir(w.Path); ok {
+		if d, setting, ok := privateDir(w.Root); ok {
 			where := "is under " + d
-			if w.Path == d {
+			if w.Root == d {
 				where = "is " + d
 			}
 			fmt.Fprintf(stderr, "flusherd check-config: note: %q %s, which the shipped systemd unit replaces with a private one (%s): under the unit this tree is not there; "+
 				"to watch it there, set %s=no in a drop-in (/etc/systemd/system/flusherd.service.d/*.conf), which gives up that part of the sandbox\n",
-				w.Path, where, setting, strings.TrimSuffix(setting, "=yes"))
+				w.Root, where, setting, strings.TrimSuffix(setting, "=yes"))
 		}
 	}
 	if err := cfg.Encode(stdout); err != nil {
@@ -105,7 +106,7 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	cfg := config.Default()
-	cfg.Watch = []config.Watch{{Path: "/var/log", Recursive: true, Mode: config.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}
+	cfg.Watch = []config.Watch{{Tree: tree.Tree{Root: "/var/log", Recursive: true, Mode: tree.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}}
 	fmt.Fprintln(stdout, "# flusherd's built-in defaults, with one [[watch]] entry as an example (the\n# defaults watch nothing): replace it with your trees. Durations need a\n# unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB. Commented keys\n# follow another key unless set.")
 	var buf bytes.Buffer
 	if err := cfg.Encode(&buf); err != nil {

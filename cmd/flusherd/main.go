@@ -17,6 +17,7 @@ import (
 
 	"flusherd/config"
 	"flusherd/internal/cli"
+	"flusherd/tree"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -204,11 +205,13 @@ func loadConfigWith(load func(string) (*config.Config, error), c commonFlags, wa
 		// Validate's ("already watched"), not silently dropped: the
 		// two entries may differ in mode and expiry.
 		cfg.Watch = append(cfg.Watch, config.Watch{
-			Path:      abs,
-			Recursive: true,
-			Mode:      config.ModeWriteback,
-			Expire:    cfg.Writeback.DirtyExpireInterval,
-			Flag:      "--watch",
+			Tree: tree.Tree{
+				Root:      abs,
+				Recursive: true,
+				Mode:      tree.ModeWriteback,
+				Expire:    cfg.Writeback.DirtyExpireInterval,
+			},
+			Flag: "--watch",
 		})
 	}
 	return cfg, nil
