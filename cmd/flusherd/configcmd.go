@@ -79,7 +79,7 @@ func verdict(ws []config.Watch) string {
 	devs := map[uint64]bool{}
 	for _, w := range ws {
 		var st unix.Stat_t
-		if unix.Stat(w.Path, &st) == nil {
+		if unix.Stat(w.Root, &st) == nil {
 			devs[st.Dev] = true
 		}
 	}

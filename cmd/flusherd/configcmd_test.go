@@ -12,6 +12,7 @@ import (
 	"flusherd/config"
 	"flusherd/internal/cli"
 	"flusherd/internal/testfs"
+	"flusherd/tree"
 )
 
 // TestPrintDefaultConfigRoundTrip: print-default-config is accepted
@@ -191,7 +192,7 @@ func TestCheckConfigVerdict(t *testing.T) {
 	} {
 		var ws []config.Watch
 		for _, p := range tc.trees {
-			ws = append(ws, config.Watch{Path: p})
+			ws = append(ws, config.Watch{Tree: tree.Tree{Root: p}})
 		}
 		if got := verdict(ws); got != tc.want {
 			t.Errorf("verdict(%v) = %q, want %q", tc.trees, got, tc.want)
