@@ -275,7 +275,9 @@ type Error struct {
 	Key  string // dotted key, e.g. "writeback.min_pause" or "watch[1].path"; "" if none
 	Msg  string // what is wrong
 
-	err error // underlying error, if any (e.g. from os.Stat)
+	err  error  // underlying error, if any (e.g. from os.Stat)
+	rank int    // File's place in the reading order (0: the main file)
+	at   string // Key as the files read together number [[watch]] entries
 }
 
 // Error formats e as "file:line: key: msg", leaving out the parts that are
@@ -341,7 +343,8 @@ func Load(path string) (*Config, error) { return load(path, true) }
 // or missing.
 func LoadValues(path string) (*Config, error) { return load(path, false) }
 
-// load reads, parses and checks the file at path; stat adds the file
+// load reads, parses and checks the file at path and its drop-ins (the
+// *.toml files of DropInDir(path), in lexical order); stat adds the file
 // system checks of the watch paths. The value and file system checks run
 // together: every problem is reported at once.
 func load(path string, stat bool) (*Config, error) {
@@ -349,7 +352,19 @@ func load(path string, stat bool) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, decodeErrs, err := parse(path, data)
+	files := []file{{path, data}}
+	names, err := dropIns(DropInDir(path))
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		data, err := readConfigFile(n)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, file{n, data})
+	}
+	c, decodeErrs, err := parseFiles(files)
 	if err != nil {
 		return nil, err
 	}
@@ -421,6 +436,45 @@ func Parse(name string, data []byte) (*Config, error) {
 // each key with a key or type problem left at its default, and those
 // problems. A syntax error (err) returns no configuration.
 func parse(name string, data []byte) (*Config, []*Error, error) {
+	return parseFiles([]file{{name, data}})
+}
+
+// file is a configuration file's name and contents.
+type file struct {
+	name string
+	data []byte
+}
+
+// parseFiles is parse of a main file and its drop-ins (files[1:]), in
+// order: each drop-in's keys override those before, and its [[watch]]
+// entries are added after theirs.
+func parseFiles(files []file) (*Config, []*Error, error) {
+	src := &source{file: files[0].name, locs: map[string]loc{}}
+	var merged map[string]any
+	for rank, f := range files {
+		m, lines, err := decodeTOML(f.name, f.data)
+		if err != nil {
+			return nil, nil, err
+		}
+		offset := 0
+		if merged == nil {
+			merged = m
+		} else {
+			offset = mergeTables(merged, m)
+		}
+		for key, line := range lines {
+			src.locs[globalKey(key, offset)] = loc{file: f.name, line: line, key: key, rank: rank}
+		}
+	}
+	d := &decoder{src: src}
+	c := d.config(merged)
+	c.src = src
+	return c, d.errs, nil
+}
+
+// decodeTOML decodes one file into the generic TOML tree, with the line
+// of each key (scanLines).
+func decodeTOML(name string, data []byte) (map[string]any, map[string]int, error) {
 	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) || bytes.HasPrefix(data, []byte{0, 0, 0xfe, 0xff}) {
 		// The TOML decoder drops a UTF-16 byte-order mark as if it were
 		// UTF-8's, and would read what follows as garbage or nothing.
@@ -447,11 +501,7 @@ func parse(name string, data []byte) (*Config, []*Error, error) {
 		}
 		return nil, nil, &Error{File: name, Msg: err.Error(), err: err}
 	}
-	src := &source{file: name, lines: lines}
-	d := &decoder{src: src}
-	c := d.config(m)
-	c.src = src
-	return c, d.errs, nil
+	return m, lines, nil
 }
 
 // Validate checks c: every duration and count positive, write_chunk at least
@@ -467,11 +517,31 @@ func (c *Config) Validate() error {
 	return c.check(true, nil)
 }
 
-// source is where a Config was parsed from: the file name and the line of
-// each key (see scanLines for the key syntax).
+// source is where a Config was parsed from: the main file's name and
+// where each key was last set (see scanLines for the key syntax; a
+// drop-in's [[watch]] entries are numbered after those before it).
 type source struct {
-	file  string
-	lines map[string]int
+	file string
+	locs map[string]loc
+}
+
+// loc is where a key was set: the file, the line, the key as that file
+// numbers its [[watch]] entries, and the file's place in the reading order
+// (0: the main file).
+type loc struct {
+	file string
+	line int
+	key  string
+	rank int
+}
+
+// loc returns where key was set. s may be nil.
+func (s *source) loc(key string) (loc, bool) {
+	if s == nil {
+		return loc{}, false
+	}
+	l, ok := s.locs[key]
+	return l, ok
 }
 
 // line returns the line of key, or 0. s may be nil.
@@ -479,16 +549,15 @@ func (s *source) line(key string) int {
 	if s == nil {
 		return 0
 	}
-	return s.lines[key]
+	return s.locs[key].line
 }
 
 // Notes returns remarks on a valid configuration that the operator
 // should see (check-config prints them, the daemon logs them): keys given
 // under an old name. Each is "file:line: key: text".
 func (c *Config) Notes() []string {
-	if n := c.src.line("writeback.max_inflight"); n > 0 {
-		return []string{(&Error{File: c.src.name(), Line: n, Key: "writeback.max_inflight",
-			Msg: "the old name of plug.max_inflight_bytes, still read: rename it"}).Error()}
+	if c.src.line("writeback.max_inflight") > 0 {
+		return []string{c.src.errorf("writeback.max_inflight", "the old name of plug.max_inflight_bytes, still read: rename it").Error()}
 	}
 	return nil
 }
@@ -514,7 +583,10 @@ func (s *source) errorf(key, format string, args ...any) *Error {
 		// A command-line flag's (Watch.Flag): not from the file.
 		return &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
 	}
-	return &Error{File: s.name(), Line: s.line(key), Key: key, Msg: fmt.Sprintf(format, args...)}
+	if l, ok := s.loc(key); ok {
+		return &Error{File: l.file, Line: l.line, Key: l.key, Msg: fmt.Sprintf(format, args...), rank: l.rank, at: key}
+	}
+	return &Error{File: s.name(), Key: key, Msg: fmt.Sprintf(format, args...), at: key}
 }
 
 // displayPath is a file name as errors show it: as is when it is plain
@@ -569,8 +641,9 @@ func (es Errors) Unwrap() []error {
 }
 
 // collect returns nil for no error, the *Error when there is one, and
-// Errors in file order (lowest line first, unknown lines last, keeping
-// the order of errs among equals) when there are several.
+// Errors in file order (the main file's, then each drop-in's; in a file,
+// lowest line first, unknown lines last, keeping the order of errs among
+// equals) when there are several.
 func collect(errs []*Error) error {
 	switch len(errs) {
 	case 0:
@@ -584,6 +657,8 @@ func collect(errs []*Error) error {
 		}
 		return e.Line
 	}
-	slices.SortStableFunc(errs, func(a, b *Error) int { return cmp.Compare(order(a), order(b)) })
+	slices.SortStableFunc(errs, func(a, b *Error) int {
+		return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(order(a), order(b)))
+	})
 	return Errors(errs)
 }

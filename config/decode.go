@@ -210,8 +210,9 @@ func (d *decoder) watch(i int, v any, expire time.Duration) Watch {
 	switch {
 	case !pathSet:
 		if _, isTable := v.(map[string]any); isTable {
-			e := d.src.errorf(key+".path", "missing: every [[watch]] needs a path")
-			e.Line = d.src.line(key)
+			// (Where the entry is: its path has no line.)
+			e := d.src.errorf(key, "missing: every [[watch]] needs a path")
+			e.Key, e.at = e.Key+".path", e.at+".path"
 			d.errs = append(d.errs, e)
 		}
 	case pathBad:

@@ -27,7 +27,7 @@ func (c *Config) check(stat bool, decodeErrs []*Error) error {
 		if ch.decoded == nil {
 			ch.decoded = map[string]bool{}
 		}
-		ch.decoded[e.Key] = true
+		ch.decoded[e.at] = true
 	}
 	ch.writebackTimes()
 	ch.writebackSizes()

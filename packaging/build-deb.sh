@@ -8,8 +8,8 @@
 # after it 1.2.0+3.gabc1234, and a checkout with no tag
 # 0.0~git<commit date, UTC, YYYYMMDD.hhmmss>.<short commit> (Debian versions
 # must start with a digit); uncommitted changes add ".dirty". Outside a git
-# checkout the version is 0.0.0. The same string is compiled into the binary
-# (`flusherd version`). The architecture is `dpkg --print-architecture`
+# checkout the version is 0.0.0; FLUSHERD_VERSION, if set, is the version
+# instead. The same string is compiled into the binary (`flusherd version`). The architecture is `dpkg --print-architecture`
 # (DEB_HOST_ARCH overrides it, to cross-build).
 #
 # The Maintainer field (and the changelog's signature) is
@@ -61,9 +61,9 @@ debversion() {
 	sha=$(git rev-parse --short HEAD)
 	echo "0.0~git$date.$sha$dirty"
 }
-version=$(debversion)
+version=${FLUSHERD_VERSION:-$(debversion)}
 if ! [[ $version =~ ^[0-9][A-Za-z0-9.+~]*$ ]]; then
-	echo "$0: $version (from git describe) is not a usable Debian version" >&2
+	echo "$0: $version (from FLUSHERD_VERSION or git describe) is not a usable Debian version" >&2
 	exit 1
 fi
 
@@ -149,6 +149,10 @@ fi
 chmod 0644 "$root/lib/systemd/system/flusherd.service"
 
 install -m 0644 packaging/flusherd.toml "$root/etc/flusherd/flusherd.toml"
+# Drop-ins (*.toml, read after flusherd.toml in lexical order): where the
+# local trees and overrides go, so that the conffile is never edited and
+# an upgrade never stops at its prompt.
+install -d -m 0755 "$root/etc/flusherd/flusherd.d"
 install -m 0644 systemd/flusherd-metrics.conf README.md "$doc/"
 # The README's one picture, at the path its link names.
 install -D -m 0644 doc/storm.png "$doc/doc/storm.png"

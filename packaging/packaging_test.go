@@ -178,6 +178,7 @@ func TestPackagedConfig(t *testing.T) {
 	for _, want := range []string{
 		"No directory tree is watched until you add a [[watch]] entry",
 		"flusherd check-config /etc/flusherd/flusherd.toml",
+		"/etc/flusherd/flusherd.d/NAME.toml",
 		"systemctl reload flusherd",
 		`Durations need a unit ("500ms", "5s"); sizes take B, KiB, MiB or GiB.`,
 	} {
@@ -421,6 +422,9 @@ func TestManPageConfigKeys(t *testing.T) {
 				t.Fatalf("print-default-config: cannot read the line %q", l)
 			}
 			key := table + "." + strings.TrimSpace(k)
+			if i := strings.Index(v, " # "); i >= 0 {
+				v = v[:i] // the key's comment (no default holds " # ")
+			}
 			keys = append(keys, key)
 			entry, ok := entries[key]
 			switch {

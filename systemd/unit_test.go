@@ -67,10 +67,16 @@ func TestUnderSystemd(t *testing.T) {
 	work := t.TempDir()
 	// Everything that takes a while is independent: the package, the two
 	// filesystems and the root filesystem.
-	var deb string
+	// The package, and the next build of it (11-upgrade): a later
+	// version of the same tree.
+	var deb, next string
 	var debErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { deb, debErr = buildDeb(work) })
+	wg.Go(func() {
+		if deb, debErr = buildDeb(work, ""); debErr == nil {
+			next, debErr = buildDeb(filepath.Join(work, "next"), debVersion(deb)+"+1")
+		}
+	})
 	ext4 := testfs.Mount(t, testfs.Options{Type: "ext4"})
 	xfs := testfs.Mount(t, testfs.Options{Type: "xfs"})
 	// A FUSE filesystem whose writes can be stalled: a hung filesystem
@@ -81,8 +87,10 @@ func TestUnderSystemd(t *testing.T) {
 	if debErr != nil {
 		t.Fatal(debErr)
 	}
-	if err := copyFile(deb, filepath.Join(root, "root", filepath.Base(deb))); err != nil {
-		t.Fatal(err)
+	for _, d := range []string{deb, next} {
+		if err := copyFile(d, filepath.Join(root, "root", filepath.Base(d))); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, d := range []string{"slow", "many", "user"} {
 		if err := os.MkdirAll(filepath.Join(ext4.Dir, d), 0o755); err != nil {
@@ -122,6 +130,10 @@ func TestUnderSystemd(t *testing.T) {
 	})
 	if !ok {
 		t.FailNow()
+	}
+	packaged, err := os.ReadFile(filepath.Join(c.Root, "etc/flusherd/flusherd.toml"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	h.writeConfig(baseConfig)
 
@@ -450,6 +462,43 @@ func TestUnderSystemd(t *testing.T) {
 		}
 	})
 
+	t.Run("11-upgrade", func(t *testing.T) {
+		h.t = t
+		// The operator's trees in a drop-in, the conffile as packaged:
+		// the next build installs without a question, and the daemon
+		// runs on the new binary with the same trees.
+		h.writeConfig(string(packaged))
+		h.must(h.sh("mkdir -p /etc/flusherd/flusherd.d"))
+		if err := os.WriteFile(filepath.Join(c.Root, "etc/flusherd/flusherd.d/10-trees.toml"), []byte(baseConfig), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		h.must(h.sh("systemctl restart flusherd"))
+		h.waitActive()
+		before := h.prop("MainPID")
+		out, err := h.sh("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/" + filepath.Base(next) + " </dev/null 2>&1")
+		if err != nil {
+			t.Fatalf("installing the next build: %v\n%s", err, out)
+		}
+		want := "install ok installed " + debVersion(next)
+		if got := strings.TrimSpace(h.must(h.sh("dpkg-query -W -f='${Status} ${Version}' flusherd"))); got != want {
+			t.Errorf("after the upgrade: %q, want %q", got, want)
+		}
+		if out, err := h.sh("ls /etc/flusherd/*.dpkg-* 2>/dev/null && exit 1 || true"); err != nil {
+			t.Errorf("the upgrade left conffile copies: %s", out)
+		}
+		h.waitActive()
+		pid := h.prop("MainPID")
+		exe := strings.TrimSpace(h.must(h.sh("readlink /proc/" + pid + "/exe")))
+		if pid == before || exe != "/usr/sbin/flusherd" {
+			t.Errorf("after the upgrade the daemon is pid %s (was %s) running %q; want a new process of /usr/sbin/flusherd", pid, before, exe)
+		}
+		if v := strings.TrimSpace(h.must(h.sh("/usr/sbin/flusherd version"))); v != "flusherd "+debVersion(next) {
+			t.Errorf("flusherd version = %q, want the next build's", v)
+		}
+		h.must(h.sh("head -c 100000 /dev/urandom > /srv/data/slow/upgraded"))
+		h.waitListed("/srv/data/slow/upgraded")
+	})
+
 	t.Run("11-stop", func(t *testing.T) {
 		h.t = t
 		h.must(h.sh("head -c 100000 /dev/urandom > /srv/data/slow/last1; head -c 100000 /dev/urandom > /srv/data/last2"))
@@ -470,6 +519,8 @@ func TestUnderSystemd(t *testing.T) {
 
 	t.Run("12-purge", func(t *testing.T) {
 		h.t = t
+		// The operator's drop-in is the operator's to remove.
+		h.must(h.sh("rm -f /etc/flusherd/flusherd.d/10-trees.toml"))
 		h.must(h.sh("apt-get purge -y -q flusherd"))
 		for _, p := range []string{"/usr/sbin/flusherd", "/lib/systemd/system/flusherd.service", "/etc/flusherd", "/run/flusherd",
 			"/etc/systemd/system/multi-user.target.wants/flusherd.service"} {
@@ -689,10 +740,14 @@ func exposureOffline(t *testing.T, unit, dropIn string) float64 {
 	return parseExposure(t, string(out))
 }
 
-// buildDeb builds the package with the script operators use.
-func buildDeb(work string) (string, error) {
+// buildDeb builds the package with the script operators use; version, if
+// set, is its version (FLUSHERD_VERSION).
+func buildDeb(work, version string) (string, error) {
 	out := filepath.Join(work, "deb")
 	cmd := exec.Command("bash", "../packaging/build-deb.sh", out)
+	if version != "" {
+		cmd.Env = append(os.Environ(), "FLUSHERD_VERSION="+version)
+	}
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("packaging/build-deb.sh: %v\n%s", err, b)
 	}
@@ -701,6 +756,12 @@ func buildDeb(work string) (string, error) {
 		return "", fmt.Errorf("packaging/build-deb.sh made %d packages: %v", len(debs), debs)
 	}
 	return debs[0], nil
+}
+
+// debVersion is the version in a package's file name
+// (flusherd_<version>_<arch>.deb).
+func debVersion(deb string) string {
+	return strings.Split(filepath.Base(deb), "_")[1]
 }
 
 func copyFile(src, dst string) error {
