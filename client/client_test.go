@@ -71,7 +71,7 @@ func TestStatsFileNotRegular(t *testing.T) {
 func TestUnreachable(t *testing.T) {
 	dir := t.TempDir()
 	var out, errOut bytes.Buffer
-	if code := Dirty(dir, 20, false, &out, &errOut); code != cli.ExitUnreachable || !strings.Contains(errOut.String(), "is the daemon running") {
+	if code := Dirty(dir, nil, 20, false, &out, &errOut); code != cli.ExitUnreachable || !strings.Contains(errOut.String(), "is the daemon running") {
 		t.Errorf("dirty: exit %d, stderr %q", code, errOut.String())
 	}
 	errOut.Reset()

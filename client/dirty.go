@@ -14,10 +14,14 @@ import (
 )
 
 // Dirty prints the tracked files of the daemon whose stats directory is
-// statsDir, the top oldest (0: all), as a table or a JSON array, and
-// returns the exit code.
-func Dirty(statsDir string, top int, asJSON bool, stdout, stderr io.Writer) int {
-	resp, err := control.Call(control.SocketPath(statsDir), control.Request{Op: "dirty", Top: top}, 30*time.Second)
+// statsDir (those under the absolute paths under, if any), the top oldest
+// (0: all), as a table or a JSON array, and returns the exit code.
+func Dirty(statsDir string, under []string, top int, asJSON bool, stdout, stderr io.Writer) int {
+	req := control.Request{Op: "dirty", Top: top}
+	for _, p := range under {
+		req.Paths = append(req.Paths, control.Name(p))
+	}
+	resp, err := control.Call(control.SocketPath(statsDir), req, 30*time.Second)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
 		if errors.Is(err, control.ErrUnreachable) {

@@ -42,7 +42,7 @@ _flusherd() {
 		return
 	fi
 	case $cmd in
-	sync | check-config) COMPREPLY=($(compgen -f -- "$cur")) ;;
+	sync | check-config | dirty) COMPREPLY=($(compgen -f -- "$cur")) ;;
 	esac
 }
 complete -F _flusherd flusherd

@@ -14,7 +14,7 @@ complete -c flusherd -n "__fish_seen_subcommand_from run stats sync dirty" -l st
 complete -c flusherd -n "__fish_seen_subcommand_from run" -l watch -r -a '(__fish_complete_directories)' -d 'directory tree to watch (repeatable)'
 complete -c flusherd -n "__fish_seen_subcommand_from stats" -l files -d 'read the stats files; do not ask the daemon'
 complete -c flusherd -n "__fish_seen_subcommand_from sync" -l timeout -x -d 'give up waiting after this duration'
-complete -c flusherd -n "__fish_seen_subcommand_from sync check-config" -F
+complete -c flusherd -n "__fish_seen_subcommand_from sync check-config dirty" -F
 complete -c flusherd -n "__fish_seen_subcommand_from dirty" -l top -x -d 'show the N oldest files (0: all)'
 complete -c flusherd -n "__fish_seen_subcommand_from dirty" -l json -d 'print a JSON array'
 complete -c flusherd -n "__fish_seen_subcommand_from $cmds" -s h -l help -d 'print the help'

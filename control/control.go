@@ -12,6 +12,7 @@
 //	{"ok":false,"files":[{"path":"/x","error":"fdatasync: input/output error"}]}
 //
 //	{"op":"dirty","top":20}                  the tracked files, oldest first
+//	{"op":"dirty","paths":["/srv/q"]}        those under the paths only
 //	{"ok":true,"dirty":[{"path":"/srv/q/1","bdi":"7:0","list":"b_dirty",
 //	  "dirty_pages":4,"writeback_pages":0,"age_seconds":3.2,"retries":0,
 //	  "errors":0}]}
@@ -58,7 +59,9 @@ const MaxRequest = 1 << 20
 
 // Request is one command.
 type Request struct {
-	Op    string `json:"op"` // "sync", "dirty" or "stats"
+	Op string `json:"op"` // "sync", "dirty" or "stats"
+	// Paths are what a "sync" writes back, and what a "dirty" lists
+	// (the tracked files that are one of them or below one; absolute).
 	Paths []Name `json:"paths,omitempty"`
 	// Top limits a "dirty" answer to the oldest Top files; 0: all.
 	Top int `json:"top,omitempty"`
@@ -289,11 +292,11 @@ func loneSurrogate(b []byte) bool {
 }
 
 // fieldsOfOp refuses a field the request's op does not use ("paths" is
-// sync's, "top" dirty's): it would be ignored, and the request would do
-// other than it says.
+// sync's and dirty's, "top" dirty's): it would be ignored, and the request
+// would do other than it says.
 func fieldsOfOp(req Request) error {
-	if req.Paths != nil && req.Op != "sync" {
-		return fmt.Errorf(`"paths" is for "sync", not %q`, req.Op)
+	if req.Paths != nil && req.Op != "sync" && req.Op != "dirty" {
+		return fmt.Errorf(`"paths" is for "sync" and "dirty", not %q`, req.Op)
 	}
 	if req.Top != 0 && req.Op != "dirty" {
 		return fmt.Errorf(`"top" is for "dirty", not %q`, req.Op)

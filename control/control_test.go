@@ -127,7 +127,7 @@ func TestBadRequests(t *testing.T) {
 		{"key in another case", `{"op":"dirty","OP":"sync"}` + "\n", `unknown key \"OP\"`},
 		{"a bracket after the object", `{"op":"dirty"}]` + "\n", "something follows"},
 		{"a second line", `{"op":"dirty"}` + "\n" + `{"op":"sync"}` + "\n", "something follows"},
-		{"paths on dirty", `{"op":"dirty","paths":["/etc/passwd"]}` + "\n", `\"paths\" is for \"sync\"`},
+		{"paths on stats", `{"op":"stats","paths":["/etc/passwd"]}` + "\n", `\"paths\" is for \"sync\" and \"dirty\"`},
 		{"top on sync", `{"op":"sync","top":3}` + "\n", `\"top\" is for \"dirty\"`},
 		{"not UTF-8", "{\"op\":\"sync\",\"paths\":[\"/t/caf\xe9\"]}\n", "not valid UTF-8"},
 		{"duplicate after a nested value", `{"paths":["a",{"base64":"Yg=="}],"op":"sync","paths":[]}` + "\n", `the key \"paths\" is given twice`},

@@ -37,7 +37,14 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 			if req.Top < 0 {
 				return control.Response{Error: "dirty: top must not be negative"}
 			}
-			files, total := dirtyFiles(reg, req.Top)
+			under := make([]string, len(req.Paths))
+			for i, p := range req.Paths {
+				under[i] = string(p)
+				if !filepath.IsAbs(under[i]) {
+					return control.Response{Error: fmt.Sprintf("dirty: %q is not an absolute path", under[i])}
+				}
+			}
+			files, total := dirtyFiles(reg, req.Top, under)
 			return control.Response{OK: true, Dirty: files, DirtyTotal: total}
 		case "stats":
 			var out []control.DeviceStats
@@ -51,6 +58,18 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 		}
 		return control.Response{Error: fmt.Sprintf("unknown op %q (want sync, dirty or stats)", req.Op)}
 	}
+}
+
+// isUnder reports whether path is one of paths or below one of them (all
+// absolute; compared as cleaned names, without resolving links).
+func isUnder(path string, paths []string) bool {
+	for _, p := range paths {
+		p = filepath.Clean(p)
+		if path == p || p == "/" || strings.HasPrefix(path, p+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // linkHint names the path in a watched tree that the symbolic links in p
@@ -282,10 +301,11 @@ func freshCachestat(wb *bdi.Writeback, in bdi.InodeInfo) (dirty, wbp uint64, ok 
 	return counts[0], counts[1], true
 }
 
-// dirtyFiles lists the tracked files, oldest dirty data first, at most top
-// of them (0: all), with a fresh cachestat of each listed file, and the
-// number of tracked files they were chosen from.
-func dirtyFiles(reg *bdi.Registry, top int) (files []control.DirtyFile, total int) {
+// dirtyFiles lists the tracked files (those under one of the paths under,
+// if any are given), oldest dirty data first, at most top of them (0: all),
+// with a fresh cachestat of each listed file, and the number of tracked
+// files they were chosen from.
+func dirtyFiles(reg *bdi.Registry, top int, under []string) (files []control.DirtyFile, total int) {
 	type entry struct {
 		wb *bdi.Writeback
 		in bdi.InodeInfo
@@ -293,7 +313,9 @@ func dirtyFiles(reg *bdi.Registry, top int) (files []control.DirtyFile, total in
 	var all []entry
 	for _, wb := range reg.Devices() {
 		for _, in := range wb.Inodes() {
-			all = append(all, entry{wb, in})
+			if len(under) == 0 || isUnder(in.Path, under) {
+				all = append(all, entry{wb, in})
+			}
 		}
 	}
 	slices.SortFunc(all, func(a, b entry) int {

@@ -31,7 +31,7 @@ Usage:
   flusherd run     [--config FILE] [--watch DIR]... [--stats-dir DIR]
   flusherd stats   [--config FILE] [--stats-dir DIR] [--files] [DEV]
   flusherd sync    [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]
-  flusherd dirty   [--config FILE] [--stats-dir DIR] [--top N] [--json]
+  flusherd dirty   [--config FILE] [--stats-dir DIR] [--top N] [--json] [PATH...]
   flusherd check-config FILE
   flusherd print-default-config
   flusherd version  (or --version)
