@@ -130,6 +130,12 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	}
 	wb.plug.Merges += att.res.merged
 	wb.acct.outcomes[o]++
+	if att.res.wrote && att.res.dirtyBefore > 0 && !att.wroteBefore {
+		// flusherd began writing its data: how long it stayed dirty.
+		if t := wb.trees.of(in); t != nil {
+			t.exposure.observe(att.began-in.DirtiedWhen, now)
+		}
+	}
 	if att.res.wrote && err == nil && att.res.dirtyBefore > 0 {
 		// Written without an error, an earlier failure's pages among
 		// them: finding it clean later is this write's doing.
@@ -139,7 +145,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	if att.res.wrote && err == nil && att.res.dirtyBefore > st.dirty {
 		n := att.res.dirtyBefore - st.dirty
 		wb.loop.pass.pages += n
-		wb.acct.written += n
+		wb.wroteLocked(in, n)
 	}
 	if (att.res.dirtyBefore != 0 || att.res.wbBefore != 0) && !att.counted {
 		// What its worker saw before writing: the growth since it was
@@ -155,7 +161,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	}
 	if err != nil && o != policy.Gone {
 		in.Errors = satInc(in.Errors)
-		wb.acct.errors++
+		wb.attemptFailedLocked(in)
 		if e := errnoOf(err); e != in.LastErr {
 			in.LastErr = e
 			ac.newErr = true

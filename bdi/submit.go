@@ -376,7 +376,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		// pages it started writing back count in BdiWritten now. (An
 		// fdatasync's afterKnown call is integrity work, never
 		// detached.)
-		wb.acct.written += w.queued
+		wb.wroteLocked(in, w.queued)
 	}
 	att.detached--
 	if att.stuck == 0 && att.detached == 0 {
@@ -430,6 +430,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	wb.mu.Lock()
 	att.handle = in.Handle()
 	att.wroteBefore = in.Has(inode.Wrote)
+	att.began = wb.now()
 	var late error
 	failedLate := false
 	if len(wb.side.lateErr) > 0 {
