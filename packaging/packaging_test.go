@@ -24,14 +24,14 @@ import (
 )
 
 // The files of the Debian package, with their modes; directories are all
-// 0755 and everything belongs to root:root. The README is added by
-// readmeInDeb.
+// 0755 and everything belongs to root:root. The README and the documents
+// of docs/ are added by docsInDeb.
 var debFiles = map[string]os.FileMode{
 	"./usr/sbin/flusherd":                                                  0o755,
 	"./lib/systemd/system/flusherd.service":                                0o644,
 	"./etc/flusherd/flusherd.toml":                                         0o644,
 	"./usr/share/doc/flusherd/flusherd-metrics.conf":                       0o644,
-	"./usr/share/doc/flusherd/doc/storm.png":                               0o644,
+	"./usr/share/doc/flusherd/docs/storm.png":                              0o644,
 	"./usr/share/doc/flusherd/copyright":                                   0o644,
 	"./usr/share/doc/flusherd/changelog.gz":                                0o644,
 	"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.yml":      0o644,
@@ -41,18 +41,30 @@ var debFiles = map[string]os.FileMode{
 	"./usr/share/man/man5/flusherd.toml.5.gz":                              0o644,
 }
 
-// readmeInDeb returns the README's path in the package: gzipped when it
-// is over 4 KiB, as dh_compress does.
-func readmeInDeb(t *testing.T) string {
+// docsInDeb returns the README's and docs/*.md's paths in the package,
+// each with its source: gzipped when over 4 KiB, as dh_compress does.
+func docsInDeb(t *testing.T) map[string]string {
 	t.Helper()
-	fi, err := os.Stat("../README.md")
+	mds, err := filepath.Glob("../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Size() > 4096 {
-		return "./usr/share/doc/flusherd/README.md.gz"
+	if len(mds) < 6 {
+		t.Fatalf("docs/ has only %q", mds)
 	}
-	return "./usr/share/doc/flusherd/README.md"
+	docs := map[string]string{}
+	for _, src := range append(mds, "../README.md") {
+		fi, err := os.Stat(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := "./usr/share/doc/flusherd/" + strings.TrimPrefix(src, "../")
+		if fi.Size() > 4096 {
+			p += ".gz"
+		}
+		docs[p] = src
+	}
+	return docs
 }
 
 // The maintainer that the tests build the package with (DEBFULLNAME and
@@ -235,8 +247,10 @@ func TestMain(m *testing.M) {
 func TestDeb(t *testing.T) {
 	deb := builtDeb(t)
 	debFiles := maps.Clone(debFiles)
-	readme := readmeInDeb(t)
-	debFiles[readme] = 0o644
+	docs := docsInDeb(t)
+	for p := range docs {
+		debFiles[p] = 0o644
+	}
 
 	dpkgDeb := func(args ...string) string {
 		t.Helper()
@@ -377,14 +391,16 @@ func TestDeb(t *testing.T) {
 	if gotUnit != wantUnit {
 		t.Errorf("the packaged unit is not systemd/flusherd.service with ExecStart=/usr/sbin/flusherd")
 	}
-	for pkgPath, src := range map[string]string{
-		"./etc/flusherd/flusherd.toml": "flusherd.toml",
-		readme:                         "../README.md",
+	sources := map[string]string{
+		"./etc/flusherd/flusherd.toml":                                         "flusherd.toml",
 		"./usr/share/doc/flusherd/flusherd-metrics.conf":                       "../systemd/flusherd-metrics.conf",
+		"./usr/share/doc/flusherd/docs/storm.png":                              "../docs/storm.png",
 		"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.yml":      "../deploy/prometheus/flusherd-rules.yml",
 		"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.test.yml": "../deploy/prometheus/flusherd-rules.test.yml",
 		"./usr/share/lintian/overrides/flusherd":                               "lintian-overrides",
-	} {
+	}
+	maps.Copy(sources, docs)
+	for pkgPath, src := range sources {
 		want, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)

@@ -323,3 +323,12 @@ func TestReadmeTestCommands(t *testing.T) {
 		t.Errorf("the README shows the fast lane (go test -short ...): %v, and the full lane: %v; want both", short, full)
 	}
 }
+
+// TestReadmeLength: the README is one screenful of orientation; the
+// reference is in the man pages and the rest in docs/.
+func TestReadmeLength(t *testing.T) {
+	const maxLines = 300
+	if n := strings.Count(readDoc(t, "../../README.md"), "\n"); n > maxLines {
+		t.Errorf("README.md has %d lines; keep it to %d and move the rest to doc/ (man pages) or docs/", n, maxLines)
+	}
+}
