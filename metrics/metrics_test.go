@@ -329,12 +329,19 @@ func TestServeListenerError(t *testing.T) {
 	}
 }
 
-// TestReadmeListsEveryMetric: every metric of the exposition (the golden
-// file's TYPE lines) has a row in the README's tables.
-func TestReadmeListsEveryMetric(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// TestManPageListsEveryMetric: every metric of the exposition (the golden
+// file's TYPE lines) is defined in flusherd(8)'s METRICS, as "**name**".
+func TestManPageListsEveryMetric(t *testing.T) {
+	doc, err := os.ReadFile("../doc/flusherd.8.md")
 	if err != nil {
 		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(doc), "\n# METRICS\n")
+	if !ok {
+		t.Fatal("doc/flusherd.8.md has no section \"# METRICS\"")
+	}
+	if i := strings.Index(sec, "\n# "); i >= 0 {
+		sec = sec[:i]
 	}
 	g, err := os.ReadFile(golden)
 	if err != nil {
@@ -347,8 +354,8 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 			continue
 		}
 		n++
-		if !strings.Contains(string(readme), "| `"+f[2]+"{") && !strings.Contains(string(readme), "| `"+f[2]+"`") {
-			t.Errorf("README.md has no row for the metric %s", f[2])
+		if !strings.Contains(sec, "**"+f[2]+"**") {
+			t.Errorf("flusherd(8), METRICS: the metric %s is not defined (as **%s**)", f[2], f[2])
 		}
 	}
 	if n == 0 {

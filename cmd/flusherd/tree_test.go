@@ -696,8 +696,8 @@ func (s *treeSuite) rootUnmounted(t *testing.T) {
 }
 
 // 15. A watched tree on its own filesystem, unmounted (its root gone) and
-// mounted again, then a reload (SIGHUP, configuration unchanged), as the
-// README asks: the tree is served again, and a file written in it after
+// mounted again, then a reload (SIGHUP, configuration unchanged), as
+// docs/limitations.md asks: the tree is served again, and a file written in it after
 // the reload is written back by flusherd. (The filesystem comes back with
 // a new superblock and the same fsid: a fanotify mark of the old one died
 // with it, and the reload must mark the new one.)
