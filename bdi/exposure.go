@@ -110,3 +110,27 @@ func (e *exposure) figures(now time.Duration) Exposure {
 	}
 	return out
 }
+
+// add adds o's observations to e (another device's of the same tree, on
+// the same clock).
+func (e *exposure) add(o *exposure) {
+	for i := range e.counts {
+		e.counts[i] += o.counts[i]
+	}
+	e.sum += o.sum
+	e.n += o.n
+	for i := range e.recent {
+		mine, theirs := &e.recent[i], &o.recent[i]
+		switch {
+		case theirs.n == 0:
+		case mine.n == 0 || theirs.minute > mine.minute:
+			*mine = *theirs
+		case theirs.minute == mine.minute:
+			for j := range mine.counts {
+				mine.counts[j] += theirs.counts[j]
+			}
+			mine.n += theirs.n
+			mine.max = max(mine.max, theirs.max)
+		}
+	}
+}

@@ -13,7 +13,7 @@ import (
 // root of the trees asked for (a nested tree's files are its own).
 type TreeFigures struct {
 	Root string
-	// Tracked counts the files on a writeback list or failed.
+	// Tracked counts the files on a writeback list (as Stats.Tracked).
 	Tracked int
 	// DirtyPages and WritebackPages are the files' cachestat(2) counts
 	// as last seen (the same counts as BdiReclaimable and BdiWriteback).
@@ -61,7 +61,9 @@ func (wb *Writeback) Trees(roots []string) []TreeFigures {
 			return
 		}
 		f := &out[i]
-		f.Tracked++
+		if !failed {
+			f.Tracked++
+		}
 		f.DirtyPages += uint64(in.DirtyPages)
 		f.WritebackPages += uint64(in.WritebackPages)
 		if in.Has(inode.Dirty) {
@@ -162,23 +164,73 @@ func (wb *Writeback) attemptFailedLocked(in *inode.Inode) {
 	}
 }
 
-// TreeCounters are a tree's counters on a device.
-type TreeCounters struct {
-	Root            string
-	Written, Errors uint64 // pages; failed attempts
-	Exposure        Exposure
+// TreeTotals are a tree's figures (TreeFigures) and counters: the pages
+// flusherd wrote of its files, their failed attempts, and their exposure
+// (see Exposure).
+type TreeTotals struct {
+	TreeFigures
+	Written, Errors uint64
+	exposure        exposure
 }
 
-// TreeCounters returns the device's counters of each tree it has seen, at
-// now (daemon clock).
-func (wb *Writeback) TreeCounters() []TreeCounters {
-	now := wb.now()
+// OldestAge is the age at now (daemon clock) of the tree's oldest dirty
+// data, 0 when none is dirty.
+func (t *TreeTotals) OldestAge(now time.Duration) time.Duration {
+	if t.Dirty == 0 {
+		return 0
+	}
+	return max(now-t.OldestDirtied, 0)
+}
+
+// Exposure returns the tree's exposure figures at now (daemon clock).
+func (t *TreeTotals) Exposure(now time.Duration) Exposure { return t.exposure.figures(now) }
+
+// add adds o's figures and counters to t (another device's of the same
+// tree).
+func (t *TreeTotals) add(o *TreeTotals) {
+	if o.Dirty > 0 && (t.Dirty == 0 || o.OldestDirtied < t.OldestDirtied) {
+		t.OldestDirtied = o.OldestDirtied
+	}
+	t.Tracked += o.Tracked
+	t.Dirty += o.Dirty
+	t.DirtyPages += o.DirtyPages
+	t.WritebackPages += o.WritebackPages
+	t.Blocked += o.Blocked
+	t.Failed += o.Failed
+	t.Written += o.Written
+	t.Errors += o.Errors
+	t.exposure.add(&o.exposure)
+}
+
+// TreeTotals returns the device's figures and counters of each of roots,
+// in their order (Trees; the counters of the trees its files were reported
+// from).
+func (wb *Writeback) TreeTotals(roots []string) []TreeTotals {
+	figs := wb.Trees(roots)
+	out := make([]TreeTotals, len(roots))
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	out := make([]TreeCounters, len(wb.trees.roots))
-	for i, r := range wb.trees.roots {
-		t := wb.trees.by[i]
-		out[i] = TreeCounters{Root: r, Written: t.written, Errors: t.errors, Exposure: t.exposure.figures(now)}
+	for i, r := range roots {
+		out[i].TreeFigures = figs[i]
+		if j := slices.Index(wb.trees.roots, r); j >= 0 {
+			c := wb.trees.by[j]
+			out[i].Written, out[i].Errors, out[i].exposure = c.written, c.errors, c.exposure
+		}
+	}
+	return out
+}
+
+// TreeTotals returns each of roots' figures and counters over every
+// device, in roots' order.
+func (r *Registry) TreeTotals(roots []string) []TreeTotals {
+	out := make([]TreeTotals, len(roots))
+	for i, root := range roots {
+		out[i].Root = root
+	}
+	for _, wb := range r.Devices() {
+		for i, t := range wb.TreeTotals(roots) {
+			out[i].add(&t)
+		}
 	}
 	return out
 }

@@ -65,24 +65,25 @@ func TestTreeCounters(t *testing.T) {
 		h.wb.MarkInodeDirty(b.key, b.path, "", tree.Tree{Root: "/srv/sub", Expire: 3 * time.Second})
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		got := map[string]TreeCounters{}
-		for _, c := range h.wb.TreeCounters() {
-			got[c.Root] = c
+		tt := h.wb.TreeTotals([]string{"/srv", "/srv/sub", "/other"})
+		sa, sb := tt[0], tt[1]
+		if sa.Written != 8 || sb.Written != 4 || sa.Errors != 0 || tt[2].Written != 0 {
+			t.Errorf("written /srv %d, /srv/sub %d, /other %d pages, errors %d; want 8, 4, 0, 0", sa.Written, sb.Written, tt[2].Written, sa.Errors)
 		}
-		sa, sb := got["/srv"], got["/srv/sub"]
-		if sa.Written != 8 || sb.Written != 4 || sa.Errors != 0 {
-			t.Errorf("written /srv %d, /srv/sub %d pages, errors %d; want 8, 4, 0", sa.Written, sb.Written, sa.Errors)
-		}
-		if sa.Exposure.Count != 1 || sb.Exposure.Count != 1 || sa.Exposure.RecentCount != 1 {
-			t.Fatalf("exposure counts %+v %+v, want one each", sa.Exposure, sb.Exposure)
+		ea, eb := sa.Exposure(h.now()), sb.Exposure(h.now())
+		if ea.Count != 1 || eb.Count != 1 || ea.RecentCount != 1 {
+			t.Fatalf("exposure counts %+v %+v, want one each", ea, eb)
 		}
 		// Expired at 3 s, written by the kupdate pass after (1 s
 		// interval): between 3 and 4 s dirty.
-		if e := sa.Exposure.MaxRecent; e < 3 || e > 4.01 {
+		if e := ea.MaxRecent; e < 3 || e > 4.01 {
 			t.Errorf("exposure of /srv/a: %.3fs, want 3-4s", e)
 		}
-		if n := len(h.wb.TreeCounters()); n != 2 {
-			t.Errorf("%d trees counted, want 2", n)
+		// Two devices' totals of one tree add up.
+		sum := sa
+		sum.add(&sa)
+		if e := sum.Exposure(h.now()); sum.Written != 16 || e.Count != 2 || e.RecentCount != 2 || e.MaxRecent != ea.MaxRecent {
+			t.Errorf("the sum of two: written %d, exposure %+v", sum.Written, e)
 		}
 	})
 }

@@ -34,8 +34,10 @@ type fakeSource struct {
 	devs    []Device
 	backend string
 	ctr     *watch.Counters
+	trees   []Tree
 }
 
+func (f *fakeSource) Trees() []Tree                    { return f.trees }
 func (f *fakeSource) Devices() []Device                { return f.devs }
 func (f *fakeSource) Watch() (string, *watch.Counters) { return f.backend, f.ctr }
 
@@ -72,6 +74,14 @@ func newFake() *fakeSource {
 		},
 		backend: "fanotify",
 		ctr:     ctr,
+		trees: []Tree{
+			{Root: "/srv/logs", OldestAge: 2500 * time.Millisecond, Totals: bdi.TreeTotals{
+				TreeFigures: bdi.TreeFigures{Root: "/srv/logs", Tracked: 12, Dirty: 10, DirtyPages: 100},
+				Written:     5000, Errors: 3},
+				Exposure: bdi.Exposure{Count: 40, Sum: 120,
+					Buckets: []uint64{0, 0, 0, 0, 2, 10, 30, 38, 39, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40}}},
+			{Root: "/srv/spool"}, // nothing yet
+		},
 	}
 }
 
@@ -218,6 +228,7 @@ func (b *fakeBackend) Counters() *watch.Counters       { return &b.ctr }
 func (b *fakeBackend) Quiesce(context.Context)         {}
 func (b *fakeBackend) Settle(context.Context) error    { return nil }
 func (b *fakeBackend) TreeOf(string) (tree.Tree, bool) { return tree.Tree{}, false }
+func (b *fakeBackend) Trees() []watch.TreeUse          { return nil }
 
 // TestServe: Serve answers on an ephemeral port with the flusherd, Go and
 // process metrics, and stops, closing the listener and leaving no

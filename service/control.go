@@ -23,7 +23,7 @@ import (
 )
 
 // ControlHandler serves the control socket's requests (see package
-// control): sync (Sync), dirty and stats.
+// control): sync (Sync), dirty, stats and status (StatusOf).
 func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 	return func(ctx context.Context, req control.Request) control.Response {
 		switch req.Op {
@@ -46,6 +46,9 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 			}
 			files, total := dirtyFiles(reg, req.Top, under)
 			return control.Response{OK: true, Dirty: files, DirtyTotal: total}
+		case "status":
+			st := StatusOf(reg, wat)
+			return control.Response{OK: true, Status: &st}
 		case "stats":
 			var out []control.DeviceStats
 			for _, wb := range reg.Devices() {
@@ -56,7 +59,7 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 			}
 			return control.Response{OK: true, Devices: out}
 		}
-		return control.Response{Error: fmt.Sprintf("unknown op %q (want sync, dirty or stats)", req.Op)}
+		return control.Response{Error: fmt.Sprintf("unknown op %q (want sync, dirty, stats or status)", req.Op)}
 	}
 }
 

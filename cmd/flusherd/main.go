@@ -32,6 +32,7 @@ Usage:
   flusherd stats   [--config FILE] [--stats-dir DIR] [--files] [DEV]
   flusherd sync    [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]
   flusherd dirty   [--config FILE] [--stats-dir DIR] [--top N] [--json] [PATH...]
+  flusherd status  [--config FILE] [--stats-dir DIR] [--json] [--interval D]
   flusherd check-config FILE
   flusherd print-default-config
   flusherd version  (or --version)
@@ -50,6 +51,8 @@ Commands:
            that failed
   dirty    the tracked files, oldest first: age, device, list, dirty and
            writeback pages, retries, last error, path
+  status   a line per tree (tracked, dirty, oldest age against the expire,
+           written, errors, exposure), then a line per device
   check-config          validate a configuration file and print the
                         effective configuration
   print-default-config  print the defaults as a configuration file
@@ -85,6 +88,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdSync(args[1:], stdout, stderr)
 	case "dirty":
 		return cmdDirty(args[1:], stdout, stderr)
+	case "status":
+		return cmdStatus(args[1:], stdout, stderr)
 	case "check-config":
 		return cmdCheckConfig(args[1:], stdout, stderr)
 	case "print-default-config":
