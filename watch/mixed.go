@@ -3,12 +3,12 @@ package watch
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 
 	"go.uber.org/zap"
 
 	"flusherd/bdi"
+	"flusherd/internal/logpath"
 )
 
 // Mixed serves each tree with the backend its filesystem allows, at once:
@@ -81,7 +81,7 @@ func (m *Mixed) AddTree(ctx context.Context, t Tree) error {
 	if err == nil {
 		return nil
 	}
-	m.fa.log.Info(fanotifyRefused(err), zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+	m.fa.log.Info(fanotifyRefused(err), logpath.String("root", t.Root), zap.Error(err))
 	return m.in.AddTree(ctx, t)
 }
 
