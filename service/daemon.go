@@ -29,6 +29,7 @@ type Daemon struct {
 	Wat     watch.Backend
 	Handles *inode.Handles
 	Errs    *bdi.ErrWatch
+	Claims  *TreeClaims     // the trees' roots claimed on the host (nil: none)
 	Level   zap.AtomicLevel // log.level, set again by a reload
 	Notify  *Notifier
 	Log     *zap.Logger

@@ -190,6 +190,7 @@ func (d *Daemon) applyPlan(plan TreePlan) (served []watch.Tree, added int, short
 	for _, t := range plan.Retire {
 		wat.RemoveTree(t.Root)
 		d.Errs.Remove(t.Root)
+		d.Claims.Release(t.Root)
 	}
 	for _, t := range plan.Retire {
 		k := d.Reg.TreeRemoved(t.Root, func(p string) bool { _, in := wat.TreeOf(p); return in })
@@ -204,13 +205,22 @@ func (d *Daemon) applyPlan(plan TreePlan) (served []watch.Tree, added int, short
 	served = plan.Keep
 	for _, t := range plan.Add {
 		root := t.Root
+		// A root left out is not served: its claim goes (a replaced
+		// root's too).
+		if err := d.claim(t); err != nil {
+			d.Claims.Release(root)
+			log.Error("cannot watch a root added by the reload", logpath.String("root", root), zap.Error(err))
+			continue
+		}
 		if _, err := d.Handles.AddMount(root); policy.Shortage(err) {
+			d.Claims.Release(root)
 			short = true
 			continue
 		} else if err != nil {
 			log.Info("files of this tree are opened by path, not by file handle", logpath.String("root", root), zap.Error(err))
 		}
 		if err := wat.AddTree(context.Background(), t); err != nil {
+			d.Claims.Release(root)
 			if policy.Shortage(err) {
 				short = true
 				continue

@@ -151,12 +151,14 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		return err
 	}
 	defer unlock()
+	claims := service.OpenClaims(service.TreeClaimDir, log)
+	defer claims.Close()
 	// Until READY=1, systemd's TimeoutStartSec runs: while start-up makes
 	// progress, extend it.
 	start := service.StartProgress(n, len(cfg.Watch))
 	defer start.Stop()
 	d := &service.Daemon{Config: cfg, Load: reload, Level: level, Notify: n, Log: log, Clock: service.SystemClock,
-		Handles: inode.NewHandles(), Errs: bdi.NewErrWatch(), Socket: control.SocketPath(cfg.Stats.Dir)}
+		Handles: inode.NewHandles(), Errs: bdi.NewErrWatch(), Claims: claims, Socket: control.SocketPath(cfg.Stats.Dir)}
 	defer d.Handles.Close()
 	defer d.Errs.Close()
 	if err := wire(d, start); err != nil {
@@ -181,10 +183,18 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	return nil
 }
 
-// wire builds the rest of d's parts for d.Config: the device registry,
-// the trees set up, the watcher.
+// wire builds the rest of d's parts for d.Config: the trees, claimed
+// (another daemon's tree is an error before anything else is made), the
+// device registry, the trees set up, the watcher.
 func wire(d *service.Daemon, start *service.Startup) error {
 	cfg, log, sys := d.Config, d.Log, sysfs.Default()
+	var err error
+	if d.Trees, err = service.TreesOf(cfg); err != nil {
+		return err
+	}
+	if err := d.ClaimTrees(); err != nil {
+		return err
+	}
 	d.Reg = bdi.NewRegistry(bdi.Options{
 		Config:      service.BdiConfig(cfg),
 		StatsDir:    cfg.Stats.Dir,
@@ -198,10 +208,6 @@ func wire(d *service.Daemon, start *service.Startup) error {
 		Log:         log,
 		Errs:        d.Errs,
 	})
-	var err error
-	if d.Trees, err = service.TreesOf(cfg); err != nil {
-		return err
-	}
 	service.SetUpTrees(d.Trees, d.Handles, d.Errs, start, log)
 	d.Wat, err = watch.New(d.Trees, d.Reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: d.Handles, Handles: d.Handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
