@@ -26,10 +26,18 @@ _flusherd() {
 	--timeout | --top | --interval)
 		return
 		;;
+	--log-level)
+		COMPREPLY=($(compgen -W 'debug info warn error' -- "$cur"))
+		return
+		;;
+	--log-format)
+		COMPREPLY=($(compgen -W 'console json' -- "$cur"))
+		return
+		;;
 	esac
 	local flags
 	case $cmd in
-	run) flags='--config --stats-dir --watch' ;;
+	run) flags='--config --stats-dir --watch --log-level --log-format' ;;
 	stats) flags='--config --stats-dir --files' ;;
 	sync) flags='--config --stats-dir --timeout' ;;
 	dirty) flags='--config --stats-dir --top --json' ;;

@@ -13,6 +13,8 @@ complete -c flusherd -n "not __fish_seen_subcommand_from $cmds" -a help -d 'prin
 complete -c flusherd -n "__fish_seen_subcommand_from run stats sync dirty status check-config" -l config -r -F -d 'the configuration file'
 complete -c flusherd -n "__fish_seen_subcommand_from run stats sync dirty status" -l stats-dir -r -a '(__fish_complete_directories)' -d 'directory of the stats files and the control socket'
 complete -c flusherd -n "__fish_seen_subcommand_from run" -l watch -r -a '(__fish_complete_directories)' -d 'directory tree to watch (repeatable)'
+complete -c flusherd -n "__fish_seen_subcommand_from run" -l log-level -x -a 'debug info warn error' -d 'the lowest level logged'
+complete -c flusherd -n "__fish_seen_subcommand_from run" -l log-format -x -a 'console json' -d 'the log line format'
 complete -c flusherd -n "__fish_seen_subcommand_from stats" -l files -d 'read the stats files; do not ask the daemon'
 complete -c flusherd -n "__fish_seen_subcommand_from sync" -l timeout -x -d 'give up waiting after this duration'
 complete -c flusherd -n "__fish_seen_subcommand_from sync check-config dirty" -F

@@ -24,6 +24,7 @@ var keyComments = map[string]string{
 	"watcher.rescan_interval":            "rescans of directories inotify could not watch",
 	"stats.dir":                          "<dir>/bdi/<dev>/stats and <dir>/flusherd.sock",
 	"log.level":                          `"debug", "info", "warn" or "error"`,
+	"log.format":                         `"console" or "json" (one JSON object a line); read at start only`,
 	"metrics.listen":                     `host:port of the Prometheus /metrics endpoint ("": off)`,
 	"watch.path":                         "the directory tree",
 	"watch.recursive":                    "the whole tree below path",

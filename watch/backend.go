@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/tree"
 )
 
@@ -140,7 +141,7 @@ func newAuto(trees []tree.Tree, sink Sink, opt Options, log *zap.Logger) (Backen
 	}
 	var inTrees []tree.Tree
 	for _, r := range refused {
-		log.Info(fanotifyRefused(r.Err), zap.String("root", strconv.Quote(r.Root)), zap.Error(r.Err))
+		log.Info(fanotifyRefused(r.Err), logpath.String("root", r.Root), zap.Error(r.Err))
 		for _, t := range trees {
 			if t.Root == r.Root {
 				inTrees = append(inTrees, t)

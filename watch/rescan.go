@@ -3,8 +3,8 @@ package watch
 import (
 	"context"
 	"errors"
+	"flusherd/internal/logpath"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -188,7 +188,7 @@ func (b *base) forgetRemovedUpTo(seq uint64) {
 func (b *base) finalScan(t tree.Tree) {
 	b.finalScans.Add(1)
 	b.log.Info("events were lost before this tree was removed; scanning it once more for dirty files to write back",
-		zap.String("root", strconv.Quote(t.Root)))
+		logpath.String("root", t.Root))
 	go func() {
 		defer b.finalScans.Add(-1)
 		b.scanDir(context.Background(), t, t.Root, true, nil)

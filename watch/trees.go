@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/tree"
 )
 
@@ -256,7 +257,7 @@ func (b *base) checkRoots() {
 			b.mu.Unlock()
 			if first {
 				b.log.Error("a watched tree's root cannot be reached; its files stay tracked and their writeback is retried",
-					zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+					logpath.String("root", t.Root), zap.Error(err))
 			}
 			continue
 		}
@@ -283,7 +284,7 @@ func (b *base) checkRoots() {
 			how = "replaced by another directory"
 		}
 		b.log.Error("a watched tree's root is gone; its files are no longer tracked (once it is back, a reload (SIGHUP, systemctl reload flusherd) serves it again)",
-			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
+			logpath.String("root", t.Root), zap.String("how", how))
 		b.fence()
 		b.sink.TreeGone(t.Root, t.root.Dev, last)
 		b.touched() // watch/stats marks it gone

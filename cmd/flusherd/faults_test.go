@@ -451,7 +451,7 @@ shutdown_timeout = "3s"
 		}
 		if k.lost {
 			for p := range exitDirty {
-				if !strings.Contains(exitLog, p+`\"`) {
+				if !strings.Contains(exitLog, `"`+p+`"`) {
 					t.Errorf("%s was dirty at exit, but the shutdown log does not name it:\n%s", p, exitLog)
 					break
 				}

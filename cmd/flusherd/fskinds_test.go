@@ -237,7 +237,7 @@ func TestMountsInsideTree(t *testing.T) {
 				t.Errorf("watch/stats: nested_mounts %d, unserved_mounts %d, want 2 and 0", st["nested_mounts"], st["unserved_mounts"])
 			}
 			log := d.log.String()
-			for _, want := range []string{`"mountpoint": "\"` + filepath.Join(tree, "late"), `a filesystem without writeback is mounted inside a tree`} {
+			for _, want := range []string{`"mountpoint": "` + filepath.Join(tree, "late") + `"`, `a filesystem without writeback is mounted inside a tree`} {
 				if !strings.Contains(log, want) {
 					t.Errorf("log lacks %q:\n%s", want, log)
 				}
@@ -329,7 +329,7 @@ func TestBackendPerFilesystem(t *testing.T) {
 	}
 	log := d.log.String()
 	for _, want := range []string{"watch backend: fanotify+inotify (auto: per filesystem)", `"fanotify_trees": 1, "inotify_trees": 1`,
-		`this tree's filesystem refuses fanotify; it is served by inotify	{"root": "\"` + ffs.Dir} {
+		`this tree's filesystem refuses fanotify; it is served by inotify	{"root": "` + ffs.Dir + `"`} {
 		if !strings.Contains(log, want) {
 			t.Errorf("log lacks %q:\n%s", want, log)
 		}

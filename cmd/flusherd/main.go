@@ -29,6 +29,7 @@ const usage = `flusherd - a userspace writeback flusher for chosen directory tre
 
 Usage:
   flusherd run     [--config FILE] [--watch DIR]... [--stats-dir DIR]
+                   [--log-level LEVEL] [--log-format FORMAT]
   flusherd stats   [--config FILE] [--stats-dir DIR] [--files] [DEV]
   flusherd sync    [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]
   flusherd dirty   [--config FILE] [--stats-dir DIR] [--top N] [--json] [PATH...]
