@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,16 +19,11 @@ import (
 // its output. It must have written nothing: no device's stats file.
 func refusedRun(t *testing.T, dir string) string {
 	t.Helper()
-	statsDir := filepath.Join(t.TempDir(), "run")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "run", "--watch", dir, "--stats-dir", statsDir)
-	cmd.Env = append(os.Environ(), "JOURNAL_STREAM=", "NOTIFY_SOCKET=")
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitFailed {
-		t.Fatalf("a second flusherd over %s: %v, want exit %d:\n%s", dir, err, cli.ExitFailed, out)
+	d := runDaemon(t, "", daemonOpts{args: []string{"--watch", dir}, mayExit: true, env: []string{"JOURNAL_STREAM=", "NOTIFY_SOCKET="}})
+	if !testwait.Poll(30*time.Second, d.exited) || d.exitCode() != cli.ExitFailed {
+		t.Fatalf("a second flusherd over %s: exited %v, code %d, want exit %d:\n%s", dir, d.exited(), d.exitCode(), cli.ExitFailed, d.log.String())
 	}
+	out, statsDir := d.log.String(), d.statsDir
 	if _, err := os.Stat(filepath.Join(statsDir, "bdi")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the refused daemon made %s/bdi (%v): it went on after the refusal", statsDir, err)
 	}
@@ -40,12 +33,12 @@ func refusedRun(t *testing.T, dir string) string {
 	return string(out)
 }
 
-// reloadAndWait reloads d with conf (reloadWith) and waits for the
+// reloadAndWait reloads d with conf (flusherdProc.reload) and waits for the
 // reload's line; it returns the log since.
 func reloadAndWait(t *testing.T, d *flusherdProc, conf string) string {
 	t.Helper()
 	from := len(d.log.String())
-	reloadWith(t, d, conf)
+	d.reload(t, conf)
 	testwait.For(t, "the reload", 10*time.Second, func() bool {
 		return strings.Contains(d.log.String()[from:], "configuration reloaded")
 	})

@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,27 +18,13 @@ import (
 func TestDeadLogReader(t *testing.T) {
 	testfs.SkipShort(t, "the daemon on loop-mounted ext4")
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "flusherd.toml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"200ms\"\n[[watch]]\npath = %q\nexpire = \"500ms\"\n", mnt.Dir)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binary, "run", "--config", cfg, "--stats-dir", filepath.Join(dir, "run"), "--log-level", "debug")
-	cmd.Stderr = w
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	d := runDaemon(t, fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"200ms\"\n[[watch]]\npath = %q\nexpire = \"500ms\"\n", mnt.Dir),
+		daemonOpts{stderr: w, args: []string{"--log-level", "debug"}})
 	w.Close()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-	})
 	sc := bufio.NewScanner(r)
 	for sc.Scan() && !strings.Contains(sc.Text(), "ready") {
 	}
@@ -52,21 +36,8 @@ func TestDeadLogReader(t *testing.T) {
 		writeDirty(t, p, 64<<10)
 		waitClean(t, p, 10*time.Second)
 	}
-	select {
-	case err := <-exited:
-		t.Fatalf("the daemon ended after its log reader went away: %v", err)
-	default:
+	if d.exited() {
+		t.Fatalf("the daemon ended after its log reader went away: %v", d.err)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("exit after SIGTERM: %v, want 0", err)
-		}
-		exited <- nil // for the cleanup
-	case <-time.After(30 * time.Second):
-		t.Fatal("no exit 30s after SIGTERM")
-	}
+	d.stop(t)
 }

@@ -3,15 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"flusherd/control"
 	"flusherd/internal/cli"
 	"flusherd/internal/logpath"
 	"flusherd/internal/testwait"
@@ -43,50 +39,6 @@ func TestRunLogFlagsUsage(t *testing.T) {
 	}
 }
 
-// logRun is a flusherd run started with args (and --stats-dir).
-type logRun struct {
-	cmd      *exec.Cmd
-	out      *syncBuffer
-	statsDir string
-	done     chan error
-}
-
-// startLogRun starts the flusherd binary with "run", args and a stats
-// directory of its own, and waits for its control socket (the log alone
-// cannot say, at a level above info).
-func startLogRun(t *testing.T, args ...string) *logRun {
-	t.Helper()
-	r := &logRun{out: &syncBuffer{}, statsDir: filepath.Join(t.TempDir(), "run"), done: make(chan error, 1)}
-	r.cmd = exec.Command(binary, append([]string{"run", "--stats-dir", r.statsDir}, args...)...)
-	r.cmd.Env = append(os.Environ(), "JOURNAL_STREAM=", "NOTIFY_SOCKET=")
-	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { r.done <- r.cmd.Wait() }()
-	t.Cleanup(func() { r.cmd.Process.Kill() })
-	testwait.For(t, "the control socket", 30*time.Second, func() bool {
-		_, err := os.Stat(control.SocketPath(r.statsDir))
-		return err == nil
-	})
-	return r
-}
-
-// stop sends SIGTERM and returns the whole output once the daemon exited 0.
-func (r *logRun) stop(t *testing.T) string {
-	t.Helper()
-	r.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Fatalf("flusherd run: %v\n%s", err, r.out.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("flusherd run did not exit within 60 s of SIGTERM:\n%s", r.out.String())
-	}
-	return r.out.String()
-}
-
 // TestRunLogFormatJSON: with --log-format json --log-level debug (over a
 // configuration's console and error), every line is a JSON object, info
 // lines are there, and the roots logged decode to exactly the trees: one
@@ -95,12 +47,10 @@ func TestRunLogFormatJSON(t *testing.T) {
 	base := t.TempDir()
 	quoted, latin1 := filepath.Join(base, `a "quoted" tree`), filepath.Join(base, "caf\xe9")
 	mkdirs(t, quoted, latin1)
-	cfg := filepath.Join(base, "flusherd.toml")
-	if err := os.WriteFile(cfg, []byte("[log]\nlevel = \"error\"\nformat = \"console\"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r := startLogRun(t, "--config", cfg, "--watch", quoted, "--watch", latin1, "--log-format", "json", "--log-level", "debug")
-	out := r.stop(t)
+	d := runDaemon(t, "[log]\nlevel = \"error\"\nformat = \"console\"\n", daemonOpts{readySocket: true, env: []string{"JOURNAL_STREAM=", "NOTIFY_SOCKET="},
+		args: []string{"--watch", quoted, "--watch", latin1, "--log-format", "json", "--log-level", "debug"}})
+	d.stop(t)
+	out := d.log.String()
 	roots := map[string]bool{}
 	infos := 0
 	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
@@ -129,22 +79,16 @@ func TestRunLogFormatJSON(t *testing.T) {
 // also after a reload: only warnings and errors are logged (the reload's
 // warning about a start-only key shows that it happened).
 func TestRunLogLevelWarn(t *testing.T) {
-	tree, base := t.TempDir(), t.TempDir()
-	cfg := filepath.Join(base, "flusherd.toml")
+	tree := t.TempDir()
 	conf := "[log]\nlevel = \"debug\"\n[[watch]]\npath = \"" + tree + "\"\n"
-	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r := startLogRun(t, "--config", cfg, "--log-level", "warn")
-	if err := os.WriteFile(cfg, []byte(conf+"[watcher]\nrescan_interval = \"11s\"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r.cmd.Process.Signal(syscall.SIGHUP)
+	d := runDaemon(t, conf, daemonOpts{readySocket: true, env: []string{"JOURNAL_STREAM=", "NOTIFY_SOCKET="}, args: []string{"--log-level", "warn"}})
+	d.reload(t, conf+"[watcher]\nrescan_interval = \"11s\"\n")
 	testwait.For(t, "the reload's warning", 10*time.Second, func() bool {
-		return strings.Contains(r.out.String(), "this setting changes at the next start")
+		return strings.Contains(d.log.String(), "this setting changes at the next start")
 	})
 	writeDirty(t, filepath.Join(tree, "f"), 16<<10)
-	out := r.stop(t)
+	d.stop(t)
+	out := d.log.String()
 	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
 		if f := strings.Split(l, "\t"); len(f) < 3 || (f[1] != "WARN" && f[1] != "ERROR") {
 			t.Errorf("at --log-level warn, a line that is not a console line of a warning or an error: %q", l)
