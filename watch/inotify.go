@@ -495,7 +495,7 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 			counted[t.Root] = true
 			w.ctr.Rescans.Add(1)
 			if rt := w.treeAt(t.Root); rt != nil {
-				w.sink.Rescanned(rt.root.Dev)
+				w.sink.Rescanned(rt.rootKey().Dev)
 			}
 		}
 		if ctx.Err() != nil {

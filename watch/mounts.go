@@ -210,7 +210,7 @@ func (b *base) forgetUnmounted(present map[int]bool, devs map[uint64]string) {
 		b.ctr.Nested.Add(^uint64(0))
 		last := !still[nm.dev]
 		for _, t := range b.list() {
-			if t.root.Dev == nm.dev {
+			if t.rootKey().Dev == nm.dev {
 				last = false
 			}
 		}

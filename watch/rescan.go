@@ -42,7 +42,7 @@ func (b *base) rescanTrees(ctx context.Context, trees []*watchedTree, onDir func
 			b.scannedRemoved(t) // (found removed: this scan begins after its removal)
 		}
 		b.ctr.Rescans.Add(1)
-		b.sink.Rescanned(t.root.Dev)
+		b.sink.Rescanned(t.rootKey().Dev)
 		var f func(string)
 		if onDir != nil && served { // (a removed tree's directories get no watch)
 			f = func(p string) { onDir(t.Tree, p) }
