@@ -43,8 +43,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		"SIGINT writes every tracked file back, within writeback.shutdown_timeout, and exits\n"+
 		"0; a second one ends that wait at once. Under systemd: systemctl reload|stop flusherd.",
 		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stdout, stderr)
-	var c commonFlags
-	c.register(fset)
+	var c cli.ConfigFlags
+	c.Register(fset)
 	var watches cli.MultiFlag
 	fset.Var(&watches, "watch", "`directory` tree to watch, recursively, in writeback mode (repeatable; added to the config's [[watch]] entries)")
 	var lf logFlags
@@ -52,12 +52,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if code, stop := cli.ParseFlags(fset, args); stop {
 		return code
 	}
-	cfg, err := loadConfig(c, watches)
+	cfg, err := c.Load(watches)
 	if err == nil {
 		lf.apply(cfg)
 		err = cfg.Validate()
 	}
-	if err == nil && len(cfg.Watch) == 0 && !c.readsFile() {
+	if err == nil && len(cfg.Watch) == 0 && !c.ReadsFile() {
 		// Without a configuration file, nothing to watch is a mistake;
 		// a file that names no tree (as packaged) starts the daemon idle.
 		err = errors.New("nothing to watch: give --watch DIR, or --config FILE with [[watch]] entries")
@@ -84,7 +84,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		log.Warn("configuration: " + n)
 	}
 	reload := func() (*config.Config, error) {
-		cfg, err := loadConfig(c, watches)
+		cfg, err := c.Load(watches)
 		if err == nil {
 			lf.apply(cfg)
 			err = cfg.Validate()

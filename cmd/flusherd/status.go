@@ -21,15 +21,15 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		"stayed dirty before flusherd began writing it over the last 10 minutes:\n"+
 		"p50/p99/max), then a line per device.",
 		"flusherd status\n  flusherd status --interval 2s\n  flusherd status --json | jq '.trees[] | select(.oldest_dirty_seconds > .expire_seconds)'", stdout, stderr)
-	var c commonFlags
-	c.register(fset)
+	var c cli.ConfigFlags
+	c.Register(fset)
 	asJSON := fset.Bool("json", false, "print the control socket's status object (one per line with --interval)")
 	var interval cli.Duration
 	fset.Var(&interval, "interval", "print it again every `duration` (e.g. 2s) until interrupted, as watch(1) does")
 	if code, stop := cli.ParseFlags(fset, args); stop {
 		return code
 	}
-	cfg, err := loadClientConfig(c)
+	cfg, err := c.LoadClient()
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd status: %v\n", err)
 		return cli.ExitUsage
