@@ -43,6 +43,9 @@ var daemonRace bool
 var plainBinary string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(seccompEnv) != "" {
+		seccompExec() // a launcher for TestCachestatRefused
+	}
 	dir, err := os.MkdirTemp("", "flusherd-e2e-bin")
 	if err != nil {
 		panic(err)

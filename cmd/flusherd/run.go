@@ -146,6 +146,9 @@ func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 // everything back within shutdown_timeout (service.Daemon).
 func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error), sigs <-chan os.Signal) error {
 	n := service.NewNotifier(log, service.SystemClock)
+	if err := service.CheckCachestat(); err != nil {
+		return err
+	}
 	unlock, err := service.ClaimStatsDir(cfg.Stats.Dir, log)
 	if err != nil {
 		return err
