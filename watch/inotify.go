@@ -70,7 +70,7 @@ type Watcher struct {
 func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
 	w, err := fsnotify.NewBufferedWatcher(4096)
 	if err != nil {
-		return nil, fmt.Errorf("inotify: %w", err)
+		return nil, fmt.Errorf("inotify: %w", budgetErr(err, inotifyInstances))
 	}
 	iv := opt.RescanInterval
 	if iv <= 0 {
