@@ -10,24 +10,21 @@ import (
 
 // CheckCachestat checks once, at start, that cachestat(2) works: every
 // decision flusherd makes reads it, and without it every file would be
-// tracked as dirty and fail. It reads the daemon's own executable (any
-// regular file does). The error names the call, the errno, the likely
-// cause and the fix: ENOSYS, a kernel older than 6.5 or a seccomp filter
-// that hides the call; EPERM or EACCES, a seccomp filter (a container
-// runtime's default profile, a SystemCallFilter= drop-in).
+// tracked as dirty and fail. It asks about a pipe of its own, which any
+// user may (a file of another owner, opened read-only, would answer EPERM
+// for a reason of its own). The error names the call, the errno, the
+// likely cause and the fix: ENOSYS, a kernel older than 6.5 or a seccomp
+// filter that hides the call; EPERM or EACCES, a seccomp filter (a
+// container runtime's default profile, a SystemCallFilter= drop-in).
 func CheckCachestat() error {
-	exe, err := os.Executable()
-	if err != nil {
-		exe = "/proc/self/exe"
-	}
-	f, err := os.Open(exe)
+	r, w, err := os.Pipe()
 	if err != nil {
 		return nil // cannot tell here: each file's attempt says
 	}
-	defer f.Close()
+	defer r.Close()
+	defer w.Close()
 	var cs unix.Cachestat_t
-	err = unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0)
-	return cachestatErr(err)
+	return cachestatErr(unix.Cachestat(uint(w.Fd()), &unix.CachestatRange{}, &cs, 0))
 }
 
 // cachestatErr is CheckCachestat's verdict on the probe's error.
