@@ -67,10 +67,7 @@ func TestInotifyBudgetUsedUp(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (fanotify, the sysctl)")
 	}
-	// The sysctl is the machine's: no other test binary may make an
-	// inotify instance meanwhile (they hold the lock shared: testfs.Mount,
-	// runDaemon, watch's backends).
-	testfs.ExcludeMounts(t)
+	testfs.ExcludeWatchers(t) // the sysctl is every test binary's
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
 	useUpInotify(t)
 	d := runDaemon(t, fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"200ms\"\n[[watch]]\npath = %q\nexpire = \"500ms\"\n", mnt.Dir), daemonOpts{})

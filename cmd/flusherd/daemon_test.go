@@ -161,9 +161,7 @@ func startDaemon(t *testing.T, configText string) *flusherdProc {
 func runDaemon(t *testing.T, configText string, o daemonOpts) *flusherdProc {
 	t.Helper()
 	bin := cmp.Or(o.bin, binary)
-	// (Shared with the other tests that hold machine state; see
-	// TestInotifyBudgetUsedUp, which changes an inotify budget.)
-	testfs.HoldMounts(t)
+	testfs.HoldWatchers(t) // see testfs.ExcludeWatchers
 	dir := t.TempDir()
 	d := &flusherdProc{
 		cfgPath:  filepath.Join(dir, "flusherd.toml"),

@@ -16,6 +16,7 @@ import (
 // at cleanup (and when restore is called earlier).
 func setSysctl(t *testing.T, path, value string) (restore func()) {
 	t.Helper()
+	testfs.ExcludeWatchers(t) // the limit is every test binary's
 	old, err := os.ReadFile(path)
 	if err != nil {
 		testfs.Missing(t, "%s: %v", path, err)

@@ -16,18 +16,17 @@ import (
 // a shared flock(2) on one file for as long as their mount exists, and a
 // test that boots a container holds it exclusively for as long as the
 // container runs: across the test binaries that `go test ./...` runs in
-// parallel, no test's mount is ever copied into a container. A test that
-// changes a machine-wide budget (an inotify sysctl) excludes the others
-// the same way, and the tests that make inotify instances without a mount
-// (the daemons, the watch backends) hold the lock shared too.
+// parallel, no test's mount is ever copied into a container.
 
 // exclusive is set while this process holds the lock exclusively; its own
 // mounts then need no shared lock.
 var exclusive atomic.Bool
 
-func lockFile(t T) int {
+func lockFile(t T) int { return lockFileNamed(t, "flusherd-test-mounts.lock") }
+
+func lockFileNamed(t T, name string) int {
 	t.Helper()
-	p := filepath.Join(os.TempDir(), "flusherd-test-mounts.lock")
+	p := filepath.Join(os.TempDir(), name)
 	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		t.Fatalf("testfs: open %s: %v", p, err)
@@ -72,6 +71,50 @@ func ExcludeMounts(t T) {
 	exclusive.Store(true)
 	t.Cleanup(func() {
 		exclusive.Store(false)
+		unix.Close(fd)
+	})
+}
+
+// The inotify and fanotify limits (fs.inotify.max_user_watches and
+// _instances, fs.*.max_queued_events) are the machine's: a test that
+// lowers one would make every other test binary's watcher fail meanwhile,
+// and two that save and restore one at once can leave it low. So a test
+// that changes one holds a second lock exclusively (ExcludeWatchers), and
+// the tests that make watchers (the daemons, the watch backends) hold it
+// shared (HoldWatchers).
+
+// exclusiveWatchers counts the tests of this process that hold the
+// watchers' lock exclusively (one lock; the others share it); its own
+// watchers then need no shared lock.
+var exclusiveWatchers atomic.Int32
+
+const watchersLock = "flusherd-test-watchers.lock"
+
+// HoldWatchers takes the watchers' lock shared until the test ends: call
+// it before making an inotify or fanotify watcher.
+func HoldWatchers(t T) {
+	t.Helper()
+	if exclusiveWatchers.Load() > 0 {
+		return
+	}
+	fd := lockFileNamed(t, watchersLock)
+	flock(t, fd, unix.LOCK_SH)
+	t.Cleanup(func() { unix.Close(fd) })
+}
+
+// ExcludeWatchers waits until no other test binary holds a watcher and
+// keeps new ones out until the test ends: call it before changing a
+// watcher limit, and before this test makes any watcher of its own.
+func ExcludeWatchers(t T) {
+	t.Helper()
+	if exclusiveWatchers.Add(1) > 1 {
+		t.Cleanup(func() { exclusiveWatchers.Add(-1) }) // held already
+		return
+	}
+	fd := lockFileNamed(t, watchersLock)
+	flock(t, fd, unix.LOCK_EX)
+	t.Cleanup(func() {
+		exclusiveWatchers.Add(-1)
 		unix.Close(fd)
 	})
 }
