@@ -148,7 +148,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		go ctl.Serve(ctx)
 		defer ctl.Close()
 	}
-	waitMetrics := service.StartMetrics(ctx, cfg, d.Reg, d.Wat, log)
+	waitMetrics := service.StartMetrics(ctx, cfg, d.Reg, d.Wat, d.Readiness, log)
 	defer waitMetrics()
 	d.Ready(ctx)
 	service.StartWatchdog(ctx, d.Reg, cfg.Writeback.AttemptTimeout, n, log)
