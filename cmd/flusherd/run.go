@@ -76,6 +76,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	log := service.NewLogger(level, stderr)
 	defer log.Sync()
+	service.SetMemoryLimit(log)
 	for _, n := range cfg.Notes() {
 		log.Warn("configuration: " + n)
 	}
