@@ -1,0 +1,338 @@
+package container
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
+)
+
+// The trees' bound: data written is due after expire and picked up at the
+// next interval; bound leaves room for a loaded machine.
+const (
+	expire   = 500 * time.Millisecond
+	interval = 200 * time.Millisecond
+	bound    = 10 * time.Second
+)
+
+// Capabilities is what the image needs and all it is given (the unit's
+// CapabilityBoundingSet=): CAP_SYS_ADMIN for fanotify_init and filesystem
+// marks, CAP_DAC_READ_SEARCH for open_by_handle_at, CAP_FOWNER for
+// cachestat on files of other owners.
+var Capabilities = []string{"CAP_SYS_ADMIN", "CAP_DAC_READ_SEARCH", "CAP_FOWNER"}
+
+// podman runs podman with args and returns its standard output; a failure
+// fails the test with its standard error.
+func podman(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("podman", args...).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, stderr)
+	}
+	return string(out)
+}
+
+// buildImage builds the image with build.sh under a tag of this test's
+// own, removed at cleanup.
+func buildImage(t *testing.T) string {
+	t.Helper()
+	tag := fmt.Sprintf("localhost/flusherd-test:%d", os.Getpid())
+	cmd := exec.Command("bash", "build.sh", tag)
+	cmd.Env = append(os.Environ(), "FLUSHERD_VERSION=0.0.0-test")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("build.sh: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("podman", "rmi", "-f", tag).Run() })
+	return tag
+}
+
+// freePort returns a loopback TCP address that was free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// cachestat returns the page cache state of the file at path, read from
+// the host.
+func cachestat(t *testing.T, path string) unix.Cachestat_t {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
+		t.Fatalf("cachestat %s: %v", path, err)
+	}
+	return cs
+}
+
+// writeFiles writes n files of size bytes named prefix0... in dir and
+// returns their paths.
+func writeFiles(t *testing.T, dir, prefix string, n, size int) []string {
+	t.Helper()
+	buf := make([]byte, size)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	var paths []string
+	for i := range n {
+		p := filepath.Join(dir, prefix+strconv.Itoa(i))
+		if err := os.WriteFile(p, buf, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	return paths
+}
+
+// dirtyPages sums the dirty and writeback pages of paths (cachestat).
+func dirtyPages(t *testing.T, paths []string) uint64 {
+	t.Helper()
+	var n uint64
+	for _, p := range paths {
+		cs := cachestat(t, p)
+		n += cs.Dirty + cs.Writeback
+	}
+	return n
+}
+
+// waitClean fails unless every file of paths is clean within limit.
+func waitClean(t *testing.T, what string, paths []string, limit time.Duration) {
+	t.Helper()
+	if n := dirtyPages(t, paths); n == 0 {
+		t.Fatalf("%s: clean before any writeback (the test's check cannot fail)", what)
+	}
+	start := time.Now()
+	if !testwait.Poll(limit, func() bool { return dirtyPages(t, paths) == 0 }) {
+		t.Fatalf("%s: %d pages still dirty or under writeback after %v", what, dirtyPages(t, paths), limit)
+	}
+	t.Logf("%s: %d files clean after %v", what, len(paths), time.Since(start).Round(10*time.Millisecond))
+}
+
+// get fetches url and returns the status code and the body.
+func get(url string) (int, string, error) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// usage describes the peak RSS and the CPU time of process pid, from
+// /proc.
+func usage(pid string) string {
+	status, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return err.Error()
+	}
+	var hwm string
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			hwm = strings.TrimSpace(v)
+		}
+	}
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return err.Error()
+	}
+	// Fields after the command's closing parenthesis: utime and stime
+	// are the 12th and 13th, in clock ticks (100 a second on Linux).
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(f) < 13 {
+		return "peak RSS " + hwm
+	}
+	ut, _ := strconv.Atoi(f[11])
+	st, _ := strconv.Atoi(f[12])
+	return fmt.Sprintf("peak RSS %s, CPU %v user %v system", hwm, time.Duration(ut)*10*time.Millisecond, time.Duration(st)*10*time.Millisecond)
+}
+
+// runtimeArgs picks the OCI runtime: runc when installed, as crun refuses
+// a hybrid cgroup hierarchy whose cgroup v2 has a controller.
+func runtimeArgs() []string {
+	if _, err := exec.LookPath("runc"); err == nil {
+		return []string{"--runtime", "runc"}
+	}
+	return nil
+}
+
+// ulimitArgs gives the container this process's open file limit, and a
+// process limit below its own: without CAP_SYS_RESOURCE the runtime cannot
+// set podman's defaults, which are higher.
+func ulimitArgs(t *testing.T) []string {
+	var nofile, nproc unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &nofile); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &nproc); err != nil {
+		t.Fatal(err)
+	}
+	n := min(nproc.Cur, 4096)
+	return []string{"--ulimit", fmt.Sprintf("nofile=%d:%d", nofile.Cur, nofile.Cur),
+		"--ulimit", fmt.Sprintf("nproc=%d:%d", n, n)}
+}
+
+// TestImage runs the image as a DaemonSet does, under podman: the seccomp
+// profile, the exact capabilities, no new privileges, a loop-mounted ext4
+// (shared, as under systemd) bind-mounted read-only with rslave
+// propagation, and a drop-in naming two trees on it. Files written on the host are clean within the bound
+// (cachestat from the host), also on a filesystem mounted under the tree
+// after the start; flusherd dirty and stats answer through podman exec;
+// /healthz and /readyz answer; podman stop writes every tracked file back
+// and the daemon exits 0.
+func TestImage(t *testing.T) {
+	testfs.SkipShort(t, "builds the container image and runs it under podman")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts, and podman with fanotify's capabilities")
+	}
+	if _, err := exec.LookPath("podman"); err != nil {
+		testfs.Missing(t, "podman not found (Debian packages podman, buildah, runc): %v", err)
+	}
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
+	data := filepath.Join(mnt.Dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// hold's tree has an expiry of an hour: its files wait for the stop.
+	hold := filepath.Join(mnt.Dir, "hold")
+	if err := os.Mkdir(hold, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// As under systemd, where / is shared: a mount made under the tree
+	// propagates to the container's rslave copy of it.
+	if err := unix.Mount("", mnt.Dir, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatalf("mount --make-shared %s: %v", mnt.Dir, err)
+	}
+	second := testfs.Mount(t, testfs.Options{Type: "ext4"})
+	image := buildImage(t)
+	profile, err := filepath.Abs("../seccomp/flusherd.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	dropIns := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dropIns, "trees.toml"), fmt.Appendf(nil, `[writeback]
+dirty_writeback_interval = %q
+dirty_expire_interval = %q
+[metrics]
+listen = %q
+[[watch]]
+path = "/srv/data"
+[[watch]]
+path = "/srv/hold"
+expire = "1h"
+`, interval, expire, addr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("flusherd-test-%d", os.Getpid())
+	args := []string{"run", "-d", "--name", name, "--network", "host",
+		"--security-opt", "seccomp=" + profile, "--security-opt", "no-new-privileges",
+		"--cap-drop", "all", "--cap-add", strings.Join(Capabilities, ","),
+		"-v", mnt.Dir + ":/srv:ro,rslave", "-v", dropIns + ":/etc/flusherd/flusherd.d:ro"}
+	args = append(args, runtimeArgs()...)
+	args = append(args, ulimitArgs(t)...)
+	podman(t, append(args, image)...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := exec.Command("podman", "logs", name).CombinedOutput()
+			t.Logf("daemon log:\n%s", out)
+		}
+		exec.Command("podman", "rm", "-f", "-t", "0", name).Run()
+	})
+	logs := func() string {
+		out, _ := exec.Command("podman", "logs", name).CombinedOutput()
+		return string(out)
+	}
+
+	// Ready: the initial scan is done.
+	base := "http://" + addr
+	if !testwait.Poll(30*time.Second, func() bool { code, _, _ := get(base + "/readyz"); return code == 200 }) {
+		code, body, err := get(base + "/readyz")
+		t.Fatalf("/readyz not 200 within 30s: %d %q %v", code, body, err)
+	}
+	if code, body, err := get(base + "/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz = %d %q %v, want 200 \"ok\"", code, body, err)
+	}
+	if log := logs(); !strings.Contains(log, "watch backend: fanotify") || strings.Contains(log, "opened by path") {
+		t.Errorf("the daemon does not use fanotify with opens by handle under the profile:\n%s", log)
+	}
+
+	files := writeFiles(t, data, "f", 20, 256<<10)
+	waitClean(t, "files written on the host", files, bound)
+
+	// A filesystem mounted under the tree after the start reaches the
+	// container (rslave) and is served.
+	sub := filepath.Join(data, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(second.Dir, sub, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(sub, unix.MNT_DETACH) })
+	nested := writeFiles(t, sub, "n", 5, 256<<10)
+	waitClean(t, "files of a filesystem mounted under the tree after the start", nested, bound)
+
+	// The clients answer through the control socket in the container.
+	held := writeFiles(t, data, "g", 3, 64<<10)
+	if out := podman(t, "exec", name, "flusherd", "dirty"); !strings.Contains(out, "PATH") {
+		t.Errorf("flusherd dirty: no header:\n%s", out)
+	}
+	out := podman(t, "exec", name, "flusherd", "stats")
+	for _, want := range []string{"==> bdi/" + mnt.MajMin + " <==", "==> bdi/" + second.MajMin + " <==", "BdiWritten:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("flusherd stats lacks %q:\n%s", want, out)
+		}
+	}
+	waitClean(t, "files written around the clients' calls", held, bound)
+
+	// The files of hold's tree are tracked and left dirty (an hour's
+	// expiry) until the stop writes them back.
+	last := writeFiles(t, hold, "h", 20, 256<<10)
+	time.Sleep(2 * (expire + interval))
+	if n := dirtyPages(t, last); n == 0 {
+		t.Fatal("the files of the tree with an hour's expiry are clean before the stop (the check cannot fail)")
+	}
+	if out := podman(t, "exec", name, "flusherd", "dirty"); strings.Count(out, "/srv/hold/h") != len(last) {
+		t.Errorf("flusherd dirty does not list the %d files waiting for the stop:\n%s", len(last), out)
+	}
+	if pid := strings.TrimSpace(podman(t, "inspect", name, "--format", "{{.State.Pid}}")); pid != "0" {
+		t.Logf("daemon in the container before the stop: %s", usage(pid))
+	}
+	podman(t, "stop", "-t", "60", name)
+	if code := strings.TrimSpace(podman(t, "inspect", name, "--format", "{{.State.ExitCode}}")); code != "0" {
+		t.Errorf("exit code %s after podman stop, want 0", code)
+	}
+	if n := dirtyPages(t, last); n != 0 {
+		t.Errorf("%d pages dirty or under writeback after the stop", n)
+	}
+	if log := logs(); !strings.Contains(log, "every tracked file is clean; exiting") {
+		t.Errorf("no clean exit in the log:\n%s", log)
+	}
+}
