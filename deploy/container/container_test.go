@@ -214,6 +214,9 @@ func TestImage(t *testing.T) {
 	if _, err := exec.LookPath("podman"); err != nil {
 		testfs.Missing(t, "podman not found (Debian packages podman, buildah, runc): %v", err)
 	}
+	// The container starts with a copy of the host's mounts: keep other
+	// tests' loop mounts out of it (testfs.ExcludeMounts).
+	testfs.ExcludeMounts(t)
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
 	data := filepath.Join(mnt.Dir, "data")
 	if err := os.Mkdir(data, 0o755); err != nil {
