@@ -48,10 +48,16 @@ func podman(t *testing.T, args ...string) string {
 	return string(out)
 }
 
-// buildImage builds the image with build.sh under a tag of this test's
-// own, removed at cleanup.
+// image is the tag buildImage built, removed by TestMain.
+var image string
+
+// buildImage builds the image with build.sh, once for the test binary,
+// under a tag of its own.
 func buildImage(t *testing.T) string {
 	t.Helper()
+	if image != "" {
+		return image
+	}
 	tag := fmt.Sprintf("localhost/flusherd-test:%d", os.Getpid())
 	cmd := exec.Command("bash", "build.sh", tag)
 	cmd.Env = append(os.Environ(), "FLUSHERD_VERSION=0.0.0-test")
@@ -59,8 +65,16 @@ func buildImage(t *testing.T) string {
 	if err != nil {
 		t.Fatalf("build.sh: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { exec.Command("podman", "rmi", "-f", tag).Run() })
+	image = tag
 	return tag
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if image != "" {
+		exec.Command("podman", "rmi", "-f", image).Run()
+	}
+	os.Exit(code)
 }
 
 // freePort returns a loopback TCP address that was free a moment ago.
@@ -198,15 +212,12 @@ func ulimitArgs(t *testing.T) []string {
 		"--ulimit", fmt.Sprintf("nproc=%d:%d", n, n)}
 }
 
-// TestImage runs the image as a DaemonSet does, under podman: the seccomp
-// profile, the exact capabilities, no new privileges, a loop-mounted ext4
-// (shared, as under systemd) bind-mounted read-only with rslave
-// propagation, and a drop-in naming two trees on it. Files written on the host are clean within the bound
-// (cachestat from the host), also on a filesystem mounted under the tree
-// after the start; flusherd dirty and stats answer through podman exec;
-// /healthz and /readyz answer; podman stop writes every tracked file back
-// and the daemon exits 0.
-func TestImage(t *testing.T) {
+// needPodman skips the test in the short lane, or without root; without
+// podman it is Missing. It keeps other tests' loop mounts out of the
+// containers, which start with a copy of the host's mounts
+// (testfs.ExcludeMounts).
+func needPodman(t *testing.T) {
+	t.Helper()
 	testfs.SkipShort(t, "builds the container image and runs it under podman")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts, and podman with fanotify's capabilities")
@@ -214,9 +225,58 @@ func TestImage(t *testing.T) {
 	if _, err := exec.LookPath("podman"); err != nil {
 		testfs.Missing(t, "podman not found (Debian packages podman, buildah, runc): %v", err)
 	}
-	// The container starts with a copy of the host's mounts: keep other
-	// tests' loop mounts out of it (testfs.ExcludeMounts).
 	testfs.ExcludeMounts(t)
+}
+
+// startContainer runs the image as the container name-<pid>, as a
+// DaemonSet does: the seccomp profile, only Capabilities, no new
+// privileges, srv bind-mounted read-only at /srv with rslave propagation,
+// and dropIn as the drop-in trees.toml; extra are more podman run
+// arguments. It returns a function that reads the daemon's log; the
+// container is removed at cleanup, its log shown when the test failed.
+func startContainer(t *testing.T, name, srv, dropIn string, extra ...string) (logs func() string) {
+	t.Helper()
+	img := buildImage(t)
+	profile, err := filepath.Abs("../seccomp/flusherd.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropIns := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dropIns, "trees.toml"), []byte(dropIn), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name = fmt.Sprintf("%s-%d", name, os.Getpid())
+	args := []string{"run", "-d", "--name", name, "--network", "host",
+		"--security-opt", "seccomp=" + profile, "--security-opt", "no-new-privileges",
+		"--cap-drop", "all", "--cap-add", strings.Join(Capabilities, ","),
+		"-v", srv + ":/srv:ro,rslave", "-v", dropIns + ":/etc/flusherd/flusherd.d:ro"}
+	args = append(args, runtimeArgs()...)
+	args = append(args, ulimitArgs(t)...)
+	args = append(args, extra...)
+	podman(t, append(args, img)...)
+	logs = func() string {
+		out, _ := exec.Command("podman", "logs", name).CombinedOutput()
+		return string(out)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", logs())
+		}
+		exec.Command("podman", "rm", "-f", "-t", "0", name).Run()
+	})
+	return logs
+}
+
+// TestImage runs the image as a DaemonSet does, under podman: the seccomp
+// profile, the exact capabilities, no new privileges, a loop-mounted ext4
+// (shared, as under systemd) bind-mounted read-only with rslave
+// propagation, and a drop-in naming two trees on it. Files written on the
+// host are clean within the bound (cachestat from the host), also on a
+// filesystem mounted under the tree after the start; flusherd dirty and stats answer through podman exec;
+// /healthz and /readyz answer; podman stop writes every tracked file back
+// and the daemon exits 0.
+func TestImage(t *testing.T) {
+	needPodman(t)
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
 	data := filepath.Join(mnt.Dir, "data")
 	if err := os.Mkdir(data, 0o755); err != nil {
@@ -233,14 +293,8 @@ func TestImage(t *testing.T) {
 		t.Fatalf("mount --make-shared %s: %v", mnt.Dir, err)
 	}
 	second := testfs.Mount(t, testfs.Options{Type: "ext4"})
-	image := buildImage(t)
-	profile, err := filepath.Abs("../seccomp/flusherd.json")
-	if err != nil {
-		t.Fatal(err)
-	}
 	addr := freePort(t)
-	dropIns := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dropIns, "trees.toml"), fmt.Appendf(nil, `[writeback]
+	logs := startContainer(t, "flusherd-test", mnt.Dir, fmt.Sprintf(`[writeback]
 dirty_writeback_interval = %q
 dirty_expire_interval = %q
 [metrics]
@@ -250,28 +304,8 @@ path = "/srv/data"
 [[watch]]
 path = "/srv/hold"
 expire = "1h"
-`, interval, expire, addr), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`, interval, expire, addr))
 	name := fmt.Sprintf("flusherd-test-%d", os.Getpid())
-	args := []string{"run", "-d", "--name", name, "--network", "host",
-		"--security-opt", "seccomp=" + profile, "--security-opt", "no-new-privileges",
-		"--cap-drop", "all", "--cap-add", strings.Join(Capabilities, ","),
-		"-v", mnt.Dir + ":/srv:ro,rslave", "-v", dropIns + ":/etc/flusherd/flusherd.d:ro"}
-	args = append(args, runtimeArgs()...)
-	args = append(args, ulimitArgs(t)...)
-	podman(t, append(args, image)...)
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := exec.Command("podman", "logs", name).CombinedOutput()
-			t.Logf("daemon log:\n%s", out)
-		}
-		exec.Command("podman", "rm", "-f", "-t", "0", name).Run()
-	})
-	logs := func() string {
-		out, _ := exec.Command("podman", "logs", name).CombinedOutput()
-		return string(out)
-	}
 
 	// Ready: the initial scan is done.
 	base := "http://" + addr
@@ -337,5 +371,69 @@ expire = "1h"
 	}
 	if log := logs(); !strings.Contains(log, "every tracked file is clean; exiting") {
 		t.Errorf("no clean exit in the log:\n%s", log)
+	}
+}
+
+// TestImageMemoryLimit: under a 64 MiB memory limit without swap, 200,000
+// files written on the host all become clean within a minute: the daemon
+// sets its Go memory limit from the cgroup's, is not OOM-killed, and what
+// it tracks or not is written back all the same; the stop exits 0.
+func TestImageMemoryLimit(t *testing.T) {
+	needPodman(t)
+	const dirs, perDir = 200, 1000
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 1400, MkfsArgs: []string{"-N", "250000"}})
+	data := filepath.Join(mnt.Dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logs := startContainer(t, "flusherd-test-mem", mnt.Dir, fmt.Sprintf(`[writeback]
+dirty_writeback_interval = %q
+dirty_expire_interval = %q
+[[watch]]
+path = "/srv/data"
+`, interval, expire), "--memory", "64m", "--memory-swap", "64m")
+	name := fmt.Sprintf("flusherd-test-mem-%d", os.Getpid())
+	if !testwait.Poll(30*time.Second, func() bool { return strings.Contains(logs(), "initial scan done") }) {
+		t.Fatal("the initial scan did not end within 30s")
+	}
+	if log := logs(); !strings.Contains(log, "Go memory limit set from the cgroup's memory limit") || !strings.Contains(log, `"cgroup_limit": 67108864`) {
+		t.Errorf("no Go memory limit from the cgroup's 64 MiB in the log:\n%s", log)
+	}
+
+	start := time.Now()
+	var paths []string
+	for d := range dirs {
+		dir := filepath.Join(data, "d"+strconv.Itoa(d))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, writeFiles(t, dir, "f", perDir, 100)...)
+	}
+	t.Logf("%d files written in %v; the last %d: %d pages dirty or under writeback", len(paths), time.Since(start).Round(time.Millisecond),
+		perDir, dirtyPages(t, paths[len(paths)-perDir:]))
+	if !testwait.Poll(60*time.Second, func() bool { return dirtyPages(t, paths) == 0 }) {
+		t.Fatalf("%d pages still dirty or under writeback 60s after the files were written", dirtyPages(t, paths))
+	}
+	t.Logf("every file clean %v after the first was written", time.Since(start).Round(time.Millisecond))
+	state := strings.TrimSpace(podman(t, "inspect", name, "--format", "{{.State.Status}} {{.State.OOMKilled}} {{.State.Pid}}"))
+	f := strings.Fields(state)
+	if len(f) != 3 || f[0] != "running" || f[1] != "false" {
+		t.Fatalf("container state %q, want running and not OOM-killed", state)
+	}
+	t.Logf("daemon under 64 MiB after %d files: %s", len(paths), usage(f[2]))
+	// The daemon wrote them, not the kernel (whose expiry is 30 s): its
+	// device counts a page of each.
+	var written int
+	for line := range strings.Lines(podman(t, "exec", name, "flusherd", "stats")) {
+		if v, ok := strings.CutPrefix(line, "BdiWritten:"); ok {
+			written, _ = strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		}
+	}
+	if want := len(paths) * os.Getpagesize() / 1024; written < want {
+		t.Errorf("BdiWritten %d kB, want at least %d (a page of each file)", written, want)
+	}
+	podman(t, "stop", "-t", "60", name)
+	if code := strings.TrimSpace(podman(t, "inspect", name, "--format", "{{.State.ExitCode}} {{.State.OOMKilled}}")); code != "0 false" {
+		t.Errorf("exit code and OOM kill %q after podman stop, want 0 false", code)
 	}
 }
