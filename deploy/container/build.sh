@@ -21,7 +21,7 @@ cp deploy/container/flusherd.toml "$ctx/"
 cp -r deploy/container/flusherd.d "$ctx/"
 builder=podman
 command -v podman >/dev/null || builder=buildah
-"$builder" build --quiet --network=none -f deploy/container/Containerfile \
+"$builder" build --quiet --network=none --layers=false -f deploy/container/Containerfile \
 	--build-arg VERSION="$version" --build-arg REVISION="$revision" --build-arg CREATED="$created" \
 	-t "$tag" "$ctx" >/dev/null
 echo "$tag"
