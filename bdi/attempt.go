@@ -3,13 +3,13 @@ package bdi
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/policy"
 )
 
@@ -130,6 +130,12 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	}
 	wb.plug.Merges += att.res.merged
 	wb.acct.outcomes[o]++
+	if att.res.wrote && att.res.dirtyBefore > 0 && !att.wroteBefore {
+		// flusherd began writing its data: how long it stayed dirty.
+		if t := wb.trees.of(in); t != nil {
+			t.exposure.observe(att.began-in.DirtiedWhen, now)
+		}
+	}
 	if att.res.wrote && err == nil && att.res.dirtyBefore > 0 {
 		// Written without an error, an earlier failure's pages among
 		// them: finding it clean later is this write's doing.
@@ -139,7 +145,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	if att.res.wrote && err == nil && att.res.dirtyBefore > st.dirty {
 		n := att.res.dirtyBefore - st.dirty
 		wb.loop.pass.pages += n
-		wb.acct.written += n
+		wb.wroteLocked(in, n)
 	}
 	if (att.res.dirtyBefore != 0 || att.res.wbBefore != 0) && !att.counted {
 		// What its worker saw before writing: the growth since it was
@@ -155,7 +161,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	}
 	if err != nil && o != policy.Gone {
 		in.Errors = satInc(in.Errors)
-		wb.acct.errors++
+		wb.attemptFailedLocked(in)
 		if e := errnoOf(err); e != in.LastErr {
 			in.LastErr = e
 			ac.newErr = true
@@ -239,27 +245,27 @@ func (wb *Writeback) applyLocked(att *attempt, d policy.Decision, err error, dat
 // logAttempt logs what an attempt found, when it is news: a loss, a new
 // error, a file that stays dirty (at 8, 16, 32... attempts), a file gone.
 func (wb *Writeback) logAttempt(path string, o policy.Outcome, d policy.Decision, st afterState, newErr bool, retries uint16) {
-	qpath, err := zap.String("path", strconv.Quote(path)), st.err
+	pathField, err := logpath.String("path", path), st.err
 	switch {
 	case d.Dest == policy.Failed && d.StillLost:
-		wb.log.Debug("still failed: reported again, but nothing was written since its data was lost", qpath, zap.Error(err))
+		wb.log.Debug("still failed: reported again, but nothing was written since its data was lost", pathField, zap.Error(err))
 	case d.Dest == policy.Failed:
 		wb.errLog.Error("data lost: a writeback of this file failed and the kernel dropped its dirty pages; it stays reported as failed until it is written again",
-			qpath, zap.Error(err))
+			pathField, zap.Error(err))
 	case newErr:
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
-			qpath, zap.Stringer("outcome", o), zap.Stringer("requeue", d.Dest), zap.Error(err))
+			pathField, zap.Stringer("outcome", o), zap.Stringer("requeue", d.Dest), zap.Error(err))
 	case o == policy.Skipped && retries >= 8 && retries&(retries-1) == 0:
 		wb.errLog.Warn("file still dirty after repeated writeback; it stays tracked and is retried",
-			qpath, zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", st.dirty), zap.Uint64("writeback_pages", st.wbp))
+			pathField, zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", st.dirty), zap.Uint64("writeback_pages", st.wbp))
 	case o != policy.Gone:
 	case errors.Is(err, unix.ENOENT):
-		wb.log.Debug("file gone; dropped", qpath, zap.Error(err))
+		wb.log.Debug("file gone; dropped", pathField, zap.Error(err))
 	case errors.Is(err, inode.ErrReplaced) || errors.Is(err, inode.ErrNotRegular):
-		wb.log.Info("the path no longer leads to the tracked file; dropped", qpath, zap.Error(err))
+		wb.log.Info("the path no longer leads to the tracked file; dropped", pathField, zap.Error(err))
 	default:
 		// ESTALE from its file handle: the inode was deleted.
-		wb.log.Debug("file deleted; dropped", qpath, zap.Error(err))
+		wb.log.Debug("file deleted; dropped", pathField, zap.Error(err))
 	}
 }
 

@@ -261,7 +261,7 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 		if r.rangeEnd > 0 {
 			wb.bg.rangeOff[r.key] = r.rangeEnd
 			wb.acct.rangeWritebacks++
-			wb.acct.written += r.ranged
+			wb.wroteLocked(in, r.ranged)
 			// (Not inode.Wrote: that writeback's outcome is not known
 			// here, and an integrity file found clean later must still
 			// have its filesystem's error cursor read.)

@@ -283,6 +283,7 @@ func (wb *Writeback) wantsHandleLocked(key inode.Key, h inode.Handle) bool {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t tree.Tree, now time.Duration, how markHow) (wasIdle bool) {
+	wb.trees.see(t.Root)
 	in := wb.inodes.Get(key)
 	if in == nil {
 		in = wb.newInodeLocked(key, path, h, t)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/tree"
 )
 
@@ -238,7 +238,7 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 	wb := r.known(dev)
 	if wb != nil {
 		n := wb.DropUnder(root)
-		r.opt.Log.Info("dropped the files of a tree that is gone", zap.String("root", strconv.Quote(root)), zap.Int("files", n), zap.String("bdi", wb.Name))
+		r.opt.Log.Info("dropped the files of a tree that is gone", logpath.String("root", root), zap.Int("files", n), zap.String("bdi", wb.Name))
 	}
 	if !lastOnDev {
 		return
@@ -401,7 +401,7 @@ func (r *Registry) CheckNames(root string) {
 	for _, wb := range r.Devices() {
 		if n := wb.CheckNames(root); n > 0 {
 			r.opt.Log.Debug("after a rescan, tracked files whose names are gone are looked at by the next pass",
-				zap.String("root", strconv.Quote(root)), zap.Int("files", n), zap.String("bdi", wb.Name))
+				logpath.String("root", root), zap.Int("files", n), zap.String("bdi", wb.Name))
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/google/renameio/v2"
 	"go.uber.org/zap"
 
+	"flusherd/internal/logpath"
 	"flusherd/policy"
 )
 
@@ -305,7 +306,7 @@ func (wb *Writeback) writeStats(force bool) {
 		return
 	}
 	if sw.lastErr != "" {
-		sw.log.Info("stats file written again", zap.String("path", sw.path))
+		sw.log.Info("stats file written again", logpath.String("path", sw.path))
 	}
 	sw.lastErr, sw.retry = "", 0
 	sw.lastGen, sw.last, sw.written = gen, now, true

@@ -3,7 +3,6 @@ package bdi
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -11,6 +10,7 @@ import (
 
 	"flusherd/blk"
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/policy"
 )
 
@@ -336,7 +336,7 @@ func (wb *Writeback) reqTimedOutLocked(r *request) func() {
 	wb.acct.stuck++
 	return func() {
 		wb.errLog.Warn("writeback call exceeded attempt_timeout; the file is marked busy until it returns",
-			zap.String("path", strconv.Quote(r.Owner.path)), zap.Stringer("attempt_timeout", wb.cfg.AttemptTimeout))
+			logpath.String("path", r.Owner.path), zap.Stringer("attempt_timeout", wb.cfg.AttemptTimeout))
 	}
 }
 
@@ -366,7 +366,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		return func() {
 			// close(2) can block (NFS, FUSE): never under the list lock.
 			wb.closeCall(r, nil)
-			wb.log.Info("a timed-out writeback call returned", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
+			wb.log.Info("a timed-out writeback call returned", logpath.String("path", att.path), zap.Error(err))
 			wb.live.kick()
 		}
 	}
@@ -376,7 +376,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		// pages it started writing back count in BdiWritten now. (An
 		// fdatasync's afterKnown call is integrity work, never
 		// detached.)
-		wb.acct.written += w.queued
+		wb.wroteLocked(in, w.queued)
 	}
 	att.detached--
 	if att.stuck == 0 && att.detached == 0 {
@@ -407,10 +407,10 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		wb.closeCall(r, nil)
 		if overran {
 			wb.errLog.Warn("a writeback call returned after running past attempt_timeout (counted in stuck_calls while it ran)",
-				zap.String("path", strconv.Quote(att.path)), zap.Duration("took", took), zap.Error(err))
+				logpath.String("path", att.path), zap.Duration("took", took), zap.Error(err))
 		}
 		if err != nil {
-			wb.log.Info("a detached writeback call failed; the file's next attempt reports it", zap.String("path", strconv.Quote(att.path)), zap.Error(err))
+			wb.log.Info("a detached writeback call failed; the file's next attempt reports it", logpath.String("path", att.path), zap.Error(err))
 		}
 		wb.live.kick()
 	}
@@ -430,6 +430,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	wb.mu.Lock()
 	att.handle = in.Handle()
 	att.wroteBefore = in.Has(inode.Wrote)
+	att.began = wb.now()
 	var late error
 	failedLate := false
 	if len(wb.side.lateErr) > 0 {

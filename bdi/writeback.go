@@ -84,9 +84,12 @@ type Writeback struct {
 	// +checklocks:mu
 	unbusy chan struct{} // closed when a Busy inode's call returns (unbusyLocked); nil until asked for
 
-	// acct is the device's counters, the source of every figure shown.
+	// acct is the device's counters, the source of every figure shown;
+	// trees, those of each tree.
 	// +checklocks:mu
 	acct counters
+	// +checklocks:mu
+	trees treeAcct
 	// bg is the background checks' and range writeback's state.
 	// +checklocks:mu
 	bg sampling
@@ -342,6 +345,7 @@ type attempt struct {
 	// wroteBefore: an earlier attempt wrote the inode's data since it
 	// became dirty (inode.Wrote), so finding it clean is no surprise.
 	wroteBefore bool
+	began       time.Duration // when it was queued (daemon clock)
 	// counted: its page counts before and as the write left them were
 	// accounted when its completion was deferred (deferComplete).
 	counted bool

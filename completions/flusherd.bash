@@ -11,7 +11,7 @@ _flusherd() {
 		esac
 	done
 	if [[ -z $cmd ]]; then
-		COMPREPLY=($(compgen -W 'run stats sync dirty check-config print-default-config version help --help --version' -- "$cur"))
+		COMPREPLY=($(compgen -W 'run stats sync dirty status check-config print-default-config version help --help --version' -- "$cur"))
 		return
 	fi
 	case $prev in
@@ -23,16 +23,25 @@ _flusherd() {
 		COMPREPLY=($(compgen -d -- "$cur"))
 		return
 		;;
-	--timeout | --top)
+	--timeout | --top | --interval)
+		return
+		;;
+	--log-level)
+		COMPREPLY=($(compgen -W 'debug info warn error' -- "$cur"))
+		return
+		;;
+	--log-format)
+		COMPREPLY=($(compgen -W 'console json' -- "$cur"))
 		return
 		;;
 	esac
 	local flags
 	case $cmd in
-	run) flags='--config --stats-dir --watch' ;;
+	run) flags='--config --stats-dir --watch --log-level --log-format' ;;
 	stats) flags='--config --stats-dir --files' ;;
 	sync) flags='--config --stats-dir --timeout' ;;
 	dirty) flags='--config --stats-dir --top --json' ;;
+	status) flags='--config --stats-dir --json --interval' ;;
 	check-config) flags='--config' ;;
 	print-default-config | version | help) flags= ;;
 	*) return ;;

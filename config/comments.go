@@ -1,5 +1,14 @@
 package config
 
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+
+	"flusherd/tree"
+)
+
 // keyComments are one-line descriptions of the keys, by dotted key (a
 // [[watch]] entry's keys under "watch"), for print-default-config; the
 // reference is flusherd.toml(5).
@@ -24,6 +33,7 @@ var keyComments = map[string]string{
 	"watcher.rescan_interval":            "rescans of directories inotify could not watch",
 	"stats.dir":                          "<dir>/bdi/<dev>/stats and <dir>/flusherd.sock",
 	"log.level":                          `"debug", "info", "warn" or "error"`,
+	"log.format":                         `"console" or "json" (one JSON object a line); read at start only`,
 	"metrics.listen":                     `host:port of the Prometheus /metrics endpoint ("": off)`,
 	"watch.path":                         "the directory tree",
 	"watch.recursive":                    "the whole tree below path",
@@ -34,3 +44,44 @@ var keyComments = map[string]string{
 // KeyComment returns a one-line description of the dotted key (a
 // [[watch]] entry's keys as "watch.path"), "" for an unknown key.
 func KeyComment(key string) string { return keyComments[key] }
+
+// follows are the keys whose default is another key's value.
+var follows = map[string]string{
+	"writeback.max_pause": "dirty_writeback_interval",
+	"watch.expire":        "[writeback] dirty_expire_interval",
+}
+
+// WriteDefault writes the built-in defaults as a configuration file that
+// Load accepts unchanged, each key with its comment (KeyComment): its one
+// [[watch]] is /var/log, which every Linux system has. The keys whose
+// default follows another key (max_pause, a tree's expire) are written
+// commented out, so that changing the key they follow changes them too.
+func WriteDefault(w io.Writer) error {
+	cfg := Default()
+	cfg.Watch = []Watch{{Tree: tree.Tree{Root: "/var/log", Recursive: true, Mode: tree.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}}
+	var buf bytes.Buffer
+	if err := cfg.Encode(&buf); err != nil {
+		return err
+	}
+	var out strings.Builder
+	out.WriteString("# flusherd's built-in defaults, with one [[watch]] entry as an example (the\n# defaults watch nothing): replace it with your trees. Durations need a\n# unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB. Commented keys\n# follow another key unless set.\n")
+	table := ""
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		switch t := strings.TrimSpace(line); {
+		case strings.HasPrefix(t, "["):
+			table = strings.Trim(t, "[]")
+		case strings.Contains(t, " = "):
+			key, _, _ := strings.Cut(t, " = ")
+			if c := KeyComment(table + "." + key); c != "" {
+				line = fmt.Sprintf("%-36s # %s\n", t, c)
+			}
+			if f, ok := follows[table+"."+key]; ok {
+				fmt.Fprintf(&out, "# default: as %s\n# %s", f, line)
+				continue
+			}
+		}
+		out.WriteString(line)
+	}
+	_, err := io.WriteString(w, out.String())
+	return err
+}

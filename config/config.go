@@ -31,7 +31,8 @@
 //	dir = "/run/flusherd"
 //
 //	[log]
-//	level = "info"                    # debug, info, warn, error
+//	level  = "info"                   # debug, info, warn, error
+//	format = "console"                # or "json": one JSON object a line
 //
 //	[metrics]
 //	listen = ""                       # host:port of a Prometheus /metrics endpoint, e.g. "127.0.0.1:9469"; "": off
@@ -98,8 +99,11 @@ const (
 	RequeueRedirtyTail = "redirty_tail"
 )
 
-// Log levels accepted in [Log.Level].
-var logLevels = []string{"debug", "info", "warn", "error"}
+// LogLevels are the values of [Log.Level], lowest first.
+var LogLevels = []string{"debug", "info", "warn", "error"}
+
+// LogFormats are the values of [Log.Format].
+var LogFormats = []string{"console", "json"}
 
 // MinInterval is the shortest dirty_writeback_interval accepted (the
 // kernel's dirty_writeback_centisecs counts in hundredths of a second).
@@ -244,6 +248,9 @@ type Stats struct {
 type Log struct {
 	// Level is "debug", "info" (default), "warn" or "error".
 	Level string
+	// Format is "console" (default: tab-separated, the fields as one
+	// JSON object) or "json" (each line one JSON object).
+	Format string
 }
 
 // Metrics is the [metrics] table: the Prometheus endpoint.
@@ -324,7 +331,7 @@ func Default() *Config {
 		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
 		Stats:   Stats{Dir: "/run/flusherd"},
-		Log:     Log{Level: "info"},
+		Log:     Log{Level: "info", Format: "console"},
 	}
 }
 

@@ -38,7 +38,7 @@ func TestDefault(t *testing.T) {
 		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
 		Stats:   Stats{Dir: "/run/flusherd"},
-		Log:     Log{Level: "info"},
+		Log:     Log{Level: "info", Format: "console"},
 	}
 	if diff := cmp.Diff(want, Default(), ignoreSrc); diff != "" {
 		t.Errorf("Default() mismatch (-want +got):\n%s", diff)
@@ -92,6 +92,7 @@ dir = "/var/lib/flusherd"
 
 [log]
 level = "debug"
+format = "json"
 
 [metrics]
 listen = "127.0.0.1:9469"
@@ -122,6 +123,7 @@ path = "rel/../tree"
 				c.Plug = Plug{Enabled: false, MaxPending: 64, QueueDepth: 4, IntegritySyncfs: 64, MaxInflightBytes: 32 << 20}
 				c.Stats.Dir = "/var/lib/flusherd"
 				c.Log.Level = "debug"
+				c.Log.Format = "json"
 				c.Metrics.Listen = "127.0.0.1:9469"
 				c.Watch = []Watch{
 					{Tree: tree.Tree{Root: "/srv/data", Recursive: false, Mode: tree.ModeIntegrity, Expire: 10 * time.Second}},
@@ -335,6 +337,7 @@ func TestParseErrors(t *testing.T) {
 		{"string boolean", "[plug]\nenabled = \"yes\"\n", "plug.enabled", 2, `want true or false, got string "yes"`},
 		{"string integer", "[plug]\nmax_pending = \"256\"\n", "plug.max_pending", 2, `want an integer, got string "256"`},
 		{"integer level", "[log]\nlevel = 1\n", "log.level", 2, "want a string, got integer 1"},
+		{"bad log format", "[log]\nformat = \"text\"\n", "log.format", 2, `unknown value "text", want "console" or "json"`},
 		{"table is a value", "writeback = 5\n", "writeback", 1, "want a table, got integer 5"},
 		{"watch is a table", "[watch]\npath = \"/a\"\n", "watch", 1, "want an array of tables"},
 		{"watch element not a table", "watch = [\"/a\"]\n", "watch[0]", 1, "want a table"},

@@ -82,7 +82,7 @@ func (d *decoder) config(m map[string]any) *Config {
 			d.table(key, v, map[string]field{"dir": d.absPath(&c.Stats.Dir)})
 		},
 		"log": func(key string, v any) {
-			d.table(key, v, map[string]field{"level": d.str(&c.Log.Level)})
+			d.table(key, v, map[string]field{"level": d.str(&c.Log.Level), "format": d.str(&c.Log.Format)})
 		},
 		"metrics": func(key string, v any) {
 			d.table(key, v, map[string]field{"listen": d.str(&c.Metrics.Listen)})

@@ -89,7 +89,8 @@ type encStats struct {
 }
 
 type encLog struct {
-	Level string `toml:"level"`
+	Level  string `toml:"level"`
+	Format string `toml:"format"`
 }
 
 type encMetrics struct {

@@ -35,7 +35,8 @@ func (c *Config) check(stat bool, decodeErrs []*Error) error {
 	ch.watcher()
 	ch.metricsAndStats()
 	ch.expireClasses()
-	ch.oneOf("log.level", c.Log.Level, logLevels...)
+	ch.oneOf("log.level", c.Log.Level, LogLevels...)
+	ch.oneOf("log.format", c.Log.Format, LogFormats...)
 	ch.trees()
 	return collect(ch.errs)
 }

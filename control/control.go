@@ -17,6 +17,10 @@
 //	  "dirty_pages":4,"writeback_pages":0,"age_seconds":3.2,"retries":0,
 //	  "errors":0}]}
 //
+//	{"op":"status"}                          a line per tree, then the devices
+//	{"ok":true,"status":{"trees":[{"root":"/srv/q","mode":"writeback",...}],
+//	  "devices":[{"bdi":"7:0","tracked":1,...}]}}
+//
 //	{"op":"stats"}                           every device's stats, in the
 //	                                         stats file's layout
 //	{"ok":true,"devices":[{"bdi":"7:0","stats":"BdiWriteback: ..."}]}
@@ -59,7 +63,7 @@ const MaxRequest = 1 << 20
 
 // Request is one command.
 type Request struct {
-	Op string `json:"op"` // "sync", "dirty" or "stats"
+	Op string `json:"op"` // "sync", "dirty", "stats" or "status"
 	// Paths are what a "sync" writes back, and what a "dirty" lists
 	// (the tracked files that are one of them or below one; absolute).
 	Paths []Name `json:"paths,omitempty"`
@@ -126,6 +130,7 @@ type Response struct {
 	// chosen from (Dirty holds the oldest Top of them).
 	DirtyTotal int           `json:"dirty_total,omitempty"`
 	Devices    []DeviceStats `json:"devices,omitempty"`
+	Status     *Status       `json:"status,omitempty"`
 }
 
 // Handler answers requests.

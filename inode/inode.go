@@ -232,6 +232,10 @@ func (in *Inode) SetPath(path string) {
 	in.setNames(path[i+1:], in.alt())
 }
 
+// Dir returns the directory of the inode's path ("" when it has none),
+// without building the path.
+func (in *Inode) Dir() string { return in.dir.Value() }
+
 // InDir reports whether the inode's path is below the directory dir (an
 // absolute path without a trailing slash), without building the path.
 func (in *Inode) InDir(dir string) bool {

@@ -32,6 +32,15 @@ type Device struct {
 	MaxDirtyAge time.Duration // age of the oldest dirty data; 0 when nothing is tracked
 }
 
+// Tree is one watched tree's figures at the time of a scrape
+// (bdi.Registry.TreeTotals).
+type Tree struct {
+	Root      string
+	Totals    bdi.TreeTotals
+	OldestAge time.Duration // of its oldest dirty data; 0 when none is dirty
+	Exposure  bdi.Exposure
+}
+
 // Source gives the Collector the figures to export. It is called at every
 // scrape, possibly from several goroutines at once.
 type Source interface {
@@ -40,12 +49,15 @@ type Source interface {
 	// Watch returns the watcher backend's name ("fanotify" or "inotify")
 	// and its counters; nil counters leave the watcher's metrics out.
 	Watch() (backend string, c *watch.Counters)
+	// Trees returns one entry per watched tree, each root once.
+	Trees() []Tree
 }
 
 // Watcher is what the metrics read of a watch.Backend.
 type Watcher interface {
 	Name() string
 	Counters() *watch.Counters
+	Trees() []watch.TreeUse
 }
 
 // NewSource returns a Source over the daemon's live registry and watcher
@@ -64,6 +76,22 @@ func (s liveSource) Devices() []Device {
 	out := make([]Device, 0, len(wbs))
 	for _, wb := range wbs {
 		out = append(out, Device{Name: wb.Name, Stats: wb.Snapshot(), MaxDirtyAge: wb.MaxDirtyAge()})
+	}
+	return out
+}
+
+func (s liveSource) Trees() []Tree {
+	if s.w == nil {
+		return nil
+	}
+	var roots []string
+	for _, u := range s.w.Trees() {
+		roots = append(roots, u.Root)
+	}
+	now := s.reg.Now()
+	out := make([]Tree, 0, len(roots))
+	for _, t := range s.reg.TreeTotals(roots) {
+		out = append(out, Tree{Root: t.Root, Totals: t, OldestAge: t.OldestAge(now), Exposure: t.Exposure(now)})
 	}
 	return out
 }
@@ -95,6 +123,8 @@ type Collector struct {
 	probing, throttled, detachedCalls, inodesGone                     *prometheus.Desc
 	listLockMax, loopStallMax                                         *prometheus.Desc
 	watchNested, watchUnserved, watchQuieted                          *prometheus.Desc
+	treeTracked, treeDirty, treeOldest, treeWritten, treeErrors       *prometheus.Desc
+	treeExposure                                                      *prometheus.Desc
 }
 
 // NewCollector returns a Collector over src; pageSize (bytes) converts the
@@ -162,6 +192,15 @@ func NewCollector(src Source, pageSize int) *Collector {
 			"next writeback attempt (fanotify; quieted)."),
 		watchBackend: d("watch_backend_info", "The watcher backend in use, in the label backend (fanotify or inotify); always 1.",
 			"backend"),
+		treeTracked: d("tree_tracked_files", "Tracked files of the tree on a writeback list (a nested tree's files are its own).", "tree"),
+		treeDirty: d("tree_dirty_bytes", "Dirty page-cache data in the tree's tracked files, as cachestat last saw it "+
+			"(their share of flusherd_dirty_bytes).", "tree"),
+		treeOldest: d("tree_oldest_dirty_age_seconds", "Age of the oldest dirty data of a tracked file of the tree; "+
+			"0 when none is dirty. Compare with the tree's expire.", "tree"),
+		treeWritten: d("tree_written_bytes_total", "Data of the tree's files written back by flusherd.", "tree"),
+		treeErrors:  d("tree_writeback_errors_total", "Failed writeback attempts of the tree's files.", "tree"),
+		treeExposure: d("tree_exposure_seconds", "How long data of the tree's files stayed dirty before flusherd began "+
+			"writing it: from a file's first dirtying to the attempt that first wrote it.", "tree"),
 	}
 }
 
@@ -174,6 +213,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.bandwidth, c.dirtied, c.probing,
 		c.throttled, c.detachedCalls, c.inodesGone, c.listLockMax, c.loopStallMax,
 		c.watchNested, c.watchUnserved, c.watchQuieted,
+		c.treeTracked, c.treeDirty, c.treeOldest, c.treeWritten, c.treeErrors, c.treeExposure,
 	} {
 		ch <- d
 	}
@@ -219,6 +259,22 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.inodesGone, s.InodesGone, n)
 		gauge(c.listLockMax, float64(s.ListLockMaxUs)/1e6, n)
 		gauge(c.loopStallMax, float64(s.LoopStallMaxUs)/1e6, n)
+	}
+	for _, t := range c.src.Trees() {
+		gauge(c.treeTracked, float64(t.Totals.Tracked), t.Root)
+		gauge(c.treeDirty, bytes(t.Totals.DirtyPages), t.Root)
+		gauge(c.treeOldest, t.OldestAge.Seconds(), t.Root)
+		ch <- prometheus.MustNewConstMetric(c.treeWritten, prometheus.CounterValue, bytes(t.Totals.Written), t.Root)
+		counter(c.treeErrors, t.Totals.Errors, t.Root)
+		buckets := make(map[float64]uint64, len(bdi.ExposureBuckets))
+		for i, b := range bdi.ExposureBuckets {
+			if i < len(t.Exposure.Buckets) {
+				buckets[b] = t.Exposure.Buckets[i]
+			} else {
+				buckets[b] = 0 // no observation
+			}
+		}
+		ch <- prometheus.MustNewConstHistogram(c.treeExposure, t.Exposure.Count, t.Exposure.Sum, buckets, t.Root)
 	}
 	backend, w := c.src.Watch()
 	if w == nil {

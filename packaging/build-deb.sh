@@ -154,8 +154,10 @@ install -m 0644 packaging/flusherd.toml "$root/etc/flusherd/flusherd.toml"
 # an upgrade never stops at its prompt.
 install -d -m 0755 "$root/etc/flusherd/flusherd.d"
 install -m 0644 systemd/flusherd-metrics.conf README.md "$doc/"
-# The README's one picture, at the path its link names.
-install -D -m 0644 doc/storm.png "$doc/doc/storm.png"
+# The documents the README links to, and their one picture, at the paths
+# the links name.
+install -d -m 0755 "$doc/docs"
+install -m 0644 docs/*.md docs/storm.png "$doc/docs/"
 # Prometheus rules and their promtool tests: examples, to copy to the
 # Prometheus server (Debian policy 12.6: examples/, left uncompressed).
 install -d -m 0755 "$doc/examples" "$doc/examples/prometheus"

@@ -2,7 +2,6 @@ package packaging
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"compress/gzip"
 	"debug/elf"
@@ -25,14 +24,14 @@ import (
 )
 
 // The files of the Debian package, with their modes; directories are all
-// 0755 and everything belongs to root:root. The README is added by
-// readmeInDeb.
+// 0755 and everything belongs to root:root. The README and the documents
+// of docs/ are added by docsInDeb.
 var debFiles = map[string]os.FileMode{
 	"./usr/sbin/flusherd":                                                  0o755,
 	"./lib/systemd/system/flusherd.service":                                0o644,
 	"./etc/flusherd/flusherd.toml":                                         0o644,
 	"./usr/share/doc/flusherd/flusherd-metrics.conf":                       0o644,
-	"./usr/share/doc/flusherd/doc/storm.png":                               0o644,
+	"./usr/share/doc/flusherd/docs/storm.png":                              0o644,
 	"./usr/share/doc/flusherd/copyright":                                   0o644,
 	"./usr/share/doc/flusherd/changelog.gz":                                0o644,
 	"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.yml":      0o644,
@@ -45,18 +44,30 @@ var debFiles = map[string]os.FileMode{
 	"./usr/share/fish/vendor_completions.d/flusherd.fish":                  0o644,
 }
 
-// readmeInDeb returns the README's path in the package: gzipped when it
-// is over 4 KiB, as dh_compress does.
-func readmeInDeb(t *testing.T) string {
+// docsInDeb returns the README's and docs/*.md's paths in the package,
+// each with its source: gzipped when over 4 KiB, as dh_compress does.
+func docsInDeb(t *testing.T) map[string]string {
 	t.Helper()
-	fi, err := os.Stat("../README.md")
+	mds, err := filepath.Glob("../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Size() > 4096 {
-		return "./usr/share/doc/flusherd/README.md.gz"
+	if len(mds) < 6 {
+		t.Fatalf("docs/ has only %q", mds)
 	}
-	return "./usr/share/doc/flusherd/README.md"
+	docs := map[string]string{}
+	for _, src := range append(mds, "../README.md") {
+		fi, err := os.Stat(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := "./usr/share/doc/flusherd/" + strings.TrimPrefix(src, "../")
+		if fi.Size() > 4096 {
+			p += ".gz"
+		}
+		docs[p] = src
+	}
+	return docs
 }
 
 // The maintainer that the tests build the package with (DEBFULLNAME and
@@ -226,223 +237,12 @@ func lineDiff(want, got []string) string {
 	return ""
 }
 
-var (
-	buildOnce sync.Once
-	buildBin  string
-	buildErr  error
-)
-
-// flusherdBinary builds cmd/flusherd once for the tests of this package.
-func flusherdBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "flusherd-packaging-test")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildBin = filepath.Join(dir, "flusherd")
-		cmd := exec.Command("go", "build", "-o", buildBin, "./cmd/flusherd")
-		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = errors.New("go build ./cmd/flusherd: " + err.Error() + "\n" + string(out))
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return buildBin
-}
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildBin != "" {
-		os.RemoveAll(filepath.Dir(buildBin))
-	}
 	if debPath != "" {
 		os.RemoveAll(filepath.Dir(debPath))
 	}
 	os.Exit(code)
-}
-
-// help runs flusherd with args (a --help) and returns what it printed.
-func help(t *testing.T, bin string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(bin, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("flusherd %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// sections splits a Markdown man page at the lines that start with prefix
-// ("## "), keyed by the rest of the line; the text before the first one is
-// left out.
-func sections(doc, prefix string) map[string]string {
-	m := map[string]string{}
-	name := ""
-	var cur strings.Builder
-	flush := func() {
-		if name != "" {
-			m[name] = cur.String()
-		}
-	}
-	for _, l := range strings.Split(doc, "\n") {
-		if strings.HasPrefix(l, "#") {
-			flush()
-			name, cur = "", strings.Builder{}
-			if strings.HasPrefix(l, prefix) && !strings.HasPrefix(l, prefix+"#") {
-				name = strings.TrimPrefix(l, prefix)
-			}
-			continue
-		}
-		cur.WriteString(l + "\n")
-	}
-	flush()
-	return m
-}
-
-var (
-	usageCommand = regexp.MustCompile(`(?m)^  flusherd ([a-z][a-z-]*)`)
-	helpFlag     = regexp.MustCompile(`(?m)^  --?([A-Za-z][A-Za-z0-9_-]*)`)
-	docFlagTerm  = regexp.MustCompile(`(?m)^\*\*--([A-Za-z][A-Za-z0-9_-]*)\*\*`)
-)
-
-// TestManPageCommands checks that doc/flusherd.8.md documents every
-// subcommand of the usage, in a section "## COMMAND", and every flag of its
-// --help there, as a definition "**--flag**", and nothing that is not one.
-func TestManPageCommands(t *testing.T) {
-	bin := flusherdBinary(t)
-	data, err := os.ReadFile("../doc/flusherd.8.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(data)
-	secs := sections(doc, "## ")
-
-	var cmds []string
-	for _, m := range usageCommand.FindAllStringSubmatch(help(t, bin, "--help"), -1) {
-		cmds = append(cmds, m[1])
-	}
-	if len(cmds) < 7 {
-		t.Fatalf("found only the commands %q in `flusherd --help`", cmds)
-	}
-	for _, cmd := range cmds {
-		sec, ok := secs[cmd]
-		if !ok {
-			t.Errorf("doc/flusherd.8.md: no section \"## %s\" for the command %s", cmd, cmd)
-			continue
-		}
-		if !strings.Contains(sec, "**flusherd "+cmd+"**") {
-			t.Errorf("doc/flusherd.8.md, ## %s: no synopsis line \"**flusherd %s** ...\"", cmd, cmd)
-		}
-		var flags []string
-		for _, m := range helpFlag.FindAllStringSubmatch(help(t, bin, cmd, "--help"), -1) {
-			flags = append(flags, m[1])
-		}
-		for _, f := range flags {
-			if !regexp.MustCompile(`(?m)^\*\*--` + regexp.QuoteMeta(f) + `\*\*`).MatchString(sec) {
-				t.Errorf("doc/flusherd.8.md, ## %s: flag --%s (from `flusherd %s --help`) is not documented there (a line starting \"**--%s**\")", cmd, f, cmd, f)
-			}
-		}
-		for _, m := range docFlagTerm.FindAllStringSubmatch(sec, -1) {
-			if !slices.Contains(flags, m[1]) {
-				t.Errorf("doc/flusherd.8.md, ## %s: documents --%s, which `flusherd %s --help` does not have", cmd, m[1], cmd)
-			}
-		}
-	}
-	// Every command section under COMMANDS is a command.
-	inCommands := false
-	for _, l := range strings.Split(doc, "\n") {
-		switch {
-		case strings.HasPrefix(l, "# "):
-			inCommands = l == "# COMMANDS"
-		case inCommands && strings.HasPrefix(l, "## "):
-			if name := strings.TrimPrefix(l, "## "); !slices.Contains(cmds, name) {
-				t.Errorf("doc/flusherd.8.md documents a command %q that `flusherd --help` does not list", name)
-			}
-		}
-	}
-}
-
-var docKeyTerm = regexp.MustCompile(`(?m)^\*\*([a-z_]+\.[a-z_]+)\*\* = `)
-
-// commentedKey is a line of print-default-config that prints a key
-// commented out ("# max_pause = ..."), without the "# ".
-var commentedKey = regexp.MustCompile(`^[a-z_]+ = `)
-
-// TestManPageConfigKeys checks that doc/flusherd.toml.5.md documents every
-// key that `flusherd print-default-config` prints, as a definition
-// "**table.key** = ...", with the default value printed there (for the keys
-// of the single tables), and no key that is not printed.
-func TestManPageConfigKeys(t *testing.T) {
-	bin := flusherdBinary(t)
-	data, err := os.ReadFile("../doc/flusherd.toml.5.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(data)
-	out, err := exec.Command(bin, "print-default-config").Output()
-	if err != nil {
-		t.Fatalf("flusherd print-default-config: %v", err)
-	}
-
-	// The text of each key's definition: from its term to the next term
-	// or heading.
-	entries := map[string]string{}
-	locs := docKeyTerm.FindAllStringSubmatchIndex(doc, -1)
-	for i, loc := range locs {
-		end := len(doc)
-		if i+1 < len(locs) {
-			end = locs[i+1][0]
-		}
-		if h := strings.Index(doc[loc[1]:end], "\n#"); h >= 0 {
-			end = loc[1] + h
-		}
-		entries[doc[loc[2]:loc[3]]] = doc[loc[0]:end]
-	}
-
-	var keys []string
-	table, array := "", false
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		l := strings.TrimSpace(sc.Text())
-		if k := strings.TrimPrefix(l, "# "); k != l && commentedKey.MatchString(k) {
-			l = k // a key printed commented out: its default follows another key
-		}
-		switch {
-		case l == "" || strings.HasPrefix(l, "#"):
-		case strings.HasPrefix(l, "[["):
-			table, array = strings.Trim(l, "[]"), true
-		case strings.HasPrefix(l, "["):
-			table, array = strings.Trim(l, "[]"), false
-		default:
-			k, v, ok := strings.Cut(l, "=")
-			if !ok || table == "" {
-				t.Fatalf("print-default-config: cannot read the line %q", l)
-			}
-			key := table + "." + strings.TrimSpace(k)
-			if i := strings.Index(v, " # "); i >= 0 {
-				v = v[:i] // the key's comment (no default holds " # ")
-			}
-			keys = append(keys, key)
-			entry, ok := entries[key]
-			switch {
-			case !ok:
-				t.Errorf("doc/flusherd.toml.5.md: key %s (from print-default-config) is not documented (a line starting \"**%s** = \")", key, key)
-			case !array && !strings.Contains(entry, "`"+strings.TrimSpace(v)+"`"):
-				t.Errorf("doc/flusherd.toml.5.md: key %s: the default, `%s`, is not given", key, strings.TrimSpace(v))
-			}
-		}
-	}
-	if len(keys) < 20 {
-		t.Fatalf("print-default-config printed only the keys %q", keys)
-	}
-	for key := range entries {
-		if !slices.Contains(keys, key) {
-			t.Errorf("doc/flusherd.toml.5.md documents %s, which print-default-config does not print", key)
-		}
-	}
 }
 
 // TestDeb builds the package with build-deb.sh and checks its files, their
@@ -451,8 +251,10 @@ func TestManPageConfigKeys(t *testing.T) {
 func TestDeb(t *testing.T) {
 	deb := builtDeb(t)
 	debFiles := maps.Clone(debFiles)
-	readme := readmeInDeb(t)
-	debFiles[readme] = 0o644
+	docs := docsInDeb(t)
+	for p := range docs {
+		debFiles[p] = 0o644
+	}
 
 	dpkgDeb := func(args ...string) string {
 		t.Helper()
@@ -593,14 +395,16 @@ func TestDeb(t *testing.T) {
 	if gotUnit != wantUnit {
 		t.Errorf("the packaged unit is not systemd/flusherd.service with ExecStart=/usr/sbin/flusherd")
 	}
-	for pkgPath, src := range map[string]string{
-		"./etc/flusherd/flusherd.toml": "flusherd.toml",
-		readme:                         "../README.md",
+	sources := map[string]string{
+		"./etc/flusherd/flusherd.toml":                                         "flusherd.toml",
 		"./usr/share/doc/flusherd/flusherd-metrics.conf":                       "../systemd/flusherd-metrics.conf",
+		"./usr/share/doc/flusherd/docs/storm.png":                              "../docs/storm.png",
 		"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.yml":      "../deploy/prometheus/flusherd-rules.yml",
 		"./usr/share/doc/flusherd/examples/prometheus/flusherd-rules.test.yml": "../deploy/prometheus/flusherd-rules.test.yml",
 		"./usr/share/lintian/overrides/flusherd":                               "lintian-overrides",
-	} {
+	}
+	maps.Copy(sources, docs)
+	for pkgPath, src := range sources {
 		want, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)
@@ -795,11 +599,14 @@ func TestMaintainerScripts(t *testing.T) {
 	}
 }
 
-// TestPackagedConfigHasEveryKey: every key of the README's configuration
-// table is in the packaged file, set or commented out, so that the file
-// shows every setting there is (flusherd.toml(5) says it does).
+// docKeyTerm is a key's definition in flusherd.toml(5): "**table.key** = ".
+var docKeyTerm = regexp.MustCompile(`(?m)^\*\*([a-z]+)\.([a-z_]+)\*\* = `)
+
+// TestPackagedConfigHasEveryKey: every key that flusherd.toml(5) defines
+// is in the packaged file, set or commented out, so that the file shows
+// every setting there is (the man page says it does).
 func TestPackagedConfigHasEveryKey(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../doc/flusherd.toml.5.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -807,17 +614,15 @@ func TestPackagedConfigHasEveryKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyRow := regexp.MustCompile("(?m)^\\| `(?:([a-z]+)\\.([a-z_]+)|\\[\\[watch\\]\\] ([a-z_]+))` \\|")
 	n := 0
-	for _, m := range keyRow.FindAllStringSubmatch(string(readme), -1) {
-		key := m[2] + m[3]
+	for _, m := range docKeyTerm.FindAllStringSubmatch(string(doc), -1) {
 		n++
-		if !regexp.MustCompile(`(?m)^#?` + key + ` *=`).Match(pk) {
-			t.Errorf("packaging/flusherd.toml has no line for %s (set, or commented out)", strings.TrimSuffix(strings.TrimPrefix(m[0], "| "), " |"))
+		if !regexp.MustCompile(`(?m)^#?` + m[2] + ` *=`).Match(pk) {
+			t.Errorf("packaging/flusherd.toml has no line for %s.%s (set, or commented out)", m[1], m[2])
 		}
 	}
 	if n < 20 {
-		t.Fatalf("only %d keys found in the README's table", n)
+		t.Fatalf("only %d keys found in doc/flusherd.toml.5.md", n)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,8 +24,9 @@ import (
 )
 
 // ControlHandler serves the control socket's requests (see package
-// control): sync (Sync), dirty and stats.
+// control): sync (Sync), dirty, stats and status (StatusOf).
 func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
+	fresh := &freshReads{}
 	return func(ctx context.Context, req control.Request) control.Response {
 		switch req.Op {
 		case "sync":
@@ -44,8 +46,11 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 					return control.Response{Error: fmt.Sprintf("dirty: %q is not an absolute path", under[i])}
 				}
 			}
-			files, total := dirtyFiles(reg, req.Top, under)
+			files, total := dirtyFiles(reg, fresh, req.Top, under)
 			return control.Response{OK: true, Dirty: files, DirtyTotal: total}
+		case "status":
+			st := StatusOf(reg, wat)
+			return control.Response{OK: true, Status: &st}
 		case "stats":
 			var out []control.DeviceStats
 			for _, wb := range reg.Devices() {
@@ -56,7 +61,7 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 			}
 			return control.Response{OK: true, Devices: out}
 		}
-		return control.Response{Error: fmt.Sprintf("unknown op %q (want sync, dirty or stats)", req.Op)}
+		return control.Response{Error: fmt.Sprintf("unknown op %q (want sync, dirty, stats or status)", req.Op)}
 	}
 }
 
@@ -282,10 +287,37 @@ func (sp *syncPlan) run(ctx context.Context) control.Response {
 	return control.Response{OK: ok, Files: sp.files}
 }
 
-// freshCachestat opens a tracked file and reads cachestat, giving up after
-// a second (a hung filesystem): the open and the call go on in the
-// background and the file is closed when they return.
-func freshCachestat(wb *bdi.Writeback, in bdi.InodeInfo) (dirty, wbp uint64, ok bool) {
+// freshReads bounds the fresh cachestat reads of the dirty listings: at
+// most one runs per device, so that listings polled while a filesystem
+// hangs (each read stuck in open or cachestat, on a thread of its own)
+// do not pile up threads; while one is stuck, its device's files show
+// their counts as last seen.
+type freshReads struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	running map[*bdi.Writeback]bool
+}
+
+// read opens a tracked file and reads cachestat, giving up after a second
+// (a hung filesystem): the open and the call go on in the background, the
+// file is closed when they return, and until then no other read of that
+// device starts (ok false).
+func (fr *freshReads) read(wb *bdi.Writeback, in bdi.InodeInfo) (dirty, wbp uint64, ok bool) {
+	fr.mu.Lock()
+	if fr.running[wb] {
+		fr.mu.Unlock()
+		return 0, 0, false
+	}
+	if fr.running == nil {
+		fr.running = map[*bdi.Writeback]bool{}
+	}
+	fr.running[wb] = true
+	fr.mu.Unlock()
+	done := func() {
+		fr.mu.Lock()
+		delete(fr.running, wb)
+		fr.mu.Unlock()
+	}
 	counts, err, inTime := blk.Timed(time.Second, func() ([2]uint64, error) {
 		f, err := wb.OpenInode(in)
 		if err != nil {
@@ -294,7 +326,10 @@ func freshCachestat(wb *bdi.Writeback, in bdi.InodeInfo) (dirty, wbp uint64, ok 
 		defer f.Close()
 		d, w, err := f.Cachestat(0, 0)
 		return [2]uint64{d, w}, err
-	}, nil)
+	}, func([2]uint64, error) { done() })
+	if inTime {
+		done()
+	}
 	if !inTime || err != nil {
 		return 0, 0, false
 	}
@@ -305,7 +340,7 @@ func freshCachestat(wb *bdi.Writeback, in bdi.InodeInfo) (dirty, wbp uint64, ok 
 // if any are given), oldest dirty data first, at most top of them (0: all),
 // with a fresh cachestat of each listed file, and the number of tracked
 // files they were chosen from.
-func dirtyFiles(reg *bdi.Registry, top int, under []string) (files []control.DirtyFile, total int) {
+func dirtyFiles(reg *bdi.Registry, fresh *freshReads, top int, under []string) (files []control.DirtyFile, total int) {
 	type entry struct {
 		wb *bdi.Writeback
 		in bdi.InodeInfo
@@ -347,14 +382,14 @@ func dirtyFiles(reg *bdi.Registry, top int, under []string) (files []control.Dir
 				d.LastError = fmt.Sprintf("errno %d", e.in.LastErr)
 			}
 		}
-		fresh := false
+		read := false
 		if !e.in.Busy && time.Now().Before(deadline) {
 			var dp, wp uint64
-			if dp, wp, fresh = freshCachestat(e.wb, e.in); fresh {
+			if dp, wp, read = fresh.read(e.wb, e.in); read {
 				d.DirtyPages, d.WritebackPages = dp, wp
 			}
 		}
-		d.PagesUnknown = !fresh && d.DirtyPages == 0 && d.WritebackPages == 0
+		d.PagesUnknown = !read && d.DirtyPages == 0 && d.WritebackPages == 0
 		out = append(out, d)
 	}
 	return out, total

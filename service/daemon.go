@@ -15,6 +15,7 @@ import (
 	"flusherd/bdi"
 	"flusherd/config"
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/policy"
 	"flusherd/tree"
 	"flusherd/watch"
@@ -31,6 +32,7 @@ type Daemon struct {
 	Wat     watch.Backend
 	Handles *inode.Handles
 	Errs    *bdi.ErrWatch
+	Claims  *TreeClaims     // the trees' roots claimed on the host (nil: none)
 	Level   zap.AtomicLevel // log.level, set again by a reload
 	Notify  *Notifier
 	Log     *zap.Logger
@@ -99,7 +101,7 @@ func (d *Daemon) Ready(ctx context.Context) {
 		}
 		d.ready.Store(true)
 		log.Info("initial scan done; ready", zap.Uint64("directories", wat.ScannedDirs()),
-			zap.Int("devices", len(reg.Devices())), zap.String("socket", sock))
+			zap.Int("devices", len(reg.Devices())), logpath.String("socket", sock))
 		if ntrees == 0 {
 			n.Send("STATUS=idle: no [[watch]] entries configured")
 		} else {
@@ -146,14 +148,14 @@ func SetUpTrees(trees []tree.Tree, handles *inode.Handles, errs *bdi.ErrWatch, s
 		log.Warn("no [[watch]] entries in the configuration: idle until a tree is added and the configuration reloaded (SIGHUP; systemctl reload flusherd)")
 	}
 	for _, t := range trees {
-		log.Info("watching", zap.String("root", strconv.Quote(t.Root)), zap.Bool("recursive", t.Recursive),
+		log.Info("watching", logpath.String("root", t.Root), zap.Bool("recursive", t.Recursive),
 			zap.Bool("integrity", t.Integrity()), zap.Stringer("expire", t.Expire))
 		if kind, ok := watch.NoWriteback(t.Root); ok {
 			log.Warn("this tree is on a filesystem without writeback: its files have no backing store and there is never anything to write back",
-				zap.String("root", strconv.Quote(t.Root)), zap.String("fstype", kind))
+				logpath.String("root", t.Root), zap.String("fstype", kind))
 		}
 		if _, err := handles.AddMount(t.Root); err != nil {
-			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+			log.Info("files of this tree are opened by path, not by file handle", logpath.String("root", t.Root), zap.Error(err))
 		}
 		WatchErrors(errs, t, log)
 		start.SetUp()
@@ -168,7 +170,7 @@ func WatchErrors(errs *bdi.ErrWatch, t tree.Tree, log *zap.Logger) {
 	}
 	if _, err := errs.Add(t.Root); err != nil {
 		log.Warn("integrity tree: cannot hold its filesystem open for writeback errors; an error another process's fsync took first may be missed",
-			zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+			logpath.String("root", t.Root), zap.Error(err))
 	}
 }
 

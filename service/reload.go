@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 
 	"go.uber.org/zap"
 
 	"flusherd/config"
+	"flusherd/internal/logpath"
 	"flusherd/policy"
 	"flusherd/tree"
 )
@@ -170,10 +170,11 @@ func keepStartOnly(old, cfg *config.Config, log *zap.Logger) {
 		{"watcher.rescan_interval", old.Watcher.RescanInterval.String(), cfg.Watcher.RescanInterval.String(),
 			func() { cfg.Watcher.RescanInterval = old.Watcher.RescanInterval }},
 		{"metrics.listen", old.Metrics.Listen, cfg.Metrics.Listen, func() { cfg.Metrics.Listen = old.Metrics.Listen }},
+		{"log.format", old.Log.Format, cfg.Log.Format, func() { cfg.Log.Format = old.Log.Format }},
 	} {
 		if c.running != c.configured {
 			log.Warn("this setting changes at the next start, not on reload", zap.String("key", c.key),
-				zap.String("running", c.running), zap.String("configured", c.configured))
+				logpath.String("running", c.running), logpath.String("configured", c.configured))
 			c.keep()
 		}
 	}
@@ -189,11 +190,12 @@ func (d *Daemon) applyPlan(plan TreePlan) (served []tree.Tree, added int, short 
 	for _, t := range plan.Retire {
 		wat.RemoveTree(t.Root)
 		d.Errs.Remove(t.Root)
+		d.Claims.Release(t.Root)
 	}
 	for _, t := range plan.Retire {
 		k := d.Reg.TreeRemoved(t.Root, func(p string) bool { _, in := wat.TreeOf(p); return in })
 		log.Info("watch root removed; its tracked files are written back once more (a large one write_chunk at a time) and forgotten",
-			zap.String("root", strconv.Quote(t.Root)), zap.Int("files", k))
+			logpath.String("root", t.Root), zap.Int("files", k))
 	}
 	for _, t := range plan.Replace {
 		// Taken out and put back with its new settings below.
@@ -203,24 +205,33 @@ func (d *Daemon) applyPlan(plan TreePlan) (served []tree.Tree, added int, short 
 	served = plan.Keep
 	for _, t := range plan.Add {
 		root := t.Root
+		// A root left out is not served: its claim goes (a replaced
+		// root's too).
+		if err := d.claim(t); err != nil {
+			d.Claims.Release(root)
+			log.Error("cannot watch a root added by the reload", logpath.String("root", root), zap.Error(err))
+			continue
+		}
 		if _, err := d.Handles.AddMount(root); policy.Shortage(err) {
+			d.Claims.Release(root)
 			short = true
 			continue
 		} else if err != nil {
-			log.Info("files of this tree are opened by path, not by file handle", zap.String("root", strconv.Quote(root)), zap.Error(err))
+			log.Info("files of this tree are opened by path, not by file handle", logpath.String("root", root), zap.Error(err))
 		}
 		if err := wat.AddTree(context.Background(), t); err != nil {
+			d.Claims.Release(root)
 			if policy.Shortage(err) {
 				short = true
 				continue
 			}
-			log.Error("cannot watch a root added by the reload", zap.String("root", strconv.Quote(root)), zap.Error(err))
+			log.Error("cannot watch a root added by the reload", logpath.String("root", root), zap.Error(err))
 			continue
 		}
 		WatchErrors(d.Errs, t, log)
 		served = append(served, t)
 		// As the start-up "watching" line: the tree's settings too.
-		fields := []zap.Field{zap.String("root", strconv.Quote(root)), zap.Bool("recursive", t.Recursive),
+		fields := []zap.Field{logpath.String("root", root), zap.Bool("recursive", t.Recursive),
 			zap.Bool("integrity", t.Integrity()), zap.Stringer("expire", t.Expire)}
 		switch {
 		case plan.Returned(root):

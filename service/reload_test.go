@@ -72,21 +72,22 @@ func TestKeepStartOnly(t *testing.T) {
 	old, cfg := config.Default(), config.Default()
 	old.Stats.Dir, cfg.Stats.Dir = "/run/a", "/run/b"
 	old.Metrics.Listen, cfg.Metrics.Listen = "", "127.0.0.1:9"
+	cfg.Log.Format, cfg.Log.Level = "json", "debug"
 	cfg.Watcher.RescanInterval = old.Watcher.RescanInterval + time.Second
 	cfg.Writeback.MinPause = old.Writeback.MinPause + time.Second
 	core, logs := observer.New(zap.InfoLevel)
 	keepStartOnly(old, cfg, zap.New(core))
-	if cfg.Stats.Dir != "/run/a" || cfg.Metrics.Listen != "" || cfg.Watcher.RescanInterval != old.Watcher.RescanInterval {
-		t.Errorf("start-only keys not kept: %+v %+v %v", cfg.Stats, cfg.Metrics, cfg.Watcher.RescanInterval)
+	if cfg.Stats.Dir != "/run/a" || cfg.Metrics.Listen != "" || cfg.Watcher.RescanInterval != old.Watcher.RescanInterval || cfg.Log.Format != "console" {
+		t.Errorf("start-only keys not kept: %+v %+v %v %+v", cfg.Stats, cfg.Metrics, cfg.Watcher.RescanInterval, cfg.Log)
 	}
-	if cfg.Writeback.MinPause != old.Writeback.MinPause+time.Second {
-		t.Errorf("min_pause not reloaded: %v", cfg.Writeback.MinPause)
+	if cfg.Writeback.MinPause != old.Writeback.MinPause+time.Second || cfg.Log.Level != "debug" {
+		t.Errorf("min_pause or log.level not reloaded: %v %q", cfg.Writeback.MinPause, cfg.Log.Level)
 	}
 	var keys []string
 	for _, e := range logs.FilterMessage("this setting changes at the next start, not on reload").All() {
 		keys = append(keys, e.ContextMap()["key"].(string))
 	}
-	if want := []string{"stats.dir", "watcher.rescan_interval", "metrics.listen"}; !slices.Equal(keys, want) {
+	if want := []string{"stats.dir", "watcher.rescan_interval", "metrics.listen", "log.format"}; !slices.Equal(keys, want) {
 		t.Errorf("warned about %q, want %q", keys, want)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"flusherd/bdi"
+	"flusherd/internal/logpath"
 )
 
 // QuiesceTimeout bounds the handling of the events queued at the stop.
@@ -127,7 +127,7 @@ func LogShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled 
 	for dev, paths := range rep.Left {
 		left += len(paths)
 		log.Error("shutdown: files still dirty or under writeback when "+end+" (the kernel's flusher writes back what it can)",
-			zap.String("bdi", dev), zap.Int("files", len(paths)), zap.Strings("first", quoteFirst(paths)))
+			zap.String("bdi", dev), zap.Int("files", len(paths)), logpath.Strings("first", paths[:min(len(paths), 20)]))
 	}
 	switch {
 	case lost == 0 && given == 0 && left == 0 && unsettled != nil:
@@ -162,17 +162,8 @@ func logByError(log *zap.Logger, files map[string][]bdi.GivenUp, msg func(error)
 			}
 		}
 		for e, ps := range paths {
-			log.Error(msg(first[e]), zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(ps)), zap.Strings("first", quoteFirst(ps)))
+			log.Error(msg(first[e]), zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(ps)), logpath.Strings("first", ps[:min(len(ps), 20)]))
 		}
 	}
 	return n
-}
-
-// quoteFirst quotes the first 20 paths.
-func quoteFirst(paths []string) []string {
-	out := make([]string, 0, min(len(paths), 20))
-	for _, p := range paths[:min(len(paths), 20)] {
-		out = append(out, strconv.Quote(p))
-	}
-	return out
 }

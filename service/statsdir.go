@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/bdi"
+	"flusherd/internal/logpath"
 )
 
 // ClaimStatsDir makes dir if needed, refuses it unless only this user can
@@ -23,9 +24,9 @@ func ClaimStatsDir(dir string, log *zap.Logger) (unlock func(), err error) {
 		return nil, err
 	}
 	if n, err := bdi.RemoveStaleTemps(dir); err != nil {
-		log.Warn("cannot remove the temporary files a killed flusherd left in stats.dir", zap.String("dir", dir), zap.Error(err))
+		log.Warn("cannot remove the temporary files a killed flusherd left in stats.dir", logpath.String("dir", dir), zap.Error(err))
 	} else if n > 0 {
-		log.Info("removed temporary stats files that a killed flusherd left", zap.String("dir", dir), zap.Int("files", n))
+		log.Info("removed temporary stats files that a killed flusherd left", logpath.String("dir", dir), zap.Int("files", n))
 	}
 	return unlock, nil
 }

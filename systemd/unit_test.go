@@ -201,6 +201,27 @@ func TestUnderSystemd(t *testing.T) {
 		}
 	})
 
+	t.Run("03b-second-daemon-refused", func(t *testing.T) {
+		h.t = t
+		// A flusherd started by hand (outside the unit's mount and
+		// network namespaces, with a stats directory of its own) over
+		// the unit's tree, inside it, or around it, is refused, naming
+		// the unit's daemon, before it writes anything.
+		pid := h.prop("MainPID")
+		for _, tc := range []struct{ dir, want string }{
+			{"/srv/data", `\"/srv/data\" is served by another flusherd (pid ` + pid + `); stop it first`},
+			{"/srv/data/many", `\"/srv/data/many\" is inside \"/srv/data\", which another flusherd (pid ` + pid + `) serves with its subdirectories`},
+			{"/srv", `a tree inside \"/srv\" is served by another flusherd (pid ` + pid + `)`},
+		} {
+			// Its own (empty) configuration: not the unit's file.
+			out, _ := h.sh("rm -rf /tmp/second; : > /tmp/second.toml; flusherd run --config /tmp/second.toml --watch " + tc.dir +
+				" --stats-dir /tmp/second 2>&1; echo exit=$?; test -e /tmp/second/bdi && echo made-bdi")
+			if !strings.Contains(out, tc.want) || !strings.Contains(out, "exit=1\n") || strings.Contains(out, "made-bdi") {
+				t.Errorf("a second flusherd over %s (the unit's MainPID is %s):\n%s\nwant exit 1, no bdi/, and %s", tc.dir, pid, out, tc.want)
+			}
+		}
+	})
+
 	t.Run("05-file-of-another-user-0600", func(t *testing.T) {
 		h.t = t
 		h.must(h.sh("chown 1000:1000 /srv/data/user && setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'umask 077; head -c 100000 /dev/urandom > /srv/data/user/secret'"))

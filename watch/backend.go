@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/tree"
 )
 
@@ -135,12 +136,12 @@ func newConfiguredFanotify(trees []tree.Tree, sink Sink, opt Options, log *zap.L
 func newAuto(trees []tree.Tree, sink Sink, opt Options, log *zap.Logger) (Backend, error) {
 	f, refused, err := newFanotifyFor(trees, sink, opt)
 	if err != nil {
-		log.Info("watch backend: inotify (auto: fanotify unavailable)", zap.Error(err))
+		log.Info("watch backend: inotify (auto: fanotify unavailable)", zap.Error(budgetErr(err, fanotifyGroups)))
 		return NewInotify(trees, sink, opt)
 	}
 	var inTrees []tree.Tree
 	for _, r := range refused {
-		log.Info(fanotifyRefused(r.Err), zap.String("root", strconv.Quote(r.Root)), zap.Error(r.Err))
+		log.Info(fanotifyRefused(r.Err), logpath.String("root", r.Root), zap.Error(r.Err))
 		for _, t := range trees {
 			if t.Root == r.Root {
 				inTrees = append(inTrees, t)
@@ -148,8 +149,16 @@ func newAuto(trees []tree.Tree, sink Sink, opt Options, log *zap.Logger) (Backen
 		}
 	}
 	// The inotify half exists even without trees: a reload may add
-	// a tree whose filesystem refuses fanotify.
+	// a tree whose filesystem refuses fanotify, or a filesystem that
+	// refuses it may be mounted inside a tree. Without an instance left
+	// (a budget shared with every process of the user), fanotify serves
+	// its trees alone, and says what it cannot serve.
 	in, err := NewInotify(inTrees, sink, opt)
+	if err != nil && len(inTrees) == 0 {
+		log.Warn("no inotify instance for what fanotify cannot serve: the trees are served with fanotify, but a tree added later, or a filesystem mounted inside one, that refuses a fanotify mark is not", zap.Error(err))
+		log.Info("watch backend: fanotify (auto: filesystem marks accepted)")
+		return f, nil
+	}
 	if err != nil {
 		f.Close()
 		return nil, err

@@ -87,11 +87,21 @@ type base struct {
 	mountsMet map[int]*nestedMount // mount IDs seen: handed to nested, or skipped (nil)
 }
 
+// rootKey returns the root's identity as last recorded (zero before).
+func (t *watchedTree) rootKey() inode.Key {
+	if k := t.rootID.Load(); k != nil {
+		return *k
+	}
+	return inode.Key{}
+}
+
 // watchedTree is a watched tree and its state.
 type watchedTree struct {
 	tree.Tree
-	root inode.Key // the root's identity when first watched
-	gone bool      // guarded by base.mu: its root is gone, it is no longer served
+	// rootID is the root's identity when watched (record), read by the
+	// event readers while WatchRoots records it again: an atomic.
+	rootID atomic.Pointer[inode.Key]
+	gone   bool // guarded by base.mu: its root is gone, it is no longer served
 	// failing, guarded by base.mu: its root could not be reached at
 	// the last checkRoots (logged once).
 	failing bool

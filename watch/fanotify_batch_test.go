@@ -89,7 +89,7 @@ func TestFanotifyBatchReports(t *testing.T) {
 		t.Errorf("after a report refused with EMFILE: %d incomplete scans, rescan due %v; want 1, true", n, fa.retry.due.Load())
 	}
 	refused := logs.FilterMessage("cannot track file").All()
-	if len(refused) != 1 || refused[0].ContextMap()["path"] != `"/srv/data/d0/f5"` {
+	if len(refused) != 1 || refused[0].ContextMap()["path"] != "/srv/data/d0/f5" {
 		t.Errorf("refusals logged: %+v, want one for /srv/data/d0/f5", refused)
 	}
 	if len(fa.pending) != 0 {

@@ -11,6 +11,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/policy"
 )
 
@@ -234,6 +235,6 @@ func (fa *Fanotify) markFailed(key inode.Key, path string, err error) {
 	if policy.Shortage(err) {
 		fa.scanIncomplete(err)
 	} else {
-		fa.log.Warn("cannot track file", Q(path), zap.Error(err))
+		fa.log.Warn("cannot track file", logpath.String("path", path), zap.Error(err))
 	}
 }

@@ -3,9 +3,9 @@ package watch
 import (
 	"encoding/binary"
 	"errors"
+	"flusherd/internal/logpath"
 	"fmt"
 	"io/fs"
-	"strconv"
 
 	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
@@ -68,7 +68,7 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 		fa.mounts[dev] = true
 		fa.fsidsMu.Unlock()
 		fa.log.Warn("fanotify: filesystem mark refused; using a mount mark, which reports writes but not renames or deletions",
-			zap.String("root", strconv.Quote(root)), zap.NamedError("filesystem_mark", ferr))
+			logpath.String("root", root), zap.NamedError("filesystem_mark", ferr))
 	}
 	fa.setFsid(fsid, dev)
 	return nil

@@ -3,6 +3,7 @@ package watch
 import (
 	"context"
 	"errors"
+	"flusherd/internal/logpath"
 	"fmt"
 	"strconv"
 
@@ -66,12 +67,12 @@ func (fa *Fanotify) nestedMount(ctx context.Context, t tree.Tree, mountpoint str
 	}
 	if err != nil && fa.nestedFallback != nil {
 		fa.log.Info("a filesystem mounted inside a tree cannot be marked by fanotify; it is served by inotify",
-			zap.String("mountpoint", strconv.Quote(mountpoint)), zap.String("tree", strconv.Quote(t.Root)), zap.Error(err))
+			logpath.String("mountpoint", mountpoint), logpath.String("tree", t.Root), zap.Error(err))
 		return fa.nestedFallback(ctx, t, mountpoint)
 	}
 	if err != nil {
 		fa.log.Warn("a filesystem mounted inside a tree cannot be marked by fanotify; its writes are not seen (watch it as a tree of its own, with backend = \"inotify\")",
-			zap.String("mountpoint", strconv.Quote(mountpoint)), zap.String("tree", strconv.Quote(t.Root)), zap.Error(err))
+			logpath.String("mountpoint", mountpoint), logpath.String("tree", t.Root), zap.Error(err))
 		return false
 	}
 	fa.clearCaches()

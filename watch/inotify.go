@@ -20,6 +20,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/policy"
 	"flusherd/tree"
 )
@@ -69,7 +70,7 @@ type Watcher struct {
 func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
 	w, err := fsnotify.NewBufferedWatcher(4096)
 	if err != nil {
-		return nil, fmt.Errorf("inotify: %w", err)
+		return nil, fmt.Errorf("inotify: %w", budgetErr(err, inotifyInstances))
 	}
 	iv := opt.RescanInterval
 	if iv <= 0 {
@@ -91,7 +92,7 @@ func (w *Watcher) nestedMount(ctx context.Context, t tree.Tree, mountpoint strin
 	// this one is unmounted while it stays mounted elsewhere.
 	if w.handles != nil {
 		if _, err := w.handles.AddMount(mountpoint); err != nil {
-			w.log.Info("files of this filesystem mounted inside a tree are opened by path, not by file handle", Q(mountpoint), zap.Error(err))
+			w.log.Info("files of this filesystem mounted inside a tree are opened by path, not by file handle", logpath.String("path", mountpoint), zap.Error(err))
 		}
 	}
 	w.addOrNote(t, mountpoint)
@@ -171,7 +172,7 @@ func (w *Watcher) addOrNote(t tree.Tree, dir string) {
 		w.dmu.Unlock()
 	case errors.Is(err, fs.ErrNotExist):
 	default:
-		w.log.Warn("cannot watch directory", Q(dir), zap.Error(err))
+		w.log.Warn("cannot watch directory", logpath.String("path", dir), zap.Error(err))
 	}
 }
 
@@ -234,7 +235,7 @@ func (w *Watcher) removeWatch(path string) {
 	defer func() {
 		if r := recover(); r != nil && !w.removePanicked.Swap(true) {
 			w.log.Warn("fsnotify lost track of a directory's watch (a directory moved onto a watched name); recovered, the name is unwatched",
-				Q(path), zap.Any("panic", r))
+				logpath.String("path", path), zap.Any("panic", r))
 		}
 	}()
 	w.w.Remove(path)
@@ -330,12 +331,12 @@ func (w *Watcher) serveNested(ctx context.Context, parent tree.Tree, mountpoint 
 	nt := parent
 	nt.Root = mountpoint
 	if _, err := w.addTreeIn(nt, parent.Root); err != nil {
-		w.log.Warn("cannot watch a filesystem mounted inside a tree", zap.String("mountpoint", strconv.Quote(mountpoint)), zap.Error(err))
+		w.log.Warn("cannot watch a filesystem mounted inside a tree", logpath.String("mountpoint", mountpoint), zap.Error(err))
 		return false
 	}
 	if err := w.watchRoot(mountpoint); err != nil {
 		w.removeTree(mountpoint)
-		w.log.Warn("cannot watch a filesystem mounted inside a tree", zap.String("mountpoint", strconv.Quote(mountpoint)), zap.Error(err))
+		w.log.Warn("cannot watch a filesystem mounted inside a tree", logpath.String("mountpoint", mountpoint), zap.Error(err))
 		return false
 	}
 	w.scanDir(ctx, nt, mountpoint, true, func(p string) { w.addOrNote(nt, p) })
@@ -494,7 +495,7 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 			counted[t.Root] = true
 			w.ctr.Rescans.Add(1)
 			if rt := w.treeAt(t.Root); rt != nil {
-				w.sink.Rescanned(rt.root.Dev)
+				w.sink.Rescanned(rt.rootKey().Dev)
 			}
 		}
 		if ctx.Err() != nil {

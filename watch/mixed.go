@@ -3,12 +3,12 @@ package watch
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 
 	"go.uber.org/zap"
 
 	"flusherd/bdi"
+	"flusherd/internal/logpath"
 	"flusherd/tree"
 )
 
@@ -82,7 +82,7 @@ func (m *Mixed) AddTree(ctx context.Context, t tree.Tree) error {
 	if err == nil {
 		return nil
 	}
-	m.fa.log.Info(fanotifyRefused(err), zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+	m.fa.log.Info(fanotifyRefused(err), logpath.String("root", t.Root), zap.Error(err))
 	return m.in.AddTree(ctx, t)
 }
 

@@ -3,7 +3,7 @@ package watch
 import (
 	"context"
 	"errors"
-	"strconv"
+	"flusherd/internal/logpath"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
@@ -132,7 +132,7 @@ func (b *base) checkMounts(ctx context.Context) {
 		if met {
 			continue
 		}
-		mp := zap.String("mountpoint", strconv.Quote(m.Mountpoint))
+		mp := logpath.String("mountpoint", m.Mountpoint)
 		var sfs unix.Statfs_t
 		if err := unix.Statfs(m.Mountpoint, &sfs); err != nil {
 			// Unmounted meanwhile, or hidden by a mount above it.
@@ -140,13 +140,13 @@ func (b *base) checkMounts(ctx context.Context) {
 		}
 		if kind, ok := noWriteback[int64(sfs.Type)]; ok {
 			b.log.Info("a filesystem without writeback is mounted inside a tree; nothing there to write back",
-				mp, zap.String("fstype", kind), zap.String("tree", strconv.Quote(in.Root)))
+				mp, zap.String("fstype", kind), logpath.String("tree", in.Root))
 			continue
 		}
 		if sfs.Type == unix.OVERLAYFS_SUPER_MAGIC {
 			b.ctr.Unserved.Add(1)
 			b.log.Warn("an overlayfs is mounted inside a tree; its writes are not served (an overlay file's dirty pages belong to its upper layer's inode): watch the upper layer's directory as a tree of its own",
-				mp, zap.String("tree", strconv.Quote(in.Root)))
+				mp, logpath.String("tree", in.Root))
 			continue
 		}
 		var st unix.Stat_t
@@ -162,7 +162,7 @@ func (b *base) checkMounts(ctx context.Context) {
 			b.mountsMu.Unlock()
 			b.ctr.Nested.Add(1)
 			b.log.Info("a filesystem mounted inside a tree is served", mp, zap.String("fstype", m.FSType),
-				zap.String("tree", strconv.Quote(in.Root)))
+				logpath.String("tree", in.Root))
 		} else {
 			b.ctr.Unserved.Add(1)
 		}
@@ -205,12 +205,12 @@ func (b *base) forgetUnmounted(present map[int]bool, devs map[uint64]string) {
 		}
 	}
 	b.mountsMu.Unlock()
-	mp := func(nm *nestedMount) zap.Field { return zap.String("mountpoint", strconv.Quote(nm.mountpoint)) }
+	mp := func(nm *nestedMount) zap.Field { return logpath.String("mountpoint", nm.mountpoint) }
 	for _, nm := range gone {
 		b.ctr.Nested.Add(^uint64(0))
 		last := !still[nm.dev]
 		for _, t := range b.list() {
-			if t.root.Dev == nm.dev {
+			if t.rootKey().Dev == nm.dev {
 				last = false
 			}
 		}
@@ -218,11 +218,11 @@ func (b *base) forgetUnmounted(present map[int]bool, devs map[uint64]string) {
 			if b.handles != nil {
 				if _, err := b.handles.AddMount(other); err != nil {
 					b.log.Warn("cannot open a remaining mount of a filesystem unmounted inside a tree; its tracked files' writeback fails until it is mounted there again",
-						mp(nm), zap.String("other_mountpoint", strconv.Quote(other)), zap.Error(err))
+						mp(nm), logpath.String("other_mountpoint", other), zap.Error(err))
 				}
 			}
 			b.log.Info("a filesystem mounted inside a tree was unmounted there; it is still mounted elsewhere, so nothing was written by the unmount: the files tracked there stay tracked and are written back",
-				mp(nm), zap.String("other_mountpoint", strconv.Quote(other)))
+				mp(nm), logpath.String("other_mountpoint", other))
 			continue
 		}
 		b.log.Info("a filesystem mounted inside a tree was unmounted; its files are no longer tracked (the unmount wrote them back; a lazy unmount, umount -l, writes them once the last file open on it is closed)",

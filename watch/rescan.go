@@ -3,8 +3,8 @@ package watch
 import (
 	"context"
 	"errors"
+	"flusherd/internal/logpath"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -42,7 +42,7 @@ func (b *base) rescanTrees(ctx context.Context, trees []*watchedTree, onDir func
 			b.scannedRemoved(t) // (found removed: this scan begins after its removal)
 		}
 		b.ctr.Rescans.Add(1)
-		b.sink.Rescanned(t.root.Dev)
+		b.sink.Rescanned(t.rootKey().Dev)
 		var f func(string)
 		if onDir != nil && served { // (a removed tree's directories get no watch)
 			f = func(p string) { onDir(t.Tree, p) }
@@ -188,7 +188,7 @@ func (b *base) forgetRemovedUpTo(seq uint64) {
 func (b *base) finalScan(t tree.Tree) {
 	b.finalScans.Add(1)
 	b.log.Info("events were lost before this tree was removed; scanning it once more for dirty files to write back",
-		zap.String("root", strconv.Quote(t.Root)))
+		logpath.String("root", t.Root))
 	go func() {
 		defer b.finalScans.Add(-1)
 		b.scanDir(context.Background(), t, t.Root, true, nil)

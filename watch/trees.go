@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/tree"
 )
 
@@ -65,7 +66,7 @@ func (b *base) addTreeIn(t tree.Tree, nestedIn string) (*watchedTree, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.goneDevs, nt.root.Dev) // mounted in a tree again
+	delete(b.goneDevs, nt.rootKey().Dev) // mounted in a tree again
 	delete(b.removedRoots, t.Root)
 	for _, o := range b.trees {
 		if o.Root == t.Root {
@@ -101,7 +102,7 @@ func (b *base) removeTree(root string) (*watchedTree, bool) {
 	b.trees = slices.Delete(slices.Clone(b.trees), i, i+1)
 	shared := false
 	for _, o := range b.trees {
-		shared = shared || (!o.gone && o.root.Dev == t.root.Dev)
+		shared = shared || (!o.gone && o.rootKey().Dev == t.rootKey().Dev)
 	}
 	return t, shared
 }
@@ -210,7 +211,7 @@ func (t *watchedTree) record() error {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("watch root %s: not a directory", strconv.Quote(t.Root))
 	}
-	t.root = inode.Key{Dev: st.Dev, Ino: st.Ino}
+	t.rootID.Store(&inode.Key{Dev: st.Dev, Ino: st.Ino})
 	return nil
 }
 
@@ -238,7 +239,7 @@ func (b *base) checkRoots() {
 		}
 		var st unix.Stat_t
 		err := unix.Lstat(t.Root, &st)
-		if err == nil && st.Dev == t.root.Dev && st.Ino == t.root.Ino {
+		if err == nil && st.Dev == t.rootKey().Dev && st.Ino == t.rootKey().Ino {
 			b.mu.Lock()
 			t.failing = false
 			b.mu.Unlock()
@@ -256,7 +257,7 @@ func (b *base) checkRoots() {
 			b.mu.Unlock()
 			if first {
 				b.log.Error("a watched tree's root cannot be reached; its files stay tracked and their writeback is retried",
-					zap.String("root", strconv.Quote(t.Root)), zap.Error(err))
+					logpath.String("root", t.Root), zap.Error(err))
 			}
 			continue
 		}
@@ -271,21 +272,21 @@ func (b *base) checkRoots() {
 		}
 		last := true
 		for _, o := range b.trees {
-			if o != t && !o.gone && o.root.Dev == t.root.Dev {
+			if o != t && !o.gone && o.rootKey().Dev == t.rootKey().Dev {
 				last = false
 			}
 		}
 		b.mu.Unlock()
 		how := "removed, renamed or unmounted"
-		if err == nil && st.Dev != t.root.Dev {
+		if err == nil && st.Dev != t.rootKey().Dev {
 			how = "unmounted, or another filesystem mounted over it"
 		} else if err == nil {
 			how = "replaced by another directory"
 		}
 		b.log.Error("a watched tree's root is gone; its files are no longer tracked (once it is back, a reload (SIGHUP, systemctl reload flusherd) serves it again)",
-			zap.String("root", strconv.Quote(t.Root)), zap.String("how", how))
+			logpath.String("root", t.Root), zap.String("how", how))
 		b.fence()
-		b.sink.TreeGone(t.Root, t.root.Dev, last)
+		b.sink.TreeGone(t.Root, t.rootKey().Dev, last)
 		b.touched() // watch/stats marks it gone
 	}
 }
@@ -306,5 +307,5 @@ func (b *base) rootMoved(root string) bool {
 	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
 		return false // unreachable, not moved (checkRoots says which)
 	}
-	return err != nil || st.Dev != t.root.Dev || st.Ino != t.root.Ino
+	return err != nil || st.Dev != t.rootKey().Dev || st.Ino != t.rootKey().Ino
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
@@ -14,6 +13,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/logpath"
 	"flusherd/policy"
 	"flusherd/tree"
 )
@@ -118,7 +118,7 @@ func (b *base) dirError(dir string, err error) {
 	case policy.Shortage(err):
 		b.scanIncomplete(err)
 	default:
-		b.log.Warn("cannot read directory", Q(dir), zap.Error(err))
+		b.log.Warn("cannot read directory", logpath.String("path", dir), zap.Error(err))
 	}
 }
 
@@ -398,7 +398,7 @@ func joinPath(dir, name string) string {
 func (b *base) longPath(path string) {
 	if !b.longPathWarned.Swap(true) {
 		b.log.Warn("a path in a tree is longer than PATH_MAX; such directories are not scanned or watched, and their files are not tracked (logged once)",
-			zap.Int("bytes", len(path)), zap.String("start", strconv.Quote(path[:min(len(path), 200)])+"..."))
+			zap.Int("bytes", len(path)), logpath.String("start", path[:min(len(path), 200)]))
 	}
 }
 
@@ -461,7 +461,7 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 			// would wait for it). Said once.
 			if !b.permWarned.Swap(true) {
 				b.log.Warn("some files cannot be opened by the daemon (permission denied) and are not served; the shipped unit keeps CAP_DAC_READ_SEARCH and CAP_FOWNER for them",
-					Q(path), zap.Error(err))
+					logpath.String("path", path), zap.Error(err))
 			}
 			return
 		}
@@ -497,7 +497,7 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 			b.scanIncomplete(err)
 			return
 		}
-		b.log.Warn("cannot track file", Q(path), zap.Error(err))
+		b.log.Warn("cannot track file", logpath.String("path", path), zap.Error(err))
 	}
 }
 

@@ -19,10 +19,7 @@ package watch
 
 import (
 	"context"
-	"strconv"
 	"sync/atomic"
-
-	"go.uber.org/zap"
 
 	"flusherd/bdi"
 	"flusherd/inode"
@@ -141,7 +138,3 @@ type Counters struct {
 	// (fanotify; see hotEvents).
 	Quieted atomic.Uint64
 }
-
-// Q quotes a file name for a log line losslessly: invalid UTF-8 and
-// control characters become escapes (strconv.Quote).
-func Q(path string) zap.Field { return zap.String("path", strconv.Quote(path)) }

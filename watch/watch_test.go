@@ -71,6 +71,7 @@ func startTrees(t *testing.T, trees []tree.Tree, backend string, s partialSink) 
 // new inode.Handles).
 func startOpts(t *testing.T, trees []tree.Tree, s partialSink, opt Options) Backend {
 	t.Helper()
+	testfs.HoldMounts(t) // an inotify instance: see testfs's lock
 	if opt.Backend == "fanotify-by-name" {
 		opt.Backend, opt.noTargetFID = "fanotify", true
 	}

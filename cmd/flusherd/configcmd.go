@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"strings"
 
 	"flusherd/config"
 	"flusherd/internal/cli"
-	"flusherd/tree"
 	"flusherd/watch"
 
 	"golang.org/x/sys/unix"
@@ -92,12 +90,7 @@ func verdict(ws []config.Watch) string {
 	return plural(len(ws), "tree") + " on " + plural(len(devs), "device")
 }
 
-// cmdPrintDefaultConfig prints the built-in defaults as a configuration
-// file that check-config accepts unchanged, each key with a one-line
-// comment (config.KeyComment): its one [[watch]] is /var/log,
-// which every Linux system has. Keys whose default follows another key
-// (max_pause, a tree's expire) are printed commented out, so that changing
-// the key they follow changes them too.
+// cmdPrintDefaultConfig prints the built-in defaults (config.WriteDefault).
 func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 	fset := cli.NewFlagSet("print-default-config", "print-default-config\n\n"+
 		"Prints the built-in defaults as a configuration file, with one example\n"+
@@ -105,34 +98,9 @@ func cmdPrintDefaultConfig(args []string, stdout, stderr io.Writer) int {
 	if code, stop := cli.ParseFlags(fset, args); stop {
 		return code
 	}
-	cfg := config.Default()
-	cfg.Watch = []config.Watch{{Tree: tree.Tree{Root: "/var/log", Recursive: true, Mode: tree.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}}
-	fmt.Fprintln(stdout, "# flusherd's built-in defaults, with one [[watch]] entry as an example (the\n# defaults watch nothing): replace it with your trees. Durations need a\n# unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB. Commented keys\n# follow another key unless set.")
-	var buf bytes.Buffer
-	if err := cfg.Encode(&buf); err != nil {
+	if err := config.WriteDefault(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd print-default-config: %v\n", err)
 		return cli.ExitFailed
-	}
-	follows := map[string]string{
-		"writeback.max_pause": "dirty_writeback_interval",
-		"watch.expire":        "[writeback] dirty_expire_interval",
-	}
-	table := ""
-	for _, line := range strings.SplitAfter(buf.String(), "\n") {
-		switch t := strings.TrimSpace(line); {
-		case strings.HasPrefix(t, "["):
-			table = strings.Trim(t, "[]")
-		case strings.Contains(t, " = "):
-			key, _, _ := strings.Cut(t, " = ")
-			if c := config.KeyComment(table + "." + key); c != "" {
-				line = fmt.Sprintf("%-36s # %s\n", t, c)
-			}
-			if f, ok := follows[table+"."+key]; ok {
-				fmt.Fprintf(stdout, "# default: as %s\n# %s", f, line)
-				continue
-			}
-		}
-		fmt.Fprint(stdout, line)
 	}
 	return cli.ExitOK
 }

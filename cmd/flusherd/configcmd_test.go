@@ -122,7 +122,7 @@ func TestSubcommandHelp(t *testing.T) {
 }
 
 // TestVersionAndHelpSpellings: version and help answer to the spellings
-// the README promises for flags (-flag and --flag) as well as by name.
+// flusherd(8) promises for flags (-flag and --flag) as well as by name.
 func TestVersionAndHelpSpellings(t *testing.T) {
 	for _, arg := range []string{"version", "--version", "-version"} {
 		var out, errb bytes.Buffer

@@ -18,8 +18,8 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		"attempts since last clean, and the last error. --top defaults to 20; when more\n"+
 		"files are tracked, a line on standard error says how many.",
 		"flusherd dirty --top 10\n  flusherd dirty /srv/spool\n  flusherd dirty --json | jq '.[] | select(.list == \"b_more_io_wait\")'", stdout, stderr)
-	var c commonFlags
-	c.register(fset)
+	var c cli.ConfigFlags
+	c.Register(fset)
 	top := fset.Int("top", 20, "show the N oldest files (0: all)")
 	asJSON := fset.Bool("json", false, "print a JSON array (the control socket's DirtyFile objects)")
 	pos, err := cli.ParseArgs(fset, args)
@@ -40,7 +40,7 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "flusherd dirty: --top must not be negative")
 		return cli.ExitUsage
 	}
-	cfg, err := loadClientConfig(c)
+	cfg, err := c.LoadClient()
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
 		return cli.ExitUsage

@@ -57,8 +57,7 @@ expire = "100ms"
 	writeDirty(t, blocked, 4<<10)
 
 	var files []control.DirtyFile
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !poll(10*time.Second, func() bool {
 		var out, errb bytes.Buffer
 		code := Main([]string{"dirty", "--json", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb)
 		if code != 0 {
@@ -68,13 +67,10 @@ expire = "100ms"
 		if err := json.Unmarshal(out.Bytes(), &files); err != nil {
 			t.Fatalf("flusherd dirty --json: %v\n%s", err, out.String())
 		}
-		if i := pathIndex(files, blocked); len(files) == 3 && i >= 0 && files[i].List == "b_more_io_wait" && files[i].LastError == "EAGAIN" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("want 3 files with the blocked one on b_more_io_wait (EAGAIN), got %+v", files)
-		}
-		time.Sleep(100 * time.Millisecond)
+		i := pathIndex(files, blocked)
+		return len(files) == 3 && i >= 0 && files[i].List == "b_more_io_wait" && files[i].LastError == "EAGAIN"
+	}) {
+		t.Fatalf("want 3 files with the blocked one on b_more_io_wait (EAGAIN), got %+v", files)
 	}
 	t.Logf("%+v", files)
 	// Oldest first. The blocked file, written last, is on another
@@ -180,6 +176,7 @@ func TestDirtyUnreachable(t *testing.T) {
 // apart and typed back, and `flusherd sync` of one writes that file, not
 // another whose name looks the same once the bytes are replaced.
 func TestNamesNotUTF8(t *testing.T) {
+	t.Parallel()
 	_, tree := mountTree(t, "ext4")
 	d := startDaemon(t, fmt.Sprintf("[writeback]\ndirty_expire_interval = \"1h\"\n[[watch]]\npath = %q\n", tree))
 	e9, e8, repl := filepath.Join(tree, "caf\xe9.txt"), filepath.Join(tree, "caf\xe8.txt"), filepath.Join(tree, "caf\ufffd.txt")
@@ -239,6 +236,7 @@ func TestNamesNotUTF8(t *testing.T) {
 // an error since, so the file is reported failed (flusherd dirty, stats),
 // not dropped as clean; written again, it is written back and forgotten.
 func TestLostDataConsumedElsewhere(t *testing.T) {
+	t.Parallel()
 	testfs.SkipShort(t, "the daemon on FUSE failing writeback")
 	ffs := faultfs.MountT(t)
 	d := startDaemon(t, fmt.Sprintf(`
@@ -301,6 +299,7 @@ mode = "integrity"
 // EIO they were lost to, not retried as EROFS for ever; the shutdown names
 // them and does not say that every file is clean.
 func TestLostThenReadOnly(t *testing.T) {
+	t.Parallel()
 	testfs.SkipShort(t, "the daemon on FUSE failing writeback, then read-only")
 	ffs := faultfs.MountT(t)
 	d := startDaemon(t, fmt.Sprintf(`

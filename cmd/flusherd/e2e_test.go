@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -19,173 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
-	"flusherd/internal/testwait"
 )
-
-// binary is the flusherd built for the end-to-end tests.
-var binary string
-
-// daemonRace: build binary with the race detector (set when the tests
-// themselves run with -race, race_on_test.go). Each daemon's output is
-// then checked for a race report when it ends.
-var daemonRace bool
-
-// plainBinary is binary without the race detector (the same file when
-// daemonRace is off), for the tests that measure latency against a bound:
-// a race-instrumented daemon handles events several times slower.
-var plainBinary string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "flusherd-e2e-bin")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "flusherd")
-	plainBinary = binary
-	builds := [][]string{{"build", "-o", binary, "."}}
-	if daemonRace {
-		builds[0] = []string{"build", "-race", "-o", binary, "."}
-		plainBinary = filepath.Join(dir, "flusherd-plain")
-		builds = append(builds, []string{"build", "-o", plainBinary, "."})
-	}
-	for _, args := range builds {
-		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "go %s: %v\n%s", strings.Join(args, " "), err, out)
-			os.Exit(2)
-		}
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// flusherdProc is a running flusherd.
-type flusherdProc struct {
-	cmd      *exec.Cmd
-	statsDir string
-	log      *syncBuffer
-	done     chan struct{}
-	err      error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// startDaemon runs flusherd with the config text, waits for it to log
-// that it is ready, and stops it (SIGTERM) at cleanup if the test did not.
-func startDaemon(t *testing.T, configText string) *flusherdProc {
-	t.Helper()
-	return startDaemonAs(t, configText, nil)
-}
-
-// startDaemonAs is startDaemon with the daemon running as cred's user and
-// group (nil: the test's own). For another user, the binary and the
-// config file are made reachable for it (search permission for others on
-// their temporary directories) and the stats directory is made and given
-// to it; the test is skipped if that cannot be done. The watched trees are
-// the caller's business (makeSearchable).
-func startDaemonAs(t *testing.T, configText string, cred *syscall.Credential) *flusherdProc {
-	t.Helper()
-	return startDaemonWith(t, binary, configText, cred)
-}
-
-// startDaemonWith is startDaemonAs running the flusherd binary bin.
-func startDaemonWith(t *testing.T, bin, configText string, cred *syscall.Credential) *flusherdProc {
-	t.Helper()
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "flusherd.toml")
-	statsDir := filepath.Join(dir, "run")
-	if err := os.WriteFile(cfgPath, []byte(configText), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if cred != nil {
-		for _, p := range []string{dir, filepath.Dir(bin)} {
-			if err := makeSearchable(p); err != nil {
-				testfs.Missing(t, "cannot run flusherd as uid %d: %v", cred.Uid, err)
-			}
-		}
-		if err := os.Mkdir(statsDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(statsDir, int(cred.Uid), int(cred.Gid)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d := &flusherdProc{statsDir: statsDir, log: &syncBuffer{}, done: make(chan struct{})}
-	d.cmd = exec.Command(bin, "run", "--config", cfgPath, "--stats-dir", statsDir)
-	if cred != nil {
-		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	}
-	d.cmd.Stdout = d.log
-	d.cmd.Stderr = d.log
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.err = d.cmd.Wait(); close(d.done) }()
-	t.Cleanup(func() {
-		d.halt()
-		if strings.Contains(d.log.String(), "WARNING: DATA RACE") {
-			t.Errorf("the race detector reported a data race in the daemon")
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", d.log.String())
-		}
-	})
-	exited := false
-	ready := testwait.Poll(30*time.Second, func() bool {
-		if strings.Contains(d.log.String(), "ready") {
-			return true
-		}
-		select {
-		case <-d.done:
-			exited = true
-			return true
-		default:
-			return false
-		}
-	})
-	if exited {
-		t.Fatalf("flusherd exited early: %v\n%s", d.err, d.log.String())
-	}
-	if !ready {
-		t.Fatalf("flusherd not ready after 30s:\n%s", d.log.String())
-	}
-	return d
-}
-
-// devStats is the path of the stats file of the device majMin ("7:3").
-func (d *flusherdProc) devStats(majMin string) string {
-	return filepath.Join(d.statsDir, "bdi", majMin, "stats")
-}
-
-// halt ends the daemon if it still runs: SIGTERM, and SIGKILL after 30 s.
-func (d *flusherdProc) halt() {
-	select {
-	case <-d.done:
-	default:
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.done:
-		case <-time.After(30 * time.Second):
-			d.cmd.Process.Kill()
-			<-d.done
-		}
-	}
-}
 
 // mountTree mounts a test filesystem of type typ and makes the directory
 // "w" in it, for a tree.
@@ -199,48 +34,6 @@ func mountTree(t *testing.T, typ string) (*testfs.FS, string) {
 	return mnt, tree
 }
 
-// makeSearchable gives others search (x) permission on dir and on each of
-// its ancestors inside os.TempDir() that lacks it (t.TempDir makes them
-// 0700), so that a daemon running as another user can reach dir. An
-// ancestor outside os.TempDir() that others cannot search is an error: it
-// is not changed.
-func makeSearchable(dir string) error {
-	tmp := filepath.Clean(os.TempDir())
-	for p := filepath.Clean(dir); ; p = filepath.Dir(p) {
-		st, err := os.Stat(p)
-		if err != nil {
-			return err
-		}
-		if st.Mode().Perm()&0o001 == 0 {
-			if p != tmp && !strings.HasPrefix(p, tmp+"/") {
-				return fmt.Errorf("%s (mode %v) is not searchable by others and lies outside %s", p, st.Mode().Perm(), tmp)
-			}
-			keep := st.Mode() & (os.ModePerm | os.ModeSticky | os.ModeSetuid | os.ModeSetgid)
-			if err := os.Chmod(p, keep|0o001); err != nil {
-				return err
-			}
-		}
-		if p == "/" {
-			return nil
-		}
-	}
-}
-
-// stop sends SIGTERM and waits for the exit status.
-func (d *flusherdProc) stop(t *testing.T) {
-	t.Helper()
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("flusherd did not exit within 60s of SIGTERM")
-	}
-	if d.err != nil {
-		t.Fatalf("flusherd exited with %v", d.err)
-	}
-}
-
-// readStats parses the device's stats file.
 // statsWhen reads the stats file at path until ok holds of it or limit
 // passes, and returns the last reading. A stats file is rewritten on the
 // daemon's schedule (the watch file a second after the activity it
@@ -254,6 +47,7 @@ func statsWhen(t *testing.T, path string, limit time.Duration, ok func(map[strin
 	return s
 }
 
+// readStats parses the stats file at path (nil if it cannot be read).
 func readStats(t *testing.T, path string) map[string]int64 {
 	t.Helper()
 	data, err := os.ReadFile(path)
@@ -349,16 +143,19 @@ func copyTree(t *testing.T, src, dst string, rec func(written)) {
 	}
 }
 
-// TestEndToEnd runs the daemon on a loop-mounted ext4, and on xfs, with
-// dirty_expire_interval=1s and dirty_writeback_interval=500ms while a tree
-// is copied in and a log is appended every 100 ms, and checks with cachestat
-// that data written at t is clean by t + expire + interval + 1.5s. The
-// kernel's own flusher would take 30s (vm.dirty_expire_centisecs), so the
-// bound holds only if flusherd does the work. FLUSHERD_E2E_SRC replaces the
-// copied tree (default $GOROOT/src/net).
+var e2eFS = flag.String("e2e.fs", "ext4", "TestEndToEnd: the filesystems to run it on, comma-separated (ext4, xfs, btrfs)")
+
+// TestEndToEnd runs the daemon on a loop-mounted ext4 (-e2e.fs: other
+// filesystems too) with dirty_expire_interval=1s and
+// dirty_writeback_interval=500ms while a tree is copied in and a log is
+// appended every 100 ms, and checks with cachestat that data written at t
+// is clean by t + expire + interval + 1.5s. The kernel's own flusher would
+// take 30s (vm.dirty_expire_centisecs), so the bound holds only if
+// flusherd does the work. FLUSHERD_E2E_SRC replaces the copied tree
+// (default $GOROOT/src/net). (xfs under the daemon: TestMountsInsideTree.)
 func TestEndToEnd(t *testing.T) {
-	testfs.SkipShort(t, "a source tree copied onto loop-mounted ext4 and xfs under the daemon")
-	for _, fstype := range []string{"ext4", "xfs"} {
+	testfs.SkipShort(t, "a source tree copied onto a loop-mounted filesystem under the daemon")
+	for _, fstype := range strings.Split(*e2eFS, ",") {
 		t.Run(fstype, func(t *testing.T) { endToEnd(t, fstype) })
 	}
 }
@@ -518,19 +315,12 @@ path = %q
 	}
 
 	// The lists drain to zero after the writers stop.
-	deadline := time.Now().Add(bound + 5*time.Second)
-	for {
-		s := readStats(t, statsPath)
-		if s != nil && s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] == 0 {
-			if s["BdiWritten"] == 0 || s["plug_requests"] == 0 {
-				t.Errorf("stats show no writeback by flusherd: %v", s)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lists did not drain: %v", s)
-		}
-		time.Sleep(100 * time.Millisecond)
+	s := statsWhen(t, statsPath, bound+5*time.Second, drained)
+	if !drained(s) {
+		t.Fatalf("lists did not drain: %v", s)
+	}
+	if s["BdiWritten"] == 0 || s["plug_requests"] == 0 {
+		t.Errorf("stats show no writeback by flusherd: %v", s)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -25,6 +23,7 @@ import (
 // written in the subvolume is written back within the bound, and SIGTERM
 // does not wait for it. Both backends.
 func TestBtrfsSubvolume(t *testing.T) {
+	t.Parallel()
 	testfs.SkipShort(t, "the daemon on loop-mounted btrfs")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
@@ -71,25 +70,20 @@ func TestBtrfsSubvolumeRoot(t *testing.T) {
 	conf := func(backend string) string { return oneTree(backend, sv) }
 	for _, backend := range []string{"auto", "inotify", "fanotify"} {
 		t.Run(backend, func(t *testing.T) {
-			cfg := filepath.Join(t.TempDir(), "f.toml")
-			if err := os.WriteFile(cfg, []byte(conf(backend)), 0o644); err != nil {
-				t.Fatal(err)
+			// backend = "fanotify": refused or served; either is
+			// fine if said clearly.
+			d := runDaemon(t, conf(backend), daemonOpts{mayExit: backend == "fanotify"})
+			if d.exited() {
+				code, out := d.exitCode(), d.log.String()
+				if code != cli.ExitUsage || !strings.Contains(out, sv) || !strings.Contains(out, `set backend = \"auto\"`) {
+					t.Errorf("backend = \"fanotify\" on a subvolume root: exit %d, want %d, an error naming %s and suggesting auto:\n%s", code, cli.ExitUsage, sv, out)
+				}
+				t.Logf("refused: exit %d", code)
+				return
 			}
 			if backend == "fanotify" {
-				// Refused or served: either is fine if said clearly.
-				cmd := exec.Command(binary, "run", "--config", cfg, "--stats-dir", filepath.Join(t.TempDir(), "run"))
-				out, err := runFor(cmd, 3*time.Second)
-				if err != nil {
-					var ee *exec.ExitError
-					if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, sv) || !strings.Contains(out, `set backend = \"auto\"`) {
-						t.Errorf("backend = \"fanotify\" on a subvolume root: %v, want an error naming %s and suggesting auto:\n%s", err, sv, out)
-					}
-					t.Logf("refused: %v", err)
-					return
-				}
 				t.Logf("served by fanotify")
 			}
-			d := startDaemon(t, conf(backend))
 			f := filepath.Join(sv, "f-"+backend)
 			writeDirty(t, f, 64<<10)
 			waitAllClean(t, 3*time.Second, f)
@@ -104,6 +98,7 @@ func TestBtrfsSubvolumeRoot(t *testing.T) {
 // with the reason by check-config and at start (exit 2), instead of being
 // watched and never written back.
 func TestOverlayRefused(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mount overlay")
 	}
@@ -120,20 +115,24 @@ func TestOverlayRefused(t *testing.T) {
 			t.Errorf("umount %s: %v %s", merged, err, out)
 		}
 	})
+	conf := fmt.Sprintf("[[watch]]\npath = %q\n", merged)
 	cfg := filepath.Join(base, "flusherd.toml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, "[stats]\ndir = %q\n[[watch]]\npath = %q\n", filepath.Join(base, "run"), merged), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{{"check-config", cfg}, {"run", "--config", cfg}} {
-		out, err := exec.Command(binary, args...).CombinedOutput()
-		code := -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		}
-		if code != cli.ExitUsage || !strings.Contains(string(out), "is on overlayfs") || !strings.Contains(string(out), "upperdir") {
-			t.Errorf("flusherd %s: exit %d, %s; want exit %d naming overlayfs and the upper layer", args[0], code, out, cli.ExitUsage)
+	check := func(what string, code int, out string) {
+		t.Helper()
+		if code != cli.ExitUsage || !strings.Contains(out, "is on overlayfs") || !strings.Contains(out, "upperdir") {
+			t.Errorf("flusherd %s: exit %d, %s; want exit %d naming overlayfs and the upper layer", what, code, out, cli.ExitUsage)
 		}
 	}
+	code, out := runAs(t, nil, "check-config", cfg)
+	check("check-config", code, out)
+	d := runDaemon(t, conf, daemonOpts{mayExit: true})
+	if !d.exited() {
+		t.Fatalf("flusherd run started on an overlayfs tree:\n%s", d.log.String())
+	}
+	check("run", d.exitCode(), d.log.String())
 }
 
 // oneTree is a daemon configuration with the tree root, the watch backend,
@@ -237,7 +236,7 @@ func TestMountsInsideTree(t *testing.T) {
 				t.Errorf("watch/stats: nested_mounts %d, unserved_mounts %d, want 2 and 0", st["nested_mounts"], st["unserved_mounts"])
 			}
 			log := d.log.String()
-			for _, want := range []string{`"mountpoint": "\"` + filepath.Join(tree, "late"), `a filesystem without writeback is mounted inside a tree`} {
+			for _, want := range []string{`"mountpoint": "` + filepath.Join(tree, "late") + `"`, `a filesystem without writeback is mounted inside a tree`} {
 				if !strings.Contains(log, want) {
 					t.Errorf("log lacks %q:\n%s", want, log)
 				}
@@ -280,6 +279,7 @@ func TestMountsInsideTree(t *testing.T) {
 // TestCheckConfigNoWriteback: a tree on tmpfs is accepted, with a note
 // that nothing there is ever written back.
 func TestCheckConfigNoWriteback(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts a tmpfs")
 	}
@@ -295,11 +295,11 @@ func TestCheckConfigNoWriteback(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("[[watch]]\npath = %q\n", dir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(binary, "check-config", cfg).CombinedOutput()
-	if err != nil {
-		t.Fatalf("check-config: %v\n%s", err, out)
+	code, out := runAs(t, nil, "check-config", cfg)
+	if code != 0 {
+		t.Fatalf("check-config: exit %d\n%s", code, out)
 	}
-	if want := fmt.Sprintf("note: %q is on tmpfs, a filesystem without writeback", dir); !strings.Contains(string(out), want) {
+	if want := fmt.Sprintf("note: %q is on tmpfs, a filesystem without writeback", dir); !strings.Contains(out, want) {
 		t.Errorf("check-config output lacks %q:\n%s", want, out)
 	}
 }
@@ -329,7 +329,7 @@ func TestBackendPerFilesystem(t *testing.T) {
 	}
 	log := d.log.String()
 	for _, want := range []string{"watch backend: fanotify+inotify (auto: per filesystem)", `"fanotify_trees": 1, "inotify_trees": 1`,
-		`this tree's filesystem refuses fanotify; it is served by inotify	{"root": "\"` + ffs.Dir} {
+		`this tree's filesystem refuses fanotify; it is served by inotify	{"root": "` + ffs.Dir + `"`} {
 		if !strings.Contains(log, want) {
 			t.Errorf("log lacks %q:\n%s", want, log)
 		}
@@ -350,7 +350,7 @@ dirty_expire_interval = "1s"
 [[watch]]
 path = %q
 `, ext))
-	reloadWith(t, d, conf("auto"))
+	d.reload(t, conf("auto"))
 	if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), "configuration reloaded") }) {
 		t.Fatalf("the reload did not complete; log:\n%s", d.log.String())
 	}
@@ -364,14 +364,10 @@ path = %q
 	checkTreeLines(t, d, map[string]string{ext: "fanotify", ffs.Dir: "inotify"})
 	d.stop(t)
 
-	cfg := filepath.Join(t.TempDir(), "f.toml")
-	if err := os.WriteFile(cfg, []byte(conf("fanotify")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(binary, "run", "--config", cfg, "--stats-dir", filepath.Join(t.TempDir(), "run")).CombinedOutput()
+	d = runDaemon(t, conf("fanotify"), daemonOpts{mayExit: true})
 	// The log's JSON escapes the quotes of the message.
-	if err == nil || !strings.Contains(string(out), ffs.Dir) || !strings.Contains(string(out), `set backend = \"auto\"`) {
-		t.Errorf("backend = \"fanotify\" with a FUSE tree: %v, want a refusal naming %s:\n%s", err, ffs.Dir, out)
+	if out := d.log.String(); !d.exited() || d.exitCode() != cli.ExitUsage || !strings.Contains(out, ffs.Dir) || !strings.Contains(out, `set backend = \"auto\"`) {
+		t.Errorf("backend = \"fanotify\" with a FUSE tree: exited %v, want exit %d and a refusal naming %s:\n%s", d.exited(), cli.ExitUsage, ffs.Dir, out)
 	}
 }
 
@@ -475,30 +471,6 @@ func TestFUSEMountedInsideFanotifyTree(t *testing.T) {
 	waitAllClean(t, 3*time.Second, a)
 }
 
-// runFor runs cmd for up to d: if it exits by then, its output and exit
-// error; if it still runs (it started), it is stopped with SIGTERM and the
-// error is nil.
-func runFor(cmd *exec.Cmd, d time.Duration) (string, error) {
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err == nil {
-			err = errors.New("exited with status 0")
-		}
-		return out.String(), err
-	case <-time.After(d):
-	}
-	cmd.Process.Signal(unix.SIGTERM)
-	<-done
-	return out.String(), nil
-}
-
 // TestNestedBindUnmountedKeepsFiles: a bind mount of a filesystem inside a
 // tree, unmounted while that filesystem stays mounted elsewhere, wrote
 // nothing back (only the last unmount of a filesystem does): the file
@@ -506,6 +478,7 @@ func runFor(cmd *exec.Cmd, d time.Duration) (string, error) {
 // was dropped with "the unmount wrote them back" and stayed dirty. Both
 // backends; the expire is an hour, so only the sync writes it.
 func TestNestedBindUnmountedKeepsFiles(t *testing.T) {
+	t.Parallel()
 	testfs.SkipShort(t, "the daemon across a bind mount unmounted, each backend")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
@@ -553,6 +526,7 @@ path = %q
 // write was ignored, and sync and the shutdown called the tree clean);
 // with backend = "fanotify" it is logged as not served.
 func TestSameFilesystemBindInTree(t *testing.T) {
+	t.Parallel()
 	testfs.SkipShort(t, "the daemon across bind mounts, three backends")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
@@ -589,6 +563,7 @@ func TestSameFilesystemBindInTree(t *testing.T) {
 // fanotify had named through the first mount and tracked under the first
 // tree's hour (a sync of its root wrote nothing).
 func TestTreesThroughTwoMounts(t *testing.T) {
+	t.Parallel()
 	testfs.SkipShort(t, "the daemon until a file expires through a bind mount")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts")
@@ -625,6 +600,7 @@ mode = "integrity"
 // waits for none of them and says every tracked file is clean; the ext4
 // tree's file is written back as usual.
 func TestNoWritebackTrees(t *testing.T) {
+	t.Parallel()
 	testfs.SkipShort(t, "the daemon on proc, sysfs, tmpfs and ext4 mounts")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts proc, sysfs and tmpfs")

@@ -7,31 +7,26 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 
-	"flusherd/config"
 	"flusherd/internal/cli"
-	"flusherd/tree"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = ""
 
-const defaultConfigPath = "/etc/flusherd/flusherd.toml"
-
 const usage = `flusherd - a userspace writeback flusher for chosen directory trees
 
 Usage:
   flusherd run     [--config FILE] [--watch DIR]... [--stats-dir DIR]
+                   [--log-level LEVEL] [--log-format FORMAT]
   flusherd stats   [--config FILE] [--stats-dir DIR] [--files] [DEV]
   flusherd sync    [--config FILE] [--stats-dir DIR] [--timeout D] [PATH...]
   flusherd dirty   [--config FILE] [--stats-dir DIR] [--top N] [--json] [PATH...]
+  flusherd status  [--config FILE] [--stats-dir DIR] [--json] [--interval D]
   flusherd check-config FILE
   flusherd print-default-config
   flusherd version  (or --version)
@@ -50,13 +45,15 @@ Commands:
            that failed
   dirty    the tracked files, oldest first: age, device, list, dirty and
            writeback pages, retries, last error, path
+  status   a line per tree (tracked, dirty, oldest age against the expire,
+           written, errors, exposure), then a line per device
   check-config          validate a configuration file and print the
                         effective configuration
   print-default-config  print the defaults as a configuration file
   version  print the version
 
 Run "flusherd COMMAND --help" for a command's flags. Without --config,
-` + defaultConfigPath + ` is read if it exists, else the built-in defaults
+` + cli.DefaultConfigPath + ` is read if it exists, else the built-in defaults
 apply.
 
 Example:
@@ -85,6 +82,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdSync(args[1:], stdout, stderr)
 	case "dirty":
 		return cmdDirty(args[1:], stdout, stderr)
+	case "status":
+		return cmdStatus(args[1:], stdout, stderr)
 	case "check-config":
 		return cmdCheckConfig(args[1:], stdout, stderr)
 	case "print-default-config":
@@ -133,86 +132,4 @@ func versionString() string {
 		}
 	}
 	return "devel"
-}
-
-// commonFlags are the flags shared by the commands that read the config.
-type commonFlags struct {
-	config   string
-	statsDir string
-}
-
-// readsFile reports whether loadConfig reads a configuration file: --config
-// was given, or the default file exists.
-func (c *commonFlags) readsFile() bool {
-	if c.config != "" {
-		return true
-	}
-	_, err := os.Stat(defaultConfigPath)
-	return err == nil
-}
-
-func (c *commonFlags) register(fs *flag.FlagSet) {
-	fs.Var(cli.NonEmpty{P: &c.config}, "config", "configuration `file` (default "+defaultConfigPath+" if it exists)")
-	fs.Var(cli.NonEmpty{P: &c.statsDir}, "stats-dir", "`directory` of the stats files and the control socket; overrides stats.dir (default /run/flusherd)")
-}
-
-// loadConfig reads the configuration: --config, else the default path if it
-// exists, else the defaults. It applies --stats-dir and the extra watches.
-func loadConfig(c commonFlags, watches []string) (*config.Config, error) {
-	return loadConfigWith(config.Load, c, watches)
-}
-
-// loadClientConfig is loadConfig for the client commands (stats, dirty,
-// sync): the watch paths are not looked at (config.LoadValues), so they
-// work while a watched filesystem is dead, which is when they are needed.
-func loadClientConfig(c commonFlags) (*config.Config, error) {
-	return loadConfigWith(config.LoadValues, c, nil)
-}
-
-func loadConfigWith(load func(string) (*config.Config, error), c commonFlags, watches []string) (*config.Config, error) {
-	var cfg *config.Config
-	switch {
-	case c.config != "":
-		var err error
-		if cfg, err = load(c.config); err != nil {
-			return nil, err
-		}
-	default:
-		if _, err := os.Stat(defaultConfigPath); err == nil {
-			if cfg, err = load(defaultConfigPath); err != nil {
-				return nil, err
-			}
-		} else {
-			cfg = config.Default()
-		}
-	}
-	if c.statsDir != "" {
-		abs, err := filepath.Abs(c.statsDir)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Stats.Dir = abs
-	}
-	for _, w := range watches {
-		if w == "" {
-			return nil, errors.New("--watch: empty directory name")
-		}
-		abs, err := filepath.Abs(w)
-		if err != nil {
-			return nil, err
-		}
-		// A directory the file watches already is an error of
-		// Validate's ("already watched"), not silently dropped: the
-		// two entries may differ in mode and expiry.
-		cfg.Watch = append(cfg.Watch, config.Watch{
-			Tree: tree.Tree{
-				Root:      abs,
-				Recursive: true,
-				Mode:      tree.ModeWriteback,
-				Expire:    cfg.Writeback.DirtyExpireInterval,
-			},
-			Flag: "--watch",
-		})
-	}
-	return cfg, nil
 }

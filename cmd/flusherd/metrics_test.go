@@ -86,6 +86,7 @@ next:
 // the lists drain. A second daemon whose address is taken logs the error
 // and runs on without metrics.
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
 	data := filepath.Join(mnt.Dir, "data")
 	if err := os.Mkdir(data, 0o755); err != nil {
@@ -128,20 +129,16 @@ path = %q
 	if err := os.WriteFile(filepath.Join(data, "f"), make([]byte, size), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var written, dirty, events float64
+	if !poll(20*time.Second, func() bool {
 		mfs = scrape(t, addr)
-		written, _ := value(mfs, "flusherd_written_bytes_total", "bdi", mnt.MajMin)
-		dirty, _ := value(mfs, "flusherd_inodes", "bdi", mnt.MajMin, "list", "b_dirty")
-		events, _ := value(mfs, "flusherd_watch_events_total")
-		if written >= size && dirty == 0 && events > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 20s: flusherd_written_bytes_total{bdi=%q} %v (want >= %d), b_dirty %v (want 0), watch events %v",
-				mnt.MajMin, written, size, dirty, events)
-		}
-		time.Sleep(100 * time.Millisecond)
+		written, _ = value(mfs, "flusherd_written_bytes_total", "bdi", mnt.MajMin)
+		dirty, _ = value(mfs, "flusherd_inodes", "bdi", mnt.MajMin, "list", "b_dirty")
+		events, _ = value(mfs, "flusherd_watch_events_total")
+		return written >= size && dirty == 0 && events > 0
+	}) {
+		t.Fatalf("after 20s: flusherd_written_bytes_total{bdi=%q} %v (want >= %d), b_dirty %v (want 0), watch events %v",
+			mnt.MajMin, written, size, dirty, events)
 	}
 	if v, ok := value(mfs, "flusherd_writeback_errors_total", "bdi", mnt.MajMin, "kind", "io_error"); !ok || v != 0 {
 		t.Errorf("flusherd_writeback_errors_total{kind=\"io_error\"} = %v, %v; want 0", v, ok)

@@ -53,7 +53,7 @@ func overflowWrites(t *testing.T, d *flusherdProc, tree string, stopped func()) 
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
-	d.cmd.Process.Signal(syscall.SIGSTOP)
+	d.signal(syscall.SIGSTOP)
 	var files []string
 	for i := range 2000 {
 		p := filepath.Join(tree, fmt.Sprint(i/200), fmt.Sprint(i))
@@ -63,21 +63,30 @@ func overflowWrites(t *testing.T, d *flusherdProc, tree string, stopped func()) 
 	if stopped != nil {
 		stopped()
 	}
-	d.cmd.Process.Signal(syscall.SIGCONT)
+	d.signal(syscall.SIGCONT)
 	return files
 }
 
-// startCutQueue starts the daemon with backend's event queue cut to 16
-// events (fs.<backend>.max_queued_events, read when the queue is made and
-// restored at once after), a pass every 200 ms and one recursive tree at
-// tree, whose expire is expire ("": the default, 1 s here).
-func startCutQueue(t *testing.T, backend, tree, expire string) *flusherdProc {
+// cutQueueConf is the configuration of the overflow tests: the watch
+// backend, a pass every 200 ms, an expiry of 1 s, and the recursive trees,
+// each with the expire given ("": the default).
+func cutQueueConf(backend, expire string, trees ...string) string {
+	conf := fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"200ms\"\ndirty_expire_interval = \"1s\"\n[watcher]\nbackend = %q\n", backend)
+	for _, tree := range trees {
+		conf += fmt.Sprintf("[[watch]]\npath = %q\n", tree)
+		if expire != "" {
+			conf += fmt.Sprintf("expire = %q\n", expire)
+		}
+	}
+	return conf
+}
+
+// startCutQueue starts the daemon with conf (cutQueueConf), backend's
+// event queue cut to 16 events (fs.<backend>.max_queued_events, read when
+// the queue is made and restored at once after).
+func startCutQueue(t *testing.T, backend, conf string) *flusherdProc {
 	t.Helper()
 	restore := setSysctl(t, "/proc/sys/fs/"+backend+"/max_queued_events", "16")
-	conf := fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"200ms\"\ndirty_expire_interval = \"1s\"\n[watcher]\nbackend = %q\n[[watch]]\npath = %q\n", backend, tree)
-	if expire != "" {
-		conf += fmt.Sprintf("expire = %q\n", expire)
-	}
 	d := startDaemon(t, conf)
 	restore()
 	if !strings.Contains(d.log.String(), "watch backend: "+backend) {
@@ -96,15 +105,15 @@ func overflowed(t *testing.T, d *flusherdProc) {
 	}
 }
 
-// forBackends runs f once per backend, as root, each on a new 256 MiB
-// loop-mounted ext4 whose directory "tree", and dirs (relative to it), are
-// made.
-func forBackends(t *testing.T, f func(t *testing.T, backend string, mnt *testfs.FS, tree string), dirs ...string) {
+// forBackends runs f once per backend of backends, as root, each on a new
+// 256 MiB loop-mounted ext4 whose directory "tree", and dirs (relative to
+// it), are made.
+func forBackends(t *testing.T, backends []string, f func(t *testing.T, backend string, mnt *testfs.FS, tree string), dirs ...string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	for _, backend := range []string{"inotify", "fanotify"} {
+	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
 			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
 			tree := filepath.Join(mnt.Dir, "tree")
@@ -124,8 +133,8 @@ func forBackends(t *testing.T, f func(t *testing.T, backend string, mnt *testfs.
 // still gets clean within the bound. Both backends.
 func TestOverflow(t *testing.T) {
 	testfs.SkipShort(t, "queue overflows with the daemon stopped, each backend")
-	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
-		d := startCutQueue(t, backend, tree, "")
+	forBackends(t, []string{"inotify", "fanotify"}, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
+		d := startCutQueue(t, backend, cutQueueConf(backend, "", tree))
 		files := overflowWrites(t, d, tree, nil)
 		written := time.Now()
 		for _, p := range files {
@@ -151,73 +160,45 @@ func TestOverflow(t *testing.T) {
 // overflowed while the daemon was stopped) is scanned once more and its
 // dirty files written back, though its expire is an hour away: the reload
 // writes back a removed tree's files once more, and those the overflow
-// hid are among them. The reload comes while the daemon is still stopped
-// (handled when it goes on, before or after its reader reads the
-// overflow), at once after SIGCONT, or 50 ms later (while the overflow's
-// rescan runs, or after it).
+// hid are among them. The reload comes while the daemon is still stopped,
+// so it is handled when the daemon goes on, before or after its reader
+// reads the overflow. (A reload that comes while the overflow's rescan
+// runs, or after it: watch.TestRescanCoversRemovedTree,
+// TestOverflowAfterRemoval and TestRemovedTreeFinalScan.)
 func TestRemoveTreeAfterOverflow(t *testing.T) {
-	testfs.SkipShort(t, "queue overflows with the daemon stopped, three timings")
+	testfs.SkipShort(t, "a queue overflow with the daemon stopped")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	for _, when := range []string{"while stopped", "at SIGCONT", "50ms after"} {
-		t.Run(when, func(t *testing.T) {
-			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
-			keep, gone := filepath.Join(mnt.Dir, "keep"), filepath.Join(mnt.Dir, "gone")
-			for _, d := range []string{keep, gone} {
-				if err := os.Mkdir(d, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
-			restore := setSysctl(t, "/proc/sys/fs/fanotify/max_queued_events", "16")
-			conf := func(trees ...string) string {
-				c := `
-[writeback]
-dirty_writeback_interval = "200ms"
-dirty_expire_interval = "1s"
-[watcher]
-backend = "fanotify"
-`
-				for _, tr := range trees {
-					c += fmt.Sprintf("[[watch]]\npath = %q\nexpire = \"1h\"\n", tr)
-				}
-				return c
-			}
-			d := startDaemon(t, conf(keep, gone))
-			restore()
-			files := overflowWrites(t, d, gone, func() {
-				if when == "while stopped" {
-					reloadWith(t, d, conf(keep))
-					time.Sleep(50 * time.Millisecond)
-				}
-			})
-			switch when {
-			case "at SIGCONT":
-				reloadWith(t, d, conf(keep))
-			case "50ms after":
-				time.Sleep(50 * time.Millisecond)
-				reloadWith(t, d, conf(keep))
-			}
-			written := time.Now()
-			for _, p := range files {
-				waitClean(t, p, time.Until(written.Add(15*time.Second)))
-			}
-			overflowed(t, d)
-			d.stop(t)
-		})
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+	keep, gone := filepath.Join(mnt.Dir, "keep"), filepath.Join(mnt.Dir, "gone")
+	mkdirs(t, keep, gone)
+	d := startCutQueue(t, "fanotify", cutQueueConf("fanotify", "1h", keep, gone))
+	files := overflowWrites(t, d, gone, func() {
+		d.reload(t, cutQueueConf("fanotify", "1h", keep))
+		time.Sleep(50 * time.Millisecond)
+	})
+	written := time.Now()
+	for _, p := range files {
+		waitClean(t, p, time.Until(written.Add(15*time.Second)))
 	}
+	overflowed(t, d)
+	d.stop(t)
 }
 
 // TestDeletedInOverflow: files tracked in a tree whose expire is an hour
 // away, deleted while the daemon is stopped and the event queue (cut to 16
 // events) overflows with other writes, are not kept until the hour: the
 // overflow's rescan looks at the tracked names, finds these gone, and the
-// next pass forgets them (inodes_gone). Both backends.
+// next pass forgets them (inodes_gone). Under fanotify: the look at the
+// tracked names after a rescan is the backends' common code
+// (bdi.TestCheckNames checks what it finds), and TestOverflow runs both
+// backends' overflows and rescans.
 func TestDeletedInOverflow(t *testing.T) {
-	testfs.SkipShort(t, "queue overflows with the daemon stopped, each backend")
-	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
+	testfs.SkipShort(t, "a queue overflow with the daemon stopped")
+	forBackends(t, []string{"fanotify"}, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
 		doomedDir := filepath.Join(tree, "doomed")
-		d := startCutQueue(t, backend, tree, "1h")
+		d := startCutQueue(t, backend, cutQueueConf(backend, "1h", tree))
 		var doomed []string
 		for i := range 200 {
 			p := filepath.Join(doomedDir, fmt.Sprint(i))
@@ -258,12 +239,16 @@ func TestDeletedInOverflow(t *testing.T) {
 // and in the new one get clean within the bound (with inotify, the moved
 // directory's watch, known by its old name, used to report its events
 // under that name and be replaced by the new directory's, and the files
-// below it went unseen). Both backends.
+// below it went unseen). Under inotify, whose watches are per directory:
+// fanotify marks the filesystem, which a rename does not change (a
+// renamed directory's files under their new names:
+// watch.TestMovedDirReportsTrackedFiles; its overflow and rescan:
+// TestOverflow).
 func TestDirMovedInOverflow(t *testing.T) {
-	testfs.SkipShort(t, "queue overflows with the daemon stopped, each backend")
-	forBackends(t, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
-		d := startCutQueue(t, backend, tree, "500ms")
-		d.cmd.Process.Signal(syscall.SIGSTOP)
+	testfs.SkipShort(t, "a queue overflow with the daemon stopped")
+	forBackends(t, []string{"inotify"}, func(t *testing.T, backend string, mnt *testfs.FS, tree string) {
+		d := startCutQueue(t, backend, cutQueueConf(backend, "500ms", tree))
+		d.signal(syscall.SIGSTOP)
 		for i := range 200 {
 			p := filepath.Join(tree, fmt.Sprint("j", i))
 			writeDirty(t, p, 0)
@@ -277,7 +262,7 @@ func TestDirMovedInOverflow(t *testing.T) {
 		if err := os.Mkdir(filepath.Join(tree, "d"), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		d.cmd.Process.Signal(syscall.SIGCONT)
+		d.signal(syscall.SIGCONT)
 		overflowed(t, d)
 		time.Sleep(500 * time.Millisecond) // (the rescan)
 		for round := range 2 {

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -35,30 +33,6 @@ func nobodyCred(t *testing.T) *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
 }
 
-// runAs runs the flusherd binary with args, as cred's user (nil: the
-// test's own; the binary's directory is then made searchable), and
-// returns its exit status and output.
-func runAs(t *testing.T, cred *syscall.Credential, args ...string) (int, string) {
-	t.Helper()
-	cmd := exec.Command(binary, args...)
-	if cred != nil {
-		if err := makeSearchable(filepath.Dir(binary)); err != nil {
-			t.Fatal(err)
-		}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	}
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, string(out)
-	case errors.As(err, &ee):
-		return ee.ExitCode(), string(out)
-	}
-	t.Fatalf("flusherd %s: %v", strings.Join(args, " "), err)
-	return 0, ""
-}
-
 // TestWithoutPrivileges: what the daemon cannot do as an ordinary user is
 // refused with a message that names the cause, not the filesystem: a tree
 // root it may not read (exit 2, the configuration asks for what cannot be,
@@ -66,6 +40,7 @@ func runAs(t *testing.T, cred *syscall.Credential, args ...string) (int, string)
 // (exit 2: it needs CAP_SYS_ADMIN and CAP_DAC_READ_SEARCH), and the control
 // socket of a daemon of another user (exit 1, naming the socket's owner).
 func TestWithoutPrivileges(t *testing.T) {
+	t.Parallel()
 	cred := nobodyCred(t)
 	base := t.TempDir()
 	if err := makeSearchable(base); err != nil {
@@ -79,28 +54,18 @@ func TestWithoutPrivileges(t *testing.T) {
 	if err := os.Mkdir(open, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	config := func(t *testing.T, text string) (cfg, statsDir string) {
+	// A start refused: its exit status and output.
+	refused := func(t *testing.T, conf string) (int, string) {
 		t.Helper()
-		dir := t.TempDir()
-		if err := makeSearchable(dir); err != nil {
-			t.Fatal(err)
+		d := runDaemon(t, conf, daemonOpts{cred: cred, mayExit: true})
+		if !d.exited() {
+			t.Fatalf("flusherd started:\n%s", d.log.String())
 		}
-		cfg, statsDir = filepath.Join(dir, "flusherd.toml"), filepath.Join(dir, "run")
-		if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Mkdir(statsDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(statsDir, int(cred.Uid), int(cred.Gid)); err != nil {
-			t.Fatal(err)
-		}
-		return cfg, statsDir
+		return d.exitCode(), d.log.String()
 	}
 	for _, backend := range []string{"auto", "inotify"} {
 		t.Run("unreadable-root-"+backend, func(t *testing.T) {
-			cfg, statsDir := config(t, fmt.Sprintf("[watcher]\nbackend = %q\n[[watch]]\npath = %q\n", backend, closed))
-			code, out := runAs(t, cred, "run", "--config", cfg, "--stats-dir", statsDir)
+			code, out := refused(t, fmt.Sprintf("[watcher]\nbackend = %q\n[[watch]]\npath = %q\n", backend, closed))
 			if code != cli.ExitUsage || !strings.Contains(out, "may not read the tree") {
 				t.Errorf("exit %d, want %d and \"may not read the tree\":\n%s", code, cli.ExitUsage, out)
 			}
@@ -110,8 +75,7 @@ func TestWithoutPrivileges(t *testing.T) {
 		})
 	}
 	t.Run("fanotify-by-name", func(t *testing.T) {
-		cfg, statsDir := config(t, fmt.Sprintf("[watcher]\nbackend = \"fanotify\"\n[[watch]]\npath = %q\n", open))
-		code, out := runAs(t, cred, "run", "--config", cfg, "--stats-dir", statsDir)
+		code, out := refused(t, fmt.Sprintf("[watcher]\nbackend = \"fanotify\"\n[[watch]]\npath = %q\n", open))
 		if code != cli.ExitUsage || !strings.Contains(out, "fanotify is not permitted") || !strings.Contains(out, "CAP_SYS_ADMIN") {
 			t.Errorf("exit %d, want %d and \"fanotify is not permitted ... CAP_SYS_ADMIN\":\n%s", code, cli.ExitUsage, out)
 		}
@@ -120,7 +84,7 @@ func TestWithoutPrivileges(t *testing.T) {
 		if err := makeSearchable(open); err != nil {
 			t.Fatal(err)
 		}
-		d := startDaemonAs(t, fmt.Sprintf("[watcher]\nbackend = \"inotify\"\n[[watch]]\npath = %q\n", open), cred)
+		d := runDaemon(t, fmt.Sprintf("[watcher]\nbackend = \"inotify\"\n[[watch]]\npath = %q\n", open), daemonOpts{cred: cred})
 		other := &syscall.Credential{Uid: cred.Uid - 1, Gid: cred.Gid, Groups: []uint32{}}
 		code, out := runAs(t, other, "dirty", "--stats-dir", d.statsDir)
 		want := fmt.Sprintf("only for its owner, uid %d, and root", cred.Uid)

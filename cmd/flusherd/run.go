@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -35,25 +36,28 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	signal.Notify(sigs, earlysig.Signals...)
 	defer signal.Stop(sigs)
-	fset := cli.NewFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR]\n\n"+
+	fset := cli.NewFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR] [--log-level LEVEL] [--log-format FORMAT]\n\n"+
 		"Watch the trees and write their dirty data back, in the foreground, logging to\n"+
 		"stderr. SIGHUP reloads the configuration (an invalid one is logged and the running\n"+
-		"one kept; stats.dir, watcher.* and metrics.listen wait for a restart). SIGTERM or\n"+
+		"one kept; stats.dir, watcher.*, metrics.listen and log.format wait for a restart). SIGTERM or\n"+
 		"SIGINT writes every tracked file back, within writeback.shutdown_timeout, and exits\n"+
 		"0; a second one ends that wait at once. Under systemd: systemctl reload|stop flusherd.",
 		"flusherd run --watch ./demo-data --stats-dir ./demo-run", stdout, stderr)
-	var c commonFlags
-	c.register(fset)
+	var c cli.ConfigFlags
+	c.Register(fset)
 	var watches cli.MultiFlag
 	fset.Var(&watches, "watch", "`directory` tree to watch, recursively, in writeback mode (repeatable; added to the config's [[watch]] entries)")
+	var lf logFlags
+	lf.register(fset)
 	if code, stop := cli.ParseFlags(fset, args); stop {
 		return code
 	}
-	cfg, err := loadConfig(c, watches)
+	cfg, err := c.Load(watches)
 	if err == nil {
+		lf.apply(cfg)
 		err = cfg.Validate()
 	}
-	if err == nil && len(cfg.Watch) == 0 && !c.readsFile() {
+	if err == nil && len(cfg.Watch) == 0 && !c.ReadsFile() {
 		// Without a configuration file, nothing to watch is a mistake;
 		// a file that names no tree (as packaged) starts the daemon idle.
 		err = errors.New("nothing to watch: give --watch DIR, or --config FILE with [[watch]] entries")
@@ -74,15 +78,16 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "flusherd run: log.level: %v\n", err)
 		return cli.ExitUsage
 	}
-	log := service.NewLogger(level, stderr)
+	log := service.NewLogger(level, cfg.Log.Format, stderr)
 	defer log.Sync()
 	service.SetMemoryLimit(log)
 	for _, n := range cfg.Notes() {
 		log.Warn("configuration: " + n)
 	}
 	reload := func() (*config.Config, error) {
-		cfg, err := loadConfig(c, watches)
+		cfg, err := c.Load(watches)
 		if err == nil {
+			lf.apply(cfg)
 			err = cfg.Validate()
 		}
 		return cfg, err
@@ -95,6 +100,26 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return cli.ExitFailed
 	}
 	return cli.ExitOK
+}
+
+// logFlags are run's --log-level and --log-format: they override
+// log.level and log.format, at start and at each reload.
+type logFlags struct{ level, format string }
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	fs.Var(cli.OneOf{P: &l.level, Values: config.LogLevels}, "log-level",
+		"lowest `level` logged: debug, info, warn or error; overrides log.level (default info)")
+	fs.Var(cli.OneOf{P: &l.format, Values: config.LogFormats}, "log-format",
+		"log line `format`: console (the fields as a JSON object after the message) or json (each line a JSON object); overrides log.format (default console)")
+}
+
+func (l logFlags) apply(cfg *config.Config) {
+	if l.level != "" {
+		cfg.Log.Level = l.level
+	}
+	if l.format != "" {
+		cfg.Log.Format = l.format
+	}
 }
 
 // gcPercent is the daemon's GOGC unless the environment sets one.
@@ -122,17 +147,22 @@ func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 // everything back within shutdown_timeout (service.Daemon).
 func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error), sigs <-chan os.Signal) error {
 	n := service.NewNotifier(log, service.SystemClock)
+	if err := service.CheckCachestat(); err != nil {
+		return err
+	}
 	unlock, err := service.ClaimStatsDir(cfg.Stats.Dir, log)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	claims := service.OpenClaims(service.TreeClaimDir, log)
+	defer claims.Close()
 	// Until READY=1, systemd's TimeoutStartSec runs: while start-up makes
 	// progress, extend it.
 	start := service.StartProgress(n, len(cfg.Watch))
 	defer start.Stop()
 	d := &service.Daemon{Config: cfg, Load: reload, Level: level, Notify: n, Log: log, Clock: service.SystemClock,
-		Handles: inode.NewHandles(), Errs: bdi.NewErrWatch(), Socket: control.SocketPath(cfg.Stats.Dir)}
+		Handles: inode.NewHandles(), Errs: bdi.NewErrWatch(), Claims: claims, Socket: control.SocketPath(cfg.Stats.Dir)}
 	defer d.Handles.Close()
 	defer d.Errs.Close()
 	if err := wire(d, start); err != nil {
@@ -157,10 +187,18 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	return nil
 }
 
-// wire builds the rest of d's parts for d.Config: the device registry,
-// the trees set up, the watcher.
+// wire builds the rest of d's parts for d.Config: the trees, claimed
+// (another daemon's tree is an error before anything else is made), the
+// device registry, the trees set up, the watcher.
 func wire(d *service.Daemon, start *service.Startup) error {
 	cfg, log, sys := d.Config, d.Log, sysfs.Default()
+	var err error
+	if d.Trees, err = service.TreesOf(cfg); err != nil {
+		return err
+	}
+	if err := d.ClaimTrees(); err != nil {
+		return err
+	}
 	d.Reg = bdi.NewRegistry(bdi.Options{
 		Config:      service.BdiConfig(cfg),
 		StatsDir:    cfg.Stats.Dir,
@@ -174,10 +212,6 @@ func wire(d *service.Daemon, start *service.Startup) error {
 		Log:         log,
 		Errs:        d.Errs,
 	})
-	var err error
-	if d.Trees, err = service.TreesOf(cfg); err != nil {
-		return err
-	}
 	service.SetUpTrees(d.Trees, d.Handles, d.Errs, start, log)
 	d.Wat, err = watch.New(d.Trees, d.Reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: d.Handles, Handles: d.Handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -24,6 +23,7 @@ import (
 // reason, the clean ones are not waited on, and the last line says what was
 // left and why instead of "every tracked file is clean".
 func TestShutdownReadOnly(t *testing.T) {
+	t.Parallel()
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4"})
 	if err := unix.Mount(mnt.Device, mnt.Dir, "ext4", unix.MS_REMOUNT, "errors=remount-ro"); err != nil {
 		t.Fatalf("remount %s errors=remount-ro: %v", mnt.Dir, err)
@@ -69,14 +69,7 @@ expire = "1h"
 		t.Fatalf("trigger_fs_error: %v", err)
 	}
 	from := len(d.log.String())
-	start := time.Now()
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("flusherd did not exit within 60s of SIGTERM")
-	}
-	took := time.Since(start)
+	took := d.term(t, 60*time.Second)
 	log := d.log.String()[from:]
 	t.Logf("exit %s after SIGTERM", took.Round(10*time.Millisecond))
 	if took > 15*time.Second {
@@ -99,46 +92,28 @@ expire = "1h"
 // untracked, not that every tracked file is clean.
 func TestShutdownDuringInitialScan(t *testing.T) {
 	testfs.SkipShort(t, "30,000 directories made and scanned")
+	// As root, on a filesystem of its own: its unmount is its cleanup,
+	// where the removal of 30,000 directories took seconds.
 	tree := t.TempDir()
+	if os.Geteuid() == 0 {
+		tree = testfs.Mount(t, testfs.Options{Type: "ext4"}).Dir
+	}
 	for i := range 30 {
+		dir := filepath.Join(tree, fmt.Sprintf("d%02d", i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		for j := range 1000 {
-			if err := os.MkdirAll(filepath.Join(tree, fmt.Sprintf("d%02d", i), fmt.Sprintf("e%04d", j)), 0o755); err != nil {
+			if err := os.Mkdir(filepath.Join(dir, fmt.Sprintf("e%04d", j)), 0o755); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "flusherd.toml")
-	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf("[watcher]\nbackend = \"inotify\"\n[[watch]]\npath = %q\n", tree)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var log syncBuffer
-	cmd := exec.Command(binary, "run", "--config", cfgPath, "--stats-dir", filepath.Join(dir, "run"))
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-done
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", log.String())
-		}
-	})
 	// READY=1 comes once the roots are watched; the scan goes on after.
-	if !poll(30*time.Second, func() bool { return strings.Contains(log.String(), "every root is watched") }) {
-		t.Fatal("the daemon did not watch its root within 30s")
-	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-done:
-		done <- err
-	case <-time.After(60 * time.Second):
-		t.Fatal("no exit within 60s of SIGTERM")
-	}
-	out := log.String()
+	d := runDaemon(t, fmt.Sprintf("[watcher]\nbackend = \"inotify\"\n[[watch]]\npath = %q\n", tree),
+		daemonOpts{readyLine: "every root is watched"})
+	d.term(t, 60*time.Second)
+	out := d.log.String()
 	if !strings.Contains(out, "signal received during the initial scan") {
 		t.Fatalf("the scan of 30,000 directories had ended before the signal; the case is not reached")
 	}
@@ -156,6 +131,7 @@ func TestShutdownDuringInitialScan(t *testing.T) {
 // Ctrl-C, ends it at once, and the log says that the second signal, not
 // the timeout, ended it and which files were left.
 func TestSecondSignalEndsShutdown(t *testing.T) {
+	t.Parallel()
 	ffs := faultfs.MountT(t)
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
@@ -173,19 +149,13 @@ expire = "100ms"
 	if !poll(10*time.Second, func() bool { return strings.Contains(dirtyList(t, d), "b_more_io_wait EAGAIN") }) {
 		t.Fatalf("the blocked file is not retried: %s", dirtyList(t, d))
 	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
+	d.signal(syscall.SIGTERM)
 	if !poll(10*time.Second, func() bool { return strings.Contains(d.log.String(), "writing back every tracked file before exit") }) {
 		t.Fatalf("no shutdown writeback began; log:\n%s", d.log.String())
 	}
 	time.Sleep(300 * time.Millisecond)
-	start := time.Now()
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(15 * time.Second):
-		t.Fatalf("flusherd still runs 15 s after the second SIGTERM (shutdown_timeout 30s)")
-	}
-	t.Logf("exited %v after the second SIGTERM", time.Since(start).Round(time.Millisecond))
+	took := d.term(t, 15*time.Second) // shutdown_timeout is 30s
+	t.Logf("exited %v after the second SIGTERM", took.Round(time.Millisecond))
 	log := d.log.String()
 	if !strings.Contains(log, "second signal: ending the writeback before exit now") {
 		t.Errorf("the log does not say that the second signal was taken")

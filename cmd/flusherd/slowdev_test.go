@@ -44,77 +44,66 @@ func throttleWrites(t *testing.T, majMin string, bps int64) (unthrottle func()) 
 
 // TestSlowDeviceSmallFile: on a device throttled to 20 MB/s, a small file
 // written 2 s into a 96 MiB stream is clean within expire + interval + 1 s:
-// flusherd keeps at most plug.max_inflight_bytes under writeback on the
-// device, so the stream cannot queue ahead of it. Before the bound, the
-// whole stream was put in flight (the throttle queue takes every
+// flusherd keeps at most plug.max_inflight_bytes (16 MiB) under writeback
+// on the device, so the stream cannot queue ahead of it. Before the bound,
+// the whole stream was put in flight (the throttle queue takes every
 // submission without blocking) and the small file waited behind it: about
-// 4.2 s here, which the "unbounded" case (max_inflight_bytes 64GiB) shows side by
-// side.
+// 4.2 s here. (How the bound cuts an attempt, and lets a small file
+// through: bdi.TestInflightRoomLimitsTheChunk, TestSmallFileFollowsTheBound
+// and TestCongestedDefersBigFiles.)
 //
 // The daemon is the plain build (plainBinary) also under -race: the bound
 // is a latency of the shipped binary.
 func TestSlowDeviceSmallFile(t *testing.T) {
-	testfs.SkipShort(t, "the daemon on throttled loop devices")
+	testfs.SkipShort(t, "the daemon on a throttled loop device")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loop mounts, cgroup blk-throttle")
 	}
-	for _, c := range []struct {
-		name     string
-		inflight string
-		bounded  bool
-	}{{"bounded", "16MiB", true}, {"unbounded", "64GiB", false}} {
-		t.Run(c.name, func(t *testing.T) {
-			mnt := testfs.Mount(t, testfs.Options{Type: "ext4", DirectIO: true})
-			tree := filepath.Join(mnt.Dir, "w")
-			mkdirs(t, tree)
-			d := startDaemonWith(t, plainBinary, fmt.Sprintf(`
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", DirectIO: true})
+	tree := filepath.Join(mnt.Dir, "w")
+	mkdirs(t, tree)
+	d := runDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "500ms"
 dirty_expire_interval = "1s"
 [plug]
-max_inflight_bytes = %q
+max_inflight_bytes = "16MiB"
 [[watch]]
 path = %q
-`, c.inflight, tree), nil)
-			// Registered after the daemon: undone before it stops.
-			throttleWrites(t, mnt.MajMin, 20<<20)
-			// The stream: 96 MiB in the page cache at once, as a copy
-			// of a file would leave it (the writer is not held back
-			// by balance_dirty_pages at this size).
-			big := filepath.Join(tree, "big")
-			writeDirty(t, big, 96<<20)
-			time.Sleep(2 * time.Second)
-			small := filepath.Join(tree, "small.txt")
-			writeDirty(t, small, 6)
-			start := time.Now()
-			ok, dirty, wb, err := cleanWithin(small, 20*time.Second)
-			took := time.Since(start)
-			bd, bwb, _ := cachestat(big, 0, 0)
-			t.Logf("small.txt clean after %s (max_inflight %s); big still had %d dirty, %d writeback pages; longest list lock hold %d µs",
-				took.Round(10*time.Millisecond), c.inflight, bd, bwb, readStats(t, d.devStats(mnt.MajMin))["list_lock_max_us"])
-			if !ok {
-				t.Fatalf("small.txt still dirty after 20 s: %d dirty, %d writeback (%v)", dirty, wb, err)
-			}
-			if bound := time.Second + 500*time.Millisecond + time.Second; c.bounded && took > bound {
-				t.Errorf("small.txt took %s to be clean beside the stream, more than expire + interval + 1 s (%s)", took, bound)
-			}
-			st := readStats(t, d.devStats(mnt.MajMin))
-			if c.bounded && st["throttled"] == 0 {
-				t.Errorf("no attempt was deferred by max_inflight: %v", st)
-			}
-			if c.bounded {
-				// SIGTERM still throttled: the rest of the stream
-				// (under 96 MiB at 20 MB/s) is written, not waited
-				// out to shutdown_timeout (30 s).
-				start := time.Now()
-				d.stop(t)
-				took := time.Since(start)
-				t.Logf("SIGTERM with the stream left: exit after %s", took.Round(10*time.Millisecond))
-				if took > 15*time.Second {
-					t.Errorf("shutdown took %s for under 96 MiB at 20 MB/s", took)
-				}
-			}
-		})
+`, tree), daemonOpts{bin: plainBinary})
+	// Registered after the daemon: undone before it stops.
+	throttleWrites(t, mnt.MajMin, 20<<20)
+	// The stream: 96 MiB in the page cache at once, as a copy of a file
+	// would leave it (the writer is not held back by
+	// balance_dirty_pages at this size).
+	big := filepath.Join(tree, "big")
+	writeDirty(t, big, 96<<20)
+	time.Sleep(2 * time.Second)
+	small := filepath.Join(tree, "small.txt")
+	writeDirty(t, small, 6)
+	start := time.Now()
+	ok, dirty, wb, err := cleanWithin(small, 20*time.Second)
+	took := time.Since(start)
+	bd, bwb, _ := cachestat(big, 0, 0)
+	t.Logf("small.txt clean after %s; big still had %d dirty, %d writeback pages; longest list lock hold %d µs",
+		took.Round(10*time.Millisecond), bd, bwb, readStats(t, d.devStats(mnt.MajMin))["list_lock_max_us"])
+	if !ok {
+		t.Fatalf("small.txt still dirty after 20 s: %d dirty, %d writeback (%v)", dirty, wb, err)
+	}
+	if bound := time.Second + 500*time.Millisecond + time.Second; took > bound {
+		t.Errorf("small.txt took %s to be clean beside the stream, more than expire + interval + 1 s (%s)", took, bound)
+	}
+	if st := readStats(t, d.devStats(mnt.MajMin)); st["throttled"] == 0 {
+		t.Errorf("no attempt was deferred by max_inflight: %v", st)
+	}
+	// SIGTERM still throttled: the rest of the stream (under 96 MiB at
+	// 20 MB/s) is written, not waited out to shutdown_timeout (30 s).
+	start = time.Now()
+	d.stop(t)
+	took = time.Since(start)
+	t.Logf("SIGTERM with the stream left: exit after %s", took.Round(10*time.Millisecond))
+	if took > 15*time.Second {
+		t.Errorf("shutdown took %s for under 96 MiB at 20 MB/s", took)
 	}
 }
 
@@ -167,9 +156,7 @@ func TestStalledWrites(t *testing.T) {
 	testfs.SkipShort(t, "the daemon on a stalled FUSE filesystem")
 	ffs := faultfs.MountT(t)
 	sd := newFakeSystemd(t)
-	t.Setenv("NOTIFY_SOCKET", sd.path)
-	t.Setenv("WATCHDOG_USEC", "2000000")
-	d := startDaemon(t, fmt.Sprintf(`
+	d := runDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "200ms"
 dirty_expire_interval = "500ms"
@@ -179,7 +166,7 @@ write_chunk = "16KiB"
 max_inflight_bytes = "256KiB"
 [[watch]]
 path = %q
-`, ffs.Dir))
+`, ffs.Dir), daemonOpts{env: sd.env("WATCHDOG_USEC=2000000")})
 	testwait.For(t, "watchdog pings", 3*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 2 })
 	ffs.Set(faultfs.Faults{WriteDelay: 6 * time.Second})
 	// Bigger than write_chunk: the chunked path, whose attempts the
@@ -211,7 +198,8 @@ path = %q
 // on a loop device whose image sits on a FUSE filesystem paced to 40 MB/s
 // (unlike blk-throttle, a writeback call on the ext4 file can block in the
 // kernel until the queue drains). With the default configuration, dd
-// writes a 1 GiB stream and small.txt is written 2 s later:
+// writes a 512 MiB stream (13 s of the device's time) and small.txt is
+// written 2 s later:
 //   - small.txt's writeback is submitted within expire + interval + 0.5 s
 //     of its write, and it is clean within expire + interval + 1 s;
 //   - the watchdog (WATCHDOG_USEC 4 s) is pinged throughout;
@@ -238,15 +226,13 @@ func TestSlowFUSEDeviceSmallFile(t *testing.T) {
 	tree := filepath.Join(mnt.Dir, "w")
 	mkdirs(t, tree)
 	sd := newFakeSystemd(t)
-	t.Setenv("NOTIFY_SOCKET", sd.path)
-	t.Setenv("WATCHDOG_USEC", "4000000")
-	d := startDaemonWith(t, plainBinary, fmt.Sprintf(`
+	d := runDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "500ms"
 dirty_expire_interval = "1s"
 [[watch]]
 path = %q
-`, tree), nil)
+`, tree), daemonOpts{bin: plainBinary, env: sd.env("WATCHDOG_USEC=4000000")})
 	testwait.For(t, "watchdog pings", 5*time.Second, func() bool { return sd.count("WATCHDOG=1", 0) >= 1 })
 	// Registered after the daemon's cleanup: the pacing is lifted first,
 	// so that the daemon's stop and the unmount do not wait on it.
@@ -258,7 +244,7 @@ path = %q
 	// stays out of it): the writer itself is held back by the kernel's
 	// dirty throttling on a device this slow.
 	streamed := time.Now()
-	dd := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(tree, "big"), "bs=1M", "count=1024", "status=none")
+	dd := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(tree, "big"), "bs=1M", "count=512", "status=none")
 	if err := dd.Start(); err != nil {
 		t.Fatalf("dd: %v", err)
 	}

@@ -14,8 +14,8 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		"running daemon, or from its stats files when it does not answer (or with --files).\n"+
 		"DEV (a bdi name such as 7:0 or 8:0) limits the output to that device.",
 		"flusherd stats\n  flusherd stats --stats-dir /run/flusherd 7:0", stdout, stderr)
-	var c commonFlags
-	c.register(fset)
+	var c cli.ConfigFlags
+	c.Register(fset)
 	filesOnly := fset.Bool("files", false, "read the stats files; do not ask the daemon")
 	pos, err := cli.ParseArgs(fset, args)
 	if err != nil {
@@ -29,7 +29,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 	if len(pos) == 1 {
 		dev = pos[0]
 	}
-	cfg, err := loadClientConfig(c)
+	cfg, err := c.LoadClient()
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd stats: %v\n", err)
 		return cli.ExitUsage

@@ -25,8 +25,8 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		"naming each file that failed, 3 if no daemon answers. When --timeout passes first,\n"+
 		"the command gives up (exit 1) and the daemon finishes the sync anyway.",
 		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stdout, stderr)
-	var c commonFlags
-	c.register(fset)
+	var c cli.ConfigFlags
+	c.Register(fset)
 	var timeoutFlag cli.Duration
 	fset.Var(&timeoutFlag, "timeout", "give up waiting after this `duration`, e.g. 30s (0: wait as long as it takes); the daemon finishes the sync anyway")
 	timeout := (*time.Duration)(&timeoutFlag)
@@ -34,7 +34,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cli.ParseExit(err)
 	}
-	cfg, err := loadClientConfig(c)
+	cfg, err := c.LoadClient()
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
 		return cli.ExitUsage

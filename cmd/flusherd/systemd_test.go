@@ -50,6 +50,12 @@ func newFakeSystemd(t *testing.T) *fakeSystemd {
 	return f
 }
 
+// env is a daemon's environment under this systemd: NOTIFY_SOCKET, and
+// extra ("WATCHDOG_USEC=...").
+func (f *fakeSystemd) env(extra ...string) []string {
+	return append([]string{"NOTIFY_SOCKET=" + f.path}, extra...)
+}
+
 // count returns how many messages contain s, from index from on.
 func (f *fakeSystemd) count(s string, from int) int {
 	f.mu.Lock()
@@ -119,10 +125,11 @@ func TestExtendTimeoutDaemon(t *testing.T) {
 		fmt.Fprintf(&conf, "[[watch]]\npath = %q\n", r)
 	}
 	sd := newFakeSystemd(t)
-	t.Setenv("NOTIFY_SOCKET", sd.path)
 	ffs.Set(faultfs.Faults{OpendirDelay: delay})
 	opens := ffs.Count("opendir")
-	startDaemon(t, conf.String())
+	// Up to READY=1: the initial scan after it would open each root once
+	// more.
+	runDaemon(t, conf.String(), daemonOpts{env: sd.env(), readyLine: "every root is watched"})
 	ffs.Set(faultfs.Faults{})
 	if n := ffs.Count("opendir") - opens; n < 2*roots {
 		t.Fatalf("precondition: %d OPENDIR during start-up, want at least %d (two per root)", n, 2*roots)
@@ -171,8 +178,6 @@ func TestNotifyAndReload(t *testing.T) {
 		}
 	}
 	sd := newFakeSystemd(t)
-	t.Setenv("NOTIFY_SOCKET", sd.path)
-	t.Setenv("WATCHDOG_USEC", "300000")
 	conf := func(interval, expire string, roots ...string) string {
 		s := fmt.Sprintf("[writeback]\ndirty_writeback_interval = %q\ndirty_expire_interval = %q\n", interval, expire)
 		for _, r := range roots {
@@ -180,7 +185,7 @@ func TestNotifyAndReload(t *testing.T) {
 		}
 		return s
 	}
-	d := startDaemon(t, conf("1h", "1h", a))
+	d := runDaemon(t, conf("1h", "1h", a), daemonOpts{env: sd.env("WATCHDOG_USEC=300000")})
 	testwait.For(t, "READY=1", 5*time.Second, func() bool { return sd.count("READY=1", 0) == 1 })
 	testwait.For(t, "READY=1 in the log", 5*time.Second, func() bool {
 		return strings.Contains(d.log.String(), "every root is watched; READY=1 (the initial scan goes on)")
@@ -199,12 +204,12 @@ func TestNotifyAndReload(t *testing.T) {
 
 	// Reload: a is removed, b is added, the interval is 200ms and the
 	// expiry 1s.
-	cfgPath := filepath.Join(filepath.Dir(d.statsDir), "flusherd.toml")
+	cfgPath := d.cfgPath
 	if err := os.WriteFile(cfgPath, []byte(conf("200ms", "1s", b)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	from := sd.len()
-	d.cmd.Process.Signal(syscall.SIGHUP)
+	d.signal(syscall.SIGHUP)
 	testwait.For(t, "RELOADING=1 then READY=1", 5*time.Second, func() bool {
 		return sd.count("RELOADING=1\nMONOTONIC_USEC=", from) == 1 && sd.count("READY=1", from) == 1
 	})
@@ -231,11 +236,13 @@ func TestNotifyAndReload(t *testing.T) {
 	if !strings.Contains(d.log.String(), "configuration reloaded") {
 		t.Errorf("no reload in the log:\n%s", d.log.String())
 	}
-	// A file written in a now is not tracked.
-	writeDirty(t, filepath.Join(a, "g"), 4096)
-	time.Sleep(1500 * time.Millisecond)
-	if s := readStats(t, statsPath); s["b_dirty"]+s["b_io"]+s["b_more_io"]+s["b_more_io_wait"] != 0 {
-		t.Errorf("a file in the removed root is tracked: %v", s)
+	// A file written in a now is not tracked (the daemon's list, once
+	// its event was handled).
+	g := filepath.Join(a, "g")
+	writeDirty(t, g, 4096)
+	settleEvents()
+	if l := dirtyList(t, d); strings.Contains(l, strconv.Quote(g)) {
+		t.Errorf("a file in the removed root is tracked:\n%s", l)
 	}
 
 	// A bad configuration: rejected with key and line; b still served.
@@ -244,7 +251,7 @@ func TestNotifyAndReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	from = sd.len()
-	d.cmd.Process.Signal(syscall.SIGHUP)
+	d.signal(syscall.SIGHUP)
 	testwait.For(t, "READY=1 after a rejected reload", 5*time.Second, func() bool { return sd.count("READY=1", from) == 1 })
 	testwait.For(t, "the rejection in the log", 5*time.Second, func() bool {
 		return strings.Contains(d.log.String(), "configuration reload rejected") && strings.Contains(d.log.String(), "flusherd.toml:3: writeback.min_pause")
@@ -268,7 +275,7 @@ func TestNotifyAndReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	from2 := sd.len()
-	d.cmd.Process.Signal(syscall.SIGHUP)
+	d.signal(syscall.SIGHUP)
 	testwait.For(t, "READY=1 after the reload", 5*time.Second, func() bool { return sd.count("READY=1", from2) == 1 })
 	fb3 := filepath.Join(b, "f3")
 	writeDirty(t, fb3, 4096)
@@ -283,7 +290,7 @@ func TestNotifyAndReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	from = len(d.log.String())
-	d.cmd.Process.Signal(syscall.SIGHUP)
+	d.signal(syscall.SIGHUP)
 	testwait.For(t, "the idle warning after a reload to no tree", 5*time.Second, func() bool {
 		return strings.Contains(d.log.String()[from:], "WARN\tthe reloaded configuration leaves no tree watched")
 	})

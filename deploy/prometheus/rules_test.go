@@ -246,6 +246,7 @@ type source struct{}
 
 func (source) Devices() []metrics.Device        { return []metrics.Device{{Name: "8:0"}} }
 func (source) Watch() (string, *watch.Counters) { return "fanotify", &watch.Counters{} }
+func (source) Trees() []metrics.Tree            { return []metrics.Tree{{Root: "/srv"}} }
 
 var (
 	// A selector with label matchers: name{...}.

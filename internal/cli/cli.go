@@ -1,7 +1,8 @@
 // Package cli is flusherd's command-line plumbing: flag sets whose -h and
 // --help print the usage on standard output, flags allowed after
 // positional arguments, flag types (a repeatable string, a duration as the
-// configuration writes it, a non-empty string) and the exit codes.
+// configuration writes it, a non-empty string, one of a list) and the exit
+// codes.
 package cli
 
 import (
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,6 +71,27 @@ func (n NonEmpty) Set(v string) error {
 		return errors.New("empty value")
 	}
 	*n.P = v
+	return nil
+}
+
+// OneOf is a string flag whose value must be one of Values.
+type OneOf struct {
+	P      *string
+	Values []string
+}
+
+func (o OneOf) String() string {
+	if o.P == nil {
+		return ""
+	}
+	return *o.P
+}
+
+func (o OneOf) Set(v string) error {
+	if !slices.Contains(o.Values, v) {
+		return fmt.Errorf("want one of %s", strings.Join(o.Values, ", "))
+	}
+	*o.P = v
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"io"
 	"slices"
 	"testing"
@@ -28,5 +29,22 @@ func TestFlagsAfterArguments(t *testing.T) {
 		if err != nil || !slices.Equal(pos, tc.pos) || *n != tc.n || *b != tc.b {
 			t.Errorf("ParseArgs(%q) = %q, %v, n=%d b=%v; want %q, n=%d b=%v", tc.args, pos, err, *n, *b, tc.pos, tc.n, tc.b)
 		}
+	}
+}
+
+// TestOneOf: a OneOf flag takes a listed value; any other is a usage
+// error (exit 2) that names the value and the list.
+func TestOneOf(t *testing.T) {
+	var stderr bytes.Buffer
+	var level string
+	fs := NewFlagSet("x", "x", "x", io.Discard, &stderr)
+	fs.Var(OneOf{P: &level, Values: []string{"debug", "info"}}, "log-level", "")
+	if code, stop := ParseFlags(fs, []string{"--log-level", "debug"}); stop || level != "debug" {
+		t.Errorf("--log-level debug: exit %d, stop %v, level %q", code, stop, level)
+	}
+	code, stop := ParseFlags(fs, []string{"--log-level=verbose"})
+	want := "flusherd x: invalid value \"verbose\" for flag --log-level: want one of debug, info\nsee 'flusherd x --help'\n"
+	if !stop || code != ExitUsage || level != "debug" || stderr.String() != want {
+		t.Errorf("--log-level=verbose: exit %d, stop %v, level %q, stderr:\n%s\nwant %q", code, stop, level, stderr.String(), want)
 	}
 }

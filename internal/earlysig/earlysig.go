@@ -7,6 +7,11 @@
 // narrows that window to the Go runtime's own start (see signal(7) and
 // os/signal). Other commands keep the default actions (Ctrl-C ends
 // `flusherd sync`).
+//
+// It also ignores SIGPIPE for `run`: a write to standard error after its
+// reader went away (a pipe to a log collector that exited) then fails
+// with EPIPE instead of killing the daemon, whose trees would be left
+// unprotected without a word (Go's default for fds 1 and 2).
 package earlysig
 
 import (
@@ -28,6 +33,7 @@ func init() {
 	if len(os.Args) > 1 && os.Args[1] == "run" {
 		early = make(chan os.Signal, 4)
 		signal.Notify(early, Signals...)
+		signal.Ignore(syscall.SIGPIPE)
 	}
 }
 

@@ -16,7 +16,10 @@ import (
 // a shared flock(2) on one file for as long as their mount exists, and a
 // test that boots a container holds it exclusively for as long as the
 // container runs: across the test binaries that `go test ./...` runs in
-// parallel, no test's mount is ever copied into a container.
+// parallel, no test's mount is ever copied into a container. A test that
+// changes a machine-wide budget (an inotify sysctl) excludes the others
+// the same way, and the tests that make inotify instances without a mount
+// (the daemons, the watch backends) hold the lock shared too.
 
 // exclusive is set while this process holds the lock exclusively; its own
 // mounts then need no shared lock.

@@ -1,0 +1,100 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+
+	"flusherd/config"
+	"flusherd/tree"
+)
+
+// DefaultConfigPath is the configuration file read without --config, when
+// it exists.
+const DefaultConfigPath = "/etc/flusherd/flusherd.toml"
+
+// ConfigFlags are the flags shared by the commands that read the
+// configuration: --config and --stats-dir.
+type ConfigFlags struct {
+	Config   string
+	StatsDir string
+}
+
+// Register adds --config and --stats-dir to fs.
+func (c *ConfigFlags) Register(fs *flag.FlagSet) {
+	fs.Var(NonEmpty{P: &c.Config}, "config", "configuration `file` (default "+DefaultConfigPath+" if it exists)")
+	fs.Var(NonEmpty{P: &c.StatsDir}, "stats-dir", "`directory` of the stats files and the control socket; overrides stats.dir (default /run/flusherd)")
+}
+
+// ReadsFile reports whether Load reads a configuration file: --config was
+// given, or the default file exists.
+func (c *ConfigFlags) ReadsFile() bool {
+	if c.Config != "" {
+		return true
+	}
+	_, err := os.Stat(DefaultConfigPath)
+	return err == nil
+}
+
+// Load reads the configuration (config.Load): --config, else the default
+// path if it exists, else the defaults. It applies --stats-dir and adds a
+// writeback tree for each of watches (--watch).
+func (c *ConfigFlags) Load(watches []string) (*config.Config, error) {
+	return c.load(config.Load, watches)
+}
+
+// LoadClient is Load for the client commands (stats, dirty, sync, status):
+// the watch paths are not looked at (config.LoadValues), so they work
+// while a watched filesystem is dead, which is when they are needed.
+func (c *ConfigFlags) LoadClient() (*config.Config, error) {
+	return c.load(config.LoadValues, nil)
+}
+
+func (c *ConfigFlags) load(load func(string) (*config.Config, error), watches []string) (*config.Config, error) {
+	var cfg *config.Config
+	switch {
+	case c.Config != "":
+		var err error
+		if cfg, err = load(c.Config); err != nil {
+			return nil, err
+		}
+	default:
+		if _, err := os.Stat(DefaultConfigPath); err == nil {
+			if cfg, err = load(DefaultConfigPath); err != nil {
+				return nil, err
+			}
+		} else {
+			cfg = config.Default()
+		}
+	}
+	if c.StatsDir != "" {
+		abs, err := filepath.Abs(c.StatsDir)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Stats.Dir = abs
+	}
+	for _, w := range watches {
+		if w == "" {
+			return nil, errors.New("--watch: empty directory name")
+		}
+		abs, err := filepath.Abs(w)
+		if err != nil {
+			return nil, err
+		}
+		// A directory the file watches already is an error of
+		// Validate's ("already watched"), not silently dropped: the
+		// two entries may differ in mode and expiry.
+		cfg.Watch = append(cfg.Watch, config.Watch{
+			Tree: tree.Tree{
+				Root:      abs,
+				Recursive: true,
+				Mode:      tree.ModeWriteback,
+				Expire:    cfg.Writeback.DirtyExpireInterval,
+			},
+			Flag: "--watch",
+		})
+	}
+	return cfg, nil
+}
