@@ -315,9 +315,17 @@ const (
 	maxInFlight       = 4 // concurrent scrapes; more get 503
 )
 
-// Handler serves the metrics of g at /metrics and a short page naming it
-// at /.
-func Handler(g prometheus.Gatherer, log *zap.Logger) http.Handler {
+// Probes answers the health endpoints. Each returns nil when the daemon
+// passes, else why not; a nil field leaves its endpoint out (404).
+type Probes struct {
+	Live  func() error // /healthz: every device's writeback goroutine is alive
+	Ready func() error // /readyz: the initial scan is done
+}
+
+// Handler serves the metrics of g at /metrics, p's health endpoints at
+// /healthz and /readyz (200 "ok", or 503 and the reason), and a short
+// page naming them at /.
+func Handler(g prometheus.Gatherer, p Probes, log *zap.Logger) http.Handler {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -327,11 +335,31 @@ func Handler(g prometheus.Gatherer, log *zap.Logger) http.Handler {
 		ErrorHandling:       promhttp.ContinueOnError,
 		MaxRequestsInFlight: maxInFlight,
 	}))
+	probe(mux, "/healthz", p.Live)
+	probe(mux, "/readyz", p.Ready)
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Write([]byte("flusherd: metrics at /metrics\n"))
+		w.Write([]byte("flusherd: metrics at /metrics, health at /healthz and /readyz\n"))
 	})
 	return mux
+}
+
+// probe serves check at path: 200 "ok" when it returns nil, else 503 and
+// the error; GET and HEAD only.
+func probe(mux *http.ServeMux, path string, check func() error) {
+	if check == nil {
+		return
+	}
+	mux.HandleFunc("GET "+path, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if err := check(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(err.Error() + "\n"))
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
 }
 
 // promLogger logs promhttp's errors (a failed collection or a write to a
@@ -342,16 +370,16 @@ func (l promLogger) Println(v ...any) {
 	l.log.Sugar().Warnln(append([]any{"metrics:"}, v...)...)
 }
 
-// Serve serves Handler(g) on ln until ctx ends, then shuts the server down
+// Serve serves Handler(g, p) on ln until ctx ends, then shuts the server down
 // (waiting up to 5s for scrapes in progress) and returns nil. It closes
 // ln. An error of the listener ends it early with that error.
-func Serve(ctx context.Context, ln net.Listener, g prometheus.Gatherer, log *zap.Logger) error {
+func Serve(ctx context.Context, ln net.Listener, g prometheus.Gatherer, p Probes, log *zap.Logger) error {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	errLog, _ := zap.NewStdLogAt(log, zapcore.WarnLevel) // the level is valid
 	srv := &http.Server{
-		Handler:           Handler(g, log),
+		Handler:           Handler(g, p, log),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,

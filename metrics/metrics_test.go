@@ -3,10 +3,12 @@ package metrics
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -243,7 +245,7 @@ func TestServe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	served := make(chan error, 1)
-	go func() { served <- Serve(ctx, ln, NewRegistry(newFake(), 4096), nil) }()
+	go func() { served <- Serve(ctx, ln, NewRegistry(newFake(), 4096), Probes{}, nil) }()
 
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
@@ -317,7 +319,7 @@ func TestServeCancelledBefore(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := Serve(ctx, ln, prometheus.NewRegistry(), nil); err != nil {
+	if err := Serve(ctx, ln, prometheus.NewRegistry(), Probes{}, nil); err != nil {
 		t.Errorf("Serve = %v, want nil", err)
 	}
 	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
@@ -334,7 +336,7 @@ func TestServeListenerError(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln.Close()
-	err = Serve(context.Background(), ln, prometheus.NewRegistry(), nil)
+	err = Serve(context.Background(), ln, prometheus.NewRegistry(), Probes{}, nil)
 	if err == nil || !strings.Contains(err.Error(), "closed") {
 		t.Errorf("Serve on a closed listener = %v, want the accept error", err)
 	}
@@ -440,5 +442,54 @@ func TestEveryStatsLineExported(t *testing.T) {
 	}
 	if n < 20 {
 		t.Fatalf("only %d stats lines read", n)
+	}
+}
+
+// TestProbes: /healthz and /readyz answer 200 "ok" while their check
+// passes and 503 with its reason while it fails, read at each request;
+// without a check the endpoint is not served.
+func TestProbes(t *testing.T) {
+	var live, ready error
+	h := Handler(prometheus.NewRegistry(), Probes{
+		Live:  func() error { return live },
+		Ready: func() error { return ready },
+	}, nil)
+	get := func(method, path string) (int, string) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	for _, c := range []struct {
+		name        string
+		live, ready error
+		path        string
+		code        int
+		body        string
+	}{
+		{"healthy", nil, errors.New("the initial scan is running"), "/healthz", 200, "ok\n"},
+		{"unhealthy", errors.New("bdi 7:0: writeback goroutine wedged"), nil, "/healthz", 503, "bdi 7:0: writeback goroutine wedged\n"},
+		{"not ready", nil, errors.New("the initial scan is running"), "/readyz", 503, "the initial scan is running\n"},
+		{"ready", errors.New("bdi 7:0: writeback goroutine wedged"), nil, "/readyz", 200, "ok\n"},
+	} {
+		live, ready = c.live, c.ready
+		if code, body := get("GET", c.path); code != c.code || body != c.body {
+			t.Errorf("%s: GET %s = %d %q, want %d %q", c.name, c.path, code, body, c.code, c.body)
+		}
+	}
+	live = errors.New("wedged")
+	if code, _ := get("HEAD", "/healthz"); code != 503 {
+		t.Errorf("HEAD /healthz while unhealthy = %d, want 503", code)
+	}
+	if code, _ := get("POST", "/readyz"); code != http.StatusMethodNotAllowed {
+		t.Errorf("POST /readyz = %d, want 405", code)
+	}
+	none := Handler(prometheus.NewRegistry(), Probes{}, nil)
+	for _, path := range []string{"/healthz", "/readyz"} {
+		rec := httptest.NewRecorder()
+		none.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		if rec.Code != http.StatusNotFound {
+			t.Errorf("GET %s without probes = %d, want 404", path, rec.Code)
+		}
 	}
 }

@@ -2,10 +2,12 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,6 +43,16 @@ type Daemon struct {
 	watched  chan struct{}      // closed when the watcher's Run returned
 	scanned  chan struct{}      // closed when the initial scan ended
 	stopScan context.CancelFunc
+	ready    atomic.Bool // the initial scan went through every tree
+}
+
+// Readiness is /readyz: nil once the initial scan has gone through every
+// tree (Ready), else why not.
+func (d *Daemon) Readiness() error {
+	if !d.ready.Load() {
+		return errors.New("the initial scan is running")
+	}
+	return nil
 }
 
 // Start runs the watcher's event loop and watches every root
@@ -87,6 +99,7 @@ func (d *Daemon) Ready(ctx context.Context) {
 		if scanCtx.Err() != nil {
 			return
 		}
+		d.ready.Store(true)
 		log.Info("initial scan done; ready", zap.Uint64("directories", wat.ScannedDirs()),
 			zap.Int("devices", len(reg.Devices())), logpath.String("socket", sock))
 		if ntrees == 0 {

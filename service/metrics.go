@@ -24,11 +24,12 @@ const metricsDropInHint = "the shipped flusherd.service allows no network; insta
 	"/etc/systemd/system/flusherd.service.d/metrics.conf, then systemctl daemon-reload and restart flusherd"
 
 // StartMetrics serves the Prometheus metrics of reg and wat on
-// metrics.listen until ctx ends; with metrics.listen empty it does
-// nothing. A failure to listen is logged as an error and flusherd runs on
+// metrics.listen until ctx ends, with /healthz (Liveness of reg's devices
+// within HealthLimit) and /readyz (ready); with metrics.listen empty it
+// does nothing. A failure to listen is logged as an error and flusherd runs on
 // without metrics. The returned function waits until the server has
 // stopped.
-func StartMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wat watch.Backend, log *zap.Logger) (wait func()) {
+func StartMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wat watch.Backend, ready func() error, log *zap.Logger) (wait func()) {
 	addr := cfg.Metrics.Listen
 	if addr == "" {
 		return func() {}
@@ -45,10 +46,12 @@ func StartMetrics(ctx context.Context, cfg *config.Config, reg *bdi.Registry, wa
 	log.Info("serving metrics", zap.String("url", "http://"+ln.Addr().String()+"/metrics"))
 	ln = netutil.LimitListener(ln, 16)
 	g := metrics.NewRegistry(metrics.NewSource(reg, wat), os.Getpagesize())
+	limit := HealthLimit(cfg.Writeback.AttemptTimeout)
+	probes := metrics.Probes{Live: Liveness(RegistryHealth(reg, limit), limit), Ready: ready}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := metrics.Serve(ctx, ln, g, log.With(zap.String("component", "metrics"))); err != nil {
+		if err := metrics.Serve(ctx, ln, g, probes, log.With(zap.String("component", "metrics"))); err != nil {
 			log.Error("metrics server stopped; running without metrics", zap.Error(err))
 		}
 	}()

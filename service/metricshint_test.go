@@ -30,7 +30,7 @@ func TestMetricsListenHint(t *testing.T) {
 			t.Setenv("INVOCATION_ID", "")
 		}
 		core, logs := observer.New(zap.InfoLevel)
-		StartMetrics(context.Background(), cfg, nil, nil, zap.New(core))()
+		StartMetrics(context.Background(), cfg, nil, nil, nil, zap.New(core))()
 		es := logs.FilterMessageSnippet("cannot listen for metrics").All()
 		if len(es) != 1 {
 			t.Fatalf("under systemd %v: %d listen errors, want 1: %v", under, len(es), logs.All())

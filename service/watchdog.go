@@ -30,6 +30,28 @@ func RegistryHealth(reg *bdi.Registry, limit time.Duration) func() []Health {
 	}
 }
 
+// HealthLimit is the longest silence of a healthy writeback goroutine for
+// /healthz: the watchdog's interval under systemd ($WATCHDOG_USEC), else
+// three times attempt_timeout (30 s by default, the unit's WatchdogSec=).
+func HealthLimit(attemptTimeout time.Duration) time.Duration {
+	if interval, err := daemon.SdWatchdogEnabled(false); err == nil && interval > 0 {
+		return interval
+	}
+	return 3 * attemptTimeout
+}
+
+// Liveness is /healthz: nil while every device of health() is healthy as
+// the watchdog judges it (watchdogRound), else an error naming the first
+// wedged one. limit is health's, for the message.
+func Liveness(health func() []Health, limit time.Duration) func() error {
+	return func() error {
+		if sick, _ := watchdogRound(health()); sick != "" {
+			return fmt.Errorf("bdi %s: writeback goroutine wedged (no sign of life within %v)", sick, limit)
+		}
+		return nil
+	}
+}
+
 // StartWatchdog starts Watchdog on reg's devices when systemd asks for
 // pings ($WATCHDOG_USEC, sd_watchdog_enabled(3)); it runs until ctx ends.
 // attemptTimeout is writeback.attempt_timeout, for a warning when

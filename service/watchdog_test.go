@@ -2,9 +2,11 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -84,7 +86,8 @@ func TestWatchdogRound(t *testing.T) {
 
 // TestRegistryHealthWedged: on a real registry, a device whose writeback
 // goroutine is blocked (the BeforePass test hook) is reported unhealthy
-// once the limit has passed, and healthy again when it runs.
+// once the limit has passed, and healthy again when it runs; Liveness
+// (/healthz) says the same.
 func TestRegistryHealthWedged(t *testing.T) {
 	var wedged atomic.Bool
 	release := make(chan struct{})
@@ -108,7 +111,11 @@ func TestRegistryHealthWedged(t *testing.T) {
 	}
 	const limit = 200 * time.Millisecond
 	health := RegistryHealth(reg, limit)
-	healthy := func() bool { h := health(); return len(h) == 1 && h[0].Name == "test" && h[0].Healthy }
+	live := Liveness(health, limit)
+	healthy := func() bool {
+		h := health()
+		return len(h) == 1 && h[0].Name == "test" && h[0].Healthy && live() == nil
+	}
 	poll := func(what string, ok func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
@@ -121,6 +128,9 @@ func TestRegistryHealthWedged(t *testing.T) {
 	wedged.Store(true)
 	reg.MarkInodeDirty(p, key, "", tree.Tree{Expire: 0})
 	poll("the wedged device reported", func() bool { h := health(); return len(h) == 1 && !h[0].Healthy })
+	if err := live(); err == nil || !strings.Contains(err.Error(), "bdi test: writeback goroutine wedged") {
+		t.Errorf("Liveness of the wedged device = %v, want it named", err)
+	}
 	wedged.Store(false)
 	release <- struct{}{}
 	poll("the device healthy again", healthy)
@@ -161,5 +171,37 @@ func TestStartWatchdog(t *testing.T) {
 				t.Errorf("WATCHDOG_USEC=%s: warnings %v, want %q", tc.usec, logs.FilterLevelExact(zap.WarnLevel).All(), tc.warning)
 			}
 		})
+	}
+}
+
+// TestHealthLimit: /healthz judges with the watchdog's interval under
+// systemd, else with three times attempt_timeout.
+func TestHealthLimit(t *testing.T) {
+	t.Setenv("WATCHDOG_PID", "")
+	t.Setenv("WATCHDOG_USEC", "")
+	if got := HealthLimit(10 * time.Second); got != 30*time.Second {
+		t.Errorf("without $WATCHDOG_USEC: %v, want 30s", got)
+	}
+	t.Setenv("WATCHDOG_USEC", "45000000")
+	if got := HealthLimit(10 * time.Second); got != 45*time.Second {
+		t.Errorf("with WATCHDOG_USEC=45000000: %v, want 45s", got)
+	}
+}
+
+// TestLiveness: the first unhealthy device is named; stuck calls alone
+// keep a device live, as they keep the watchdog pinging.
+func TestLiveness(t *testing.T) {
+	for _, c := range []struct {
+		hs   []Health
+		want string
+	}{
+		{nil, ""},
+		{[]Health{{Name: "8:0", Healthy: true, Stuck: 2}}, ""},
+		{[]Health{{Name: "8:0", Healthy: true}, {Name: "8:16"}, {Name: "7:0"}}, "bdi 8:16: writeback goroutine wedged (no sign of life within 30s)"},
+	} {
+		err := Liveness(func() []Health { return c.hs }, 30*time.Second)()
+		if got := fmt.Sprint(err); c.want == "" && err != nil || c.want != "" && got != c.want {
+			t.Errorf("Liveness(%+v) = %v, want %q", c.hs, err, c.want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package systemd_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -300,6 +301,7 @@ func TestUnderSystemd(t *testing.T) {
 			{"control socket", "accept4", ""},
 			{"stats writes (rename into place)", "renameat", ""},
 		})
+		calls.allowedBy(t, "../deploy/seccomp/flusherd.json")
 	})
 
 	t.Run("04-path-opened-tree", func(t *testing.T) {
@@ -931,6 +933,38 @@ func (cs syscalls) String() string {
 		fmt.Fprintf(&b, "  %-20s %6d/%d\n", n, ok[n], bad[n])
 	}
 	return b.String()
+}
+
+// allowedBy fails for each call made that the seccomp profile at path
+// (the container image's) does not allow.
+func (cs syscalls) allowedBy(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p struct {
+		Syscalls []struct {
+			Names  []string `json:"names"`
+			Action string   `json:"action"`
+		} `json:"syscalls"`
+	}
+	if err := json.Unmarshal(data, &p); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	allowed := map[string]bool{}
+	for _, s := range p.Syscalls {
+		for _, n := range s.Names {
+			allowed[n] = s.Action == "SCMP_ACT_ALLOW"
+		}
+	}
+	missing := map[string]bool{}
+	for _, c := range cs {
+		if !allowed[c.name] && !missing[c.name] {
+			missing[c.name] = true
+			t.Errorf("%s: made under the unit, not allowed by %s: %s", c.name, path, c.text)
+		}
+	}
 }
 
 // A syscallClass is what one kind of work flusherd does looks like to

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -79,7 +80,8 @@ next:
 	return 0, false
 }
 
-// TestMetrics: with metrics.listen set, the daemon serves /metrics; data
+// TestMetrics: with metrics.listen set, the daemon serves /metrics, and
+// /healthz and /readyz answer "ok" once it is ready; data
 // written into a watched tree shows up as written bytes of its device and
 // the lists drain. A second daemon whose address is taken logs the error
 // and runs on without metrics.
@@ -102,6 +104,18 @@ path = %q
 `, addr, data))
 	if !strings.Contains(d.log.String(), "serving metrics") {
 		t.Errorf("no \"serving metrics\" in the log:\n%s", d.log.String())
+	}
+	// Ready (the initial scan is done) and live.
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(body) != "ok\n" {
+			t.Errorf("GET %s = %s %q, want 200 \"ok\"", path, resp.Status, body)
+		}
 	}
 	mfs := scrape(t, addr)
 	if v, ok := value(mfs, "flusherd_watch_backend_info", "backend", "fanotify"); !ok || v != 1 {

@@ -80,6 +80,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	log := service.NewLogger(level, cfg.Log.Format, stderr)
 	defer log.Sync()
+	service.SetMemoryLimit(log)
 	for _, n := range cfg.Notes() {
 		log.Warn("configuration: " + n)
 	}
@@ -178,7 +179,7 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 		go ctl.Serve(ctx)
 		defer ctl.Close()
 	}
-	waitMetrics := service.StartMetrics(ctx, cfg, d.Reg, d.Wat, log)
+	waitMetrics := service.StartMetrics(ctx, cfg, d.Reg, d.Wat, d.Readiness, log)
 	defer waitMetrics()
 	d.Ready(ctx)
 	service.StartWatchdog(ctx, d.Reg, cfg.Writeback.AttemptTimeout, n, log)
