@@ -352,8 +352,12 @@ func dirKeys(root string) ([]dirKey, []string, error) {
 	}
 }
 
-// handleHash is a hash of the file handle of the directory p, or 0 when
-// it has none (name_to_handle_at(2) refused).
+// handleHash is a hash of the file handle of the directory p and of its
+// filesystem's id (statfs f_fsid, from the superblock's UUID where it has
+// one), or 0 when it has no handle (name_to_handle_at(2) refused). The
+// fsid tells the root of a new filesystem, mounted on a device number that
+// another one had (every ext4 root is inode 2 with the same handle), from
+// the old one's, which a daemon may still hold claimed.
 func handleHash(p string) uint64 {
 	fh, _, err := unix.NameToHandleAt(unix.AT_FDCWD, p, unix.AT_SYMLINK_FOLLOW)
 	if err != nil {
@@ -362,6 +366,10 @@ func handleHash(p string) uint64 {
 	h := fnv.New64a()
 	binary.Write(h, binary.LittleEndian, fh.Type())
 	h.Write(fh.Bytes())
+	var sfs unix.Statfs_t
+	if unix.Statfs(p, &sfs) == nil {
+		binary.Write(h, binary.LittleEndian, sfs.Fsid.Val)
+	}
 	return h.Sum64()
 }
 

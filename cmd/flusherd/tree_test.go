@@ -761,7 +761,10 @@ var logRecord = regexp.MustCompile(`^(\d{4}-\d{2}-\d{2}T\S+\t)?(DEBUG|INFO|WARN|
 func (s *treeSuite) hostile(t *testing.T) {
 	t.Parallel()
 	base := s.dir(t, "hostile")
-	tree, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
+	// The file outside is on a filesystem of its own: the other cases,
+	// run meanwhile on the suite's, sync theirs (integrity trees'
+	// syncfs), which would write it back.
+	tree, outside := filepath.Join(base, "tree"), filepath.Join(testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 16}).Dir, "outside")
 	mkdirs(t, tree, outside)
 	secret := hostileEntries(t, tree, outside)
 	// Names with invalid UTF-8 and a newline: one written before the
