@@ -99,6 +99,13 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	}
 	wb.mu.Lock()
 	wb.bg.thresh, wb.bg.globalDirty = thresh, global
+	if wb.acct.stuck+wb.calls.running() >= maxStuckCalls {
+		// The filesystem holds maxStuckCalls calls already: no sample
+		// (its open would be one more) until some return; the written
+		// files wait for a later check.
+		wb.mu.Unlock()
+		return
+	}
 	all := thresh > 0 && global >= thresh
 	// Files the last check took but that were not written since are not
 	// streaming any more.

@@ -477,9 +477,10 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 			wb.mu.Unlock()
 			continue
 		}
-		if wb.acct.stuck+wb.calls.running() >= maxStuckCalls {
+		if wb.acct.stuck+wb.calls.running()+wb.plug.Pending() >= maxStuckCalls {
 			// The device's filesystem holds this many calls already
-			// (stalled): no new one until some return. (Not a
+			// (stalled), the plug's queued ones counted as such: no
+			// new one until some return. (Not a
 			// max_inflight deferral: the wait follows the backoff,
 			// and a returning call retries b_more_io_wait at once.)
 			wb.acct.throttled++
