@@ -352,11 +352,13 @@ func (r *Registry) known(dev uint64) *Writeback {
 	return r.byDev[dev]
 }
 
-// Unchecked reports whether the device dev makes no background checks of
-// freshly written files (no range writeback, no background threshold: see
-// checksWantedLocked), so that a watcher may stop reporting the writes of
-// a file it has reported dirty until its writeback attempt (the fanotify
-// watcher's quieted files). An unknown device answers false.
+// Unchecked reports whether the device dev acts on freshly written files
+// only by counting their pages (no range writeback, no background
+// threshold: see checksWantedLocked), so that a watcher may stop reporting
+// the writes of a file it has reported dirty until its writeback attempt
+// (the fanotify watcher's quieted files). A quieted file's count is then
+// as old as its last report until that attempt. An unknown device
+// answers false.
 func (r *Registry) Unchecked(dev uint64) bool {
 	wb := r.known(dev)
 	if wb == nil {

@@ -210,7 +210,7 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if wb.bg.sampled != nil {
 		return 0, true
 	}
-	if (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0 && wb.followWBLocked()) && !wb.bg.sampling {
+	if (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0) && !wb.bg.sampling {
 		// Freshly written files, or writeback to follow: the next
 		// background check.
 		tick = min(tick, max(wb.loop.lastCheck+backgroundCheckInterval-now, time.Millisecond))
@@ -491,6 +491,7 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		wb.inflight.MoveToBack(in)
 		in.State |= inode.Sync
 		in.State &^= inode.Redirtied
+		wb.bg.attemptBegins(in)
 		integrity := w.SyncMode == SyncAll || in.Has(inode.Integrity)
 		path, key := in.Path(), in.Key
 		wb.mu.Unlock()
@@ -520,14 +521,12 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 //
 // How the dirty bytes are learned: from cachestat, which is exact for a
 // file at the time it is read, at every attempt and at these samples. A
-// sample opens only files written since the last check that are streaming
-// (written at three consecutive checks: range writeback needs their
-// size), files whose writeback was in flight at their last look, and,
-// with a background threshold, every freshly written file, but only while
-// /proc/vmstat nr_dirty, the whole machine's dirty pages, is at or over the
-// threshold: the tracked files cannot be over it before the machine is,
-// so a device under it costs one read of /proc/vmstat per check and no
-// open at all.
+// sample opens every file written since the last check (at most maxSample
+// of them, the rest at the next), and those whose writeback was in flight
+// at their last look, so that BdiReclaimable, BdiWriteback and the dirty
+// bytes follow the page cache from a file's first write, as the kernel's
+// per-bdi counts do, not from its first attempt. Streaming files (written
+// at three consecutive checks) get range writeback from the same look.
 func (wb *Writeback) wbCheckBackgroundFlush() {
 	now := wb.now()
 	wb.mu.Lock()
@@ -536,7 +535,7 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		wb.bg.sampled = nil
 		unsupported = wb.applySampleLocked(res)
 	}
-	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0 && wb.followWBLocked()) &&
+	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0) &&
 		now-wb.loop.lastCheck >= backgroundCheckInterval
 	wb.mu.Unlock()
 	for _, r := range unsupported {
@@ -548,8 +547,14 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		// of more than one interval without writes, nothing is.
 		consecutive := now-wb.loop.lastCheck <= 2*backgroundCheckInterval
 		wb.loop.lastCheck = now
-		if wb.files.Observer != nil {
-			// The next check must see every file written until then.
+		wb.mu.Lock()
+		wanted := wb.checksWantedLocked()
+		wb.mu.Unlock()
+		if wanted && wb.files.Observer != nil {
+			// The next check must see every file written until then
+			// (to tell a streaming writer). Without range writeback
+			// or a background threshold the check only counts pages,
+			// and the watcher's quieted files stay quiet.
 			wb.files.Observer.Checking()
 		}
 		wb.startSample(now, consecutive)

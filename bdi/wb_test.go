@@ -904,6 +904,8 @@ func TestDetachedCall(t *testing.T) {
 				var releaseOnce sync.Once
 				unblock := func() { releaseOnce.Do(func() { close(release) }) }
 				defer unblock()
+				h.mark(slow, 0)
+				h.afterSample(slow.path) // the background check's count, before the slow call
 				var calls atomic.Int32
 				const slowCall = 1
 				slow.set(func(f *fakeFile) {
@@ -923,8 +925,7 @@ func TestDetachedCall(t *testing.T) {
 						f.onWrite = hook
 					}
 				})
-				h.mark(slow, 0)
-				time.Sleep(600 * time.Millisecond) // the first pass: the slow call starts
+				time.Sleep(490 * time.Millisecond) // the first pass: the slow call starts
 				synctest.Wait()
 				h.mark(ok, 0)
 				time.Sleep(600 * time.Millisecond) // the next pass

@@ -141,10 +141,26 @@ type sampling struct {
 	underWB  map[*inode.Inode]struct{}
 	sampled  []sampleResult // a finished sample, for the goroutine
 	sampling bool           // a sample call runs
+	// taken holds the inodes an attempt took while a sample was running
+	// or not yet applied (attemptBegins): that sample's counts of them
+	// are older than the attempt's.
+	taken map[*inode.Inode]struct{}
 	// thresh is the device's background threshold in pages as of the
 	// last check (0: off); globalDirty is /proc/vmstat nr_dirty in pages
 	// then (only read with a threshold).
 	thresh, globalDirty uint64
+}
+
+// attemptBegins records that an attempt takes in (sets inode.Sync), so
+// that a sample read before it does not replace the attempt's counts.
+func (s *sampling) attemptBegins(in *inode.Inode) {
+	if !s.sampling && s.sampled == nil {
+		return
+	}
+	if s.taken == nil {
+		s.taken = map[*inode.Inode]struct{}{}
+	}
+	s.taken[in] = struct{}{}
 }
 
 // sideState is per-inode state that only some inodes have, by key, kept
