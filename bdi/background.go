@@ -103,6 +103,7 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	}
 	wb.mu.Lock()
 	wb.bg.thresh, wb.bg.globalDirty = thresh, global
+	all := thresh > 0 && global >= thresh
 	if wb.acct.stuck+wb.calls.running() >= maxStuckCalls {
 		// The filesystem holds maxStuckCalls calls already: no sample
 		// (its open would be one more) until some return; the written
@@ -139,6 +140,10 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		wb.bg.streaming = append(wb.bg.streaming, in)
 		if in.Has(inode.Sync) || in.Has(inode.Busy) || !in.Has(inode.Dirty) {
 			// Not looked at now (an attempt in flight will read it).
+			continue
+		}
+		if !streaming && !all && wb.bg.closeWrites[in.Key.Dev] {
+			// Its close would write it back: counted at its attempt.
 			continue
 		}
 		probed[in] = true

@@ -404,6 +404,32 @@ func TestCountOnlyWhenChecksOff(t *testing.T) {
 	})
 }
 
+// TestNoCountWhereCloseWrites: on a filesystem where a close writes the
+// file back (FUSE), a check does not open a file written once to count
+// it (its count waits for its attempt); it does open it over the
+// background threshold, where background work needs the counts.
+func TestNoCountWhereCloseWrites(t *testing.T) {
+	for _, over := range []bool{false, true} {
+		cfg := testConfig()
+		if over {
+			cfg = bgConfig(64)
+		}
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/f", 1, 4*pg, 4)
+			h.mark(f, time.Hour)
+			time.Sleep(time.Second)
+			synctest.Wait()
+			opens, s := len(h.fs.callsOf("open", "/f")), h.wb.Snapshot()
+			if over && (opens != 1 || s.BdiReclaimable != 4) {
+				h.t.Errorf("over the threshold: %d opens, BdiReclaimable %d; want 1 and 4", opens, s.BdiReclaimable)
+			}
+			if !over && (opens != 0 || s.BdiReclaimable != 0) {
+				h.t.Errorf("%d opens, BdiReclaimable %d; want none before its attempt", opens, s.BdiReclaimable)
+			}
+		}, machineDirty(1<<20), func(h *harness) { h.wb.bg.closeWrites[7] = true })
+	}
+}
+
 // TestRangeWritebackAtMostAChunk: a writer faster than write_chunk per
 // check (64 pages per 50 ms, with write_chunk 16 pages) gets range
 // writebacks of at most write_chunk each, one after the other, so one

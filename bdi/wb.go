@@ -92,7 +92,7 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 		calls: offLoop{now: now},
 		live:  liveness{wake: make(chan struct{}, 1), stopped: make(chan struct{})},
 		side:  sideState{wbIndex: make(map[inode.Key]int64)},
-		bg:    sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{})},
+		bg:    sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{}), closeWrites: map[uint64]bool{}},
 		loop: loopState{backoff: policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
 			probed: make(map[uint64]bool), fallback: make(map[uint64]bool)},
 	}

@@ -149,6 +149,11 @@ type sampling struct {
 	// last check (0: off); globalDirty is /proc/vmstat nr_dirty in pages
 	// then (only read with a threshold).
 	thresh, globalDirty uint64
+	// closeWrites holds the filesystems (st_dev) where a close writes a
+	// file back (FUSE: Registry's closeWrites): a check counts a file
+	// there only when it would open it anyway, streaming or over the
+	// background threshold.
+	closeWrites map[uint64]bool
 }
 
 // attemptBegins records that an attempt takes in (sets inode.Sync), so
