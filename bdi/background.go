@@ -247,13 +247,13 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 	return out
 }
 
-// applySampleLocked takes in a sample's results: the files' page counts,
-// their range offsets and the range writebacks' pages (BdiWritten). It
-// returns the results that found sync_file_range unsupported, for
-// useFdatasync. Preconditions: wb.mu held.
+// applySampleLocked takes in, at now (daemon clock), a sample's results:
+// the files' page counts, their range offsets and the range writebacks'
+// pages (BdiWritten). It returns the results that found sync_file_range
+// unsupported, for useFdatasync. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sampleResult) {
+func (wb *Writeback) applySampleLocked(res []sampleResult, now time.Duration) (unsupported []sampleResult) {
 	for _, r := range res {
 		if r.unsupported != nil {
 			unsupported = append(unsupported, r)
@@ -264,6 +264,7 @@ func (wb *Writeback) applySampleLocked(res []sampleResult) (unsupported []sample
 		}
 		switch {
 		case r.ok:
+			wb.ownSyncfsWroteLocked(in, r.before, r.wbp, now)
 			wb.setPagesLocked(in, r.before, r.wbp) // the growth before the range writeback counts in BdiDirtied
 			wb.setPagesLocked(in, r.dirty, r.wbp)
 		case !r.streaming && in.WritebackPages > 0:

@@ -533,7 +533,7 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 	var unsupported []sampleResult
 	if res := wb.bg.sampled; res != nil {
 		wb.bg.sampled = nil
-		unsupported = wb.applySampleLocked(res)
+		unsupported = wb.applySampleLocked(res, now)
 	}
 	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0) &&
 		now-wb.loop.lastCheck >= backgroundCheckInterval
