@@ -147,6 +147,9 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 		wb.loop.pass.pages += n
 		wb.wroteLocked(in, n)
 	}
+	if att.res.read && err == nil {
+		wb.ownSyncfsWroteLocked(in, att.res.dirtyBefore, att.res.wbBefore, now)
+	}
 	if (att.res.dirtyBefore != 0 || att.res.wbBefore != 0) && !att.counted {
 		// What its worker saw before writing: the growth since it was
 		// last looked at counts in BdiDirtied.
@@ -178,6 +181,30 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 		in.State |= inode.DataError
 	}
 	return ac
+}
+
+// ownSyncfsWroteLocked counts the pages of in that a syncfs of
+// flusherd's own wrote back: its last known dirty pages, when it is found
+// clean (dirty and wbp, just read, are 0) and was dirtied before the last
+// successful syncfs of its filesystem began (an integrity batch's, or an
+// error check's: sideState.syncfsBegan). They count in BdiWritten and its
+// tree's written pages, and that syncfs's start is when flusherd began
+// writing its data (its tree's exposure). Call it before setPagesLocked
+// records the new counts. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) ownSyncfsWroteLocked(in *inode.Inode, dirty, wbp uint64, now time.Duration) {
+	if dirty != 0 || wbp != 0 || in.DirtyPages == 0 {
+		return
+	}
+	began, ok := wb.side.syncfsBegan[in.Key.Dev]
+	if !ok || in.DirtiedWhen >= began {
+		return
+	}
+	wb.wroteLocked(in, uint64(in.DirtyPages))
+	if t := wb.trees.of(in); t != nil && !in.Has(inode.Wrote) {
+		t.exposure.observe(began-in.DirtiedWhen, now)
+	}
 }
 
 // factsLocked gathers what policy.Decide needs of an attempt and its

@@ -107,9 +107,9 @@ func TestBackgroundThreshold(t *testing.T) {
 
 // TestBackgroundGate: while the whole machine's dirty pages (nr_dirty) are
 // under the threshold, the tracked files cannot be over it: the check
-// opens no file and starts no background work, however much the
-// device's files hold. Once nr_dirty is over, the same files are looked at
-// and written.
+// counts the files written (one open each) but starts no background work,
+// however much they hold. Once nr_dirty is over, the same files are
+// written.
 func TestBackgroundGate(t *testing.T) {
 	var global uint64 = 10
 	withWB(t, bgConfig(64), func(h *harness) {
@@ -120,8 +120,12 @@ func TestBackgroundGate(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 		synctest.Wait()
-		if opens := h.fs.callsOf("open", ""); len(opens) != 0 {
-			t.Fatalf("%d opens while nr_dirty was under the threshold, want 0", len(opens))
+		if opens := h.fs.callsOf("open", ""); len(opens) != 4 {
+			t.Errorf("%d opens while nr_dirty was under the threshold, want 4 (one count of each file)", len(opens))
+		}
+		if s := h.wb.Snapshot(); s.BdiReclaimable != 160 || s.BackgroundWorks != 0 || len(writeOrder(h.fs)) != 0 {
+			t.Fatalf("under nr_dirty: BdiReclaimable %d, background_works %d, writes %v; want 160, 0, none",
+				s.BdiReclaimable, s.BackgroundWorks, writeOrder(h.fs))
 		}
 		h.wb.mu.Lock()
 		global = 1 << 20
@@ -264,8 +268,9 @@ func TestRangeWriteback(t *testing.T) {
 }
 
 // TestRangeWritebackSkipsTheTail: a file written once, in one burst, is
-// not streaming: no range writeback, whatever its size; neither is a file
-// that stops growing (its tail is written at expiry, not before).
+// not streaming: counted once, no range writeback, whatever its size;
+// neither is a file that stops growing (its tail is written at expiry,
+// not before).
 func TestRangeWritebackSkipsTheTail(t *testing.T) {
 	cfg := testConfig()
 	cfg.RangeBytes = 16 * pg
@@ -278,8 +283,8 @@ func TestRangeWritebackSkipsTheTail(t *testing.T) {
 		if c := h.fs.callsOf("sync_file_range", "/once"); len(c) != 0 {
 			t.Errorf("a file written once had %d range writebacks, want 0", len(c))
 		}
-		if opens := h.fs.callsOf("open", "/once"); len(opens) != 0 {
-			t.Errorf("a file written once was opened %d times by background checks, want 0", len(opens))
+		if opens := h.fs.callsOf("open", "/once"); len(opens) != 1 {
+			t.Errorf("a file written once was opened %d times by background checks, want 1 (its count)", len(opens))
 		}
 		// Written in two checks, then no more: one range writeback,
 		// leaving the last 16 pages, and nothing after.
@@ -364,9 +369,11 @@ func TestAutoWriteChunk(t *testing.T) {
 	}
 }
 
-// TestNoChecksWhenOff: with range writeback and the background threshold
-// off, marking files keeps no touched list and wakes no check.
-func TestNoChecksWhenOff(t *testing.T) {
+// TestCountOnlyWhenChecksOff: with range writeback and the background
+// threshold off, the check after files are written only counts them (one
+// open and cachestat each, no write), and once they are counted the
+// device wakes no more before the kupdate tick.
+func TestCountOnlyWhenChecksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		epoch := time.Now()
 		now := func() time.Duration { return time.Since(epoch) }
@@ -379,17 +386,48 @@ func TestNoChecksWhenOff(t *testing.T) {
 			f := fs.add("/f"+string(rune('0'+i)), uint64(i+1), 4*pg, 4)
 			wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Hour})
 		}
-		synctest.Wait()
-		loops := wb.live.loops.Load()
 		time.Sleep(time.Second)
 		synctest.Wait()
 		wb.mu.Lock()
 		n := len(wb.bg.touched)
 		wb.mu.Unlock()
-		if n != 0 || wb.live.loops.Load() != loops {
-			t.Errorf("touched %d, loops %d → %d; want 0 and no wakeup before the kupdate tick", n, loops, wb.live.loops.Load())
+		if s := wb.Snapshot(); n != 0 || s.BdiReclaimable != 40 || len(fs.callsOf("open", "")) != 10 || len(writeOrder(fs)) != 0 {
+			t.Errorf("touched %d, BdiReclaimable %d, %d opens, writes %v; want 0, 40, 10 and none",
+				n, s.BdiReclaimable, len(fs.callsOf("open", "")), writeOrder(fs))
+		}
+		loops := wb.live.loops.Load()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if wb.live.loops.Load() != loops {
+			t.Errorf("loops %d → %d once the files were counted; want no wakeup before the kupdate tick", loops, wb.live.loops.Load())
 		}
 	})
+}
+
+// TestNoCountWhereCloseWrites: on a filesystem where a close writes the
+// file back (FUSE), a check does not open a file written once to count
+// it (its count waits for its attempt); it does open it over the
+// background threshold, where background work needs the counts.
+func TestNoCountWhereCloseWrites(t *testing.T) {
+	for _, over := range []bool{false, true} {
+		cfg := testConfig()
+		if over {
+			cfg = bgConfig(64)
+		}
+		withWB(t, cfg, func(h *harness) {
+			f := h.fs.add("/f", 1, 4*pg, 4)
+			h.mark(f, time.Hour)
+			time.Sleep(time.Second)
+			synctest.Wait()
+			opens, s := len(h.fs.callsOf("open", "/f")), h.wb.Snapshot()
+			if over && (opens != 1 || s.BdiReclaimable != 4) {
+				h.t.Errorf("over the threshold: %d opens, BdiReclaimable %d; want 1 and 4", opens, s.BdiReclaimable)
+			}
+			if !over && (opens != 0 || s.BdiReclaimable != 0) {
+				h.t.Errorf("%d opens, BdiReclaimable %d; want none before its attempt", opens, s.BdiReclaimable)
+			}
+		}, machineDirty(1<<20), func(h *harness) { h.wb.bg.closeWrites[7] = true })
+	}
 }
 
 // TestRangeWritebackAtMostAChunk: a writer faster than write_chunk per

@@ -285,13 +285,11 @@ func (wb *Writeback) doAttempt(r *request) error {
 		}
 		w.res.wrote = true
 		w.res.dirtyAfter, w.res.wbAfter, w.res.afterKnown = out.Dirty, out.Writeback, true
-		if w.res.dirtyBefore == 0 && w.res.wbBefore == 0 && !att.wroteBefore && wb.errs != nil {
-			// Its data left the page cache before flusherd wrote it:
-			// if that writeback failed and someone else's fsync took
-			// the report, this fdatasync could not see it. The
-			// filesystem's own error cursor can (ErrWatch).
-			w.res.fsErrAt, w.res.fsErrno, _ = wb.errs.LastError(r.Dev, wb.now())
-		}
+		// Its data left the page cache before flusherd wrote it: if
+		// that writeback failed and someone else's fsync took the
+		// report, this fdatasync could not see it. The filesystem's
+		// own error cursor can (ErrWatch), read once for the batch.
+		w.res.fsCheck = w.res.dirtyBefore == 0 && w.res.wbBefore == 0 && !att.wroteBefore && wb.errs != nil
 		return wb.closeCall(r, nil)
 	}
 	w.res.queued = w.res.dirtyBefore

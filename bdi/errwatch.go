@@ -110,7 +110,8 @@ func (e *ErrWatch) Close() {
 // this check saw one; the daemon clock), 0 if never, and whether dev is
 // watched at all. syncfs also writes back and commits the whole
 // filesystem, so it is called only when a file's data left the page cache
-// without flusherd writing it. A syncfs that fails otherwise than with a
+// without flusherd writing it, once per batch and filesystem (bdi's
+// checkFSErrors). A syncfs that fails otherwise than with a
 // writeback error is taken as one: unknown is not clean. errno is the
 // error the last check that saw one got (EIO when the check could not be
 // made).

@@ -89,12 +89,14 @@ func (fs *fakeFS) record(op, path string, off, n int64) {
 	fs.calls = append(fs.calls, call{at: fs.now(), op: op, path: path, off: off, n: n})
 }
 
+// callsOf returns the calls of op ("": every op) on path ("": every
+// path), in order.
 func (fs *fakeFS) callsOf(op, path string) []call {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	var out []call
 	for _, c := range fs.calls {
-		if c.op == op && (path == "" || c.path == path) {
+		if (op == "" || c.op == op) && (path == "" || c.path == path) {
 			out = append(out, c)
 		}
 	}
@@ -351,6 +353,30 @@ func withWB(t *testing.T, cfg Config, f func(h *harness), setup ...func(h *harne
 
 func (h *harness) mark(f *fakeFile, expire time.Duration) {
 	h.wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: expire})
+}
+
+// afterSample lets the background check after the files just marked count
+// them (one open each: backgroundCheckInterval), and returns the opens of
+// path so far, for tests that count the attempts' opens or script them.
+func (h *harness) afterSample(path string) int {
+	time.Sleep(backgroundCheckInterval + 10*time.Millisecond)
+	synctest.Wait()
+	n := len(h.fs.callsOf("open", path))
+	if n == 0 {
+		h.t.Errorf("the background check did not open %s", path)
+	}
+	return n
+}
+
+// afterSample is harness.afterSample for a Registry's device over fs,
+// whose files are opened by handle (handleFS).
+func afterSample(t *testing.T, fs *fakeFS, f *fakeFile) {
+	t.Helper()
+	time.Sleep(backgroundCheckInterval + 10*time.Millisecond)
+	synctest.Wait()
+	if len(fs.callsOf("open_by_handle", string(f.handle))) == 0 {
+		t.Errorf("the background check did not open %s", f.path)
+	}
 }
 
 // lists returns the list each tracked inode is on, by path.

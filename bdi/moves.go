@@ -135,39 +135,25 @@ func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
 	in.State = 0
 }
 
-// checksWantedLocked reports whether the device looks at freshly written
-// files: with range writeback or a background threshold configured.
-// Preconditions: wb.mu held.
+// checksWantedLocked reports whether the device acts on freshly written
+// files besides counting their pages: range writeback or a background
+// threshold is configured. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) checksWantedLocked() bool {
 	return wb.cfg.RangeBytes > 0 || wb.cfg.DirtyBackgroundBytes > 0 || wb.cfg.DirtyBackgroundRatio > 0
 }
 
-// followWBLocked reports whether the device follows the counts of files
-// whose writeback was in flight at their last look (wb.bg.underWB) with
-// background checks: their pages under writeback are what
-// max_inflight_bytes bounds and what the background threshold counts.
-// Without range writeback or a background threshold, nothing else looks
-// at such a file again before its next attempt, which may be an hour
-// away (a file on b_dirty), or never come (files deferred by
-// max_inflight_bytes without being opened, on those very counts): stale,
-// its count would hold the room under max_inflight_bytes for good.
-// Preconditions: wb.mu held.
-//
-// +checklocks:wb.mu
-func (wb *Writeback) followWBLocked() bool {
-	return wb.checksWantedLocked() || wb.cfg.MaxInflight > 0
-}
-
-// touchLocked records that in was written (for the next background check)
-// and reports whether it is the first file since the last check, when the
+// touchLocked records that in was written, for the next background check,
+// which counts its pages (so BdiReclaimable holds a file's dirty pages
+// before its first attempt, as the kernel's per-bdi counts do), and
+// reports whether it is the first file since the last check, when the
 // goroutine must be woken to schedule the check. Preconditions: wb.mu
 // held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) touchLocked(in *inode.Inode) bool {
-	if in.Has(inode.Touched) || !wb.checksWantedLocked() {
+	if in.Has(inode.Touched) {
 		return false
 	}
 	in.State |= inode.Touched

@@ -18,8 +18,9 @@ type AttemptObserver interface {
 	// revives it). Called with the list lock held: it must not block or
 	// call into bdi.
 	Forgotten(key inode.Key)
-	// Checking: a background check is taking the files written since
-	// the last one; every file's next write must be reported.
+	// Checking: a background check of a device with range writeback or
+	// a background threshold is taking the files written since the last
+	// one; every file's next write must be reported.
 	Checking()
 }
 

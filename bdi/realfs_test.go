@@ -378,3 +378,22 @@ func TestIntegritySyncfs(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseWrites: a FUSE filesystem (faultfs, with the writeback cache)
+// is one where a close writes a file back; a local directory's is not, nor
+// is a path that cannot be opened (unknown).
+func TestCloseWrites(t *testing.T) {
+	ffs := faultfs.MountT(t)
+	p := filepath.Join(ffs.Dir, "f")
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path string
+		want bool
+	}{{p, true}, {ffs.Dir, true}, {t.TempDir(), false}, {filepath.Join(ffs.Dir, "missing"), false}} {
+		if got := closeWrites(c.path); got != c.want {
+			t.Errorf("closeWrites(%s) = %v, want %v", c.path, got, c.want)
+		}
+	}
+}

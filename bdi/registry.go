@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
 	"flusherd/internal/logpath"
@@ -119,6 +120,7 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bdi: naming the device of %s: %w", path, err)
 	}
+	cw := closeWrites(path)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if wb := r.byDev[dev]; wb != nil {
@@ -148,6 +150,11 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		r.opt.Log.Info("writeback started for device", zap.String("bdi", name))
 	}
 	r.byDev[dev] = wb
+	if cw {
+		wb.mu.Lock()
+		wb.bg.closeWrites[dev] = true
+		wb.mu.Unlock()
+	}
 	if n := r.rescans[dev]; n > 0 {
 		delete(r.rescans, dev)
 		wb.mu.Lock()
@@ -155,6 +162,20 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		wb.mu.Unlock()
 	}
 	return wb, nil
+}
+
+// closeWrites reports whether a close(2) of a file on path's filesystem
+// writes the file's dirty pages back and waits (FUSE's flush, with the
+// writeback cache), so that a background check's count of a file there,
+// an open and a close, would write it. Unknown is false.
+func closeWrites(path string) bool {
+	fd, err := inode.OpenPath(path)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var st unix.Statfs_t
+	return unix.Fstatfs(fd, &st) == nil && uint32(st.Type) == unix.FUSE_SUPER_MAGIC
 }
 
 // Snapshot is wb.Snapshot with the dirty thresholds filled in, as in the
@@ -352,11 +373,13 @@ func (r *Registry) known(dev uint64) *Writeback {
 	return r.byDev[dev]
 }
 
-// Unchecked reports whether the device dev makes no background checks of
-// freshly written files (no range writeback, no background threshold: see
-// checksWantedLocked), so that a watcher may stop reporting the writes of
-// a file it has reported dirty until its writeback attempt (the fanotify
-// watcher's quieted files). An unknown device answers false.
+// Unchecked reports whether the device dev acts on freshly written files
+// only by counting their pages (no range writeback, no background
+// threshold: see checksWantedLocked), so that a watcher may stop reporting
+// the writes of a file it has reported dirty until its writeback attempt
+// (the fanotify watcher's quieted files). A quieted file's count is then
+// as old as its last report until that attempt. An unknown device
+// answers false.
 func (r *Registry) Unchecked(dev uint64) bool {
 	wb := r.known(dev)
 	if wb == nil {

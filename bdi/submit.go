@@ -61,6 +61,7 @@ func (wb *Writeback) submit(batch []*request) {
 	wb.runTimedIdle(rest, true, wb.completeDeferred)
 	for wb.completeDeferred() {
 	}
+	wb.checkFSErrors(batch)
 	// This batch's attempts are completed now at the plug's end, else
 	// during the next batch (deferComplete).
 	later := wb.plug.Depth() > 0
@@ -224,6 +225,7 @@ func (wb *Writeback) syncfsIntegrity(integ []*request) {
 		// rs[0]'s file stays open until syncfs returns.
 		att := rs[0].Owner
 		att.hold()
+		began := wb.now()
 		_, err, inTime := blk.Timed(wb.cfg.AttemptTimeout, func() (struct{}, error) { return struct{}{}, sf.Syncfs() },
 			func(struct{}, error) { att.release() })
 		if inTime {
@@ -235,8 +237,62 @@ func (wb *Writeback) syncfsIntegrity(integ []*request) {
 			wb.errLog.Warn("syncfs of an integrity batch failed; falling back to fdatasync per file", zap.Int("files", len(rs)), zap.Error(err))
 			continue
 		}
+		wb.mu.Lock()
+		wb.side.syncfsDone(rs[0].Dev, began)
+		wb.mu.Unlock()
 		for _, r := range rs {
 			r.Owner.call.synced = true
+		}
+	}
+}
+
+// checkFSErrors reads the writeback error cursor of each filesystem
+// (ErrWatch.LastError: one syncfs) once for the requests of a batch that
+// found a file's data gone from the page cache without flusherd writing it
+// (fsCheck), and gives each the answer. It runs once every call of the
+// batch has returned, so the check began after each of those files'
+// cachestat and covers its data. A check that exceeds attempt_timeout
+// fails its requests with ErrAttemptTimeout: unknown is not clean, and
+// their next attempt looks again.
+func (wb *Writeback) checkFSErrors(batch []*request) {
+	if wb.errs == nil {
+		return
+	}
+	var byDev map[uint64][]*request
+	for _, r := range batch {
+		if r.State() == blk.Done && r.Err == nil && r.Owner.call.res.fsCheck {
+			if byDev == nil {
+				byDev = map[uint64][]*request{}
+			}
+			byDev[r.Dev] = append(byDev[r.Dev], r)
+		}
+	}
+	type answer struct {
+		at      time.Duration
+		errno   unix.Errno
+		watched bool
+	}
+	for dev, rs := range byDev {
+		began := wb.now()
+		id := wb.calls.track(began)
+		a, _, inTime := blk.Timed(wb.cfg.AttemptTimeout, func() (answer, error) {
+			at, errno, watched := wb.errs.LastError(dev, began)
+			return answer{at, errno, watched}, nil
+		}, func(answer, error) { wb.calls.returned(id, 0) })
+		if !inTime {
+			for _, r := range rs {
+				r.Err = ErrAttemptTimeout
+			}
+			continue
+		}
+		wb.calls.returned(id, 0)
+		if a.watched && a.at != began {
+			wb.mu.Lock()
+			wb.side.syncfsDone(dev, began)
+			wb.mu.Unlock()
+		}
+		for _, r := range rs {
+			r.Owner.call.res.fsErrAt, r.Owner.call.res.fsErrno = a.at, a.errno
 		}
 	}
 }

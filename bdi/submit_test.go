@@ -188,16 +188,20 @@ func TestReloadWhileCallDetached(t *testing.T) {
 	cfg.MaxInflight = 1 << 30
 	withWB(t, cfg, func(h *harness) {
 		f := h.fs.add("/big", 1, 10*pg, 10)
+		h.mark(f, 0)
+		h.afterSample(f.path)
 		release := make(chan struct{})
 		first := true
-		f.onOpen = func() {
-			if first {
-				first = false
-				<-release
+		f.set(func(f *fakeFile) {
+			f.onOpen = func() {
+				// The attempt's open stalls.
+				if first {
+					first = false
+					<-release
+				}
 			}
-		}
-		h.mark(f, 0)
-		time.Sleep(time.Second) // the open is detached
+		})
+		time.Sleep(890 * time.Millisecond) // the open is detached
 		synctest.Wait()
 		big := cfg
 		big.WriteChunk = 64 * pg
@@ -268,16 +272,20 @@ func TestUnsupportedOutsideTheProbe(t *testing.T) {
 	withWB(t, cfg, func(h *harness) {
 		slow := h.fs.add("/slow", 1, pg, 1)
 		slow.sfrErr = syscall.EINVAL
+		h.mark(slow, 0)
+		h.afterSample(slow.path)
 		release := make(chan struct{})
 		first := true
-		slow.onOpen = func() {
-			if first {
-				first = false
-				<-release
+		slow.set(func(f *fakeFile) {
+			f.onOpen = func() {
+				// The probe's open stalls.
+				if first {
+					first = false
+					<-release
+				}
 			}
-		}
-		h.mark(slow, 0)
-		time.Sleep(700 * time.Millisecond) // the probe is detached
+		})
+		time.Sleep(590 * time.Millisecond) // the probe is detached
 		synctest.Wait()
 		for i := range 5 {
 			f := h.fs.add(fmt.Sprintf("/s%d", i), uint64(i+2), pg, 1)

@@ -92,7 +92,7 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 		calls: offLoop{now: now},
 		live:  liveness{wake: make(chan struct{}, 1), stopped: make(chan struct{})},
 		side:  sideState{wbIndex: make(map[inode.Key]int64)},
-		bg:    sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{})},
+		bg:    sampling{rangeOff: make(map[inode.Key]int64), underWB: make(map[*inode.Inode]struct{}), closeWrites: map[uint64]bool{}},
 		loop: loopState{backoff: policy.Backoff{Min: cfg.MinPause, Max: cfg.MaxPause},
 			probed: make(map[uint64]bool), fallback: make(map[uint64]bool)},
 	}
@@ -210,7 +210,7 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if wb.bg.sampled != nil {
 		return 0, true
 	}
-	if (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0 && wb.followWBLocked()) && !wb.bg.sampling {
+	if (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0) && !wb.bg.sampling {
 		// Freshly written files, or writeback to follow: the next
 		// background check.
 		tick = min(tick, max(wb.loop.lastCheck+backgroundCheckInterval-now, time.Millisecond))
@@ -477,9 +477,10 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 			wb.mu.Unlock()
 			continue
 		}
-		if wb.acct.stuck+wb.calls.running() >= maxStuckCalls {
+		if wb.acct.stuck+wb.calls.running()+wb.plug.Pending() >= maxStuckCalls {
 			// The device's filesystem holds this many calls already
-			// (stalled): no new one until some return. (Not a
+			// (stalled), the plug's queued ones counted as such: no
+			// new one until some return. (Not a
 			// max_inflight deferral: the wait follows the backoff,
 			// and a returning call retries b_more_io_wait at once.)
 			wb.acct.throttled++
@@ -490,6 +491,7 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		wb.inflight.MoveToBack(in)
 		in.State |= inode.Sync
 		in.State &^= inode.Redirtied
+		wb.bg.attemptBegins(in)
 		integrity := w.SyncMode == SyncAll || in.Has(inode.Integrity)
 		path, key := in.Path(), in.Key
 		wb.mu.Unlock()
@@ -519,23 +521,21 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 //
 // How the dirty bytes are learned: from cachestat, which is exact for a
 // file at the time it is read, at every attempt and at these samples. A
-// sample opens only files written since the last check that are streaming
-// (written at three consecutive checks: range writeback needs their
-// size), files whose writeback was in flight at their last look, and,
-// with a background threshold, every freshly written file, but only while
-// /proc/vmstat nr_dirty, the whole machine's dirty pages, is at or over the
-// threshold: the tracked files cannot be over it before the machine is,
-// so a device under it costs one read of /proc/vmstat per check and no
-// open at all.
+// sample opens every file written since the last check (at most maxSample
+// of them, the rest at the next), and those whose writeback was in flight
+// at their last look, so that BdiReclaimable, BdiWriteback and the dirty
+// bytes follow the page cache from a file's first write, as the kernel's
+// per-bdi counts do, not from its first attempt. Streaming files (written
+// at three consecutive checks) get range writeback from the same look.
 func (wb *Writeback) wbCheckBackgroundFlush() {
 	now := wb.now()
 	wb.mu.Lock()
 	var unsupported []sampleResult
 	if res := wb.bg.sampled; res != nil {
 		wb.bg.sampled = nil
-		unsupported = wb.applySampleLocked(res)
+		unsupported = wb.applySampleLocked(res, now)
 	}
-	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0 && wb.followWBLocked()) &&
+	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0) &&
 		now-wb.loop.lastCheck >= backgroundCheckInterval
 	wb.mu.Unlock()
 	for _, r := range unsupported {
@@ -547,8 +547,14 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		// of more than one interval without writes, nothing is.
 		consecutive := now-wb.loop.lastCheck <= 2*backgroundCheckInterval
 		wb.loop.lastCheck = now
-		if wb.files.Observer != nil {
-			// The next check must see every file written until then.
+		wb.mu.Lock()
+		wanted := wb.checksWantedLocked()
+		wb.mu.Unlock()
+		if wanted && wb.files.Observer != nil {
+			// The next check must see every file written until then
+			// (to tell a streaming writer). Without range writeback
+			// or a background threshold the check only counts pages,
+			// and the watcher's quieted files stay quiet.
 			wb.files.Observer.Checking()
 		}
 		wb.startSample(now, consecutive)

@@ -867,6 +867,68 @@ func TestErrWatchOnlyWhenDataLeftUnwritten(t *testing.T) {
 	})
 }
 
+// TestErrWatchOncePerBatch: in an integrity tree whose batch syncfs
+// (plug.integrity_syncfs) writes back the whole filesystem, the files of
+// later batches are found clean at their first attempt: their
+// filesystem's error cursor is read once per batch, not once per file;
+// the pages the syncfs wrote count in BdiWritten, each once; and an error
+// on the cursor since they were dirtied still reaches every one of them.
+func TestErrWatchOncePerBatch(t *testing.T) {
+	for _, fsErr := range []bool{false, true} {
+		t.Run(fmt.Sprintf("error %v", fsErr), func(t *testing.T) {
+			dir := t.TempDir()
+			errs := NewErrWatch()
+			defer errs.Close()
+			dev, err := errs.Add(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = time.Second
+			cfg.IntegritySyncfs, cfg.MaxPending = 4, 8 // batches of 8, 8 and 4
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				time.Sleep(time.Second) // dirtiedWhen away from 0
+				integrity := tree.Tree{Expire: time.Second, Mode: tree.ModeIntegrity}
+				for i := range 20 {
+					f := h.fs.add(fmt.Sprintf("/f%02d", i), uint64(i+1), 4*pg, 4)
+					f.key.Dev = dev
+					h.wb.MarkInodeDirty(f.key, f.path, "", integrity)
+				}
+				if fsErr {
+					// A writeback error on the filesystem since the
+					// files were dirtied, taken by another fsync.
+					errs.mu.Lock()
+					errs.fses[dev].lastErr, errs.fses[dev].lastErrno = h.now(), syscall.ENOSPC
+					errs.mu.Unlock()
+				}
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				if n := errs.Checks(); n != 2 {
+					t.Errorf("%d checks of the filesystem's error cursor for 2 batches found clean, want 2", n)
+				}
+				if n := len(h.fs.callsOf("syncfs", "")); n != 3 {
+					t.Errorf("%d batch syncfs calls for 3 batches, want 3", n)
+				}
+				s := h.wb.Snapshot()
+				if failed := h.wb.Failed(); fsErr && len(failed) != 12 {
+					t.Errorf("%d files reported failed, want the 12 of the batches found clean", len(failed))
+				} else if !fsErr && (len(failed) != 0 || s.BdiWritten != 80) {
+					t.Errorf("failed %d, BdiWritten %d pages; want 0 and 80 (20 files of 4 pages, each once)", len(failed), s.BdiWritten)
+				}
+				for _, fl := range h.wb.Failed() {
+					if !errors.Is(fl.Err, syscall.ENOSPC) {
+						t.Errorf("%s failed with %v, want the filesystem's ENOSPC", fl.Path, fl.Err)
+					}
+				}
+				if h.wb.Tracked() != 0 {
+					t.Errorf("%d files still tracked", h.wb.Tracked())
+				}
+			}, func(h *harness) { h.wb.errs = errs })
+		})
+	}
+}
+
 // TestDetachedCall: a writeback call still running after detachAfter (a
 // slow device's full queue) is left to its worker: the device's goroutine
 // completes the attempt and goes on, so another file is written back at
@@ -904,6 +966,8 @@ func TestDetachedCall(t *testing.T) {
 				var releaseOnce sync.Once
 				unblock := func() { releaseOnce.Do(func() { close(release) }) }
 				defer unblock()
+				h.mark(slow, 0)
+				h.afterSample(slow.path) // the background check's count, before the slow call
 				var calls atomic.Int32
 				const slowCall = 1
 				slow.set(func(f *fakeFile) {
@@ -923,8 +987,7 @@ func TestDetachedCall(t *testing.T) {
 						f.onWrite = hook
 					}
 				})
-				h.mark(slow, 0)
-				time.Sleep(600 * time.Millisecond) // the first pass: the slow call starts
+				time.Sleep(490 * time.Millisecond) // the first pass: the slow call starts
 				synctest.Wait()
 				h.mark(ok, 0)
 				time.Sleep(600 * time.Millisecond) // the next pass

@@ -54,6 +54,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		wb.inflight.MoveToBack(in)
 		in.State |= inode.Sync
 		in.State &^= inode.Redirtied
+		wb.bg.attemptBegins(in)
 		path := in.Path()
 		wb.mu.Unlock()
 		wb.writebackSingleInode(in, path, f.Key, true, &w.Errs[i])

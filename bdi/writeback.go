@@ -141,10 +141,31 @@ type sampling struct {
 	underWB  map[*inode.Inode]struct{}
 	sampled  []sampleResult // a finished sample, for the goroutine
 	sampling bool           // a sample call runs
+	// taken holds the inodes an attempt took while a sample was running
+	// or not yet applied (attemptBegins): that sample's counts of them
+	// are older than the attempt's.
+	taken map[*inode.Inode]struct{}
 	// thresh is the device's background threshold in pages as of the
 	// last check (0: off); globalDirty is /proc/vmstat nr_dirty in pages
 	// then (only read with a threshold).
 	thresh, globalDirty uint64
+	// closeWrites holds the filesystems (st_dev) where a close writes a
+	// file back (FUSE: Registry's closeWrites): a check counts a file
+	// there only when it would open it anyway, streaming or over the
+	// background threshold.
+	closeWrites map[uint64]bool
+}
+
+// attemptBegins records that an attempt takes in (sets inode.Sync), so
+// that a sample read before it does not replace the attempt's counts.
+func (s *sampling) attemptBegins(in *inode.Inode) {
+	if !s.sampling && s.sampled == nil {
+		return
+	}
+	if s.taken == nil {
+		s.taken = map[*inode.Inode]struct{}{}
+	}
+	s.taken[in] = struct{}{}
 }
 
 // sideState is per-inode state that only some inodes have, by key, kept
@@ -153,11 +174,24 @@ type sampling struct {
 // I/O error (setNextRetryLocked); wbIndex is a chunked file's writeback
 // index, the byte offset its next attempt starts at
 // (mapping->writeback_index); lateErr is the error of a detached call, for
-// the inode's next attempt. The list lock guards it.
+// the inode's next attempt. Beside them, syncfsBegan holds per
+// filesystem (st_dev) when flusherd's last successful syncfs of it began
+// (an integrity batch's, or an error check's; daemon clock). The list
+// lock guards it.
 type sideState struct {
-	retryAt map[inode.Key]time.Duration
-	wbIndex map[inode.Key]int64
-	lateErr map[inode.Key]error
+	retryAt     map[inode.Key]time.Duration
+	wbIndex     map[inode.Key]int64
+	lateErr     map[inode.Key]error
+	syncfsBegan map[uint64]time.Duration
+}
+
+// syncfsDone records that a syncfs of filesystem dev, begun at began,
+// succeeded.
+func (s *sideState) syncfsDone(dev uint64, began time.Duration) {
+	if s.syncfsBegan == nil {
+		s.syncfsBegan = map[uint64]time.Duration{}
+	}
+	s.syncfsBegan[dev] = max(s.syncfsBegan[dev], began)
 }
 
 // nextRetry is the earliest time (daemon clock) of k's next attempt, 0
@@ -389,9 +423,12 @@ type callResult struct {
 	// queued is the dirty pages the call started writing back: the
 	// whole file's, or those in its windows.
 	queued uint64
-	// fsErrAt is when a writeback error was last seen on the inode's
-	// filesystem (ErrWatch; daemon clock), read when its data had left
-	// the page cache without flusherd writing it; 0: none, or not read.
+	// fsCheck: its data had left the page cache without flusherd writing
+	// it (an integrity file found clean at its first attempt): submit
+	// reads its filesystem's error cursor once the batch has returned
+	// (checkFSErrors). fsErrAt is when that cursor last showed a
+	// writeback error (ErrWatch; daemon clock), 0: none, or not read.
+	fsCheck bool
 	fsErrAt time.Duration
 	fsErrno unix.Errno // the error that check saw
 	// unread: the call failed before it reached the file's data, in its
