@@ -2,7 +2,6 @@ package client
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -23,12 +22,7 @@ func Dirty(statsDir string, under []string, top int, asJSON bool, stdout, stderr
 	}
 	resp, err := control.Call(control.SocketPath(statsDir), req, 30*time.Second)
 	if err != nil {
-		fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
-		if errors.Is(err, control.ErrUnreachable) {
-			fmt.Fprint(stderr, unreachableHint("dirty", statsDir))
-			return cli.ExitUnreachable
-		}
-		return cli.ExitFailed
+		return callFailed("dirty", statsDir, err, stderr)
 	}
 	if !resp.OK {
 		fmt.Fprintf(stderr, "flusherd dirty: %s\n", resp.Error)

@@ -28,12 +28,7 @@ func Status(ctx context.Context, statsDir string, asJSON bool, interval time.Dur
 			err = errors.New("the daemon gave no status (an older flusherd?)")
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "flusherd status: %v\n", err)
-			if errors.Is(err, control.ErrUnreachable) {
-				fmt.Fprint(stderr, unreachableHint("status", statsDir))
-				return cli.ExitUnreachable
-			}
-			return cli.ExitFailed
+			return callFailed("status", statsDir, err, stderr)
 		}
 		switch {
 		case asJSON && interval > 0:

@@ -15,6 +15,18 @@ import (
 // unreachableHint is the line printed after a control.ErrUnreachable: the
 // two usual causes, a daemon that is not running and one that runs with
 // another stats.dir.
+// callFailed reports a failed call of command cmd to the daemon of
+// statsDir, with a hint when it is not reachable, and returns the exit
+// code: ExitUnreachable, or ExitFailed.
+func callFailed(cmd, statsDir string, err error, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "flusherd %s: %v\n", cmd, err)
+	if errors.Is(err, control.ErrUnreachable) {
+		fmt.Fprint(stderr, unreachableHint(cmd, statsDir))
+		return cli.ExitUnreachable
+	}
+	return cli.ExitFailed
+}
+
 func unreachableHint(cmd, statsDir string) string {
 	return fmt.Sprintf("flusherd %s: is the daemon running (systemctl status flusherd)? Its socket is in its stats.dir; "+
 		"this command looked in %s: pass the daemon's with --stats-dir or --config\n", cmd, strconv.Quote(statsDir))
@@ -35,12 +47,7 @@ func Sync(statsDir string, paths []string, timeout time.Duration, stdout, stderr
 		return cli.ExitFailed
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
-		if errors.Is(err, control.ErrUnreachable) {
-			fmt.Fprint(stderr, unreachableHint("sync", statsDir))
-			return cli.ExitUnreachable
-		}
-		return cli.ExitFailed
+		return callFailed("sync", statsDir, err, stderr)
 	}
 	failed, gone := 0, 0
 	for _, f := range resp.Files {
