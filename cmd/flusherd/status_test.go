@@ -60,7 +60,9 @@ expire = "30s"
 	writeDirty(t, a, 4<<20)
 	wrote := time.Now()
 	writeDirty(t, b, 2<<20)
-	within := func(got, want uint64) bool { return float64(got) >= 0.9*float64(want) && float64(got) <= 1.1*float64(want) }
+	within := func(got, want uint64) bool {
+		return float64(got) >= 0.9*float64(want) && float64(got) <= 1.1*float64(want)
+	}
 	var st map[string]control.TreeStatus
 	ok := testwait.Poll(1500*time.Millisecond, func() bool {
 		st = status()
