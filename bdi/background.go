@@ -78,21 +78,18 @@ func (wb *Writeback) wbOverBgThreshLocked() bool {
 	return wb.bg.thresh > 0 && wb.acct.dirtySum > wb.bg.thresh && wb.bg.globalDirty > wb.bg.thresh
 }
 
-// startSample picks the files to look at (see wbCheckBackgroundFlush) and
-// runs the sample on a goroutine of its own, as a call off the device's
-// goroutine (counted in stuck_calls past attempt_timeout: an open on a
-// stalled filesystem). Its results are taken in by the next check.
-func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
-	wb.mu.Lock()
-	cfg := wb.cfg
-	wb.mu.Unlock()
-	var kernelBg, global uint64
+// readThresholds reads the device's background threshold (bgThreshold,
+// with the kernel's when dirty_background_ratio is set) and, when there is
+// one, the machine's dirty pages (/proc/vmstat nr_dirty; unknown reads as
+// over). Pages. Called on the device's goroutine, without the list lock.
+func (wb *Writeback) readThresholds(cfg Config) (thresh, global uint64) {
+	var kernelBg uint64
 	if cfg.DirtyBackgroundRatio > 0 && wb.loop.thresholds != nil {
 		if _, b, err := wb.loop.thresholds(); err == nil {
 			kernelBg = b
 		}
 	}
-	thresh := wb.bgThreshold(cfg, kernelBg)
+	thresh = wb.bgThreshold(cfg, kernelBg)
 	if thresh > 0 {
 		global = math.MaxUint64 // unknown means over: look
 		if wb.loop.vmDirty != nil {
@@ -101,6 +98,18 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 			}
 		}
 	}
+	return thresh, global
+}
+
+// startSample picks the files to look at (see wbCheckBackgroundFlush) and
+// runs the sample on a goroutine of its own, as a call off the device's
+// goroutine (counted in stuck_calls past attempt_timeout: an open on a
+// stalled filesystem). Its results are taken in by the next check.
+func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
+	wb.mu.Lock()
+	cfg := wb.cfg
+	wb.mu.Unlock()
+	thresh, global := wb.readThresholds(cfg)
 	wb.mu.Lock()
 	wb.bg.thresh, wb.bg.globalDirty = thresh, global
 	all := thresh > 0 && global >= thresh
