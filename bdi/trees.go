@@ -1,7 +1,6 @@
 package bdi
 
 import (
-	"slices"
 	"strings"
 	"time"
 
@@ -115,6 +114,7 @@ type treeCounters struct {
 type treeAcct struct {
 	roots []string
 	by    []*treeCounters // parallel to roots
+	index map[string]int  // roots' indexes by root
 	dirs  map[string]int  // treeOf's answers by directory
 }
 
@@ -123,9 +123,13 @@ const maxTreeDirs = 1 << 14
 
 // see records root, a tree its files are reported from.
 func (a *treeAcct) see(root string) {
-	if root == "" || slices.Contains(a.roots, root) {
+	if _, ok := a.index[root]; ok || root == "" {
 		return
 	}
+	if a.index == nil {
+		a.index = map[string]int{}
+	}
+	a.index[root] = len(a.roots)
 	a.roots = append(a.roots, root)
 	a.by = append(a.by, &treeCounters{})
 	clear(a.dirs) // a new root may be deeper
@@ -212,7 +216,7 @@ func (wb *Writeback) TreeTotals(roots []string) []TreeTotals {
 	defer wb.mu.Unlock()
 	for i, r := range roots {
 		out[i].TreeFigures = figs[i]
-		if j := slices.Index(wb.trees.roots, r); j >= 0 {
+		if j, ok := wb.trees.index[r]; ok {
 			c := wb.trees.by[j]
 			out[i].Written, out[i].Errors, out[i].exposure = c.written, c.errors, c.exposure
 		}
