@@ -112,6 +112,10 @@ type stormOpts struct {
 	png         string
 	verbose     bool
 	fsMiB       int // 0: sized from the burst
+	probes      []string
+	pgScale     int
+	pgRate      int           // pgbench -R; 0: as fast as it can
+	quiet       time.Duration // with no burst: how long the probe runs
 }
 
 func stormBench(args []string) int {
@@ -135,6 +139,9 @@ func stormBench(args []string) int {
 	sizeMB := o.fsMiB
 	if sizeMB <= 0 {
 		sizeMB = int(o.burst*5/2>>20) + 512
+		if slices.Contains(o.probes, probePgbench) {
+			sizeMB += 512 // the cluster: about 160 MiB at scale 10, its WAL
+		}
 	}
 	if err := stormRoom(base, o.burst, sizeMB); err != nil {
 		return stormFail(1, "%v", err)
@@ -146,25 +153,34 @@ func stormBench(args []string) int {
 	}
 
 	r := &stormRun{o: o, ctx: ctx, knobs: knobs, base: base, sizeMB: sizeMB, vm: readVM()}
-	results, errs := r.runAll()
+	code = 0
+	pngDone := o.png == ""
+	for _, p := range o.probes {
+		if ctx.Err() != nil {
+			break
+		}
+		r.probe = p
+		results, errs := r.runAll()
+		r.printReport(os.Stdout, results)
+		if !pngDone && ctx.Err() == nil {
+			// One probe's commits: the first probe's.
+			pngDone = true
+			if !r.writePlots(results) {
+				code = 1
+			}
+		}
+		for _, m := range o.methods {
+			if errs[m] != nil {
+				fmt.Fprintf(os.Stderr, "flusherd-bench storm: %s, probe %s: %v\n", r.methodName(m), p, errs[m])
+				code = 1
+			}
+		}
+	}
 	restoreAllOK := knobs.restoreAll()
-
-	r.printReport(os.Stdout, results)
 	if ctx.Err() != nil {
 		fmt.Println("interrupted: the table is partial")
 	}
-	pngFailed := false
-	if o.png != "" && ctx.Err() == nil {
-		pngFailed = !r.writePlots(results)
-	}
-	code = 0
-	for _, m := range o.methods {
-		if errs[m] != nil {
-			fmt.Fprintf(os.Stderr, "flusherd-bench storm: %s: %v\n", r.methodName(m), errs[m])
-			code = 1
-		}
-	}
-	if pngFailed || !restoreAllOK || ctx.Err() != nil {
+	if !restoreAllOK || ctx.Err() != nil {
 		code = 1
 	}
 	return code
@@ -193,17 +209,28 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	png := fl.String("png", "storm.png", "write the plots to this PNG file (empty: none)")
 	verbose := fl.Bool("verbose", false, "also print one row per run")
 	fsMiB := fl.Int("fs-mib", 0, "filesystem size, MiB (0: 2.5 × the burst + 512 MiB; ext4 writes everything back itself once dirty data passes half its free space)")
+	probes := fl.String("probe", probeFdatasync, "probes, comma-separated, each with every method: fdatasync (4 KiB pwrite + fdatasync), sqlite-wal, sqlite-rollback (sqlite: both; Python's sqlite3, synchronous=FULL, a row per commit), pgbench (PostgreSQL on the throttled filesystem, pgbench -c 2 -j 2 -R --pg-rate)")
+	pgScale := fl.Int("pg-scale", 10, "pgbench probe: the scale of pgbench -i")
+	pgRate := fl.Int("pg-rate", 100, "pgbench probe: transactions per second (pgbench -R); 0: as fast as it can")
+	quiet := fl.Duration("quiet", 30*time.Second, "with --burst 0 (the probe alone): how long the probe runs")
 	if code, ok := parseFlags(fl, args); !ok {
 		return stormOpts{}, code, false
 	}
 	o := stormOpts{runs: *runs, maxWait: *maxWait, interval: *interval, wbtLat: *wbtLat,
-		fConfig: strings.ReplaceAll(*fConfig, `\n`, "\n"), bin: *bin, png: *png, verbose: *verbose, fsMiB: *fsMiB}
+		fConfig: strings.ReplaceAll(*fConfig, `\n`, "\n"), bin: *bin, png: *png, verbose: *verbose, fsMiB: *fsMiB,
+		pgScale: *pgScale, pgRate: *pgRate, quiet: *quiet}
 	var err error
-	if o.burst, err = parseBytes(*burst); err != nil || o.burst < writeChunk {
-		return o, stormFail(2, "--burst %q: want at least 1MiB (%v)", *burst, err), false
+	if o.burst, err = parseBytes(*burst); err != nil || (o.burst != 0 && o.burst < writeChunk) {
+		return o, stormFail(2, "--burst %q: want 0 (the probe alone) or at least 1MiB (%v)", *burst, err), false
 	}
-	if o.rate, err = parseBytes(*rate); err != nil || o.rate < 1<<20 {
-		return o, stormFail(2, "--rate %q: want at least 1MiB per second (%v)", *rate, err), false
+	if o.rate, err = parseBytes(*rate); err != nil || (o.rate != 0 && o.rate < 1<<20) {
+		return o, stormFail(2, "--rate %q: want 0 (not throttled) or at least 1MiB per second (%v)", *rate, err), false
+	}
+	if o.probes, err = parseProbes(*probes); err != nil {
+		return o, stormFail(2, "%v", err), false
+	}
+	if o.pgScale < 1 || o.pgRate < 0 || o.quiet <= 0 {
+		return o, stormFail(2, "need --pg-scale ≥ 1, --pg-rate ≥ 0 and --quiet > 0"), false
 	}
 	if err := letters("methods", *methods, "ktwf"); err != nil {
 		return o, stormFail(2, "%v", err), false
@@ -215,7 +242,7 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	if os.Geteuid() != 0 {
 		return o, stormFail(1, "needs root (loop devices, mounts, %s, sysctls, /sys/block)", blkioWriteBPS), false
 	}
-	if _, err := os.Stat(blkioWriteBPS); err != nil {
+	if _, err := os.Stat(blkioWriteBPS); err != nil && o.rate != 0 {
 		return o, stormFail(1, "%s: %v: the bench slows the loop device with cgroup v1 blkio throttling (CONFIG_BLK_DEV_THROTTLING, the blkio hierarchy mounted at /sys/fs/cgroup/blkio)", blkioWriteBPS, err), false
 	}
 	if o.self, err = os.Executable(); err != nil {
@@ -256,7 +283,7 @@ func (r *stormRun) runAll() (map[byte][]*stormResult, map[byte]error) {
 			if errs[m] != nil || r.ctx.Err() != nil {
 				continue
 			}
-			fmt.Fprintf(os.Stderr, "storm: run %d/%d, %s\n", run, o.runs, r.methodName(m))
+			fmt.Fprintf(os.Stderr, "storm: run %d/%d, %s, probe %s\n", run, o.runs, r.methodName(m), r.probe)
 			res, err := r.once(m, run)
 			if err != nil {
 				errs[m] = fmt.Errorf("run %d: %w", run, err)

@@ -13,7 +13,7 @@ import (
 )
 
 // plot draws, one above the other, the burst file's dirty (solid) and
-// dirty+writeback (dashed) MiB, and the probe's fdatasync latency (log
+// dirty+writeback (dashed) MiB, and the probe's commit latency (log
 // scale), against the seconds since the burst began, one colour per
 // method.
 func (r *stormRun) plot(path string, runs []*stormResult) error {
@@ -23,7 +23,7 @@ func (r *stormRun) plot(path string, runs []*stormResult) error {
 	pd.Y.Label.Text = "MiB"
 	pd.Legend.Top = true
 	pl := plot.New()
-	pl.Title.Text = fmt.Sprintf("probe fdatasync latency (4 KiB pwrite + fdatasync, %v after each; each call drawn over its duration)", r.o.interval)
+	pl.Title.Text = fmt.Sprintf("probe %s: commit latency (%s; each drawn over its duration)", r.probe, r.probeWhat())
 	pl.X.Label.Text = "seconds since the burst began"
 	pl.Y.Label.Text = "ms (log scale)"
 	pl.Y.Scale = plot.LogScale{}

@@ -20,6 +20,7 @@ type stormStats struct {
 	p50, p99, max       time.Duration // probe fdatasync
 	pwriteMax           time.Duration
 	stalled             time.Duration // time in probe calls (pwrite+fdatasync) over stallOver
+	perSec              float64       // probe calls (commits) per second
 	wP99, wMax          time.Duration // writer's write(2)
 	toClean             time.Duration // notClean if not clean
 	peakDirty, peakBoth uint64
@@ -59,10 +60,15 @@ func peaks(ss []stormSample) (dirty, both uint64) {
 func (res *stormResult) stats() stormStats {
 	var syncs, calls []time.Duration
 	var pw time.Duration
-	for _, p := range res.probes {
+	var first, last int64
+	for i, p := range res.probes {
 		syncs = append(syncs, p.sync)
 		calls = append(calls, p.pwrite+p.sync)
 		pw = max(pw, p.pwrite)
+		if i == 0 || p.at < first {
+			first = p.at
+		}
+		last = max(last, p.at+int64(p.pwrite+p.sync))
 	}
 	st := stormStats{
 		probes:    len(res.probes),
@@ -71,6 +77,7 @@ func (res *stormResult) stats() stormStats {
 		max:       percentile(syncs, 100),
 		pwriteMax: pw,
 		stalled:   stalledTime(calls, stallOver),
+		perSec:    perSecond(len(res.probes), first, last),
 		wP99:      percentile(res.writes, 99),
 		wMax:      percentile(res.writes, 100),
 		toClean:   notClean,
@@ -82,9 +89,17 @@ func (res *stormResult) stats() stormStats {
 	return st
 }
 
+// perSecond is n calls over the span from first to last (ns).
+func perSecond(n int, first, last int64) float64 {
+	if n == 0 || last <= first {
+		return 0
+	}
+	return float64(n) / (float64(last-first) / 1e9)
+}
+
 // medianOf returns the median of xs (the upper one of an even count, as
 // median does).
-func medianOf[T int | uint64 | time.Duration](xs []T) T {
+func medianOf[T int | uint64 | float64 | time.Duration](xs []T) T {
 	if len(xs) == 0 {
 		return 0
 	}
@@ -110,8 +125,9 @@ func medianStats(ss []stormStats) stormStats {
 		return medianOf(v)
 	}
 	var n []int
+	var ps []float64
 	for _, s := range ss {
-		n = append(n, s.probes)
+		n, ps = append(n, s.probes), append(ps, s.perSec)
 	}
 	return stormStats{
 		probes:    medianOf(n),
@@ -120,6 +136,7 @@ func medianStats(ss []stormStats) stormStats {
 		max:       pick(func(s stormStats) time.Duration { return s.max }),
 		pwriteMax: pick(func(s stormStats) time.Duration { return s.pwriteMax }),
 		stalled:   pick(func(s stormStats) time.Duration { return s.stalled }),
+		perSec:    medianOf(ps),
 		wP99:      pick(func(s stormStats) time.Duration { return s.wP99 }),
 		wMax:      pick(func(s stormStats) time.Duration { return s.wMax }),
 		toClean:   pick(func(s stormStats) time.Duration { return s.toClean }),
@@ -148,13 +165,20 @@ func cleanCell(d, maxWait time.Duration) string {
 
 func mibOf(b uint64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
 
-var stormHeader = []string{"method", "runs", "probe fdatasync p50 (ms)", "p99 (ms)", "max (ms)",
-	"probe stalled, in calls > 100 ms (s)", "write() p99 (ms)", "write() max (ms)",
-	"burst start -> clean (s)", "peak dirty (MiB)", "peak dirty+writeback (MiB)"}
+// stormHeader is the table's header for probe kind.
+func stormHeader(kind string) []string {
+	what := "commit"
+	if kind == probeFdatasync {
+		what = "probe fdatasync"
+	}
+	return []string{"method", "runs", what + " p50 (ms)", "p99 (ms)", "max (ms)",
+		"time in " + what + "s > 100 ms (s)", what + "s/s", "write() p99 (ms)", "write() max (ms)",
+		"burst start -> clean (s)", "peak dirty (MiB)", "peak dirty+writeback (MiB)"}
+}
 
 func (r *stormRun) statsRow(name, runs string, st stormStats) []string {
 	return []string{name, runs, fmtMs(st.p50), fmtMs(st.p99), fmtMs(st.max),
-		fmt.Sprintf("%.2f", st.stalled.Seconds()), fmtMs(st.wP99), fmtMs(st.wMax),
+		fmt.Sprintf("%.2f", st.stalled.Seconds()), fmt.Sprintf("%.1f", st.perSec), fmtMs(st.wP99), fmtMs(st.wMax),
 		cleanCell(st.toClean, r.o.maxWait), mibOf(st.peakDirty), mibOf(st.peakBoth)}
 }
 
@@ -163,7 +187,7 @@ func (r *stormRun) statsRow(name, runs string, st stormStats) []string {
 // where the probe waited.
 func (r *stormRun) printReport(w io.Writer, results map[byte][]*stormResult) {
 	r.printSettings(w)
-	fmt.Fprintf(w, "\nmedian of %d interleaved run(s) per method:\n", r.o.runs)
+	fmt.Fprintf(w, "\nprobe %s: median of %d interleaved run(s) per method:\n", r.probe, r.o.runs)
 	var cells [][]string
 	for _, m := range r.o.methods {
 		rs := results[m]
@@ -180,7 +204,7 @@ func (r *stormRun) printReport(w io.Writer, results map[byte][]*stormResult) {
 		fmt.Fprintln(w, "no run finished")
 		return
 	}
-	markdownTable(w, stormHeader, cells)
+	markdownTable(w, stormHeader(r.probe), cells)
 	if r.o.verbose {
 		r.printRuns(w, results)
 	}
@@ -193,8 +217,14 @@ func (r *stormRun) printSettings(w io.Writer) {
 	var u unix.Utsname
 	unix.Uname(&u)
 	o := r.o
-	fmt.Fprintf(w, "\nstorm: a %s burst (1 MiB write() calls, no fsync) on a %d MiB ext4 on a direct-I/O loop device throttled to %s/s (blkio, root cgroup)\n",
-		sizeString(o.burst), r.sizeMB, sizeString(o.rate))
+	burst, rate := sizeString(o.burst)+" burst (1 MiB write() calls, no fsync)", "throttled to "+sizeString(o.rate)+"/s (blkio, root cgroup)"
+	if o.burst == 0 {
+		burst = fmt.Sprintf("probe alone for %v (no burst)", o.quiet)
+	}
+	if o.rate == 0 {
+		rate = "not throttled"
+	}
+	fmt.Fprintf(w, "\nstorm: a %s on a %d MiB ext4 on a direct-I/O loop device %s\n", burst, r.sizeMB, rate)
 	fmt.Fprintf(w, "machine: Linux %s, %d cores, %.1f GiB RAM; %s\n", unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(),
 		float64(meminfoKB().total)/(1<<20), runtime.Version())
 	fmt.Fprintf(w, "kernel settings (method k): vm.dirty_background_bytes=%s dirty_background_ratio=%s dirty_bytes=%s dirty_ratio=%s dirty_expire_centisecs=%s dirty_writeback_centisecs=%s\n",
@@ -202,11 +232,31 @@ func (r *stormRun) printSettings(w io.Writer) {
 	if r.queue != "" {
 		fmt.Fprintf(w, "loop device queue (as attached): %s\n", r.queue)
 	}
-	fmt.Fprintf(w, "probe: 4 KiB pwrite at offset 0 + fdatasync, closed loop with %v between calls, from %v before the burst until the burst file is clean; stalled = time in calls (pwrite+fdatasync) over %v\n",
-		o.interval, probeLead, stallOver)
+	fmt.Fprintf(w, "probe %s: %s, from %v before the burst until the burst file is clean; stalled = time in calls over %v\n",
+		r.probe, r.probeWhat(), probeLead, stallOver)
 	if slices.Contains(o.methods, 'f') {
 		fmt.Fprintf(w, "f: flusherd %s with its defaults and: %s\n", flusherdVersion(o.bin), strings.Join(strings.Fields(o.fConfig), " "))
 	}
+}
+
+// probeWhat says what the probe of the runs does.
+func (r *stormRun) probeWhat() string {
+	o := r.o
+	switch r.probe {
+	case probeSQLiteWAL, probeSQLiteRollback:
+		mode := "WAL"
+		if r.probe == probeSQLiteRollback {
+			mode = "DELETE (rollback journal)"
+		}
+		return fmt.Sprintf("Python's sqlite3, journal_mode=%s, synchronous=FULL, one row inserted and committed, %v after each commit", mode, o.interval)
+	case probePgbench:
+		rate := fmt.Sprintf("-R %d", o.pgRate)
+		if o.pgRate == 0 {
+			rate = "as fast as it can (no -R)"
+		}
+		return fmt.Sprintf("PostgreSQL on the filesystem, pgbench -c 2 -j 2 %s, scale %d, latency from its per-transaction log", rate, o.pgScale)
+	}
+	return fmt.Sprintf("4 KiB pwrite at offset 0 + fdatasync, closed loop with %v between calls (pwrite+fdatasync)", o.interval)
 }
 
 // printRuns writes one row per run (--verbose), and each run's probe calls
@@ -219,7 +269,7 @@ func (r *stormRun) printRuns(w io.Writer, results map[byte][]*stormResult) {
 			cells = append(cells, r.statsRow(r.methodName(m), fmt.Sprintf("run %d", res.run), res.stats()))
 		}
 	}
-	markdownTable(w, stormHeader, cells)
+	markdownTable(w, stormHeader(r.probe), cells)
 	fmt.Fprintln(w, "\nprobe calls, and the longest pwrite (ms), per run:")
 	for _, m := range r.o.methods {
 		for _, res := range results[m] {
@@ -248,6 +298,10 @@ func printEstimates(w io.Writer, fRuns []*stormResult) {
 // printWaits writes, per method over all its runs, the four kernel stack
 // tops the probe's threads were most often seen waiting in.
 func (r *stormRun) printWaits(w io.Writer, results map[byte][]*stormResult) {
+	if r.probe == probePgbench {
+		fmt.Fprintln(w, "\nwhere the probe waited: not sampled (pgbench's commits wait in the server's processes)")
+		return
+	}
 	fmt.Fprintf(w, "\nwhere the probe waited (kernel stack tops of its threads in D state, sampled every %v over all runs):\n", sampleEvery)
 	for _, m := range r.o.methods {
 		total := 0

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -29,6 +28,7 @@ type stormRun struct {
 	// statsFile is the running daemon's stats file of the loop device
 	// (method f).
 	statsFile string
+	probe     string // the probe of the runs (probeKinds)
 }
 
 func (r *stormRun) methodName(m byte) string {
@@ -122,9 +122,15 @@ func (r *stormRun) once(m byte, run int) (res *stormResult, err error) {
 	}
 	defer closeFS(fs, "storm")
 	r.noteQueue(fs.Device)
-	probePath, burstPath := filepath.Join(fs.Dir, "probe"), filepath.Join(fs.Dir, "burst")
-	if err := writeSynced(probePath, probeSize); err != nil {
+	burstPath := filepath.Join(fs.Dir, "burst")
+	probeDir := filepath.Join(fs.Dir, "probe")
+	if err := os.Mkdir(probeDir, 0o755); err != nil {
 		return nil, err
+	}
+	probe := r.newProber(r.probe)
+	defer probe.tearDown()
+	if err := probe.setUp(ctx, probeDir); err != nil {
+		return nil, fmt.Errorf("probe %s: %w", r.probe, err)
 	}
 
 	switch m {
@@ -157,13 +163,13 @@ func (r *stormRun) once(m byte, run int) (res *stormResult, err error) {
 			}
 		}()
 		r.statsFile = filepath.Join(ddir, "run", "bdi", fs.MajMin, "stats")
-		res, err = r.measure(ctx, m, run, fs, probePath, burstPath, d)
+		res, err = r.measure(ctx, m, run, fs, probe, probeDir, burstPath, d)
 		if err != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w\ndaemon log (last lines):\n%s", err, tail(d.logText(), 20))
 		}
 		return res, err
 	}
-	return r.measure(ctx, m, run, fs, probePath, burstPath, nil)
+	return r.measure(ctx, m, run, fs, probe, probeDir, burstPath, nil)
 }
 
 // writeSynced creates a file of n bytes and fsyncs it.
@@ -203,21 +209,29 @@ func stopDaemonChecked(ctx context.Context, d *daemon) error {
 }
 
 // measure throttles the device, runs the probe and the writer, and
-// samples until the burst file is clean.
-func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, probePath, burstPath string, d *daemon) (*stormResult, error) {
+// samples until the burst file is clean (with no burst: for --quiet).
+func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, probe prober, probeDir, burstPath string, d *daemon) (*stormResult, error) {
 	// Nothing else dirty anywhere at the start.
 	unix.Sync()
-	thr, err := setThrottle(r.knobs, fs.MajMin, r.o.rate)
+	release := func() {}
+	if r.o.rate > 0 {
+		thr, err := setThrottle(r.knobs, fs.MajMin, r.o.rate)
+		if err != nil {
+			return nil, err
+		}
+		defer r.knobs.restore(thr)
+		release = func() { r.knobs.restore(thr) }
+	}
+	writer, err := r.startWriter(ctx, burstPath)
 	if err != nil {
 		return nil, err
 	}
-	defer r.knobs.restore(thr)
-	writer, probe, err := r.startChildren(ctx, burstPath, probePath)
-	if err != nil {
-		return nil, err
+	if writer != nil {
+		defer writer.kill()
 	}
-	defer writer.kill()
-	defer probe.kill()
+	if err := probe.start(ctx); err != nil {
+		return nil, fmt.Errorf("probe %s: %w", r.probe, err)
+	}
 	bf, err := os.Open(burstPath)
 	if err != nil {
 		return nil, err
@@ -229,12 +243,22 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 	}
 	res := &stormResult{method: m, run: run, waits: map[string]int{}}
 	goAt := monoNow()
-	if _, err := io.WriteString(writer.stdin, "go\n"); err != nil {
-		return nil, fmt.Errorf("writer: %w", err)
+	s := stormSampler{bf: bf, probeDir: probeDir, probePid: probe.waitPid(), d: d, statsFile: r.statsFile}
+	var wdone <-chan stormWrites
+	if writer != nil {
+		if _, err := io.WriteString(writer.stdin, "go\n"); err != nil {
+			return nil, fmt.Errorf("writer: %w", err)
+		}
+		wdone = readWrites(writer)
+	} else {
+		// The probe alone: a burst of nothing, at once, and the run
+		// lasts --quiet.
+		c := make(chan stormWrites, 1)
+		c <- stormWrites{start: goAt, end: goAt}
+		wdone, s.notBefore = c, goAt+r.o.quiet.Nanoseconds()
 	}
-	s := stormSampler{bf: bf, probePath: probePath, probePid: probe.cmd.Process.Pid, d: d, statsFile: r.statsFile}
 	deadline := goAt + r.o.maxWait.Nanoseconds()
-	writerFinished, err := s.untilClean(ctx, res, readWrites(writer), deadline)
+	writerFinished, err := s.untilClean(ctx, res, wdone, deadline)
 	if err != nil {
 		return nil, err
 	}
@@ -244,9 +268,9 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 		writer.kill()
 		res.burstStart, res.burstEnd = goAt, monoNow()
 	}
-	recs, err := r.stopProbe(ctx, probe, thr)
+	recs, err := probe.stop(ctx, release)
 	if err != nil {
-		return nil, fmt.Errorf("probe: %w", err)
+		return nil, fmt.Errorf("probe %s: %w", r.probe, err)
 	}
 	end := res.cleanAt
 	if end == 0 {
@@ -260,40 +284,20 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 	return res, nil
 }
 
-// startChildren starts the bulk writer and then the probe, and waits for
-// each to say it is ready; on error neither is left running.
-func (r *stormRun) startChildren(ctx context.Context, burstPath, probePath string) (writer, probe *stormChild, err error) {
-	writer, err = startStormChild(r.o.self, stormWriterCmd, "--file", burstPath, "--bytes", strconv.FormatInt(r.o.burst, 10))
+// startWriter starts the bulk writer and waits for it to say it is
+// ready; with no burst (--burst 0) it makes the burst file empty and
+// returns nil.
+func (r *stormRun) startWriter(ctx context.Context, burstPath string) (*stormChild, error) {
+	if r.o.burst == 0 {
+		return nil, writeSynced(burstPath, 0)
+	}
+	writer, err := startStormChild(r.o.self, stormWriterCmd, "--file", burstPath, "--bytes", strconv.FormatInt(r.o.burst, 10))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := writer.expect(ctx, "ready", 30*time.Second); err != nil {
 		writer.kill()
-		return nil, nil, err
-	}
-	probe, err = startStormChild(r.o.self, stormProbeCmd, "--file", probePath, "--interval", r.o.interval.String())
-	if err != nil {
-		writer.kill()
-		return nil, nil, err
-	}
-	if err := probe.expect(ctx, "ready", 30*time.Second); err != nil {
-		probe.kill()
-		writer.kill()
-		return nil, nil, err
-	}
-	return writer, probe, nil
-}
-
-// stopProbe stops the probe and collects its calls. A probe call stuck
-// behind the throttle (not clean) is released by lifting the throttle thr.
-func (r *stormRun) stopProbe(ctx context.Context, probe *stormChild, thr *knob) ([]probeRec, error) {
-	if _, err := io.WriteString(probe.stdin, "stop\n"); err != nil {
 		return nil, err
 	}
-	recs, err := probe.collect(ctx, 5*time.Second)
-	if errors.Is(err, errChildSlow) {
-		r.knobs.restore(thr)
-		recs, err = probe.collect(ctx, 60*time.Second)
-	}
-	return recs, err
+	return writer, nil
 }

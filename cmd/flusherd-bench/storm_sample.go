@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -51,8 +52,9 @@ func readWrites(writer *stormChild) <-chan stormWrites {
 // with method f the daemon and its stats file.
 type stormSampler struct {
 	bf        *os.File
-	probePath string
-	probePid  int
+	probeDir  string
+	probePid  int     // 0: no waits sampled
+	notBefore int64   // clean counts only from this time on (monotonic ns)
 	d         *daemon // nil but for method f
 	statsFile string
 }
@@ -89,7 +91,7 @@ func (s stormSampler) untilClean(ctx context.Context, res *stormResult, wdone <-
 		if err != nil {
 			return false, err
 		}
-		if writerFinished && dirty+wb == 0 {
+		if writerFinished && dirty+wb == 0 && now >= s.notBefore {
 			res.cleanAt = now
 			return true, nil
 		}
@@ -109,11 +111,12 @@ func (s stormSampler) sample(res *stormResult, now int64) (dirty, wb uint64, err
 	res.samples = append(res.samples, stormSample{at: now, dirty: dirty, wb: wb})
 	if s.d != nil {
 		if est, ok := reclaimable(s.statsFile); ok {
-			pd, _, _ := cachestatPath(s.probePath)
-			res.ests = append(res.ests, estSample{est: est, truth: dirty + pd})
+			res.ests = append(res.ests, estSample{est: est, truth: dirty + dirtyUnder(s.probeDir)})
 		}
 	}
-	res.sampleWaits(s.probePid)
+	if s.probePid != 0 {
+		res.sampleWaits(s.probePid)
+	}
 	return dirty, wb, nil
 }
 
@@ -145,6 +148,20 @@ func cachestatPath(path string) (uint64, uint64, error) {
 	}
 	defer f.Close()
 	return cachestatBytes(f)
+}
+
+// dirtyUnder is the dirty bytes of the regular files under dir (those
+// that cannot be read count 0).
+func dirtyUnder(dir string) uint64 {
+	var n uint64
+	filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() {
+			d, _, _ := cachestatPath(p)
+			n += d
+		}
+		return nil
+	})
+	return n
 }
 
 // cachestatBytes returns the dirty and writeback bytes of the whole file.
