@@ -229,7 +229,7 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 		}
 		room := int64(0)
 		if err == nil && p.streaming && d > 0 && size-off > 2*cfg.RangeBytes {
-			room = wb.inflightRoom(p.in, w, cfg.MaxInflight) / page * page
+			room = wb.inflightRoom(p.in, w, wb.window.size()) / page * page
 			if room <= 0 {
 				wb.mu.Lock()
 				wb.acct.throttled++
@@ -306,4 +306,8 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 	flusherdWritten := wb.acct.written * uint64(os.Getpagesize())
 	wb.mu.Unlock()
 	wb.bw.update(now, has, flusherdWritten, wb.log)
+	wb.mu.Lock()
+	inflight := int64(wb.acct.wbSum) * int64(os.Getpagesize())
+	wb.mu.Unlock()
+	wb.window.update(wb.bw.kBps.Load()*1024, wb.bw.inst, inflight)
 }

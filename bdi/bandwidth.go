@@ -31,6 +31,9 @@ type bandwidth struct {
 	stamp         time.Duration
 	written       uint64
 	started, idle bool
+	// inst is the rate of the last period measured (bytes/s), before
+	// smoothing; 0 after a period that was not (idle, or too long).
+	inst uint64
 }
 
 // update is __wb_update_bandwidth and wb_update_write_bandwidth: every
@@ -72,7 +75,9 @@ func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, 
 		// its writes began somewhere in it): a new stamp, no rate. A
 		// device that writes nothing has no bandwidth to measure,
 		// not one of 0.
+		b.inst = 0
 	default:
+		b.inst = (written - min(written, b.written)) * uint64(time.Second) / uint64(elapsed)
 		bw, avg := writeBandwidth(b.kBps.Load(), b.avgKBps.Load(), written-min(written, b.written), elapsed)
 		b.kBps.Store(bw)
 		b.avgKBps.Store(avg)

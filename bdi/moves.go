@@ -181,8 +181,8 @@ func (wb *Writeback) writeChunkLocked() int64 {
 	}
 	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
 	c := min((bw/2+minAutoChunk)/minAutoChunk*minAutoChunk, maxAutoChunk)
-	if wb.cfg.MaxInflight > 0 {
-		c = min(c, max(wb.cfg.MaxInflight, 4096))
+	if window := wb.window.size(); window > 0 {
+		c = min(c, max(window, 4096))
 	}
 	return c
 }

@@ -41,7 +41,10 @@ type Stats struct {
 	BackgroundWorks   uint64 // background writeback works run (the threshold was passed)
 	RangeWritebacks   uint64 // range writebacks behind streaming writers
 	InflightBytes     uint64 // bytes under writeback in tracked inodes (BdiWriteback, in bytes)
-	Probing           int    // 1 while the device is probed with one file per pause (every retry failed with one device-level error)
+	// InflightWindowBytes is what may be under writeback before big
+	// files, ranges and background work wait (inflightWindow); 0: no bound.
+	InflightWindowBytes uint64
+	Probing             int // 1 while the device is probed with one file per pause (every retry failed with one device-level error)
 
 	PlugRequests, PlugMerges, PlugBatches uint64
 	RetryPauseMs                          int64
@@ -134,6 +137,7 @@ func (s *Stats) statsFields() []struct {
 		{"background_works", false, &s.BackgroundWorks, nil, nil},
 		{"range_writebacks", false, &s.RangeWritebacks, nil, nil},
 		{"inflight_bytes", false, &s.InflightBytes, nil, nil},
+		{"window_bytes", false, &s.InflightWindowBytes, nil, nil},
 		{"probing", false, nil, nil, &s.Probing},
 		{"plug_requests", false, &s.PlugRequests, nil, nil},
 		{"plug_merges", false, &s.PlugMerges, nil, nil},
@@ -221,6 +225,7 @@ func (wb *Writeback) Snapshot() Stats {
 	var s Stats
 	s.BdiReclaimable, s.BdiWriteback = wb.acct.dirtySum, wb.acct.wbSum
 	s.InflightBytes = wb.acct.wbSum * uint64(os.Getpagesize())
+	s.InflightWindowBytes = uint64(max(wb.window.size(), 0))
 	s.BackgroundWorks, s.RangeWritebacks = wb.acct.backgroundWorks, wb.acct.rangeWritebacks
 	if wb.probe.on {
 		s.Probing = 1

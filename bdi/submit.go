@@ -505,7 +505,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	page := int64(os.Getpagesize())
 	chunk := wb.writeChunk()
-	if dp := int64(in.DirtyPages) * page; !integrity && dp > smallFile(chunk, wb.cfg.MaxInflight) && dp <= chunk && wb.congested(in, 0, wb.cfg.MaxInflight) {
+	if dp := int64(in.DirtyPages) * page; !integrity && dp > smallFile(chunk, wb.window.size()) && dp <= chunk && wb.congested(in, 0, wb.window.size()) {
 		// Known to be biggish (its last attempt saw it), and the
 		// device has max_inflight under writeback in other files: it
 		// waits, small files go, and no open is spent on it. (Its own
@@ -518,7 +518,7 @@ func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inod
 	}
 	// The worker takes the tunables it needs now: a reload replaces
 	// wb.cfg while a detached call may still run.
-	att.callMem = attemptCall{chunk: chunk, maxInflight: wb.cfg.MaxInflight, fallback: wb.loop.fallback[key.Dev]}
+	att.callMem = attemptCall{chunk: chunk, maxInflight: wb.window.size(), fallback: wb.loop.fallback[key.Dev]}
 	att.call = &att.callMem
 	att.reqMem = request{Dev: key.Dev, Ino: key.Ino, Integrity: integrity, Owner: att}
 	wb.plug.Add(&att.reqMem)

@@ -30,13 +30,14 @@ func (wb *Writeback) applyConfig() {
 	wb.mu.Unlock()
 	if cfg != nil {
 		wb.plug.Enabled, wb.plug.MaxPending = cfg.PlugEnabled, cfg.MaxPending
+		wb.window.set(cfg.TargetLatency, cfg.MaxInflight)
 		chunk := zap.Int64("write_chunk", cfg.WriteChunk)
 		if cfg.WriteChunkAuto {
 			chunk = zap.String("write_chunk", "auto")
 		}
 		wb.log.Info("configuration applied", zap.Stringer("dirty_writeback_interval", cfg.DirtyWritebackInterval),
 			zap.Stringer("min_pause", cfg.MinPause), zap.Stringer("max_pause", cfg.MaxPause), chunk,
-			zap.Int64("max_inflight_bytes", cfg.MaxInflight), zap.Int64("dirty_background_bytes", cfg.DirtyBackgroundBytes),
+			zap.Int64("max_inflight_bytes", cfg.MaxInflight), zap.Stringer("target_latency", cfg.TargetLatency), zap.Int64("dirty_background_bytes", cfg.DirtyBackgroundBytes),
 			zap.Int("dirty_background_ratio", cfg.DirtyBackgroundRatio), zap.Int64("range_bytes", cfg.RangeBytes))
 	}
 }

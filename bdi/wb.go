@@ -97,6 +97,7 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 			probed: make(map[uint64]bool), fallback: make(map[uint64]bool)},
 	}
 	wb.errLog = newSampledLog(log)
+	wb.window.set(cfg.TargetLatency, cfg.MaxInflight)
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
 }

@@ -101,9 +101,12 @@ type Writeback struct {
 
 	calls offLoop   // calls off the goroutine, and the closer; own lock
 	bw    bandwidth // the write bandwidth estimator; the goroutine's
-	live  liveness  // the goroutine's signs of life and its wake-up
-	loop  loopState // the goroutine's own
-	plug  blk.Plug[*attempt]
+	// window is what may be under writeback on the device (the
+	// goroutine's; its size is read anywhere).
+	window inflightWindow
+	live   liveness  // the goroutine's signs of life and its wake-up
+	loop   loopState // the goroutine's own
+	plug   blk.Plug[*attempt]
 
 	// Hooks are set before Run, or not at all.
 	Hooks Hooks
@@ -337,10 +340,11 @@ const (
 // +checklocks:wb.mu
 func (wb *Writeback) throttleRetryLocked() time.Duration {
 	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
-	if bw <= 0 || wb.cfg.MaxInflight <= 0 {
+	window := wb.window.size()
+	if bw <= 0 || window <= 0 {
 		return throttleRetry
 	}
-	d := time.Duration(float64(wb.cfg.MaxInflight/2) / float64(bw) * float64(time.Second))
+	d := time.Duration(float64(window/2) / float64(bw) * float64(time.Second))
 	return min(max(d, minThrottleRetry), throttleRetry)
 }
 
@@ -545,6 +549,10 @@ type Config struct {
 	// (writeChunk), WriteChunk is ignored.
 	WriteChunkAuto bool
 	MaxInflight    int64 // bytes under writeback on the device before big files, ranges and background work wait; 0: no bound
+	// TargetLatency sizes the window of writeback in flight
+	// (inflightWindow), MaxInflight its ceiling; 0: the window is
+	// MaxInflight.
+	TargetLatency time.Duration
 	// DirtyBackgroundBytes and DirtyBackgroundRatio (a percentage of the
 	// kernel's nr_dirty_background_threshold) set the device's background
 	// threshold (the lower one when both are set); 0: off.

@@ -62,7 +62,8 @@ func Status(ctx context.Context, statsDir string, asJSON bool, interval time.Dur
 // FormatStatus writes st as two tables: the trees (root, mode, expire,
 // tracked files, dirty bytes, the oldest dirty age against the expire,
 // bytes written, errors, blocked and failed files, and the exposure of
-// the last 10 minutes: p50/p99/max), then the devices.
+// the last 10 minutes: p50/p99/max), then the devices (with the window of
+// writeback in flight: "-" when not bounded).
 func FormatStatus(w io.Writer, st control.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TREE\tMODE\tEXPIRE\tTRACKED\tDIRTY\tOLDEST/EXPIRE\tWRITTEN\tERRORS\tBLOCKED\tFAILED\tEXPOSURE p50/p99/max (10m)")
@@ -85,14 +86,18 @@ func FormatStatus(w io.Writer, st control.Status) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tTRACKED\tDIRTY\tWRITEBACK\tWRITTEN\tERRORS\tFAILED\tSTUCK\tPROBING")
+	fmt.Fprintln(tw, "DEVICE\tTRACKED\tDIRTY\tWRITEBACK\tWINDOW\tWRITTEN\tERRORS\tFAILED\tSTUCK\tPROBING")
 	for _, d := range st.Devices {
 		probing := "no"
 		if d.Probing {
 			probing = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", d.Bdi, d.Tracked, sizeOf(d.DirtyBytes), sizeOf(d.WritebackBytes),
-			sizeOf(d.WrittenBytes), d.Errors, d.FailedFiles, d.StuckCalls, probing)
+		window := "-"
+		if d.WindowBytes > 0 {
+			window = sizeOf(d.WindowBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", d.Bdi, d.Tracked, sizeOf(d.DirtyBytes), sizeOf(d.WritebackBytes),
+			window, sizeOf(d.WrittenBytes), d.Errors, d.FailedFiles, d.StuckCalls, probing)
 	}
 	tw.Flush()
 }

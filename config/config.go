@@ -14,6 +14,7 @@
 //	range_bytes      = "1MiB"         # streaming files: write what lies behind the last range_bytes; "0": off
 //	requeue_blocked  = "io_wait"      # or "redirty_tail"
 //	attempt_timeout  = "10s"          # a longer call counts in stuck_calls; an integrity call is given up on
+//	target_latency   = "25ms"         # writeback in flight per device sized so another write waits about this; "0": max_inflight_bytes
 //	shutdown_timeout = "30s"          # bound on the final writeback at SIGTERM
 //
 //	[plug]
@@ -190,6 +191,12 @@ type Writeback struct {
 	AttemptTimeout time.Duration
 	// ShutdownTimeout bounds the final writeback at SIGTERM. Default 30s.
 	ShutdownTimeout time.Duration
+	// TargetLatency sizes the writeback flusherd keeps in flight on a
+	// device so that a write queued behind it waits about this long: the
+	// window is TargetLatency × the device's measured write bandwidth,
+	// between 256 KiB and plug.max_inflight_bytes (the ceiling). 0: the
+	// window is max_inflight_bytes. Default 25ms.
+	TargetLatency time.Duration
 }
 
 // Plug is the [plug] table: request plugging.
@@ -327,6 +334,7 @@ func Default() *Config {
 			RequeueBlocked:         RequeueIOWait,
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
+			TargetLatency:          25 * time.Millisecond,
 		},
 		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},

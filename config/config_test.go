@@ -34,6 +34,7 @@ func TestDefault(t *testing.T) {
 			RequeueBlocked:         RequeueIOWait,
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
+			TargetLatency:          25 * time.Millisecond,
 		},
 		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
@@ -80,6 +81,7 @@ range_bytes = "2MiB"
 requeue_blocked = "redirty_tail"
 attempt_timeout = "1500ms"
 shutdown_timeout = "1m30s"
+target_latency = "40ms"
 
 [plug]
 enabled = false
@@ -119,6 +121,7 @@ path = "rel/../tree"
 					RequeueBlocked:         RequeueRedirtyTail,
 					AttemptTimeout:         1500 * time.Millisecond,
 					ShutdownTimeout:        90 * time.Second,
+					TargetLatency:          40 * time.Millisecond,
 				}
 				c.Plug = Plug{Enabled: false, MaxPending: 64, QueueDepth: 4, IntegritySyncfs: 64, MaxInflightBytes: 32 << 20}
 				c.Stats.Dir = "/var/lib/flusherd"

@@ -140,6 +140,7 @@ func (d *decoder) writebackFields(c *Config, g *given) map[string]field {
 		"requeue_blocked":  d.str(&wb.RequeueBlocked),
 		"attempt_timeout":  d.duration(&wb.AttemptTimeout),
 		"shutdown_timeout": d.duration(&wb.ShutdownTimeout),
+		"target_latency":   d.duration(&wb.TargetLatency),
 	}
 }
 

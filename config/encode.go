@@ -24,6 +24,7 @@ func (c *Config) Encode(w io.Writer) error {
 			RequeueBlocked:         wb.RequeueBlocked,
 			AttemptTimeout:         wb.AttemptTimeout.String(),
 			ShutdownTimeout:        wb.ShutdownTimeout.String(),
+			TargetLatency:          wb.TargetLatency.String(),
 		},
 		Plug:    encPlug{c.Plug.Enabled, c.Plug.MaxPending, c.Plug.QueueDepth, c.Plug.IntegritySyncfs, formatSize(c.Plug.MaxInflightBytes)},
 		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String()},
@@ -69,6 +70,7 @@ type encWriteback struct {
 	RequeueBlocked         string `toml:"requeue_blocked"`
 	AttemptTimeout         string `toml:"attempt_timeout"`
 	ShutdownTimeout        string `toml:"shutdown_timeout"`
+	TargetLatency          string `toml:"target_latency"`
 }
 
 type encPlug struct {

@@ -101,6 +101,9 @@ func (ch *checker) writebackTimes() {
 	ch.positive("writeback.attempt_timeout", wb.AttemptTimeout)
 	ch.atLeast("writeback.attempt_timeout", wb.AttemptTimeout, MinInterval)
 	ch.positive("writeback.shutdown_timeout", wb.ShutdownTimeout)
+	if wb.TargetLatency < 0 || (wb.TargetLatency > 0 && wb.TargetLatency < time.Millisecond) {
+		ch.add("writeback.target_latency", "must be 0 (off: max_inflight_bytes in flight) or at least 1ms, got %v", wb.TargetLatency)
+	}
 	// A max_pause copied from a dirty_writeback_interval that is itself
 	// refused above is not a second error.
 	knockOn := maxPauseDefault && wb.DirtyWritebackInterval < MinInterval

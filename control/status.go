@@ -46,9 +46,12 @@ type DeviceStatus struct {
 	Tracked        int    `json:"tracked"`
 	DirtyBytes     uint64 `json:"dirty_bytes"`
 	WritebackBytes uint64 `json:"writeback_bytes"`
-	WrittenBytes   uint64 `json:"written_bytes"`
-	Errors         uint64 `json:"errors"`
-	FailedFiles    int    `json:"failed_files"`
-	StuckCalls     int    `json:"stuck_calls"`
-	Probing        bool   `json:"probing"`
+	// WindowBytes is what may be under writeback before big files wait
+	// (window_bytes); 0: no bound.
+	WindowBytes  uint64 `json:"window_bytes"`
+	WrittenBytes uint64 `json:"written_bytes"`
+	Errors       uint64 `json:"errors"`
+	FailedFiles  int    `json:"failed_files"`
+	StuckCalls   int    `json:"stuck_calls"`
+	Probing      bool   `json:"probing"`
 }

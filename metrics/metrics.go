@@ -120,6 +120,7 @@ type Collector struct {
 	watchEvents, watchOverflows, watchRescans, watchUnwatched         *prometheus.Desc
 	watchBackend                                                      *prometheus.Desc
 	backgroundWorks, rangeWritebacks, inflight, bandwidth, dirtied    *prometheus.Desc
+	inflightWindow                                                    *prometheus.Desc
 	probing, throttled, detachedCalls, inodesGone                     *prometheus.Desc
 	listLockMax, loopStallMax                                         *prometheus.Desc
 	watchNested, watchUnserved, watchQuieted                          *prometheus.Desc
@@ -173,6 +174,8 @@ func NewCollector(src Source, pageSize int) *Collector {
 			"range_writebacks).", dev...),
 		inflight: d("inflight_bytes", "Data under writeback in tracked files (inflight_bytes; what "+
 			"max_inflight_bytes bounds).", dev...),
+		inflightWindow: d("inflight_window_bytes", "What may be under writeback before big files, ranges and background "+
+			"work wait: writeback.target_latency × the write bandwidth, at most max_inflight_bytes; 0: no bound (window_bytes).", dev...),
 		bandwidth: d("write_bandwidth_bytes_per_second", "The device's completed write bandwidth, smoothed as the "+
 			"kernel's wb_update_write_bandwidth (BdiWriteBandwidth).", dev...),
 		dirtied: d("dirtied_bytes_total", "Data seen newly dirty in tracked files (BdiDirtied).", dev...),
@@ -210,7 +213,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.inodes, c.dirty, c.writeback, c.retryPause, c.maxDirtyAge, c.stuckCalls,
 		c.written, c.plugRequests, c.plugMerges, c.plugBatches, c.wbErrors, c.rescans,
 		c.watchEvents, c.watchOverflows, c.watchRescans, c.watchUnwatched, c.watchBackend,
-		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.bandwidth, c.dirtied, c.probing,
+		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.inflightWindow, c.bandwidth, c.dirtied, c.probing,
 		c.throttled, c.detachedCalls, c.inodesGone, c.listLockMax, c.loopStallMax,
 		c.watchNested, c.watchUnserved, c.watchQuieted,
 		c.treeTracked, c.treeDirty, c.treeOldest, c.treeWritten, c.treeErrors, c.treeExposure,
@@ -251,6 +254,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.backgroundWorks, s.BackgroundWorks, n)
 		counter(c.rangeWritebacks, s.RangeWritebacks, n)
 		gauge(c.inflight, float64(s.InflightBytes), n)
+		gauge(c.inflightWindow, float64(s.InflightWindowBytes), n)
 		gauge(c.bandwidth, float64(s.BdiWriteBandwidth)*1024, n)
 		ch <- prometheus.MustNewConstMetric(c.dirtied, prometheus.CounterValue, bytes(s.BdiDirtied), n)
 		gauge(c.probing, float64(s.Probing), n)

@@ -211,6 +211,7 @@ func BdiConfig(cfg *config.Config) bdi.Config {
 		WriteChunk:             cfg.Writeback.WriteChunk,
 		WriteChunkAuto:         cfg.Writeback.WriteChunkAuto,
 		MaxInflight:            cfg.Plug.MaxInflightBytes,
+		TargetLatency:          cfg.Writeback.TargetLatency,
 		DirtyBackgroundBytes:   cfg.Writeback.DirtyBackgroundBytes,
 		DirtyBackgroundRatio:   cfg.Writeback.DirtyBackgroundRatio,
 		RangeBytes:             cfg.Writeback.RangeBytes,

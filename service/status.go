@@ -39,7 +39,8 @@ func StatusOf(reg *bdi.Registry, wat watch.Backend) control.Status {
 	for _, wb := range reg.Devices() {
 		s := reg.Snapshot(wb)
 		st.Devices = append(st.Devices, control.DeviceStatus{Bdi: wb.Name, Tracked: s.Tracked(),
-			DirtyBytes: s.BdiReclaimable * page, WritebackBytes: s.BdiWriteback * page, WrittenBytes: s.BdiWritten * page,
+			DirtyBytes: s.BdiReclaimable * page, WritebackBytes: s.BdiWriteback * page,
+			WindowBytes: s.InflightWindowBytes, WrittenBytes: s.BdiWritten * page,
 			Errors: s.WritebackErrors, FailedFiles: s.FailedFiles, StuckCalls: s.StuckCalls, Probing: s.Probing != 0})
 	}
 	return st

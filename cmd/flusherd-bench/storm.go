@@ -93,9 +93,7 @@ const (
 
 const defaultFConfig = `[writeback]
 dirty_background_bytes = "32MiB"
-range_bytes = "1MiB"
-[plug]
-max_inflight_bytes = "1MiB"`
+range_bytes = "1MiB"`
 
 // notClean stands for "not clean within --max-wait" in a time to clean.
 const notClean = time.Duration(math.MaxInt64)
