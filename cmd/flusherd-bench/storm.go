@@ -113,7 +113,7 @@ type stormOpts struct {
 	probes      []string
 	pgScale     int
 	pgRate      int           // pgbench -R; 0: as fast as it can
-	quiet       time.Duration // with no burst: how long the probe runs
+	minTime     time.Duration // the probe runs at least this long from the burst's start
 }
 
 func stormBench(args []string) int {
@@ -210,13 +210,13 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	probes := fl.String("probe", probeFdatasync, "probes, comma-separated, each with every method: fdatasync (4 KiB pwrite + fdatasync), sqlite-wal, sqlite-rollback (sqlite: both; Python's sqlite3, synchronous=FULL, a row per commit), pgbench (PostgreSQL on the throttled filesystem, pgbench -c 2 -j 2 -R --pg-rate)")
 	pgScale := fl.Int("pg-scale", 10, "pgbench probe: the scale of pgbench -i")
 	pgRate := fl.Int("pg-rate", 100, "pgbench probe: transactions per second (pgbench -R); 0: as fast as it can")
-	quiet := fl.Duration("quiet", 30*time.Second, "with --burst 0 (the probe alone): how long the probe runs")
+	minTime := fl.Duration("min-time", 0, "the probe runs at least this long from the burst's start, clean or not (the same window for every method; with --burst 0, the probe alone, it must be > 0)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return stormOpts{}, code, false
 	}
 	o := stormOpts{runs: *runs, maxWait: *maxWait, interval: *interval, wbtLat: *wbtLat,
 		fConfig: strings.ReplaceAll(*fConfig, `\n`, "\n"), bin: *bin, png: *png, verbose: *verbose, fsMiB: *fsMiB,
-		pgScale: *pgScale, pgRate: *pgRate, quiet: *quiet}
+		pgScale: *pgScale, pgRate: *pgRate, minTime: *minTime}
 	var err error
 	if o.burst, err = parseBytes(*burst); err != nil || (o.burst != 0 && o.burst < writeChunk) {
 		return o, stormFail(2, "--burst %q: want 0 (the probe alone) or at least 1MiB (%v)", *burst, err), false
@@ -227,8 +227,8 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	if o.probes, err = parseProbes(*probes); err != nil {
 		return o, stormFail(2, "%v", err), false
 	}
-	if o.pgScale < 1 || o.pgRate < 0 || o.quiet <= 0 {
-		return o, stormFail(2, "need --pg-scale ≥ 1, --pg-rate ≥ 0 and --quiet > 0"), false
+	if o.pgScale < 1 || o.pgRate < 0 || o.minTime < 0 || (o.burst == 0 && o.minTime == 0) {
+		return o, stormFail(2, "need --pg-scale ≥ 1, --pg-rate ≥ 0 and --min-time ≥ 0 (> 0 with --burst 0)"), false
 	}
 	if err := letters("methods", *methods, "ktwf"); err != nil {
 		return o, stormFail(2, "%v", err), false

@@ -219,7 +219,7 @@ func (r *stormRun) printSettings(w io.Writer) {
 	o := r.o
 	burst, rate := sizeString(o.burst)+" burst (1 MiB write() calls, no fsync)", "throttled to "+sizeString(o.rate)+"/s (blkio, root cgroup)"
 	if o.burst == 0 {
-		burst = fmt.Sprintf("probe alone for %v (no burst)", o.quiet)
+		burst = fmt.Sprintf("probe alone for %v (no burst)", o.minTime)
 	}
 	if o.rate == 0 {
 		rate = "not throttled"
@@ -232,8 +232,12 @@ func (r *stormRun) printSettings(w io.Writer) {
 	if r.queue != "" {
 		fmt.Fprintf(w, "loop device queue (as attached): %s\n", r.queue)
 	}
-	fmt.Fprintf(w, "probe %s: %s, from %v before the burst until the burst file is clean; stalled = time in calls over %v\n",
-		r.probe, r.probeWhat(), probeLead, stallOver)
+	until := "until the burst file is clean"
+	if o.minTime > 0 {
+		until += fmt.Sprintf(" and at least %v from the burst's start", o.minTime)
+	}
+	fmt.Fprintf(w, "probe %s: %s, from %v before the burst %s; stalled = time in calls over %v\n",
+		r.probe, r.probeWhat(), probeLead, until, stallOver)
 	if slices.Contains(o.methods, 'f') {
 		fmt.Fprintf(w, "f: flusherd %s with its defaults and: %s\n", flusherdVersion(o.bin), strings.Join(strings.Fields(o.fConfig), " "))
 	}

@@ -74,6 +74,7 @@ type stormResult struct {
 	probes               []probeRec
 	samples              []stormSample
 	cleanAt              int64 // 0: not clean within --max-wait
+	endAt                int64 // the run's last sample: the probe's commits up to it count
 	waits                map[string]int
 	waitSamples          int
 }
@@ -209,7 +210,7 @@ func stopDaemonChecked(ctx context.Context, d *daemon) error {
 }
 
 // measure throttles the device, runs the probe and the writer, and
-// samples until the burst file is clean (with no burst: for --quiet).
+// samples until the burst file is clean and --min-time has passed.
 func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, probe prober, probeDir, burstPath string, d *daemon) (*stormResult, error) {
 	// Nothing else dirty anywhere at the start.
 	unix.Sync()
@@ -251,12 +252,12 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 		}
 		wdone = readWrites(writer)
 	} else {
-		// The probe alone: a burst of nothing, at once, and the run
-		// lasts --quiet.
+		// The probe alone: a burst of nothing, at once.
 		c := make(chan stormWrites, 1)
 		c <- stormWrites{start: goAt, end: goAt}
-		wdone, s.notBefore = c, goAt+r.o.quiet.Nanoseconds()
+		wdone = c
 	}
+	s.notBefore = goAt + r.o.minTime.Nanoseconds()
 	deadline := goAt + r.o.maxWait.Nanoseconds()
 	writerFinished, err := s.untilClean(ctx, res, wdone, deadline)
 	if err != nil {
@@ -272,12 +273,8 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 	if err != nil {
 		return nil, fmt.Errorf("probe %s: %w", r.probe, err)
 	}
-	end := res.cleanAt
-	if end == 0 {
-		end = deadline
-	}
 	for _, p := range recs {
-		if p.at <= end {
+		if p.at <= res.endAt {
 			res.probes = append(res.probes, p)
 		}
 	}

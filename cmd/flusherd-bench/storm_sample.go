@@ -54,13 +54,14 @@ type stormSampler struct {
 	bf        *os.File
 	probeDir  string
 	probePid  int     // 0: no waits sampled
-	notBefore int64   // clean counts only from this time on (monotonic ns)
+	notBefore int64   // the run goes on at least until then (monotonic ns)
 	d         *daemon // nil but for method f
 	statsFile string
 }
 
 // untilClean samples every sampleEvery into res until the writer has
-// finished and the burst file is clean (res.cleanAt), or until deadline
+// finished and the burst file is clean (res.cleanAt) and notBefore has
+// passed (res.endAt is the last sample), or until deadline
 // (monotonic ns). It returns whether the writer finished; an error if the
 // context is cancelled, the daemon or the writer exits, or cachestat fails.
 func (s stormSampler) untilClean(ctx context.Context, res *stormResult, wdone <-chan stormWrites, deadline int64) (bool, error) {
@@ -91,8 +92,11 @@ func (s stormSampler) untilClean(ctx context.Context, res *stormResult, wdone <-
 		if err != nil {
 			return false, err
 		}
-		if writerFinished && dirty+wb == 0 && now >= s.notBefore {
+		if writerFinished && dirty+wb == 0 && res.cleanAt == 0 {
 			res.cleanAt = now
+		}
+		res.endAt = now
+		if res.cleanAt != 0 && now >= s.notBefore {
 			return true, nil
 		}
 		if now > deadline {
