@@ -26,7 +26,7 @@ func (c *Config) Encode(w io.Writer) error {
 			ShutdownTimeout:        wb.ShutdownTimeout.String(),
 		},
 		Plug:    encPlug{c.Plug.Enabled, c.Plug.MaxPending, c.Plug.QueueDepth, c.Plug.IntegritySyncfs, formatSize(c.Plug.MaxInflightBytes)},
-		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String()},
+		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String(), SweepInterval: c.Watcher.SweepText()},
 		Stats:   encStats(c.Stats),
 		Log:     encLog(c.Log),
 		Metrics: encMetrics(c.Metrics),
@@ -34,6 +34,7 @@ func (c *Config) Encode(w io.Writer) error {
 	if wb.WriteChunkAuto {
 		e.Writeback.WriteChunk = "auto"
 	}
+
 	for _, x := range c.Watch {
 		e.Watch = append(e.Watch, encWatch{Path: x.Root, Recursive: x.Recursive, Mode: string(x.Mode), Expire: x.Expire.String()})
 	}
@@ -82,6 +83,7 @@ type encPlug struct {
 type encWatcher struct {
 	Backend        string `toml:"backend"`
 	RescanInterval string `toml:"rescan_interval"`
+	SweepInterval  string `toml:"sweep_interval"`
 }
 
 type encStats struct {
