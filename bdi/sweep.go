@@ -172,8 +172,13 @@ func (wb *Writeback) wbSweep() {
 	var probes []sweepProbe
 	next := time.Duration(-1)
 	for key, c := range wb.sweep.cands {
-		if c.due <= now {
-			c.due = now + policy.SweepEvery(every, c.tree.Expire)
+		// A candidate due within half its interval is looked at now
+		// too: the candidates of one interval are looked at in at most
+		// two rounds per interval, whenever each was opened, and each
+		// at least once per interval.
+		iv := policy.SweepEvery(every, c.tree.Expire)
+		if c.due <= now+iv/2 {
+			c.due = now + iv
 			if wb.inodes.Get(key) == nil {
 				probes = append(probes, sweepProbe{key: key, path: c.path, handle: c.handle, tree: c.tree})
 			}
