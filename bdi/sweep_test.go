@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"flusherd/inode"
 	"flusherd/policy"
 	"flusherd/tree"
 )
@@ -149,6 +150,47 @@ func TestOpenedCounts(t *testing.T) {
 			if n := h.wb.Snapshot().SweepCandidates; n != c.want {
 				t.Errorf("report %d (open %v, closed %v): %d candidates, want %d", i, c.open, c.closed, n, c.want)
 			}
+		}
+	})
+}
+
+// TestRegistryInodesOpened: an open makes its device (a close alone does
+// not), each run of one device's reports reaches that device, and a
+// removed or gone tree's candidates are let go with it (RetireUnder keeps
+// those another tree holds; DropUnder none).
+func TestRegistryInodesOpened(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		cfg.SweepInterval = policy.SweepAuto
+		r, _, _ := newTestRegistry(t, cfg, map[uint64]string{10: "8:0", 11: "8:16"})
+		tr := tree.Tree{Root: "/a", Expire: time.Second}
+		open := func(dev, ino uint64, path string, o, c bool) Open {
+			return Open{Path: path, Key: inode.Key{Dev: dev, Ino: ino}, Tree: tr, Open: o, Closed: c}
+		}
+		r.InodesOpened([]Open{open(11, 1, "/b/x", false, true)})
+		if len(r.Devices()) != 0 {
+			t.Fatalf("a close alone made a device: %v", r.Devices())
+		}
+		r.InodesOpened([]Open{open(10, 1, "/a/f", true, false), open(10, 2, "/a/keep/g", true, false),
+			open(10, 3, "/a/h", true, false), open(11, 1, "/b/x", true, false)})
+		a, b := r.known(10), r.known(11)
+		if a == nil || b == nil || a.Candidates() != 3 || b.Candidates() != 1 {
+			t.Fatalf("devices %v; want 3 candidates on 8:0 and 1 on 8:16", r.Devices())
+		}
+		r.InodesOpened([]Open{open(10, 3, "/a/h", false, true)})
+		if n := a.Candidates(); n != 2 {
+			t.Errorf("%d candidates after a close, want 2", n)
+		}
+		r.TreeRemoved("/a", func(p string) bool { return p == "/a/keep/g" })
+		if n := a.Candidates(); n != 1 {
+			t.Errorf("%d candidates after the tree's removal, want 1 (held by another tree)", n)
+		}
+		a.DropUnder("/a")
+		if n := a.Candidates(); n != 0 {
+			t.Errorf("%d candidates after the tree was dropped, want 0", n)
+		}
+		if n := b.Candidates(); n != 1 {
+			t.Errorf("another device's candidates: %d, want 1", n)
 		}
 	})
 }
