@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"flusherd/bdi"
+	"flusherd/control"
 	"flusherd/internal/testfs"
 	"flusherd/internal/testwait"
 )
@@ -127,7 +130,8 @@ func startWriter(t *testing.T, cmd *exec.Cmd) (*proc, time.Time) {
 // mapped is written back within the tree's expire (1 s) + the sweep
 // interval (auto: 500 ms) + the slack of a kupdate period (500 ms) and of
 // the check (1 s), while the writer still holds it; cachestat from the
-// test says so. The device's stats count the files found.
+// test says so. The device's stats and flusherd status count the files
+// found, and a debug line names one.
 func TestSweepWritesWithoutEvents(t *testing.T) {
 	testfs.SkipShort(t, "the daemon on loop-mounted ext4, with writers running for 10 s")
 	const bound = time.Second + 500*time.Millisecond + 500*time.Millisecond + time.Second
@@ -234,6 +238,17 @@ expire = "1s"
 	st, err := bdi.ParseStats(data, os.Getpagesize())
 	if err != nil || st.SweepFound == 0 {
 		t.Errorf("the device's stats count no file found by the sweep (%v):\n%s", err, data)
+	}
+	var out, errb bytes.Buffer
+	if code := Main([]string{"status", "--json", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+		t.Fatalf("flusherd status: exit %d: %s", code, errb.String())
+	}
+	var status control.Status
+	if err := json.Unmarshal(out.Bytes(), &status); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(status.Devices) != 1 || status.Devices[0].SweepFound != st.SweepFound {
+		t.Errorf("flusherd status: devices %+v, want one with sweep_found %d as in its stats file", status.Devices, st.SweepFound)
 	}
 	if !strings.Contains(d.log.String(), "found by the sweep") {
 		t.Errorf("no debug line names a file found by the sweep")
