@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"flusherd/inode"
+	"flusherd/policy"
 	"flusherd/tree"
 )
 
@@ -103,4 +104,40 @@ func appendPadded(buf []byte, v, width int) []byte {
 		buf = append(buf, '0')
 	}
 	return append(buf, s...)
+}
+
+// BenchmarkCandidateMemory reports the live heap per candidate of the
+// sweep (Opened), each with its own path and a 12-byte file handle, as
+// the watcher reports them.
+func BenchmarkCandidateMemory(b *testing.B) {
+	const n = 100_000
+	var per float64
+	for range b.N {
+		epoch := time.Now()
+		now := func() time.Duration { return time.Since(epoch) }
+		cfg := testConfig()
+		cfg.SweepInterval = policy.SweepAuto
+		b0, _ := liveHeap()
+		wb := New("8:0", cfg, now, Files{Opener: memOpener{}, Handles: memOpener{}}, nil, nil)
+		tr := tree.Tree{Root: "/srv/data", Expire: 30 * time.Second}
+		buf := make([]byte, 0, 64)
+		reports := make([]Open, 1)
+		for i := range n {
+			buf = append(buf[:0], "/srv/data/d"...)
+			buf = appendPadded(buf, i/1000, 4)
+			buf = append(buf, "/f"...)
+			buf = appendPadded(buf, i, 6)
+			h := inode.MakeHandle(1, binary.NativeEndian.AppendUint64(binary.NativeEndian.AppendUint32(nil, uint32(i)), uint64(i)))
+			reports[0] = Open{Path: string(buf), Key: inode.Key{Dev: 8<<8 | 1, Ino: uint64(1000 + i)}, Handle: h, Tree: tr, Open: true}
+			wb.Opened(reports)
+		}
+		reports = nil
+		b1, _ := liveHeap()
+		if got := wb.Candidates(); got != n {
+			b.Fatalf("%d candidates, want %d", got, n)
+		}
+		runtime.KeepAlive(wb)
+		per = float64(int64(b1)-int64(b0)) / n
+	}
+	b.ReportMetric(per, "B/candidate")
 }

@@ -366,6 +366,33 @@ func (r *Registry) MarkInodesDirty(ms []Mark) {
 	}
 }
 
+// InodesOpened takes a batch of the watcher's reports of opens and
+// closes (Writeback.Opened), each run of consecutive reports on one device
+// with one look-up of the device. A device is made for an open, not for a
+// close alone (nothing of it is a candidate). A report whose device cannot
+// be named is dropped: the file's writes, if any are reported, name it
+// again.
+func (r *Registry) InodesOpened(reports []Open) {
+	for len(reports) > 0 {
+		dev := reports[0].Key.Dev
+		n := 1
+		opens := reports[0].Open
+		for n < len(reports) && reports[n].Key.Dev == dev {
+			opens = opens || reports[n].Open
+			n++
+		}
+		run := reports[:n]
+		reports = reports[n:]
+		wb := r.known(dev)
+		if wb == nil && opens {
+			wb, _ = r.Device(dev, run[0].Path)
+		}
+		if wb != nil {
+			wb.Opened(run)
+		}
+	}
+}
+
 // known returns the device of st_dev dev, nil if it has none yet.
 func (r *Registry) known(dev uint64) *Writeback {
 	r.mu.Lock()

@@ -57,6 +57,8 @@ type Stats struct {
 	ListLockMaxUs                         int64  // the longest time the device's list lock was held, in microseconds
 	DetachedCalls                         uint64 // writeback calls of big files' chunks left to finish on their worker (a slow device)
 	LoopStallMaxUs                        int64  // the longest time the device's goroutine, awake, went without a sign of life (a wait on one call), in microseconds
+	SweepCandidates                       int    // files open or mapped in the trees, looked at by the sweep (watcher.sweep_interval)
+	SweepFound                            uint64 // files the sweep found dirty and not tracked: dirtied without an event
 
 	// Outcomes counts attempts by policy.Outcome (not in the file).
 	Outcomes [policy.NumOutcomes]uint64
@@ -152,6 +154,8 @@ func (s *Stats) statsFields() []struct {
 		{"detached_calls", false, &s.DetachedCalls, nil, nil},
 		{"list_lock_max_us", false, nil, &s.ListLockMaxUs, nil},
 		{"loop_stall_max_us", false, nil, &s.LoopStallMaxUs, nil},
+		{"sweep_candidates", false, nil, nil, &s.SweepCandidates},
+		{"sweep_found", false, &s.SweepFound, nil, nil},
 	}
 }
 
@@ -258,6 +262,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.DetachedCalls = wb.acct.detached
 	s.ListLockMaxUs = wb.mu.MaxHold().Microseconds()
 	s.LoopStallMaxUs = time.Duration(wb.live.stallMax.Load()).Microseconds()
+	s.SweepCandidates, s.SweepFound = len(wb.sweep.cands), wb.sweep.found
 	s.Outcomes = wb.acct.outcomes
 	return s
 }

@@ -21,6 +21,7 @@ func TestStatsGolden(t *testing.T) {
 		BackgroundThresh: 608804, BdiDirtied: 54715, BdiWritten: 53715, BdiWriteBandwidth: 102400,
 		BDirty: 17, BIO: 2, BMoreIO: 1, BMoreIOWait: 4, BdiList: 1, State: WBRegistered | WBHasDirtyIO,
 		PlugRequests: 3000, PlugMerges: 120, PlugBatches: 17, RetryPauseMs: 40, WritebackErrors: 2, InodesGone: 1, Rescans: 3, FailedFiles: 2, Throttled: 5, DetachedCalls: 7, ListLockMaxUs: 120, LoopStallMaxUs: 2500,
+		SweepCandidates: 6, SweepFound: 2,
 	}
 	var buf bytes.Buffer
 	if err := s.Format(&buf, 4096); err != nil {

@@ -99,8 +99,15 @@ func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
 			leaving[c.in] = true
 		}
 	}
+	keptCands := map[string]bool{}
+	for _, p := range wb.candidatesUnder(root) {
+		if keep(p) {
+			keptCands[p] = true
+		}
+	}
 	n := 0
 	wb.mu.Lock()
+	wb.dropCandidatesLocked(root, keptCands)
 	for in := range leaving {
 		if wb.inodes.Get(in.Key) != in {
 			continue // forgotten meanwhile
@@ -169,6 +176,7 @@ func (wb *Writeback) DropUnder(root string) int {
 			under = append(under, in)
 		}
 	}
+	wb.dropCandidatesLocked(root, nil)
 	for _, in := range under {
 		n++
 		if in.Has(inode.Sync) {

@@ -208,8 +208,12 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if statsDue {
 		tick = min(tick, max(at-now, time.Millisecond))
 	}
-	if wb.bg.sampled != nil {
+	if wb.bg.sampled != nil || wb.sweep.swept != nil {
 		return 0, true
+	}
+	sweep, sweepDue := wb.sweepWaitLocked(now)
+	if sweepDue {
+		tick = min(tick, sweep)
 	}
 	if (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0) && !wb.bg.sampling {
 		// Freshly written files, or writeback to follow: the next
@@ -226,7 +230,14 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 		return tick, true
 	}
 	if statsDue {
-		return max(at-now, time.Millisecond), true
+		d := max(at-now, time.Millisecond)
+		if sweepDue {
+			d = min(d, sweep)
+		}
+		return d, true
+	}
+	if sweepDue {
+		return sweep, true
 	}
 	return 0, false
 }
@@ -249,6 +260,7 @@ func (wb *Writeback) wbDoWriteback() {
 		close(w.done)
 	}
 	wb.wbCheckBackgroundFlush()
+	wb.wbSweep()
 	wb.wbCheckOldDataFlush()
 }
 

@@ -98,6 +98,9 @@ type Writeback struct {
 	probe probing
 	// +checklocks:mu
 	stop shutdown
+	// sweep is the candidates dirtied without events, and their sweep.
+	// +checklocks:mu
+	sweep sweepState
 
 	calls offLoop   // calls off the goroutine, and the closer; own lock
 	bw    bandwidth // the write bandwidth estimator; the goroutine's
@@ -575,6 +578,11 @@ type Config struct {
 	// longer counts as blocked (ETIMEDOUT) and its inode stays Busy until
 	// the call returns. 0: no bound.
 	AttemptTimeout time.Duration
+	// SweepInterval is how often the files open or mapped in the trees
+	// are looked at for data dirtied without an event
+	// (watcher.sweep_interval): policy.SweepAuto for half each tree's
+	// expire, 0 for never.
+	SweepInterval time.Duration
 }
 
 // statsWriter keeps a device's stats file, <dir>/bdi/<name>/stats.

@@ -32,6 +32,7 @@ var keyComments = map[string]string{
 	"plug.max_inflight_bytes":            "writeback in flight per device before big files wait",
 	"watcher.backend":                    `"fanotify" (root), "inotify", or "auto"`,
 	"watcher.rescan_interval":            "rescans of directories inotify could not watch",
+	"watcher.sweep_interval":             `open and mapped files looked at for writes without events ("auto": expire/2; "0": off)`,
 	"stats.dir":                          "<dir>/bdi/<dev>/stats and <dir>/flusherd.sock",
 	"log.level":                          `"debug", "info", "warn" or "error"`,
 	"log.format":                         `"console" or "json" (one JSON object a line); read at start only`,

@@ -27,6 +27,7 @@
 //	[watcher]
 //	backend         = "auto"          # "fanotify", "inotify", or auto: fanotify when permitted
 //	rescan_interval = "30s"           # rescan of directories inotify could not watch
+//	sweep_interval  = "auto"          # look at open and mapped files for data dirtied without an event; "auto": half each tree's expire; "0": off
 //
 //	[stats]
 //	dir = "/run/flusherd"
@@ -242,6 +243,23 @@ type Watcher struct {
 	// watch (fs.inotify.max_user_watches reached) are rescanned with
 	// cachestat. Default 30s.
 	RescanInterval time.Duration
+	// SweepInterval is how often the files open or mapped in the trees
+	// are looked at with cachestat for data dirtied without an event (a
+	// shared mapping, Linux AIO); 0 turns the sweep and the tracking of
+	// opens off. Ignored when SweepAuto.
+	SweepInterval time.Duration
+	// SweepAuto (sweep_interval = "auto", the default): half each
+	// tree's expire.
+	SweepAuto bool
+}
+
+// SweepText is sweep_interval as the file writes it: "auto" or a
+// duration.
+func (w Watcher) SweepText() string {
+	if w.SweepAuto {
+		return "auto"
+	}
+	return w.SweepInterval.String()
 }
 
 // Stats is the [stats] table.
@@ -337,7 +355,7 @@ func Default() *Config {
 			TargetLatency:          25 * time.Millisecond,
 		},
 		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
-		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
+		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second, SweepAuto: true},
 		Stats:   Stats{Dir: "/run/flusherd"},
 		Log:     Log{Level: "info", Format: "console"},
 	}

@@ -37,7 +37,7 @@ func TestDefault(t *testing.T) {
 			TargetLatency:          25 * time.Millisecond,
 		},
 		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
-		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},
+		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second, SweepAuto: true},
 		Stats:   Stats{Dir: "/run/flusherd"},
 		Log:     Log{Level: "info", Format: "console"},
 	}
@@ -323,6 +323,10 @@ func TestParseErrors(t *testing.T) {
 		{"unknown backend", "[watcher]\n\nbackend = \"kqueue\"\n", "watcher.backend", 3, `"kqueue"`},
 		{"rescan without unit", "[watcher]\nrescan_interval = 30\n", "watcher.rescan_interval", 2, "unit"},
 		{"tiny rescan", "[watcher]\nrescan_interval = \"1ms\"\n", "watcher.rescan_interval", 2, "at least"},
+		{"sweep without unit", "[watcher]\nsweep_interval = 5\n", "watcher.sweep_interval", 2, "unit"},
+		{"tiny sweep", "[watcher]\nsweep_interval = \"1ms\"\n", "watcher.sweep_interval", 2, "at least"},
+		{"negative sweep", "[watcher]\nsweep_interval = \"-1s\"\n", "watcher.sweep_interval", 2, "must be positive"},
+		{"sweep another word", "[watcher]\nsweep_interval = \"Auto\"\n", "watcher.sweep_interval", 2, "unit"},
 
 		// min_pause > max_pause.
 		{"min_pause > max_pause", "[writeback]\nmax_pause = \"1s\"\nmin_pause = \"2s\"\n", "writeback.min_pause", 3, "min_pause 2s is greater than max_pause 1s"},
@@ -621,6 +625,42 @@ func TestEncodeRoundTrip(t *testing.T) {
 	}
 }
 
+// TestSweepInterval: watcher.sweep_interval is "auto" by default and when
+// given so, "0" turns the sweep off, and a duration is taken as such; each
+// is written back as given.
+func TestSweepInterval(t *testing.T) {
+	for _, c := range []struct {
+		text     string
+		auto     bool
+		interval time.Duration
+		encoded  string
+	}{
+		{"", true, 0, `sweep_interval = "auto"`},
+		{"[watcher]\nsweep_interval = \"auto\"\n", true, 0, `sweep_interval = "auto"`},
+		{"[watcher]\nsweep_interval = \"0\"\n", false, 0, `sweep_interval = "0s"`},
+		{"[watcher]\nsweep_interval = \"2s\"\n", false, 2 * time.Second, `sweep_interval = "2s"`},
+	} {
+		cfg, err := Parse("t.toml", []byte(c.text))
+		if err != nil {
+			t.Fatalf("%q: %v", c.text, err)
+		}
+		if cfg.Watcher.SweepAuto != c.auto || cfg.Watcher.SweepInterval != c.interval {
+			t.Errorf("%q: SweepAuto %v, SweepInterval %v; want %v, %v", c.text, cfg.Watcher.SweepAuto, cfg.Watcher.SweepInterval, c.auto, c.interval)
+		}
+		var buf bytes.Buffer
+		if err := cfg.Encode(&buf); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(buf.String(), c.encoded) {
+			t.Errorf("%q: encoded without %s:\n%s", c.text, c.encoded, buf.String())
+		}
+		again, err := Parse("again.toml", buf.Bytes())
+		if err != nil || again.Watcher.SweepAuto != c.auto || again.Watcher.SweepInterval != c.interval {
+			t.Errorf("%q: encoded and parsed again: %+v, %v", c.text, again.Watcher, err)
+		}
+	}
+}
+
 func TestEncodeDefault(t *testing.T) {
 	var buf bytes.Buffer
 	if err := Default().Encode(&buf); err != nil {
@@ -630,7 +670,7 @@ func TestEncodeDefault(t *testing.T) {
 	for _, want := range []string{
 		"[writeback]\n", `dirty_writeback_interval = "1s"`, `min_pause = "10ms"`,
 		`write_chunk = "4MiB"`, `requeue_blocked = "io_wait"`, "[plug]\n", "max_pending = 256",
-		"[watcher]\n", `backend = "auto"`, `rescan_interval = "30s"`, "[stats]\n", `dir = "/run/flusherd"`, "[log]\n", `level = "info"`,
+		"[watcher]\n", `backend = "auto"`, `rescan_interval = "30s"`, `sweep_interval = "auto"`, "[stats]\n", `dir = "/run/flusherd"`, "[log]\n", `level = "info"`,
 		"[metrics]\n", `listen = ""`,
 	} {
 		if !strings.Contains(text, want) {

@@ -76,6 +76,7 @@ func (d *decoder) config(m map[string]any) *Config {
 			d.table(key, v, map[string]field{
 				"backend":         d.str(&c.Watcher.Backend),
 				"rescan_interval": d.duration(&c.Watcher.RescanInterval),
+				"sweep_interval":  d.sweepInterval(&c.Watcher),
 			})
 		},
 		"stats": func(key string, v any) {
@@ -243,6 +244,20 @@ func (d *decoder) duration(dst *time.Duration) field {
 			return
 		}
 		*dst = x
+	}
+}
+
+// sweepInterval decodes watcher.sweep_interval: "auto" or a duration
+// ("0": off).
+func (d *decoder) sweepInterval(w *Watcher) field {
+	dur := d.duration(&w.SweepInterval)
+	return func(key string, v any) {
+		if v == "auto" {
+			w.SweepAuto = true
+			return
+		}
+		w.SweepAuto = false
+		dur(key, v)
 	}
 }
 

@@ -27,7 +27,7 @@ func (c *Config) Encode(w io.Writer) error {
 			TargetLatency:          wb.TargetLatency.String(),
 		},
 		Plug:    encPlug{c.Plug.Enabled, c.Plug.MaxPending, c.Plug.QueueDepth, c.Plug.IntegritySyncfs, formatSize(c.Plug.MaxInflightBytes)},
-		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String()},
+		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String(), SweepInterval: c.Watcher.SweepText()},
 		Stats:   encStats(c.Stats),
 		Log:     encLog(c.Log),
 		Metrics: encMetrics(c.Metrics),
@@ -35,6 +35,7 @@ func (c *Config) Encode(w io.Writer) error {
 	if wb.WriteChunkAuto {
 		e.Writeback.WriteChunk = "auto"
 	}
+
 	for _, x := range c.Watch {
 		e.Watch = append(e.Watch, encWatch{Path: x.Root, Recursive: x.Recursive, Mode: string(x.Mode), Expire: x.Expire.String()})
 	}
@@ -84,6 +85,7 @@ type encPlug struct {
 type encWatcher struct {
 	Backend        string `toml:"backend"`
 	RescanInterval string `toml:"rescan_interval"`
+	SweepInterval  string `toml:"sweep_interval"`
 }
 
 type encStats struct {

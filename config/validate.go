@@ -171,6 +171,10 @@ func (ch *checker) watcher() {
 	ch.oneOf("watcher.backend", w.Backend, BackendAuto, BackendFanotify, BackendInotify)
 	ch.positive("watcher.rescan_interval", w.RescanInterval)
 	ch.atLeast("watcher.rescan_interval", w.RescanInterval, MinInterval)
+	if !w.SweepAuto && w.SweepInterval != 0 {
+		ch.positive("watcher.sweep_interval", w.SweepInterval)
+		ch.atLeast("watcher.sweep_interval", w.SweepInterval, MinInterval)
+	}
 }
 
 // metricsAndStats checks metrics.listen and stats.dir (on the file system

@@ -54,4 +54,9 @@ type DeviceStatus struct {
 	FailedFiles  int    `json:"failed_files"`
 	StuckCalls   int    `json:"stuck_calls"`
 	Probing      bool   `json:"probing"`
+	// SweepCandidates are the files open or mapped in the trees that
+	// the sweep looks at; SweepFound counts those it found dirty
+	// without an event (sweep_candidates, sweep_found).
+	SweepCandidates int    `json:"sweep_candidates"`
+	SweepFound      uint64 `json:"sweep_found"`
 }

@@ -122,7 +122,7 @@ type Collector struct {
 	backgroundWorks, rangeWritebacks, inflight, bandwidth, dirtied    *prometheus.Desc
 	inflightWindow                                                    *prometheus.Desc
 	probing, throttled, detachedCalls, inodesGone                     *prometheus.Desc
-	listLockMax, loopStallMax                                         *prometheus.Desc
+	listLockMax, loopStallMax, sweepCandidates, sweepFound            *prometheus.Desc
 	watchNested, watchUnserved, watchQuieted                          *prometheus.Desc
 	treeTracked, treeDirty, treeOldest, treeWritten, treeErrors       *prometheus.Desc
 	treeExposure                                                      *prometheus.Desc
@@ -189,6 +189,10 @@ func NewCollector(src Source, pageSize int) *Collector {
 		listLockMax: d("list_lock_max_seconds", "The longest time the device's list lock was held (list_lock_max_us).", dev...),
 		loopStallMax: d("loop_stall_max_seconds", "The longest time the device's goroutine, awake, went without a sign "+
 			"of life (loop_stall_max_us).", dev...),
+		sweepCandidates: d("sweep_candidates", "Files open or mapped in the trees, looked at with cachestat every "+
+			"watcher.sweep_interval for data dirtied without an event (sweep_candidates).", dev...),
+		sweepFound: d("sweep_found_total", "Files the sweep found dirty and not tracked: dirtied without an event, "+
+			"through a shared mapping or Linux AIO (sweep_found).", dev...),
 		watchNested:   d("watch_nested_mounts", "Filesystems mounted inside a watched tree that are served (nested_mounts)."),
 		watchUnserved: d("watch_unserved_mounts", "Filesystems mounted inside a watched tree that cannot be served, each logged with the reason (unserved_mounts)."),
 		watchQuieted: d("watch_quieted_total", "Times a file written continually was quieted: its events ignored until its "+
@@ -215,6 +219,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.watchEvents, c.watchOverflows, c.watchRescans, c.watchUnwatched, c.watchBackend,
 		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.inflightWindow, c.bandwidth, c.dirtied, c.probing,
 		c.throttled, c.detachedCalls, c.inodesGone, c.listLockMax, c.loopStallMax,
+		c.sweepCandidates, c.sweepFound,
 		c.watchNested, c.watchUnserved, c.watchQuieted,
 		c.treeTracked, c.treeDirty, c.treeOldest, c.treeWritten, c.treeErrors, c.treeExposure,
 	} {
@@ -263,6 +268,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.inodesGone, s.InodesGone, n)
 		gauge(c.listLockMax, float64(s.ListLockMaxUs)/1e6, n)
 		gauge(c.loopStallMax, float64(s.LoopStallMaxUs)/1e6, n)
+		gauge(c.sweepCandidates, float64(s.SweepCandidates), n)
+		counter(c.sweepFound, s.SweepFound, n)
 	}
 	for _, t := range c.src.Trees() {
 		gauge(c.treeTracked, float64(t.Totals.Tracked), t.Root)

@@ -56,6 +56,7 @@ func newFake() *fakeSource {
 	sda.BdiWriteBandwidth, sda.BdiDirtied = 40960, 54715
 	sda.Throttled, sda.DetachedCalls, sda.InodesGone = 6, 8, 9
 	sda.ListLockMaxUs, sda.LoopStallMaxUs = 85, 100412
+	sda.SweepCandidates, sda.SweepFound = 14, 3
 	sda.Outcomes[policy.Clean] = 900 // not an error: not exported
 	sda.Outcomes[policy.Blocked] = 5
 	sda.Outcomes[policy.FSUnavailable] = 1

@@ -221,5 +221,15 @@ func BdiConfig(cfg *config.Config) bdi.Config {
 		QueueDepth:             cfg.Plug.QueueDepth,
 		IntegritySyncfs:        cfg.Plug.IntegritySyncfs,
 		AttemptTimeout:         cfg.Writeback.AttemptTimeout,
+		SweepInterval:          SweepInterval(cfg),
 	}
+}
+
+// SweepInterval is watcher.sweep_interval as bdi.Config takes it:
+// policy.SweepAuto for "auto", 0 for off.
+func SweepInterval(cfg *config.Config) time.Duration {
+	if cfg.Watcher.SweepAuto {
+		return policy.SweepAuto
+	}
+	return cfg.Watcher.SweepInterval
 }

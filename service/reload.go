@@ -169,6 +169,10 @@ func keepStartOnly(old, cfg *config.Config, log *zap.Logger) {
 		{"watcher.backend", old.Watcher.Backend, cfg.Watcher.Backend, func() { cfg.Watcher.Backend = old.Watcher.Backend }},
 		{"watcher.rescan_interval", old.Watcher.RescanInterval.String(), cfg.Watcher.RescanInterval.String(),
 			func() { cfg.Watcher.RescanInterval = old.Watcher.RescanInterval }},
+		{"watcher.sweep_interval", old.Watcher.SweepText(), cfg.Watcher.SweepText(),
+			func() {
+				cfg.Watcher.SweepInterval, cfg.Watcher.SweepAuto = old.Watcher.SweepInterval, old.Watcher.SweepAuto
+			}},
 		{"metrics.listen", old.Metrics.Listen, cfg.Metrics.Listen, func() { cfg.Metrics.Listen = old.Metrics.Listen }},
 		{"log.format", old.Log.Format, cfg.Log.Format, func() { cfg.Log.Format = old.Log.Format }},
 	} {

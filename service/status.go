@@ -41,7 +41,8 @@ func StatusOf(reg *bdi.Registry, wat watch.Backend) control.Status {
 		st.Devices = append(st.Devices, control.DeviceStatus{Bdi: wb.Name, Tracked: s.Tracked(),
 			DirtyBytes: s.BdiReclaimable * page, WritebackBytes: s.BdiWriteback * page,
 			WindowBytes: s.InflightWindowBytes, WrittenBytes: s.BdiWritten * page,
-			Errors: s.WritebackErrors, FailedFiles: s.FailedFiles, StuckCalls: s.StuckCalls, Probing: s.Probing != 0})
+			Errors: s.WritebackErrors, FailedFiles: s.FailedFiles, StuckCalls: s.StuckCalls, Probing: s.Probing != 0,
+			SweepCandidates: s.SweepCandidates, SweepFound: s.SweepFound})
 	}
 	return st
 }

@@ -43,6 +43,12 @@ type Options struct {
 	// caller can report start-up progress (EXTEND_TIMEOUT_USEC).
 	Progress func()
 
+	// Opens: fanotify reports the opens and closes of the trees' files
+	// to Sink.InodesOpened (FAN_OPEN and FAN_CLOSE_NOWRITE added to its
+	// marks), for the sweep of files dirtied without an event
+	// (watcher.sweep_interval not "0"). inotify does not.
+	Opens bool
+
 	// noTargetFID makes the fanotify group without FAN_REPORT_TARGET_FID,
 	// as on a kernel older than 5.17 (tests of the look-up by name).
 	noTargetFID bool

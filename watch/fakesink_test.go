@@ -74,6 +74,12 @@ func (f fakeSink) CheckNames(root string) {
 	}
 }
 
+func (f fakeSink) InodesOpened(os []bdi.Open) {
+	if o, ok := f.partialSink.(interface{ InodesOpened([]bdi.Open) }); ok {
+		o.InodesOpened(os)
+	}
+}
+
 func (f fakeSink) Unchecked(dev uint64) bool {
 	if u, ok := f.partialSink.(interface{ Unchecked(uint64) bool }); ok {
 		return u.Unchecked(dev)

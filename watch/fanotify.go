@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -66,6 +67,17 @@ type Fanotify struct {
 
 	longWarned atomic.Bool
 
+	// opens: the marks ask for FAN_OPEN and FAN_CLOSE_NOWRITE, and the
+	// opens and closes of the trees' files, but the daemon's own (pid),
+	// are reported to Sink.InodesOpened (Options.Opens).
+	opens bool
+	pid   int32
+	// pendingOpens are the open and close reports of the batch being
+	// read, and pendingOpenTrees the tree each was made with (Run's
+	// goroutine only).
+	pendingOpens     []bdi.Open
+	pendingOpenTrees []*watchedTree
+
 	quiet quietMarks // files written continually (see hotEvents)
 
 	cmu   sync.Mutex
@@ -109,7 +121,11 @@ func NewFanotify(trees []tree.Tree, sink Sink, opt Options) (*Fanotify, error) {
 	}
 	fa := &Fanotify{fd: fd, stop: stop, targetFID: targetFID, fsids: map[[8]byte]uint64{}, mounts: map[uint64]bool{},
 		dirs: map[string]*fanotifyDir{}, files: map[string]*fanotifyTarget{}, buf: make([]byte, 64<<10),
-		quiet: quietMarks{fd: fd, keys: map[inode.Key]struct{}{}}}
+		quiet: quietMarks{fd: fd, keys: map[inode.Key]struct{}{}, mask: quietMask},
+		opens: opt.Opens, pid: int32(os.Getpid())}
+	if fa.opens {
+		fa.quiet.mask = quietMaskOpens
+	}
 	fa.init(trees, sink, opt)
 	fa.nested = fa.nestedMount
 	fa.statsTrees, fa.statsName = fa.Trees, fa.Name

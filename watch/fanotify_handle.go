@@ -30,7 +30,11 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		// the sink brings its attempt forward.
 		defer fa.unlinked(ev)
 	}
-	if ev.mask&(unix.FAN_MODIFY|unix.FAN_CLOSE_WRITE|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 {
+	writes := ev.mask&(unix.FAN_MODIFY|unix.FAN_CLOSE_WRITE|unix.FAN_CREATE|unix.FAN_MOVED_TO) != 0
+	// An open or close by another process than the daemon (whose own
+	// opens, read-only, map nothing).
+	opens := fa.opens && ev.mask&(unix.FAN_OPEN|unix.FAN_CLOSE_WRITE|unix.FAN_CLOSE_NOWRITE) != 0 && ev.pid != fa.pid
+	if !writes && !opens {
 		// Moves away need nothing: a tracked file is opened by
 		// handle, and its names are not needed.
 		return false
@@ -43,6 +47,9 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		return false
 	}
 	if ev.file == nil {
+		if !writes {
+			return false
+		}
 		// Directory-entry events (a file made, linked or moved in)
 		// without FAN_REPORT_TARGET_FID (fanotifyInit) name the
 		// entry, not the object: look at it by name (lstat;
@@ -63,6 +70,12 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	// The path as last seen, rebuilt only when the name changed.
 	if p := tg.path; len(p) != len(d.prefix)+len(ev.name) || !strings.HasPrefix(p, d.prefix) || p[len(d.prefix):] != string(ev.name) {
 		tg.path = d.prefix + string(ev.name)
+	}
+	if opens {
+		fa.reportOpen(d, tg, ev.mask)
+		if !writes {
+			return false // (not a change of the trees' state: no stats write)
+		}
 	}
 	if tg.events++; tg.events >= hotEvents {
 		// Quieted before it is marked dirty: the engine tracks it
@@ -121,6 +134,43 @@ func (fa *Fanotify) reportTarget(d *fanotifyDir, tg *fanotifyTarget, closed bool
 	return true
 }
 
+// reportOpen reports an open and/or close (mask) of file tg in directory d
+// of a tree: added to the read's batch of opens, which flushMarks hands to
+// the sink.
+func (fa *Fanotify) reportOpen(d *fanotifyDir, tg *fanotifyTarget, mask uint64) {
+	fa.pendingOpens = append(fa.pendingOpens, bdi.Open{Path: tg.path, Key: tg.key, Handle: tg.handle, Tree: d.tree.Tree,
+		Open: mask&unix.FAN_OPEN != 0, Closed: mask&(unix.FAN_CLOSE_WRITE|unix.FAN_CLOSE_NOWRITE) != 0})
+	fa.pendingOpenTrees = append(fa.pendingOpenTrees, d.tree)
+	if len(fa.pendingOpens) >= pendingMax {
+		fa.flushMarks()
+	}
+}
+
+// flushOpens hands the pending open and close reports to the sink, but
+// those of a tree removed or gone since they were made (whose files the
+// sink lets go). Preconditions: fa.reportMu held for reading.
+func (fa *Fanotify) flushOpens() {
+	if len(fa.pendingOpens) == 0 {
+		return
+	}
+	batch := fa.pendingOpens
+	fa.mu.Lock()
+	n := 0
+	for i, t := range fa.pendingOpenTrees {
+		if !t.gone {
+			batch[n] = batch[i]
+			n++
+		}
+	}
+	fa.mu.Unlock()
+	if n > 0 {
+		fa.sink.InodesOpened(batch[:n])
+	}
+	clear(fa.pendingOpens)
+	clear(fa.pendingOpenTrees)
+	fa.pendingOpens, fa.pendingOpenTrees = fa.pendingOpens[:0], fa.pendingOpenTrees[:0]
+}
+
 // unlinked tells the sink of a deleted name of a file (or of the file's
 // deletion, FAN_DELETE_SELF), by the file's key
 // and handle: from the handle cache when events reported the file, else
@@ -168,6 +218,11 @@ const pendingMax = 256
 // tree's files go.
 func (fa *Fanotify) flushMarks() {
 	if len(fa.pending) == 0 {
+		if len(fa.pendingOpens) > 0 {
+			fa.reportMu.RLock()
+			fa.flushOpens()
+			fa.reportMu.RUnlock()
+		}
 		return
 	}
 	fa.reportMu.RLock()
@@ -188,6 +243,7 @@ func (fa *Fanotify) flushMarks() {
 	if len(ms) > 0 {
 		fa.sink.MarkInodesDirty(ms)
 	}
+	fa.flushOpens()
 	fa.reportMu.RUnlock()
 	for i := range ms {
 		if m := &ms[i]; m.Err != nil {

@@ -23,6 +23,18 @@ const fanotifyMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE | unix.FAN_CREATE |
 // directory-entry events (the kernel refuses them with EINVAL).
 const mountMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE
 
+// opensMask is what marks ask for besides, when opens are counted
+// (Options.Opens): with FAN_CLOSE_WRITE, every open and close.
+const opensMask = unix.FAN_OPEN | unix.FAN_CLOSE_NOWRITE
+
+// masks returns the filesystem and mount marks' masks.
+func (fa *Fanotify) masks() (fsMask, mntMask uint64) {
+	if fa.opens {
+		return fanotifyMask | opensMask, mountMask | opensMask
+	}
+	return fanotifyMask, mountMask
+}
+
 // mark marks root's filesystem once (again if force: a filesystem
 // unmounted and mounted again has a new superblock with the same fsid, and
 // its old mark died with the old one; adding a mark that exists only adds
@@ -58,10 +70,11 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 	if ok && !force {
 		return nil
 	}
-	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanotifyMask, unix.AT_FDCWD, root)
+	fsMask, mntMask := fa.masks()
+	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fsMask, unix.AT_FDCWD, root)
 	if err != nil {
 		ferr := err
-		if err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_MOUNT, mountMask, unix.AT_FDCWD, root); err != nil {
+		if err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_MOUNT, mntMask, unix.AT_FDCWD, root); err != nil {
 			return fmt.Errorf("fanotify_mark %s: filesystem mark: %v; mount mark: %w", root, ferr, err)
 		}
 		fa.fsidsMu.Lock()

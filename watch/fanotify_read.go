@@ -123,6 +123,7 @@ func (fa *Fanotify) Quiesce(ctx context.Context) {
 // buffer: handling an event for a known file allocates nothing.
 type event struct {
 	mask     uint64
+	pid      int32  // the process that caused it
 	dirFsid  []byte // 8 bytes
 	dirType  []byte // 4 bytes, handle_type
 	dir      []byte // f_handle of the parent directory (DFID_NAME)
@@ -173,6 +174,7 @@ func parseEvent(b []byte, ev *event) (evLen int, ok bool) {
 		return evLen, false
 	}
 	ev.mask = binary.NativeEndian.Uint64(b[8:])
+	ev.pid = int32(binary.NativeEndian.Uint32(b[20:]))
 	info := b[metaLen:evLen]
 	for len(info) >= 4 {
 		typ, recLen := info[0], int(binary.NativeEndian.Uint16(info[2:]))

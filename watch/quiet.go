@@ -71,14 +71,20 @@ const (
 	// forgetting it takes it out, Opened or Forgotten), so the set does
 	// not outgrow the tracked files.
 	quietMax = 1 << 16
-	// quietMask is what an ignore mark drops.
-	quietMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE
+	// quietMask is what an ignore mark drops; quietMaskOpens, while
+	// opens are counted (Options.Opens): a close dropped would leave its
+	// file's open count too high for good.
+	quietMask      = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE
+	quietMaskOpens = unix.FAN_MODIFY
 )
 
 // quietMarks are a group's ignore marks on quieted files.
 type quietMarks struct {
 	n   atomic.Int64 // len(keys), read without mu
 	off atomic.Bool  // ignore marks refused (no /proc, old kernel): not tried again
+	// mask is what the marks drop (quietMask or quietMaskOpens), set
+	// before the group reads events.
+	mask uint64
 
 	mu sync.Mutex
 	// fd is the fanotify group while it is open, -1 after.
@@ -140,7 +146,7 @@ func (fa *Fanotify) quietFile(tg *fanotifyTarget) {
 		return
 	}
 	err = unix.FanotifyMark(q.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_IGNORED_MASK|unix.FAN_MARK_IGNORED_SURV_MODIFY|unix.FAN_MARK_EVICTABLE,
-		quietMask, unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd))
+		q.mask, unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd))
 	if err != nil {
 		// ENOSPC at fanotify's max_user_marks (the user's marks in
 		// all groups): this file stays loud. ENOENT without /proc,
@@ -194,7 +200,7 @@ func (fa *Fanotify) Opened(key inode.Key, f inode.File) {
 		q.flushLocked(fa.log) // (key is among q.keys: the flush is made)
 		return
 	}
-	err := unix.FanotifyMark(q.fd, unix.FAN_MARK_REMOVE|unix.FAN_MARK_IGNORED_MASK, quietMask, of.Fd(), "")
+	err := unix.FanotifyMark(q.fd, unix.FAN_MARK_REMOVE|unix.FAN_MARK_IGNORED_MASK, q.mask, of.Fd(), "")
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		q.flushLocked(fa.log)
 		return

@@ -65,6 +65,10 @@ type Sink interface {
 	// Unchecked reports whether device dev makes no background checks
 	// of freshly written files, so that fanotify may quiet a file there.
 	Unchecked(dev uint64) bool
+	// InodesOpened takes reports of opens and closes of the trees'
+	// files (Options.Opens), for the sweep of files dirtied without an
+	// event (bdi.Registry.InodesOpened).
+	InodesOpened(os []bdi.Open)
 }
 
 // Backend is a way of watching the trees.

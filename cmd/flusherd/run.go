@@ -215,7 +215,7 @@ func wire(d *service.Daemon, start *service.Startup) error {
 	service.SetUpTrees(d.Trees, d.Handles, d.Errs, start, log)
 	d.Wat, err = watch.New(d.Trees, d.Reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: d.Handles, Handles: d.Handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
-		StatsDir: cfg.Stats.Dir, Log: log, Progress: start.Offered})
+		StatsDir: cfg.Stats.Dir, Log: log, Progress: start.Offered, Opens: service.SweepInterval(cfg) != 0})
 	if err != nil {
 		return err
 	}

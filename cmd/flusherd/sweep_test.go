@@ -1,0 +1,256 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"flusherd/bdi"
+	"flusherd/control"
+	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
+)
+
+// Writers that dirty a file with no event (no write(2): no FAN_MODIFY).
+// Each writes for about 3 s, prints "written" after its last write, then
+// holds the file (its mapping, its descriptor or its environment) for 8 s
+// more, and exits.
+const (
+	// mmapWriter maps an 8 MiB file MAP_SHARED, with its descriptor
+	// kept open (argv[2] "open") or closed after the mmap, and writes 4
+	// KiB into the mapping every 100 ms.
+	mmapWriter = `
+import mmap, os, sys, time
+path, keep = sys.argv[1], sys.argv[2] == "open"
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, 8 << 20)
+m = mmap.mmap(fd, 8 << 20, mmap.MAP_SHARED)
+if not keep:
+    os.close(fd)
+time.sleep(0.5)
+for i in range(30):
+    m[i*4096*10:i*4096*10+4096] = b"x"*4096
+    time.sleep(0.1)
+print("written", flush=True)
+time.sleep(8)
+m.close()
+if keep:
+    os.close(fd)
+`
+	// lmdbWriter commits a record every 100 ms to an LMDB environment
+	// opened with writemap=True, sync=False: every commit goes through
+	// the shared mapping of data.mdb.
+	lmdbWriter = `
+import lmdb, sys, time
+env = lmdb.open(sys.argv[1], map_size=64<<20, writemap=True, sync=False)
+time.sleep(0.5)
+for i in range(30):
+    with env.begin(write=True) as t:
+        t.put(b"k%d" % i, b"v" * 3000)
+    time.sleep(0.1)
+print("written", flush=True)
+time.sleep(8)
+env.close()
+`
+)
+
+// python returns a python3 that can import module: the one on PATH, or
+// Debian's (/usr/bin/python3), where python3-lmdb installs.
+func python(t *testing.T, module, pkg string) string {
+	t.Helper()
+	for _, p := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(p, "-c", "import "+module).Run() == nil {
+			return p
+		}
+	}
+	testfs.Missing(t, "no python3 with the module %s (Debian's %s)", module, pkg)
+	return ""
+}
+
+// proc is a running writer; done is closed when it has exited.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// start starts cmd, and kills it at cleanup.
+func start(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+	return p
+}
+
+// alive reports whether the writer still runs (holds its file).
+func (p *proc) alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// startWriter runs a writer and returns once it printed "written" (its
+// last write), with the time then; the writer holds its file on.
+func startWriter(t *testing.T, cmd *exec.Cmd) (*proc, time.Time) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb strings.Builder
+	cmd.Stdout, cmd.Stderr = w, &errb
+	p := start(t, cmd)
+	w.Close()
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "written" {
+		<-p.done
+		t.Fatalf("%s: %q, %v\n%s", cmd, line, err, errb.String())
+	}
+	go func() { io.Copy(io.Discard, r); r.Close() }()
+	return p, time.Now()
+}
+
+// TestSweepWritesWithoutEvents: data written with no event (through a
+// shared mapping, its descriptor kept open or closed after the mmap; LMDB
+// with writemap; Linux AIO, buffered) to a file a process holds open or
+// mapped is written back within the tree's expire (1 s) + the sweep
+// interval (auto: 500 ms) + the slack of a kupdate period (500 ms) and of
+// the check (1 s), while the writer still holds it; cachestat from the
+// test says so. The device's stats and flusherd status count the files
+// found, and a debug line names one.
+func TestSweepWritesWithoutEvents(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on loop-mounted ext4, with writers running for 10 s")
+	const bound = time.Second + 500*time.Millisecond + 500*time.Millisecond + time.Second
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
+	root := filepath.Join(mnt.Dir, "data")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := runDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+[watcher]
+backend = "fanotify"
+[[watch]]
+path = %q
+expire = "1s"
+`, root), daemonOpts{args: []string{"--log-level", "debug"}})
+
+	// clean waits until path has no dirty or writeback page, by the
+	// deadline, while the writer holds it.
+	clean := func(t *testing.T, path string, writer *proc, deadline time.Time) {
+		t.Helper()
+		var dirty, wb uint64
+		var err error
+		ok := testwait.Poll(time.Until(deadline), func() bool {
+			dirty, wb, err = cachestat(path, 0, 0)
+			return err == nil && dirty == 0 && wb == 0
+		})
+		if !ok {
+			t.Fatalf("%s: %d dirty, %d writeback pages (%v) past the bound (expire + sweep_interval + slack, %v after the last write)",
+				path, dirty, wb, err, bound)
+		}
+		if !writer.alive() {
+			t.Fatalf("the writer of %s ended before its file was clean (its close would have reported it)", path)
+		}
+	}
+	t.Run("mmap-fd-open", func(t *testing.T) {
+		py := python(t, "mmap", "python3")
+		p := filepath.Join(root, "mapped-open")
+		w, last := startWriter(t, exec.Command(py, "-c", mmapWriter, p, "open"))
+		clean(t, p, w, last.Add(bound))
+	})
+	t.Run("mmap-fd-closed", func(t *testing.T) {
+		py := python(t, "mmap", "python3")
+		p := filepath.Join(root, "mapped-closed")
+		w, last := startWriter(t, exec.Command(py, "-c", mmapWriter, p, "closed"))
+		clean(t, p, w, last.Add(bound))
+	})
+	t.Run("lmdb-writemap", func(t *testing.T) {
+		py := python(t, "lmdb", "python3-lmdb")
+		env := filepath.Join(root, "lmdb")
+		if err := os.Mkdir(env, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		w, last := startWriter(t, exec.Command(py, "-c", lmdbWriter, env))
+		clean(t, filepath.Join(env, "data.mdb"), w, last.Add(bound))
+	})
+	t.Run("fio-libaio-buffered", func(t *testing.T) {
+		fio, err := exec.LookPath("fio")
+		if err != nil {
+			testfs.Missing(t, "fio is not installed (Debian's fio)")
+		}
+		p := filepath.Join(root, "aio")
+		// Paced at 1 MiB/s over 10 s, the file open throughout: dirty
+		// data older than the bound would pile up at that rate (2,272
+		// pages at 10 s without the sweep).
+		cmd := exec.Command(fio, "--name=aio", "--filename="+p, "--ioengine=libaio", "--direct=0", "--rw=write",
+			"--bs=4k", "--size=16m", "--rate=1m", "--runtime=10", "--time_based", "--iodepth=4")
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		fioProc := start(t, cmd)
+		began := time.Now()
+		page := uint64(os.Getpagesize())
+		// At most a bound's worth of writes dirty at any time after
+		// the first bound (plus a second's: fio's pacing is bursty).
+		limit := uint64((bound+time.Second).Seconds()*float64(1<<20)) / page
+		var most uint64
+		for time.Since(began) < 9500*time.Millisecond {
+			time.Sleep(200 * time.Millisecond)
+			if time.Since(began) < bound+time.Second {
+				continue
+			}
+			if !fioProc.alive() {
+				t.Fatalf("fio ended early:\n%s", out.String())
+			}
+			dirty, wb, err := cachestat(p, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			most = max(most, dirty+wb)
+		}
+		if most > limit {
+			t.Errorf("up to %d dirty and writeback pages of %s while fio wrote 1 MiB/s, want at most %d (%v of writes)", most, p, limit, bound+time.Second)
+		}
+		if most == 0 {
+			t.Errorf("fio left no page of %s dirty at any look: the test saw no write to sweep", p)
+		}
+		t.Logf("fio libaio: at most %d pages dirty or under writeback (limit %d)", most, limit)
+	})
+	data, err := os.ReadFile(d.devStats(mnt.MajMin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := bdi.ParseStats(data, os.Getpagesize())
+	if err != nil || st.SweepFound == 0 {
+		t.Errorf("the device's stats count no file found by the sweep (%v):\n%s", err, data)
+	}
+	var out, errb bytes.Buffer
+	if code := Main([]string{"status", "--json", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+		t.Fatalf("flusherd status: exit %d: %s", code, errb.String())
+	}
+	var status control.Status
+	if err := json.Unmarshal(out.Bytes(), &status); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(status.Devices) != 1 || status.Devices[0].SweepFound != st.SweepFound {
+		t.Errorf("flusherd status: devices %+v, want one with sweep_found %d as in its stats file", status.Devices, st.SweepFound)
+	}
+	if !strings.Contains(d.log.String(), "found by the sweep") {
+		t.Errorf("no debug line names a file found by the sweep")
+	}
+}

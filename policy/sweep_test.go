@@ -1,0 +1,44 @@
+package policy
+
+import (
+	"testing"
+	"time"
+)
+
+func TestSweepEvery(t *testing.T) {
+	for _, c := range []struct {
+		configured, expire, want time.Duration
+	}{
+		{SweepAuto, 30 * time.Second, 15 * time.Second},
+		{SweepAuto, time.Second, 500 * time.Millisecond},
+		{SweepAuto, time.Microsecond, time.Millisecond},
+		{0, 30 * time.Second, 0},
+		{2 * time.Second, 30 * time.Second, 2 * time.Second},
+		{2 * time.Second, time.Second, 2 * time.Second},
+	} {
+		if got := SweepEvery(c.configured, c.expire); got != c.want {
+			t.Errorf("SweepEvery(%v, %v) = %v, want %v", c.configured, c.expire, got, c.want)
+		}
+	}
+}
+
+func TestOpens(t *testing.T) {
+	for _, c := range []struct {
+		n            int
+		open, closed bool
+		want         int
+	}{
+		{0, true, false, 1},
+		{1, true, false, 2},
+		{2, false, true, 1},
+		{1, false, true, 0},
+		{0, false, true, 0}, // a close of an open made before the watch
+		{1, true, true, 1},  // merged open and close
+		{0, true, true, 0},
+		{3, false, false, 3},
+	} {
+		if got := Opens(c.n, c.open, c.closed); got != c.want {
+			t.Errorf("Opens(%d, open %v, closed %v) = %d, want %d", c.n, c.open, c.closed, got, c.want)
+		}
+	}
+}
