@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flusherd/internal/logpath"
-	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
@@ -99,7 +98,6 @@ func (b *base) checkMounts(ctx context.Context) {
 		b.log.Warn("cannot read the mount table; filesystems mounted inside trees may not be served", zap.Error(err))
 		return
 	}
-	trees := b.list()
 	present := make(map[int]bool, len(infos))
 	devs := make(map[uint64]string, len(infos))
 	for _, m := range infos {
@@ -108,15 +106,9 @@ func (b *base) checkMounts(ctx context.Context) {
 	}
 	b.forgetUnmounted(present, devs)
 	for _, m := range infos {
-		var in *watchedTree
-		for _, t := range trees {
-			if !t.Recursive || m.Mountpoint == t.Root || !(t.Root == "/" || strings.HasPrefix(m.Mountpoint, t.Root+"/")) {
-				continue
-			}
-			if in == nil || len(t.Root) > len(in.Root) {
-				in = t
-			}
-		}
+		b.mu.Lock()
+		in := b.idx.deepest(m.Mountpoint, func(t *watchedTree, self bool) bool { return !self && t.Recursive })
+		b.mu.Unlock()
 		if in == nil || !b.served(in) {
 			continue
 		}
