@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
@@ -180,5 +181,21 @@ func TestFanotifyOtherMount(t *testing.T) {
 	fa.rootMounts.forget(bind)
 	if err := fa.otherMount(a); err != nil {
 		t.Errorf("otherMount(%q) once the bind mount's tree was removed: %v", a, err)
+	}
+}
+
+// TestMountsChanged: the mount points of the mounts made, removed or
+// moved between two readings of the mount table, each once.
+func TestMountsChanged(t *testing.T) {
+	m := func(id int, at string) *mountinfo.Info { return &mountinfo.Info{ID: id, Mountpoint: at} }
+	before := []*mountinfo.Info{m(1, "/"), m(2, "/srv"), m(3, "/srv/a"), m(4, "/mnt/x")}
+	now := []*mountinfo.Info{m(1, "/"), m(2, "/srv"), m(4, "/mnt/y"), m(5, "/srv/a"), m(6, "/data")}
+	got := mountsChanged(before, now)
+	slices.Sort(got)
+	if want := []string{"/data", "/mnt/x", "/mnt/y", "/srv/a"}; !slices.Equal(got, want) {
+		t.Errorf("mountsChanged = %q, want %q", got, want)
+	}
+	if got := mountsChanged(now, now); len(got) != 0 {
+		t.Errorf("mountsChanged of a table and itself = %q, want none", got)
 	}
 }
