@@ -28,11 +28,12 @@ func (b *base) treeUses(kind string) []TreeUse {
 	return out
 }
 
-// list returns the current trees; the slice must not be changed.
+// list returns the current trees; the slice must not be changed. Its
+// capacity is its length: an append to it copies it.
 func (b *base) list() []*watchedTree {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.trees
+	return slices.Clip(b.trees)
 }
 
 // served reports whether t is in the list and its root is not gone.
