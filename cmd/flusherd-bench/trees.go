@@ -155,7 +155,7 @@ func treesRun(ctx context.Context, base, bin, backend string, n int, o treesOpts
 	go func() { d.cmd.Wait(); close(d.done) }()
 	defer d.kill()
 	if !waitFor(ctx, d, o.timeout, func() bool { return strings.Contains(d.logText(), "every root is watched") }) {
-		cells[0] = "> " + o.timeout.String()
+		cells[0], cells[1] = "> "+o.timeout.String(), "> "+seconds(d.cpu())
 		return cells, fmt.Errorf("not ready: %s", tail(d.logText(), 3))
 	}
 	cells[0], cells[1] = seconds(time.Since(start)), seconds(d.cpu())
