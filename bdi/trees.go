@@ -1,7 +1,6 @@
 package bdi
 
 import (
-	"strings"
 	"time"
 
 	"flusherd/inode"
@@ -27,21 +26,42 @@ type TreeFigures struct {
 	Blocked, Failed int
 }
 
-// treeOf returns the index in roots of the tree an inode in directory dir
-// belongs to: the deepest root at or above dir, -1 for none. cache holds
-// the answers by directory.
-func treeOf(dir string, roots []string, cache map[string]int) int {
+// treeOf returns the index of the tree an inode in directory dir belongs
+// to: the deepest root at or above dir (index: the roots' indexes by
+// root), -1 for none. cache holds the answers by directory. It walks up
+// dir, O(depth), not O(roots).
+func treeOf(dir string, index map[string]int, cache map[string]int) int {
 	if i, ok := cache[dir]; ok {
 		return i
 	}
 	best := -1
-	for i, r := range roots {
-		if (dir == r || r == "/" || strings.HasPrefix(dir, r+"/")) && (best < 0 || len(r) > len(roots[best])) {
-			best = i
+	if i, ok := index[dir]; ok {
+		best = i
+	}
+	for j := len(dir) - 1; best < 0 && j > 0; j-- {
+		if dir[j] == '/' {
+			if i, ok := index[dir[:j]]; ok {
+				best = i
+			}
 		}
+	}
+	if i, ok := index["/"]; ok && best < 0 {
+		best = i
 	}
 	cache[dir] = best
 	return best
+}
+
+// rootIndex returns roots' indexes by root (the first, for a root listed
+// twice).
+func rootIndex(roots []string) map[string]int {
+	index := make(map[string]int, len(roots))
+	for i, r := range roots {
+		if _, ok := index[r]; !ok {
+			index[r] = i
+		}
+	}
+	return index
 }
 
 // Trees returns the device's figures for each of roots (absolute,
@@ -51,11 +71,11 @@ func (wb *Writeback) Trees(roots []string) []TreeFigures {
 	for i, r := range roots {
 		out[i].Root = r
 	}
-	cache := map[string]int{}
+	cache, index := map[string]int{}, rootIndex(roots)
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	add := func(in *inode.Inode, blocked, failed bool) {
-		i := treeOf(in.Dir(), roots, cache)
+		i := treeOf(in.Dir(), index, cache)
 		if i < 0 {
 			return
 		}
@@ -140,7 +160,7 @@ func (a *treeAcct) of(in *inode.Inode) *treeCounters {
 	if a.dirs == nil || len(a.dirs) > maxTreeDirs {
 		a.dirs = map[string]int{}
 	}
-	if i := treeOf(in.Dir(), a.roots, a.dirs); i >= 0 {
+	if i := treeOf(in.Dir(), a.index, a.dirs); i >= 0 {
 		return a.by[i]
 	}
 	return nil

@@ -1,6 +1,7 @@
 package bdi
 
 import (
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -111,5 +112,34 @@ func TestExposureFigures(t *testing.T) {
 	}
 	if f := e.figures(at + 11*time.Minute); f.RecentCount != 0 || f.MaxRecent != 0 {
 		t.Errorf("after ten minutes: %+v, want nothing recent", f)
+	}
+}
+
+// BenchmarkTreeAcctOf measures the look-up of a written file's tree
+// (treeAcct.of: on every page counted written, under the list lock), with
+// 10, 1,000 and 10,000 roots seen and each file in a directory of its own
+// below one of them, more directories than the cache holds: ns/op must
+// not grow with the number of roots.
+func BenchmarkTreeAcctOf(b *testing.B) {
+	for _, n := range []int{10, 1000, 10000} {
+		b.Run(fmt.Sprintf("trees=%d", n), func(b *testing.B) {
+			var a treeAcct
+			for i := range n {
+				a.see(fmt.Sprintf("/srv/t%05d", i))
+			}
+			ins := make([]*inode.Inode, 2*maxTreeDirs)
+			for i := range ins {
+				ins[i] = &inode.Inode{}
+				ins[i].SetPath(fmt.Sprintf("/srv/t%05d/d%d/f", i%n, i))
+			}
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				if a.of(ins[i%len(ins)]) == nil {
+					b.Fatal("a file below a root has no tree")
+				}
+				i++
+			}
+		})
 	}
 }

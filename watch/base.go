@@ -49,8 +49,12 @@ type base struct {
 	statsNext *time.Timer // armed while a stats write is due
 	statsDue  atomic.Bool // statsNext is armed (read without statsMu)
 
-	mu    sync.Mutex
-	trees []*watchedTree // replaced as a whole (AddTree, RemoveTree), never changed in place
+	mu sync.Mutex
+	// trees are replaced as a whole or appended to (listTreeLocked),
+	// never changed in place below their length: list's callers keep
+	// the slice. idx indexes them by root.
+	trees []*watchedTree
+	idx   treeIndex
 
 	// reportMu orders the reports against a tree's end: a report checks
 	// that its tree is served and hands the file to the sink under its
@@ -127,9 +131,19 @@ func (b *base) init(trees []tree.Tree, sink Sink, opt Options) {
 	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)
+	b.mu.Lock()
 	for _, t := range trees {
-		b.trees = append(b.trees, &watchedTree{Tree: t})
+		b.listTreeLocked(&watchedTree{Tree: t})
 	}
+	b.mu.Unlock()
+}
+
+// listTreeLocked appends t to the trees and indexes it. An append never
+// writes below the slice's length, so that list's callers' slices stay
+// as they were. Preconditions: b.mu held.
+func (b *base) listTreeLocked(t *watchedTree) {
+	b.trees = append(b.trees, t)
+	b.idx.add(t)
 }
 
 // ScannedDirs implements Backend.

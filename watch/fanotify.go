@@ -65,6 +65,8 @@ type Fanotify struct {
 	lastFsidOK  bool
 	mounts      map[uint64]bool // st_dev -> mount mark (no dirent events)
 
+	rootMounts rootMounts // the trees' roots by st_dev and mount ID (otherMount)
+
 	longWarned atomic.Bool
 
 	// opens: the marks ask for FAN_OPEN and FAN_CLOSE_NOWRITE, and the
@@ -130,6 +132,9 @@ func NewFanotify(trees []tree.Tree, sink Sink, opt Options) (*Fanotify, error) {
 	fa.nested = fa.nestedMount
 	fa.statsTrees, fa.statsName = fa.Trees, fa.Name
 	for _, t := range trees {
+		fa.rootMounts.note(t.Root)
+	}
+	for _, t := range trees {
 		err := fa.otherMount(t.Root)
 		if err == nil {
 			err = fa.mark(fd, t.Root, false)
@@ -186,7 +191,10 @@ func newFanotifyFor(trees []tree.Tree, sink Sink, opt Options) (*Fanotify, []*Tr
 			refused = append(refused, &TreeError{Root: t.Root, Err: err})
 			continue
 		}
-		fa.trees = append(fa.trees, &watchedTree{Tree: t})
+		fa.mu.Lock()
+		fa.listTreeLocked(&watchedTree{Tree: t})
+		fa.mu.Unlock()
+		fa.rootMounts.note(t.Root)
 	}
 	return fa, refused, nil
 }
@@ -282,6 +290,7 @@ func (fa *Fanotify) AddTree(ctx context.Context, t tree.Tree) error {
 	if _, err := fa.addTree(t); err != nil {
 		return err
 	}
+	fa.rootMounts.note(t.Root)
 	fa.clearCaches() // cached directories name their tree
 	fa.scanDir(ctx, t, t.Root, true, nil)
 	return nil
@@ -295,6 +304,7 @@ func (fa *Fanotify) RemoveTree(root string) bool {
 	if t == nil {
 		return false
 	}
+	fa.rootMounts.forget(root)
 	fa.removed(t)
 	return true
 }

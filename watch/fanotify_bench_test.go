@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -170,6 +172,48 @@ func BenchmarkFanotifyEventsRegistry(b *testing.B) {
 			if n := reg.Devices()[0].Tracked(); n != files {
 				b.Fatalf("%d files tracked, want %d", n, files)
 			}
+		})
+	}
+}
+
+// BenchmarkFanotifyDirOutsideTrees measures a directory removed outside
+// every tree (FAN_DELETE|FAN_ONDIR, its parent's path cached), with 10,
+// 1,000 and 10,000 trees whose roots exist: the figure, ns/event, must not
+// grow with the number of trees.
+func BenchmarkFanotifyDirOutsideTrees(b *testing.B) {
+	for _, n := range []int{10, 1000, 10000} {
+		b.Run(fmt.Sprintf("trees=%d", n), func(b *testing.B) {
+			dir := b.TempDir()
+			trees := make([]tree.Tree, n)
+			for i := range trees {
+				trees[i] = tree.Tree{Root: filepath.Join(dir, fmt.Sprintf("t%05d", i)), Recursive: true}
+				if err := os.Mkdir(trees[i].Root, 0o755); err != nil {
+					b.Fatal(err)
+				}
+			}
+			fa := fakeFanotify(42, trees, &nopSink{}, Options{})
+			if err := fa.recordRoots(); err != nil {
+				b.Fatal(err)
+			}
+			typ := binary.NativeEndian.AppendUint32(nil, 1)
+			out := filepath.Join(dir, "outside")
+			dirKey := string(fa.cacheKey(testFsid[:], typ, []byte("out")))
+			ev := fanEventMask(testFsid, []byte("out"), nil, "d", unix.FAN_DELETE|unix.FAN_ONDIR)
+			ctx := context.Background()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, ok := fa.dirs[dirKey]; !ok {
+					fa.dirs[dirKey] = &fanotifyDir{path: out, prefix: out + "/"}
+				}
+				fa.events(ctx, ev)
+			}
+			b.StopTimer()
+			for _, t := range fa.list() {
+				if t.gone {
+					b.Fatalf("the tree %s was found gone", t.Root)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/event")
 		})
 	}
 }

@@ -56,21 +56,28 @@ func (fa *Fanotify) cacheKey(fsid, typ, h []byte) []byte {
 
 // dirOf returns the cached path and tree of the event's parent directory.
 func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
+	d, ok, _ := fa.dirOfErr(ev)
+	return d, ok
+}
+
+// dirOfErr is dirOf, with the error that kept the directory's path from
+// being found (nil: its filesystem is not marked, or it is deleted).
+func (fa *Fanotify) dirOfErr(ev *event) (*fanotifyDir, bool, error) {
 	dev, ok := fa.devOf(ev.dirFsid)
 	if !ok {
-		return nil, false
+		return nil, false, nil
 	}
 	k := fa.cacheKey(ev.dirFsid, ev.dirType, ev.dir)
 	gen := fa.dirGen.Load()
 	if fa.lastDir != nil && fa.lastDirGen == gen && string(k) == string(fa.lastDirKey) {
-		return fa.lastDir, fa.lastDir.path != ""
+		return fa.lastDir, fa.lastDir.path != "", nil
 	}
 	fa.cmu.Lock()
 	d, hit := fa.dirs[string(k)]
 	fa.cmu.Unlock()
 	if hit {
 		fa.setLastDir(d, k, gen)
-		return d, d.path != ""
+		return d, d.path != "", nil
 	}
 	h := inode.MakeHandle(int32(binary.NativeEndian.Uint32(ev.dirType)), ev.dir)
 	p, ok, err := fa.handles.PathOfHandle(dev, h)
@@ -79,7 +86,7 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 	}
 	if err != nil || !ok {
 		// Deleted meanwhile, or its filesystem is going: not cached.
-		return nil, false
+		return nil, false, err
 	}
 	d = &fanotifyDir{path: p, prefix: strings.TrimSuffix(p, "/") + "/", tree: fa.treeOfDir(p)}
 	fa.cmu.Lock()
@@ -89,7 +96,7 @@ func (fa *Fanotify) dirOf(ev *event) (*fanotifyDir, bool) {
 	fa.dirs[string(k)] = d
 	fa.setLastDir(d, k, fa.dirGen.Load())
 	fa.cmu.Unlock()
-	return d, true
+	return d, true, nil
 }
 
 // setLastDir makes d, under cache key k (copied), the last directory,
@@ -98,17 +105,12 @@ func (fa *Fanotify) setLastDir(d *fanotifyDir, k []byte, gen uint64) {
 	fa.lastDir, fa.lastDirKey, fa.lastDirGen = d, append(fa.lastDirKey[:0], k...), gen
 }
 
-// treeOfDir returns the deepest tree that holds the files of directory
-// dir, or nil.
+// treeOfDir returns the deepest listed tree that holds the files of
+// directory dir, or nil.
 func (fa *Fanotify) treeOfDir(dir string) *watchedTree {
-	var best *watchedTree
-	for _, t := range fa.list() {
-		in := dir == t.Root || (t.Recursive && (t.Root == "/" || strings.HasPrefix(dir, t.Root+"/")))
-		if in && (best == nil || len(t.Root) > len(best.Root)) {
-			best = t
-		}
-	}
-	return best
+	fa.mu.Lock()
+	defer fa.mu.Unlock()
+	return fa.idx.deepest(dir, func(t *watchedTree, self bool) bool { return self || t.Recursive })
 }
 
 // target identifies the event's file, cached by handle.

@@ -3,7 +3,7 @@ package watch
 import (
 	"context"
 	"encoding/binary"
-	"path/filepath"
+	"errors"
 	"strings"
 
 	"go.uber.org/zap"
@@ -89,34 +89,58 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 }
 
 // handleDir handles an event of a directory (FAN_ONDIR): one moved in is
-// scanned, and a move or deletion has the roots checked (checkRoots). It
-// reports whether the event concerned a tree.
+// scanned, and a move or deletion has the roots at or below it checked
+// (checkRootsUnder). A move or deletion outside every tree, of a
+// directory that holds no root, is dismissed after a look-up in the
+// directory cache and the tree index. It reports whether the event
+// concerned a tree.
 func (fa *Fanotify) handleDir(ctx context.Context, ev *event) bool {
-	const dirent = unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_DELETE | unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF
-	if ev.mask&dirent == 0 {
-		return false // a directory made: nothing to watch, the mark covers it
+	const dirent = unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_DELETE
+	if ev.mask&dirent == 0 || ev.dir == nil {
+		// A directory made: nothing to watch, the mark covers it. A
+		// directory's own move or deletion (FAN_MOVE_SELF,
+		// FAN_DELETE_SELF) comes with its parent's event too
+		// (FAN_MOVED_FROM, FAN_DELETE), which is handled.
+		return false
 	}
 	// What follows may report files (a scan) or drop a tree's:
 	// the writes read before it are reported first, in order.
 	fa.flushMarks()
+	d, ok, err := fa.dirOfErr(ev)
+	var p string // the directory moved or deleted ("": unknown)
+	if ok {
+		p = joinPath(d.path, string(ev.name))
+		fa.mu.Lock()
+		holds := fa.idx.holdsRoot(p)
+		fa.mu.Unlock()
+		if d.tree == nil && !holds {
+			return false // outside every tree, no root below it
+		}
+	}
 	// A directory moved or deleted: cached paths may be stale.
 	fa.cmu.Lock()
 	fa.clearDirsLocked()
 	fa.cmu.Unlock()
-	if ev.mask&unix.FAN_MOVED_TO != 0 && ev.dir != nil {
+	if ev.mask&unix.FAN_MOVED_TO != 0 && ok {
 		// Moved in: its files made no event here; scan them.
-		if d, ok := fa.dirOf(ev); ok {
-			p := filepath.Join(d.path, string(ev.name))
-			// (The tree of what is in it: in a non-recursive
-			// tree's root, that of the tree around it.)
-			if t, ok := fa.TreeOf(joinPath(p, "f")); ok && t.Recursive {
-				fa.scanDir(ctx, t, p, true, nil)
-				return true
-			}
+		// (The tree of what is in it: in a non-recursive
+		// tree's root, that of the tree around it.)
+		if t, ok := fa.TreeOf(joinPath(p, "f")); ok && t.Recursive {
+			fa.scanDir(ctx, t, p, true, nil)
+			return true
 		}
 	}
-	if ev.mask&(unix.FAN_DELETE|unix.FAN_DELETE_SELF|unix.FAN_MOVED_FROM|unix.FAN_MOVE_SELF) != 0 {
-		fa.checkRoots()
+	if ev.mask&(unix.FAN_DELETE|unix.FAN_MOVED_FROM) != 0 {
+		switch {
+		case ok:
+			fa.checkRootsUnder(p)
+		case err != nil && !errors.Is(err, unix.ESTALE) && !errors.Is(err, unix.ENOENT):
+			// Not found for want of resources, or a path too long:
+			// any root may be the one moved.
+			fa.checkRoots()
+		}
+		// (Else the parent is deleted too: that comes as an event of
+		// its own parent, after this one.)
 	}
 	return false
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"flusherd/internal/logpath"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -16,27 +18,125 @@ import (
 // otherMount returns errSecondMount when another tree served here is on
 // root's filesystem but reached through another mount of it (a bind
 // mount): fanotify names an event's file through one mount, where the
-// other tree's files have other paths, outside it.
+// other tree's files have other paths, outside it. The trees are looked
+// up by st_dev and mount ID (rootMounts), and a tree found is looked at
+// again (its root may have changed since it was listed).
 func (fa *Fanotify) otherMount(root string) error {
-	var st unix.Stat_t
-	if err := unix.Stat(root, &st); err != nil {
+	dev, mid, ok := rootMountOf(root)
+	if !ok {
 		return nil // (the mark says why)
 	}
-	_, mid, err := unix.NameToHandleAt(unix.AT_FDCWD, root, 0)
-	if err != nil {
-		return nil
-	}
-	for _, t := range fa.list() {
-		var ot unix.Stat_t
-		if t.Root == root || unix.Stat(t.Root, &ot) != nil || ot.Dev != st.Dev {
-			continue
-		}
-		if _, m, err := unix.NameToHandleAt(unix.AT_FDCWD, t.Root, 0); err == nil && m != mid {
+	for _, r := range fa.rootMounts.others(dev, mid, root) {
+		if odev, m, ok := rootMountOf(r); ok && odev == dev && m != mid {
 			return fmt.Errorf("%w: %s and the tree %s are on one filesystem (device %d:%d) through two mounts", errSecondMount,
-				strconv.Quote(root), strconv.Quote(t.Root), unix.Major(st.Dev), unix.Minor(st.Dev))
+				strconv.Quote(root), strconv.Quote(r), unix.Major(dev), unix.Minor(dev))
 		}
 	}
 	return nil
+}
+
+// rootMountOf returns the st_dev of root and the ID of the mount it is
+// reached through (name_to_handle_at(2)); ok is false if either call
+// fails.
+func rootMountOf(root string) (dev uint64, mountID int, ok bool) {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return 0, 0, false
+	}
+	_, mid, err := unix.NameToHandleAt(unix.AT_FDCWD, root, 0)
+	if err != nil {
+		return 0, 0, false
+	}
+	return st.Dev, mid, true
+}
+
+// rootMounts lists the trees' roots by where each was found when listed:
+// st_dev and mount ID.
+type rootMounts struct {
+	mu sync.Mutex
+	// byDev holds the roots by st_dev, then mount ID.
+	// +checklocks:mu
+	byDev map[uint64]map[int]map[string]struct{}
+	// at says where each root is listed.
+	// +checklocks:mu
+	at map[string]rootMount
+}
+
+// rootMount is a root's st_dev and mount ID.
+type rootMount struct {
+	dev     uint64
+	mountID int
+}
+
+// others returns, sorted, the roots other than root listed on st_dev dev
+// through a mount other than mountID.
+func (rm *rootMounts) others(dev uint64, mountID int, root string) []string {
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	var out []string
+	for m, roots := range rm.byDev[dev] {
+		if m == mountID {
+			continue
+		}
+		for r := range roots {
+			if r != root {
+				out = append(out, r)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// note lists root under its st_dev and mount ID (nothing if either cannot
+// be read: otherMount skips such a root too).
+func (rm *rootMounts) note(root string) {
+	dev, mid, ok := rootMountOf(root)
+	if !ok {
+		return
+	}
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	rm.forgetLocked(root)
+	if rm.byDev == nil {
+		rm.byDev, rm.at = map[uint64]map[int]map[string]struct{}{}, map[string]rootMount{}
+	}
+	byMount := rm.byDev[dev]
+	if byMount == nil {
+		byMount = map[int]map[string]struct{}{}
+		rm.byDev[dev] = byMount
+	}
+	if byMount[mid] == nil {
+		byMount[mid] = map[string]struct{}{}
+	}
+	byMount[mid][root] = struct{}{}
+	rm.at[root] = rootMount{dev, mid}
+}
+
+// forget takes root out of the list.
+func (rm *rootMounts) forget(root string) {
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	rm.forgetLocked(root)
+}
+
+// forgetLocked is forget.
+//
+// +checklocks:rm.mu
+func (rm *rootMounts) forgetLocked(root string) {
+	at, ok := rm.at[root]
+	if !ok {
+		return
+	}
+	delete(rm.at, root)
+	byMount := rm.byDev[at.dev]
+	delete(byMount[at.mountID], root)
+	if len(byMount[at.mountID]) == 0 {
+		delete(byMount, at.mountID)
+	}
+	if len(byMount) == 0 {
+		delete(rm.byDev, at.dev)
+	}
 }
 
 // errSecondMount is nestedMount's error for a mount of a filesystem that

@@ -166,7 +166,7 @@ func TestFanotifyRemovedTreeReports(t *testing.T) {
 			}
 			if c.add != nil { // (as addTree, without its lstat of the root)
 				fa.mu.Lock()
-				fa.trees = append(slices.Clip(fa.trees), &watchedTree{Tree: *c.add})
+				fa.listTreeLocked(&watchedTree{Tree: *c.add})
 				fa.mu.Unlock()
 			}
 			fa.flushMarks()

@@ -315,12 +315,7 @@ func (w *Watcher) AddTree(ctx context.Context, t tree.Tree) error {
 // reports false, having logged why, when the mount cannot be watched.
 func (w *Watcher) serveNested(ctx context.Context, parent tree.Tree, mountpoint string) bool {
 	w.mu.Lock()
-	var old *watchedTree
-	for _, t := range w.trees {
-		if t.Root == mountpoint {
-			old = t
-		}
-	}
+	old := w.idx.at(mountpoint)
 	w.mu.Unlock()
 	if old != nil {
 		if old.nestedIn == "" {
@@ -604,7 +599,7 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 		// drop the watches below it; its new name, if in a tree, comes
 		// as a Create.
 		if w.forget(ev.Name) {
-			w.checkRoots()
+			w.checkRootsUnder(ev.Name)
 		}
 	}
 }

@@ -4,17 +4,18 @@ import (
 	"context"
 	"errors"
 	"flusherd/internal/logpath"
-	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
 
-// watchMounts calls checkMounts at once, then checkRoots and checkMounts
-// whenever the mount table changes (poll(2) on /proc/self/mountinfo
-// reports POLLPRI), until ctx ends. It blocks in poll, not on a timer: no
-// wakeups while nothing changes.
+// watchMounts calls checkMounts at once, then, whenever the mount table
+// changes (poll(2) on /proc/self/mountinfo reports POLLPRI), checks the
+// roots at or below each mount point mounted or unmounted since
+// (checkRootsUnder: a mount elsewhere costs O(depth), not O(trees)), and
+// calls checkMounts, until ctx ends. It blocks in poll, not on a timer:
+// no wakeups while nothing changes.
 func (b *base) watchMounts(ctx context.Context) {
 	mi, err := unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -35,7 +36,8 @@ func (b *base) watchMounts(ctx context.Context) {
 		}
 	}()
 	fds := []unix.PollFd{{Fd: int32(mi), Events: unix.POLLPRI}, {Fd: int32(p[0]), Events: unix.POLLIN}}
-	b.checkMounts(ctx)
+	infos, err := mountinfo.GetMounts(nil)
+	b.checkMounts(ctx, infos, err)
 	for {
 		fds[0].Revents, fds[1].Revents = 0, 0
 		_, err := unix.Poll(fds, -1)
@@ -47,8 +49,16 @@ func (b *base) watchMounts(ctx context.Context) {
 			return
 		}
 		if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0 {
-			b.checkRoots()
-			b.checkMounts(ctx)
+			now, err := mountinfo.GetMounts(nil)
+			if err != nil {
+				b.checkRoots()
+			} else {
+				for _, mp := range mountsChanged(infos, now) {
+					b.checkRootsUnder(mp)
+				}
+				infos = now
+			}
+			b.checkMounts(ctx, now, err)
 		}
 	}
 }
@@ -82,24 +92,22 @@ func NoWriteback(dir string) (fstype string, ok bool) {
 }
 
 // checkMounts finds the filesystems mounted inside a served recursive tree
-// (a mount point below its root, from /proc/self/mountinfo, parsed by
-// moby/sys/mountinfo) and hands each new mount, once per mount ID, to the
+// (a mount point below its root, in infos: /proc/self/mountinfo as parsed
+// by moby/sys/mountinfo, or err) and hands each new mount, once per mount ID, to the
 // backend's nested hook, which marks or watches it and scans it: a file
 // written there is served as any other in the tree. A mount of a
 // filesystem without writeback (noWriteback) is skipped, logged at info;
 // an overlay mount is logged as not served (its dirty pages belong to
 // the upper layer's inode, see config's overlay check). It is called at
 // the start of watchMounts and whenever the mount table changes.
-func (b *base) checkMounts(ctx context.Context) {
+func (b *base) checkMounts(ctx context.Context, infos []*mountinfo.Info, err error) {
 	if b.nested == nil {
 		return
 	}
-	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		b.log.Warn("cannot read the mount table; filesystems mounted inside trees may not be served", zap.Error(err))
 		return
 	}
-	trees := b.list()
 	present := make(map[int]bool, len(infos))
 	devs := make(map[uint64]string, len(infos))
 	for _, m := range infos {
@@ -108,15 +116,9 @@ func (b *base) checkMounts(ctx context.Context) {
 	}
 	b.forgetUnmounted(present, devs)
 	for _, m := range infos {
-		var in *watchedTree
-		for _, t := range trees {
-			if !t.Recursive || m.Mountpoint == t.Root || !(t.Root == "/" || strings.HasPrefix(m.Mountpoint, t.Root+"/")) {
-				continue
-			}
-			if in == nil || len(t.Root) > len(in.Root) {
-				in = t
-			}
-		}
+		b.mu.Lock()
+		in := b.idx.deepest(m.Mountpoint, func(t *watchedTree, self bool) bool { return !self && t.Recursive })
+		b.mu.Unlock()
 		if in == nil || !b.served(in) {
 			continue
 		}
@@ -167,6 +169,40 @@ func (b *base) checkMounts(ctx context.Context) {
 			b.ctr.Unserved.Add(1)
 		}
 	}
+}
+
+// mountsChanged returns the mount points of the mounts in before or now
+// but not in both (by mount ID and mount point: a mount moved is at
+// both its mount points), each once.
+func mountsChanged(before, now []*mountinfo.Info) []string {
+	type mount struct {
+		id int
+		at string
+	}
+	was := make(map[mount]bool, len(before))
+	for _, m := range before {
+		was[mount{m.ID, m.Mountpoint}] = true
+	}
+	var out []string
+	seen := map[string]bool{}
+	add := func(mp string) {
+		if !seen[mp] {
+			seen[mp] = true
+			out = append(out, mp)
+		}
+	}
+	for _, m := range now {
+		k := mount{m.ID, m.Mountpoint}
+		if was[k] {
+			delete(was, k)
+			continue
+		}
+		add(m.Mountpoint)
+	}
+	for k := range was {
+		add(k.at)
+	}
+	return out
 }
 
 // nestedMount is a served filesystem mounted inside a tree.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -49,7 +50,8 @@ func (b *base) touched() {
 // the backend that serves it and its root, quoted (strconv.Quote), with
 // " gone" after a root that is no longer served.
 func WriteStats(dir, backend string, c *Counters, trees []TreeUse) error {
-	text := fmt.Sprintf("%-16s%10s\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n",
+	var text strings.Builder
+	fmt.Fprintf(&text, "%-16s%10s\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n%-16s%10d\n",
 		"backend:", backend, "events:", c.Events.Load(), "overflows:", c.Overflows.Load(),
 		"rescans:", c.Rescans.Load(), "unwatched_dirs:", c.Unwatched.Load(),
 		"nested_mounts:", c.Nested.Load(), "unserved_mounts:", c.Unserved.Load(),
@@ -59,10 +61,10 @@ func WriteStats(dir, backend string, c *Counters, trees []TreeUse) error {
 		if !t.Served {
 			gone = " gone"
 		}
-		text += fmt.Sprintf("%-16s%10s %s%s\n", "tree:", t.Backend, strconv.Quote(t.Root), gone)
+		fmt.Fprintf(&text, "%-16s%10s %s%s\n", "tree:", t.Backend, strconv.Quote(t.Root), gone)
 	}
 	return bdi.WriteFileAtomic(filepath.Join(dir, "watch", "stats"), func(w io.Writer) error {
-		_, err := io.WriteString(w, text)
+		_, err := io.WriteString(w, text.String())
 		return err
 	})
 }

@@ -28,30 +28,27 @@ func (b *base) treeUses(kind string) []TreeUse {
 	return out
 }
 
-// list returns the current trees; the slice must not be changed.
+// list returns the current trees; the slice must not be changed. Its
+// capacity is its length: an append to it copies it.
 func (b *base) list() []*watchedTree {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.trees
+	return slices.Clip(b.trees)
 }
 
 // served reports whether t is in the list and its root is not gone.
 func (b *base) served(t *watchedTree) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return !t.gone && slices.Contains(b.trees, t)
+	return !t.gone && b.idx.at(t.Root) == t
 }
 
 // Served implements Backend.
 func (b *base) Served(root string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, t := range b.trees {
-		if t.Root == root {
-			return !t.gone
-		}
-	}
-	return false
+	t := b.idx.at(root)
+	return t != nil && !t.gone
 }
 
 // addTree appends t after recording its root's identity.
@@ -68,12 +65,10 @@ func (b *base) addTreeIn(t tree.Tree, nestedIn string) (*watchedTree, error) {
 	defer b.mu.Unlock()
 	delete(b.goneDevs, nt.rootKey().Dev) // mounted in a tree again
 	delete(b.removedRoots, t.Root)
-	for _, o := range b.trees {
-		if o.Root == t.Root {
-			return nil, fmt.Errorf("%s is already watched", strconv.Quote(t.Root))
-		}
+	if b.idx.at(t.Root) != nil {
+		return nil, fmt.Errorf("%s is already watched", strconv.Quote(t.Root))
 	}
-	b.trees = append(slices.Clip(b.trees), nt)
+	b.listTreeLocked(nt)
 	return nt, nil
 }
 
@@ -100,6 +95,7 @@ func (b *base) removeTree(root string) (*watchedTree, bool) {
 	}
 	b.recentlyRemoved = append(b.recentlyRemoved, removedTree{t, b.removeSeq})
 	b.trees = slices.Delete(slices.Clone(b.trees), i, i+1)
+	b.idx.remove(t)
 	shared := false
 	for _, o := range b.trees {
 		shared = shared || (!o.gone && o.rootKey().Dev == t.rootKey().Dev)
@@ -143,10 +139,8 @@ func (b *base) retargetLocked(root, path string, dev uint64) (t *watchedTree, le
 	if b.goneDevs[dev] {
 		return nil, false, false
 	}
-	for _, t := range b.trees {
-		if t.Root == root && !t.gone {
-			return t, false, true
-		}
+	if t := b.idx.at(root); t != nil && !t.gone {
+		return t, false, true
 	}
 	if t := b.treeAtLocked(path); t != nil {
 		return t, false, true
@@ -171,21 +165,9 @@ func (b *base) treeAt(path string) *watchedTree {
 
 // treeAtLocked is treeAt. Preconditions: b.mu held.
 func (b *base) treeAtLocked(path string) *watchedTree {
-	var best *watchedTree
-	for _, t := range b.trees {
-		if t.gone {
-			continue
-		}
-		if path == t.Root || t.Root == "/" || (len(path) > len(t.Root) && path[len(t.Root)] == '/' && strings.HasPrefix(path, t.Root)) {
-			if !t.Recursive && filepath.Dir(path) != t.Root && path != t.Root {
-				continue
-			}
-			if best == nil || len(t.Root) > len(best.Root) {
-				best = t
-			}
-		}
-	}
-	return best
+	return b.idx.deepest(path, func(t *watchedTree, self bool) bool {
+		return !t.gone && (self || t.Recursive || filepath.Dir(path) == t.Root)
+	})
 }
 
 // rootOf reports whether dir is the root of a tree other than t, and
@@ -194,10 +176,10 @@ func (b *base) treeAtLocked(path string) *watchedTree {
 // holds only the files directly in its root, and the directories below
 // belong to t still (the deepest tree that holds a path is its tree).
 func (b *base) rootOf(dir string, t tree.Tree) (root, recursive bool) {
-	for _, o := range b.list() {
-		if o.Root == dir && o.Root != t.Root {
-			return true, o.Recursive
-		}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if o := b.idx.at(dir); o != nil && o.Root != t.Root {
+		return true, o.Recursive
 	}
 	return false, false
 }
@@ -227,10 +209,25 @@ func (b *base) recordRoots() error {
 
 // checkRoots looks at every served tree's root: one that is gone, or is now
 // another directory (removed and made again, renamed, unmounted), is no
-// longer served; the sink drops its inodes. Called after a directory
-// removal or rename and after the mount table changed.
-func (b *base) checkRoots() {
-	for _, t := range b.list() {
+// longer served; the sink drops its inodes. Called after the mount table
+// changed, and after a directory removal or rename that could not be
+// placed.
+func (b *base) checkRoots() { b.checkRootsUnder("") }
+
+// checkRootsUnder is checkRoots for the roots at dir or below it ("": all):
+// called after dir was removed or renamed. A dir that holds no root
+// (treeIndex.holdsRoot) costs O(depth).
+func (b *base) checkRootsUnder(dir string) {
+	b.mu.Lock()
+	trees, holds := b.trees, dir == "" || b.idx.holdsRoot(dir)
+	b.mu.Unlock()
+	if !holds {
+		return
+	}
+	for _, t := range trees {
+		if dir != "" && dir != "/" && t.Root != dir && !strings.HasPrefix(t.Root, dir+"/") {
+			continue
+		}
 		b.mu.Lock()
 		gone := t.gone
 		b.mu.Unlock()

@@ -32,6 +32,12 @@
 //
 //	flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--png storm.png] ...
 //
+//	flusherd-bench trees [--counts 10,1000,10000] [--backends fanotify,inotify] [--base BIN] ...
+//
+// trees measures the costs by the number of trees (trees.go): time to
+// READY, CPU per directory made and removed outside the trees, CPU per
+// written file.
+//
 // storm measures a writeback storm on a slow disk (storm.go): a burst
 // written without fsync to a loop device throttled to disk speed, and the
 // fdatasync latency of a small probe beside it, under the kernel's
@@ -60,7 +66,7 @@ func main() {
 		if len(os.Args) < 2 {
 			out = os.Stderr
 		}
-		fmt.Fprint(out, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N] [--methods abcdei] [--queue-depth 8] [--cpuprofile FILE]\n  flusherd-bench watch [--backends inotify,fanotify] [--inodes 100000,1000000] [--idle 60s] [--writers 8] [--files 10000] [--duration 10s] [--fs ext4] [--modes pwrite,reopen] [--placement shared,service] [--range-bytes 1MiB]\n  flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--max-wait 180s] [--wbt-lat 75000] [--f-config TOML] [--flusherd BIN] [--png storm.png] [--fs-mib N] [--verbose]\n  flusherd-bench sweep [--flusherd BIN] [--opens 100000] [--procs 100] [--files 10] [--hold 10s] [--intervals 100ms,500ms,1s]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nwatch: the daemon's cost of watching: event ingest rate and CPU, RSS per tracked inode, idle wakeups.\nstorm: a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.\nsweep: the cost of the sweep of files dirtied without an event: CPU per 100,000 opens, and per second with 1,000 candidates.\nAll need root and print tables. flusherd-bench COMMAND --help lists a command's flags.\n")
+		fmt.Fprint(out, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N] [--methods abcdei] [--queue-depth 8] [--cpuprofile FILE]\n  flusherd-bench watch [--backends inotify,fanotify] [--inodes 100000,1000000] [--idle 60s] [--writers 8] [--files 10000] [--duration 10s] [--fs ext4] [--modes pwrite,reopen] [--placement shared,service] [--range-bytes 1MiB]\n  flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--max-wait 180s] [--wbt-lat 75000] [--f-config TOML] [--flusherd BIN] [--png storm.png] [--fs-mib N] [--probe fdatasync,sqlite,pgbench] [--min-time D] [--verbose]\n  flusherd-bench sweep [--flusherd BIN] [--opens 100000] [--procs 100] [--files 10] [--hold 10s] [--intervals 100ms,500ms,1s]\n  flusherd-bench trees [--counts 10,1000,10000] [--backends fanotify,inotify] [--churn 2000] [--files 1000] [--flusherd BIN] [--base BIN] [--timeout 5m]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nwatch: the daemon's cost of watching: event ingest rate and CPU, RSS per tracked inode, idle wakeups.\nstorm: a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.\nsweep: the cost of the sweep of files dirtied without an event: CPU per 100,000 opens, and per second with 1,000 candidates.\ntrees: the costs by the number of trees: time to READY, CPU per directory change outside the trees, CPU per written file.\nAll need root and print tables. flusherd-bench COMMAND --help lists a command's flags.\n")
 		if len(os.Args) < 2 {
 			os.Exit(2)
 		}
@@ -83,6 +89,8 @@ func main() {
 		os.Exit(sweepOpener(os.Args[2:]))
 	case sweepHolderCmd: // internal: sweep's holder of mapped files
 		os.Exit(sweepHolder(os.Args[2:]))
+	case "trees":
+		os.Exit(treesBench(os.Args[2:]))
 	case stormWriterCmd: // internal: storm's bulk writer
 		os.Exit(stormWriter(os.Args[2:]))
 	case stormProbeCmd: // internal: storm's latency probe
