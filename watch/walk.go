@@ -19,8 +19,9 @@ import (
 )
 
 // scanDir walks dir (the whole subtree when the tree is recursive),
-// calling onDir for each subdirectory before its entries are read (inotify
-// adds its watch there), then reports its regular files. With onlyDirty,
+// calling onDir with each subdirectory's path and open descriptor before
+// its entries are read (inotify adds its watch there, on that
+// descriptor), then reports its regular files. With onlyDirty,
 // only files cachestat shows dirty are reported (start-up, overflow);
 // otherwise every file is (a directory that just appeared: its files may
 // have been written before the watch existed).
@@ -34,7 +35,7 @@ import (
 // never followed, opened or listed. What could not be read for want of a
 // resource (EMFILE, ENFILE, ENOMEM, EAGAIN, EINTR) makes the scan
 // incomplete, and a rescan is scheduled with backoff (scanIncomplete).
-func (b *base) scanDir(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string)) {
+func (b *base) scanDir(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string, fd int)) {
 	pfd, err := inode.OpenPath(dir)
 	if err == nil {
 		var fd int
@@ -137,7 +138,7 @@ func (b *base) dirError(dir string, err error) {
 // longPath): its files could not be opened by path, inotify cannot watch
 // it, and fanotify cannot name its tree; that bounds the depth at about
 // 2,048 levels.
-func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDirty bool, onDir func(string), ids *dirIdentity) {
+func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDirty bool, onDir func(string, int), ids *dirIdentity) {
 	buf := make([]byte, 32<<10)
 	stack := walkStack{{fd: fd, path: dir}}
 	defer func() { stack.closeAll() }()
@@ -179,7 +180,7 @@ func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDi
 			continue
 		}
 		if onDir != nil {
-			onDir(path)
+			onDir(path, cfd)
 		}
 		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, ids)
 		if len(subdirs) == 0 {
