@@ -10,6 +10,8 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
 )
 
 // fanotifyMask is what a filesystem mark asks for: data writes, creations
@@ -30,10 +32,17 @@ const mountMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE
 //
 // A filesystem that never writes back (noWriteback: tmpfs, proc...) is not
 // marked: nothing there is to be tracked, and no event of it is wanted.
+// root is opened with inode.OpenDir (no symlink followed), and the mark is
+// made on that descriptor.
 func (fa *Fanotify) mark(fd int, root string, force bool) error {
+	rfd, err := inode.OpenDir(root)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rfd)
 	var sfs unix.Statfs_t
-	if err := unix.Statfs(root, &sfs); err != nil {
-		return &fs.PathError{Op: "statfs", Path: root, Err: err}
+	if err := unix.Fstatfs(rfd, &sfs); err != nil {
+		return &fs.PathError{Op: "fstatfs", Path: root, Err: err}
 	}
 	if _, no := noWriteback[int64(sfs.Type)]; no {
 		return nil
@@ -58,10 +67,10 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 	if ok && !force {
 		return nil
 	}
-	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanotifyMask, unix.AT_FDCWD, root)
+	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanotifyMask, rfd, "")
 	if err != nil {
 		ferr := err
-		if err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_MOUNT, mountMask, unix.AT_FDCWD, root); err != nil {
+		if err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_MOUNT, mountMask, rfd, ""); err != nil {
 			return fmt.Errorf("fanotify_mark %s: filesystem mark: %v; mount mark: %w", root, ferr, err)
 		}
 		fa.fsidsMu.Lock()

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/inode"
 	"flusherd/tree"
 )
 
@@ -18,25 +19,37 @@ import (
 // mount): fanotify names an event's file through one mount, where the
 // other tree's files have other paths, outside it.
 func (fa *Fanotify) otherMount(root string) error {
-	var st unix.Stat_t
-	if err := unix.Stat(root, &st); err != nil {
+	dev, mid, err := mountOf(root)
+	if err != nil {
 		return nil // (the mark says why)
 	}
-	_, mid, err := unix.NameToHandleAt(unix.AT_FDCWD, root, 0)
-	if err != nil {
-		return nil
-	}
 	for _, t := range fa.list() {
-		var ot unix.Stat_t
-		if t.Root == root || unix.Stat(t.Root, &ot) != nil || ot.Dev != st.Dev {
+		if t.Root == root {
 			continue
 		}
-		if _, m, err := unix.NameToHandleAt(unix.AT_FDCWD, t.Root, 0); err == nil && m != mid {
+		if odev, m, err := mountOf(t.Root); err == nil && odev == dev && m != mid {
 			return fmt.Errorf("%w: %s and the tree %s are on one filesystem (device %d:%d) through two mounts", errSecondMount,
-				strconv.Quote(root), strconv.Quote(t.Root), unix.Major(st.Dev), unix.Minor(st.Dev))
+				strconv.Quote(root), strconv.Quote(t.Root), unix.Major(dev), unix.Minor(dev))
 		}
 	}
 	return nil
+}
+
+// mountOf returns the st_dev of the directory dir and the ID of the mount
+// it is reached through (name_to_handle_at(2)), looked at through
+// inode.OpenPath: no symlink followed.
+func mountOf(dir string) (dev uint64, mountID int, err error) {
+	fd, err := inode.OpenPath(dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, 0, err
+	}
+	_, mountID, err = unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
+	return st.Dev, mountID, err
 }
 
 // errSecondMount is nestedMount's error for a mount of a filesystem that
@@ -52,8 +65,7 @@ var errSecondMount = errors.New("fanotify names this mount's files through anoth
 // inotify backend.
 func (fa *Fanotify) nestedMount(ctx context.Context, t tree.Tree, mountpoint string) bool {
 	var err error
-	var st unix.Stat_t
-	if serr := unix.Stat(mountpoint, &st); serr == nil && fa.handles.Has(st.Dev) {
+	if st, serr := inode.StatPath(mountpoint); serr == nil && fa.handles.Has(st.Dev) {
 		// Another view of a filesystem reached already (a bind mount
 		// of a directory of a tree's filesystem): an event names a
 		// file by handle, whose path is found through the mount seen

@@ -1,12 +1,10 @@
 package watch
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,53 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
+	"flusherd/internal/testfs"
 )
-
-// markedInodes returns the inodes that this process's inotify and
-// fanotify instances hold a watch or an inode mark on, from the "ino:"
-// and "sdev:" fields of /proc/self/fdinfo (sdev in the kernel's dev_t
-// encoding, major<<20 | minor).
-func markedInodes(t *testing.T) map[[2]uint64]string {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	marks := map[[2]uint64]string{}
-	for _, e := range fds {
-		link, err := os.Readlink("/proc/self/fd/" + e.Name())
-		if err != nil || link != "anon_inode:inotify" && link != "anon_inode:[fanotify]" {
-			continue
-		}
-		f, err := os.Open("/proc/self/fdinfo/" + e.Name())
-		if err != nil {
-			continue // closed meanwhile
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			var ino, sdev uint64
-			okIno, okDev := false, false
-			for field := range strings.FieldsSeq(sc.Text()) {
-				if v, ok := strings.CutPrefix(field, "ino:"); ok {
-					ino, err = strconv.ParseUint(v, 16, 64)
-					okIno = err == nil
-				}
-				if v, ok := strings.CutPrefix(field, "sdev:"); ok {
-					sdev, err = strconv.ParseUint(v, 16, 64)
-					okDev = err == nil
-				}
-			}
-			if okIno && okDev {
-				marks[[2]uint64{sdev, ino}] = link
-			}
-		}
-		f.Close()
-	}
-	return marks
-}
-
-// kernelDev is st_dev in the kernel's dev_t encoding, as fdinfo shows it.
-func kernelDev(dev uint64) uint64 { return uint64(unix.Major(dev))<<20 | uint64(unix.Minor(dev)) }
 
 // TestWatchStaysInsideTree swaps a directory of a tree with a symlink to a
 // directory outside it (renameat2 RENAME_EXCHANGE), over and over, while
@@ -169,13 +122,16 @@ func testWatchStaysInsideTree(t *testing.T, backend string) {
 	}
 	w.Quiesce(t.Context())
 
-	marks := markedInodes(t)
+	marks, err := testfs.MarkedInodes(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
 	var landed []string
 	for k, kind := range marks {
-		if k[0] != kernelDev(dev) {
+		if k.Dev != testfs.KernelDev(dev) {
 			continue
 		}
-		if p, ok := outsideInos[k[1]]; ok {
+		if p, ok := outsideInos[k.Ino]; ok {
 			landed = append(landed, fmt.Sprintf("%s (%s)", p, kind))
 		}
 	}

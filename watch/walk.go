@@ -502,10 +502,11 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 	}
 }
 
-// reportPath is report for a path an event named: lstat(2) classifies it
-// (only a regular file is reported; the writeback attempt opens it with
-// inode.OpenPath, which refuses symlinks in any component). It returns the
-// file's key and whether it was a regular file, reported.
+// reportPath is report for a path an event named: inode.Stat classifies it
+// without following a symlink in any component (only a regular file is
+// reported; the writeback attempt opens it with inode.OpenPath, which
+// refuses symlinks in any component too). It returns the file's key and
+// whether it was a regular file, reported.
 func (b *base) reportPath(t tree.Tree, path string, onlyDirty bool) (inode.Key, bool) {
 	key, regular, err := inode.Stat(path)
 	if err != nil {
@@ -534,7 +535,8 @@ func noWritebackFd(fd int) bool {
 
 // noWritebackDev reports whether dev, the filesystem of the regular file
 // at path, never writes data back (noWriteback: proc, sysfs, tmpfs...),
-// from statfs(2) of path's directory. A file there is never tracked: its
+// from fstatfs(2) of path's directory (opened with inode.OpenPath: no
+// symlink followed). A file there is never tracked: its
 // "dirty" pages have no backing store (or it is no file at all, as
 // /proc/<pid>/mem), so it would never be found clean. When the directory
 // is not on dev (path is a file mounted on another filesystem's name) or
@@ -547,12 +549,16 @@ func (b *base) noWritebackDev(dev uint64, path string) bool {
 	if _, ok := b.devWritesBack.Load(dev); ok {
 		return false
 	}
-	dir := filepath.Dir(path)
-	var st unix.Stat_t
-	if unix.Lstat(dir, &st) != nil || st.Dev != dev {
+	fd, err := inode.OpenPath(filepath.Dir(path))
+	if err != nil {
 		return false
 	}
-	if _, no := NoWriteback(dir); no {
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Dev != dev {
+		return false
+	}
+	if noWritebackFd(fd) {
 		return true
 	}
 	b.devWritesBack.Store(dev, true)
