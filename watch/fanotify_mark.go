@@ -32,10 +32,11 @@ const mountMask = unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE
 //
 // A filesystem that never writes back (noWriteback: tmpfs, proc...) is not
 // marked: nothing there is to be tracked, and no event of it is wanted.
-// root is opened with inode.OpenDir (no symlink followed), and the mark is
-// made on that descriptor.
+// root is opened with inode.OpenPath (O_PATH, no symlink followed; no
+// opendir, which FUSE would serve), and the mark is made on "." relative to
+// that descriptor (fanotify_mark refuses an O_PATH descriptor itself).
 func (fa *Fanotify) mark(fd int, root string, force bool) error {
-	rfd, err := inode.OpenDir(root)
+	rfd, err := inode.OpenPath(root)
 	if err != nil {
 		return &fs.PathError{Op: "open", Path: root, Err: err}
 	}
@@ -67,10 +68,11 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 	if ok && !force {
 		return nil
 	}
-	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanotifyMask, rfd, "")
+	const here = unix.FAN_MARK_ADD | unix.FAN_MARK_DONT_FOLLOW | unix.FAN_MARK_ONLYDIR
+	err = unix.FanotifyMark(fd, here|unix.FAN_MARK_FILESYSTEM, fanotifyMask, rfd, ".")
 	if err != nil {
 		ferr := err
-		if err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_MOUNT, mountMask, rfd, ""); err != nil {
+		if err = unix.FanotifyMark(fd, here|unix.FAN_MARK_MOUNT, mountMask, rfd, "."); err != nil {
 			return fmt.Errorf("fanotify_mark %s: filesystem mark: %v; mount mark: %w", root, ferr, err)
 		}
 		fa.fsidsMu.Lock()

@@ -146,9 +146,9 @@ func gone(err error) bool {
 // inotify watch, which names the directory's events by the old name (a
 // name that leads to another directory now, or to nothing). So every
 // watched directory whose name no longer leads to the directory watched
-// (inode.Stat: another inode, or none) loses its watch,
-// with those below it, before the rescan watches the trees' directories
-// by their names now. It returns the number of names dropped.
+// (inode.Stat: another inode, or none) loses its watch, with those below
+// it, before the rescan watches the trees' directories by their names
+// now. It returns the number of names dropped.
 func (w *Watcher) dropMovedWatches() int {
 	w.dmu.Lock()
 	dirs := make(map[string]inode.Key, len(w.dirs))
@@ -664,8 +664,8 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 }
 
 // Quiesce implements Backend. inotifyFD reads the inotify queue on a
-// goroutine of its own, so this waits until no event has
-// been handled for 50ms and none waits in its channel.
+// goroutine of its own, so this waits until no event has been handled for
+// 50ms and none waits in its channel.
 func (w *Watcher) Quiesce(ctx context.Context) {
 	last, since := w.doneBatches.Load(), time.Now()
 	for ctx.Err() == nil {
