@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
 )
 
 // ErrWatch sees the writeback errors of whole filesystems, for integrity
@@ -58,7 +60,7 @@ func NewErrWatch() *ErrWatch { return &ErrWatch{fses: map[uint64]*fsErrs{}} }
 // Add starts watching the filesystem of the directory root (an integrity
 // tree's root) and returns its st_dev. Errors are *os.PathError.
 func (e *ErrWatch) Add(root string) (uint64, error) {
-	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := inode.OpenDir(root)
 	if err != nil {
 		return 0, &os.PathError{Op: "open", Path: root, Err: err}
 	}

@@ -149,12 +149,13 @@ func (f *OSFile) Syncfs() error {
 // Close implements File.
 func (f *OSFile) Close() error { return unix.Close(f.fd) }
 
-// Stat is lstat(2) of path: its key and whether it is a regular file. It
-// never follows a final symlink.
+// Stat is StatPath of path: its key and whether it is a regular file,
+// with no symlink followed in any component (ELOOP where a directory
+// above it is one; a last component that is a symlink is the symlink's).
 func Stat(path string) (key Key, regular bool, err error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		return Key{}, false, &os.PathError{Op: "lstat", Path: path, Err: err}
+	st, err := StatPath(path)
+	if err != nil {
+		return Key{}, false, err
 	}
 	return Key{Dev: st.Dev, Ino: st.Ino}, st.Mode&unix.S_IFMT == unix.S_IFREG, nil
 }

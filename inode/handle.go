@@ -139,12 +139,12 @@ type mount struct {
 func NewHandles() *Handles { return &Handles{mounts: map[uint64]*mount{}} }
 
 // AddMount registers the filesystem of dir, an absolute directory path, for
-// opens by handle, and returns its st_dev. It checks once that a handle can
-// be made and opened there: the error is EPERM without
-// CAP_DAC_READ_SEARCH, EOPNOTSUPP on a filesystem that cannot export
-// handles. A filesystem already registered is left as it is.
+// opens by handle, and returns its st_dev; dir is opened with OpenDir (no
+// symlink followed). It checks once that a handle can be made and opened
+// there: the error is EPERM without CAP_DAC_READ_SEARCH, EOPNOTSUPP on a
+// filesystem that cannot export handles. A filesystem already registered is left as it is.
 func (h *Handles) AddMount(dir string) (dev uint64, err error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := OpenDir(dir)
 	if err != nil {
 		return 0, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
@@ -217,7 +217,7 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 	var shortage error // a failure that says nothing of the filesystem
 	var failing error  // the filesystem's own failure (ENOTCONN, EIO)
 	for _, dir := range dirs {
-		d, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		d, err := OpenDir(dir)
 		if err != nil {
 			switch {
 			case policy.Shortage(err):

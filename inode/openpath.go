@@ -135,6 +135,20 @@ func walkNoSymlinks(path string) (int, error) {
 	return dir, nil
 }
 
+// OpenDir opens the directory path O_RDONLY|O_DIRECTORY|O_CLOEXEC with no
+// symlink in any component, the last one included: OpenPath, then
+// openat(2) of "." relative to that descriptor. A symlink is ENOTDIR or
+// ELOOP; errors are the errno, unwrapped.
+func OpenDir(path string) (int, error) {
+	pfd, err := OpenPath(path)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.Openat(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	unix.Close(pfd)
+	return fd, err
+}
+
 // StatPath is OpenPath followed by fstat(2): the file's status, reached
 // without following a symlink, and nothing left open. Errors are
 // *os.PathError with Op "open" or "fstat".

@@ -149,3 +149,54 @@ func TestOpenWithoutOpenat2(t *testing.T) {
 		t.Errorf("StatPath = ino %d, %v; want %d", got.Ino, err, st.Ino)
 	}
 }
+
+// TestStatOpenDirNoSymlinks: Stat and OpenDir, with openat2 and without,
+// refuse a path through a symlink (a directory swapped for one) with
+// ELOOP; Stat of a symlink is the symlink's, OpenDir of one is refused.
+func TestStatOpenDirNoSymlinks(t *testing.T) {
+	for _, withOpenat2 := range []bool{true, false} {
+		t.Run(map[bool]string{true: "openat2", false: "walk"}[withOpenat2], func(t *testing.T) {
+			if !withOpenat2 {
+				refuseOpenat2(t)
+			}
+			dir := t.TempDir()
+			outside := filepath.Join(dir, "outside")
+			if err := os.MkdirAll(filepath.Join(outside, "sub"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(outside, "f"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(dir, "d")
+			if err := os.Symlink(outside, link); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := Stat(filepath.Join(link, "f")); !errors.Is(err, unix.ELOOP) {
+				t.Errorf("Stat through a symlinked directory: %v, want ELOOP", err)
+			}
+			var lst unix.Stat_t
+			if err := unix.Lstat(link, &lst); err != nil {
+				t.Fatal(err)
+			}
+			if key, regular, err := Stat(link); err != nil || regular || key != (Key{Dev: lst.Dev, Ino: lst.Ino}) {
+				t.Errorf("Stat of a symlink: %v, %v, %v; want the symlink's own key, not regular", key, regular, err)
+			}
+			if fd, err := OpenDir(filepath.Join(link, "sub")); !errors.Is(err, unix.ELOOP) {
+				unix.Close(fd)
+				t.Errorf("OpenDir through a symlinked directory: %v, want ELOOP", err)
+			}
+			if fd, err := OpenDir(link); err == nil {
+				unix.Close(fd)
+				t.Error("OpenDir of a symlink to a directory opened it")
+			}
+			fd, err := OpenDir(outside)
+			if err != nil {
+				t.Fatalf("OpenDir of a directory: %v", err)
+			}
+			defer unix.Close(fd)
+			if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err != nil || fl&unix.O_PATH != 0 {
+				t.Errorf("OpenDir's descriptor: flags %#x, %v; want one opened for reading", fl, err)
+			}
+		})
+	}
+}

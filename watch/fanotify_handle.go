@@ -52,10 +52,11 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 		}
 		// Directory-entry events (a file made, linked or moved in)
 		// without FAN_REPORT_TARGET_FID (fanotifyInit) name the
-		// entry, not the object: look at it by name (lstat;
-		// no open here, which could hang on a sick filesystem and
-		// stall every tree); the writeback attempt, which has a
-		// timeout, finds out whether it is dirty. The writes read
+		// entry, not the object: look at it by name (inode.Stat,
+		// no symlink followed; no open for I/O here, which could
+		// hang on a sick filesystem and stall every tree); the
+		// writeback attempt, which has a timeout, finds out
+		// whether it is dirty. The writes read
 		// before it are reported first: a file written, then renamed
 		// (or its number given to a new file) must end with the name
 		// and handle of the later event, not those of the write.

@@ -10,6 +10,8 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"flusherd/inode"
 )
 
 // fanotifyMask is what a filesystem mark asks for: data writes, creations
@@ -42,10 +44,18 @@ func (fa *Fanotify) masks() (fsMask, mntMask uint64) {
 //
 // A filesystem that never writes back (noWriteback: tmpfs, proc...) is not
 // marked: nothing there is to be tracked, and no event of it is wanted.
+// root is opened with inode.OpenPath (O_PATH, no symlink followed; no
+// opendir, which FUSE would serve), and the mark is made on "." relative to
+// that descriptor (fanotify_mark refuses an O_PATH descriptor itself).
 func (fa *Fanotify) mark(fd int, root string, force bool) error {
+	rfd, err := inode.OpenPath(root)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rfd)
 	var sfs unix.Statfs_t
-	if err := unix.Statfs(root, &sfs); err != nil {
-		return &fs.PathError{Op: "statfs", Path: root, Err: err}
+	if err := unix.Fstatfs(rfd, &sfs); err != nil {
+		return &fs.PathError{Op: "fstatfs", Path: root, Err: err}
 	}
 	if _, no := noWriteback[int64(sfs.Type)]; no {
 		return nil
@@ -71,10 +81,11 @@ func (fa *Fanotify) mark(fd int, root string, force bool) error {
 		return nil
 	}
 	fsMask, mntMask := fa.masks()
-	err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fsMask, unix.AT_FDCWD, root)
+	const here = unix.FAN_MARK_ADD | unix.FAN_MARK_DONT_FOLLOW | unix.FAN_MARK_ONLYDIR
+	err = unix.FanotifyMark(fd, here|unix.FAN_MARK_FILESYSTEM, fsMask, rfd, ".")
 	if err != nil {
 		ferr := err
-		if err = unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_MOUNT, mntMask, unix.AT_FDCWD, root); err != nil {
+		if err = unix.FanotifyMark(fd, here|unix.FAN_MARK_MOUNT, mntMask, rfd, "."); err != nil {
 			return fmt.Errorf("fanotify_mark %s: filesystem mark: %v; mount mark: %w", root, ferr, err)
 		}
 		fa.fsidsMu.Lock()

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"flusherd/inode"
 	"flusherd/tree"
 )
 
@@ -35,19 +36,10 @@ func (fa *Fanotify) otherMount(root string) error {
 	return nil
 }
 
-// rootMountOf returns the st_dev of root and the ID of the mount it is
-// reached through (name_to_handle_at(2)); ok is false if either call
-// fails.
+// rootMountOf is mountOf, with ok false if it fails.
 func rootMountOf(root string) (dev uint64, mountID int, ok bool) {
-	var st unix.Stat_t
-	if err := unix.Stat(root, &st); err != nil {
-		return 0, 0, false
-	}
-	_, mid, err := unix.NameToHandleAt(unix.AT_FDCWD, root, 0)
-	if err != nil {
-		return 0, 0, false
-	}
-	return st.Dev, mid, true
+	dev, mountID, err := mountOf(root)
+	return dev, mountID, err == nil
 }
 
 // rootMounts lists the trees' roots by where each was found when listed:
@@ -139,6 +131,23 @@ func (rm *rootMounts) forgetLocked(root string) {
 	}
 }
 
+// mountOf returns the st_dev of the directory dir and the ID of the mount
+// it is reached through (name_to_handle_at(2)), looked at through
+// inode.OpenPath: no symlink followed.
+func mountOf(dir string) (dev uint64, mountID int, err error) {
+	fd, err := inode.OpenPath(dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, 0, err
+	}
+	_, mountID, err = unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
+	return st.Dev, mountID, err
+}
+
 // errSecondMount is nestedMount's error for a mount of a filesystem that
 // fanotify reaches through another mount already.
 var errSecondMount = errors.New("fanotify names this mount's files through another mount of its filesystem")
@@ -152,8 +161,7 @@ var errSecondMount = errors.New("fanotify names this mount's files through anoth
 // inotify backend.
 func (fa *Fanotify) nestedMount(ctx context.Context, t tree.Tree, mountpoint string) bool {
 	var err error
-	var st unix.Stat_t
-	if serr := unix.Stat(mountpoint, &st); serr == nil && fa.handles.Has(st.Dev) {
+	if st, serr := inode.StatPath(mountpoint); serr == nil && fa.handles.Has(st.Dev) {
 		// Another view of a filesystem reached already (a bind mount
 		// of a directory of a tree's filesystem): an event names a
 		// file by handle, whose path is found through the mount seen

@@ -510,7 +510,7 @@ func TestRescanCoversRemovedTree(t *testing.T) {
 	trees := fa.list()
 	fa.RemoveTree(root)
 	var watched []string
-	fa.rescanTrees(context.Background(), trees, func(_ tree.Tree, p string) { watched = append(watched, p) })
+	fa.rescanTrees(context.Background(), trees, func(_ tree.Tree, p string, _ int) { watched = append(watched, p) })
 	if got, want := s.got(), []string{path + " 1h0m0s leaving"}; !slices.Equal(got, want) {
 		t.Errorf("reports: %q, want %q", got, want)
 	}

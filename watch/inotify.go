@@ -11,10 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -26,9 +24,10 @@ import (
 )
 
 // Watcher is the inotify backend: one inotify watch per directory
-// (github.com/fsnotify/fsnotify), added recursively; a new directory is
-// watched, then scanned, so a file made in it before its watch existed is
-// still seen.
+// (inotifyFD), added recursively; a new directory is watched, then
+// scanned, so a file made in it before its watch existed is still seen.
+// A directory is watched through a descriptor opened without following a
+// symlink in any component, never by its path.
 //
 // When fs.inotify.max_user_watches runs out (ENOSPC from
 // inotify_add_watch), the directories that could not be watched are logged
@@ -36,7 +35,7 @@ import (
 // (when their watch is tried again) until all are watched.
 type Watcher struct {
 	base
-	w        *fsnotify.Watcher
+	w        *inotifyFD
 	interval time.Duration
 
 	dmu       sync.Mutex
@@ -61,14 +60,12 @@ type Watcher struct {
 	// events has checked (rootMoved), one lstat(2) per tree a batch
 	// touches. Only Run's goroutine uses it.
 	looked map[string]bool
-
-	removePanicked atomic.Bool // removeWatch recovered a panic of fsnotify (logged once)
 }
 
 // NewInotify returns an inotify backend for trees. Its inotify instance is
 // made now; no watch is added until Start.
 func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
-	w, err := fsnotify.NewBufferedWatcher(4096)
+	w, err := newInotifyFD(4096)
 	if err != nil {
 		return nil, fmt.Errorf("inotify: %w", budgetErr(err, inotifyInstances))
 	}
@@ -96,7 +93,7 @@ func (w *Watcher) nestedMount(ctx context.Context, t tree.Tree, mountpoint strin
 		}
 	}
 	w.addOrNote(t, mountpoint)
-	w.scanDir(ctx, t, mountpoint, true, func(p string) { w.addOrNote(t, p) })
+	w.scanDir(ctx, t, mountpoint, true, func(p string, fd int) { w.addOrNoteFD(t, p, fd) })
 	w.logLimit()
 	return true
 }
@@ -107,39 +104,51 @@ func (w *Watcher) Name() string { return "inotify" }
 // Observer implements Backend: inotify needs none.
 func (w *Watcher) Observer() bdi.AttemptObserver { return nil }
 
-// add watches dir and records it.
+// add watches the directory dir, opened with inode.OpenPath (no symlink
+// in any component, the last one not followed), and records it.
 func (w *Watcher) add(dir string) error {
-	if err := w.w.Add(dir); err != nil {
-		return err
+	fd, err := inode.OpenPath(dir)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(fd)
+	return w.addFD(dir, fd)
+}
+
+// addFD watches the directory open as fd under the name dir, and records
+// it with its identity (fstat of fd: the directory watched). Anything but
+// a directory is ENOTDIR.
+func (w *Watcher) addFD(dir string, fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &fs.PathError{Op: "fstat", Path: dir, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return &fs.PathError{Op: "inotify_add_watch", Path: dir, Err: unix.ENOTDIR}
+	}
+	if err := w.w.AddFD(dir, fd); err != nil {
+		return &fs.PathError{Op: "inotify_add_watch", Path: dir, Err: err}
 	}
 	w.dmu.Lock()
-	key, ok := w.dirs[dir]
-	w.dmu.Unlock()
-	if !ok || key == (inode.Key{}) {
-		// Its identity, once (a rescan adds every directory again):
-		// zero if it cannot be told (moved already). A name watched
-		// before keeps the identity it had; if it leads to another
-		// directory now, the next overflow's dropMovedWatches watches
-		// it afresh.
-		key, _, _ = inode.Stat(dir)
-	}
-	w.dmu.Lock()
-	w.dirs[dir] = key
+	w.dirs[dir] = inode.Key{Dev: st.Dev, Ino: st.Ino}
 	w.dmu.Unlock()
 	return nil
 }
 
+// gone reports whether err, of add, says the name leads to no directory
+// now (removed, or replaced by a file or a symlink).
+func gone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)
+}
+
 // dropMovedWatches runs before a rescan after a queue overflow: a watched
 // directory renamed or replaced while the events were lost keeps its
-// inotify watch, and fsnotify, which knows the watch by the old name,
-// reports the directory's events under that name (a name that leads to
-// another directory now, or to nothing), and would give the old name's
-// watch to the directory found there (its watch descriptor, re-added,
-// replacing the moved one's: the moved directory's events then go
-// nowhere). So every watched directory whose name no longer leads to the
-// directory watched (lstat(2): another inode, or none) loses its watch,
-// with those below it, before the rescan watches the trees' directories
-// by their names now. It returns the number of names dropped.
+// inotify watch, which names the directory's events by the old name (a
+// name that leads to another directory now, or to nothing). So every
+// watched directory whose name no longer leads to the directory watched
+// (inode.Stat: another inode, or none) loses its watch, with those below
+// it, before the rescan watches the trees' directories by their names
+// now. It returns the number of names dropped.
 func (w *Watcher) dropMovedWatches() int {
 	w.dmu.Lock()
 	dirs := make(map[string]inode.Key, len(w.dirs))
@@ -159,8 +168,13 @@ func (w *Watcher) dropMovedWatches() int {
 
 // addOrNote watches dir; a directory beyond the watch limit is noted for
 // the periodic rescans.
-func (w *Watcher) addOrNote(t tree.Tree, dir string) {
-	err := w.add(dir)
+func (w *Watcher) addOrNote(t tree.Tree, dir string) { w.note(t, dir, w.add(dir)) }
+
+// addOrNoteFD is addOrNote for the directory open as fd (a walk's).
+func (w *Watcher) addOrNoteFD(t tree.Tree, dir string, fd int) { w.note(t, dir, w.addFD(dir, fd)) }
+
+// note handles err, of watching dir in tree t.
+func (w *Watcher) note(t tree.Tree, dir string, err error) {
 	switch {
 	case err == nil:
 	case errors.Is(err, unix.ENOSPC):
@@ -170,7 +184,7 @@ func (w *Watcher) addOrNote(t tree.Tree, dir string) {
 			w.ctr.Unwatched.Add(1)
 		}
 		w.dmu.Unlock()
-	case errors.Is(err, fs.ErrNotExist):
+	case gone(err):
 	default:
 		w.log.Warn("cannot watch directory", logpath.String("path", dir), zap.Error(err))
 	}
@@ -220,26 +234,8 @@ func (w *Watcher) forget(dir string) bool {
 	return true
 }
 
-// removeWatch stops watching the directory path. fsnotify (up to 1.10.1 at
-// least) keeps a path whose watch it has forgotten when a directory moved
-// onto a watched name is added while the name's old watch is still
-// registered (directories swapped while a rescan adds them by name: the
-// rescan sees the new tree before the event queue says how it got there);
-// its Remove of that path then dereferences the missing watch and panics
-// (github.com/fsnotify/fsnotify issue 652 is the same fault reached through
-// symlinks). The entry is deleted before the panic, under a lock released
-// by a defer, so the panic is recovered here and the path taken as
-// unwatched: the kernel's watch of that directory, if any is left, reports
-// to no path until the directory is removed. Logged once.
-func (w *Watcher) removeWatch(path string) {
-	defer func() {
-		if r := recover(); r != nil && !w.removePanicked.Swap(true) {
-			w.log.Warn("fsnotify lost track of a directory's watch (a directory moved onto a watched name); recovered, the name is unwatched",
-				logpath.String("path", path), zap.Any("panic", r))
-		}
-	}()
-	w.w.Remove(path)
-}
+// removeWatch stops watching the directory path.
+func (w *Watcher) removeWatch(path string) { w.w.Remove(path) }
 
 // Close implements Backend.
 func (w *Watcher) Close() error { return w.w.Close() }
@@ -280,7 +276,7 @@ func (w *Watcher) watchRoot(root string) error {
 		return fmt.Errorf("%w: the daemon may not read the tree %s (inotify_add_watch: %v); give it read and search permission on the directory, or remove the tree",
 			ErrBackendRefused, strconv.Quote(root), err)
 	}
-	return &fs.PathError{Op: "inotify_add_watch", Path: root, Err: err}
+	return err
 }
 
 // Scan implements Backend: it adds a watch on every directory below the
@@ -289,7 +285,7 @@ func (w *Watcher) watchRoot(root string) error {
 // other. Running out of watches is not an error (see Watcher).
 func (w *Watcher) Scan(ctx context.Context) {
 	for _, t := range w.list() {
-		w.scanDir(ctx, t.Tree, t.Root, true, func(p string) { w.addOrNote(t.Tree, p) })
+		w.scanDir(ctx, t.Tree, t.Root, true, func(p string, fd int) { w.addOrNoteFD(t.Tree, p, fd) })
 	}
 	w.logLimit()
 }
@@ -303,7 +299,7 @@ func (w *Watcher) AddTree(ctx context.Context, t tree.Tree) error {
 		w.removeTree(t.Root)
 		return err
 	}
-	w.scanDir(ctx, t, t.Root, true, func(p string) { w.addOrNote(t, p) })
+	w.scanDir(ctx, t, t.Root, true, func(p string, fd int) { w.addOrNoteFD(t, p, fd) })
 	w.logLimit()
 	return nil
 }
@@ -334,7 +330,7 @@ func (w *Watcher) serveNested(ctx context.Context, parent tree.Tree, mountpoint 
 		w.log.Warn("cannot watch a filesystem mounted inside a tree", logpath.String("mountpoint", mountpoint), zap.Error(err))
 		return false
 	}
-	w.scanDir(ctx, nt, mountpoint, true, func(p string) { w.addOrNote(nt, p) })
+	w.scanDir(ctx, nt, mountpoint, true, func(p string, fd int) { w.addOrNoteFD(nt, p, fd) })
 	w.logLimit()
 	return true
 }
@@ -428,7 +424,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			if !ok {
 				return
 			}
-			if errors.Is(err, fsnotify.ErrEventOverflow) {
+			if errors.Is(err, errEventOverflow) {
 				w.ctr.Overflows.Add(1)
 				w.logOverflow("inotify")
 				// The names the lost events changed may lead
@@ -439,7 +435,7 @@ func (w *Watcher) Run(ctx context.Context) {
 						w.log.Info("watched directories were moved or replaced while events were lost; they are watched again under their names now",
 							zap.Int("directories", n))
 					}
-					w.rescan(ctx, w.addOrNote)
+					w.rescan(ctx, w.addOrNoteFD)
 				})
 				continue
 			}
@@ -496,22 +492,17 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 		if ctx.Err() != nil {
 			return true
 		}
-		// inotify_add_watch follows symlinks: a directory replaced by
-		// a symlink since is dropped, not watched through it.
-		var st unix.Stat_t
-		if err := unix.Lstat(d, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			w.dmu.Lock()
-			delete(w.unwatched, d)
-			w.ctr.Unwatched.Add(^uint64(0))
-			w.dmu.Unlock()
-			continue
-		}
+		// A directory replaced by a file or a symlink since is
+		// dropped, not watched through it (add).
 		err := w.add(d)
-		if err == nil || errors.Is(err, fs.ErrNotExist) {
+		if err == nil || gone(err) {
 			w.dmu.Lock()
 			delete(w.unwatched, d)
 			w.ctr.Unwatched.Add(^uint64(0))
 			w.dmu.Unlock()
+		}
+		if gone(err) {
+			continue
 		}
 		if coveredBy(dirs, d) {
 			continue // an unwatched ancestor's walk goes through it
@@ -519,7 +510,7 @@ func (w *Watcher) rescanUnwatched(ctx context.Context) bool {
 		// The whole subtree: a directory made or moved in below an
 		// unwatched one since reported no event either. Each directory
 		// the walk meets is watched if the limit allows, else noted.
-		w.scanDir(ctx, t, d, true, func(p string) { w.addOrNote(t, p) })
+		w.scanDir(ctx, t, d, true, func(p string, fd int) { w.addOrNoteFD(t, p, fd) })
 	}
 	w.touched()
 	w.dmu.Lock()
@@ -553,7 +544,7 @@ func coveredBy(dirs map[string]tree.Tree, dir string) bool {
 
 // handle handles one event, for the deepest served tree that holds its
 // name.
-func (w *Watcher) handle(ev fsnotify.Event) {
+func (w *Watcher) handle(ev inotifyEvent) {
 	t, ok := w.TreeOf(ev.Name)
 	if !ok {
 		return
@@ -577,16 +568,16 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 	// cache has lost (a file found by a scan only, or the cache emptied
 	// since) waits for that.
 	old, known := w.keys[ev.Name]
-	if !ev.Has(fsnotify.Write) {
+	if !ev.Has(opWrite) {
 		w.forgetKey(ev.Name) // (a Create of a directory clears all of it below)
 	}
-	if known && ev.Has(fsnotify.Remove) {
+	if known && ev.Has(opRemove) {
 		w.unlinked(old, ev.Name)
 	}
 	switch {
-	case ev.Has(fsnotify.Create):
+	case ev.Has(opCreate):
 		w.created(t, ev.Name, old, known)
-	case ev.Has(fsnotify.Write):
+	case ev.Has(opWrite):
 		if known { // (old: the cache's entry, which a Write keeps)
 			w.report(t, ev.Name, old, false)
 			return
@@ -594,22 +585,45 @@ func (w *Watcher) handle(ev fsnotify.Event) {
 		if key, ok := w.reportPath(t, ev.Name, false); ok {
 			w.cacheKey(ev.Name, key)
 		}
-	case ev.Has(fsnotify.Rename), ev.Has(fsnotify.Remove):
+	case ev.Has(opRename), ev.Has(opRemove):
 		// A directory renamed away keeps its watch under the old name:
 		// drop the watches below it; its new name, if in a tree, comes
-		// as a Create.
-		if w.forget(ev.Name) {
+		// as a Create. A directory that has the name still was not
+		// (the other side of a renameat2(RENAME_EXCHANGE), whose
+		// events for the name come after its own Create).
+		if !w.stillNamed(ev.Name) && w.forget(ev.Name) {
 			w.checkRootsUnder(ev.Name)
 		}
 	}
 }
 
+// stillNamed reports whether the watched directory name is still there
+// under that name (inode.Stat finds the inode watched).
+func (w *Watcher) stillNamed(name string) bool {
+	w.dmu.Lock()
+	was, ok := w.dirs[name]
+	w.dmu.Unlock()
+	if !ok || was == (inode.Key{}) {
+		return false
+	}
+	key, _, err := inode.Stat(name)
+	return err == nil && key == was
+}
+
 // created handles a Create of name (made, linked or moved in) in tree t:
 // a directory is watched and scanned, a regular file reported. old is the
 // file the name led to before, if known.
+//
+// name is looked at through inode.OpenPath: a name reached through a
+// symlink (a directory above it swapped for one) is not looked at, and a
+// directory is watched through the descriptor looked at.
 func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 	var st unix.Stat_t
-	err := unix.Lstat(name, &st)
+	fd, err := inode.OpenPath(name)
+	if err == nil {
+		defer unix.Close(fd)
+		err = unix.Fstat(fd, &st)
+	}
 	if known && (err != nil || (inode.Key{Dev: st.Dev, Ino: st.Ino}) != old) {
 		w.unlinked(old, name)
 	}
@@ -629,9 +643,9 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 		if !ok || !ct.Recursive || ct.Root == name {
 			return // nothing of a tree in it, or a tree's own root
 		}
-		w.addOrNote(ct, name)
+		w.addOrNoteFD(ct, name, fd)
 		// Files made in it before the watch existed sent no event.
-		w.scanDir(context.Background(), ct, name, false, func(p string) { w.addOrNote(ct, p) })
+		w.scanDir(context.Background(), ct, name, false, func(p string, fd int) { w.addOrNoteFD(ct, p, fd) })
 		w.logLimit()
 	case unix.S_IFREG:
 		// Made, linked or moved in: tracked without opening it
@@ -644,9 +658,9 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 	}
 }
 
-// Quiesce implements Backend. fsnotify reads the inotify queue on a
-// goroutine of its own, out of sight, so this waits until no event has
-// been handled for 50ms and none waits in fsnotify's channel.
+// Quiesce implements Backend. inotifyFD reads the inotify queue on a
+// goroutine of its own, so this waits until no event has been handled for
+// 50ms and none waits in its channel.
 func (w *Watcher) Quiesce(ctx context.Context) {
 	last, since := w.doneBatches.Load(), time.Now()
 	for ctx.Err() == nil {

@@ -3,6 +3,7 @@ package watch
 import (
 	"context"
 	"errors"
+	"flusherd/inode"
 	"flusherd/internal/logpath"
 
 	"github.com/moby/sys/mountinfo"
@@ -135,9 +136,19 @@ func (b *base) checkMounts(ctx context.Context, infos []*mountinfo.Info, err err
 			continue
 		}
 		mp := logpath.String("mountpoint", m.Mountpoint)
+		// Looked at through a descriptor: no symlink followed.
+		mfd, err := inode.OpenPath(m.Mountpoint)
+		if err != nil {
+			continue // unmounted meanwhile, or its path is no longer a tree's
+		}
 		var sfs unix.Statfs_t
-		if err := unix.Statfs(m.Mountpoint, &sfs); err != nil {
-			// Unmounted meanwhile, or hidden by a mount above it.
+		var st unix.Stat_t
+		err = unix.Fstatfs(mfd, &sfs)
+		if err == nil {
+			err = unix.Fstat(mfd, &st)
+		}
+		unix.Close(mfd)
+		if err != nil {
 			continue
 		}
 		if kind, ok := noWriteback[int64(sfs.Type)]; ok {
@@ -149,10 +160,6 @@ func (b *base) checkMounts(ctx context.Context, infos []*mountinfo.Info, err err
 			b.ctr.Unserved.Add(1)
 			b.log.Warn("an overlayfs is mounted inside a tree; its writes are not served (an overlay file's dirty pages belong to its upper layer's inode): watch the upper layer's directory as a tree of its own",
 				mp, logpath.String("tree", in.Root))
-			continue
-		}
-		var st unix.Stat_t
-		if err := unix.Stat(m.Mountpoint, &st); err != nil {
 			continue
 		}
 		b.mu.Lock()

@@ -17,7 +17,7 @@ import (
 // overflow). Files already tracked keep their dirtiedWhen.
 // The trees removed by a reload recently (recentlyRemoved) are scanned
 // too: the writes lost may have been made in one before its removal.
-func (b *base) rescan(ctx context.Context, onDir func(t tree.Tree, path string)) {
+func (b *base) rescan(ctx context.Context, onDir func(t tree.Tree, path string, fd int)) {
 	b.mu.Lock()
 	trees := slices.Clone(b.trees)
 	for _, r := range b.recentlyRemoved {
@@ -32,7 +32,7 @@ func (b *base) rescan(ctx context.Context, onDir func(t tree.Tree, path string))
 // scanned all the same (its dirty files are reported as leaving) and is
 // then no longer among the recently removed; one whose root is gone is
 // not scanned.
-func (b *base) rescanTrees(ctx context.Context, trees []*watchedTree, onDir func(t tree.Tree, path string)) {
+func (b *base) rescanTrees(ctx context.Context, trees []*watchedTree, onDir func(t tree.Tree, path string, fd int)) {
 	for _, t := range trees {
 		served := b.served(t)
 		if !served && !b.removedRoot(t.Root) {
@@ -43,9 +43,9 @@ func (b *base) rescanTrees(ctx context.Context, trees []*watchedTree, onDir func
 		}
 		b.ctr.Rescans.Add(1)
 		b.sink.Rescanned(t.rootKey().Dev)
-		var f func(string)
+		var f func(string, int)
 		if onDir != nil && served { // (a removed tree's directories get no watch)
-			f = func(p string) { onDir(t.Tree, p) }
+			f = func(p string, fd int) { onDir(t.Tree, p, fd) }
 		}
 		b.scanDir(ctx, t.Tree, t.Root, true, f)
 		if served && ctx.Err() == nil {

@@ -3,7 +3,6 @@ package watch
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -186,9 +185,9 @@ func (b *base) rootOf(dir string, t tree.Tree) (root, recursive bool) {
 
 // record notes the root's identity, for checkRoots.
 func (t *watchedTree) record() error {
-	var st unix.Stat_t
-	if err := unix.Lstat(t.Root, &st); err != nil {
-		return &fs.PathError{Op: "lstat", Path: t.Root, Err: err}
+	st, err := inode.StatPath(t.Root)
+	if err != nil {
+		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("watch root %s: not a directory", strconv.Quote(t.Root))
@@ -234,15 +233,14 @@ func (b *base) checkRootsUnder(dir string) {
 		if gone {
 			continue
 		}
-		var st unix.Stat_t
-		err := unix.Lstat(t.Root, &st)
+		st, err := inode.StatPath(t.Root)
 		if err == nil && st.Dev == t.rootKey().Dev && st.Ino == t.rootKey().Ino {
 			b.mu.Lock()
 			t.failing = false
 			b.mu.Unlock()
 			continue
 		}
-		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
+		if err != nil && !rootGone(err) {
 			// Not gone: its filesystem fails (ENOTCONN from a FUSE
 			// server that died, EIO) or a resource ran out. Its files
 			// stay tracked, their attempts fail and say why, and
@@ -288,8 +286,15 @@ func (b *base) checkRootsUnder(dir string) {
 	}
 }
 
+// rootGone reports whether err, of inode.StatPath of a root, says the root
+// is gone: removed, or a directory on its path replaced by a file or a
+// symlink (ELOOP: a path through a symlink does not lead to the tree).
+func rootGone(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)
+}
+
 // rootMoved reports whether the served tree rooted at root no longer has
-// its root at that path (lstat(2) finds another inode, or none): its root,
+// its root at that path (inode.StatPath finds another inode, or none): its root,
 // or a directory above it, was renamed, removed or mounted over. inotify
 // tells nothing of the directories above a root, and its watches go on
 // reporting the moved tree's writes under the old path, where another
@@ -299,9 +304,8 @@ func (b *base) rootMoved(root string) bool {
 	if t == nil || t.Root != root {
 		return false
 	}
-	var st unix.Stat_t
-	err := unix.Lstat(root, &st)
-	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
+	st, err := inode.StatPath(root)
+	if err != nil && !rootGone(err) {
 		return false // unreachable, not moved (checkRoots says which)
 	}
 	return err != nil || st.Dev != t.rootKey().Dev || st.Ino != t.rootKey().Ino

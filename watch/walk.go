@@ -19,8 +19,9 @@ import (
 )
 
 // scanDir walks dir (the whole subtree when the tree is recursive),
-// calling onDir for each subdirectory before its entries are read (inotify
-// adds its watch there), then reports its regular files. With onlyDirty,
+// calling onDir with each subdirectory's path and open descriptor before
+// its entries are read (inotify adds its watch there, on that
+// descriptor), then reports its regular files. With onlyDirty,
 // only files cachestat shows dirty are reported (start-up, overflow);
 // otherwise every file is (a directory that just appeared: its files may
 // have been written before the watch existed).
@@ -34,7 +35,7 @@ import (
 // never followed, opened or listed. What could not be read for want of a
 // resource (EMFILE, ENFILE, ENOMEM, EAGAIN, EINTR) makes the scan
 // incomplete, and a rescan is scheduled with backoff (scanIncomplete).
-func (b *base) scanDir(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string)) {
+func (b *base) scanDir(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string, fd int)) {
 	pfd, err := inode.OpenPath(dir)
 	if err == nil {
 		var fd int
@@ -137,7 +138,7 @@ func (b *base) dirError(dir string, err error) {
 // longPath): its files could not be opened by path, inotify cannot watch
 // it, and fanotify cannot name its tree; that bounds the depth at about
 // 2,048 levels.
-func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDirty bool, onDir func(string), ids *dirIdentity) {
+func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDirty bool, onDir func(string, int), ids *dirIdentity) {
 	buf := make([]byte, 32<<10)
 	stack := walkStack{{fd: fd, path: dir}}
 	defer func() { stack.closeAll() }()
@@ -179,7 +180,7 @@ func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDi
 			continue
 		}
 		if onDir != nil {
-			onDir(path)
+			onDir(path, cfd)
 		}
 		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, ids)
 		if len(subdirs) == 0 {
@@ -501,10 +502,11 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 	}
 }
 
-// reportPath is report for a path an event named: lstat(2) classifies it
-// (only a regular file is reported; the writeback attempt opens it with
-// inode.OpenPath, which refuses symlinks in any component). It returns the
-// file's key and whether it was a regular file, reported.
+// reportPath is report for a path an event named: inode.Stat classifies it
+// without following a symlink in any component (only a regular file is
+// reported; the writeback attempt opens it with inode.OpenPath, which
+// refuses symlinks in any component too). It returns the file's key and
+// whether it was a regular file, reported.
 func (b *base) reportPath(t tree.Tree, path string, onlyDirty bool) (inode.Key, bool) {
 	key, regular, err := inode.Stat(path)
 	if err != nil {
@@ -533,7 +535,8 @@ func noWritebackFd(fd int) bool {
 
 // noWritebackDev reports whether dev, the filesystem of the regular file
 // at path, never writes data back (noWriteback: proc, sysfs, tmpfs...),
-// from statfs(2) of path's directory. A file there is never tracked: its
+// from fstatfs(2) of path's directory (opened with inode.OpenPath: no
+// symlink followed). A file there is never tracked: its
 // "dirty" pages have no backing store (or it is no file at all, as
 // /proc/<pid>/mem), so it would never be found clean. When the directory
 // is not on dev (path is a file mounted on another filesystem's name) or
@@ -546,12 +549,16 @@ func (b *base) noWritebackDev(dev uint64, path string) bool {
 	if _, ok := b.devWritesBack.Load(dev); ok {
 		return false
 	}
-	dir := filepath.Dir(path)
-	var st unix.Stat_t
-	if unix.Lstat(dir, &st) != nil || st.Dev != dev {
+	fd, err := inode.OpenPath(filepath.Dir(path))
+	if err != nil {
 		return false
 	}
-	if _, no := NoWriteback(dir); no {
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Dev != dev {
+		return false
+	}
+	if noWritebackFd(fd) {
 		return true
 	}
 	b.devWritesBack.Store(dev, true)

@@ -96,7 +96,7 @@ func TestScanStaysInsideTree(t *testing.T) {
 		}
 	})
 	for range 2000 {
-		b.scanDir(context.Background(), tree.Tree{Root: dir, Recursive: true}, dir, false, func(p string) { dirs.Store(p, true) })
+		b.scanDir(context.Background(), tree.Tree{Root: dir, Recursive: true}, dir, false, func(p string, _ int) { dirs.Store(p, true) })
 	}
 	close(stop)
 	wg.Wait()
@@ -381,7 +381,7 @@ func TestScanDeepTree(t *testing.T) {
 	b.init([]tree.Tree{{Root: root, Recursive: true}}, sinkOf(ks), Options{Opener: inode.OS{}, Log: zap.New(core)})
 	var dirs atomic.Int64
 	maxFDs := 0
-	b.scanDir(context.Background(), b.list()[0].Tree, root, false, func(string) {
+	b.scanDir(context.Background(), b.list()[0].Tree, root, false, func(string, int) {
 		if dirs.Add(1)%50 == 0 {
 			maxFDs = max(maxFDs, openFDs(t))
 		}

@@ -7,14 +7,15 @@
 //     FAN_REPORT_TARGET_FID from Linux 5.17), events identified by file
 //     handle; no per-directory watch, no watch limit.
 //     Needs CAP_SYS_ADMIN (and CAP_DAC_READ_SEARCH for the handles).
-//   - Watcher: inotify(7) through github.com/fsnotify/fsnotify, one watch
-//     per directory, added recursively.
+//   - Watcher: inotify(7) (inotifyFD), one watch per directory, added
+//     recursively on a descriptor of the directory.
 //
 // Both scan the trees with cachestat(2) at start-up and after an event
-// queue overflow, and report every file found dirty. Symlinks are never
-// followed (filepath.WalkDir and lstat do not), and only regular files are
-// reported; FIFOs, sockets and device nodes are skipped without being
-// opened.
+// queue overflow, and report every file found dirty. No path is resolved
+// through a symlink: directories are opened relative to their parent's
+// descriptor with O_NOFOLLOW, or with inode.OpenPath (openat2
+// RESOLVE_NO_SYMLINKS), and only regular files are reported; FIFOs,
+// sockets and device nodes are skipped without being opened.
 package watch
 
 import (
