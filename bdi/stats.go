@@ -54,6 +54,10 @@ type Stats struct {
 	ListLockMaxUs                         int64  // the longest time the device's list lock was held, in microseconds
 	DetachedCalls                         uint64 // writeback calls of big files' chunks left to finish on their worker (a slow device)
 	LoopStallMaxUs                        int64  // the longest time the device's goroutine, awake, went without a sign of life (a wait on one call), in microseconds
+	OverBudget                            int    // 1 while new files are not tracked for the tracked-inode budget (overBudget)
+	UntrackedReports                      uint64 // reports of new files not tracked for the budget; whole-filesystem passes write them
+	SyncfsPasses                          uint64 // whole-filesystem passes (syncfs) completed over the budget
+	SyncfsErrors                          uint64 // of those and of passes that could not be made, the ones that failed
 
 	// Outcomes counts attempts by policy.Outcome (not in the file).
 	Outcomes [policy.NumOutcomes]uint64
@@ -148,6 +152,10 @@ func (s *Stats) statsFields() []struct {
 		{"detached_calls", false, &s.DetachedCalls, nil, nil},
 		{"list_lock_max_us", false, nil, &s.ListLockMaxUs, nil},
 		{"loop_stall_max_us", false, nil, &s.LoopStallMaxUs, nil},
+		{"over_budget", false, nil, nil, &s.OverBudget},
+		{"untracked_reports", false, &s.UntrackedReports, nil, nil},
+		{"syncfs_passes", false, &s.SyncfsPasses, nil, nil},
+		{"syncfs_errors", false, &s.SyncfsErrors, nil, nil},
 	}
 }
 
@@ -253,6 +261,10 @@ func (wb *Writeback) Snapshot() Stats {
 	s.DetachedCalls = wb.acct.detached
 	s.ListLockMaxUs = wb.mu.MaxHold().Microseconds()
 	s.LoopStallMaxUs = time.Duration(wb.live.stallMax.Load()).Microseconds()
+	if wb.over.on {
+		s.OverBudget = 1
+	}
+	s.UntrackedReports, s.SyncfsPasses, s.SyncfsErrors = wb.over.untracked, wb.over.passes, wb.over.errs
 	s.Outcomes = wb.acct.outcomes
 	return s
 }

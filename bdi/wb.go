@@ -97,6 +97,8 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 			probed: make(map[uint64]bool), fallback: make(map[uint64]bool)},
 	}
 	wb.errLog = newSampledLog(log)
+	wb.budget = &trackBudget{}
+	wb.syncfs = wb.syncfsOS
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
 }
@@ -122,6 +124,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		}
 		wb.applyConfig()
 		wb.wbDoWriteback()
+		wb.budgetStep()
 		wb.writeStats(false)
 		wb.logSuppressed()
 		d, arm := wb.sleepFor()
@@ -196,6 +199,18 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	now := wb.now()
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
+	d, arm := wb.sleepForLocked(now)
+	if bd, ok := wb.budgetWakeLocked(now); ok && (!arm || bd < d) {
+		return bd, true
+	}
+	return d, arm
+}
+
+// sleepForLocked is sleepFor but for the over-budget state.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) sleepForLocked(now time.Duration) (time.Duration, bool) {
 	if len(wb.work) > 0 {
 		return 0, true
 	}

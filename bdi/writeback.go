@@ -98,6 +98,12 @@ type Writeback struct {
 	probe probing
 	// +checklocks:mu
 	stop shutdown
+	// over is the device's over-budget state; budget, every device's
+	// tracked-inode budget (the Registry's).
+	// +checklocks:mu
+	over   overBudget
+	budget *trackBudget
+	syncfs syncfsFS // the whole-filesystem pass: syncfsOS, or a test's
 
 	calls offLoop   // calls off the goroutine, and the closer; own lock
 	bw    bandwidth // the write bandwidth estimator; the goroutine's

@@ -15,6 +15,7 @@
 //	requeue_blocked  = "io_wait"      # or "redirty_tail"
 //	attempt_timeout  = "10s"          # a longer call counts in stuck_calls; an integrity call is given up on
 //	shutdown_timeout = "30s"          # bound on the final writeback at SIGTERM
+//	max_tracked_inodes = "auto"       # files tracked at once; "auto": from the memory limit; "unlimited"; or a count
 //
 //	[plug]
 //	enabled     = true
@@ -190,7 +191,20 @@ type Writeback struct {
 	AttemptTimeout time.Duration
 	// ShutdownTimeout bounds the final writeback at SIGTERM. Default 30s.
 	ShutdownTimeout time.Duration
+	// MaxTrackedInodes bounds the files tracked at once, over all trees:
+	// past it, new files are not tracked and their filesystems are
+	// written back whole by syncfs(2) until the tracked files fall under
+	// three quarters of it. MaxTrackedAuto (the default, "auto") derives
+	// it from the daemon's memory limit; MaxTrackedUnlimited
+	// ("unlimited") sets none.
+	MaxTrackedInodes int64
 }
+
+// Values of [Writeback.MaxTrackedInodes] besides a count.
+const (
+	MaxTrackedAuto      = 0
+	MaxTrackedUnlimited = -1
+)
 
 // Plug is the [plug] table: request plugging.
 type Plug struct {
@@ -327,6 +341,7 @@ func Default() *Config {
 			RequeueBlocked:         RequeueIOWait,
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
+			MaxTrackedInodes:       MaxTrackedAuto,
 		},
 		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second},

@@ -24,6 +24,7 @@ func (c *Config) Encode(w io.Writer) error {
 			RequeueBlocked:         wb.RequeueBlocked,
 			AttemptTimeout:         wb.AttemptTimeout.String(),
 			ShutdownTimeout:        wb.ShutdownTimeout.String(),
+			MaxTrackedInodes:       wb.MaxTrackedInodes,
 		},
 		Plug:    encPlug{c.Plug.Enabled, c.Plug.MaxPending, c.Plug.QueueDepth, c.Plug.IntegritySyncfs, formatSize(c.Plug.MaxInflightBytes)},
 		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String()},
@@ -33,6 +34,12 @@ func (c *Config) Encode(w io.Writer) error {
 	}
 	if wb.WriteChunkAuto {
 		e.Writeback.WriteChunk = "auto"
+	}
+	switch wb.MaxTrackedInodes {
+	case MaxTrackedAuto:
+		e.Writeback.MaxTrackedInodes = "auto"
+	case MaxTrackedUnlimited:
+		e.Writeback.MaxTrackedInodes = "unlimited"
 	}
 	for _, x := range c.Watch {
 		e.Watch = append(e.Watch, encWatch{Path: x.Root, Recursive: x.Recursive, Mode: string(x.Mode), Expire: x.Expire.String()})
@@ -69,6 +76,7 @@ type encWriteback struct {
 	RequeueBlocked         string `toml:"requeue_blocked"`
 	AttemptTimeout         string `toml:"attempt_timeout"`
 	ShutdownTimeout        string `toml:"shutdown_timeout"`
+	MaxTrackedInodes       any    `toml:"max_tracked_inodes"` // "auto", "unlimited" or an int64
 }
 
 type encPlug struct {

@@ -101,6 +101,9 @@ func (ch *checker) writebackTimes() {
 	ch.positive("writeback.attempt_timeout", wb.AttemptTimeout)
 	ch.atLeast("writeback.attempt_timeout", wb.AttemptTimeout, MinInterval)
 	ch.positive("writeback.shutdown_timeout", wb.ShutdownTimeout)
+	if wb.MaxTrackedInodes < MaxTrackedUnlimited {
+		ch.add("writeback.max_tracked_inodes", "must be a count of at least 1, \"auto\" or \"unlimited\", got %d", wb.MaxTrackedInodes)
+	}
 	// A max_pause copied from a dirty_writeback_interval that is itself
 	// refused above is not a second error.
 	knockOn := maxPauseDefault && wb.DirtyWritebackInterval < MinInterval

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
+)
+
+// TestTrackedInodeBudget: on a loop-mounted ext4, a tree with an hour's
+// expiry and writeback.max_tracked_inodes = 300 gets 1,500 small files.
+// The device enters the over-budget state (its log line, over_budget,
+// untracked_reports), whole-filesystem passes run (syncfs_passes, no
+// syncfs_errors), the tracked files never exceed the budget, and every
+// file is clean by cachestat within 15 s of the last write, an hour
+// before its expiry and well before the kernel's own flusher (30 s). The
+// device then leaves the state (over_budget 0, its log line), and a file
+// written afterwards is tracked again. With each backend.
+func TestTrackedInodeBudget(t *testing.T) {
+	testfs.SkipShort(t, "1,500 files on a loop-mounted ext4 under a small tracked-inode budget")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, backend := range []string{"fanotify", "inotify"} {
+		t.Run(backend, func(t *testing.T) { trackedInodeBudget(t, backend) })
+	}
+}
+
+func trackedInodeBudget(t *testing.T, backend string) {
+	const budget, dirs, perDir = 300, 5, 300
+	mnt, tree := mountTree(t, "ext4")
+	d := runDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "1s"
+max_tracked_inodes = %d
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+expire = "1h"
+`, budget, backend, tree), daemonOpts{bin: plainBinary})
+	stats := d.devStats(mnt.MajMin)
+	var paths []string
+	for i := range dirs {
+		dir := filepath.Join(tree, fmt.Sprintf("d%d", i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for j := range perDir {
+			p := filepath.Join(dir, fmt.Sprintf("f%03d", j))
+			writeDirty(t, p, 4096)
+			paths = append(paths, p)
+		}
+	}
+	wrote := time.Now()
+	// Every file clean, while the tracked files stay within the budget.
+	maxTracked := int64(0)
+	clean := testwait.Poll(15*time.Second, func() bool {
+		if s := readStats(t, stats); s != nil {
+			maxTracked = max(maxTracked, tracked(s))
+		}
+		for len(paths) > 0 {
+			dt, wb, err := cachestat(paths[0], 0, 0)
+			if err != nil {
+				t.Fatalf("cachestat %s: %v", paths[0], err)
+			}
+			if dt+wb > 0 {
+				return false
+			}
+			paths = paths[1:]
+		}
+		return true
+	})
+	if !clean {
+		t.Fatalf("%d of %d files still dirty %v after the last write (first: %s)", len(paths), dirs*perDir, time.Since(wrote).Round(time.Millisecond), paths[0])
+	}
+	t.Logf("every file clean %v after the last write", time.Since(wrote).Round(time.Millisecond))
+	if maxTracked > budget {
+		t.Errorf("%d files tracked at once, over the budget of %d", maxTracked, budget)
+	}
+	s := statsWhen(t, stats, 20*time.Second, func(s map[string]int64) bool { return s["over_budget"] == 0 })
+	t.Logf("stats: over_budget %d, untracked_reports %d, syncfs_passes %d, syncfs_errors %d, tracked %d",
+		s["over_budget"], s["untracked_reports"], s["syncfs_passes"], s["syncfs_errors"], tracked(s))
+	if s["over_budget"] != 0 {
+		t.Errorf("over_budget %d 20 s after every file was clean, want 0", s["over_budget"])
+	}
+	if s["untracked_reports"] == 0 || s["syncfs_passes"] == 0 || s["syncfs_errors"] != 0 {
+		t.Errorf("untracked_reports %d, syncfs_passes %d, syncfs_errors %d: want the first two positive, no error",
+			s["untracked_reports"], s["syncfs_passes"], s["syncfs_errors"])
+	}
+	log := d.log.String()
+	for _, line := range []string{"tracked-inode budget full", "new files are tracked again"} {
+		if !strings.Contains(log, line) {
+			t.Errorf("the log does not say %q", line)
+		}
+	}
+	// Tracked again: a file written now is on b_dirty (an hour's expiry).
+	late := filepath.Join(tree, "late")
+	before := s["untracked_reports"]
+	writeDirty(t, late, 4096)
+	s = statsWhen(t, stats, 5*time.Second, func(s map[string]int64) bool { return s["b_dirty"] >= 1 })
+	if s["b_dirty"] < 1 || s["untracked_reports"] != before {
+		t.Errorf("a file written after the state was left: b_dirty %d, untracked_reports %d (was %d); want it tracked",
+			s["b_dirty"], s["untracked_reports"], before)
+	}
+	if dt, _, err := cachestat(late, 0, 0); err != nil || dt == 0 {
+		t.Errorf("the late file is clean (%d dirty pages, %v): nothing should have written it within its hour", dt, err)
+	}
+}
