@@ -98,7 +98,7 @@ type fsPass struct {
 	// running (or last) pass began; done is seen when the last completed
 	// pass began.
 	seen, started, done uint64
-	running             bool
+	running, ever       bool          // a pass runs; one was started
 	began               time.Duration // daemon clock: the last pass's start
 	fd                  int           // root, held from the first pass to the state's end; -1: none
 }
@@ -107,7 +107,7 @@ type fsPass struct {
 // covered by a pass begun since, none running, and interval since the
 // last start (at once for the first, or when urgent: the shutdown).
 func (p *fsPass) due(now, interval time.Duration, urgent bool) bool {
-	return !p.running && p.seen > p.started && (urgent || p.started == 0 || now-p.began >= interval)
+	return !p.running && p.seen > p.started && (urgent || !p.ever || now-p.began >= interval)
 }
 
 // covered reports whether every report not tracked is covered by a
@@ -176,7 +176,7 @@ func (wb *Writeback) budgetStep() {
 	covered := true
 	for _, p := range ob.fses {
 		if p.due(now, wb.syncfsIntervalLocked(), wb.stop.on) {
-			p.running, p.started, p.began = true, p.seen, now
+			p.running, p.ever, p.started, p.began = true, true, p.seen, now
 			reqs = append(reqs, passReq{p: p, dev: p.dev, root: p.root, path: p.path, key: p.key, fd: p.fd, began: now})
 		}
 		covered = covered && p.covered()
@@ -271,6 +271,9 @@ func (wb *Writeback) runPass(r passReq) {
 	keep := wb.over.on && wb.over.fses[r.dev] == p
 	if keep {
 		p.fd = fd
+	}
+	if !synced {
+		p.started = p.done // due again after the interval
 	}
 	if synced {
 		p.done = max(p.done, r.p.started)

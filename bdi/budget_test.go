@@ -71,12 +71,13 @@ func TestFSPassDue(t *testing.T) {
 		covered bool
 	}{
 		{"first report", fsPass{seen: 1}, 0, false, true, false},
-		{"running", fsPass{seen: 2, started: 1, running: true, began: 0}, 5 * iv, false, false, false},
-		{"within the interval", fsPass{seen: 2, started: 1, done: 1, began: 10 * iv}, 10*iv + iv/2, false, false, false},
-		{"within the interval, shutdown", fsPass{seen: 2, started: 1, done: 1, began: 10 * iv}, 10*iv + iv/2, true, true, false},
-		{"after the interval", fsPass{seen: 2, started: 1, done: 1, began: 10 * iv}, 11 * iv, false, true, false},
-		{"nothing new", fsPass{seen: 3, started: 3, done: 3, began: 0}, 60 * iv, false, false, true},
-		{"started, not done", fsPass{seen: 3, started: 3, done: 2, running: true}, 60 * iv, false, false, false},
+		{"running", fsPass{seen: 2, started: 1, running: true, ever: true, began: 0}, 5 * iv, false, false, false},
+		{"within the interval", fsPass{seen: 2, started: 1, done: 1, ever: true, began: 10 * iv}, 10*iv + iv/2, false, false, false},
+		{"within the interval, shutdown", fsPass{seen: 2, started: 1, done: 1, ever: true, began: 10 * iv}, 10*iv + iv/2, true, true, false},
+		{"after the interval", fsPass{seen: 2, started: 1, done: 1, ever: true, began: 10 * iv}, 11 * iv, false, true, false},
+		{"not made, within the interval", fsPass{seen: 1, started: 0, done: 0, ever: true, began: 10 * iv}, 10*iv + iv/2, false, false, false},
+		{"nothing new", fsPass{seen: 3, started: 3, done: 3, ever: true, began: 0}, 60 * iv, false, false, true},
+		{"started, not done", fsPass{seen: 3, started: 3, done: 2, running: true, ever: true}, 60 * iv, false, false, false},
 	} {
 		if got := c.p.due(c.now, iv, c.urgent); got != c.due {
 			t.Errorf("%s: due = %v, want %v", c.name, got, c.due)
@@ -95,6 +96,10 @@ type passLog struct {
 	took time.Duration
 	err  error
 
+	// unmade: the first pass cannot be made (its root cannot be
+	// opened): it writes nothing.
+	unmade bool
+
 	mu             sync.Mutex
 	began, ended   []time.Duration
 	running, maxAt int
@@ -107,6 +112,13 @@ func (l *passLog) syncfs(r passReq) (int, bool, error) {
 	l.maxAt = max(l.maxAt, l.running)
 	l.mu.Unlock()
 	time.Sleep(l.took)
+	if l.unmade && len(l.began) == 1 {
+		l.mu.Lock()
+		l.running--
+		l.ended = append(l.ended, l.fs.now())
+		l.mu.Unlock()
+		return -1, false, syscall.ENOENT
+	}
 	l.fs.mu.Lock()
 	for _, f := range l.fs.files {
 		if !f.keepDirty {
@@ -301,6 +313,39 @@ func TestOverBudgetShutdown(t *testing.T) {
 	}, func(h *harness) {
 		h.wb.budget.max.Store(1)
 		pl = &passLog{fs: h.fs, took: 5 * time.Second}
+		h.wb.syncfs = pl.syncfs
+	})
+}
+
+// TestOverBudgetPassRetried: a pass that could not be made covers
+// nothing: it is made again after the interval, with no new report, and
+// counted in syncfs_errors; the state is left only after the pass made.
+func TestOverBudgetPassRetried(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = 2 * time.Second
+	var pl *passLog
+	withWB(t, cfg, func(h *harness) {
+		a := h.fs.add("/t/a", 1, pg, 1)
+		h.wb.MarkInodeDirty(a.key, a.path, "", tree.Tree{Root: "/t", Expire: time.Hour})
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.OverBudget != 1 || s.SyncfsErrors != 1 || len(h.wb.Uncovered()) != 1 {
+			t.Errorf("after a pass not made: over_budget %d, syncfs_errors %d, uncovered %v; want 1, 1, [/t]",
+				s.OverBudget, s.SyncfsErrors, h.wb.Uncovered())
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		began, _, _ := pl.passes()
+		if len(began) != 2 || began[1] != 2*time.Second {
+			t.Errorf("passes began at %v, want at 0 and 2s", began)
+		}
+		if s := h.wb.Snapshot(); s.OverBudget != 0 || s.SyncfsPasses != 1 || len(h.fs.dirtyFiles()) != 0 {
+			t.Errorf("after the pass made: over_budget %d, syncfs_passes %d, dirty %v; want 0, 1, none",
+				s.OverBudget, s.SyncfsPasses, h.fs.dirtyFiles())
+		}
+	}, func(h *harness) {
+		h.wb.budget.max.Store(1)
+		h.wb.budget.n.Store(1) // another device's file fills it
+		pl = &passLog{fs: h.fs, unmade: true}
 		h.wb.syncfs = pl.syncfs
 	})
 }
