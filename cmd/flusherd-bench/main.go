@@ -53,7 +53,7 @@ func main() {
 		if len(os.Args) < 2 {
 			out = os.Stderr
 		}
-		fmt.Fprint(out, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N] [--methods abcdei] [--queue-depth 8] [--cpuprofile FILE]\n  flusherd-bench watch [--backends inotify,fanotify] [--inodes 100000,1000000] [--idle 60s] [--writers 8] [--files 10000] [--duration 10s] [--fs ext4] [--modes pwrite,reopen] [--placement shared,service] [--range-bytes 1MiB]\n  flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--max-wait 180s] [--wbt-lat 75000] [--f-config TOML] [--flusherd BIN] [--png storm.png] [--fs-mib N] [--verbose]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nwatch: the daemon's cost of watching: event ingest rate and CPU, RSS per tracked inode, idle wakeups.\nstorm: a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.\nAll need root and print tables. flusherd-bench COMMAND --help lists a command's flags.\n")
+		fmt.Fprint(out, "Usage:\n  flusherd-bench blocked [--flusherd BIN] [--phases abc]\n  flusherd-bench plug [--fs ext4,xfs] [--small N] [--large N] [--runs N] [--methods abcdei] [--queue-depth 8] [--cpuprofile FILE]\n  flusherd-bench watch [--backends inotify,fanotify] [--inodes 100000,1000000] [--idle 60s] [--writers 8] [--files 10000] [--duration 10s] [--fs ext4] [--modes pwrite,reopen] [--placement shared,service] [--range-bytes 1MiB]\n  flusherd-bench storm [--burst 1GiB] [--rate 41943040] [--runs 3] [--methods ktfw] [--max-wait 180s] [--wbt-lat 75000] [--f-config TOML] [--flusherd BIN] [--png storm.png] [--fs-mib N] [--verbose]\n  flusherd-bench membudget [--files 250000,500000,1000000] [--backends fanotify,inotify] [--limit-mib 160] [--max-tracked auto] [--flusherd BIN]\n\nblocked: the blocked-files experiment (io_wait beside redirty_tail).\nplug: time to clean a tree of dirty files with flusherd (plug on, off, integrity) against a per-file fdatasync loop and syncfs.\nwatch: the daemon's cost of watching: event ingest rate and CPU, RSS per tracked inode, idle wakeups.\nstorm: a writeback storm on a throttled loop device: a small fdatasync probe's latency and the burst's time to clean, kernel defaults against tuned sysctls, wbt and flusherd.\nmembudget: the daemon under a memory cgroup limit with many small dirty files: its peak memory, OOM kills and the time until every file is clean.\nAll need root and print tables. flusherd-bench COMMAND --help lists a command's flags.\n")
 		if len(os.Args) < 2 {
 			os.Exit(2)
 		}
@@ -70,6 +70,8 @@ func main() {
 		os.Exit(watchWriter(os.Args[2:]))
 	case "storm":
 		os.Exit(stormBench(os.Args[2:]))
+	case "membudget":
+		os.Exit(memBudget(os.Args[2:]))
 	case stormWriterCmd: // internal: storm's bulk writer
 		os.Exit(stormWriter(os.Args[2:]))
 	case stormProbeCmd: // internal: storm's latency probe
