@@ -67,12 +67,16 @@ func (b *trackBudget) underLow() bool {
 
 // overBudget is a device's state past the tracked-inode budget: a file
 // newly reported while it is on is not tracked, and the filesystem it is
-// on is written back whole by syncfs(2) passes instead, as the kernel
-// writes back a whole superblock (sync_filesystem: wb_writeback of every
-// inode with WB_SYNC_ALL, then ->sync_fs) when it has lost track of which
-// inodes are dirty. A file not tracked is clean once a pass that began
-// after its report has completed: syncfs writes and waits on every dirty
-// inode of the filesystem. The list lock guards it.
+// on is written back whole by syncfs(2) passes instead: the kernel's
+// writeback of a whole superblock, sync_filesystem (sync_inodes_sb, a
+// wb_writeback of every dirty inode of the sb with WB_SYNC_ALL, then
+// ->sync_fs), which needs no list of the inodes. A file not tracked is
+// clean once a pass that began after its write has completed, since
+// syncfs writes and waits on every page of the filesystem dirty when it
+// began: a pass covers the reports numbered before its start (fsPass).
+// The state is left when the tracked inodes are under the low-water mark
+// and every report is covered; a file written again after that is
+// reported and tracked as any. The list lock guards it.
 type overBudget struct {
 	on bool
 	// fses holds the filesystems (st_dev) with reports not tracked since

@@ -29,6 +29,8 @@
 //	               write_chunk windows (ranges), or fdatasync
 //	moves.go       the named moves (requeueIO, requeueIOWait, redirtyTail,
 //	               forget, park as failed) and page accounting
+//	budget.go      the tracked-inode budget: a device over it tracks no
+//	               new file and runs whole-filesystem (syncfs) passes
 //	stats.go, tunables.go   Snapshot and the stats file; SetConfig
 //	writeback.go   the types: Writeback and its parts, attempt, Work, Config
 //	dirty.go, accounting.go, offloop.go, bandwidth.go, errwatch.go,

@@ -20,18 +20,26 @@ import (
 // file is clean by cachestat within 15 s of the last write, an hour
 // before its expiry and well before the kernel's own flusher (30 s). The
 // device then leaves the state (over_budget 0, its log line), and a file
-// written afterwards is tracked again. With each backend.
+// written afterwards is tracked again. With each backend, and in an
+// integrity tree.
 func TestTrackedInodeBudget(t *testing.T) {
 	testfs.SkipShort(t, "1,500 files on a loop-mounted ext4 under a small tracked-inode budget")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	for _, backend := range []string{"fanotify", "inotify"} {
-		t.Run(backend, func(t *testing.T) { trackedInodeBudget(t, backend) })
+	for _, c := range []struct{ name, backend, mode string }{
+		{"fanotify", "fanotify", "writeback"},
+		{"inotify", "inotify", "writeback"},
+		{"integrity", "fanotify", "integrity"},
+	} {
+		t.Run(c.name, func(t *testing.T) { trackedInodeBudget(t, c.backend, c.mode) })
 	}
 }
 
-func trackedInodeBudget(t *testing.T, backend string) {
+// trackedInodeBudget is TestTrackedInodeBudget with a backend, and a tree
+// mode: an integrity tree's passes sync through the descriptor held for
+// its filesystem's error cursor.
+func trackedInodeBudget(t *testing.T, backend, mode string) {
 	const budget, dirs, perDir = 300, 5, 300
 	mnt, tree := mountTree(t, "ext4")
 	d := runDaemon(t, fmt.Sprintf(`
@@ -42,8 +50,9 @@ max_tracked_inodes = %d
 backend = %q
 [[watch]]
 path = %q
+mode = %q
 expire = "1h"
-`, budget, backend, tree), daemonOpts{bin: plainBinary})
+`, budget, backend, tree, mode), daemonOpts{bin: plainBinary})
 	stats := d.devStats(mnt.MajMin)
 	var paths []string
 	for i := range dirs {
@@ -83,7 +92,9 @@ expire = "1h"
 	if maxTracked > budget {
 		t.Errorf("%d files tracked at once, over the budget of %d", maxTracked, budget)
 	}
-	s := statsWhen(t, stats, 20*time.Second, func(s map[string]int64) bool { return s["over_budget"] == 0 })
+	s := statsWhen(t, stats, 20*time.Second, func(s map[string]int64) bool {
+		return s["over_budget"] == 0 && s["untracked_reports"] > 0 && s["syncfs_passes"] > 0
+	})
 	t.Logf("stats: over_budget %d, untracked_reports %d, syncfs_passes %d, syncfs_errors %d, tracked %d",
 		s["over_budget"], s["untracked_reports"], s["syncfs_passes"], s["syncfs_errors"], tracked(s))
 	if s["over_budget"] != 0 {
