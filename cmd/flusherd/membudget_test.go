@@ -5,9 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"flusherd/internal/faultfs"
 	"flusherd/internal/testfs"
 	"flusherd/internal/testwait"
 )
@@ -121,5 +123,49 @@ expire = "1h"
 	}
 	if dt, _, err := cachestat(late, 0, 0); err != nil || dt == 0 {
 		t.Errorf("the late file is clean (%d dirty pages, %v): nothing should have written it within its hour", dt, err)
+	}
+}
+
+// TestTrackedInodeBudgetSyncfsError: an integrity tree on FUSE with a
+// budget of 2 files; a third file, written while the server fails WRITE
+// with EIO, is not tracked, and the pass that writes it back reports the
+// failure from the filesystem's error cursor: syncfs_errors, an error in
+// the log, and a shutdown whose last line counts a loss instead of
+// saying that every file is clean.
+func TestTrackedInodeBudgetSyncfsError(t *testing.T) {
+	testfs.SkipShort(t, "the daemon over its tracked-inode budget on FUSE failing writeback")
+	ffs := faultfs.MountT(t)
+	d := runDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+max_tracked_inodes = 2
+[[watch]]
+path = %q
+mode = "integrity"
+expire = "1h"
+`, ffs.Dir), daemonOpts{bin: plainBinary})
+	stats := d.devStats("0:" + fmt.Sprint(minorOf(t, ffs.Dir)))
+	writeHeld(t, filepath.Join(ffs.Dir, "a"), 8192)
+	writeHeld(t, filepath.Join(ffs.Dir, "b"), 8192)
+	if s := statsWhen(t, stats, 5*time.Second, func(s map[string]int64) bool { return tracked(s) == 2 }); tracked(s) != 2 {
+		t.Fatalf("%d files tracked, want 2", tracked(s))
+	}
+	ffs.Set(faultfs.Faults{WriteErr: syscall.EIO})
+	writeHeld(t, filepath.Join(ffs.Dir, "c"), 8192)
+	s := statsWhen(t, stats, 10*time.Second, func(s map[string]int64) bool { return s["syncfs_errors"] > 0 })
+	if s["untracked_reports"] == 0 || s["syncfs_errors"] == 0 {
+		t.Fatalf("untracked_reports %d, syncfs_errors %d: want both positive", s["untracked_reports"], s["syncfs_errors"])
+	}
+	if !poll(2*time.Second, func() bool { return strings.Contains(d.log.String(), "reported a writeback error") }) {
+		t.Errorf("the failed pass is not logged")
+	}
+	ffs.Set(faultfs.Faults{})
+	d.term(t, 30*time.Second)
+	log := d.log.String()
+	if strings.Contains(log, "every tracked file is clean") || !strings.Contains(log, "exiting with files not written back") {
+		t.Errorf("the shutdown's last line does not count the loss:\n%s", log)
+	}
+	if !strings.Contains(log, "files not tracked over the tracked-inode budget") {
+		t.Errorf("the shutdown does not name the failed pass's filesystem")
 	}
 }
