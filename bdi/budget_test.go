@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"flusherd/inode"
 	"flusherd/tree"
 )
 
@@ -348,4 +349,37 @@ func TestOverBudgetPassRetried(t *testing.T) {
 		pl = &passLog{fs: h.fs, unmade: true}
 		h.wb.syncfs = pl.syncfs
 	})
+}
+
+// TestTrackedBudgetShared: the budget is the Registry's, over all its
+// devices: files of one device fill it for another, which then does not
+// track its new file and is over budget; SetMaxTracked lifts it, and
+// "unlimited" (0) never fills.
+func TestTrackedBudgetShared(t *testing.T) {
+	r, _, _ := newTestRegistry(t, testConfig(), map[uint64]string{1: "7:1", 2: "7:2"})
+	r.SetMaxTracked(2)
+	// (A root not on the fake devices: the pass's open finds another
+	// st_dev and syncs nothing.)
+	tr := tree.Tree{Root: t.TempDir(), Expire: time.Hour}
+	for i := range 2 {
+		if err := r.MarkInodeDirty(fmt.Sprintf("/t/a%d", i), inode.Key{Dev: 1, Ino: uint64(10 + i)}, "", tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.MarkInodeDirty("/t/b", inode.Key{Dev: 2, Ino: 20}, "", tr); err != nil {
+		t.Fatal(err)
+	}
+	n, budget := r.TrackedInodes()
+	wb2, _ := r.Device(2, "/t/b")
+	if n != 2 || budget != 2 || wb2.Tracked() != 0 || wb2.Snapshot().OverBudget != 1 {
+		t.Errorf("%d of %d tracked, device 2 tracks %d, over_budget %d; want 2 of 2, 0, 1",
+			n, budget, wb2.Tracked(), wb2.Snapshot().OverBudget)
+	}
+	r.SetMaxTracked(0)
+	if err := r.MarkInodeDirty("/t/c", inode.Key{Dev: 1, Ino: 30}, "", tr); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := r.TrackedInodes(); n != 3 {
+		t.Errorf("%d tracked with no bound, want 3", n)
+	}
 }
