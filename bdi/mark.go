@@ -146,6 +146,8 @@ const (
 	markKeepName
 	// markLeaving: the file's tree was removed (Mark.Leaving).
 	markLeaving
+	// markSync: a sync request's file, tracked whatever the budget.
+	markSync
 )
 
 func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t tree.Tree, how markHow) {
@@ -285,6 +287,10 @@ func (wb *Writeback) wantsHandleLocked(key inode.Key, h inode.Handle) bool {
 func (wb *Writeback) markInodeDirtyLocked(key inode.Key, path string, h inode.Handle, t tree.Tree, now time.Duration, how markHow) (wasIdle bool) {
 	wb.trees.see(t.Root)
 	in := wb.inodes.Get(key)
+	if in == nil && how&markSync == 0 && (wb.over.on || wb.budget.full()) {
+		// Not tracked: a whole-filesystem pass writes it (overBudget).
+		return wb.untrackedLocked(key, path, t)
+	}
 	if in == nil {
 		in = wb.newInodeLocked(key, path, h, t)
 	} else if !wb.reportedAgainLocked(in, path, h, t, how) {
@@ -336,6 +342,7 @@ func (wb *Writeback) newInodeLocked(key inode.Key, path string, h inode.Handle, 
 		in.State |= inode.Integrity
 	}
 	wb.inodes.Set(in)
+	wb.budget.n.Add(1)
 	return in
 }
 

@@ -127,6 +127,7 @@ func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
 	}
 	wb.setPagesLocked(in, 0, 0)
 	wb.inodes.Delete(in.Key)
+	wb.budget.n.Add(-1)
 	delete(wb.side.wbIndex, in.Key)
 	delete(wb.bg.rangeOff, in.Key)
 	delete(wb.side.lateErr, in.Key)

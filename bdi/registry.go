@@ -51,6 +51,9 @@ type Options struct {
 	// Errs, if set, holds the integrity trees' filesystems' error cursors
 	// (see ErrWatch).
 	Errs *ErrWatch
+	// MaxTracked bounds the inodes tracked by all devices
+	// (writeback.max_tracked_inodes; see overBudget); 0: no bound.
+	MaxTracked int64
 }
 
 // Registry holds the devices' writeback goroutines, created on the first
@@ -64,6 +67,8 @@ type Registry struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	sub   subscription // the devices' AttemptObserver (Observe)
+	// budget is every device's tracked-inode budget.
+	budget trackBudget
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -89,9 +94,20 @@ func NewRegistry(opt Options) *Registry {
 		opt.StatsEvery = time.Second
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Registry{opt: opt, epoch: time.Now(), ctx: ctx, stop: stop, byDev: map[uint64]*Writeback{}, byName: map[string]*Writeback{},
+	r := &Registry{opt: opt, epoch: time.Now(), ctx: ctx, stop: stop, byDev: map[uint64]*Writeback{}, byName: map[string]*Writeback{},
 		cancel: map[string]context.CancelFunc{}, rescans: map[uint64]uint64{}}
+	r.budget.max.Store(max(0, opt.MaxTracked))
+	return r
 }
+
+// SetMaxTracked sets the tracked-inode budget of every device (0: no
+// bound; a reload). Devices over the new budget enter the over-budget
+// state at their next new file; those under its low-water mark leave it.
+func (r *Registry) SetMaxTracked(n int64) { r.budget.max.Store(max(0, n)) }
+
+// TrackedInodes returns the inodes tracked by every device and the
+// budget (0: no bound).
+func (r *Registry) TrackedInodes() (n, budget int64) { return r.budget.n.Load(), r.budget.max.Load() }
 
 // Observe subscribes o to every device's attempts' opens, background
 // checks and forgotten inodes, replacing the one before (nil: none).
@@ -138,6 +154,7 @@ func (r *Registry) Device(dev uint64, path string) (*Writeback, error) {
 		files := Files{Opener: r.opt.Opener, Handles: r.opt.Handles, Observer: &r.sub}
 		wb = New(name, r.opt.Config, r.Now, files, r.opt.Log, sw)
 		wb.errs = r.opt.Errs
+		wb.budget = &r.budget
 		wb.Hooks.BeforePass = r.opt.BeforePass
 		wb.loop.thresholds, wb.loop.vmDirty = r.opt.Thresholds, r.opt.NrDirty
 		if dw := r.opt.DiskWritten; dw != nil {
@@ -294,6 +311,9 @@ func (r *Registry) retire(dev uint64, wb *Writeback) {
 		shared = shared || o == wb
 	}
 	if !shared {
+		wb.mu.Lock()
+		r.budget.n.Add(-int64(wb.inodes.Len())) // failed files, kept to be reported
+		wb.mu.Unlock()
 		delete(r.byName, wb.Name)
 		r.cancel[wb.Name]()
 		delete(r.cancel, wb.Name)
@@ -476,9 +496,10 @@ func (r *Registry) Devices() []*Writeback {
 }
 
 // Drain writes back every tracked inode of the device, repeating until
-// none is tracked (each is clean: no dirty and no writeback pages) or ctx
-// ends, and returns ctx's error in the latter case. Integrity trees get
-// fdatasync, the others sync_file_range.
+// none is tracked (each is clean: no dirty and no writeback pages) and a
+// whole-filesystem pass has covered every file not tracked for the
+// budget (overBudget), or ctx ends, and returns ctx's error in the latter
+// case. Integrity trees get fdatasync, the others sync_file_range.
 func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 	wb.mu.Lock() // wb.cfg is replaced by applyConfig (a reload) under wb.mu
 	pause := max(wb.cfg.MinPause, time.Millisecond)
@@ -493,7 +514,7 @@ func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 		case <-wb.live.stopped:
 			return fmt.Errorf("bdi %s: writeback stopped", wb.Name)
 		}
-		if wb.Tracked() == 0 {
+		if wb.Tracked() == 0 && len(wb.Uncovered()) == 0 {
 			return nil
 		}
 		t := time.NewTimer(pause)
@@ -553,10 +574,13 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			given := wb.stop.givenUp
 			wb.stop.givenUp = nil
 			wb.mu.Unlock()
-			lost := wb.Failed()
+			lost := append(wb.Failed(), wb.passesLost()...)
 			var left []string
 			if err != nil {
 				left = wb.TrackedPaths()
+				for _, root := range wb.Uncovered() {
+					left = append(left, root+" (files not tracked over the tracked-inode budget: their syncfs pass did not complete)")
+				}
 			}
 			mu.Lock()
 			if err != nil {

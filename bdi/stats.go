@@ -59,6 +59,10 @@ type Stats struct {
 	LoopStallMaxUs                        int64  // the longest time the device's goroutine, awake, went without a sign of life (a wait on one call), in microseconds
 	SweepCandidates                       int    // files open or mapped in the trees, looked at by the sweep (watcher.sweep_interval)
 	SweepFound                            uint64 // files the sweep found dirty and not tracked: dirtied without an event
+	OverBudget                            int    // 1 while new files are not tracked for the tracked-inode budget (overBudget)
+	UntrackedReports                      uint64 // reports of new files not tracked for the budget; whole-filesystem passes write them
+	SyncfsPasses                          uint64 // whole-filesystem passes (syncfs) completed over the budget
+	SyncfsErrors                          uint64 // of those and of passes that could not be made, the ones that failed
 
 	// Outcomes counts attempts by policy.Outcome (not in the file).
 	Outcomes [policy.NumOutcomes]uint64
@@ -156,6 +160,10 @@ func (s *Stats) statsFields() []struct {
 		{"loop_stall_max_us", false, nil, &s.LoopStallMaxUs, nil},
 		{"sweep_candidates", false, nil, nil, &s.SweepCandidates},
 		{"sweep_found", false, &s.SweepFound, nil, nil},
+		{"over_budget", false, nil, nil, &s.OverBudget},
+		{"untracked_reports", false, &s.UntrackedReports, nil, nil},
+		{"syncfs_passes", false, &s.SyncfsPasses, nil, nil},
+		{"syncfs_errors", false, &s.SyncfsErrors, nil, nil},
 	}
 }
 
@@ -263,6 +271,10 @@ func (wb *Writeback) Snapshot() Stats {
 	s.ListLockMaxUs = wb.mu.MaxHold().Microseconds()
 	s.LoopStallMaxUs = time.Duration(wb.live.stallMax.Load()).Microseconds()
 	s.SweepCandidates, s.SweepFound = len(wb.sweep.cands), wb.sweep.found
+	if wb.over.on {
+		s.OverBudget = 1
+	}
+	s.UntrackedReports, s.SyncfsPasses, s.SyncfsErrors = wb.over.untracked, wb.over.passes, wb.over.errs
 	s.Outcomes = wb.acct.outcomes
 	return s
 }

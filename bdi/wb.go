@@ -29,6 +29,8 @@
 //	               write_chunk windows (ranges), or fdatasync
 //	moves.go       the named moves (requeueIO, requeueIOWait, redirtyTail,
 //	               forget, park as failed) and page accounting
+//	budget.go      the tracked-inode budget: a device over it tracks no
+//	               new file and runs whole-filesystem (syncfs) passes
 //	stats.go, tunables.go   Snapshot and the stats file; SetConfig
 //	writeback.go   the types: Writeback and its parts, attempt, Work, Config
 //	dirty.go, accounting.go, offloop.go, bandwidth.go, errwatch.go,
@@ -98,6 +100,8 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 	}
 	wb.errLog = newSampledLog(log)
 	wb.window.set(cfg.TargetLatency, cfg.MaxInflight)
+	wb.budget = &trackBudget{}
+	wb.syncfs = wb.syncfsOS
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}
 	return wb
 }
@@ -123,6 +127,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		}
 		wb.applyConfig()
 		wb.wbDoWriteback()
+		wb.budgetStep()
 		wb.writeStats(false)
 		wb.logSuppressed()
 		d, arm := wb.sleepFor()
@@ -197,6 +202,18 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	now := wb.now()
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
+	d, arm := wb.sleepForLocked(now)
+	if bd, ok := wb.budgetWakeLocked(now); ok && (!arm || bd < d) {
+		return bd, true
+	}
+	return d, arm
+}
+
+// sleepForLocked is sleepFor but for the over-budget state.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) sleepForLocked(now time.Duration) (time.Duration, bool) {
 	if len(wb.work) > 0 {
 		return 0, true
 	}

@@ -44,7 +44,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		// Tracked from now on, as a write would (no wakeup: this is
 		// the device's goroutine); not a write, though: a loss that a
 		// close took off the failed list (LostBefore) stands.
-		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now, markClosed)
+		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now, markClosed|markSync)
 		in := wb.inodes.Get(f.Key)
 		if in.Has(inode.Busy) && !wb.waitUnbusyLocked(in) {
 			wb.mu.Unlock()

@@ -101,6 +101,12 @@ type Writeback struct {
 	// sweep is the candidates dirtied without events, and their sweep.
 	// +checklocks:mu
 	sweep sweepState
+	// over is the device's over-budget state; budget, every device's
+	// tracked-inode budget (the Registry's).
+	// +checklocks:mu
+	over   overBudget
+	budget *trackBudget
+	syncfs syncfsFS // the whole-filesystem pass: syncfsOS, or a test's
 
 	calls offLoop   // calls off the goroutine, and the closer; own lock
 	bw    bandwidth // the write bandwidth estimator; the goroutine's

@@ -25,6 +25,7 @@ var keyComments = map[string]string{
 	"writeback.attempt_timeout":          "a writeback call longer than this counts as blocked (0: no bound)",
 	"writeback.shutdown_timeout":         "bound on the final writeback at SIGTERM",
 	"writeback.target_latency":           `writeback in flight sized so another write waits about this ("0": max_inflight_bytes)`,
+	"writeback.max_tracked_inodes":       `files tracked at once; past it, syncfs passes ("auto": from the memory limit; "unlimited")`,
 	"plug.enabled":                       "batch, sort and merge writeback requests",
 	"plug.max_pending":                   "requests held before a forced flush",
 	"plug.queue_depth":                   "requests in flight during a flush",

@@ -16,6 +16,7 @@
 //	attempt_timeout  = "10s"          # a longer call counts in stuck_calls; an integrity call is given up on
 //	target_latency   = "25ms"         # writeback in flight per device sized so another write waits about this; "0": max_inflight_bytes
 //	shutdown_timeout = "30s"          # bound on the final writeback at SIGTERM
+//	max_tracked_inodes = "auto"       # files tracked at once; "auto": from the memory limit; "unlimited"; or a count
 //
 //	[plug]
 //	enabled     = true
@@ -198,7 +199,20 @@ type Writeback struct {
 	// between 256 KiB and plug.max_inflight_bytes (the ceiling). 0: the
 	// window is max_inflight_bytes. Default 25ms.
 	TargetLatency time.Duration
+	// MaxTrackedInodes bounds the files tracked at once, over all trees:
+	// past it, new files are not tracked and their filesystems are
+	// written back whole by syncfs(2) until the tracked files fall under
+	// three quarters of it. MaxTrackedAuto (the default, "auto") derives
+	// it from the daemon's memory limit; MaxTrackedUnlimited
+	// ("unlimited") sets none.
+	MaxTrackedInodes int64
 }
+
+// Values of [Writeback.MaxTrackedInodes] besides a count.
+const (
+	MaxTrackedAuto      = 0
+	MaxTrackedUnlimited = -1
+)
 
 // Plug is the [plug] table: request plugging.
 type Plug struct {
@@ -353,6 +367,7 @@ func Default() *Config {
 			AttemptTimeout:         10 * time.Second,
 			ShutdownTimeout:        30 * time.Second,
 			TargetLatency:          25 * time.Millisecond,
+			MaxTrackedInodes:       MaxTrackedAuto,
 		},
 		Plug:    Plug{Enabled: true, MaxPending: 256, QueueDepth: 8, IntegritySyncfs: 64, MaxInflightBytes: 16 << 20},
 		Watcher: Watcher{Backend: BackendAuto, RescanInterval: 30 * time.Second, SweepAuto: true},

@@ -305,6 +305,9 @@ func TestParseErrors(t *testing.T) {
 		{"dirty_background_bytes negative", "[writeback]\ndirty_background_bytes = -4096\n", "writeback.dirty_background_bytes", 2, "must be 0 (off) or at least 4096 bytes"},
 		{"dirty_background_bytes below a page", "[writeback]\ndirty_background_bytes = 1000\n", "writeback.dirty_background_bytes", 2, "must be 0 (off) or at least 4096 bytes"},
 		{"write_chunk Auto", "[writeback]\nwrite_chunk = \"Auto\"\n", "writeback.write_chunk", 2, `or "auto"`},
+		{"max_tracked_inodes 0", "[writeback]\nmax_tracked_inodes = 0\n", "writeback.max_tracked_inodes", 2, `at least 1, "auto" (from the memory limit) or "unlimited"`},
+		{"max_tracked_inodes negative", "[writeback]\nmax_tracked_inodes = -5\n", "writeback.max_tracked_inodes", 2, "got integer -5"},
+		{"max_tracked_inodes a size", "[writeback]\nmax_tracked_inodes = \"1M\"\n", "writeback.max_tracked_inodes", 2, `got string "1M"`},
 		{"dirty_background_ratio over 100", "[writeback]\ndirty_background_ratio = 101\n", "writeback.dirty_background_ratio", 2, "percentage from 0 (off) to 100"},
 		{"dirty_background_ratio negative", "[writeback]\ndirty_background_ratio = -1\n", "writeback.dirty_background_ratio", 2, "percentage from 0 (off) to 100"},
 		{"dirty_background_ratio a string", "[writeback]\ndirty_background_ratio = \"10%\"\n", "writeback.dirty_background_ratio", 2, "want an integer"},
@@ -1136,6 +1139,46 @@ func TestWriteChunkAuto(t *testing.T) {
 	}
 	if diff := cmp.Diff(c, back, ignoreSrc); diff != "" {
 		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+}
+
+// TestMaxTrackedInodes: max_tracked_inodes is "auto" by default, reads
+// "auto", "unlimited" and a count, and is written back as it was read.
+func TestMaxTrackedInodes(t *testing.T) {
+	for _, c := range []struct {
+		text string
+		want int64
+		enc  string
+	}{
+		{"", MaxTrackedAuto, `max_tracked_inodes = "auto"`},
+		{"max_tracked_inodes = \"auto\"\n", MaxTrackedAuto, `max_tracked_inodes = "auto"`},
+		{"max_tracked_inodes = \"unlimited\"\n", MaxTrackedUnlimited, `max_tracked_inodes = "unlimited"`},
+		{"max_tracked_inodes = 300\n", 300, "max_tracked_inodes = 300"},
+	} {
+		c0, err := Parse("f.toml", []byte("[writeback]\n"+c.text))
+		if err != nil {
+			t.Fatalf("%q: %v", c.text, err)
+		}
+		if err := c0.Validate(); err != nil {
+			t.Fatalf("%q: Validate: %v", c.text, err)
+		}
+		if got := c0.Writeback.MaxTrackedInodes; got != c.want {
+			t.Errorf("%q: MaxTrackedInodes %d, want %d", c.text, got, c.want)
+		}
+		var buf bytes.Buffer
+		if err := c0.Encode(&buf); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(buf.String(), c.enc) {
+			t.Errorf("%q: encoded without %s:\n%s", c.text, c.enc, buf.String())
+		}
+		back, err := Parse("g.toml", buf.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(c0, back, ignoreSrc); diff != "" {
+			t.Errorf("%q: round trip (-want +got):\n%s", c.text, diff)
+		}
 	}
 }
 

@@ -142,6 +142,22 @@ func (d *decoder) writebackFields(c *Config, g *given) map[string]field {
 		"attempt_timeout":  d.duration(&wb.AttemptTimeout),
 		"shutdown_timeout": d.duration(&wb.ShutdownTimeout),
 		"target_latency":   d.duration(&wb.TargetLatency),
+		"max_tracked_inodes": func(key string, v any) {
+			switch v {
+			case "auto":
+				wb.MaxTrackedInodes = MaxTrackedAuto
+				return
+			case "unlimited":
+				wb.MaxTrackedInodes = MaxTrackedUnlimited
+				return
+			}
+			n, ok := v.(int64)
+			if !ok || n < 1 {
+				d.errorf(key, "want a count of files of at least 1, \"auto\" (from the memory limit) or \"unlimited\", got %s", describe(v))
+				return
+			}
+			wb.MaxTrackedInodes = n
+		},
 	}
 }
 

@@ -25,6 +25,7 @@ func (c *Config) Encode(w io.Writer) error {
 			AttemptTimeout:         wb.AttemptTimeout.String(),
 			ShutdownTimeout:        wb.ShutdownTimeout.String(),
 			TargetLatency:          wb.TargetLatency.String(),
+			MaxTrackedInodes:       wb.MaxTrackedInodes,
 		},
 		Plug:    encPlug{c.Plug.Enabled, c.Plug.MaxPending, c.Plug.QueueDepth, c.Plug.IntegritySyncfs, formatSize(c.Plug.MaxInflightBytes)},
 		Watcher: encWatcher{Backend: c.Watcher.Backend, RescanInterval: c.Watcher.RescanInterval.String(), SweepInterval: c.Watcher.SweepText()},
@@ -36,6 +37,12 @@ func (c *Config) Encode(w io.Writer) error {
 		e.Writeback.WriteChunk = "auto"
 	}
 
+	switch wb.MaxTrackedInodes {
+	case MaxTrackedAuto:
+		e.Writeback.MaxTrackedInodes = "auto"
+	case MaxTrackedUnlimited:
+		e.Writeback.MaxTrackedInodes = "unlimited"
+	}
 	for _, x := range c.Watch {
 		e.Watch = append(e.Watch, encWatch{Path: x.Root, Recursive: x.Recursive, Mode: string(x.Mode), Expire: x.Expire.String()})
 	}
@@ -72,6 +79,7 @@ type encWriteback struct {
 	AttemptTimeout         string `toml:"attempt_timeout"`
 	ShutdownTimeout        string `toml:"shutdown_timeout"`
 	TargetLatency          string `toml:"target_latency"`
+	MaxTrackedInodes       any    `toml:"max_tracked_inodes"` // "auto", "unlimited" or an int64
 }
 
 type encPlug struct {

@@ -104,6 +104,9 @@ func (ch *checker) writebackTimes() {
 	if wb.TargetLatency < 0 || (wb.TargetLatency > 0 && wb.TargetLatency < time.Millisecond) {
 		ch.add("writeback.target_latency", "must be 0 (off: max_inflight_bytes in flight) or at least 1ms, got %v", wb.TargetLatency)
 	}
+	if wb.MaxTrackedInodes < MaxTrackedUnlimited {
+		ch.add("writeback.max_tracked_inodes", "must be a count of at least 1, \"auto\" or \"unlimited\", got %d", wb.MaxTrackedInodes)
+	}
 	// A max_pause copied from a dirty_writeback_interval that is itself
 	// refused above is not a second error.
 	knockOn := maxPauseDefault && wb.DirtyWritebackInterval < MinInterval

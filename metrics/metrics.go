@@ -126,6 +126,7 @@ type Collector struct {
 	watchNested, watchUnserved, watchQuieted                          *prometheus.Desc
 	treeTracked, treeDirty, treeOldest, treeWritten, treeErrors       *prometheus.Desc
 	treeExposure                                                      *prometheus.Desc
+	overBudget, untracked, syncfsPasses, syncfsErrors                 *prometheus.Desc
 }
 
 // NewCollector returns a Collector over src; pageSize (bytes) converts the
@@ -206,6 +207,14 @@ func NewCollector(src Source, pageSize int) *Collector {
 			"0 when none is dirty. Compare with the tree's expire.", "tree"),
 		treeWritten: d("tree_written_bytes_total", "Data of the tree's files written back by flusherd.", "tree"),
 		treeErrors:  d("tree_writeback_errors_total", "Failed writeback attempts of the tree's files.", "tree"),
+		overBudget: d("over_budget", "1 while the device does not track new files: the tracked files of all devices "+
+			"reached writeback.max_tracked_inodes, and whole-filesystem passes (syncfs) write the files not tracked (over_budget).", dev...),
+		untracked: d("untracked_reports_total", "Reports of new files not tracked over the tracked-inode budget; "+
+			"whole-filesystem passes write them (untracked_reports).", dev...),
+		syncfsPasses: d("syncfs_passes_total", "Whole-filesystem passes (syncfs) completed over the tracked-inode budget "+
+			"(syncfs_passes).", dev...),
+		syncfsErrors: d("syncfs_errors_total", "Whole-filesystem passes that reported a writeback error or could not be "+
+			"made (syncfs_errors).", dev...),
 		treeExposure: d("tree_exposure_seconds", "How long data of the tree's files stayed dirty before flusherd began "+
 			"writing it: from a file's first dirtying to the attempt that first wrote it.", "tree"),
 	}
@@ -222,6 +231,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.sweepCandidates, c.sweepFound,
 		c.watchNested, c.watchUnserved, c.watchQuieted,
 		c.treeTracked, c.treeDirty, c.treeOldest, c.treeWritten, c.treeErrors, c.treeExposure,
+		c.overBudget, c.untracked, c.syncfsPasses, c.syncfsErrors,
 	} {
 		ch <- d
 	}
@@ -270,6 +280,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.loopStallMax, float64(s.LoopStallMaxUs)/1e6, n)
 		gauge(c.sweepCandidates, float64(s.SweepCandidates), n)
 		counter(c.sweepFound, s.SweepFound, n)
+		gauge(c.overBudget, float64(s.OverBudget), n)
+		counter(c.untracked, s.UntrackedReports, n)
+		counter(c.syncfsPasses, s.SyncfsPasses, n)
+		counter(c.syncfsErrors, s.SyncfsErrors, n)
 	}
 	for _, t := range c.src.Trees() {
 		gauge(c.treeTracked, float64(t.Totals.Tracked), t.Root)

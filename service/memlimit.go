@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"runtime/debug"
@@ -11,6 +12,9 @@ import (
 	"strings"
 
 	"go.uber.org/zap"
+
+	"flusherd/bdi"
+	"flusherd/config"
 )
 
 // memLimitShare is the part of the cgroup's memory limit given to the Go
@@ -143,4 +147,28 @@ func SetMemoryLimit(log *zap.Logger) {
 	debug.SetMemoryLimit(limit)
 	log.Info("Go memory limit set from the cgroup's memory limit (GOMEMLIMIT overrides it)",
 		zap.Int64("gomemlimit", limit), zap.Int64("cgroup_limit", cgroup), zap.String("file", "/sys/fs/cgroup/"+file))
+}
+
+// GoMemoryLimit returns the Go runtime's memory limit in force (from the
+// cgroup, set by SetMemoryLimit, or $GOMEMLIMIT), 0 for none.
+func GoMemoryLimit() int64 {
+	if l := debug.SetMemoryLimit(-1); l != math.MaxInt64 {
+		return l
+	}
+	return 0
+}
+
+// MaxTracked returns the tracked-inode budget that cfg's
+// writeback.max_tracked_inodes gives under the Go memory limit goLimit
+// (bytes, 0: none): its count, 0 (no bound) for "unlimited", and for
+// "auto" bdi.TrackedBudget of goLimit, 0 when there is no limit.
+func MaxTracked(cfg *config.Config, goLimit int64) int64 {
+	switch n := cfg.Writeback.MaxTrackedInodes; n {
+	case config.MaxTrackedUnlimited:
+		return 0
+	case config.MaxTrackedAuto:
+		return bdi.TrackedBudget(goLimit)
+	default:
+		return n
+	}
 }

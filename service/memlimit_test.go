@@ -1,6 +1,8 @@
 package service
 
 import (
+	"flusherd/config"
+
 	"errors"
 	"io/fs"
 	"slices"
@@ -77,5 +79,27 @@ func TestMemoryLimit(t *testing.T) {
 	_, _, _, err := MemoryLimit("", v2root, func(string) (string, error) { return "", fs.ErrPermission })
 	if !errors.Is(err, fs.ErrPermission) {
 		t.Errorf("an unreadable limit file: %v, want ErrPermission", err)
+	}
+}
+
+// TestMaxTracked: max_tracked_inodes "auto" is bdi.TrackedBudget of the
+// Go memory limit, no bound without one; "unlimited" is no bound, a count
+// is itself.
+func TestMaxTracked(t *testing.T) {
+	for _, c := range []struct {
+		key           int64
+		limit, wanted int64
+	}{
+		{config.MaxTrackedAuto, 150994944, 294912}, // a 160 MiB cgroup
+		{config.MaxTrackedAuto, 0, 0},
+		{config.MaxTrackedUnlimited, 150994944, 0},
+		{300, 150994944, 300},
+		{300, 0, 300},
+	} {
+		cfg := config.Default()
+		cfg.Writeback.MaxTrackedInodes = c.key
+		if got := MaxTracked(cfg, c.limit); got != c.wanted {
+			t.Errorf("max_tracked_inodes %d, Go limit %d: MaxTracked = %d, want %d", c.key, c.limit, got, c.wanted)
+		}
 	}
 }

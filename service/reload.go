@@ -132,6 +132,7 @@ func (d *Daemon) reloadConfig() (_ *config.Config, _ []tree.Tree, short bool) {
 		d.Level.SetLevel(l.Level())
 	}
 	d.Reg.SetConfig(BdiConfig(cfg))
+	d.Reg.SetMaxTracked(MaxTracked(cfg, GoMemoryLimit()))
 	plan := PlanTrees(running, trees, d.Wat.Served)
 	served, added, short := d.applyPlan(plan)
 	// Files tracked already take the settings of the tree that holds

@@ -211,7 +211,12 @@ func wire(d *service.Daemon, start *service.Startup) error {
 		Handles:     d.Handles,
 		Log:         log,
 		Errs:        d.Errs,
+		MaxTracked:  service.MaxTracked(cfg, service.GoMemoryLimit()),
 	})
+	if n, budget := d.Reg.TrackedInodes(); budget > 0 {
+		log.Info("tracked-inode budget (writeback.max_tracked_inodes): past it, new files are not tracked and whole-filesystem passes (syncfs) write them back",
+			zap.Int64("max_tracked_inodes", budget), zap.Int64("go_memory_limit", service.GoMemoryLimit()), zap.Int64("tracked", n))
+	}
 	service.SetUpTrees(d.Trees, d.Handles, d.Errs, start, log)
 	d.Wat, err = watch.New(d.Trees, d.Reg, watch.Options{Backend: cfg.Watcher.Backend, Opener: d.Handles, Handles: d.Handles,
 		RescanInterval: cfg.Watcher.RescanInterval, RetryMin: cfg.Writeback.MinPause, RetryMax: cfg.Writeback.MaxPause,
