@@ -449,7 +449,8 @@ func (r *Registry) Devices() []*Writeback {
 }
 
 // Drain writes back every tracked inode of the device, repeating until
-// none is tracked (each is clean: no dirty and no writeback pages) or ctx
+// none is tracked (each is clean: no dirty and no writeback pages) and
+// every write made in writeback mode is verified (see verifying) or ctx
 // ends, and returns ctx's error in the latter case. Integrity trees get
 // fdatasync, the others sync_file_range.
 func (wb *Writeback) Drain(ctx context.Context, reason string) error {
@@ -466,7 +467,7 @@ func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 		case <-wb.live.stopped:
 			return fmt.Errorf("bdi %s: writeback stopped", wb.Name)
 		}
-		if wb.Tracked() == 0 {
+		if wb.Tracked() == 0 && len(wb.Unverified()) == 0 {
 			return nil
 		}
 		t := time.NewTimer(pause)
@@ -529,7 +530,7 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			lost := wb.Failed()
 			var left []string
 			if err != nil {
-				left = wb.TrackedPaths()
+				left = append(wb.TrackedPaths(), wb.Unverified()...)
 			}
 			mu.Lock()
 			if err != nil {

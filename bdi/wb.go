@@ -122,6 +122,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		}
 		wb.applyConfig()
 		wb.wbDoWriteback()
+		wb.startCursorReads()
 		wb.writeStats(false)
 		wb.logSuppressed()
 		d, arm := wb.sleepFor()
@@ -147,6 +148,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.mu.Lock()
 	wb.running = false
 	wb.mu.Unlock()
+	wb.closeCursors()
 	wb.writeStats(true)
 	wb.logSuppressed()
 }

@@ -34,6 +34,21 @@ type File interface {
 	// Size is st_size in bytes, read once (fstat(2) on the first call,
 	// unless the open already did); errors are fstat's, wrapped.
 	Size() (int64, error)
+	// Cursor returns the filesystem's writeback error cursor as this
+	// open file sampled it (f_sb_err, taken at open): it outlives the
+	// file's Close. errors.ErrUnsupported: the file has none.
+	Cursor() (ErrCursor, error)
+	Close() error
+}
+
+// ErrCursor is a filesystem's writeback error cursor (s_wb_err) held by
+// one open file description. Check is syncfs(2): it writes back and
+// waits on the whole filesystem and reports a writeback error of any of
+// its files since the cursor was sampled or last checked. It takes
+// nothing from the files' own error state (their mappings' errseq), which
+// their fsync reports. Close lets the description go.
+type ErrCursor interface {
+	Check() error
 	Close() error
 }
 
@@ -148,6 +163,44 @@ func (f *OSFile) Syncfs() error {
 
 // Close implements File.
 func (f *OSFile) Close() error { return unix.Close(f.fd) }
+
+// Cursor implements File with a duplicate of the descriptor (the same
+// open file description, so the same f_sb_err).
+func (f *OSFile) Cursor() (ErrCursor, error) {
+	fd, err := unix.FcntlInt(uintptr(f.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("dup: %w", err)
+	}
+	return fdCursor(fd), nil
+}
+
+// DirCursor opens the directory dir (no symlink in any component:
+// OpenPath, then a reopen of /proc/self/fd/N read-only) as an error
+// cursor of its filesystem. Errors are *os.PathError.
+func DirCursor(dir string) (ErrCursor, error) {
+	pfd, err := OpenPath(dir)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	return fdCursor(fd), nil
+}
+
+// fdCursor is an ErrCursor on a descriptor.
+type fdCursor int
+
+func (c fdCursor) Check() error {
+	if err := unix.Syncfs(int(c)); err != nil {
+		return fmt.Errorf("syncfs: %w", err)
+	}
+	return nil
+}
+
+func (c fdCursor) Close() error { return unix.Close(int(c)) }
 
 // Stat is lstat(2) of path: its key and whether it is a regular file. It
 // never follows a final symlink.
