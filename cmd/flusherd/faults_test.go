@@ -783,3 +783,85 @@ expire = "200ms"
 		})
 	}
 }
+
+// TestWritebackModeThinDeviceFull: the second way a writeback fails after
+// it started, on a block filesystem: ext4 on a loop device whose sparse
+// image lies on a tmpfs that is full (thin provisioning run out), so the
+// writeback flusherd starts with sync_file_range (which returns 0) fails
+// in the loop device with ENOSPC, the kernel drops the pages and records
+// EIO on the file and its filesystem. The daemon must not count the write
+// in BdiWritten nor forget the file as clean: the read of the
+// filesystem's error cursor (syncfs) reports it failed, in flusherd dirty,
+// failed_files, writeback_errors and the log, and the shutdown does not
+// say clean; the application's fsync still gets the error.
+func TestWritebackModeThinDeviceFull(t *testing.T) {
+	t.Parallel()
+	testfs.SkipShort(t, "mounts a tmpfs and an ext4 on a loop device")
+	thin := t.TempDir()
+	if err := unix.Mount("tmpfs", thin, "tmpfs", 0, "size=24m"); err != nil {
+		testfs.Missing(t, "mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(thin, unix.MNT_DETACH) })
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128, ImageDir: thin})
+	tree := filepath.Join(mnt.Dir, "w")
+	mkdirs(t, tree)
+	unix.Sync()
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+[[watch]]
+path = %q
+expire = "200ms"
+`, tree))
+	// The tmpfs filled: the image's holes can no longer be allocated.
+	filler, err := os.Create(filepath.Join(thin, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := filler.Write(make([]byte, 64<<10)); err != nil {
+			break
+		}
+	}
+	filler.Close()
+	p := filepath.Join(tree, "f")
+	w, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write(make([]byte, 256<<10)); err != nil {
+		t.Fatal(err)
+	}
+	listed := ""
+	testwait.For(t, "the file reported as failed", 10*time.Second, func() bool {
+		var out, errb bytes.Buffer
+		Main([]string{"dirty", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb)
+		listed = ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.Contains(l, strconv.Quote(p)) {
+				listed = l
+			}
+		}
+		return strings.Contains(listed, " failed ")
+	})
+	if !strings.Contains(listed, " failed ") {
+		t.Errorf("flusherd dirty: %q, want %s listed as failed", listed, p)
+	}
+	stats := filepath.Join(d.statsDir, "bdi", mnt.MajMin, "stats")
+	st := statsWhen(t, stats, 3*time.Second, func(s map[string]int64) bool { return s["failed_files"] >= 1 })
+	if st["failed_files"] < 1 || st["writeback_errors"] < 1 || st["BdiWritten"] != 0 {
+		t.Errorf("failed_files %d, writeback_errors %d, BdiWritten %d kB; want at least 1, at least 1, 0",
+			st["failed_files"], st["writeback_errors"], st["BdiWritten"])
+	}
+	if log := d.log.String(); !strings.Contains(log, "writeback may have failed") && !strings.Contains(log, "data lost") {
+		t.Errorf("no log line of the failed writeback:\n%s", log)
+	}
+	if err := w.Sync(); err == nil {
+		t.Errorf("the application's fsync after the daemon's writeback returned no error")
+	}
+	d.stop(t)
+	if log := d.log.String(); strings.Contains(log, "every tracked file is clean") {
+		t.Errorf("the shutdown says every tracked file is clean, with %s failed:\n%s", p, log)
+	}
+}
