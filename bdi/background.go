@@ -246,7 +246,6 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 		if room > 0 && end > off {
 			rd, _, cerr := f.Cachestat(off, end-off)
 			if cerr == nil {
-				wb.holdCursor(p.key.Dev, f)
 				if err := f.StartWriteback(off, end-off); err == nil {
 					r.rangeEnd, r.ranged = end, rd
 					if d2, w2, err := f.Cachestat(0, 0); err == nil {

@@ -233,9 +233,6 @@ func (wb *Writeback) doAttempt(r *request) error {
 	w := att.call
 	if w.f == nil {
 		key := inode.Key{Dev: r.Dev, Ino: r.Ino}
-		if !r.Integrity && att.path != "" {
-			wb.holdCursorAt(r.Dev, att.path)
-		}
 		f, renewed, err := wb.openFile(att.path, key, att.handle)
 		if err != nil {
 			w.res.unread = true

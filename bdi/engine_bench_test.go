@@ -2,7 +2,6 @@ package bdi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,7 +28,6 @@ func (f *nopFile) StartWriteback(off, n int64) error              { f.dirty = 0;
 func (f *nopFile) DataSync() error                                { f.dirty = 0; return nil }
 func (f *nopFile) Size() (int64, error)                           { return 4 * pg, nil }
 func (f *nopFile) Close() error                                   { return nil }
-func (f *nopFile) Cursor() (inode.ErrCursor, error)               { return nil, errors.ErrUnsupported }
 
 // BenchmarkDrainOverhead measures the writeback engine's own cost per
 // file, with files that need no system call (nopOpener): a Drain of

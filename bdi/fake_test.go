@@ -149,14 +149,6 @@ func (h *fakeHandle) Close() error {
 	return err
 }
 
-// Cursor is an error cursor of the fake filesystem (cursorErr).
-func (h *fakeHandle) Cursor() (inode.ErrCursor, error) {
-	h.f.fs.mu.Lock()
-	defer h.f.fs.mu.Unlock()
-	h.f.fs.cursors++
-	return fakeCursor{h.f.fs}, nil
-}
-
 // dirCursor is an error cursor of the fake filesystem, opened on a
 // directory (Files.DirCursor).
 func (fs *fakeFS) dirCursor(string) (inode.ErrCursor, error) {

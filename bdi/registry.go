@@ -505,8 +505,7 @@ func (r *Registry) Devices() []*Writeback {
 }
 
 // Drain writes back every tracked inode of the device, repeating until
-// none is tracked (each is clean: no dirty and no writeback pages) and
-// every write made in writeback mode is verified (see verifying) or ctx
+// none is tracked (each is clean: no dirty and no writeback pages) or ctx
 // ends, and returns ctx's error in the latter case. Integrity trees get
 // fdatasync, the others sync_file_range.
 func (wb *Writeback) Drain(ctx context.Context, reason string) error {
@@ -523,7 +522,7 @@ func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 		case <-wb.live.stopped:
 			return fmt.Errorf("bdi %s: writeback stopped", wb.Name)
 		}
-		if wb.Tracked() == 0 && len(wb.Unverified()) == 0 {
+		if wb.Tracked() == 0 {
 			return nil
 		}
 		t := time.NewTimer(pause)
@@ -586,7 +585,7 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			lost := wb.Failed()
 			var left []string
 			if err != nil {
-				left = append(wb.TrackedPaths(), wb.Unverified()...)
+				left = wb.TrackedPaths()
 			}
 			mu.Lock()
 			if err != nil {

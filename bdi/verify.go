@@ -2,7 +2,6 @@ package bdi
 
 import (
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
@@ -12,10 +11,15 @@ import (
 	"flusherd/tree"
 )
 
-// verifyBound is the longest the writes flusherd started in writeback mode
-// on a busy device wait for their filesystem's error cursor to be read
-// (verifying.due). An idle device's is read at once: a syncfs(2) there
-// has little to write.
+// verifyBound is how long the writes flusherd started in writeback mode
+// wait for their filesystem's error cursor to be read (fsVerify.due)
+// while the read, a syncfs(2) that writes back the whole filesystem,
+// would write something else: a file flusherd tracks (on a busy device),
+// or one it does not (the system has dirty pages: nr_dirty). It is read at
+// once when neither holds. Past verifyBound it is read all
+// the same, unless a tracked file would then be written more than
+// verifyBound before its expiry: a tree's long expiry is not cut short to
+// count a write sooner.
 const verifyBound = 30 * time.Second
 
 // verifying is a device's writes made in writeback mode (sync_file_range,
@@ -23,8 +27,8 @@ const verifyBound = 30 * time.Second
 // known yet, per filesystem (st_dev). A write is verified once the close
 // of the attempt's file returned without an error (FUSE's flush writes the
 // file back there and reports a failure) and a read of the filesystem's
-// error cursor (inode.ErrCursor: syncfs on a description opened before the
-// write) begun after it found no writeback error. Only then do its pages
+// error cursor (inode.ErrCursor: syncfs on a directory opened for the
+// read, openCursor) begun after it found no writeback error. Only then do its pages
 // count in BdiWritten and its tree's written bytes. A failed close, or an
 // error on the cursor, reports each write it covers as failed
 // (writeFailedLocked). Neither takes anything from the files' own error
@@ -37,19 +41,16 @@ type verifying struct {
 
 // fsVerify is one filesystem's writes awaiting verification.
 type fsVerify struct {
-	// cursor was taken from an attempt's file before its write started
-	// (holdCursor), so it has sampled the error cursor before every
-	// write recorded since; nil: none held (none could be taken:
-	// noCursor).
-	cursor   inode.ErrCursor
-	noCursor bool
-	writes   map[inode.Key]*unverifiedWrite
+	// dir is a directory of the filesystem (the latest write's), where
+	// the cursor is opened for a read.
+	dir    string
+	writes map[inode.Key]*unverifiedWrite
 	// oldest is when the oldest write in writes was recorded (daemon
 	// clock); seq numbers the writes recorded.
 	oldest  time.Duration
 	seq     uint64
-	readSeq uint64 // the last write covered by a read of cursor
-	reading bool   // a read of cursor runs
+	readSeq uint64 // the last write covered by a read of the cursor
+	reading bool   // a read of the cursor runs
 }
 
 // unverifiedWrite is the pages flusherd started writing of one file, not
@@ -86,55 +87,17 @@ type closeNote struct {
 // ErrWatch was given).
 func (wb *Writeback) verifies() bool { return wb.errs != nil }
 
-// holdCursor makes sure filesystem dev has an error cursor held from
-// before a write that is about to start on f (a background check's
-// file): the one held already, or one taken from f. Called by a worker,
-// before the write.
-func (wb *Writeback) holdCursor(dev uint64, f inode.File) {
-	wb.holdCursorOf(dev, f.Cursor)
-}
-
-// holdCursorAt is holdCursor before an attempt opens the file at path (on
-// FUSE, an open may write the file back: fuse_finish_open invalidates its
-// pages, and writes the dirty ones first): the cursor is the directory of
-// path's.
-func (wb *Writeback) holdCursorAt(dev uint64, path string) {
-	open := wb.files.DirCursor
-	if open == nil {
-		open = inode.DirCursor
+// openCursor opens the error cursor of the filesystem of dir
+// (Files.DirCursor, or inode.DirCursor). A description opened now sees
+// every error no one has seen yet (errseq_sample): the cursor need not be
+// held from before the writes it covers, so nothing keeps the filesystem
+// busy between reads. An error that another syncfs(2) caller saw first is
+// missed.
+func (wb *Writeback) openCursor(dir string) (inode.ErrCursor, error) {
+	if wb.files.DirCursor != nil {
+		return wb.files.DirCursor(dir)
 	}
-	wb.holdCursorOf(dev, func() (inode.ErrCursor, error) { return open(filepath.Dir(path)) })
-}
-
-// holdCursorOf is holdCursor with a cursor made by take.
-func (wb *Writeback) holdCursorOf(dev uint64, take func() (inode.ErrCursor, error)) {
-	if !wb.verifies() {
-		return
-	}
-	wb.mu.Lock()
-	v := wb.verify.of(dev)
-	held := v.cursor != nil || v.noCursor
-	wb.mu.Unlock()
-	if held {
-		return
-	}
-	c, err := take() // (system calls, not under the lock)
-	wb.mu.Lock()
-	if err != nil {
-		if !v.noCursor && v.cursor == nil {
-			v.noCursor = true
-			wb.log.Warn("cannot hold the filesystem's writeback error cursor; its writes in writeback mode are verified by their close alone", zap.Error(err))
-		}
-		wb.mu.Unlock()
-		return
-	}
-	if v.cursor == nil && wb.verify.fs[dev] == v {
-		v.cursor, c = c, nil
-	}
-	wb.mu.Unlock()
-	if c != nil {
-		c.Close() // another worker's was held first: it is older
-	}
+	return inode.DirCursor(dir)
 }
 
 // of returns dev's state, made if need be.
@@ -166,15 +129,16 @@ func (wb *Writeback) startedLocked(in *inode.Inode, pages uint64, closing bool, 
 	w := v.writes[in.Key]
 	if w == nil {
 		w = &unverifiedWrite{tc: wb.trees.of(in)}
-		if len(v.writes) == 0 {
-			v.oldest = now
-		}
 		v.writes[in.Key] = w
+	}
+	if v.seq == v.readSeq && !v.reading {
+		v.oldest = now // the first write no read covers
 	}
 	w.pages += pages
 	v.seq++
 	w.seq, w.at, w.verified = v.seq, now, false
 	w.path, w.handle = in.Path(), in.Handle()
+	v.dir = in.Dir()
 	w.expire = wb.bDirty.classes[in.Class].expire
 	if closing {
 		w.closes++
@@ -280,50 +244,48 @@ func (wb *Writeback) startCursorReads() {
 	type read struct {
 		dev uint64
 		v   *fsVerify
-		c   inode.ErrCursor
+		dir string
 		seq uint64
 	}
 	var reads []read
-	var unused []inode.ErrCursor
+	clean := wb.othersClean()
 	wb.mu.Lock()
 	idle := !wb.hasDirtyIOLocked()
-	quiet := idle && !wb.bg.sampling && wb.calls.running() == 0
+	early := wb.bDirty.lastDue()-now > verifyBound
+	// The syncfs writes back every dirty file of the filesystem, inside
+	// the trees or not: at once only when nothing else is dirty.
+	idle = idle && clean
 	for dev, v := range wb.verify.fs {
-		if len(v.writes) == 0 && !v.reading && quiet {
-			// Held for a write that was not made, or failed.
-			if v.cursor != nil {
-				unused = append(unused, v.cursor)
-			}
+		if len(v.writes) == 0 && !v.reading {
 			delete(wb.verify.fs, dev)
 			continue
 		}
-		if !v.due(now, idle) {
-			continue
-		}
-		if v.cursor == nil {
-			// Nothing to read: its writes are verified by their
-			// close alone.
-			wb.cursorReadLocked(dev, v, v.seq, nil)
+		if !v.due(now, idle, early) {
 			continue
 		}
 		v.reading = true
-		reads = append(reads, read{dev, v, v.cursor, v.seq})
+		reads = append(reads, read{dev, v, v.dir, v.seq})
 	}
 	wb.mu.Unlock()
-	for _, c := range unused {
-		c.Close()
-	}
 	for _, r := range reads {
 		id := wb.calls.track(now)
 		go func() {
-			err := r.c.Check()
+			c, err := wb.openCursor(r.dir)
+			if err == nil {
+				err = c.Check()
+				c.Close()
+			} else {
+				// Its directory is gone (the filesystem unmounted,
+				// which wrote everything): its writes are verified by
+				// their close alone.
+				wb.log.Debug("cannot open the filesystem's writeback error cursor", logpath.String("dir", r.dir), zap.Error(err))
+				err = nil
+			}
 			wb.calls.returned(id, 0)
 			wb.mu.Lock()
 			var lines []func()
 			if wb.verify.fs[r.dev] == r.v {
 				lines = wb.cursorReadLocked(r.dev, r.v, r.seq, err)
-			} else {
-				lines = []func(){func() { r.c.Close() }} // let go meanwhile (closeCursors)
 			}
 			wb.gen++
 			wb.mu.Unlock()
@@ -335,19 +297,58 @@ func (wb *Writeback) startCursorReads() {
 	}
 }
 
+// nextRead is when (daemon clock) a filesystem's writes are due for a
+// read of its cursor at the latest (verifyBound after the oldest), and
+// whether any awaits one.
+func (vs *verifying) nextRead() (at time.Duration, ok bool) {
+	for _, v := range vs.fs {
+		if v.reading || v.seq <= v.readSeq {
+			continue
+		}
+		if t := v.oldest + verifyBound; !ok || t < at {
+			at, ok = t, true
+		}
+	}
+	return at, ok
+}
+
+// othersClean reports whether no page is dirty in the whole system
+// (/proc/vmstat nr_dirty; Options.NrDirty), so that a syncfs(2) of a
+// filesystem writes back nothing flusherd does not track. Read only when
+// a device with nothing tracked dirty has writes to verify. Without
+// NrDirty, true.
+func (wb *Writeback) othersClean() bool {
+	if wb.loop.vmDirty == nil {
+		return true
+	}
+	wb.mu.Lock()
+	want := !wb.hasDirtyIOLocked()
+	if want {
+		want = false
+		for _, v := range wb.verify.fs {
+			want = want || !v.reading && v.seq > v.readSeq
+		}
+	}
+	wb.mu.Unlock()
+	if !want {
+		return false
+	}
+	n, err := wb.loop.vmDirty()
+	return err == nil && n == 0
+}
+
 // due reports whether v's cursor is to be read at now (daemon clock):
-// writes not covered by a read await it, none is being read, and the device is idle or the
-// oldest write has waited verifyBound.
-func (v *fsVerify) due(now time.Duration, idle bool) bool {
-	return !v.reading && v.seq > v.readSeq && (idle || now-v.oldest >= verifyBound)
+// writes not covered by a read await it, none is being read, and the
+// device is idle, or the oldest write has waited verifyBound and the read
+// would write no tracked file far before its expiry (early).
+func (v *fsVerify) due(now time.Duration, idle, early bool) bool {
+	return !v.reading && v.seq > v.readSeq && (idle || !early && now-v.oldest >= verifyBound)
 }
 
 // cursorReadLocked applies a read of v's error cursor begun after the
 // write numbered seq was recorded that returned err: each write up to seq is
 // verified by it (and counted once its close has returned) or, on an
-// error, reported as failed. With nothing left to verify on an idle
-// device, the cursor is let go, so that the filesystem can be unmounted.
-// It returns the log lines, for after the lock. Preconditions: wb.mu
+// error, reported as failed. It returns the log lines, for after the lock. Preconditions: wb.mu
 // held.
 //
 // +checklocks:wb.mu
@@ -391,29 +392,10 @@ func (wb *Writeback) cursorReadLocked(dev uint64, v *fsVerify, seq uint64, err e
 	if left >= 0 {
 		v.oldest = left
 	}
-	if len(v.writes) == 0 && !wb.hasDirtyIOLocked() && !wb.bg.sampling && wb.calls.running() == 0 {
-		if c := v.cursor; c != nil {
-			lines = append(lines, func() { c.Close() })
-		}
+	if len(v.writes) == 0 {
 		delete(wb.verify.fs, dev)
 	}
 	return lines
-}
-
-// closeCursors lets every held cursor go (the goroutine's end).
-func (wb *Writeback) closeCursors() {
-	wb.mu.Lock()
-	var cs []inode.ErrCursor
-	for dev, v := range wb.verify.fs {
-		if v.cursor != nil && !v.reading {
-			cs = append(cs, v.cursor)
-		}
-		delete(wb.verify.fs, dev)
-	}
-	wb.mu.Unlock()
-	for _, c := range cs {
-		c.Close()
-	}
 }
 
 // Unverified returns the paths of the files whose writes in writeback mode

@@ -144,3 +144,37 @@ func TestVerifyBound(t *testing.T) {
 		}
 	}, func(h *harness) { h.wb.errs = NewErrWatch() })
 }
+
+// TestVerifyBoundSparesLongExpiry: while a file of a tree with an hour's
+// expiry is dirty on the device, the read of the error cursor (a syncfs
+// that would write it) is not made at verifyBound for another file's
+// write: it waits until the file is due within verifyBound, or written.
+func TestVerifyBoundSparesLongExpiry(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		time.Sleep(time.Second)
+		long := h.fs.add("/long", 2, 4*pg, 4)
+		h.mark(long, time.Hour)
+		short := h.fs.add("/short", 1, 4*pg, 4)
+		short.fastDevice = true
+		h.mark(short, time.Second)
+		time.Sleep(verifyBound + 10*time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n != 0 {
+			t.Errorf("%d reads of the error cursor with a file an hour from its expiry dirty", n)
+		}
+		if s := h.wb.Snapshot(); s.BdiWritten != 0 {
+			t.Errorf("BdiWritten %d pages before any read of the error cursor, want 0", s.BdiWritten)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n == 0 {
+			t.Errorf("no read of the error cursor once the long file was written")
+		}
+		if s := h.wb.Snapshot(); s.BdiWritten != 8 {
+			t.Errorf("BdiWritten %d pages once verified, want 8", s.BdiWritten)
+		}
+	}, func(h *harness) { h.wb.errs = NewErrWatch() })
+}

@@ -148,7 +148,6 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.mu.Lock()
 	wb.running = false
 	wb.mu.Unlock()
-	wb.closeCursors()
 	wb.writeStats(true)
 	wb.logSuppressed()
 }
@@ -232,8 +231,14 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 	if wb.hasDirtyIOLocked() {
 		return tick, true
 	}
-	if statsDue {
+	verifyAt, verify := wb.verify.nextRead()
+	switch {
+	case statsDue && verify:
+		return max(min(at, verifyAt)-now, time.Millisecond), true
+	case statsDue:
 		return max(at-now, time.Millisecond), true
+	case verify:
+		return max(verifyAt-now, time.Millisecond), true
 	}
 	return 0, false
 }

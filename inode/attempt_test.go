@@ -33,9 +33,6 @@ func (f *recFile) StartWriteback(off, n int64) error {
 func (f *recFile) DataSync() error      { f.calls = append(f.calls, "fdatasync"); return f.syncErr }
 func (f *recFile) Size() (int64, error) { return 0, nil }
 func (f *recFile) Close() error         { return nil }
-func (f *recFile) Cursor() (ErrCursor, error) {
-	return nil, errors.ErrUnsupported
-}
 
 // TestWriteDo: each kind of write makes exactly its calls, in order, and
 // reports what it left; errors stop it and are returned as they are.

@@ -34,15 +34,12 @@ type File interface {
 	// Size is st_size in bytes, read once (fstat(2) on the first call,
 	// unless the open already did); errors are fstat's, wrapped.
 	Size() (int64, error)
-	// Cursor returns the filesystem's writeback error cursor as this
-	// open file sampled it (f_sb_err, taken at open): it outlives the
-	// file's Close. errors.ErrUnsupported: the file has none.
-	Cursor() (ErrCursor, error)
 	Close() error
 }
 
 // ErrCursor is a filesystem's writeback error cursor (s_wb_err) held by
-// one open file description. Check is syncfs(2): it writes back and
+// one open file description (f_sb_err, sampled at open: an error no one
+// has seen yet counts as new). Check is syncfs(2): it writes back and
 // waits on the whole filesystem and reports a writeback error of any of
 // its files since the cursor was sampled or last checked. It takes
 // nothing from the files' own error state (their mappings' errseq), which
@@ -163,16 +160,6 @@ func (f *OSFile) Syncfs() error {
 
 // Close implements File.
 func (f *OSFile) Close() error { return unix.Close(f.fd) }
-
-// Cursor implements File with a duplicate of the descriptor (the same
-// open file description, so the same f_sb_err).
-func (f *OSFile) Cursor() (ErrCursor, error) {
-	fd, err := unix.FcntlInt(uintptr(f.fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("dup: %w", err)
-	}
-	return fdCursor(fd), nil
-}
 
 // DirCursor opens the directory dir (no symlink in any component:
 // OpenPath, then a reopen of /proc/self/fd/N read-only) as an error
