@@ -1,0 +1,180 @@
+package bdi
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestWritebackModeVerified: a write made in writeback mode
+// (sync_file_range) counts in BdiWritten only once the close of the
+// attempt's file returned without an error and a read of the
+// filesystem's error cursor begun after it found none. A failed close
+// (FUSE's flush) or an error on the cursor reports the file as failed
+// (b_failed, writeback_errors) though it was forgotten as clean, and
+// none of its pages count; the cursor is read once for the files of a
+// quiet device, and let go afterwards. Without an ErrWatch, writes count
+// when made.
+func TestWritebackModeVerified(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		verify             bool
+		closeErr, fsErr    error
+		wantFailed         int
+		wantWritten, wantE uint64
+	}{
+		{"clean", true, nil, nil, 0, 12, 0},
+		{"close-eio", true, syscall.EIO, nil, 1, 8, 1},
+		{"cursor-enospc", true, nil, syscall.ENOSPC, 3, 0, 3},
+		{"unverified", false, syscall.EIO, nil, 0, 12, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = time.Second
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				time.Sleep(time.Second)
+				var files []*fakeFile
+				for i := range 3 {
+					f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
+					f.fastDevice = true
+					files = append(files, f)
+				}
+				for _, f := range files {
+					h.mark(f, time.Second)
+				}
+				h.afterSample(files[0].path) // its close is not the attempt's
+				files[0].set(func(f *fakeFile) { f.closeErr = c.closeErr })
+				h.fs.mu.Lock()
+				h.fs.cursorErr = c.fsErr
+				h.fs.mu.Unlock()
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				s := h.wb.Snapshot()
+				if s.BdiWritten != c.wantWritten || s.WritebackErrors != c.wantE || s.FailedFiles != c.wantFailed {
+					t.Errorf("BdiWritten %d pages, writeback_errors %d, failed %d; want %d, %d, %d",
+						s.BdiWritten, s.WritebackErrors, s.FailedFiles, c.wantWritten, c.wantE, c.wantFailed)
+				}
+				failed := h.wb.Failed()
+				if len(failed) != c.wantFailed {
+					t.Errorf("failed files %v, want %d", failed, c.wantFailed)
+				}
+				want := c.closeErr
+				if c.fsErr != nil {
+					want = c.fsErr
+				}
+				for _, fl := range failed {
+					if !errors.Is(fl.Err, want) {
+						t.Errorf("%s failed with %v, want %v", fl.Path, fl.Err, want)
+					}
+				}
+				checks := len(h.fs.callsOf("cursor_check", ""))
+				switch {
+				case c.verify && checks != 1:
+					t.Errorf("%d reads of the error cursor for one quiet device, want 1", checks)
+				case !c.verify && checks != 0:
+					t.Errorf("%d reads of the error cursor without an ErrWatch, want 0", checks)
+				}
+				if n := len(h.wb.Unverified()); n != 0 {
+					t.Errorf("%d writes left unverified", n)
+				}
+				h.fs.mu.Lock()
+				held := h.fs.cursors
+				h.fs.mu.Unlock()
+				if held != 0 {
+					t.Errorf("%d error cursors held on a quiet device with nothing to verify", held)
+				}
+			}, func(h *harness) {
+				if c.verify {
+					h.wb.errs = NewErrWatch()
+				}
+			})
+		})
+	}
+}
+
+// TestVerifyBound: on a device that never goes quiet (a file whose pages
+// stay dirty), the error cursor of another file's writes is still read,
+// verifyBound after the oldest, and the writes it covers count.
+func TestVerifyBound(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		time.Sleep(time.Second)
+		stuck := h.fs.add("/stuck", 2, 4*pg, 4)
+		stuck.keepDirty = true
+		h.mark(stuck, time.Second)
+		busy := h.fs.add("/busy", 1, 4*pg, 4)
+		busy.fastDevice = true
+		for range int(verifyBound/time.Second) - 5 {
+			busy.set(func(f *fakeFile) {
+				for p := range int64(4) {
+					f.dirty[p] = true
+				}
+			})
+			h.mark(busy, time.Second)
+			time.Sleep(time.Second)
+		}
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n != 0 {
+			t.Fatalf("%d reads of the error cursor on a busy device before verifyBound", n)
+		}
+		if s := h.wb.Snapshot(); s.BdiWritten != 0 {
+			t.Errorf("BdiWritten %d pages before any read of the error cursor, want 0", s.BdiWritten)
+		}
+		for range 10 {
+			busy.set(func(f *fakeFile) {
+				for p := range int64(4) {
+					f.dirty[p] = true
+				}
+			})
+			h.mark(busy, time.Second)
+			time.Sleep(time.Second)
+		}
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n == 0 {
+			t.Errorf("no read of the error cursor %v into a busy device's writes", verifyBound+5*time.Second)
+		}
+		if s := h.wb.Snapshot(); s.BdiWritten == 0 {
+			t.Errorf("BdiWritten 0 after the error cursor was read clean")
+		}
+	}, func(h *harness) { h.wb.errs = NewErrWatch() })
+}
+
+// TestVerifyBoundSparesLongExpiry: while a file of a tree with an hour's
+// expiry is dirty on the device, the read of the error cursor (a syncfs
+// that would write it) is not made at verifyBound for another file's
+// write: it waits until the file is due within verifyBound, or written.
+func TestVerifyBoundSparesLongExpiry(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		time.Sleep(time.Second)
+		long := h.fs.add("/long", 2, 4*pg, 4)
+		h.mark(long, time.Hour)
+		short := h.fs.add("/short", 1, 4*pg, 4)
+		short.fastDevice = true
+		h.mark(short, time.Second)
+		time.Sleep(verifyBound + 10*time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n != 0 {
+			t.Errorf("%d reads of the error cursor with a file an hour from its expiry dirty", n)
+		}
+		if s := h.wb.Snapshot(); s.BdiWritten != 0 {
+			t.Errorf("BdiWritten %d pages before any read of the error cursor, want 0", s.BdiWritten)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n == 0 {
+			t.Errorf("no read of the error cursor once the long file was written")
+		}
+		if s := h.wb.Snapshot(); s.BdiWritten != 8 {
+			t.Errorf("BdiWritten %d pages once verified, want 8", s.BdiWritten)
+		}
+	}, func(h *harness) { h.wb.errs = NewErrWatch() })
+}
