@@ -65,7 +65,7 @@ type Watcher struct {
 // NewInotify returns an inotify backend for trees. Its inotify instance is
 // made now; no watch is added until Start.
 func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
-	w, err := newInotifyFD(4096, opt.Opens)
+	w, err := newInotifyFD(4096)
 	if err != nil {
 		return nil, fmt.Errorf("inotify: %w", budgetErr(err, inotifyInstances))
 	}
@@ -568,12 +568,6 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	// cache has lost (a file found by a scan only, or the cache emptied
 	// since) waits for that.
 	old, known := w.keys[ev.Name]
-	if ev.Has(opOpen) || ev.Has(opClose) {
-		w.opened(t, ev, old, known)
-		if ev.Op&^(opOpen|opClose) == 0 {
-			return
-		}
-	}
 	if !ev.Has(opWrite) {
 		w.forgetKey(ev.Name) // (a Create of a directory clears all of it below)
 	}
@@ -601,26 +595,6 @@ func (w *Watcher) handle(ev inotifyEvent) {
 			w.checkRootsUnder(ev.Name)
 		}
 	}
-}
-
-// opened reports an open or a close of the regular file ev names in tree
-// t to the sink (Sink.InodesOpened), by its key: the cache's (old, when
-// known), else looked at without following a symlink (and cached). The
-// daemon's own opens are reported too (an inotify event names no process):
-// each open is followed by its close, and the two cancel out, but the
-// queue merges two opens in a row into one event, so a count may be low:
-// the reports ask a candidate closed to linger until it is found clean.
-func (w *Watcher) opened(t tree.Tree, ev inotifyEvent, old inode.Key, known bool) {
-	key := old
-	if !known {
-		k, regular, err := inode.Stat(ev.Name)
-		if err != nil || !regular {
-			return
-		}
-		key = k
-		w.cacheKey(ev.Name, key)
-	}
-	w.sink.InodesOpened([]bdi.Open{{Path: ev.Name, Key: key, Tree: t, Open: ev.Has(opOpen), Closed: ev.Has(opClose), Linger: true}})
 }
 
 // stillNamed reports whether the watched directory name is still there

@@ -22,8 +22,6 @@ const (
 	opRemove                       // IN_DELETE, IN_DELETE_SELF
 	opRename                       // IN_MOVED_FROM, IN_MOVE_SELF
 	opChmod                        // IN_ATTRIB
-	opOpen                         // IN_OPEN (with opens)
-	opClose                        // IN_CLOSE_WRITE, IN_CLOSE_NOWRITE (with opens)
 )
 
 // inotifyEvent is one event: the path of the watched directory, joined
@@ -43,13 +41,9 @@ var errEventOverflow = errors.New("inotify: event queue overflow")
 // errNoWatch is inotifyFD.Remove's error for a path it does not watch.
 var errNoWatch = errors.New("inotify: no watch on this path")
 
-// inotifyMask is every watch's mask. IN_ONLYDIR is added to each call,
-// and inotifyOpenMask with opens.
-const (
-	inotifyMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_DELETE_SELF |
-		unix.IN_MOVED_TO | unix.IN_MOVED_FROM | unix.IN_MOVE_SELF | unix.IN_ATTRIB
-	inotifyOpenMask = unix.IN_OPEN | unix.IN_CLOSE_WRITE | unix.IN_CLOSE_NOWRITE
-)
+// inotifyMask is every watch's mask. IN_ONLYDIR is added to each call.
+const inotifyMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_DELETE_SELF |
+	unix.IN_MOVED_TO | unix.IN_MOVED_FROM | unix.IN_MOVE_SELF | unix.IN_ATTRIB
 
 // inotifyFD is an inotify(7) instance whose watches are added on open
 // directory descriptors, never by a path that the kernel resolves: the
@@ -68,7 +62,6 @@ type inotifyFD struct {
 	Errors chan error
 
 	file *os.File // the instance, read through the runtime's poller
-	mask uint32   // every watch's: inotifyMask, with opens inotifyOpenMask too
 	done chan struct{}
 	exit chan struct{} // closed when the reader has returned
 
@@ -80,9 +73,8 @@ type inotifyFD struct {
 }
 
 // newInotifyFD makes an inotify instance (inotify_init1(2)) whose Events
-// hold up to buffered events, and starts its reader. With opens its
-// watches also report the opens and closes of the directories' files.
-func newInotifyFD(buffered int, opens bool) (*inotifyFD, error) {
+// hold up to buffered events, and starts its reader.
+func newInotifyFD(buffered int) (*inotifyFD, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("couldn't initialize inotify: %w", err)
@@ -91,15 +83,11 @@ func newInotifyFD(buffered int, opens bool) (*inotifyFD, error) {
 		Events: make(chan inotifyEvent, buffered),
 		Errors: make(chan error),
 		file:   os.NewFile(uintptr(fd), "inotify"),
-		mask:   inotifyMask,
 		done:   make(chan struct{}),
 		exit:   make(chan struct{}),
 		fd:     fd,
 		wds:    map[int32]string{},
 		paths:  map[string]int32{},
-	}
-	if opens {
-		in.mask |= inotifyOpenMask
 	}
 	go in.read()
 	return in, nil
@@ -117,7 +105,7 @@ func (in *inotifyFD) AddFD(path string, dirfd int) error {
 	if in.closed {
 		return os.ErrClosed
 	}
-	wd, err := unix.InotifyAddWatch(in.fd, "/proc/self/fd/"+strconv.Itoa(dirfd), in.mask|unix.IN_ONLYDIR)
+	wd, err := unix.InotifyAddWatch(in.fd, "/proc/self/fd/"+strconv.Itoa(dirfd), inotifyMask|unix.IN_ONLYDIR)
 	if err != nil {
 		return err
 	}
@@ -229,20 +217,9 @@ func (in *inotifyFD) event(wd int32, mask uint32, name string) (inotifyEvent, bo
 			return inotifyEvent{}, false // its IN_DELETE says it
 		}
 	}
-	if name == "" && mask&^uint32(inotifyOpenMask|unix.IN_ISDIR) == 0 {
-		return inotifyEvent{}, false // an open or close of the directory itself
-	}
 	ev := inotifyEvent{Name: path}
 	if name != "" {
 		ev.Name = joinPath(path, name)
-	}
-	if mask&unix.IN_ISDIR == 0 {
-		if mask&unix.IN_OPEN != 0 {
-			ev.Op |= opOpen
-		}
-		if mask&(unix.IN_CLOSE_WRITE|unix.IN_CLOSE_NOWRITE) != 0 {
-			ev.Op |= opClose
-		}
 	}
 	if mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
 		ev.Op |= opCreate
@@ -259,7 +236,7 @@ func (in *inotifyFD) event(wd int32, mask uint32, name string) (inotifyEvent, bo
 	if mask&unix.IN_ATTRIB != 0 {
 		ev.Op |= opChmod
 	}
-	return ev, ev.Op != 0 // (0: an open or close of a subdirectory)
+	return ev, true
 }
 
 // drop forgets watch wd, named path.

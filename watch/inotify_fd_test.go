@@ -38,7 +38,7 @@ func TestInotifyFDNames(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	in, err := newInotifyFD(16, false)
+	in, err := newInotifyFD(16)
 	if err != nil {
 		t.Fatal(err)
 	}
