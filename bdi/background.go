@@ -311,9 +311,13 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 	has := wb.hasDirtyIOLocked()
 	flusherdWritten := wb.acct.written * uint64(os.Getpagesize())
 	wb.mu.Unlock()
-	wb.bw.update(now, has, flusherdWritten, wb.log)
+	if !wb.bw.update(now, has, flusherdWritten, wb.log) {
+		return
+	}
 	wb.mu.Lock()
 	inflight := int64(wb.acct.wbSum) * int64(os.Getpagesize())
+	throttled := wb.acct.throttled
 	wb.mu.Unlock()
-	wb.window.update(wb.bw.kBps.Load()*1024, wb.bw.inst, inflight)
+	wb.window.update(wb.bw.inst, inflight, throttled != wb.loop.windowThrottled)
+	wb.loop.windowThrottled = throttled
 }

@@ -46,8 +46,9 @@ type bandwidth struct {
 // flusherdWritten, the bytes flusherd's attempts wrote back. A period in
 // which nothing was written is not counted, nor a long one that began so
 // (the kernel skips such a period too): a file waiting on b_dirty does not
-// wear the figure down to 0.
-func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, log *zap.Logger) {
+// wear the figure down to 0. It reports whether a period ended (a new
+// stamp: inst is that period's rate, or 0).
+func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, log *zap.Logger) (period bool) {
 	written := flusherdWritten
 	if b.diskWritten != nil {
 		if n, err := b.diskWritten(); err == nil {
@@ -55,7 +56,7 @@ func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, 
 		} else if policy.Shortage(err) {
 			// Out of descriptors or memory for a moment: this update
 			// is skipped, the stat file read again at the next.
-			return
+			return false
 		} else {
 			b.diskWritten = nil // not a block device: no stat file to read
 			log.Info("no block device statistics for this device: its write bandwidth (BdiWriteBandwidth, write_chunk = \"auto\") is measured from flusherd's own writeback", zap.Error(err))
@@ -68,7 +69,7 @@ func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, 
 	case !b.started:
 		b.started = true
 	case elapsed < bandwidthInterval:
-		return
+		return false
 	case idle, elapsed > time.Second && b.idle, !has && elapsed > time.Second:
 		// Nothing written since the last stamp, or a period that
 		// began idle and ran long (the kernel skips such a period:
@@ -83,6 +84,7 @@ func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, 
 		b.avgKBps.Store(avg)
 	}
 	b.stamp, b.written, b.idle = now, written, idle
+	return true
 }
 
 // writeBandwidth is wb_update_write_bandwidth's arithmetic: given the

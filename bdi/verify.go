@@ -22,6 +22,14 @@ import (
 // count a write sooner.
 const verifyBound = 30 * time.Second
 
+// maxUnverified is the most writes of one filesystem that await a read of
+// its cursor file by file: at it the read is due at once, and the writes
+// recorded while it runs are only counted (fsVerify.more), so that the
+// list (about 200 bytes a file) stays within the memory the tracked-inode
+// budget leaves, however many files are written and found clean
+// meanwhile.
+const maxUnverified = 8192
+
 // verifying is a device's writes made in writeback mode (sync_file_range,
 // which starts writeback and does not wait for it) whose outcome is not
 // known yet, per filesystem (st_dev). A write is verified once the close
@@ -51,6 +59,11 @@ type fsVerify struct {
 	seq     uint64
 	readSeq uint64 // the last write covered by a read of the cursor
 	reading bool   // a read of the cursor runs
+	// more counts the writes past maxUnverified, not kept file by file:
+	// their pages, their files and the last one's seq. A read that
+	// covers them credits their pages or, on an error, reports how many
+	// files may have lost data, unnamed.
+	more struct{ pages, files, seq uint64 }
 }
 
 // unverifiedWrite is the pages flusherd started writing of one file, not
@@ -126,13 +139,21 @@ func (wb *Writeback) startedLocked(in *inode.Inode, pages uint64, closing bool, 
 		return
 	}
 	v := wb.verify.of(in.Key.Dev)
+	if v.seq == v.readSeq && !v.reading {
+		v.oldest = now // the first write no read covers
+	}
 	w := v.writes[in.Key]
+	if w == nil && len(v.writes) >= maxUnverified {
+		v.seq++
+		v.more.pages += pages
+		v.more.files++
+		v.more.seq = v.seq
+		v.dir = in.Dir()
+		return
+	}
 	if w == nil {
 		w = &unverifiedWrite{tc: wb.trees.of(in)}
 		v.writes[in.Key] = w
-	}
-	if v.seq == v.readSeq && !v.reading {
-		v.oldest = now // the first write no read covers
 	}
 	w.pages += pages
 	v.seq++
@@ -256,7 +277,7 @@ func (wb *Writeback) startCursorReads() {
 	// the trees or not: at once only when nothing else is dirty.
 	idle = idle && clean
 	for dev, v := range wb.verify.fs {
-		if len(v.writes) == 0 && !v.reading {
+		if len(v.writes) == 0 && v.more.files == 0 && !v.reading {
 			delete(wb.verify.fs, dev)
 			continue
 		}
@@ -339,10 +360,12 @@ func (wb *Writeback) othersClean() bool {
 
 // due reports whether v's cursor is to be read at now (daemon clock):
 // writes not covered by a read await it, none is being read, and the
-// device is idle, or the oldest write has waited verifyBound and the read
-// would write no tracked file far before its expiry (early).
+// device is idle, or maxUnverified writes wait, or the oldest write has
+// waited verifyBound and the read would write no tracked file far before
+// its expiry (early).
 func (v *fsVerify) due(now time.Duration, idle, early bool) bool {
-	return !v.reading && v.seq > v.readSeq && (idle || !early && now-v.oldest >= verifyBound)
+	return !v.reading && v.seq > v.readSeq &&
+		(idle || len(v.writes) >= maxUnverified || !early && now-v.oldest >= verifyBound)
 }
 
 // cursorReadLocked applies a read of v's error cursor begun after the
@@ -382,17 +405,27 @@ func (wb *Writeback) cursorReadLocked(dev uint64, v *fsVerify, seq uint64, err e
 			w.verified = true
 		}
 	}
+	var unnamed uint64
+	if v.more.files > 0 && v.more.seq <= seq {
+		if err != nil {
+			unnamed = v.more.files
+			wb.acct.errors += v.more.files
+		} else {
+			wb.acct.written += v.more.pages
+		}
+		v.more.pages, v.more.files = 0, 0
+	}
 	if err != nil {
 		n := len(lines)
 		lines = append(lines, func() {
 			wb.errLog.Error("a writeback error on the filesystem: every file flusherd started writing since its error cursor was last read is reported as failed",
-				zap.Uint64("dev", dev), zap.Int("files_logged", n), zap.Error(err))
+				zap.Uint64("dev", dev), zap.Int("files_logged", n), zap.Uint64("files_not_named", unnamed), zap.Error(err))
 		})
 	}
 	if left >= 0 {
 		v.oldest = left
 	}
-	if len(v.writes) == 0 {
+	if len(v.writes) == 0 && v.more.files == 0 {
 		delete(wb.verify.fs, dev)
 	}
 	return lines

@@ -178,3 +178,28 @@ func TestVerifyBoundSparesLongExpiry(t *testing.T) {
 		}
 	}, func(h *harness) { h.wb.errs = NewErrWatch() })
 }
+
+// TestVerifyCap: writes awaiting a read of the error cursor are bounded:
+// once maxUnverified of one filesystem wait, the cursor is read at once,
+// on a busy device and long before verifyBound.
+func TestVerifyCap(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		stuck := h.fs.add("/stuck", 1, 4*pg, 4)
+		stuck.keepDirty = true // the device is never idle
+		h.mark(stuck, time.Second)
+		for i := range maxUnverified {
+			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+2), pg, 1)
+			f.fastDevice = true
+			h.mark(f, time.Second)
+		}
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n == 0 {
+			t.Errorf("no read of the error cursor with %d writes waiting, 4 s in (verifyBound %v); %d writes, %d unverified", maxUnverified, verifyBound,
+				len(h.fs.callsOf("sync_file_range", "")), len(h.wb.Unverified()))
+		}
+	}, func(h *harness) { h.wb.errs = NewErrWatch() })
+}

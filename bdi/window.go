@@ -9,31 +9,34 @@ import (
 // writeback in flight when it has work (config.MinMaxInflight).
 const windowFloor = 256 << 10
 
+// windowStart is the window a target starts from, before anything is
+// measured: 25 ms of a 40 MB/s disk.
+const windowStart = 1 << 20
+
 // inflightWindow sets how many bytes flusherd keeps under writeback on a
-// device so that a write queued behind them waits about target: by
-// Little's law that wait is the bytes ahead of it over the device's write
-// rate, so the window is target × rate, between windowFloor and ceil
-// (plug.max_inflight_bytes). Modelled on blk-wbt (block/blk-wbt.c:
-// wb_timer_fn's scale_up and scale_down of the queue depth against
-// wbt_lat_usec), with the latency estimated from the rate and the bytes in
-// flight instead of sampled from completions:
+// device so that a write queued behind them waits about target. By
+// Little's law that wait is the bytes in flight over the device's write
+// rate (their drain time). Every bandwidth update (bandwidthInterval or
+// more) it looks at the bytes of flusherd's writeback in flight and at
+// the device's write rate over the last period, and, modelled on blk-wbt
+// (block/blk-wbt.c: wb_timer_fn's scale_down and scale_up of the queue
+// depth against wbt_lat_usec):
 //
-//   - the rate is the last period's own rate while flusherd kept the
-//     device busy (half the window or more in flight), else the smoothed
-//     write bandwidth (BdiWriteBandwidth): a device that slows down
-//     (another load, a throttle) or recovers is seen in one period, not
-//     after the smoothing's seconds;
-//   - a window above target × rate comes down to it at once;
-//   - one below goes up by a quarter per update (scale_up's step), so a
-//     device that speeds up is followed without a burst;
-//   - when the bytes in flight would take over twice target to write at
-//     the last period's rate, the window is halved (scale_down) whatever
-//     the smoothed figure says;
-//   - until the bandwidth is known it starts at the floor and grows as
-//     above while in use (slow start).
+//   - the window is looked at only when it was the limit (an attempt was
+//     deferred for want of room since the last update): otherwise the
+//     rate is only what flusherd gave the device, which says nothing of
+//     its speed, and the window stays;
+//   - drain time over target: the window comes down to target × rate, at
+//     most halved per update (scale_down); a period in which the device
+//     wrote nothing while flusherd had writeback in flight halves it;
+//   - drain time under half the target: it doubles, the device has room
+//     to spare (slow start);
+//   - between half the target and the target: it grows by a quarter, at
+//     most to target × rate (scale_up's step).
 //
-// The device's goroutine owns it and alone calls set and update; the
-// window's size is read anywhere.
+// It is kept between windowFloor and ceil (plug.max_inflight_bytes) and
+// starts at windowStart. The device's goroutine owns it and alone calls
+// set and update; the window's size is read anywhere.
 type inflightWindow struct {
 	target time.Duration // 0: off, the window is ceil
 	ceil   int64         // plug.max_inflight_bytes; 0: no bound
@@ -41,8 +44,8 @@ type inflightWindow struct {
 }
 
 // set gives the window its target and ceiling (a configuration, or a
-// reload's): with no target it is the ceiling; turned on it starts at the
-// floor, and a running one is kept within the new bounds.
+// reload's): with no target it is the ceiling; turned on it starts at
+// windowStart, and a running one is kept within the new bounds.
 func (w *inflightWindow) set(target time.Duration, ceil int64) {
 	was := w.target
 	w.target, w.ceil = target, ceil
@@ -50,7 +53,7 @@ func (w *inflightWindow) set(target time.Duration, ceil int64) {
 	case target <= 0:
 		w.cur.Store(ceil)
 	case was <= 0:
-		w.cur.Store(w.clamp(windowFloor))
+		w.cur.Store(w.clamp(windowStart))
 	default:
 		w.cur.Store(w.clamp(w.cur.Load()))
 	}
@@ -69,31 +72,33 @@ func (w *inflightWindow) clamp(n int64) int64 {
 // before big files, ranges and background work wait; 0: no bound.
 func (w *inflightWindow) size() int64 { return w.cur.Load() }
 
-// update adapts the window to the device's smoothed write bandwidth bps
-// and its last period's rate inst (bytes/s; 0: not known) and the bytes of
-// flusherd's writeback in flight, and returns the new window.
-func (w *inflightWindow) update(bps, inst uint64, inflight int64) int64 {
-	if w.target <= 0 {
-		return w.cur.Load()
-	}
+// update adapts the window to the device's write rate over the last
+// period (bytes/s; 0: not measured), the bytes of flusherd's writeback in
+// flight, and whether an attempt was deferred for want of room since the
+// last update; it returns the new window.
+func (w *inflightWindow) update(rate uint64, inflight int64, deferred bool) int64 {
 	cur := w.cur.Load()
-	grow := w.clamp(cur + cur/4)
-	busy := inflight >= cur/2
-	rate := bps
-	if busy && inst > 0 {
-		rate = inst
+	if w.target <= 0 {
+		return cur
 	}
+	drain := time.Duration(-1) // not known
 	switch {
-	case rate == 0:
-		// Slow start: the bandwidth is not known yet.
-		if busy {
-			cur = grow
-		}
-	case inst > 0 && float64(inflight)/float64(inst) > 2*w.target.Seconds():
-		cur = w.clamp(cur / 2)
+	case rate > 0 && inflight > 0:
+		drain = time.Duration(float64(inflight) / float64(rate) * float64(time.Second))
+	case inflight > 0:
+		drain = 2 * w.target // nothing written in the period: a stall
+	}
+	little := int64(w.target.Seconds() * float64(rate))
+	switch {
+	case !deferred:
+		// Not the limit: the rate is what flusherd gave the device, and
+		// the bytes in flight as last seen may be a range just started.
+	case drain > w.target:
+		cur = w.clamp(max(little, cur/2))
+	case drain < w.target/2:
+		cur = w.clamp(2 * cur)
 	default:
-		want := w.clamp(int64(w.target.Seconds() * float64(rate)))
-		cur = min(want, grow)
+		cur = w.clamp(max(min(cur+cur/4, little), cur))
 	}
 	w.cur.Store(cur)
 	return cur

@@ -304,17 +304,19 @@ func (l *liveness) alive(now int64) {
 type loopState struct {
 	// deferred are the attempts of the last batch whose completion waits
 	// for the next batch's calls (deferComplete).
-	deferred     []*attempt
-	backoff      policy.Backoff
-	lastOldFlush time.Duration
-	waitRetryAt  time.Duration
-	pass         passCounters
-	probed       map[uint64]bool // dev -> sync_file_range probed
-	fallback     map[uint64]bool // dev -> use fdatasync for start-writeback
-	lastBusyLog  time.Duration
-	lastCheck    time.Duration // the last background check (daemon clock)
-	thresholds   func() (dirty, background uint64, err error)
-	vmDirty      func() (uint64, error)
+	deferred []*attempt
+	backoff  policy.Backoff
+	// windowThrottled is acct.throttled at the window's last update.
+	windowThrottled uint64
+	lastOldFlush    time.Duration
+	waitRetryAt     time.Duration
+	pass            passCounters
+	probed          map[uint64]bool // dev -> sync_file_range probed
+	fallback        map[uint64]bool // dev -> use fdatasync for start-writeback
+	lastBusyLog     time.Duration
+	lastCheck       time.Duration // the last background check (daemon clock)
+	thresholds      func() (dirty, background uint64, err error)
+	vmDirty         func() (uint64, error)
 }
 
 type passCounters struct {

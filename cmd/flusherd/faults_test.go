@@ -809,7 +809,13 @@ func TestWritebackModeThinDeviceFull(t *testing.T) {
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128, ImageDir: thin})
 	tree := filepath.Join(mnt.Dir, "w")
 	mkdirs(t, tree)
-	unix.Sync()
+	// This filesystem's own data on its image (syncfs, not sync(2): a
+	// machine-wide sync would write the files of the tests running beside
+	// this one).
+	if fd, err := unix.Open(mnt.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+		unix.Syncfs(fd)
+		unix.Close(fd)
+	}
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "200ms"
