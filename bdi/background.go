@@ -167,8 +167,7 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		if probed[in] || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.inodes.Get(in.Key) != in {
 			continue
 		}
-		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(),
-			expire: wb.bDirty.classes[in.Class].expire})
+		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle()})
 	}
 	clear(wb.bg.touched[len(rest):])
 	wb.bg.touched = rest
@@ -185,11 +184,6 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	chunk := wb.writeChunk()
 	go func() {
 		res := wb.runSample(probes, cfg, chunk)
-		for _, r := range res {
-			if r.closeErr != nil && wb.verifies() {
-				wb.closeReturned(closeNote{report: true, key: r.key, path: r.path, handle: r.handle, expire: r.expire}, r.closeErr)
-			}
-		}
 		wb.mu.Lock()
 		wb.calls.returned(id, 0)
 		wb.bg.sampling = false
@@ -256,7 +250,7 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 				}
 			}
 		}
-		r.closeErr = f.Close()
+		f.Close()
 		out = append(out, r)
 	}
 	return out
@@ -292,7 +286,7 @@ func (wb *Writeback) applySampleLocked(res []sampleResult, now time.Duration) (u
 		if r.rangeEnd > 0 {
 			wb.bg.rangeOff[r.key] = r.rangeEnd
 			wb.acct.rangeWritebacks++
-			wb.startedLocked(in, r.ranged, false, now)
+			wb.wroteLocked(in, r.ranged)
 			// (Not inode.Wrote: that writeback's outcome is not known
 			// here, and an integrity file found clean later must still
 			// have its filesystem's error cursor read.)

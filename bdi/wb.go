@@ -128,7 +128,6 @@ func (wb *Writeback) Run(ctx context.Context) {
 		wb.applyConfig()
 		wb.wbDoWriteback()
 		wb.budgetStep()
-		wb.startCursorReads()
 		wb.writeStats(false)
 		wb.logSuppressed()
 		d, arm := wb.sleepFor()
@@ -175,13 +174,7 @@ func (wb *Writeback) logSuppressed() {
 // longer is wedged; the watchdog stops pinging for it. Calls stuck in the
 // kernel (a frozen filesystem) do not make it unhealthy: they are given up
 // on after attempt_timeout, and counted in StuckCalls.
-func (wb *Writeback) Healthy(limit time.Duration) bool { return wb.HealthySince(limit, 0) }
-
-// HealthySince is Healthy with the silence counted from resumed at the
-// earliest (daemon clock; Registry.Resumed): a process stopped as a whole
-// (the cgroup freezer) stopped the goroutine too, and its thaw is not a
-// wedge.
-func (wb *Writeback) HealthySince(limit, resumed time.Duration) bool {
+func (wb *Writeback) Healthy(limit time.Duration) bool {
 	if wb.live.sleeping.Load() {
 		return true
 	}
@@ -190,7 +183,7 @@ func (wb *Writeback) HealthySince(limit, resumed time.Duration) bool {
 		return true // stopped on purpose
 	default:
 	}
-	return wb.now()-max(time.Duration(wb.live.beat.Load()), resumed) < limit
+	return wb.now()-time.Duration(wb.live.beat.Load()) < limit
 }
 
 // StuckCalls returns the number of writeback system calls (opens
@@ -253,21 +246,17 @@ func (wb *Writeback) sleepForLocked(now time.Duration) (time.Duration, bool) {
 	if wb.hasDirtyIOLocked() {
 		return tick, true
 	}
-	// The nearest of the stats file's turn, the sweep and the next read
-	// of the error cursor.
-	d, due := time.Duration(0), false
 	if statsDue {
-		d, due = max(at-now, time.Millisecond), true
-	}
-	if sweepDue && (!due || sweep < d) {
-		d, due = sweep, true
-	}
-	if verifyAt, verify := wb.verify.nextRead(); verify {
-		if v := max(verifyAt-now, time.Millisecond); !due || v < d {
-			d, due = v, true
+		d := max(at-now, time.Millisecond)
+		if sweepDue {
+			d = min(d, sweep)
 		}
+		return d, true
 	}
-	return d, due
+	if sweepDue {
+		return sweep, true
+	}
+	return 0, false
 }
 
 // wbDoWriteback is wb_do_writeback: queued work (sync requests) first,
