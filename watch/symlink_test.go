@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,24 +81,7 @@ func testWatchStaysInsideTree(t *testing.T, backend string) {
 		return dirIno, st.Ino
 	}
 
-	stop := make(chan struct{})
-	var swaps atomic.Int64
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if err := unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, l, unix.RENAME_EXCHANGE); err != nil {
-				t.Error(err)
-				return
-			}
-			swaps.Add(1)
-			time.Sleep(50 * time.Microsecond)
-		}
-	})
+	stopSwaps := testfs.Exchange(t, 50*time.Microsecond, 1, [2]string{d, l})
 	const n = 200
 	for i := range n {
 		name := "s" + strconv.Itoa(i)
@@ -115,10 +97,9 @@ func testWatchStaysInsideTree(t *testing.T, backend string) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	if swaps.Load() < 100 {
-		t.Fatalf("only %d swaps: the race was not exercised", swaps.Load())
+	swaps := stopSwaps()
+	if swaps < 100 {
+		t.Fatalf("only %d swaps: the race was not exercised", swaps)
 	}
 	w.Quiesce(t.Context())
 
@@ -165,6 +146,6 @@ func testWatchStaysInsideTree(t *testing.T, backend string) {
 		return ok
 	})
 	s.mu.Lock()
-	t.Logf("%d swaps; %d watches and marks; %d keys reported", swaps.Load(), len(marks), len(s.keys))
+	t.Logf("%d swaps; %d watches and marks; %d keys reported", swaps, len(marks), len(s.keys))
 	s.mu.Unlock()
 }

@@ -78,30 +78,13 @@ func TestScanStaysInsideTree(t *testing.T) {
 	ks := &keySink{sink: sink{seen: map[string]int{}}, keys: map[inode.Key]string{}}
 	b := newScanner(t, dir, ks, inode.OS{})
 	var dirs sync.Map
-	stop := make(chan struct{})
-	var swaps atomic.Int64
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(dir, "x"), unix.AT_FDCWD, filepath.Join(dir, "y"), unix.RENAME_EXCHANGE); err != nil {
-				t.Error(err)
-				return
-			}
-			swaps.Add(1)
-		}
-	})
+	stopSwaps := testfs.Exchange(t, 0, 1, [2]string{filepath.Join(dir, "x"), filepath.Join(dir, "y")})
 	for range 2000 {
 		b.scanDir(context.Background(), tree.Tree{Root: dir, Recursive: true}, dir, false, func(p string, _ int) { dirs.Store(p, true) })
 	}
-	close(stop)
-	wg.Wait()
-	if swaps.Load() < 100 {
-		t.Fatalf("only %d swaps during the scans: the race was not exercised", swaps.Load())
+	swaps := stopSwaps()
+	if swaps < 100 {
+		t.Fatalf("only %d swaps during the scans: the race was not exercised", swaps)
 	}
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
@@ -119,7 +102,7 @@ func TestScanStaysInsideTree(t *testing.T) {
 	if _, ok := ks.keys[inside]; !ok {
 		t.Error("the tree's own file was never found")
 	}
-	t.Logf("%d swaps during 2000 scans; %d keys reported", swaps.Load(), len(ks.keys))
+	t.Logf("%d swaps during 2000 scans; %d keys reported", swaps, len(ks.keys))
 }
 
 // failOpener opens nothing: every Open fails with err.

@@ -5,8 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,27 +117,7 @@ path = %q
 		}
 	}
 
-	stop := make(chan struct{})
-	var swaps atomic.Int64
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			for _, p := range [][2]string{{d, l}, {g, gl}} {
-				if err := unix.Renameat2(unix.AT_FDCWD, p[0], unix.AT_FDCWD, p[1], unix.RENAME_EXCHANGE); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-			if swaps.Add(1)%8 == 0 {
-				time.Sleep(100 * time.Microsecond)
-			}
-		}
-	})
+	stopSwaps := testfs.Exchange(t, 100*time.Microsecond, 8, [2]string{d, l}, [2]string{g, gl})
 	for i := range 300 {
 		name := "s" + strconv.Itoa(i)
 		made(ofd, outside, name, false, true)
@@ -168,11 +146,10 @@ path = %q
 			landedOutside()
 		}
 	}
-	close(stop)
-	wg.Wait()
+	swaps := stopSwaps()
 	ended := time.Now()
-	if swaps.Load() < 100 {
-		t.Fatalf("only %d swaps: the race was not exercised", swaps.Load())
+	if swaps < 100 {
+		t.Fatalf("only %d swaps: the race was not exercised", swaps)
 	}
 
 	// The tree's files, under their names now, are written back.
@@ -211,6 +188,6 @@ path = %q
 			}
 		}
 	}
-	t.Logf("%d swaps; %d watches and marks of the daemon; %d outside files, %d written back", swaps.Load(), len(marks), len(outsideFiles), written)
+	t.Logf("%d swaps; %d watches and marks of the daemon; %d outside files, %d written back", swaps, len(marks), len(outsideFiles), written)
 	dm.stop(t)
 }
