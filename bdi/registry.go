@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,6 +70,10 @@ type Registry struct {
 	sub   subscription // the devices' AttemptObserver (Observe)
 	// budget is every device's tracked-inode budget.
 	budget trackBudget
+	// pauses sees the process stopped as a whole (Resumed); started by
+	// the first call.
+	pauses     pauseWatch
+	pausesOnce sync.Once
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -115,6 +120,57 @@ func (r *Registry) Observe(o AttemptObserver) { r.sub.set(o) }
 
 // Now is the daemon's monotonic clock: time since the registry was made.
 func (r *Registry) Now() time.Duration { return time.Since(r.epoch) }
+
+// pauseTick is how often the registry's pause watch wakes; a wake-up more
+// than pauseTick+pauseLate after the one before ends a pause of the whole
+// process (Resumed).
+const (
+	pauseTick = 100 * time.Millisecond
+	pauseLate = 400 * time.Millisecond
+)
+
+// pauseWatch holds, on the daemon clock (nanoseconds), the watch's last
+// wake-up and the end of the last pause it saw.
+type pauseWatch struct {
+	last, resumed atomic.Int64
+}
+
+// Resumed returns when (daemon clock) the whole process last resumed after
+// being stopped: frozen by the cgroup freezer, SIGSTOP, a paused virtual
+// machine. CLOCK_MONOTONIC runs on meanwhile, so a goroutine caught awake
+// by the stop looks silent for the stop's length; silence before Resumed
+// is not the goroutine's (Writeback.HealthySince). While the process is
+// resuming (the watch's own wake-up is late), it is now. The watch's
+// goroutine starts at the first call and ends with the registry.
+func (r *Registry) Resumed() time.Duration {
+	r.pausesOnce.Do(func() {
+		r.pauses.last.Store(int64(r.Now()))
+		r.wg.Go(r.watchPauses)
+	})
+	now := r.Now()
+	if now-time.Duration(r.pauses.last.Load()) > pauseTick+pauseLate {
+		return now
+	}
+	return time.Duration(r.pauses.resumed.Load())
+}
+
+// watchPauses wakes every pauseTick until the registry stops, and
+// records a late wake-up as the end of a pause.
+func (r *Registry) watchPauses() {
+	t := time.NewTicker(pauseTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := int64(r.Now())
+		if last := r.pauses.last.Swap(now); now-last > int64(pauseTick+pauseLate) {
+			r.pauses.resumed.Store(now)
+		}
+	}
+}
 
 // Device returns the writeback state of st_dev dev, starting it if new.
 // path is any path on that filesystem, used to name the bdi.

@@ -174,7 +174,13 @@ func (wb *Writeback) logSuppressed() {
 // longer is wedged; the watchdog stops pinging for it. Calls stuck in the
 // kernel (a frozen filesystem) do not make it unhealthy: they are given up
 // on after attempt_timeout, and counted in StuckCalls.
-func (wb *Writeback) Healthy(limit time.Duration) bool {
+func (wb *Writeback) Healthy(limit time.Duration) bool { return wb.HealthySince(limit, 0) }
+
+// HealthySince is Healthy with the silence counted from resumed at the
+// earliest (daemon clock; Registry.Resumed): a process stopped as a whole
+// (the cgroup freezer) stopped the goroutine too, and its thaw is not a
+// wedge.
+func (wb *Writeback) HealthySince(limit, resumed time.Duration) bool {
 	if wb.live.sleeping.Load() {
 		return true
 	}
@@ -183,7 +189,7 @@ func (wb *Writeback) Healthy(limit time.Duration) bool {
 		return true // stopped on purpose
 	default:
 	}
-	return wb.now()-time.Duration(wb.live.beat.Load()) < limit
+	return wb.now()-max(time.Duration(wb.live.beat.Load()), resumed) < limit
 }
 
 // StuckCalls returns the number of writeback system calls (opens

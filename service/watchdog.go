@@ -19,12 +19,15 @@ type Health struct {
 }
 
 // RegistryHealth reads the health of reg's devices with limit as the
-// longest silence of a healthy goroutine.
+// longest silence of a healthy goroutine, a silence counted from the end
+// of the last stop of the whole process at the earliest
+// (bdi.Registry.Resumed: a thaw from the cgroup freezer is no wedge).
 func RegistryHealth(reg *bdi.Registry, limit time.Duration) func() []Health {
 	return func() []Health {
 		var hs []Health
+		resumed := reg.Resumed()
 		for _, wb := range reg.Devices() {
-			hs = append(hs, Health{Name: wb.Name, Healthy: wb.Healthy(limit), Stuck: wb.StuckCalls()})
+			hs = append(hs, Health{Name: wb.Name, Healthy: wb.HealthySince(limit, resumed), Stuck: wb.StuckCalls()})
 		}
 		return hs
 	}

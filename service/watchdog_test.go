@@ -142,8 +142,6 @@ func TestRegistryHealthWedged(t *testing.T) {
 // (attempt_timeout is 1.5 s here.)
 func TestStartWatchdog(t *testing.T) {
 	sd := newFakeSystemd(t)
-	reg := bdi.NewRegistry(bdi.Options{Resolve: func(uint64, string) (string, error) { return "test", nil }})
-	defer reg.Stop()
 	for _, tc := range []struct {
 		usec    string
 		pings   int // in 5 s
@@ -156,6 +154,9 @@ func TestStartWatchdog(t *testing.T) {
 	} {
 		t.Setenv("WATCHDOG_USEC", tc.usec)
 		synctest.Test(t, func(t *testing.T) {
+			// Made in the bubble: its pause watch (Resumed) runs there.
+			reg := bdi.NewRegistry(bdi.Options{Resolve: func(uint64, string) (string, error) { return "test", nil }})
+			defer reg.Stop()
 			core, logs := observer.New(zap.InfoLevel)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
