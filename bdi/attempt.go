@@ -25,12 +25,10 @@ func (wb *Writeback) assumeUnderWriteback(att *attempt) {
 }
 
 // complete ends an attempt, as the end of writeback_single_inode does: it
-// reads the file's state after the write and closes it (readAfter),
-// classifies the outcome, accounts for it, decides where the inode goes
+// reads the file's state after the write (readAfter), classifies the outcome, accounts for it, decides where the inode goes
 // (policy.Decide, requeue_inode) and puts it there.
 func (wb *Writeback) complete(att *attempt) {
 	st := att.readAfter()
-	att.release()
 	now := wb.now()
 	in := att.in
 	wb.mu.Lock()
@@ -41,6 +39,7 @@ func (wb *Writeback) complete(att *attempt) {
 	path, retries := in.Path(), in.Retries
 	wb.gen++
 	wb.mu.Unlock()
+	att.release() // after accountLocked recorded its write (closeReturned)
 	if att.result != nil {
 		*att.result = st.err
 	}
@@ -142,10 +141,21 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 		in.State |= inode.Wrote
 		in.State &^= inode.DataError
 	}
+	counted := false
 	if att.res.wrote && err == nil && att.res.dirtyBefore > st.dirty {
 		n := att.res.dirtyBefore - st.dirty
 		wb.loop.pass.pages += n
-		wb.wroteLocked(in, n)
+		if att.res.waited {
+			wb.wroteLocked(in, n)
+		} else {
+			counted = att.f != nil && wb.verifies()
+			wb.startedLocked(in, n, counted, now)
+		}
+	}
+	if att.res.wrote && !att.res.waited && att.f != nil && wb.verifies() {
+		// Its close is part of its writeback (FUSE's flush).
+		att.note = closeNote{report: true, key: in.Key, path: in.Path(), handle: in.Handle(),
+			expire: wb.bDirty.classes[in.Class].expire, counted: counted}
 	}
 	if att.res.read && err == nil {
 		wb.ownSyncfsWroteLocked(in, att.res.dirtyBefore, att.res.wbBefore, now)
@@ -175,12 +185,41 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	} else {
 		wb.side.setNextRetry(in.Key, 0)
 	}
+	wb.verifyCleanLocked(att, &ac, err, now)
 	ac.hadIOError = in.Has(inode.DataError) || (att.res.fsErrAt != 0 && att.res.fsErrAt >= in.DirtiedWhen)
 	if o == policy.IOError && !att.res.unread {
 		// (An error of its open or first cachestat is not its data's.)
 		in.State |= inode.DataError
 	}
 	return ac
+}
+
+// verifyCleanLocked deals with an attempt in writeback mode that found
+// its file clean and wrote nothing: on FUSE, its open or its close may
+// have written the file back (fuse_finish_open, fuse_flush), and the
+// close reports that writeback's failure, which is then the data's
+// (inode.DataError: found clean, it is lost, policy.Lost). A file found
+// clean at its first attempt is recorded as a write of no pages, so that
+// the next read of its filesystem's error cursor covers it
+// (startedLocked). Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) verifyCleanLocked(att *attempt, ac *accounted, err error, now time.Duration) {
+	in, res := att.in, &att.res
+	if !wb.verifies() || in.Has(inode.Integrity) || res.wrote || !res.read {
+		return
+	}
+	if e := res.closeErr; e != nil {
+		in.Errors = satInc(in.Errors)
+		wb.attemptFailedLocked(in)
+		in.LastErr = errnoOf(e)
+		in.State |= inode.DataError
+		ac.newErr = true
+		return
+	}
+	if err == nil && res.dirtyBefore == 0 && res.wbBefore == 0 && !att.wroteBefore {
+		wb.startedLocked(in, 0, false, now)
+	}
 }
 
 // ownSyncfsWroteLocked counts the pages of in that a syncfs of

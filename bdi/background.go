@@ -167,7 +167,8 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		if probed[in] || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.inodes.Get(in.Key) != in {
 			continue
 		}
-		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle()})
+		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(),
+			expire: wb.bDirty.classes[in.Class].expire})
 	}
 	clear(wb.bg.touched[len(rest):])
 	wb.bg.touched = rest
@@ -184,6 +185,11 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	chunk := wb.writeChunk()
 	go func() {
 		res := wb.runSample(probes, cfg, chunk)
+		for _, r := range res {
+			if r.closeErr != nil && wb.verifies() {
+				wb.closeReturned(closeNote{report: true, key: r.key, path: r.path, handle: r.handle, expire: r.expire}, r.closeErr)
+			}
+		}
 		wb.mu.Lock()
 		wb.calls.returned(id, 0)
 		wb.bg.sampling = false
@@ -250,7 +256,7 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 				}
 			}
 		}
-		f.Close()
+		r.closeErr = f.Close()
 		out = append(out, r)
 	}
 	return out
@@ -286,7 +292,7 @@ func (wb *Writeback) applySampleLocked(res []sampleResult, now time.Duration) (u
 		if r.rangeEnd > 0 {
 			wb.bg.rangeOff[r.key] = r.rangeEnd
 			wb.acct.rangeWritebacks++
-			wb.wroteLocked(in, r.ranged)
+			wb.startedLocked(in, r.ranged, false, now)
 			// (Not inode.Wrote: that writeback's outcome is not known
 			// here, and an integrity file found clean later must still
 			// have its filesystem's error cursor read.)

@@ -161,6 +161,11 @@ type passReq struct {
 	key        inode.Key
 	fd         int
 	began      time.Duration
+	// vseq is the last writeback-mode write of dev recorded when the
+	// pass began, and voldest the oldest not yet covered then (verifying):
+	// the pass covers them as a read of the cursor would.
+	vseq    uint64
+	voldest time.Duration
 }
 
 // budgetStep is the goroutine's step of the over-budget state: it starts
@@ -181,7 +186,12 @@ func (wb *Writeback) budgetStep() {
 	for _, p := range ob.fses {
 		if p.due(now, wb.syncfsIntervalLocked(), wb.stop.on) {
 			p.running, p.ever, p.started, p.began = true, true, p.seen, now
-			reqs = append(reqs, passReq{p: p, dev: p.dev, root: p.root, path: p.path, key: p.key, fd: p.fd, began: now})
+			r := passReq{p: p, dev: p.dev, root: p.root, path: p.path, key: p.key, fd: p.fd, began: now}
+			if v := wb.verify.fs[p.dev]; v != nil {
+				v.seal()
+				r.vseq, r.voldest = v.seq, v.oldest
+			}
+			reqs = append(reqs, r)
 		}
 		covered = covered && p.covered()
 	}
@@ -269,6 +279,10 @@ func (wb *Writeback) runPass(r passReq) {
 		unix.Close(r.fd)
 	}
 	now := wb.now()
+	if synced && wb.errs != nil {
+		wb.errs.Record(r.dev, now, err)
+	}
+	var lines []func()
 	wb.mu.Lock()
 	p := r.p
 	p.running = false
@@ -286,6 +300,7 @@ func (wb *Writeback) runPass(r passReq) {
 			wb.side.syncfsDone(r.dev, r.began)
 		}
 		wb.bDirty.moveExpired(&wb.BMoreIO, r.began, true)
+		lines = wb.passCoveredLocked(r.dev, r.vseq, r.voldest)
 	}
 	if err != nil {
 		wb.over.errs++
@@ -300,6 +315,9 @@ func (wb *Writeback) runPass(r passReq) {
 	wb.mu.Unlock()
 	if !keep && fd >= 0 {
 		unix.Close(fd)
+	}
+	for _, l := range lines {
+		l()
 	}
 	switch {
 	case err != nil && synced:

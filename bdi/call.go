@@ -249,7 +249,8 @@ func (wb *Writeback) doAttempt(r *request) error {
 		}
 		w.res.dirtyBefore, w.res.wbBefore, w.res.read = d, wbp, true
 		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {
-			return wb.closeCall(r, nil)
+			w.res.closeErr = wb.closeCallErr(r)
+			return nil
 		}
 		page := int64(os.Getpagesize())
 		if dirty := int64(d) * page; !r.Integrity && dirty > smallFile(w.chunk, w.maxInflight) {
@@ -283,7 +284,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 		if err != nil {
 			return wb.closeCall(r, err)
 		}
-		w.res.wrote = true
+		w.res.wrote, w.res.waited = true, true
 		w.res.dirtyAfter, w.res.wbAfter, w.res.afterKnown = out.Dirty, out.Writeback, true
 		// Its data left the page cache before flusherd wrote it: if
 		// that writeback failed and someone else's fsync took the
@@ -327,11 +328,19 @@ func (wb *Writeback) writeChunks(r *request) error {
 // closeCall closes an attempt's file, if it holds one, and
 // passes err on.
 func (wb *Writeback) closeCall(r *request, err error) error {
-	if w := r.Owner.call; w != nil && w.f != nil {
-		w.f.Close()
-		w.f = nil
-	}
+	wb.closeCallErr(r)
 	return err
+}
+
+// closeCallErr closes an attempt's file, if it holds one, and returns
+// close's error.
+func (wb *Writeback) closeCallErr(r *request) error {
+	if w := r.Owner.call; w != nil && w.f != nil {
+		err := w.f.Close()
+		w.f = nil
+		return err
+	}
+	return nil
 }
 
 // adoptCall gives a finished attempt its call's result, and its open

@@ -101,6 +101,19 @@ func (d *dirtyList) insertByAge(in *inode.Inode) {
 	l.PushBack(in)
 }
 
+// lastDue is when (daemon clock) the newest inode on b_dirty expires:
+// the latest dirtiedWhen + expire over the classes; 0 when b_dirty is
+// empty.
+func (d *dirtyList) lastDue() time.Duration {
+	var last time.Duration
+	for _, c := range d.classes {
+		if !c.list.Empty() {
+			last = max(last, c.list.Back().DirtiedWhen+c.expire)
+		}
+	}
+	return last
+}
+
 func (d *dirtyList) empty() bool {
 	for i := range d.classes {
 		if !d.classes[i].list.Empty() {

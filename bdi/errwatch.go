@@ -32,6 +32,10 @@ type ErrWatch struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	fses map[uint64]*fsErrs
+	// seen is the last error each filesystem's syncfs(2) returned to a
+	// caller other than LastError (Record), by st_dev.
+	// +checklocks:mu
+	seen map[uint64]seenErr
 	// checks counts the syncfs(2) calls of LastError.
 	checks atomic.Uint64
 }
@@ -54,8 +58,16 @@ type fsErrs struct {
 	lastErrno unix.Errno
 }
 
+// seenErr is when (daemon clock) an error was seen, and which.
+type seenErr struct {
+	at    time.Duration
+	errno unix.Errno
+}
+
 // NewErrWatch returns an ErrWatch that watches no filesystem.
-func NewErrWatch() *ErrWatch { return &ErrWatch{fses: map[uint64]*fsErrs{}} }
+func NewErrWatch() *ErrWatch {
+	return &ErrWatch{fses: map[uint64]*fsErrs{}, seen: map[uint64]seenErr{}}
+}
 
 // Add starts watching the filesystem of the directory root (an integrity
 // tree's root) and returns its st_dev. Errors are *os.PathError.
@@ -150,4 +162,44 @@ func (e *ErrWatch) LastError(dev uint64, now time.Duration) (at time.Duration, e
 		}
 	}
 	return f.lastErr, f.lastErrno, true
+}
+
+// Record notes err, returned at now (daemon clock) by a syncfs(2) of
+// filesystem dev made outside LastError (a whole-filesystem pass, a read
+// of a writeback tree's cursor); nil is nothing to note. The filesystem's
+// cursor reports an error once to each descriptor, and to one opened
+// later only while no one has seen it: every syncfs the daemon makes
+// notes what it saw here, so that no reader of the daemon's hides an
+// error from another (Recorded).
+func (e *ErrWatch) Record(dev uint64, now time.Duration, err error) {
+	if err == nil {
+		return
+	}
+	var errno unix.Errno
+	if !errors.As(err, &errno) {
+		errno = unix.EIO
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.seen == nil {
+		e.seen = map[uint64]seenErr{}
+	}
+	if s, ok := e.seen[dev]; !ok || now >= s.at {
+		e.seen[dev] = seenErr{now, errno}
+	}
+}
+
+// Recorded returns when (daemon clock) any syncfs(2) of the daemon's on
+// filesystem dev last saw a writeback error (LastError or Record), and
+// the error; 0 and 0 for never.
+func (e *ErrWatch) Recorded(dev uint64) (at time.Duration, errno unix.Errno) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s, ok := e.seen[dev]; ok {
+		at, errno = s.at, s.errno
+	}
+	if f := e.fses[dev]; f != nil && f.lastErr != 0 && f.lastErr >= at {
+		at, errno = f.lastErr, f.lastErrno
+	}
+	return at, errno
 }

@@ -25,6 +25,14 @@ type fakeFS struct {
 	// handles numbers the files' handles (handleFS).
 	handles   int
 	syncfsErr error
+	// cursorErr: the next check of an error cursor (ErrCursor.Check)
+	// reports it, once (a writeback error since the cursor was sampled).
+	cursorErr error
+	// cursorDelay is how long a check of an error cursor takes (a
+	// syncfs writing back the filesystem).
+	cursorDelay time.Duration
+	// cursors counts the cursors taken and not closed.
+	cursors int
 }
 
 type call struct {
@@ -47,6 +55,7 @@ type fakeFile struct {
 	holdWriteback bool
 	openErr       error
 	writeErr      error
+	closeErr      error  // returned by the next Close (FUSE's flush of a failed writeback)
 	sfrErr        error  // returned by StartWriteback only (sync_file_range unsupported)
 	onWrite       func() // runs during StartWriteback/DataSync, without fs.mu
 	onOpen        func() // runs during Open, without fs.mu
@@ -138,6 +147,39 @@ func (h *fakeHandle) Close() error {
 	h.f.fs.mu.Lock()
 	defer h.f.fs.mu.Unlock()
 	h.f.fs.record("close", h.f.path, 0, 0)
+	err := h.f.closeErr
+	h.f.closeErr = nil // reported once, as filemap_check_errors does
+	return err
+}
+
+// dirCursor is an error cursor of the fake filesystem, opened on a
+// directory (Files.DirCursor).
+func (fs *fakeFS) dirCursor(string) (inode.ErrCursor, error) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.cursors++
+	return fakeCursor{fs}, nil
+}
+
+type fakeCursor struct{ fs *fakeFS }
+
+func (c fakeCursor) Check() error {
+	c.fs.mu.Lock()
+	d := c.fs.cursorDelay
+	c.fs.mu.Unlock()
+	time.Sleep(d)
+	c.fs.mu.Lock()
+	defer c.fs.mu.Unlock()
+	c.fs.record("cursor_check", "", 0, 0)
+	err := c.fs.cursorErr
+	c.fs.cursorErr = nil
+	return err
+}
+
+func (c fakeCursor) Close() error {
+	c.fs.mu.Lock()
+	defer c.fs.mu.Unlock()
+	c.fs.cursors--
 	return nil
 }
 
@@ -340,7 +382,7 @@ func withWB(t *testing.T, cfg Config, f func(h *harness), setup ...func(h *harne
 	synctest.Test(t, func(t *testing.T) {
 		h := &harness{t: t, epoch: time.Now()}
 		h.fs = newFakeFS(h.now)
-		h.wb = New("7:0", cfg, h.now, Files{Opener: h.fs}, nil, nil)
+		h.wb = New("7:0", cfg, h.now, Files{Opener: h.fs, DirCursor: h.fs.dirCursor}, nil, nil)
 		for _, s := range setup {
 			s(h)
 		}

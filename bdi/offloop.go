@@ -33,8 +33,9 @@ type offLoop struct {
 
 // queuedClose is a file waiting for the closer, and its record's id.
 type queuedClose struct {
-	f  inode.File
-	id uint64
+	f    inode.File
+	id   uint64
+	note closeNote
 }
 
 // track records a call begun at since (daemon clock) and returns its id
@@ -94,45 +95,66 @@ func (o *offLoop) stuck(timeout time.Duration) int {
 // running counts the calls recorded, without taking the lock.
 func (o *offLoop) running() int { return int(o.n.Load()) }
 
-// close closes f off the device's goroutine: close(2) can block for long
-// (a FUSE or NFS file's flush writes it back and waits; a stalled server
-// holds it; the last close of a deleted file frees its blocks). Closes
-// queue for a closer goroutine, which runs them one after another;
-// another closer starts when the last close begun has run for
+// queueClose queues f for the closer, with what to report of its close
+// (closeNote), and says whether a closer goroutine is to be started
+// (Writeback.closeFile): close(2) can block for long (a FUSE or NFS file's
+// flush writes it back and waits; a stalled server holds it; the last
+// close of a deleted file frees its blocks). Closes run one after
+// another; another closer starts when the last close begun has run for
 // detachAfter, so one stalled close holds up no more than that. Each is
 // recorded from the time it is queued.
-func (o *offLoop) close(f inode.File) {
+func (o *offLoop) queueClose(f inode.File, n closeNote) (start bool) {
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	now := o.now()
 	id := o.trackLocked(now)
-	o.closeQ = append(o.closeQ, queuedClose{f, id})
-	start := o.closers == 0 || now-o.closeBegan > detachAfter
+	o.closeQ = append(o.closeQ, queuedClose{f, id, n})
+	start = o.closers == 0 || now-o.closeBegan > detachAfter
 	if start {
 		o.closers++
 		o.closeBegan = now
 	}
-	o.mu.Unlock()
-	if start {
-		go o.closer()
+	return start
+}
+
+// nextClose takes the next queued close; ok false: none is left, and the
+// calling closer ends.
+func (o *offLoop) nextClose() (c queuedClose, ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.closeQ) == 0 {
+		o.closeQ = nil
+		o.closers--
+		return queuedClose{}, false
+	}
+	c = o.closeQ[0]
+	o.closeQ[0] = queuedClose{}
+	o.closeQ = o.closeQ[1:]
+	o.closeBegan = o.now()
+	return c, true
+}
+
+// closeFile closes f off the device's goroutine (offLoop.queueClose), and
+// reports its outcome as n asks (closeReturned).
+func (wb *Writeback) closeFile(f inode.File, n closeNote) {
+	if wb.calls.queueClose(f, n) {
+		go wb.closer()
 	}
 }
 
 // closer runs the queued closes until none is left.
-func (o *offLoop) closer() {
-	o.mu.Lock()
-	for len(o.closeQ) > 0 {
-		c := o.closeQ[0]
-		o.closeQ[0] = queuedClose{}
-		o.closeQ = o.closeQ[1:]
-		o.closeBegan = o.now()
-		o.mu.Unlock()
-		c.f.Close()
-		o.mu.Lock()
-		o.returnedLocked(c.id, 0)
+func (wb *Writeback) closer() {
+	for {
+		c, ok := wb.calls.nextClose()
+		if !ok {
+			return
+		}
+		err := c.f.Close()
+		wb.calls.returned(c.id, 0)
+		if c.note.report {
+			wb.closeReturned(c.note, err)
+		}
 	}
-	o.closeQ = nil
-	o.closers--
-	o.mu.Unlock()
 }
 
 // detachAfter is how long the device's goroutine waits on an attempt's

@@ -552,9 +552,10 @@ func (r *Registry) Devices() []*Writeback {
 }
 
 // Drain writes back every tracked inode of the device, repeating until
-// none is tracked (each is clean: no dirty and no writeback pages) and a
+// none is tracked (each is clean: no dirty and no writeback pages), a
 // whole-filesystem pass has covered every file not tracked for the
-// budget (overBudget), or ctx ends, and returns ctx's error in the latter
+// budget (overBudget) and, when shutting down, a read of the error
+// cursor every write in writeback mode (verifying), or ctx ends, and returns ctx's error in the latter
 // case. Integrity trees get fdatasync, the others sync_file_range.
 func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 	wb.mu.Lock() // wb.cfg is replaced by applyConfig (a reload) under wb.mu
@@ -570,7 +571,7 @@ func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 		case <-wb.live.stopped:
 			return fmt.Errorf("bdi %s: writeback stopped", wb.Name)
 		}
-		if wb.Tracked() == 0 && len(wb.Uncovered()) == 0 {
+		if wb.Tracked() == 0 && len(wb.Uncovered()) == 0 && !wb.awaitsVerify() {
 			return nil
 		}
 		t := time.NewTimer(pause)
@@ -636,6 +637,9 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 				left = wb.TrackedPaths()
 				for _, root := range wb.Uncovered() {
 					left = append(left, root+" (files not tracked over the tracked-inode budget: their syncfs pass did not complete)")
+				}
+				for _, p := range wb.Unverified() {
+					left = append(left, p+" (writeback started; whether it failed is not known: the filesystem's error cursor was not read)")
 				}
 			}
 			mu.Lock()

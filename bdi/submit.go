@@ -427,12 +427,18 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		}
 	}
 	took, overran := wb.calls.returned(r.Tag, wb.cfg.AttemptTimeout)
+	var note closeNote
 	if w := &att.call.res; err == nil && w.wrote && !w.afterKnown {
 		// Its attempt was completed without it (as still dirty): the
-		// pages it started writing back count in BdiWritten now. (An
-		// fdatasync's afterKnown call is integrity work, never
-		// detached.)
-		wb.wroteLocked(in, w.queued)
+		// pages it started writing back count in BdiWritten now, or
+		// once verified. (An fdatasync's afterKnown call is integrity
+		// work, never detached.)
+		closing := att.call.f != nil && wb.verifies()
+		wb.startedLocked(in, w.queued, closing, wb.now())
+		if closing {
+			note = closeNote{report: true, key: in.Key, path: in.Path(), handle: in.Handle(),
+				expire: wb.bDirty.classes[in.Class].expire, counted: true}
+		}
 	}
 	att.detached--
 	if att.stuck == 0 && att.detached == 0 {
@@ -460,7 +466,11 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	return func() {
 		// An attempt's worker may have kept its file open
 		// for complete, which did not wait for it.
-		wb.closeCall(r, nil)
+		if note.report {
+			wb.closeReturned(note, wb.closeCallErr(r))
+		} else {
+			wb.closeCall(r, nil)
+		}
 		if overran {
 			wb.errLog.Warn("a writeback call returned after running past attempt_timeout (counted in stuck_calls while it ran)",
 				logpath.String("path", att.path), zap.Duration("took", took), zap.Error(err))

@@ -128,6 +128,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		wb.applyConfig()
 		wb.wbDoWriteback()
 		wb.budgetStep()
+		wb.startCursorReads()
 		wb.writeStats(false)
 		wb.logSuppressed()
 		d, arm := wb.sleepFor()
@@ -252,17 +253,21 @@ func (wb *Writeback) sleepForLocked(now time.Duration) (time.Duration, bool) {
 	if wb.hasDirtyIOLocked() {
 		return tick, true
 	}
+	// The nearest of the stats file's turn, the sweep and the next read
+	// of the error cursor.
+	d, due := time.Duration(0), false
 	if statsDue {
-		d := max(at-now, time.Millisecond)
-		if sweepDue {
-			d = min(d, sweep)
+		d, due = max(at-now, time.Millisecond), true
+	}
+	if sweepDue && (!due || sweep < d) {
+		d, due = sweep, true
+	}
+	if verifyAt, verify := wb.verify.nextRead(); verify {
+		if v := max(verifyAt-now, time.Millisecond); !due || v < d {
+			d, due = v, true
 		}
-		return d, true
 	}
-	if sweepDue {
-		return sweep, true
-	}
-	return 0, false
+	return d, due
 }
 
 // wbDoWriteback is wb_do_writeback: queued work (sync requests) first,

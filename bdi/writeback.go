@@ -107,6 +107,10 @@ type Writeback struct {
 	over   overBudget
 	budget *trackBudget
 	syncfs syncfsFS // the whole-filesystem pass: syncfsOS, or a test's
+	// verify holds the writes made in writeback mode that are not yet
+	// verified.
+	// +checklocks:mu
+	verify verifying
 
 	calls offLoop   // calls off the goroutine, and the closer; own lock
 	bw    bandwidth // the write bandwidth estimator; the goroutine's
@@ -407,6 +411,9 @@ type attempt struct {
 	stuck, detached int
 	// result, if set, receives the attempt's error (a sync request).
 	result *error
+	// note, when note.report is set, is what the closer reports of f's
+	// close (closeReturned): the attempt wrote in writeback mode.
+	note closeNote
 	// call is the worker side of the attempt's request.
 	call *attemptCall
 	wb   *Writeback // closes the file (calls.close); nil in tests
@@ -446,6 +453,12 @@ type callResult struct {
 	fsCheck bool
 	fsErrAt time.Duration
 	fsErrno unix.Errno // the error that check saw
+	// waited: the write was fdatasync, which waited for its outcome.
+	waited bool
+	// closeErr is the error of its file's close when the worker closed
+	// it, having nothing to write (on FUSE, an open or a close may write
+	// the file back, and the close reports that writeback's failure).
+	closeErr error
 	// unread: the call failed before it reached the file's data, in its
 	// open or its first cachestat (EACCES, EPERM, an open's EIO): nothing
 	// was written, so its error is not one of the data's. read: its first
@@ -462,7 +475,7 @@ func (a *attempt) hold() { a.refs.Add(1) }
 func (a *attempt) release() {
 	if a.refs.Add(-1) == 0 && a.f != nil {
 		if a.wb != nil {
-			a.wb.calls.close(a.f)
+			a.wb.closeFile(a.f, a.note)
 		} else {
 			a.f.Close()
 		}
@@ -616,8 +629,9 @@ type sampleProbe struct {
 	key       inode.Key
 	path      string
 	handle    inode.Handle
-	streaming bool  // range writeback may apply
-	rangeOff  int64 // bytes already range-written
+	streaming bool          // range writeback may apply
+	rangeOff  int64         // bytes already range-written
+	expire    time.Duration // its tree's expiry
 }
 
 type sampleResult struct {
@@ -630,6 +644,7 @@ type sampleResult struct {
 	rangeEnd    int64
 	ranged      uint64
 	unsupported error // sync_file_range is not supported there
+	closeErr    error // its close's (FUSE's flush writes the file back)
 }
 
 // GivenUp is a file the shutdown gave up on: its filesystem cannot be
@@ -675,6 +690,9 @@ type Files struct {
 	// Observer, if set, is told of the attempts' opens, the background
 	// checks and the forgotten inodes.
 	Observer AttemptObserver
+	// DirCursor opens a directory as an error cursor of its filesystem;
+	// nil: inode.DirCursor.
+	DirCursor func(dir string) (inode.ErrCursor, error)
 }
 
 // Handles opens files by handle on the filesystems registered with it

@@ -37,6 +37,18 @@ type File interface {
 	Close() error
 }
 
+// ErrCursor is a filesystem's writeback error cursor (s_wb_err) held by
+// one open file description (f_sb_err, sampled at open: an error no one
+// has seen yet counts as new). Check is syncfs(2): it writes back and
+// waits on the whole filesystem and reports a writeback error of any of
+// its files since the cursor was sampled or last checked. It takes
+// nothing from the files' own error state (their mappings' errseq), which
+// their fsync reports. Close lets the description go.
+type ErrCursor interface {
+	Check() error
+	Close() error
+}
+
 // Opener opens a tracked inode for writeback.
 type Opener interface {
 	Open(path string, key Key) (File, error)
@@ -148,6 +160,34 @@ func (f *OSFile) Syncfs() error {
 
 // Close implements File.
 func (f *OSFile) Close() error { return unix.Close(f.fd) }
+
+// DirCursor opens the directory dir (no symlink in any component:
+// OpenPath, then a reopen of /proc/self/fd/N read-only) as an error
+// cursor of its filesystem. Errors are *os.PathError.
+func DirCursor(dir string) (ErrCursor, error) {
+	pfd, err := OpenPath(dir)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	return fdCursor(fd), nil
+}
+
+// fdCursor is an ErrCursor on a descriptor.
+type fdCursor int
+
+func (c fdCursor) Check() error {
+	if err := unix.Syncfs(int(c)); err != nil {
+		return fmt.Errorf("syncfs: %w", err)
+	}
+	return nil
+}
+
+func (c fdCursor) Close() error { return unix.Close(int(c)) }
 
 // Stat is StatPath of path: its key and whether it is a regular file,
 // with no symlink followed in any component (ELOOP where a directory

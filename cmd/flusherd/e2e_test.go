@@ -319,6 +319,10 @@ path = %q
 	if !drained(s) {
 		t.Fatalf("lists did not drain: %v", s)
 	}
+	// BdiWritten counts what flusherd wrote once verified: at the latest
+	// when its filesystem's error cursor is read, 30 s (bdi's verifyBound)
+	// after the oldest write while the system has other dirty pages.
+	s = statsWhen(t, statsPath, 40*time.Second, func(s map[string]int64) bool { return s["BdiWritten"] > 0 })
 	if s["BdiWritten"] == 0 || s["plug_requests"] == 0 {
 		t.Errorf("stats show no writeback by flusherd: %v", s)
 	}

@@ -130,14 +130,17 @@ path = %q
 		t.Fatal(err)
 	}
 	var written, dirty, events float64
-	if !poll(20*time.Second, func() bool {
+	// flusherd_written_bytes_total counts a write once verified: up to 30 s
+	// (bdi's verifyBound) after its attempt, at its 5 s expiry, while the
+	// system has dirty pages.
+	if !poll(60*time.Second, func() bool {
 		mfs = scrape(t, addr)
 		written, _ = value(mfs, "flusherd_written_bytes_total", "bdi", mnt.MajMin)
 		dirty, _ = value(mfs, "flusherd_inodes", "bdi", mnt.MajMin, "list", "b_dirty")
 		events, _ = value(mfs, "flusherd_watch_events_total")
 		return written >= size && dirty == 0 && events > 0
 	}) {
-		t.Fatalf("after 20s: flusherd_written_bytes_total{bdi=%q} %v (want >= %d), b_dirty %v (want 0), watch events %v",
+		t.Fatalf("after 60s: flusherd_written_bytes_total{bdi=%q} %v (want >= %d), b_dirty %v (want 0), watch events %v",
 			mnt.MajMin, written, size, dirty, events)
 	}
 	if v, ok := value(mfs, "flusherd_writeback_errors_total", "bdi", mnt.MajMin, "kind", "io_error"); !ok || v != 0 {
