@@ -554,8 +554,8 @@ func (r *Registry) Devices() []*Writeback {
 // Drain writes back every tracked inode of the device, repeating until
 // none is tracked (each is clean: no dirty and no writeback pages), a
 // whole-filesystem pass has covered every file not tracked for the
-// budget (overBudget) and, when shutting down, a read of the error
-// cursor every write in writeback mode (verifying), or ctx ends, and returns ctx's error in the latter
+// budget (overBudget) and, when shutting down, no read of an error cursor
+// is under way or due (awaitsVerify), or ctx ends, and returns ctx's error in the latter
 // case. Integrity trees get fdatasync, the others sync_file_range.
 func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 	wb.mu.Lock() // wb.cfg is replaced by applyConfig (a reload) under wb.mu
@@ -609,6 +609,19 @@ type ShutdownReport struct {
 	// Lost are the files whose data was lost to a failed writeback
 	// (b_failed: Writeback.Failed), with the error it was lost to.
 	Lost map[string][]GivenUp
+	// Unverified are the files whose writeback flusherd started in
+	// writeback mode and whose outcome no read of their filesystem's
+	// error cursor has seen (clean, but whether the writeback failed is
+	// not known): their paths (Writeback.Unverified) and how many in all,
+	// by device.
+	Unverified map[string]Unverified
+}
+
+// Unverified is a device's writes in writeback mode not verified at a
+// shutdown: the named ones' paths, and how many files in all.
+type Unverified struct {
+	Paths []string
+	Files int
 }
 
 // Shutdown drains every device (Drain) within ctx, giving up at once on
@@ -618,7 +631,7 @@ type ShutdownReport struct {
 // left. Files already clean are forgotten at their first attempt, so they
 // are never waited on.
 func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
-	rep := ShutdownReport{Left: map[string][]string{}, GivenUp: map[string][]GivenUp{}, Lost: map[string][]GivenUp{}}
+	rep := ShutdownReport{Left: map[string][]string{}, GivenUp: map[string][]GivenUp{}, Lost: map[string][]GivenUp{}, Unverified: map[string]Unverified{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, wb := range r.Devices() {
@@ -632,14 +645,12 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			wb.stop.givenUp = nil
 			wb.mu.Unlock()
 			lost := append(wb.Failed(), wb.passesLost()...)
+			unv := Unverified{Paths: wb.Unverified(), Files: wb.UnverifiedCount()}
 			var left []string
 			if err != nil {
 				left = wb.TrackedPaths()
 				for _, root := range wb.Uncovered() {
 					left = append(left, root+" (files not tracked over the tracked-inode budget: their syncfs pass did not complete)")
-				}
-				for _, p := range wb.Unverified() {
-					left = append(left, p+" (writeback started; whether it failed is not known: the filesystem's error cursor was not read)")
 				}
 			}
 			mu.Lock()
@@ -651,6 +662,9 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			}
 			if len(lost) > 0 {
 				rep.Lost[wb.Name] = lost
+			}
+			if unv.Files > 0 {
+				rep.Unverified[wb.Name] = unv
 			}
 			mu.Unlock()
 		})

@@ -300,13 +300,12 @@ func (wb *Writeback) startCursorReads() {
 	// The syncfs writes back every dirty file of the filesystem, inside
 	// the trees or not: at once only when nothing else is dirty.
 	idle = idle && clean
-	urgent := wb.stop.on
 	for dev, v := range wb.verify.fs {
 		if len(v.writes) == 0 && len(v.more) == 0 && !v.reading {
 			delete(wb.verify.fs, dev)
 			continue
 		}
-		if !v.due(now, idle, early, urgent) {
+		if !v.due(now, idle, early) {
 			continue
 		}
 		v.reading = true
@@ -389,12 +388,13 @@ func (wb *Writeback) othersClean() bool {
 
 // due reports whether v's cursor is to be read at now (daemon clock):
 // writes not covered by a read await it, none is being read, and the
-// device is idle, or shutting down (urgent), or the oldest write has
-// waited verifyBound and the read would write no tracked file far before
-// its expiry (early).
-func (v *fsVerify) due(now time.Duration, idle, early, urgent bool) bool {
+// device is idle, or the oldest write has waited verifyBound and the read
+// would write no tracked file far before its expiry (early). A stop does
+// not hasten it: the syncfs would write the files of the filesystem that
+// flusherd does not manage.
+func (v *fsVerify) due(now time.Duration, idle, early bool) bool {
 	return !v.reading && v.seq > v.readSeq &&
-		(idle || urgent || !early && now-v.oldest >= verifyBound)
+		(idle || !early && now-v.oldest >= verifyBound)
 }
 
 // seenSince returns the writeback error that any syncfs(2) of the
@@ -520,19 +520,37 @@ func (wb *Writeback) Unverified() []string {
 	return out
 }
 
-// awaitsVerify reports whether the device is shutting down with writes in
-// writeback mode that no read of their filesystem's cursor has covered
-// (Drain waits for them; a read is due at once then).
+// awaitsVerify reports whether the device is shutting down with a read
+// of an error cursor under way, or due now that it is quiet (nothing
+// tracked dirty, nothing dirty in the system: othersClean): Drain waits
+// for it, so that its outcome is in the shutdown's report.
 func (wb *Writeback) awaitsVerify() bool {
+	clean := wb.othersClean()
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
 	if !wb.stop.on {
 		return false
 	}
+	idle := clean && !wb.hasDirtyIOLocked()
 	for _, v := range wb.verify.fs {
-		if v.reading || v.seq > v.readSeq || len(v.writes) > 0 {
+		if v.reading || idle && v.seq > v.readSeq {
 			return true
 		}
 	}
 	return false
+}
+
+// UnverifiedCount returns how many files' writes in writeback mode await
+// a read of their filesystem's error cursor, named or not.
+func (wb *Writeback) UnverifiedCount() int {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	n := 0
+	for _, v := range wb.verify.fs {
+		n += len(v.writes)
+		for _, b := range v.more {
+			n += int(b.files)
+		}
+	}
+	return n
 }

@@ -70,4 +70,18 @@ func TestLogShutdownWording(t *testing.T) {
 	if n := logs.FilterMessageSnippet("may be dirty and untracked").Len(); n != 1 || logs.FilterMessageSnippet("every tracked file is clean").Len() != 0 {
 		t.Errorf("after a cut scan: %v", logs.All())
 	}
+
+	// Writes in writeback mode not verified: a warning with their count
+	// and names; the tracked files are clean all the same.
+	core, logs = observer.New(zap.InfoLevel)
+	LogShutdown(zap.New(core), bdi.ShutdownReport{
+		Unverified: map[string]bdi.Unverified{"7:0": {Paths: []string{"/t/b", "/t/a"}, Files: 9000}},
+	}, "shutdown_timeout (1s) ended", nil)
+	w := logs.FilterMessageSnippet("outcome is not known").All()
+	if len(w) != 1 || w[0].Level != zap.WarnLevel || w[0].ContextMap()["files"] != int64(9000) {
+		t.Errorf("unverified writes: %v", logs.All())
+	}
+	if logs.FilterMessage("every tracked file is clean; exiting").Len() != 1 {
+		t.Errorf("no clean last line with only unverified writes: %v", logs.All())
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -123,6 +124,11 @@ func LogShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled 
 		}
 		return "shutdown: files given up, their filesystem cannot be written (their dirty data cannot reach the disk)"
 	})
+	for dev, u := range rep.Unverified {
+		slices.Sort(u.Paths)
+		log.Warn("shutdown: files written back in writeback mode whose outcome is not known: clean, but no read of the filesystem's writeback error cursor (a syncfs, which would write files flusherd does not manage) has covered their writes since",
+			zap.String("bdi", dev), zap.Int("files", u.Files), logpath.Strings("first", u.Paths[:min(len(u.Paths), 20)]))
+	}
 	left := 0
 	for dev, paths := range rep.Left {
 		left += len(paths)
