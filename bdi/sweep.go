@@ -31,6 +31,11 @@ type Open struct {
 	Handle       inode.Handle
 	Tree         tree.Tree
 	Open, Closed bool
+	// Linger: the count may be low (inotify names no process, and its
+	// queue merges two like events in a row, the daemon's own open with
+	// another's): a candidate whose count falls to 0 is kept until a
+	// sweep finds it clean.
+	Linger bool
 }
 
 // candidate is a file open or mapped in a tree, looked at by the sweep.
@@ -94,6 +99,8 @@ func (wb *Writeback) Opened(reports []Open) {
 		}
 		n = policy.Opens(n, o.Open, o.Closed)
 		switch {
+		case n == 0 && c != nil && o.Linger:
+			c.opens = 0 // let go by the first look that finds it clean
 		case n == 0 && c != nil:
 			delete(wb.sweep.cands, o.Key)
 		case n > 0 && c == nil:
@@ -244,6 +251,10 @@ func (wb *Writeback) applySweepLocked(res []sweepResult) (first []string) {
 			if c != nil {
 				delete(wb.sweep.cands, r.key)
 			}
+			continue
+		}
+		if c != nil && c.opens == 0 && r.ok && r.dirty == 0 {
+			delete(wb.sweep.cands, r.key) // closed (Linger), and clean
 			continue
 		}
 		if !r.ok || r.dirty == 0 || wb.inodes.Get(r.key) != nil {

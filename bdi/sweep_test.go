@@ -194,3 +194,43 @@ func TestRegistryInodesOpened(t *testing.T) {
 		}
 	})
 }
+
+// TestOpenedLinger: a report that asks to linger (inotify's, whose count
+// may be low) keeps a candidate whose count falls to 0 until a sweep finds
+// it clean: one found dirty is tracked and stays a candidate; one found
+// clean is let go. Without Linger the close lets it go at once.
+func TestOpenedLinger(t *testing.T) {
+	const expire = 2 * time.Second
+	withWB(t, sweepConfig(), func(h *harness) {
+		t := h.t
+		f := h.fs.add("/m", 1, pg, 0)
+		linger := func(open, closed bool) {
+			h.wb.Opened([]Open{{Path: f.path, Key: f.key, Tree: tree.Tree{Root: "/", Expire: expire}, Open: open, Closed: closed, Linger: true}})
+		}
+		linger(true, false)
+		linger(false, true) // its count 0: the merged open of another writer may be missing
+		if n := h.wb.Snapshot().SweepCandidates; n != 1 {
+			t.Fatalf("sweep_candidates = %d after a lingering close, want 1", n)
+		}
+		f.redirty(0) // through a mapping: no report
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		if h.inode("/m") == nil {
+			t.Fatalf("a lingering candidate dirtied is not tracked after its sweep")
+		}
+		if n := h.wb.Snapshot().SweepCandidates; n != 1 {
+			t.Errorf("sweep_candidates = %d after it was found dirty, want 1", n)
+		}
+		time.Sleep(6 * time.Second) // written back, then looked at clean
+		synctest.Wait()
+		if n := h.wb.Snapshot().SweepCandidates; n != 0 {
+			t.Errorf("sweep_candidates = %d once found clean, want 0", n)
+		}
+		g := h.fs.add("/n", 2, pg, 0)
+		h.opened(g, expire, true, false)
+		h.opened(g, expire, false, true)
+		if n := h.wb.Snapshot().SweepCandidates; n != 0 {
+			t.Errorf("sweep_candidates = %d after a close without Linger, want 0", n)
+		}
+	})
+}

@@ -43,10 +43,11 @@ type Options struct {
 	// caller can report start-up progress (EXTEND_TIMEOUT_USEC).
 	Progress func()
 
-	// Opens: fanotify reports the opens and closes of the trees' files
-	// to Sink.InodesOpened (FAN_OPEN and FAN_CLOSE_NOWRITE added to its
-	// marks), for the sweep of files dirtied without an event
-	// (watcher.sweep_interval not "0"). inotify does not.
+	// Opens: the opens and closes of the trees' files are reported to
+	// Sink.InodesOpened, for the sweep of files dirtied without an event
+	// (watcher.sweep_interval not "0"): fanotify adds FAN_OPEN and
+	// FAN_CLOSE_NOWRITE to its marks, inotify IN_OPEN and the closes to
+	// its watches (a name is reported once open for openGrace).
 	Opens bool
 
 	// noTargetFID makes the fanotify group without FAN_REPORT_TARGET_FID,

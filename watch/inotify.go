@@ -60,12 +60,16 @@ type Watcher struct {
 	// events has checked (rootMoved), one lstat(2) per tree a batch
 	// touches. Only Run's goroutine uses it.
 	looked map[string]bool
+
+	// opens counts the opens and closes of the trees' files, for the
+	// sweep (Options.Opens). Only Run's goroutine uses it.
+	opens inotifyOpens
 }
 
 // NewInotify returns an inotify backend for trees. Its inotify instance is
 // made now; no watch is added until Start.
 func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
-	w, err := newInotifyFD(4096)
+	w, err := newInotifyFD(4096, opt.Opens)
 	if err != nil {
 		return nil, fmt.Errorf("inotify: %w", budgetErr(err, inotifyInstances))
 	}
@@ -288,6 +292,9 @@ func (w *Watcher) Scan(ctx context.Context) {
 		w.scanDir(ctx, t.Tree, t.Root, true, func(p string, fd int) { w.addOrNoteFD(t.Tree, p, fd) })
 	}
 	w.logLimit()
+	if n := w.w.EnableOpens(inode.OpenDir); n > 0 {
+		w.log.Info("the opens and closes of some watched directories' files are not reported until they are watched again (moved or removed during the scan)", zap.Int("directories", n))
+	}
 }
 
 // AddTree implements Backend: it watches the new tree's root and scans it.
@@ -377,6 +384,7 @@ func (w *Watcher) Run(ctx context.Context) {
 		if tick != nil {
 			tick.Stop()
 		}
+		w.opens.stop()
 	}()
 	for {
 		select {
@@ -387,6 +395,8 @@ func (w *Watcher) Run(ctx context.Context) {
 				tick = time.NewTimer(w.interval)
 				tc = tick.C
 			}
+		case now := <-w.opens.C():
+			w.reportOpens(now)
 		case <-tc:
 			if w.rescanUnwatched(ctx) {
 				tick.Reset(w.interval)
@@ -430,6 +440,7 @@ func (w *Watcher) Run(ctx context.Context) {
 				// The names the lost events changed may lead
 				// elsewhere now.
 				clear(w.keys)
+				w.dropOpens()
 				w.overflowRescan(ctx, func() {
 					if n := w.dropMovedWatches(); n > 0 {
 						w.log.Info("watched directories were moved or replaced while events were lost; they are watched again under their names now",
@@ -548,6 +559,15 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	t, ok := w.TreeOf(ev.Name)
 	if !ok {
 		return
+	}
+	if ev.Has(opOpen) || ev.Has(opClose) {
+		w.openEvent(t, ev)
+		if ev.Op&^(opOpen|opClose) == 0 {
+			return
+		}
+	}
+	if ev.Has(opRemove) || ev.Has(opRename) {
+		w.openNameGone(ev.Name)
 	}
 	if !w.looked[t.Root] {
 		// Once per batch and tree: a directory above the root renamed

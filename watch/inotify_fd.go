@@ -22,6 +22,8 @@ const (
 	opRemove                       // IN_DELETE, IN_DELETE_SELF
 	opRename                       // IN_MOVED_FROM, IN_MOVE_SELF
 	opChmod                        // IN_ATTRIB
+	opOpen                         // IN_OPEN (with opens)
+	opClose                        // IN_CLOSE_WRITE, IN_CLOSE_NOWRITE (with opens)
 )
 
 // inotifyEvent is one event: the path of the watched directory, joined
@@ -41,9 +43,13 @@ var errEventOverflow = errors.New("inotify: event queue overflow")
 // errNoWatch is inotifyFD.Remove's error for a path it does not watch.
 var errNoWatch = errors.New("inotify: no watch on this path")
 
-// inotifyMask is every watch's mask. IN_ONLYDIR is added to each call.
-const inotifyMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_DELETE_SELF |
-	unix.IN_MOVED_TO | unix.IN_MOVED_FROM | unix.IN_MOVE_SELF | unix.IN_ATTRIB
+// inotifyMask is every watch's mask. IN_ONLYDIR is added to each call,
+// and inotifyOpenMask with opens.
+const (
+	inotifyMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_DELETE_SELF |
+		unix.IN_MOVED_TO | unix.IN_MOVED_FROM | unix.IN_MOVE_SELF | unix.IN_ATTRIB
+	inotifyOpenMask = unix.IN_OPEN | unix.IN_CLOSE_WRITE | unix.IN_CLOSE_NOWRITE
+)
 
 // inotifyFD is an inotify(7) instance whose watches are added on open
 // directory descriptors, never by a path that the kernel resolves: the
@@ -61,11 +67,15 @@ type inotifyFD struct {
 	Events chan inotifyEvent
 	Errors chan error
 
-	file *os.File // the instance, read through the runtime's poller
-	done chan struct{}
-	exit chan struct{} // closed when the reader has returned
+	file  *os.File // the instance, read through the runtime's poller
+	opens bool     // inotifyOpenMask is to be asked for (EnableOpens)
+	done  chan struct{}
+	exit  chan struct{} // closed when the reader has returned
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// mask is every new watch's: inotifyMask, and inotifyOpenMask once
+	// EnableOpens has run.
+	mask   uint32           // +checklocks:mu
 	fd     int              // +checklocks:mu
 	closed bool             // +checklocks:mu
 	wds    map[int32]string // +checklocks:mu
@@ -73,8 +83,10 @@ type inotifyFD struct {
 }
 
 // newInotifyFD makes an inotify instance (inotify_init1(2)) whose Events
-// hold up to buffered events, and starts its reader.
-func newInotifyFD(buffered int) (*inotifyFD, error) {
+// hold up to buffered events, and starts its reader. With opens its
+// watches also report the opens and closes of the directories' files
+// once EnableOpens has run.
+func newInotifyFD(buffered int, opens bool) (*inotifyFD, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("couldn't initialize inotify: %w", err)
@@ -83,12 +95,14 @@ func newInotifyFD(buffered int) (*inotifyFD, error) {
 		Events: make(chan inotifyEvent, buffered),
 		Errors: make(chan error),
 		file:   os.NewFile(uintptr(fd), "inotify"),
+		mask:   inotifyMask,
 		done:   make(chan struct{}),
 		exit:   make(chan struct{}),
 		fd:     fd,
 		wds:    map[int32]string{},
 		paths:  map[string]int32{},
 	}
+	in.opens = opens
 	go in.read()
 	return in, nil
 }
@@ -105,7 +119,7 @@ func (in *inotifyFD) AddFD(path string, dirfd int) error {
 	if in.closed {
 		return os.ErrClosed
 	}
-	wd, err := unix.InotifyAddWatch(in.fd, "/proc/self/fd/"+strconv.Itoa(dirfd), inotifyMask|unix.IN_ONLYDIR)
+	wd, err := unix.InotifyAddWatch(in.fd, "/proc/self/fd/"+strconv.Itoa(dirfd), in.mask|unix.IN_ONLYDIR)
 	if err != nil {
 		return err
 	}
@@ -119,6 +133,44 @@ func (in *inotifyFD) AddFD(path string, dirfd int) error {
 	}
 	in.wds[w], in.paths[path] = path, w
 	return nil
+}
+
+// EnableOpens adds inotifyOpenMask to every watch and to those added
+// from now on, if the instance was made with opens: called once the
+// initial scan is done, whose own opens (one per file) would otherwise
+// cost two events each. Each watched directory is opened again by its
+// name (open, no symlink in any component) for inotify_add_watch(2) with
+// IN_MASK_ADD; a name that now leads to a directory not watched gets no
+// watch. It returns how many watches could not be updated (their
+// directories' opens and closes are not reported until they are watched
+// again).
+func (in *inotifyFD) EnableOpens(open func(path string) (int, error)) int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if !in.opens || in.closed || in.mask&inotifyOpenMask != 0 {
+		return 0
+	}
+	in.mask |= inotifyOpenMask
+	missed := 0
+	for path, w := range in.paths {
+		fd, err := open(path)
+		if err != nil {
+			missed++
+			continue
+		}
+		wd, err := unix.InotifyAddWatch(in.fd, "/proc/self/fd/"+strconv.Itoa(fd), in.mask|unix.IN_MASK_ADD|unix.IN_ONLYDIR)
+		unix.Close(fd)
+		switch {
+		case err != nil:
+			missed++
+		case int32(wd) != w:
+			missed++
+			if _, ours := in.wds[int32(wd)]; !ours {
+				unix.InotifyRmWatch(in.fd, uint32(wd)) // another directory now
+			}
+		}
+	}
+	return missed
 }
 
 // Remove removes the watch named path (inotify_rm_watch(2)): errNoWatch
@@ -217,9 +269,20 @@ func (in *inotifyFD) event(wd int32, mask uint32, name string) (inotifyEvent, bo
 			return inotifyEvent{}, false // its IN_DELETE says it
 		}
 	}
+	if name == "" && mask&^uint32(inotifyOpenMask|unix.IN_ISDIR) == 0 {
+		return inotifyEvent{}, false // an open or close of the directory itself
+	}
 	ev := inotifyEvent{Name: path}
 	if name != "" {
 		ev.Name = joinPath(path, name)
+	}
+	if mask&unix.IN_ISDIR == 0 {
+		if mask&unix.IN_OPEN != 0 {
+			ev.Op |= opOpen
+		}
+		if mask&(unix.IN_CLOSE_WRITE|unix.IN_CLOSE_NOWRITE) != 0 {
+			ev.Op |= opClose
+		}
 	}
 	if mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
 		ev.Op |= opCreate
@@ -236,7 +299,7 @@ func (in *inotifyFD) event(wd int32, mask uint32, name string) (inotifyEvent, bo
 	if mask&unix.IN_ATTRIB != 0 {
 		ev.Op |= opChmod
 	}
-	return ev, true
+	return ev, ev.Op != 0 // (0: an open or close of a subdirectory)
 }
 
 // drop forgets watch wd, named path.

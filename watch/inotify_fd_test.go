@@ -38,7 +38,7 @@ func TestInotifyFDNames(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	in, err := newInotifyFD(16)
+	in, err := newInotifyFD(16, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,5 +97,84 @@ func TestInotifyFDNames(t *testing.T) {
 	case ev := <-in.Events:
 		t.Errorf("event %+v after b's watch was removed; want none (outside is not watched)", ev)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// TestInotifyFDEnableOpens: an instance made with opens reports no open
+// or close of a file until EnableOpens, then does, on the watches added
+// before and after it; a watched name that leads to another directory by
+// then is counted as missed and gets no watch.
+func TestInotifyFDEnableOpens(t *testing.T) {
+	root := t.TempDir()
+	a, b, c, other := filepath.Join(root, "a"), filepath.Join(root, "b"), filepath.Join(root, "c"), filepath.Join(root, "other")
+	for _, d := range []string{a, b, c, other} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "f"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, err := newInotifyFD(64, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	add := func(path string) {
+		fd, err := inode.OpenPath(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if err := in.AddFD(path, fd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	touch := func(dir string) {
+		f, err := os.Open(filepath.Join(dir, "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	add(a)
+	add(c)
+	touch(a)
+	if err := os.WriteFile(filepath.Join(a, "marker"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, in); ev.Name != filepath.Join(a, "marker") || !ev.Has(opCreate) {
+		t.Fatalf("event %+v before EnableOpens, want the marker's create (no open of a/f)", ev)
+	}
+	// c now names another directory: not watched by EnableOpens.
+	if err := os.Rename(c, filepath.Join(root, "c-old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, c); err != nil {
+		t.Fatal(err)
+	}
+	for ev := nextEvent(t, in); !(ev.Name == c && ev.Has(opRename)); ev = nextEvent(t, in) {
+	} // (c's IN_MOVE_SELF)
+	if n := in.EnableOpens(inode.OpenDir); n != 1 {
+		t.Errorf("EnableOpens missed %d watches, want 1 (c)", n)
+	}
+	add(b)
+	for _, dir := range []string{a, b, c} {
+		touch(dir)
+	}
+	if err := os.WriteFile(filepath.Join(a, "end"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]inotifyOp{}
+	for ev := nextEvent(t, in); ev.Name != filepath.Join(a, "end"); ev = nextEvent(t, in) {
+		got[ev.Name] |= ev.Op
+	}
+	for _, dir := range []string{a, b} {
+		if op := got[filepath.Join(dir, "f")]; op&opOpen == 0 || op&opClose == 0 {
+			t.Errorf("%s/f: ops %b after EnableOpens, want an open and a close", dir, op)
+		}
+	}
+	if op, ok := got[filepath.Join(c, "f")]; ok {
+		t.Errorf("c/f (another directory now): ops %b, want none", op)
 	}
 }

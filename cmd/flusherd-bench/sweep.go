@@ -21,7 +21,8 @@ const (
 )
 
 // sweepBench measures what the sweep of files dirtied without an event
-// (watcher.sweep_interval) costs the daemon, with fanotify on a loop ext4:
+// (watcher.sweep_interval) costs the daemon, with each backend on a loop
+// ext4:
 //
 //	(a) open events: the daemon's CPU per 100,000 read-only opens (and
 //	    closes) by another process, of a file inside the tree and of one
@@ -29,7 +30,11 @@ const (
 //	    open events asked for) and "auto";
 //	(b) the sweep: 1,000 candidates (files mapped shared, clean) held by
 //	    100 processes; the daemon's CPU per second over --hold, for each
-//	    --intervals value (and "0", the baseline), and per look.
+//	    --intervals value (and "0", the baseline), and per look;
+//	(c) the daemon's own opens: its CPU from its start to the end of the
+//	    initial scan of --scan-files clean files (one open each, whose
+//	    events inotify reports as any other's), sweep_interval "0" and
+//	    "auto".
 func sweepBench(args []string) int {
 	fl := newFlags("sweep", "the cost of the sweep of files dirtied without an event: the daemon's CPU per 100,000 opens inside and outside the tree (open events asked for or not), and per second with 1,000 candidates held by 100 processes.", "go run ./cmd/flusherd-bench sweep")
 	bin := fl.String("flusherd", "", "flusherd binary (default: go build ./cmd/flusherd into a temporary directory)")
@@ -38,6 +43,8 @@ func sweepBench(args []string) int {
 	perProc := fl.Int("files", 10, "files each holder maps in (b)")
 	hold := fl.Duration("hold", 10*time.Second, "length of each measure of (b)")
 	intervals := fl.String("intervals", "100ms,500ms,1s", "sweep_interval values of (b)")
+	backends := fl.String("backends", "fanotify,inotify", "watch backends, comma-separated")
+	scanFiles := fl.Int("scan-files", 40000, "clean files in the tree at the start, for (c)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return code
 	}
@@ -62,7 +69,7 @@ func sweepBench(args []string) int {
 			return 1
 		}
 	}
-	fs, err := newBenchLoop(base, "ext4", 512, 0)
+	fs, err := newBenchLoop(base, "ext4", 512, *scanFiles+20000)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
 		return 1
@@ -86,24 +93,27 @@ func sweepBench(args []string) int {
 		fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
 		return 1
 	}
-	config := func(sweep string) string {
-		return fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"1s\"\n[watcher]\nbackend = \"fanotify\"\nsweep_interval = %q\n[[watch]]\npath = %q\nexpire = \"2s\"\n", sweep, tree)
+	configFor := func(backend, sweep, root string) string {
+		return fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"1s\"\n[watcher]\nbackend = %q\nsweep_interval = %q\n[[watch]]\npath = %q\nexpire = \"2s\"\n", backend, sweep, root)
 	}
-	fmt.Printf("(a) the daemon's CPU per %s read-only opens and closes by another process, of %s files in turn (fanotify, ext4)\n\n", thousands(uint64(*opens)), thousands(openedFiles))
+	bes := splitList(*backends)
+	fmt.Printf("(a) the daemon's CPU per %s read-only opens and closes by another process, of %s files in turn (ext4)\n\n", thousands(uint64(*opens)), thousands(openedFiles))
 	var rows [][]string
-	for _, sweep := range []string{"0", "auto"} {
-		row := []string{sweep}
-		for _, p := range []string{in, out} {
-			cpu, err := openCost(*bin, base, config(sweep), self, p, *opens)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
-				return 1
+	for _, be := range bes {
+		for _, sweep := range []string{"0", "auto"} {
+			row := []string{be, sweep}
+			for _, p := range []string{in, out} {
+				cpu, err := openCost(*bin, base, configFor(be, sweep, tree), self, p, *opens)
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
+					return 1
+				}
+				row = append(row, fmt.Sprintf("%.0f ms", float64(cpu)/float64(time.Millisecond)))
 			}
-			row = append(row, fmt.Sprintf("%.0f ms", float64(cpu)/float64(time.Millisecond)))
+			rows = append(rows, row)
 		}
-		rows = append(rows, row)
 	}
-	markdownTable(os.Stdout, []string{"sweep_interval", "files inside the tree", "files outside the tree"}, rows)
+	markdownTable(os.Stdout, []string{"backend", "sweep_interval", "files inside the tree", "files outside the tree"}, rows)
 
 	n := *procs * *perProc
 	fmt.Printf("\n(b) the daemon's CPU with %s candidates (clean files mapped shared) held by %d processes, over %v\n\n", thousands(uint64(n)), *procs, *hold)
@@ -121,22 +131,71 @@ func sweepBench(args []string) int {
 		return 1
 	}
 	rows = nil
-	for _, sweep := range append([]string{"0"}, splitList(*intervals)...) {
-		cpuRate, cands, err := sweepCost(*bin, base, config(sweep), self, files, *procs, *hold)
-		if err != nil {
+	for _, be := range bes {
+		for _, sweep := range append([]string{"0"}, splitList(*intervals)...) {
+			cpuRate, cands, err := sweepCost(*bin, base, configFor(be, sweep, tree), self, files, *procs, *hold)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
+				return 1
+			}
+			perLook := "-"
+			if d, err := time.ParseDuration(sweep); err == nil && d > 0 && cands > 0 {
+				looks := float64(cands) * float64(time.Second) / float64(d)
+				perLook = fmt.Sprintf("%.1f µs", float64(cpuRate)/looks/float64(time.Microsecond))
+			}
+			rows = append(rows, []string{be, sweep, strconv.Itoa(cands), fmt.Sprintf("%.1f ms", float64(cpuRate)/float64(time.Millisecond)),
+				fmt.Sprintf("%.2f %%", float64(cpuRate)/float64(time.Second)*100), perLook})
+		}
+	}
+	markdownTable(os.Stdout, []string{"backend", "sweep_interval", "sweep_candidates", "CPU per second", "of one core", "per candidate look"}, rows)
+
+	fmt.Printf("\n(c) the daemon's CPU from its start to the end of its initial scan of %s clean files (and until its CPU settles), and sweep_candidates then\n\n", thousands(uint64(*scanFiles)))
+	scanTree := filepath.Join(fs.Dir, "scan")
+	if err := os.Mkdir(scanTree, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
+		return 1
+	}
+	for d := 0; d*1000 < *scanFiles; d++ {
+		if err := makeFiles(filepath.Join(scanTree, fmt.Sprintf("d%03d", d)), min(1000, *scanFiles-d*1000)); err != nil {
 			fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
 			return 1
 		}
-		perLook := "-"
-		if d, err := time.ParseDuration(sweep); err == nil && d > 0 && cands > 0 {
-			looks := float64(cands) * float64(time.Second) / float64(d)
-			perLook = fmt.Sprintf("%.1f µs", float64(cpuRate)/looks/float64(time.Microsecond))
-		}
-		rows = append(rows, []string{sweep, strconv.Itoa(cands), fmt.Sprintf("%.1f ms", float64(cpuRate)/float64(time.Millisecond)),
-			fmt.Sprintf("%.2f %%", float64(cpuRate)/float64(time.Second)*100), perLook})
 	}
-	markdownTable(os.Stdout, []string{"sweep_interval", "sweep_candidates", "CPU per second", "of one core", "per candidate look"}, rows)
+	if err := syncfs(fs.Dir); err != nil {
+		fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
+		return 1
+	}
+	rows = nil
+	for _, be := range bes {
+		for _, sweep := range []string{"0", "auto"} {
+			cpu, cands, err := scanCost(*bin, base, configFor(be, sweep, scanTree))
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "flusherd-bench sweep:", err)
+				return 1
+			}
+			rows = append(rows, []string{be, sweep, fmt.Sprintf("%.0f ms", float64(cpu)/float64(time.Millisecond)), strconv.Itoa(cands)})
+		}
+	}
+	markdownTable(os.Stdout, []string{"backend", "sweep_interval", "CPU to the scan's end", "sweep_candidates"}, rows)
 	return 0
+}
+
+// scanCost starts the daemon with cfg and returns its CPU time once its
+// initial scan is done and its CPU has settled, and its sweep_candidates
+// then.
+func scanCost(bin, base, cfg string) (time.Duration, int, error) {
+	dir, err := os.MkdirTemp(base, "d")
+	if err != nil {
+		return 0, 0, err
+	}
+	d, err := startDaemon(bin, dir, cfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer d.stop()
+	settleCPU(d)
+	time.Sleep(time.Second) // a stats file written since
+	return d.cpu(), candidates(filepath.Join(dir, "run", "bdi")), nil
 }
 
 // openedFiles is how many files (a) opens in turn, in each directory: one

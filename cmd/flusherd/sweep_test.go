@@ -131,9 +131,16 @@ func startWriter(t *testing.T, cmd *exec.Cmd) (*proc, time.Time) {
 // interval (auto: 500 ms) + the slack of a kupdate period (500 ms) and of
 // the check (1 s), while the writer still holds it; cachestat from the
 // test says so. The device's stats and flusherd status count the files
-// found, and a debug line names one.
+// found, and a debug line names one. Both backends: inotify learns the
+// opens from IN_OPEN and the closes, fanotify from FAN_OPEN and FAN_CLOSE.
 func TestSweepWritesWithoutEvents(t *testing.T) {
 	testfs.SkipShort(t, "the daemon on loop-mounted ext4, with writers running for 10 s")
+	for _, backend := range []string{"fanotify", "inotify"} {
+		t.Run(backend, func(t *testing.T) { sweepWritesWithoutEvents(t, backend) })
+	}
+}
+
+func sweepWritesWithoutEvents(t *testing.T, backend string) {
 	const bound = time.Second + 500*time.Millisecond + 500*time.Millisecond + time.Second
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
 	root := filepath.Join(mnt.Dir, "data")
@@ -144,11 +151,11 @@ func TestSweepWritesWithoutEvents(t *testing.T) {
 [writeback]
 dirty_writeback_interval = "500ms"
 [watcher]
-backend = "fanotify"
+backend = %q
 [[watch]]
 path = %q
 expire = "1s"
-`, root), daemonOpts{args: []string{"--log-level", "debug"}})
+`, backend, root), daemonOpts{args: []string{"--log-level", "debug"}})
 
 	// clean waits until path has no dirty or writeback page, by the
 	// deadline, while the writer holds it.

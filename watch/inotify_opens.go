@@ -1,0 +1,147 @@
+package watch
+
+import (
+	"time"
+
+	"flusherd/bdi"
+	"flusherd/inode"
+	"flusherd/tree"
+)
+
+// openGrace is how long a name stays open before the inotify watcher
+// reports it to the sweep (Sink.InodesOpened). inotify's events name no
+// process, so the daemon's own opens (a scan's, an attempt's, a look of
+// the sweep's) come as any other; they are closed within it and make no
+// report.
+const openGrace = 200 * time.Millisecond
+
+// openCount is a name's opens less its closes (IN_OPEN, IN_CLOSE_WRITE,
+// IN_CLOSE_NOWRITE), from when it rose from 0.
+type openCount struct {
+	n        int32
+	since    time.Time
+	tree     tree.Tree
+	reported bool      // an open report was sent, with key
+	key      inode.Key // the file's, once reported
+}
+
+// inotifyOpens is the inotify watcher's open counts, by name; only Run's
+// goroutine uses it.
+type inotifyOpens struct {
+	names map[string]*openCount
+	timer *time.Timer
+	due   time.Time // when timer fires; zero: not armed
+}
+
+// C is the channel of the timer for the next report due (nil: none).
+func (o *inotifyOpens) C() <-chan time.Time {
+	if o.timer == nil || o.due.IsZero() {
+		return nil
+	}
+	return o.timer.C
+}
+
+// arm makes the timer fire at at, or sooner if it is armed sooner.
+func (o *inotifyOpens) arm(at time.Time) {
+	if !o.due.IsZero() && !at.Before(o.due) {
+		return
+	}
+	o.due = at
+	d := max(time.Until(at), time.Millisecond)
+	if o.timer == nil {
+		o.timer = time.NewTimer(d)
+		return
+	}
+	o.timer.Reset(d)
+}
+
+// stop stops the timer.
+func (o *inotifyOpens) stop() {
+	if o.timer != nil {
+		o.timer.Stop()
+	}
+}
+
+// openEvent counts an open or a close of the file ev names, in tree t. A
+// close that takes a reported name's count to 0 reports it closed; a
+// close with no open counted (its open was before the watch, or lost) is
+// ignored.
+func (w *Watcher) openEvent(t tree.Tree, ev inotifyEvent) {
+	if w.opens.names == nil {
+		w.opens.names = map[string]*openCount{}
+	}
+	c := w.opens.names[ev.Name]
+	if ev.Has(opOpen) {
+		if c == nil {
+			c = &openCount{since: time.Now(), tree: t}
+			w.opens.names[ev.Name] = c
+			w.opens.arm(c.since.Add(openGrace))
+		}
+		c.n++
+	}
+	if ev.Has(opClose) && c != nil {
+		c.n--
+		if c.n <= 0 {
+			w.dropOpen(ev.Name, c)
+		}
+	}
+}
+
+// dropOpen forgets name's count c, and reports it closed if it was
+// reported open: the report asks the candidate to linger until a sweep
+// finds it clean, since inotify merges two like events in a row (two
+// opens of one file), so a count may be low.
+func (w *Watcher) dropOpen(name string, c *openCount) {
+	delete(w.opens.names, name)
+	if c.reported {
+		w.sink.InodesOpened([]bdi.Open{{Path: name, Key: c.key, Tree: c.tree, Closed: true, Linger: true}})
+	}
+}
+
+// openNameGone forgets the count of a name removed or renamed away: its
+// closes come under the old name, if at all.
+func (w *Watcher) openNameGone(name string) {
+	if c := w.opens.names[name]; c != nil {
+		w.dropOpen(name, c)
+	}
+}
+
+// dropOpens forgets every count (events were lost).
+func (w *Watcher) dropOpens() {
+	for name, c := range w.opens.names {
+		w.dropOpen(name, c)
+	}
+}
+
+// reportOpens reports the names open for openGrace by now as open (a
+// regular file, looked at without following a symlink), and arms the
+// timer for the next one due.
+func (w *Watcher) reportOpens(now time.Time) {
+	w.opens.due = time.Time{}
+	var next time.Time
+	var reports []bdi.Open
+	for name, c := range w.opens.names {
+		if c.reported {
+			continue
+		}
+		if at := c.since.Add(openGrace); at.After(now) {
+			if next.IsZero() || at.Before(next) {
+				next = at
+			}
+			continue
+		}
+		key, regular, err := inode.Stat(name)
+		if err != nil || !regular {
+			delete(w.opens.names, name)
+			continue
+		}
+		c.reported, c.key = true, key
+		reports = append(reports, bdi.Open{Path: name, Key: key, Tree: c.tree, Open: true, Linger: true})
+	}
+	if len(reports) > 0 {
+		w.sink.InodesOpened(reports)
+	}
+	if !next.IsZero() {
+		w.opens.arm(next)
+	}
+}
