@@ -3,6 +3,7 @@ package bdi
 import (
 	"math"
 	"os"
+	"time"
 
 	"flusherd/blk"
 	"flusherd/inode"
@@ -204,6 +205,49 @@ func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64
 	return maxInflight - int64(min(sum, uint64(maxInflight/page)))*page
 }
 
+// roomGate is the oldest big file deferred for want of room under the
+// in-flight window and still waiting: younger big files wait behind it,
+// so that room goes to the oldest data first (the kernel's single flusher
+// thread waits for a request slot on the inode it is writing and does not
+// pass it). A holder not seen back within roomGateStale is let go (its
+// file forgotten, or taken by other work). The list lock guards it.
+type roomGate struct {
+	key   inode.Key
+	when  time.Duration // its DirtiedWhen
+	at    time.Duration // when it was deferred (daemon clock)
+	valid bool
+}
+
+// roomGateStale is how long a deferred big file keeps its turn without
+// trying again: a few retries' pauses (throttleRetry).
+const roomGateStale = 4 * throttleRetry
+
+// roomTurn reports whether the big file in may take room now: it is the
+// oldest waiting for it, or older than the gate's holder, or no one
+// waits. hasRoom says the window has room for it; a big file that gets
+// none (or whose turn it is not) and is older than the holder becomes
+// the holder. Called by attempts on workers.
+func (wb *Writeback) roomTurn(in *inode.Inode, hasRoom bool) bool {
+	now := wb.now()
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	g := &wb.roomGate
+	if g.valid && now-g.at > roomGateStale {
+		g.valid = false
+	}
+	turn := !g.valid || g.key == in.Key || in.DirtiedWhen < g.when
+	if turn && hasRoom {
+		if g.valid && g.key == in.Key {
+			g.valid = false
+		}
+		return true
+	}
+	if !g.valid || g.key == in.Key || in.DirtiedWhen < g.when {
+		*g = roomGate{key: in.Key, when: in.DirtiedWhen, at: now, valid: true}
+	}
+	return false
+}
+
 // congested reports whether the device has no room for a page more under
 // writeback (inflightRoom), and counts that deferral in throttled.
 func (wb *Writeback) congested(in *inode.Inode, wbp uint64, maxInflight int64) bool {
@@ -255,6 +299,9 @@ func (wb *Writeback) doAttempt(r *request) error {
 		page := int64(os.Getpagesize())
 		if dirty := int64(d) * page; !r.Integrity && dirty > smallFile(w.chunk, w.maxInflight) {
 			room := wb.inflightRoom(att.in, wbp, w.maxInflight) / page * page
+			if !wb.roomTurn(att.in, room > 0) {
+				room = 0
+			}
 			if room <= 0 {
 				// More than a small file's share to write, and the
 				// device has max_inflight_bytes under writeback: not now

@@ -114,6 +114,9 @@ type Writeback struct {
 
 	calls offLoop   // calls off the goroutine, and the closer; own lock
 	bw    bandwidth // the write bandwidth estimator; the goroutine's
+	// roomGate orders the big files waiting for room (roomTurn).
+	// +checklocks:mu
+	roomGate roomGate
 	// window is what may be under writeback on the device (the
 	// goroutine's; its size is read anywhere).
 	window inflightWindow

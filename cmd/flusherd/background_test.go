@@ -93,8 +93,9 @@ func TestStreamingWriterBounded(t *testing.T) {
 // waiting for the expiry, the older data first: the two older files hold
 // no more dirty data than the two newer ones (a file's chunks are written
 // in turn with the other files', write_chunk at a time, and the in-flight
-// window's deferrals shuffle them, so no one file is written whole first);
-// and the writeback stops there: dirty data is left. It also reports the
+// window gives its room to the oldest file waiting for it: roomTurn), and
+// the newest file is not written whole; and the writeback stops there:
+// dirty data is left. It also reports the
 // daemon's estimate of the dirty bytes (BdiReclaimable) against a
 // cachestat scan of the files.
 func TestBackgroundThresholdBurst(t *testing.T) {
@@ -145,6 +146,9 @@ func TestBackgroundThresholdBurst(t *testing.T) {
 	}
 	if older, newer := dirtyOf(paths[0])+dirtyOf(paths[1]), dirtyOf(paths[2])+dirtyOf(paths[3]); older > newer {
 		t.Errorf("the two older files hold %d dirty bytes, the two newer %d: want the older data written first", older, newer)
+	}
+	if n := dirtyOf(paths[3]); n == 0 {
+		t.Errorf("the newest file was written back whole: %d dirty bytes left in all, in older files", after)
 	}
 	if st["background_works"] == 0 {
 		t.Errorf("background_works = 0 in the stats file: %v", st)
