@@ -101,6 +101,26 @@ func (d *dirtyList) insertByAge(in *inode.Inode) {
 	l.PushBack(in)
 }
 
+// insertByAgeBack is insertByAge looking from the newest end: for an
+// inode dirtied a little before the newest.
+func (d *dirtyList) insertByAgeBack(in *inode.Inode) {
+	l := &d.classes[in.Class].list
+	if in.Link().Linked() {
+		lists.Remove(in)
+	}
+	for x := l.Back(); x != nil; x = l.Prev(x) {
+		if x.DirtiedWhen <= in.DirtiedWhen {
+			if next := l.Next(x); next != nil {
+				l.InsertBefore(in, next)
+			} else {
+				l.PushBack(in)
+			}
+			return
+		}
+	}
+	l.PushFront(in)
+}
+
 // lastDue is when (daemon clock) the newest inode on b_dirty expires:
 // the latest dirtiedWhen + expire over the classes; 0 when b_dirty is
 // empty.

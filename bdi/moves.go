@@ -61,6 +61,9 @@ func (wb *Writeback) requeueInodeLocked(in *inode.Inode, dest policy.Dest, now t
 //
 // +checklocks:wb.mu
 func (wb *Writeback) forgetLocked(in *inode.Inode, gone bool) {
+	if c := wb.sweep.cands[in.Key]; c != nil {
+		c.clean = max(c.clean, wb.now()) // clean now, or gone
+	}
 	lists.Remove(in)
 	wb.dropInodeLocked(in)
 	wb.loop.pass.cleaned++

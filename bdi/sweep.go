@@ -45,7 +45,12 @@ type candidate struct {
 	tree   tree.Tree
 	opens  int           // opens seen, less closes (policy.Opens)
 	due    time.Duration // its next look (daemon clock)
-	found  bool          // a sweep found it dirty before (logged once)
+	// clean is when it was last known clean (daemon clock): made a
+	// candidate, seen clean by a look, or forgotten as clean. Data a
+	// look finds is dirtied since: its dirtiedWhen, so that its
+	// exposure and expiry count from no later than the dirtying.
+	clean time.Duration
+	found bool // a sweep found it dirty before (logged once)
 }
 
 // sweepState is a device's candidates and its sweep. The list lock
@@ -107,7 +112,7 @@ func (wb *Writeback) Opened(reports []Open) {
 			if wb.sweep.cands == nil {
 				wb.sweep.cands = map[inode.Key]*candidate{}
 			}
-			c = &candidate{due: now + policy.SweepEvery(every, o.Tree.Expire)}
+			c = &candidate{due: now + policy.SweepEvery(every, o.Tree.Expire), clean: now}
 			wb.sweep.cands[o.Key] = c
 			if len(wb.sweep.cands) == 1 || c.due < wb.sweep.next {
 				wb.sweep.next = c.due
@@ -257,12 +262,21 @@ func (wb *Writeback) applySweepLocked(res []sweepResult) (first []string) {
 			delete(wb.sweep.cands, r.key) // closed (Linger), and clean
 			continue
 		}
+		if c != nil && r.ok && r.dirty == 0 && wb.inodes.Get(r.key) == nil {
+			c.clean = max(c.clean, r.at)
+		}
 		if !r.ok || r.dirty == 0 || wb.inodes.Get(r.key) != nil {
 			continue // clean, or tracked since (an event, an attempt's count is newer)
 		}
 		wb.markInodeDirtyLocked(r.key, r.path, r.handle, r.tree, r.at, 0)
 		if in := wb.inodes.Get(r.key); in != nil && !in.Has(inode.Sync) {
 			wb.setPagesLocked(in, r.dirty, r.wbp)
+			if c != nil && c.clean < in.DirtiedWhen && in.Link().Linked() && in.Has(inode.Dirty) && !in.Has(inode.Sync) {
+				// Dirtied since it was last known clean, not at
+				// the look: counted from then.
+				in.DirtiedWhen = c.clean
+				wb.bDirty.insertByAgeBack(in)
+			}
 		}
 		wb.sweep.found++
 		if c != nil && !c.found {
@@ -278,7 +292,7 @@ func (wb *Writeback) applySweepLocked(res []sweepResult) (first []string) {
 // first time.
 func (wb *Writeback) logFound(paths []string) {
 	for _, p := range paths {
-		wb.log.Debug("a file dirtied without an event (a shared mapping, Linux AIO) was found by the sweep; it is tracked from now",
+		wb.log.Debug("a file dirtied without an event (a shared mapping, Linux AIO) was found by the sweep; it is tracked as dirtied when it was last known clean",
 			logpath.String("path", p))
 	}
 }

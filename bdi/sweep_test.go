@@ -40,6 +40,7 @@ func TestSweepFindsMappedWrites(t *testing.T) {
 	withWB(t, sweepConfig(), func(h *harness) {
 		t := h.t
 		f := h.fs.add("/m", 1, 16*pg, 0)
+		openedAt := h.now()
 		h.opened(f, expire, true, false)
 		if n := h.wb.Snapshot().SweepCandidates; n != 1 {
 			t.Fatalf("sweep_candidates = %d after the open, want 1", n)
@@ -53,8 +54,9 @@ func TestSweepFindsMappedWrites(t *testing.T) {
 		if in == nil {
 			t.Fatalf("a dirty candidate is not tracked 1.2 s after its open (sweep every 1 s)")
 		}
-		if in.DirtiedWhen < time.Second || in.DirtiedWhen > 1100*time.Millisecond {
-			t.Errorf("dirtiedWhen %v, want the sweep's time, 1 s", in.DirtiedWhen)
+		if in.DirtiedWhen != openedAt {
+			t.Errorf("dirtiedWhen %v, want when it was last known clean (its open, %v), not after its dirtying (%v) nor at the look (1 s)",
+				in.DirtiedWhen, openedAt, dirtied)
 		}
 		if s := h.wb.Snapshot(); s.SweepFound != 1 || s.BdiReclaimable != 1 {
 			t.Errorf("sweep_found %d, BdiReclaimable %d pages; want 1, 1", s.SweepFound, s.BdiReclaimable)
@@ -69,12 +71,18 @@ func TestSweepFindsMappedWrites(t *testing.T) {
 		if w[0].at < in.DirtiedWhen+expire {
 			t.Errorf("written at %v, before its expiry (%v)", w[0].at, in.DirtiedWhen+expire)
 		}
-		// Dirtied again after its writeback: found again.
+		// Dirtied again after its writeback: found again, dirtied no
+		// earlier than when it was last known clean, after that
+		// writeback, and no later than its dirtying.
+		redirtied := h.now()
 		f.redirty(1)
 		time.Sleep(1100 * time.Millisecond)
 		synctest.Wait()
 		if s := h.wb.Snapshot(); s.SweepFound != 2 {
 			t.Errorf("sweep_found %d after a second dirtying, want 2", s.SweepFound)
+		}
+		if in := h.inode("/m"); in == nil || in.DirtiedWhen < w[0].at || in.DirtiedWhen > redirtied {
+			t.Errorf("after the second dirtying (at %v, its writeback at %v): inode %+v, want dirtiedWhen between them", redirtied, w[0].at, in)
 		}
 		if n := logs.FilterMessageSnippet("found by the sweep").Len(); n != 1 {
 			t.Errorf("%d debug lines for the file found, want 1 (the first time)", n)
