@@ -554,3 +554,34 @@ func (wb *Writeback) UnverifiedCount() int {
 	}
 	return n
 }
+
+// dropUnverifiedUnder forgets the writes in writeback mode awaiting a read
+// of the cursor whose files are under root (a tree that is gone: its
+// filesystem's cursor can no longer be read), and, with all, every write
+// of the device's filesystems awaiting one (its last tree), unnamed ones
+// included. They are not counted in BdiWritten: whether they failed is
+// not known. It returns the paths of the named ones and how many files
+// in all.
+func (wb *Writeback) dropUnverifiedUnder(root string, all bool) (paths []string, files int) {
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	for dev, v := range wb.verify.fs {
+		for key, w := range v.writes {
+			if all || pathUnder(w.path, root) {
+				paths = append(paths, w.path)
+				delete(v.writes, key)
+			}
+		}
+		if all {
+			for _, b := range v.more {
+				files += int(b.files)
+			}
+			v.more = nil
+		}
+		if len(v.writes) == 0 && len(v.more) == 0 && !v.reading {
+			delete(wb.verify.fs, dev)
+		}
+	}
+	wb.gen++
+	return paths, files + len(paths)
+}

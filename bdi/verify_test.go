@@ -343,3 +343,49 @@ func TestVerifyAtStop(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyTreeGone: the writes awaiting a read of the cursor under a
+// tree that is gone are let go and returned, named, without being
+// counted; with all (the device's last tree), every one of the device's,
+// unnamed ones included.
+func TestVerifyTreeGone(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		stuck := h.fs.add("/stuck", 1, 4*pg, 4)
+		stuck.keepDirty = true // the device is never idle: no read
+		h.mark(stuck, time.Second)
+		b := h.fs.add("/b/g", 1<<20, pg, 1)
+		b.fastDevice = true
+		h.mark(b, time.Second)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		for i := range maxUnverified + 5 {
+			f := h.fs.add(fmt.Sprintf("/a/f%d", i), uint64(i+2), pg, 1)
+			f.fastDevice = true
+			h.mark(f, time.Second)
+		}
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		if n := h.wb.UnverifiedCount(); n < maxUnverified+6 {
+			t.Fatalf("%d writes await a read, want %d", n, maxUnverified+6)
+		}
+		paths, files := h.wb.dropUnverifiedUnder("/b", false)
+		if files != 1 || len(paths) != 1 || paths[0] != "/b/g" {
+			t.Errorf("dropped under /b: %v (%d files), want /b/g alone", paths, files)
+		}
+		_, files = h.wb.dropUnverifiedUnder("/a", true)
+		if files < maxUnverified+5 {
+			t.Errorf("dropped with all: %d files, want at least %d (named and unnamed)", files, maxUnverified+5)
+		}
+		if n := h.wb.UnverifiedCount(); n != 0 {
+			t.Errorf("%d writes still await a read", n)
+		}
+		time.Sleep(verifyBound)
+		synctest.Wait()
+		if s := h.wb.Snapshot(); s.BdiWritten != 0 {
+			t.Errorf("BdiWritten %d pages for writes whose outcome is not known, want 0", s.BdiWritten)
+		}
+	}, func(h *harness) { h.wb.errs = NewErrWatch() })
+}

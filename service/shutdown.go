@@ -116,7 +116,7 @@ func (s *Stop) secondSignal(ctx context.Context, cut func()) {
 // turns "every tracked file is clean" into an error.
 func LogShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled error) {
 	lost := logByError(log, rep.Lost, func(error) string {
-		return "shutdown: files whose data was lost to a failed writeback (not on disk; flusherd dirty listed them as failed, counted in failed_files)"
+		return "shutdown: files whose data was lost to a failed writeback, or may have been (a writeback error on their filesystem since flusherd wrote them, which does not say which file failed); flusherd dirty listed them as failed, counted in failed_files"
 	})
 	given := logByError(log, rep.GivenUp, func(err error) string {
 		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
