@@ -428,6 +428,7 @@ func (w *Watcher) Run(ctx context.Context) {
 					break drain
 				}
 			}
+			w.endMoves()
 			w.touched()
 			w.doneBatches.Add(1)
 		case err, ok := <-w.w.Errors:
@@ -566,8 +567,13 @@ func (w *Watcher) handle(ev inotifyEvent) {
 			return
 		}
 	}
-	if ev.Has(opRemove) || ev.Has(opRename) {
+	switch {
+	case ev.Has(opRename):
+		w.openMovedFrom(ev)
+	case ev.Has(opRemove):
 		w.openNameGone(ev.Name)
+	case ev.Has(opCreate) && ev.Cookie != 0:
+		w.openMovedTo(t, ev)
 	}
 	if !w.looked[t.Root] {
 		// Once per batch and tree: a directory above the root renamed

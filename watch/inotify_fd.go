@@ -31,6 +31,10 @@ const (
 type inotifyEvent struct {
 	Name string
 	Op   inotifyOp
+	// Cookie ties an IN_MOVED_FROM to its IN_MOVED_TO (0: neither), and
+	// Dir says the entry is a directory.
+	Cookie uint32
+	Dir    bool
 }
 
 // Has reports whether e has op.
@@ -237,6 +241,9 @@ func (in *inotifyFD) read() {
 				continue
 			}
 			ev, ok := in.event(raw.Wd, raw.Mask, name)
+			if ok && raw.Mask&(unix.IN_MOVED_FROM|unix.IN_MOVED_TO) != 0 {
+				ev.Cookie = raw.Cookie
+			}
 			if !ok {
 				continue
 			}
@@ -272,7 +279,7 @@ func (in *inotifyFD) event(wd int32, mask uint32, name string) (inotifyEvent, bo
 	if name == "" && mask&^uint32(inotifyOpenMask|unix.IN_ISDIR) == 0 {
 		return inotifyEvent{}, false // an open or close of the directory itself
 	}
-	ev := inotifyEvent{Name: path}
+	ev := inotifyEvent{Name: path, Dir: mask&unix.IN_ISDIR != 0}
 	if name != "" {
 		ev.Name = joinPath(path, name)
 	}

@@ -1,6 +1,7 @@
 package watch
 
 import (
+	"strings"
 	"time"
 
 	"flusherd/bdi"
@@ -29,8 +30,20 @@ type openCount struct {
 // goroutine uses it.
 type inotifyOpens struct {
 	names map[string]*openCount
-	timer *time.Timer
-	due   time.Time // when timer fires; zero: not armed
+	// moving holds the counts of a name renamed away (IN_MOVED_FROM),
+	// by the rename's cookie, for its IN_MOVED_TO: under the new name
+	// the file is still open. Let go (closed) at the end of the batch
+	// if no IN_MOVED_TO came (moved out of the trees).
+	moving map[uint32][]movedOpen
+	timer  *time.Timer
+	due    time.Time // when timer fires; zero: not armed
+}
+
+// movedOpen is a count taken from under a renamed name: rel is the
+// name's path below the renamed entry ("" for the entry itself).
+type movedOpen struct {
+	rel string
+	c   *openCount
 }
 
 // C is the channel of the timer for the next report due (nil: none).
@@ -92,17 +105,93 @@ func (w *Watcher) openEvent(t tree.Tree, ev inotifyEvent) {
 // finds it clean, since inotify merges two like events in a row (two
 // opens of one file), so a count may be low.
 func (w *Watcher) dropOpen(name string, c *openCount) {
-	delete(w.opens.names, name)
+	if w.opens.names[name] == c {
+		delete(w.opens.names, name)
+	}
 	if c.reported {
 		w.sink.InodesOpened([]bdi.Open{{Path: name, Key: c.key, Tree: c.tree, Closed: true, Linger: true}})
 	}
 }
 
-// openNameGone forgets the count of a name removed or renamed away: its
-// closes come under the old name, if at all.
+// openNameGone forgets the count of a name removed: its closes come
+// under the old name, if at all.
 func (w *Watcher) openNameGone(name string) {
 	if c := w.opens.names[name]; c != nil {
 		w.dropOpen(name, c)
+	}
+}
+
+// openMovedFrom takes the counts of a name renamed away (ev, an
+// IN_MOVED_FROM with its cookie), and of every name below it if it is a
+// directory, for its IN_MOVED_TO (openMovedTo): the files are still open
+// under their new names.
+func (w *Watcher) openMovedFrom(ev inotifyEvent) {
+	var moved []movedOpen
+	if c := w.opens.names[ev.Name]; c != nil {
+		moved = append(moved, movedOpen{"", c})
+		delete(w.opens.names, ev.Name)
+	}
+	if ev.Dir {
+		prefix := ev.Name + "/"
+		for name, c := range w.opens.names {
+			if rel, ok := strings.CutPrefix(name, prefix); ok {
+				moved = append(moved, movedOpen{rel, c})
+				delete(w.opens.names, name)
+			}
+		}
+	}
+	if len(moved) == 0 {
+		return
+	}
+	if ev.Cookie == 0 {
+		for _, m := range moved {
+			w.dropOpen(ev.Name, m.c)
+		}
+		return
+	}
+	if w.opens.moving == nil {
+		w.opens.moving = map[uint32][]movedOpen{}
+	}
+	w.opens.moving[ev.Cookie] = append(w.opens.moving[ev.Cookie], moved...)
+}
+
+// openMovedTo puts the counts a rename took (openMovedFrom, by ev's
+// cookie) under the new name ev (in tree t), and tells the sink the new
+// path of those reported (a report that neither opens nor closes).
+func (w *Watcher) openMovedTo(t tree.Tree, ev inotifyEvent) {
+	moved, ok := w.opens.moving[ev.Cookie]
+	if !ok || ev.Cookie == 0 {
+		return
+	}
+	delete(w.opens.moving, ev.Cookie)
+	var reports []bdi.Open
+	for _, m := range moved {
+		name := ev.Name
+		if m.rel != "" {
+			name = ev.Name + "/" + m.rel
+		}
+		if old := w.opens.names[name]; old != nil {
+			w.dropOpen(name, old)
+		}
+		m.c.tree = t
+		w.opens.names[name] = m.c
+		if m.c.reported {
+			reports = append(reports, bdi.Open{Path: name, Key: m.c.key, Tree: t})
+		}
+	}
+	if len(reports) > 0 {
+		w.sink.InodesOpened(reports)
+	}
+}
+
+// endMoves lets go of the counts of names renamed out of the trees (no
+// IN_MOVED_TO came in the batch): reported closed.
+func (w *Watcher) endMoves() {
+	for cookie, moved := range w.opens.moving {
+		for _, m := range moved {
+			w.dropOpen(m.rel, m.c)
+		}
+		delete(w.opens.moving, cookie)
 	}
 }
 

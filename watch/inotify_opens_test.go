@@ -95,3 +95,66 @@ func TestInotifyOpens(t *testing.T) {
 		}
 	})
 }
+
+// TestInotifyOpensRenamed: a file renamed while open keeps its count
+// under its new name (IN_MOVED_FROM and IN_MOVED_TO by their cookie),
+// and the sink is told its new path; so do the files below a renamed
+// directory; a file renamed out of the trees (no IN_MOVED_TO) is reported
+// closed at the end of the batch.
+func TestInotifyOpensRenamed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		tr := tree.Tree{Root: dir, Recursive: true, Expire: time.Minute}
+		s := &openSink{}
+		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
+		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true})
+		sub := filepath.Join(dir, "sub")
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		a, b, out := filepath.Join(dir, "a"), filepath.Join(sub, "b"), filepath.Join(dir, "out")
+		for _, p := range []string{a, b, out} {
+			if err := os.WriteFile(p, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range []string{a, b, out} {
+			w.openEvent(tr, inotifyEvent{Name: p, Op: opOpen})
+		}
+		time.Sleep(openGrace + time.Millisecond)
+		w.reportOpens(time.Now())
+		s.opens = nil
+		a2, sub2 := filepath.Join(dir, "a2"), filepath.Join(dir, "sub2")
+		w.openMovedFrom(inotifyEvent{Name: a, Op: opRename, Cookie: 1})
+		w.openMovedTo(tr, inotifyEvent{Name: a2, Op: opCreate, Cookie: 1})
+		w.openMovedFrom(inotifyEvent{Name: sub, Op: opRename, Cookie: 2, Dir: true})
+		w.openMovedTo(tr, inotifyEvent{Name: sub2, Op: opCreate, Cookie: 2, Dir: true})
+		w.openMovedFrom(inotifyEvent{Name: out, Op: opRename, Cookie: 3})
+		paths := map[string]bdi.Open{}
+		for _, o := range s.opens {
+			paths[o.Path] = o
+		}
+		for _, p := range []string{a2, filepath.Join(sub2, "b")} {
+			if o, ok := paths[p]; !ok || o.Open || o.Closed {
+				t.Errorf("%s: report %+v (ok %v), want its new path, neither open nor closed", p, o, ok)
+			}
+		}
+		if len(s.opens) != 2 {
+			t.Errorf("reports %+v, want the two new paths", s.opens)
+		}
+		s.opens = nil
+		w.endMoves()
+		if len(s.opens) != 1 || !s.opens[0].Closed {
+			t.Errorf("after the batch: %+v, want the file moved out reported closed", s.opens)
+		}
+		s.opens = nil
+		w.openEvent(tr, inotifyEvent{Name: a2, Op: opClose})
+		w.openEvent(tr, inotifyEvent{Name: filepath.Join(sub2, "b"), Op: opClose})
+		if len(s.opens) != 2 || !s.opens[0].Closed || !s.opens[1].Closed {
+			t.Errorf("closes under the new names: %+v, want both closed", s.opens)
+		}
+		if n := len(w.opens.names); n != 0 {
+			t.Errorf("%d counts left", n)
+		}
+	})
+}
