@@ -84,41 +84,39 @@ func (d *dirtyList) pushBack(in *inode.Inode) {
 
 // insertByAge moves in, from whatever list it is on, into its class at the
 // place its dirtiedWhen gives it (after every inode dirtied at or before
-// it), keeping the class ordered. It walks the class from the head: it is
-// for inodes that were taken oldest-first (b_more_io after background
-// work), which sit near it.
+// it), keeping the class ordered. It walks the class from the end whose
+// dirtiedWhen is nearer to its own: the head for inodes taken
+// oldest-first (b_more_io after background work), the tail for a file
+// the sweep found, dirtied a little before the newest.
 func (d *dirtyList) insertByAge(in *inode.Inode) {
 	l := &d.classes[in.Class].list
 	if in.Link().Linked() {
 		lists.Remove(in)
 	}
-	for x := l.Front(); x != nil; x = l.Next(x) {
+	front, back := l.Front(), l.Back()
+	if front != nil && in.DirtiedWhen-front.DirtiedWhen > back.DirtiedWhen-in.DirtiedWhen {
+		// Nearer the newest end (a file the sweep found, dirtied a
+		// little before the newest): looked for from there.
+		for x := back; x != nil; x = l.Prev(x) {
+			if x.DirtiedWhen <= in.DirtiedWhen {
+				if next := l.Next(x); next != nil {
+					l.InsertBefore(in, next)
+				} else {
+					l.PushBack(in)
+				}
+				return
+			}
+		}
+		l.PushFront(in)
+		return
+	}
+	for x := front; x != nil; x = l.Next(x) {
 		if x.DirtiedWhen > in.DirtiedWhen {
 			l.InsertBefore(in, x)
 			return
 		}
 	}
 	l.PushBack(in)
-}
-
-// insertByAgeBack is insertByAge looking from the newest end: for an
-// inode dirtied a little before the newest.
-func (d *dirtyList) insertByAgeBack(in *inode.Inode) {
-	l := &d.classes[in.Class].list
-	if in.Link().Linked() {
-		lists.Remove(in)
-	}
-	for x := l.Back(); x != nil; x = l.Prev(x) {
-		if x.DirtiedWhen <= in.DirtiedWhen {
-			if next := l.Next(x); next != nil {
-				l.InsertBefore(in, next)
-			} else {
-				l.PushBack(in)
-			}
-			return
-		}
-	}
-	l.PushFront(in)
 }
 
 // lastDue is when (daemon clock) the newest inode on b_dirty expires:

@@ -225,3 +225,42 @@ func TestMoveOldestAndInsertByAge(t *testing.T) {
 		t.Errorf("after the inserts, b_dirty in age order is %q, want %q", got, "a1 b1 b2 a2 a3")
 	}
 }
+
+// TestInsertByAgeEitherEnd: insertByAge keeps a class ordered by
+// dirtiedWhen, after any inode dirtied at the same time, whichever end it
+// looks from (the nearer one): near the oldest, near the newest, equal to
+// one in the middle, older and newer than all.
+func TestInsertByAgeEitherEnd(t *testing.T) {
+	s := time.Second
+	d := &dirtyList{}
+	c, _ := d.class(time.Minute)
+	for i := 1; i <= 10; i++ {
+		in := &inode.Inode{Class: c, DirtiedWhen: time.Duration(i) * s}
+		d.pushBack(in)
+	}
+	var added []*inode.Inode
+	for _, w := range []time.Duration{9*s + s/2, s + s/2, 5 * s, 0, 11 * s, 10 * s} {
+		in := &inode.Inode{Class: c, DirtiedWhen: w}
+		added = append(added, in)
+		d.insertByAge(in)
+	}
+	l := &d.classes[c].list
+	var prev time.Duration = -1
+	n := 0
+	for x := l.Front(); x != nil; x = l.Next(x) {
+		if x.DirtiedWhen < prev {
+			t.Fatalf("class out of order: %v after %v", x.DirtiedWhen, prev)
+		}
+		prev = x.DirtiedWhen
+		n++
+	}
+	if n != 16 {
+		t.Errorf("%d inodes in the class, want 16", n)
+	}
+	// An inode dirtied at the same time as one already there goes after it.
+	for _, in := range []*inode.Inode{added[2], added[5]} {
+		if p := l.Prev(in); p == nil || p.DirtiedWhen != in.DirtiedWhen {
+			t.Errorf("inode at %v not placed after the one dirtied at the same time", in.DirtiedWhen)
+		}
+	}
+}

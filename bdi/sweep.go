@@ -262,10 +262,11 @@ func (wb *Writeback) applySweepLocked(res []sweepResult) (first []string) {
 			delete(wb.sweep.cands, r.key) // closed (Linger), and clean
 			continue
 		}
-		if c != nil && r.ok && r.dirty == 0 && wb.inodes.Get(r.key) == nil {
+		tracked := wb.inodes.Get(r.key) != nil
+		if c != nil && r.ok && r.dirty == 0 && !tracked {
 			c.clean = max(c.clean, r.at)
 		}
-		if !r.ok || r.dirty == 0 || wb.inodes.Get(r.key) != nil {
+		if !r.ok || r.dirty == 0 || tracked {
 			continue // clean, or tracked since (an event, an attempt's count is newer)
 		}
 		wb.markInodeDirtyLocked(r.key, r.path, r.handle, r.tree, r.at, 0)
@@ -275,7 +276,7 @@ func (wb *Writeback) applySweepLocked(res []sweepResult) (first []string) {
 				// Dirtied since it was last known clean, not at
 				// the look: counted from then.
 				in.DirtiedWhen = c.clean
-				wb.bDirty.insertByAgeBack(in)
+				wb.bDirty.insertByAge(in)
 			}
 		}
 		wb.sweep.found++

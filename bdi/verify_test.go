@@ -112,11 +112,9 @@ func TestVerifyBound(t *testing.T) {
 		busy := h.fs.add("/busy", 1, 4*pg, 4)
 		busy.fastDevice = true
 		for range int(verifyBound/time.Second) - 5 {
-			busy.set(func(f *fakeFile) {
-				for p := range int64(4) {
-					f.dirty[p] = true
-				}
-			})
+			for p := range int64(4) {
+				busy.redirty(p)
+			}
 			h.mark(busy, time.Second)
 			time.Sleep(time.Second)
 		}
@@ -128,11 +126,9 @@ func TestVerifyBound(t *testing.T) {
 			t.Errorf("BdiWritten %d pages before any read of the error cursor, want 0", s.BdiWritten)
 		}
 		for range 10 {
-			busy.set(func(f *fakeFile) {
-				for p := range int64(4) {
-					f.dirty[p] = true
-				}
-			})
+			for p := range int64(4) {
+				busy.redirty(p)
+			}
 			h.mark(busy, time.Second)
 			time.Sleep(time.Second)
 		}

@@ -605,6 +605,26 @@ func fdDirty(f *os.File) (uint64, error) {
 // must stay within.
 func settleEvents() { time.Sleep(300 * time.Millisecond) }
 
+// waitListedFailed waits up to 45 s (bdi's verifyBound, and slack) for
+// `flusherd dirty` to list path as failed, and returns its line then (or
+// the last seen; "" when not listed).
+func waitListedFailed(t *testing.T, d *flusherdProc, path string) string {
+	t.Helper()
+	listed := ""
+	testwait.For(t, "the file reported as failed", 45*time.Second, func() bool {
+		var out, errb bytes.Buffer
+		Main([]string{"dirty", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb)
+		listed = ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.Contains(l, strconv.Quote(path)) {
+				listed = l
+			}
+		}
+		return strings.Contains(listed, " failed ")
+	})
+	return listed
+}
+
 func dirtyList(t *testing.T, d *flusherdProc) string {
 	t.Helper()
 	var b strings.Builder
@@ -741,18 +761,7 @@ expire = "200ms"
 			// kernel wrote the file first: FUSE's strict dirty limit)
 			// when the filesystem's error cursor is read, 30 s (bdi's
 			// verifyBound) after the attempt at the latest.
-			listed := ""
-			testwait.For(t, "the file reported as failed", 45*time.Second, func() bool {
-				var out, errb bytes.Buffer
-				Main([]string{"dirty", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb)
-				listed = ""
-				for _, l := range strings.Split(out.String(), "\n") {
-					if strings.Contains(l, strconv.Quote(p)) {
-						listed = l
-					}
-				}
-				return strings.Contains(listed, " failed ")
-			})
+			listed := waitListedFailed(t, d, p)
 			if !strings.Contains(listed, " failed ") || !strings.Contains(listed, unix.ErrnoName(errno)) {
 				t.Errorf("flusherd dirty: %q, want %s listed as failed with %s", listed, p, unix.ErrnoName(errno))
 			}
@@ -846,18 +855,7 @@ expire = "200ms"
 	// Reported when the filesystem's error cursor is read: at once if
 	// nothing else in the system is dirty, else 30 s (bdi's verifyBound)
 	// after the write.
-	listed := ""
-	testwait.For(t, "the file reported as failed", 45*time.Second, func() bool {
-		var out, errb bytes.Buffer
-		Main([]string{"dirty", "--top", "0", "--stats-dir", d.statsDir}, &out, &errb)
-		listed = ""
-		for _, l := range strings.Split(out.String(), "\n") {
-			if strings.Contains(l, strconv.Quote(p)) {
-				listed = l
-			}
-		}
-		return strings.Contains(listed, " failed ")
-	})
+	listed := waitListedFailed(t, d, p)
 	if !strings.Contains(listed, " failed ") {
 		t.Errorf("flusherd dirty: %q, want %s listed as failed", listed, p)
 	}
