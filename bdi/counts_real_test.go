@@ -176,8 +176,12 @@ func TestRealIntegrityCopy(t *testing.T) {
 		t.Errorf("BdiWritten grew by %d kB for %d kB copied: want within 10 %%", written, want)
 	}
 	batch, checks := op.syncfses.Load(), errs.Checks()
-	if batch+int64(checks) > 8 {
-		t.Errorf("%d batch syncfs and %d error checks (syncfs) for %d files, want a handful (at most 8)", batch, checks, n)
+	// A handful, not one per file (400): an error check is made once per
+	// batch in which the kernel wrote a file before flusherd, which it
+	// does more often while the machine has much dirty data (9 checks
+	// in a CI run with the other packages' tests beside it).
+	if batch+int64(checks) > 16 {
+		t.Errorf("%d batch syncfs and %d error checks (syncfs) for %d files, want a handful (at most 16)", batch, checks, n)
 	}
 	if len(wb.Failed()) != 0 || s.WritebackErrors != 0 {
 		t.Errorf("failed %v, writeback_errors %d; want none", wb.Failed(), s.WritebackErrors)
