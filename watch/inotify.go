@@ -29,7 +29,7 @@ import (
 // A directory is watched through a descriptor opened without following a
 // symlink in any component, never by its path.
 //
-// When fs.inotify.max_user_watches runs out (ENOSPC from
+// When the watch limit runs out (ENOSPC from
 // inotify_add_watch), the directories that could not be watched are logged
 // once, with the limit, and rescanned with cachestat every RescanInterval
 // (when their watch is tried again) until all are watched.
@@ -212,12 +212,38 @@ func (w *Watcher) logLimit() {
 	if !first {
 		return
 	}
-	max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
-	w.log.Error("out of inotify watches (fs.inotify.max_user_watches): some directories are not watched; "+
-		"they are rescanned with cachestat every rescan_interval. Raise the limit (sysctl fs.inotify.max_user_watches=N) "+
+	name, limit := watchLimit()
+	w.log.Error("out of inotify watches ("+name+"): some directories are not watched; "+
+		"they are rescanned with cachestat every rescan_interval. Raise the limit (sysctl "+name+"=N) "+
 		"or use the fanotify backend ([watcher] backend = \"fanotify\"), which needs no per-directory watch",
-		zap.String("max_user_watches", strings.TrimSpace(string(max))), zap.Int("unwatched_dirs", n),
+		zap.String("sysctl", name), zap.String("limit", limit), zap.Int("unwatched_dirs", n),
 		zap.Stringer("rescan_interval", w.interval))
+}
+
+// watchLimit names the inotify watch limit that applies to the daemon and
+// gives its value: fs.inotify.max_user_watches (the initial user
+// namespace's), or user.max_inotify_watches when the daemon's own user
+// namespace (a container's) sets a lower one. The value is "unknown" when
+// neither file can be read.
+func watchLimit() (sysctl, value string) {
+	read := func(p string) (string, int64, bool) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return "", 0, false
+		}
+		v := strings.TrimSpace(string(b))
+		n, err := strconv.ParseInt(v, 10, 64)
+		return v, n, err == nil
+	}
+	fsv, fsn, fsOK := read("/proc/sys/fs/inotify/max_user_watches")
+	nsv, nsn, nsOK := read("/proc/sys/user/max_inotify_watches")
+	switch {
+	case nsOK && (!fsOK || nsn < fsn):
+		return "user.max_inotify_watches", nsv
+	case fsOK:
+		return "fs.inotify.max_user_watches", fsv
+	}
+	return "fs.inotify.max_user_watches", "unknown"
 }
 
 // forget drops the watches of dir and of every directory below it, if dir
@@ -273,9 +299,9 @@ func (w *Watcher) watchRoot(root string) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, unix.ENOSPC):
-		max, _ := os.ReadFile("/proc/sys/fs/inotify/max_user_watches")
-		return fmt.Errorf("inotify_add_watch %s: out of inotify watches (fs.inotify.max_user_watches = %s); raise it or use the fanotify backend",
-			strconv.Quote(root), strings.TrimSpace(string(max)))
+		name, limit := watchLimit()
+		return fmt.Errorf("inotify_add_watch %s: out of inotify watches (%s = %s); raise it or use the fanotify backend",
+			strconv.Quote(root), name, limit)
 	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
 		return fmt.Errorf("%w: the daemon may not read the tree %s (inotify_add_watch: %v); give it read and search permission on the directory, or remove the tree",
 			ErrBackendRefused, strconv.Quote(root), err)

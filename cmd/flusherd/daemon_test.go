@@ -140,6 +140,10 @@ type daemonOpts struct {
 	// readySocket: wait for the control socket instead of readyLine (a
 	// log at --log-level warn does not say).
 	readySocket bool
+	// inotifyWatches, if set, runs the daemon in a user namespace of its
+	// own (root mapped to root) whose inotify watch limit
+	// (user.max_inotify_watches) is this many watches.
+	inotifyWatches int
 	// stderr, if set, is the daemon's standard error (a pipe whose
 	// reader the test closes) instead of the log; readySocket then
 	// applies.
@@ -173,6 +177,17 @@ func runDaemon(t *testing.T, configText string, o daemonOpts) *flusherdProc {
 		t.Fatal(err)
 	}
 	d.cmd = exec.Command(bin, append([]string{"run", "--config", d.cfgPath, "--stats-dir", d.statsDir}, o.args...)...)
+	if o.inotifyWatches > 0 {
+		// The namespace's limit is set from inside it, by a shell that
+		// then becomes the daemon.
+		d.cmd = exec.Command("/bin/sh", append([]string{"-c", `echo "$0" >/proc/sys/user/max_inotify_watches && exec "$@"`,
+			fmt.Sprint(o.inotifyWatches)}, d.cmd.Args...)...)
+		d.cmd.SysProcAttr = &syscall.SysProcAttr{
+			Cloneflags:  syscall.CLONE_NEWUSER,
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+		}
+	}
 	if o.cred != nil {
 		for _, p := range []string{dir, filepath.Dir(bin)} {
 			if err := makeSearchable(p); err != nil {

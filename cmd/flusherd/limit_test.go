@@ -11,27 +11,13 @@ import (
 	"flusherd/internal/testfs"
 )
 
-// inotifyWatchesInUse counts the inotify watches of every process, from
-// /proc/*/fdinfo ("inotify wd:" lines). The limit is per user; the tests
-// run as root, and so do most processes that hold watches.
-func inotifyWatchesInUse() int {
-	n := 0
-	fdinfos, _ := filepath.Glob("/proc/[0-9]*/fdinfo/*")
-	for _, p := range fdinfos {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		n += strings.Count(string(b), "inotify wd:")
-	}
-	return n
-}
-
 // treeOverWatchLimit mounts an ext4 with a tree of dirs directories
-// (tree/d00...) and sets fs.inotify.max_user_watches to spare above the
-// watches in use, so that the tree cannot be fully watched. restore gives
-// the limit back (also at cleanup).
-func treeOverWatchLimit(t *testing.T, dirs, spare int) (mnt *testfs.FS, tree string, limit int, restore func()) {
+// (tree/d00...) and gives the daemon options that run it in a user
+// namespace of its own whose inotify watch limit
+// (user.max_inotify_watches) is limit, so that the tree cannot be fully
+// watched. The limit is the namespace's alone: no other process's watches
+// count against it, and no other process is limited by it.
+func treeOverWatchLimit(t *testing.T, dirs, limit int) (mnt *testfs.FS, tree string, o daemonOpts) {
 	t.Helper()
 	mnt = testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128})
 	tree = filepath.Join(mnt.Dir, "tree")
@@ -40,12 +26,11 @@ func treeOverWatchLimit(t *testing.T, dirs, spare int) (mnt *testfs.FS, tree str
 			t.Fatal(err)
 		}
 	}
-	limit = inotifyWatchesInUse() + spare
-	return mnt, tree, limit, setSysctl(t, "/proc/sys/fs/inotify/max_user_watches", fmt.Sprint(limit))
+	return mnt, tree, daemonOpts{inotifyWatches: limit}
 }
 
-// TestInotifyWatchLimit: with fs.inotify.max_user_watches just above what
-// is in use, a tree of 60 directories cannot be fully watched. The daemon
+// TestInotifyWatchLimit: under an inotify watch limit of 20 (its user
+// namespace's), a tree of 61 directories cannot be fully watched. The daemon
 // logs one clear error naming the limit, its value, the unwatched count
 // and the fanotify backend; keeps serving the watched part; and finds the
 // files written in unwatched directories by its periodic rescans.
@@ -54,8 +39,9 @@ func TestInotifyWatchLimit(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	_, tree, limit, restore := treeOverWatchLimit(t, 60, 20)
-	d := startDaemon(t, fmt.Sprintf(`
+	const limit = 20
+	_, tree, o := treeOverWatchLimit(t, 60, limit)
+	d := runDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "200ms"
 dirty_expire_interval = "1s"
@@ -64,13 +50,9 @@ backend = "inotify"
 rescan_interval = "300ms"
 [[watch]]
 path = %q
-`, tree))
+`, tree), o)
 	log := d.log.String()
-	// Give the limit back to the rest of the machine: the daemon keeps
-	// what it has, and its rescans still try to add the missing watches,
-	// so look at the counts before anything else.
 	ws := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
-	restore()
 	t.Logf("limit %d; watch stats %v", limit, ws)
 	if ws["unwatched_dirs"] == 0 {
 		t.Fatalf("every directory was watched under a limit of %d", limit)
@@ -78,7 +60,7 @@ path = %q
 	if n := strings.Count(log, "out of inotify watches"); n != 1 {
 		t.Errorf("want one watch-limit error, got %d:\n%s", n, log)
 	}
-	for _, want := range []string{"fs.inotify.max_user_watches", fmt.Sprintf(`"max_user_watches": "%d"`, limit),
+	for _, want := range []string{"user.max_inotify_watches", fmt.Sprintf(`"limit": "%d"`, limit),
 		`"unwatched_dirs": `, "fanotify"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the watch-limit error lacks %q:\n%s", want, log)
@@ -111,9 +93,9 @@ func TestInotifyWatchLimitShutdown(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	mnt, tree, limit, restore := treeOverWatchLimit(t, 40, 10)
-	defer restore()
-	d := startDaemon(t, fmt.Sprintf(`
+	const limit = 10
+	mnt, tree, o := treeOverWatchLimit(t, 40, limit)
+	d := runDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "200ms"
 dirty_expire_interval = "1h"
@@ -122,7 +104,7 @@ backend = "inotify"
 rescan_interval = "1h"
 [[watch]]
 path = %q
-`, tree))
+`, tree), o)
 	ws := readStats(t, filepath.Join(d.statsDir, "watch", "stats"))
 	if ws["unwatched_dirs"] == 0 {
 		t.Fatalf("every directory was watched under a limit of %d", limit)
@@ -169,7 +151,6 @@ path = %q
 	control := filepath.Join(mnt.Dir, "control")
 	writeDirty(t, control, 8192)
 	d.stop(t)
-	restore()
 	if dp, wb, err := cachestat(control, 0, 0); err != nil {
 		t.Fatal(err)
 	} else {
