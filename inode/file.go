@@ -78,6 +78,15 @@ type OS struct{}
 // symlink swapped in after the path was checked is not followed. Errors are
 // *os.PathError wrapping the errno (ENOENT, ELOOP for a symlink, EACCES...).
 func (OS) Open(path string, key Key) (File, error) {
+	f, err := openOS(path, key)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// openOS is OS.Open.
+func openOS(path string, key Key) (*OSFile, error) {
 	pfd, err := OpenPath(path)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}

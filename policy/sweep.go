@@ -33,3 +33,35 @@ func Opens(n int, open, closed bool) int {
 	}
 	return n
 }
+
+// Writers is what a probe for writers of a file found (inode.HeldForWrite).
+type Writers int8
+
+const (
+	// WritersUnknown: the probe could not tell (no lease permitted, a
+	// filesystem without leases, a probe that did not return in time).
+	WritersUnknown Writers = iota
+	// WritersNone: no process holds the file open for writing or mapped
+	// shared and writable.
+	WritersNone
+	// WritersSome: some process does.
+	WritersSome
+)
+
+// OpenCountAfterProbe is an inotify open count n after a probe for the
+// file's writers, made because a close left the count at n (inotify
+// merges two like events in a row, so n may be off either way): keep
+// false lets the count go (the file is no candidate); settled says no
+// probe is needed until a writer's close (IN_CLOSE_WRITE). A writer found
+// keeps the file at a count of at least 1; none found lets it go, however
+// many readers the count says; an unknown outcome keeps a count above 0
+// as it is and lets 0 go.
+func OpenCountAfterProbe(n int32, w Writers) (keep bool, count int32, settled bool) {
+	switch {
+	case w == WritersSome:
+		return true, max(n, 1), true
+	case w == WritersNone, n <= 0:
+		return false, 0, false
+	}
+	return true, n, true
+}

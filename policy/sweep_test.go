@@ -42,3 +42,28 @@ func TestOpens(t *testing.T) {
 		}
 	}
 }
+
+func TestOpenCountAfterProbe(t *testing.T) {
+	for _, c := range []struct {
+		n        int32
+		w        Writers
+		keep     bool
+		count    int32
+		settled  bool
+		scenario string
+	}{
+		{0, WritersSome, true, 1, true, "two opens merged: the writer still holds it"},
+		{2, WritersSome, true, 2, true, "a writer and a reader"},
+		{1, WritersNone, false, 0, false, "two closes merged: nobody writes"},
+		{3, WritersNone, false, 0, false, "readers only"},
+		{0, WritersNone, false, 0, false, "closed"},
+		{2, WritersUnknown, true, 2, true, "no lease: the count is believed"},
+		{0, WritersUnknown, false, 0, false, "no lease: the count is believed"},
+	} {
+		keep, count, settled := OpenCountAfterProbe(c.n, c.w)
+		if keep != c.keep || count != c.count || settled != c.settled {
+			t.Errorf("%s: OpenCountAfterProbe(%d, %d) = %v, %d, %v; want %v, %d, %v",
+				c.scenario, c.n, c.w, keep, count, settled, c.keep, c.count, c.settled)
+		}
+	}
+}

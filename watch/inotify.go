@@ -589,7 +589,7 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	}
 	if ev.Has(opOpen) || ev.Has(opClose) {
 		w.openEvent(t, ev)
-		if ev.Op&^(opOpen|opClose) == 0 {
+		if ev.Op&^(opOpen|opClose|opCloseWrite) == 0 {
 			return
 		}
 	}

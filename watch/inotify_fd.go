@@ -17,13 +17,14 @@ import (
 type inotifyOp uint8
 
 const (
-	opCreate inotifyOp = 1 << iota // IN_CREATE, IN_MOVED_TO
-	opWrite                        // IN_MODIFY
-	opRemove                       // IN_DELETE, IN_DELETE_SELF
-	opRename                       // IN_MOVED_FROM, IN_MOVE_SELF
-	opChmod                        // IN_ATTRIB
-	opOpen                         // IN_OPEN (with opens)
-	opClose                        // IN_CLOSE_WRITE, IN_CLOSE_NOWRITE (with opens)
+	opCreate     inotifyOp = 1 << iota // IN_CREATE, IN_MOVED_TO
+	opWrite                            // IN_MODIFY
+	opRemove                           // IN_DELETE, IN_DELETE_SELF
+	opRename                           // IN_MOVED_FROM, IN_MOVE_SELF
+	opChmod                            // IN_ATTRIB
+	opOpen                             // IN_OPEN (with opens)
+	opClose                            // IN_CLOSE_WRITE, IN_CLOSE_NOWRITE (with opens)
+	opCloseWrite                       // IN_CLOSE_WRITE (with opClose)
 )
 
 // inotifyEvent is one event: the path of the watched directory, joined
@@ -289,6 +290,9 @@ func (in *inotifyFD) event(wd int32, mask uint32, name string) (inotifyEvent, bo
 		}
 		if mask&(unix.IN_CLOSE_WRITE|unix.IN_CLOSE_NOWRITE) != 0 {
 			ev.Op |= opClose
+		}
+		if mask&unix.IN_CLOSE_WRITE != 0 {
+			ev.Op |= opCloseWrite
 		}
 	}
 	if mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {

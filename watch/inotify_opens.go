@@ -2,10 +2,12 @@ package watch
 
 import (
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/policy"
 	"flusherd/tree"
 )
 
@@ -16,14 +18,33 @@ import (
 // report.
 const openGrace = 200 * time.Millisecond
 
+// probeWait is how long the inotify watcher waits for a probe for a
+// file's writers (inode.HeldForWrite) before it takes the outcome as
+// unknown: an open on a stalled FUSE mount may not return.
+const probeWait = 100 * time.Millisecond
+
 // openCount is a name's opens less its closes (IN_OPEN, IN_CLOSE_WRITE,
 // IN_CLOSE_NOWRITE), from when it rose from 0.
+//
+// inotify merges two like events in a row, so a count may be off: two
+// closes merged (two readers) leave it above 0 for ever, two opens merged
+// take it to 0 while a writer still holds the file. A close of a reported
+// name that leaves the count above 0, or takes it to 0, is therefore
+// checked by a probe for writers openGrace later
+// (policy.OpenCountAfterProbe). The probe runs on the watcher's goroutine
+// between two events, so an open after it comes as an event after it.
 type openCount struct {
 	n        int32
 	since    time.Time
 	tree     tree.Tree
 	reported bool      // an open report was sent, with key
 	key      inode.Key // the file's, once reported
+	// probeDue is when the count is checked by a probe (zero: not
+	// due). settled: a probe found a writer, or could not tell, since
+	// the last IN_CLOSE_WRITE: a close that leaves the count above 0
+	// needs no probe (the probe's own open and close are such).
+	probeDue time.Time
+	settled  bool
 }
 
 // inotifyOpens is the inotify watcher's open counts, by name; only Run's
@@ -37,6 +58,42 @@ type inotifyOpens struct {
 	moving map[uint32][]movedOpen
 	timer  *time.Timer
 	due    time.Time // when timer fires; zero: not armed
+	// probe looks for the writers of a file (probeWriters; tests
+	// replace it).
+	probe func(path string, key inode.Key) policy.Writers
+	// stuck is set while a probe that was given up on has not
+	// returned: no other is made until it does.
+	stuck atomic.Bool
+}
+
+// probeWriters is inotifyOpens.probe: inode.HeldForWrite, on a goroutine
+// of its own, waited for probeWait at most.
+func (o *inotifyOpens) probeWriters(path string, key inode.Key) policy.Writers {
+	if o.stuck.Load() {
+		return policy.WritersUnknown
+	}
+	out := make(chan policy.Writers, 1)
+	go func() {
+		held, err := inode.HeldForWrite(path, key)
+		switch {
+		case err != nil:
+			out <- policy.WritersUnknown
+		case held:
+			out <- policy.WritersSome
+		default:
+			out <- policy.WritersNone
+		}
+		o.stuck.Store(false)
+	}()
+	t := time.NewTimer(probeWait)
+	defer t.Stop()
+	select {
+	case w := <-out:
+		return w
+	case <-t.C:
+		o.stuck.Store(true)
+		return policy.WritersUnknown
+	}
 }
 
 // movedOpen is a count taken from under a renamed name: rel is the
@@ -94,10 +151,49 @@ func (w *Watcher) openEvent(t tree.Tree, ev inotifyEvent) {
 	}
 	if ev.Has(opClose) && c != nil {
 		c.n--
-		if c.n <= 0 {
+		if ev.Has(opCloseWrite) {
+			c.settled = false
+		}
+		switch {
+		case c.n <= 0 && !c.reported:
 			w.dropOpen(ev.Name, c)
+		case c.n <= 0 || !c.settled:
+			// A reported name closed, or an unreported one whose
+			// count may be high: checked by a probe.
+			c.n = max(c.n, 0)
+			if c.probeDue.IsZero() {
+				c.probeDue = time.Now().Add(openGrace)
+				w.opens.arm(c.probeDue)
+			}
 		}
 	}
+}
+
+// probeOpen checks the count c of name with a probe for its writers
+// (policy.OpenCountAfterProbe), and lets it go if the probe says so. It
+// reports whether the count is kept.
+func (w *Watcher) probeOpen(name string, c *openCount) bool {
+	c.probeDue = time.Time{}
+	key := c.key
+	if !c.reported {
+		k, regular, err := inode.Stat(name)
+		if err != nil || !regular {
+			delete(w.opens.names, name)
+			return false
+		}
+		key = k
+	}
+	probe := w.opens.probe
+	if probe == nil {
+		probe = w.opens.probeWriters
+	}
+	keep, n, settled := policy.OpenCountAfterProbe(c.n, probe(name, key))
+	if !keep {
+		w.dropOpen(name, c)
+		return false
+	}
+	c.n, c.settled = n, settled
+	return true
 }
 
 // dropOpen forgets name's count c, and reports it closed if it was
@@ -210,6 +306,15 @@ func (w *Watcher) reportOpens(now time.Time) {
 	var next time.Time
 	var reports []bdi.Open
 	for name, c := range w.opens.names {
+		if !c.probeDue.IsZero() {
+			if c.probeDue.After(now) {
+				if next.IsZero() || c.probeDue.Before(next) {
+					next = c.probeDue
+				}
+			} else if !w.probeOpen(name, c) {
+				continue
+			}
+		}
 		if c.reported {
 			continue
 		}

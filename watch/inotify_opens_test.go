@@ -9,6 +9,9 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/inode"
+	"flusherd/internal/faultfs"
+	"flusherd/internal/testwait"
+	"flusherd/policy"
 	"flusherd/tree"
 )
 
@@ -26,6 +29,7 @@ func TestInotifyOpens(t *testing.T) {
 		s := &openSink{}
 		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
 		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true})
+		w.opens.probe = func(string, inode.Key) policy.Writers { return policy.WritersUnknown }
 		file := func(name string) string {
 			p := filepath.Join(dir, name)
 			if err := os.WriteFile(p, nil, 0o644); err != nil {
@@ -71,6 +75,11 @@ func TestInotifyOpens(t *testing.T) {
 		s.opens = nil
 		ev(held, opClose)
 		ev(twice, opClose)
+		if len(s.opens) != 0 {
+			t.Errorf("closes reported before their probe: %+v", s.opens)
+		}
+		time.Sleep(openGrace)
+		w.reportOpens(time.Now())
 		closed := map[string]bool{}
 		for _, o := range s.opens {
 			if !o.Closed || o.Open || !o.Linger {
@@ -83,6 +92,8 @@ func TestInotifyOpens(t *testing.T) {
 		}
 		s.opens = nil
 		ev(twice, opClose)
+		time.Sleep(openGrace)
+		w.reportOpens(time.Now())
 		if len(s.opens) != 1 || s.opens[0].Path != twice || !s.opens[0].Closed {
 			t.Errorf("after the second close of twice: %+v", s.opens)
 		}
@@ -108,6 +119,7 @@ func TestInotifyOpensRenamed(t *testing.T) {
 		s := &openSink{}
 		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
 		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true})
+		w.opens.probe = func(string, inode.Key) policy.Writers { return policy.WritersUnknown }
 		sub := filepath.Join(dir, "sub")
 		if err := os.Mkdir(sub, 0o755); err != nil {
 			t.Fatal(err)
@@ -150,6 +162,8 @@ func TestInotifyOpensRenamed(t *testing.T) {
 		s.opens = nil
 		w.openEvent(tr, inotifyEvent{Name: a2, Op: opClose})
 		w.openEvent(tr, inotifyEvent{Name: filepath.Join(sub2, "b"), Op: opClose})
+		time.Sleep(openGrace)
+		w.reportOpens(time.Now())
 		if len(s.opens) != 2 || !s.opens[0].Closed || !s.opens[1].Closed {
 			t.Errorf("closes under the new names: %+v, want both closed", s.opens)
 		}
@@ -157,4 +171,123 @@ func TestInotifyOpensRenamed(t *testing.T) {
 			t.Errorf("%d counts left", n)
 		}
 	})
+}
+
+// TestInotifyOpensProbed: counts that inotify's merged events leave wrong
+// are checked by a probe for writers openGrace after a close. Two closes
+// merged (a count left above 0) with no writer: reported closed. Two
+// opens merged (a count taken to 0) with a writer holding the file: kept,
+// and let go after the writer's close. A probe that found a writer is not
+// made again at a reader's close (the probe's own open and close are
+// such), only after an IN_CLOSE_WRITE. With real descriptors, the real
+// probe (a read lease) tells a writer from a reader.
+func TestInotifyOpensProbed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		tr := tree.Tree{Root: dir, Recursive: true, Expire: time.Minute}
+		s := &openSink{}
+		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
+		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true})
+		probes := map[string]int{}
+		w.opens.probe = func(p string, k inode.Key) policy.Writers {
+			probes[p]++
+			return w.opens.probeWriters(p, k)
+		}
+		readers, writer := filepath.Join(dir, "readers"), filepath.Join(dir, "writer")
+		for _, p := range []string{readers, writer} {
+			if err := os.WriteFile(p, make([]byte, 4096), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ev := func(name string, op inotifyOp) { w.handle(inotifyEvent{Name: name, Op: op}) }
+		settle := func() {
+			time.Sleep(openGrace)
+			w.reportOpens(time.Now())
+		}
+		wf, err := os.OpenFile(writer, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wf.Close()
+		if held, err := inode.HeldForWrite(writer, inode.Key{}); err != nil || !held {
+			t.Skipf("no read leases here (HeldForWrite %v, %v)", held, err)
+		}
+		ev(readers, opOpen)
+		ev(readers, opOpen)
+		ev(writer, opOpen) // with a reader's open, merged
+		settle()
+		if len(s.opens) != 2 {
+			t.Fatalf("reports %+v, want both open", s.opens)
+		}
+		s.opens = nil
+		ev(readers, opClose) // one of two merged closes
+		ev(writer, opClose)  // the reader's close
+		settle()
+		if len(s.opens) != 1 || s.opens[0].Path != readers || !s.opens[0].Closed {
+			t.Errorf("after the probes: %+v, want readers closed and writer kept", s.opens)
+		}
+		if c := w.opens.names[writer]; c == nil || c.n != 1 || !c.settled {
+			t.Fatalf("writer's count %+v, want 1, settled", c)
+		}
+		s.opens = nil
+		// The probe's own open and close, and another reader's: no
+		// probe, the writer being known.
+		before := probes[writer]
+		ev(writer, opOpen)
+		ev(writer, opClose)
+		settle()
+		if probes[writer] != before || len(s.opens) != 0 {
+			t.Errorf("a reader's close after a writer was found: %d probes more, reports %+v", probes[writer]-before, s.opens)
+		}
+		// The writer's close: probed, and let go.
+		if err := wf.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ev(writer, opClose|opCloseWrite)
+		settle()
+		if len(s.opens) != 1 || s.opens[0].Path != writer || !s.opens[0].Closed {
+			t.Errorf("after the writer's close: %+v, want writer closed", s.opens)
+		}
+		if n := len(w.opens.names); n != 0 {
+			t.Errorf("%d counts left", n)
+		}
+	})
+}
+
+// TestInotifyProbeStalled: a probe whose open stalls (a FUSE server that
+// does not answer OPEN for 2 s) is given up after probeWait, as unknown;
+// until it returns, the next probe is not made and answers unknown at
+// once; once it has returned, probes are made again.
+func TestInotifyProbeStalled(t *testing.T) {
+	fs := faultfs.MountT(t)
+	p := filepath.Join(fs.Dir, "f")
+	if err := os.WriteFile(p, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := inode.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o inotifyOpens
+	const delay = 2 * time.Second
+	fs.Set(faultfs.Faults{OpenDelay: delay})
+	began := time.Now()
+	if got := o.probeWriters(p, key); got != policy.WritersUnknown {
+		t.Errorf("a stalled probe: %v, want unknown", got)
+	}
+	if took := time.Since(began); took > probeWait+delay/4 {
+		t.Errorf("a stalled probe took %v, want about %v", took, probeWait)
+	}
+	opens := fs.Count("open")
+	if got := o.probeWriters(p, key); got != policy.WritersUnknown || fs.Count("open") != opens {
+		t.Errorf("a probe while one is stalled: %v and %d opens more, want unknown and none", got, fs.Count("open")-opens)
+	}
+	fs.Set(faultfs.Faults{})
+	if !testwait.Poll(2*delay, func() bool { return !o.stuck.Load() }) {
+		t.Fatal("the stalled probe never returned")
+	}
+	o.probeWriters(p, key)
+	if fs.Count("open") == opens {
+		t.Errorf("no probe made after the stalled one returned")
+	}
 }

@@ -261,3 +261,122 @@ expire = "1s"
 		t.Errorf("no debug line names a file found by the sweep")
 	}
 }
+
+const (
+	// closesMerged opens argv[1] twice, with an open of argv[2]
+	// between (so that the two opens are not merged), holds them past
+	// the inotify watcher's grace, then closes the two descriptors of
+	// argv[1] back to back (their IN_CLOSE_NOWRITE events merge into
+	// one), and argv[2] after; then it sleeps, holding nothing.
+	closesMerged = `
+import os, sys, time
+a = os.open(sys.argv[1], os.O_RDONLY)
+g = os.open(sys.argv[2], os.O_RDONLY)
+b = os.open(sys.argv[1], os.O_RDONLY)
+time.sleep(0.6)
+os.close(a); os.close(b)
+time.sleep(0.3)
+os.close(g)
+print("written", flush=True)
+time.sleep(20)
+`
+	// opensMerged opens argv[1] for reading and for writing back to
+	// back (their IN_OPEN events merge into one), maps it shared from
+	// the second, closes both descriptors after the grace (the reader's
+	// first), then writes 4 KiB into the mapping every 100 ms for 3 s
+	// and holds the mapping 8 s more.
+	opensMerged = `
+import mmap, os, sys, time
+path = sys.argv[1]
+r = os.open(path, os.O_RDONLY)
+w = os.open(path, os.O_RDWR)
+m = mmap.mmap(w, 8 << 20, mmap.MAP_SHARED)
+time.sleep(0.6)
+os.close(r)
+os.close(w)
+time.sleep(1)
+for i in range(30):
+    m[i*4096*10:i*4096*10+4096] = b"x"*4096
+    time.sleep(0.1)
+print("written", flush=True)
+time.sleep(8)
+m.close()
+`
+)
+
+// TestSweepMergedEvents: inotify merges two like events of one file in a
+// row, so its open counts can be wrong. Two closes merged: the file, open
+// for reading only and then closed, is no candidate of the sweep after the
+// watcher's probe and the sweep's next look (2 s). Two opens merged, a
+// reader's and a writer's, and the reader's close taking the count to 0:
+// the file, still mapped by the writer, stays a candidate, and data
+// written through the mapping afterwards is clean within the bound of
+// TestSweepWritesWithoutEvents while the writer holds it.
+func TestSweepMergedEvents(t *testing.T) {
+	testfs.SkipShort(t, "the daemon on loop-mounted ext4, with writers running for 10 s")
+	const bound = time.Second + 500*time.Millisecond + 500*time.Millisecond + time.Second
+	py := python(t, "mmap", "python3")
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128})
+	root := filepath.Join(mnt.Dir, "data")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := runDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+[watcher]
+backend = "inotify"
+[[watch]]
+path = %q
+expire = "1s"
+`, root), daemonOpts{})
+	candidates := func() int {
+		t.Helper()
+		data, err := os.ReadFile(d.devStats(mnt.MajMin))
+		if err != nil {
+			return -1 // no device yet
+		}
+		st, err := bdi.ParseStats(data, os.Getpagesize())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.SweepCandidates
+	}
+	t.Run("closes-merged", func(t *testing.T) {
+		f, g := filepath.Join(root, "read-twice"), filepath.Join(root, "other")
+		for _, p := range []string{f, g} {
+			if err := os.WriteFile(p, make([]byte, 8192), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, _ := startWriter(t, exec.Command(py, "-c", closesMerged, f, g))
+		n := -1
+		if !testwait.Poll(2*time.Second, func() bool { n = candidates(); return n == 0 }) {
+			t.Errorf("%d sweep candidates 2 s after every descriptor was closed, want 0", n)
+		}
+		if !r.alive() {
+			t.Fatal("the reader exited: its exit, not the probe, may have ended the count")
+		}
+	})
+	t.Run("opens-merged", func(t *testing.T) {
+		p := filepath.Join(root, "mapped")
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, 8<<20); err != nil {
+			t.Fatal(err)
+		}
+		w, last := startWriter(t, exec.Command(py, "-c", opensMerged, p))
+		var dirty, wb uint64
+		var err error
+		if !testwait.Poll(time.Until(last.Add(bound)), func() bool {
+			dirty, wb, err = cachestat(p, 0, 0)
+			return err == nil && dirty == 0 && wb == 0
+		}) {
+			t.Fatalf("%s: %d dirty, %d writeback pages (%v) past the bound (%v after the last write)", p, dirty, wb, err, bound)
+		}
+		if !w.alive() {
+			t.Fatal("the writer ended before its file was clean (its close would have reported it)")
+		}
+	})
+}
