@@ -320,12 +320,28 @@ func TestUnderSystemd(t *testing.T) {
 		tr := h.trace()
 		h.must(h.sh("mkdir -p /srv/data/newdir && head -c 100000 /dev/urandom > /srv/data/newdir/p1"))
 		h.waitClean("/srv/data/newdir/p1", bound)
+		// A file read through two descriptors (an open of another file
+		// between their opens) whose closes come back to back, merged
+		// into one inotify event: the probe for writers (a read lease)
+		// lets it go as a candidate of the sweep under the sandbox.
+		const candidates = "flusherd stats | awk '/^sweep_candidates:/ {n += $2} END {print n + 0}'"
+		held, err := h.sh("echo r > /srv/data/newdir/r2 && echo o > /srv/data/newdir/o2 && " +
+			"(exec 3</srv/data/newdir/r2; exec 4</srv/data/newdir/o2; exec 5</srv/data/newdir/r2; sleep 1.5; exec 3<&- 5<&-; exec 4<&-) & " +
+			"sleep 1; " + candidates + "; wait")
+		if err != nil || strings.TrimSpace(held) != "2" {
+			t.Errorf("sweep candidates while the two files are held: %q (%v), want 2", held, err)
+		}
+		h.waitFor("no sweep candidate left (flusherd stats)", 5*time.Second, func() bool {
+			out, _ := h.sh(candidates)
+			return strings.TrimSpace(out) == "0"
+		})
 		calls := tr.stop()
 		calls.require(t, []syscallClass{
 			{"inotify", "inotify_add_watch", ""},
 			{"path opens (reopen of the O_PATH descriptor)", "openat", "/proc/self/fd/"},
 			{"cachestat", "cachestat", ""},
 			{"sync_file_range", "sync_file_range", ""},
+			{"the probe for writers", "fcntl", "F_SETLEASE, F_RDLCK"},
 		})
 		if n := calls.ok("open_by_handle_at", ""); n != 0 {
 			t.Errorf("%d opens by handle without CAP_DAC_READ_SEARCH", n)
