@@ -115,6 +115,7 @@ func BenchmarkCheckNames(b *testing.B) {
 	if len(wbs) != 1 {
 		b.Fatalf("%d devices", len(wbs))
 	}
+	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
 		if m := wbs[0].CheckNames(dir); m != 0 {

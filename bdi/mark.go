@@ -3,6 +3,7 @@ package bdi
 import (
 	"errors"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -63,30 +64,38 @@ func (wb *Writeback) NameUnlinked(key inode.Key, path string) bool {
 // seen). Any other error tells nothing: the file stays as it is. Each
 // directory is opened once (inode.OpenPath, O_PATH, no symlink followed)
 // and its files looked at by name in it. The list lock is held while the
-// names are gathered (as for a sync request, Refs), not during the system
-// calls. It returns the number of files requeued.
+// names are gathered, not during the system calls. It returns the number
+// of files requeued.
 func (wb *Writeback) CheckNames(root string) int {
-	refs := wb.Refs(root)
-	byDir := map[string][]int{}
-	for i, ref := range refs {
-		dir := filepath.Dir(ref.Path)
-		byDir[dir] = append(byDir[dir], i)
+	// By directory, each file's key and last component: no path is
+	// built (a million tracked files cost 32 bytes each here).
+	type named struct {
+		key  inode.Key
+		name string
 	}
+	root = strings.TrimSuffix(root, "/")
+	byDir := map[string][]named{}
+	wb.mu.Lock()
+	for in := range wb.inodes.All {
+		if name := in.Name(); name != "" && (root == "" || in.InDir(root)) {
+			byDir[in.Dir()] = append(byDir[in.Dir()], named{in.Key, name})
+		}
+	}
+	wb.mu.Unlock()
 	n := 0
-	for dir, idx := range byDir {
+	for dir, files := range byDir {
 		dfd, derr := inode.OpenPath(dir)
-		for _, i := range idx {
-			ref := refs[i]
+		for _, f := range files {
 			gone := false
 			switch {
 			case derr == nil:
 				var st unix.Stat_t
-				err := unix.Fstatat(dfd, filepath.Base(ref.Path), &st, unix.AT_SYMLINK_NOFOLLOW)
-				gone = errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || (err == nil && (inode.Key{Dev: st.Dev, Ino: st.Ino}) != ref.Key)
+				err := unix.Fstatat(dfd, f.name, &st, unix.AT_SYMLINK_NOFOLLOW)
+				gone = errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || (err == nil && (inode.Key{Dev: st.Dev, Ino: st.Ino}) != f.key)
 			default:
 				gone = errors.Is(derr, unix.ENOENT) || errors.Is(derr, unix.ENOTDIR) || errors.Is(derr, unix.ELOOP)
 			}
-			if gone && wb.NameUnlinked(ref.Key, ref.Path) {
+			if gone && wb.NameUnlinked(f.key, filepath.Join(dir, f.name)) {
 				n++
 			}
 		}

@@ -236,6 +236,10 @@ func (in *Inode) SetPath(path string) {
 // without building the path.
 func (in *Inode) Dir() string { return in.dir.Value() }
 
+// Name returns the last component of the inode's path ("" when it has
+// none), without building the path.
+func (in *Inode) Name() string { return in.name() }
+
 // InDir reports whether the inode's path is below the directory dir (an
 // absolute path without a trailing slash), without building the path.
 func (in *Inode) InDir(dir string) bool {
