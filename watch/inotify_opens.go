@@ -291,11 +291,20 @@ func (w *Watcher) endMoves() {
 	}
 }
 
-// dropOpens forgets every count (events were lost).
+// dropOpens drops every count (events were lost): a name not reported
+// yet is forgotten; a reported one is checked by a probe for writers at
+// once, which keeps it if a writer holds the file and lets it go
+// otherwise (policy.OpenCountAfterProbe at a count of 0).
 func (w *Watcher) dropOpens() {
+	now := time.Now()
 	for name, c := range w.opens.names {
-		w.dropOpen(name, c)
+		if !c.reported {
+			w.dropOpen(name, c)
+			continue
+		}
+		c.n, c.settled, c.probeDue = 0, false, now
 	}
+	w.opens.arm(now)
 }
 
 // reportOpens reports the names open for openGrace by now as open (a

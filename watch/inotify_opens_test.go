@@ -179,7 +179,8 @@ func TestInotifyOpensRenamed(t *testing.T) {
 // opens merged (a count taken to 0) with a writer holding the file: kept,
 // and let go after the writer's close. A probe that found a writer is not
 // made again at a reader's close (the probe's own open and close are
-// such), only after an IN_CLOSE_WRITE. With real descriptors, the real
+// such), only after an IN_CLOSE_WRITE. Events lost: every reported count
+// is checked at once. With real descriptors, the real
 // probe (a read lease) tells a writer from a reader.
 func TestInotifyOpensProbed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -239,6 +240,24 @@ func TestInotifyOpensProbed(t *testing.T) {
 		if probes[writer] != before || len(s.opens) != 0 {
 			t.Errorf("a reader's close after a writer was found: %d probes more, reports %+v", probes[writer]-before, s.opens)
 		}
+		// Events lost (an overflow): every count is dropped and
+		// checked; the writer's file is kept, the other let go.
+		other := filepath.Join(dir, "other")
+		if err := os.WriteFile(other, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ev(other, opOpen)
+		settle()
+		s.opens = nil
+		w.dropOpens()
+		settle()
+		if len(s.opens) != 1 || s.opens[0].Path != other || !s.opens[0].Closed {
+			t.Errorf("after events were lost: %+v, want other closed and writer kept", s.opens)
+		}
+		if c := w.opens.names[writer]; c == nil || c.n != 1 {
+			t.Fatalf("writer's count after events were lost: %+v, want 1", c)
+		}
+		s.opens = nil
 		// The writer's close: probed, and let go.
 		if err := wf.Close(); err != nil {
 			t.Fatal(err)
