@@ -1,9 +1,13 @@
 package watch
 
 import (
+	"errors"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"flusherd/bdi"
 	"flusherd/inode"
@@ -64,6 +68,11 @@ type inotifyOpens struct {
 	// stuck is set while a probe that was given up on has not
 	// returned: no other is made until it does.
 	stuck atomic.Bool
+	// refused holds the first error that refused a probe (no
+	// CAP_LEASE on another user's file, a filesystem without leases),
+	// until it is logged (refusalLogged).
+	refused       atomic.Pointer[error]
+	refusalLogged bool
 }
 
 // probeWriters is inotifyOpens.probe: inode.HeldForWrite, on a goroutine
@@ -77,6 +86,9 @@ func (o *inotifyOpens) probeWriters(path string, key inode.Key) policy.Writers {
 		held, err := inode.HeldForWrite(path, key)
 		switch {
 		case err != nil:
+			if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EINVAL) {
+				o.refused.CompareAndSwap(nil, &err)
+			}
 			out <- policy.WritersUnknown
 		case held:
 			out <- policy.WritersSome
@@ -188,6 +200,11 @@ func (w *Watcher) probeOpen(name string, c *openCount) bool {
 		probe = w.opens.probeWriters
 	}
 	keep, n, settled := policy.OpenCountAfterProbe(c.n, probe(name, key))
+	if err := w.opens.refused.Load(); err != nil && !w.opens.refusalLogged {
+		w.opens.refusalLogged = true
+		w.log.Info("the probe for writers of files kept open (a read lease) is refused; their open counts are believed, and a file whose closes inotify merged stays a sweep candidate until it is deleted. "+
+			"The daemon needs to own the files or to have CAP_LEASE", zap.Error(*err))
+	}
 	if !keep {
 		w.dropOpen(name, c)
 		return false

@@ -7,6 +7,10 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
+
 	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/internal/faultfs"
@@ -309,4 +313,48 @@ func TestInotifyProbeStalled(t *testing.T) {
 	if fs.Count("open") == opens {
 		t.Errorf("no probe made after the stalled one returned")
 	}
+}
+
+// TestInotifyProbeRefused: a probe refused (EACCES: another user's file
+// and no CAP_LEASE) leaves the count believed, and is logged once, at the
+// first refusal, naming CAP_LEASE.
+func TestInotifyProbeRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		tr := tree.Tree{Root: dir, Recursive: true, Expire: time.Minute}
+		s := &openSink{}
+		core, logs := observer.New(zap.InfoLevel)
+		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
+		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true, Log: zap.New(core)})
+		w.opens.probe = func(string, inode.Key) policy.Writers {
+			err := error(&os.PathError{Op: "fcntl F_SETLEASE", Path: "f", Err: unix.EACCES})
+			w.opens.refused.CompareAndSwap(nil, &err)
+			return policy.WritersUnknown
+		}
+		var files []string
+		for _, n := range []string{"a", "b"} {
+			p := filepath.Join(dir, n)
+			if err := os.WriteFile(p, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			files = append(files, p)
+			w.handle(inotifyEvent{Name: p, Op: opOpen})
+			w.handle(inotifyEvent{Name: p, Op: opOpen})
+		}
+		time.Sleep(openGrace)
+		w.reportOpens(time.Now())
+		s.opens = nil
+		for _, p := range files {
+			w.handle(inotifyEvent{Name: p, Op: opClose})
+		}
+		time.Sleep(openGrace)
+		w.reportOpens(time.Now())
+		if len(s.opens) != 0 {
+			t.Errorf("reports %+v after a refused probe, want the counts (1 each) believed", s.opens)
+		}
+		msgs := logs.FilterMessageSnippet("CAP_LEASE").All()
+		if len(msgs) != 1 {
+			t.Errorf("%d log lines name CAP_LEASE, want 1: %+v", len(msgs), logs.All())
+		}
+	})
 }
