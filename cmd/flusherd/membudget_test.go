@@ -158,13 +158,13 @@ expire = "1h"
 	writeHeld(t, filepath.Join(ffs.Dir, "c"), 8192)
 	s := statsWhen(t, stats, 10*time.Second, func(s map[string]int64) bool { return s["syncfs_errors"] > 0 })
 	// KNOWN RACE: the attempts that make room write the two tracked
-	// files' back and, finding them clean, read the filesystem's error
-	// cursor with a syncfs of their own. When that syncfs is the one
-	// that writes the third file and meets the fault, the error is laid
-	// on the two tracked files ("data lost ... or may have been") and the
-	// pass, whose descriptor is opened after it, sees none. The loss is
-	// still reported and counted at the stop, but not as the pass's; the
-	// stricter checks apply only when the pass saw it.
+	// files back (their writes fail too: the fault is the whole
+	// filesystem's). When the third file's failed write is made before
+	// the pass's syncfs (by another syncfs of the daemon's), its pages
+	// are dropped and the pass, its descriptor opened after the error,
+	// sees none. The loss is still logged and counted at the stop, but
+	// not as the pass's; the stricter checks apply only when the pass
+	// saw it.
 	passSaw := s["syncfs_errors"] > 0
 	if s["untracked_reports"] == 0 {
 		t.Fatalf("untracked_reports %d: want it positive", s["untracked_reports"])
