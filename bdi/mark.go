@@ -78,7 +78,8 @@ func (wb *Writeback) CheckNames(root string) int {
 	wb.mu.Lock()
 	for in := range wb.inodes.All {
 		if name := in.Name(); name != "" && (root == "" || in.InDir(root)) {
-			byDir[in.Dir()] = append(byDir[in.Dir()], named{in.Key, name})
+			dir := in.Dir()
+			byDir[dir] = append(byDir[dir], named{in.Key, name})
 		}
 	}
 	wb.mu.Unlock()

@@ -14,14 +14,7 @@ import (
 // for writing, or a shared writable mapping made from one and outliving
 // it, exists; not while only readers hold it, nor once all are gone.
 func TestHeldForWrite(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "f")
-	if err := os.WriteFile(p, make([]byte, 8192), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	key, _, err := Stat(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, key := leaseFile(t)
 	want := func(step string, held bool) {
 		t.Helper()
 		got, err := HeldForWrite(p, key)
@@ -63,14 +56,7 @@ func TestHeldForWrite(t *testing.T) {
 // BenchmarkHeldForWrite: a probe for writers (open, F_SETLEASE twice,
 // close), side by side with the sweep's look (open, cachestat, close).
 func BenchmarkHeldForWrite(b *testing.B) {
-	p := filepath.Join(b.TempDir(), "f")
-	if err := os.WriteFile(p, make([]byte, 8192), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	key, _, err := Stat(p)
-	if err != nil {
-		b.Fatal(err)
-	}
+	p, key := leaseFile(b)
 	b.Run("probe", func(b *testing.B) {
 		for b.Loop() {
 			if _, err := HeldForWrite(p, key); err != nil {
@@ -90,4 +76,19 @@ func BenchmarkHeldForWrite(b *testing.B) {
 			f.Close()
 		}
 	})
+}
+
+// leaseFile makes an 8 KiB file in a temporary directory and returns its
+// path and key.
+func leaseFile(tb testing.TB) (string, Key) {
+	tb.Helper()
+	p := filepath.Join(tb.TempDir(), "f")
+	if err := os.WriteFile(p, make([]byte, 8192), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	key, _, err := Stat(p)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p, key
 }

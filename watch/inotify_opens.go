@@ -42,7 +42,7 @@ type openCount struct {
 	since    time.Time
 	tree     tree.Tree
 	reported bool      // an open report was sent, with key
-	key      inode.Key // the file's, once reported
+	key      inode.Key // the file's, once reported or probed
 	// probeDue is when the count is checked by a probe (zero: not
 	// due). settled: a probe found a writer, or could not tell, since
 	// the last IN_CLOSE_WRITE: a close that leaves the count above 0
@@ -194,6 +194,7 @@ func (w *Watcher) probeOpen(name string, c *openCount) bool {
 			return false
 		}
 		key = k
+		c.key = k // (reported by the caller at once: its grace is over)
 	}
 	probe := w.opens.probe
 	if probe == nil {
@@ -350,10 +351,14 @@ func (w *Watcher) reportOpens(now time.Time) {
 			}
 			continue
 		}
-		key, regular, err := inode.Stat(name)
-		if err != nil || !regular {
-			delete(w.opens.names, name)
-			continue
+		key := c.key // (looked at by a probe just now)
+		if key == (inode.Key{}) {
+			k, regular, err := inode.Stat(name)
+			if err != nil || !regular {
+				delete(w.opens.names, name)
+				continue
+			}
+			key = k
 		}
 		c.reported, c.key = true, key
 		reports = append(reports, bdi.Open{Path: name, Key: key, Tree: c.tree, Open: true, Linger: true})

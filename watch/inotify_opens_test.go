@@ -31,8 +31,7 @@ func TestInotifyOpens(t *testing.T) {
 		dir := t.TempDir()
 		tr := tree.Tree{Root: dir, Recursive: true, Expire: time.Minute}
 		s := &openSink{}
-		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
-		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true})
+		w := opensWatcher(tr, s, Options{Opens: true})
 		w.opens.probe = func(string, inode.Key) policy.Writers { return policy.WritersUnknown }
 		file := func(name string) string {
 			p := filepath.Join(dir, name)
@@ -121,8 +120,7 @@ func TestInotifyOpensRenamed(t *testing.T) {
 		dir := t.TempDir()
 		tr := tree.Tree{Root: dir, Recursive: true, Expire: time.Minute}
 		s := &openSink{}
-		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
-		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true})
+		w := opensWatcher(tr, s, Options{Opens: true})
 		w.opens.probe = func(string, inode.Key) policy.Writers { return policy.WritersUnknown }
 		sub := filepath.Join(dir, "sub")
 		if err := os.Mkdir(sub, 0o755); err != nil {
@@ -191,8 +189,7 @@ func TestInotifyOpensProbed(t *testing.T) {
 		dir := t.TempDir()
 		tr := tree.Tree{Root: dir, Recursive: true, Expire: time.Minute}
 		s := &openSink{}
-		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
-		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true})
+		w := opensWatcher(tr, s, Options{Opens: true})
 		probes := map[string]int{}
 		w.opens.probe = func(p string, k inode.Key) policy.Writers {
 			probes[p]++
@@ -324,8 +321,7 @@ func TestInotifyProbeRefused(t *testing.T) {
 		tr := tree.Tree{Root: dir, Recursive: true, Expire: time.Minute}
 		s := &openSink{}
 		core, logs := observer.New(zap.InfoLevel)
-		w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
-		w.init([]tree.Tree{tr}, sinkOf(s), Options{Opens: true, Log: zap.New(core)})
+		w := opensWatcher(tr, s, Options{Opens: true, Log: zap.New(core)})
 		w.opens.probe = func(string, inode.Key) policy.Writers {
 			err := error(&os.PathError{Op: "fcntl F_SETLEASE", Path: "f", Err: unix.EACCES})
 			w.opens.refused.CompareAndSwap(nil, &err)
@@ -357,4 +353,12 @@ func TestInotifyProbeRefused(t *testing.T) {
 			t.Errorf("%d log lines name CAP_LEASE, want 1: %+v", len(msgs), logs.All())
 		}
 	})
+}
+
+// opensWatcher is an inotify Watcher, never started, of tree tr with
+// opts (Opens: true for these tests), reporting to s.
+func opensWatcher(tr tree.Tree, s *openSink, opts Options) *Watcher {
+	w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, looked: map[string]bool{}}
+	w.init([]tree.Tree{tr}, sinkOf(s), opts)
+	return w
 }

@@ -124,6 +124,54 @@ func startWriter(t *testing.T, cmd *exec.Cmd) (*proc, time.Time) {
 	return p, time.Now()
 }
 
+// sweepBound is how soon data written with no event is clean under
+// sweepDaemon's configuration: expire (1 s) + sweep interval (auto: 500 ms)
+// + the slack of a kupdate period (500 ms) and of the check (1 s).
+const sweepBound = time.Second + 500*time.Millisecond + 500*time.Millisecond + time.Second
+
+// sweepDaemon mounts an ext4 of sizeMB and runs flusherd with backend on
+// its directory data (expire 1 s, interval 500 ms), with args added to
+// run's.
+func sweepDaemon(t *testing.T, backend string, sizeMB int, args ...string) (*testfs.FS, string, *flusherdProc) {
+	t.Helper()
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: sizeMB})
+	root := filepath.Join(mnt.Dir, "data")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := runDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "500ms"
+[watcher]
+backend = %q
+[[watch]]
+path = %q
+expire = "1s"
+`, backend, root), daemonOpts{args: args})
+	return mnt, root, d
+}
+
+// cleanWhileHeld waits until path has no dirty or writeback page, by
+// sweepBound after last (its writer's last write), and fails the test
+// if it does not, or if the writer ended first (its close would have
+// reported the file).
+func cleanWhileHeld(t *testing.T, path string, writer *proc, last time.Time) {
+	t.Helper()
+	var dirty, wb uint64
+	var err error
+	ok := testwait.Poll(time.Until(last.Add(sweepBound)), func() bool {
+		dirty, wb, err = cachestat(path, 0, 0)
+		return err == nil && dirty == 0 && wb == 0
+	})
+	if !ok {
+		t.Fatalf("%s: %d dirty, %d writeback pages (%v) past the bound (expire + sweep_interval + slack, %v after the last write)",
+			path, dirty, wb, err, sweepBound)
+	}
+	if !writer.alive() {
+		t.Fatalf("the writer of %s ended before its file was clean (its close would have reported it)", path)
+	}
+}
+
 // TestSweepWritesWithoutEvents: data written with no event (through a
 // shared mapping, its descriptor kept open or closed after the mmap; LMDB
 // with writemap; Linux AIO, buffered) to a file a process holds open or
@@ -141,51 +189,18 @@ func TestSweepWritesWithoutEvents(t *testing.T) {
 }
 
 func sweepWritesWithoutEvents(t *testing.T, backend string) {
-	const bound = time.Second + 500*time.Millisecond + 500*time.Millisecond + time.Second
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 256})
-	root := filepath.Join(mnt.Dir, "data")
-	if err := os.Mkdir(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	d := runDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "500ms"
-[watcher]
-backend = %q
-[[watch]]
-path = %q
-expire = "1s"
-`, backend, root), daemonOpts{args: []string{"--log-level", "debug"}})
-
-	// clean waits until path has no dirty or writeback page, by the
-	// deadline, while the writer holds it.
-	clean := func(t *testing.T, path string, writer *proc, deadline time.Time) {
-		t.Helper()
-		var dirty, wb uint64
-		var err error
-		ok := testwait.Poll(time.Until(deadline), func() bool {
-			dirty, wb, err = cachestat(path, 0, 0)
-			return err == nil && dirty == 0 && wb == 0
-		})
-		if !ok {
-			t.Fatalf("%s: %d dirty, %d writeback pages (%v) past the bound (expire + sweep_interval + slack, %v after the last write)",
-				path, dirty, wb, err, bound)
-		}
-		if !writer.alive() {
-			t.Fatalf("the writer of %s ended before its file was clean (its close would have reported it)", path)
-		}
-	}
+	mnt, root, d := sweepDaemon(t, backend, 256, "--log-level", "debug")
 	t.Run("mmap-fd-open", func(t *testing.T) {
 		py := python(t, "mmap", "python3")
 		p := filepath.Join(root, "mapped-open")
 		w, last := startWriter(t, exec.Command(py, "-c", mmapWriter, p, "open"))
-		clean(t, p, w, last.Add(bound))
+		cleanWhileHeld(t, p, w, last)
 	})
 	t.Run("mmap-fd-closed", func(t *testing.T) {
 		py := python(t, "mmap", "python3")
 		p := filepath.Join(root, "mapped-closed")
 		w, last := startWriter(t, exec.Command(py, "-c", mmapWriter, p, "closed"))
-		clean(t, p, w, last.Add(bound))
+		cleanWhileHeld(t, p, w, last)
 	})
 	t.Run("lmdb-writemap", func(t *testing.T) {
 		py := python(t, "lmdb", "python3-lmdb")
@@ -194,7 +209,7 @@ expire = "1s"
 			t.Fatal(err)
 		}
 		w, last := startWriter(t, exec.Command(py, "-c", lmdbWriter, env))
-		clean(t, filepath.Join(env, "data.mdb"), w, last.Add(bound))
+		cleanWhileHeld(t, filepath.Join(env, "data.mdb"), w, last)
 	})
 	t.Run("fio-libaio-buffered", func(t *testing.T) {
 		fio, err := exec.LookPath("fio")
@@ -214,11 +229,11 @@ expire = "1s"
 		page := uint64(os.Getpagesize())
 		// At most a bound's worth of writes dirty at any time after
 		// the first bound (plus a second's: fio's pacing is bursty).
-		limit := uint64((bound+time.Second).Seconds()*float64(1<<20)) / page
+		limit := uint64((sweepBound+time.Second).Seconds()*float64(1<<20)) / page
 		var most uint64
 		for time.Since(began) < 9500*time.Millisecond {
 			time.Sleep(200 * time.Millisecond)
-			if time.Since(began) < bound+time.Second {
+			if time.Since(began) < sweepBound+time.Second {
 				continue
 			}
 			if !fioProc.alive() {
@@ -231,7 +246,7 @@ expire = "1s"
 			most = max(most, dirty+wb)
 		}
 		if most > limit {
-			t.Errorf("up to %d dirty and writeback pages of %s while fio wrote 1 MiB/s, want at most %d (%v of writes)", most, p, limit, bound+time.Second)
+			t.Errorf("up to %d dirty and writeback pages of %s while fio wrote 1 MiB/s, want at most %d (%v of writes)", most, p, limit, sweepBound+time.Second)
 		}
 		if most == 0 {
 			t.Errorf("fio left no page of %s dirty at any look: the test saw no write to sweep", p)
@@ -314,22 +329,8 @@ m.close()
 // TestSweepWritesWithoutEvents while the writer holds it.
 func TestSweepMergedEvents(t *testing.T) {
 	testfs.SkipShort(t, "the daemon on loop-mounted ext4, with writers running for 10 s")
-	const bound = time.Second + 500*time.Millisecond + 500*time.Millisecond + time.Second
 	py := python(t, "mmap", "python3")
-	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 128})
-	root := filepath.Join(mnt.Dir, "data")
-	if err := os.Mkdir(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	d := runDaemon(t, fmt.Sprintf(`
-[writeback]
-dirty_writeback_interval = "500ms"
-[watcher]
-backend = "inotify"
-[[watch]]
-path = %q
-expire = "1s"
-`, root), daemonOpts{})
+	mnt, root, d := sweepDaemon(t, "inotify", 128)
 	candidates := func() int {
 		t.Helper()
 		data, err := os.ReadFile(d.devStats(mnt.MajMin))
@@ -367,16 +368,6 @@ expire = "1s"
 			t.Fatal(err)
 		}
 		w, last := startWriter(t, exec.Command(py, "-c", opensMerged, p))
-		var dirty, wb uint64
-		var err error
-		if !testwait.Poll(time.Until(last.Add(bound)), func() bool {
-			dirty, wb, err = cachestat(p, 0, 0)
-			return err == nil && dirty == 0 && wb == 0
-		}) {
-			t.Fatalf("%s: %d dirty, %d writeback pages (%v) past the bound (%v after the last write)", p, dirty, wb, err, bound)
-		}
-		if !w.alive() {
-			t.Fatal("the writer ended before its file was clean (its close would have reported it)")
-		}
+		cleanWhileHeld(t, p, w, last)
 	})
 }
