@@ -235,8 +235,9 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 		}
 		room := int64(0)
 		if err == nil && p.streaming && d > 0 && size-off > 2*cfg.RangeBytes {
-			room = wb.inflightRoom(p.in, w, wb.window.size()) / page * page
-			if room <= 0 {
+			var paced bool
+			room, paced = wb.startRoom(p.in, w, wb.window.size())
+			if room <= 0 && !paced {
 				wb.mu.Lock()
 				wb.acct.throttled++
 				wb.mu.Unlock()
@@ -248,9 +249,12 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 			if cerr == nil {
 				if err := f.StartWriteback(off, end-off); err == nil {
 					r.rangeEnd, r.ranged = end, rd
+					n := uint64((end - off) / page)
 					if d2, w2, err := f.Cachestat(0, 0); err == nil {
 						r.dirty, r.wbp = d2, w2
+						n = max(n, d-min(d, d2))
 					}
+					wb.charge(n)
 				} else if blk.IsUnsupported(err) {
 					r.unsupported = err
 				}
@@ -318,6 +322,11 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 	inflight := int64(wb.acct.wbSum) * int64(os.Getpagesize())
 	throttled := wb.acct.throttled
 	wb.mu.Unlock()
-	wb.window.update(wb.bw.inst, inflight, throttled != wb.loop.windowThrottled)
+	windowLimited := throttled != wb.loop.windowThrottled
+	wb.window.update(wb.bw.inst, inflight, windowLimited)
 	wb.loop.windowThrottled = throttled
+	paceLimited := wb.pace.period(now)
+	if wb.window.target > 0 {
+		wb.pace.setRate(now, wb.paceCtl.update(wb.bw.elapsed, wb.bw.inst, windowLimited, paceLimited))
+	}
 }

@@ -34,6 +34,8 @@ type bandwidth struct {
 	// inst is the rate of the last period measured (bytes/s), before
 	// smoothing; 0 after a period that was not (idle, or too long).
 	inst uint64
+	// elapsed is the last period's length.
+	elapsed time.Duration
 }
 
 // update is __wb_update_bandwidth and wb_update_write_bandwidth: every
@@ -83,7 +85,7 @@ func (b *bandwidth) update(now time.Duration, has bool, flusherdWritten uint64, 
 		b.kBps.Store(bw)
 		b.avgKBps.Store(avg)
 	}
-	b.stamp, b.written, b.idle = now, written, idle
+	b.stamp, b.written, b.idle, b.elapsed = now, written, idle, elapsed
 	return true
 }
 

@@ -205,6 +205,25 @@ func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64
 	return maxInflight - int64(min(sum, uint64(maxInflight/page)))*page
 }
 
+// startRoom is how many bytes of in's writeback (wbp pages under
+// writeback as last read) may start now, in whole pages: the room under
+// the window (maxInflight) and the pace's (pacer). paced says the pace
+// alone had none.
+func (wb *Writeback) startRoom(in *inode.Inode, wbp uint64, maxInflight int64) (room int64, paced bool) {
+	page := int64(os.Getpagesize())
+	room = wb.inflightRoom(in, wbp, maxInflight) / page * page
+	if room <= 0 {
+		return 0, false
+	}
+	pace := wb.pace.room(wb.now()) / page * page
+	return min(room, pace), pace <= 0
+}
+
+// charge charges the pace with pages put under writeback.
+func (wb *Writeback) charge(pages uint64) {
+	wb.pace.take(wb.now(), int64(pages)*int64(os.Getpagesize()))
+}
+
 // roomGate is the oldest big file deferred for want of room under the
 // in-flight window and still waiting: younger big files wait behind it,
 // so that room goes to the oldest data first (the kernel's single flusher
@@ -298,9 +317,9 @@ func (wb *Writeback) doAttempt(r *request) error {
 		}
 		page := int64(os.Getpagesize())
 		if dirty := int64(d) * page; !r.Integrity && dirty > smallFile(w.chunk, w.maxInflight) {
-			room := wb.inflightRoom(att.in, wbp, w.maxInflight) / page * page
-			if !wb.roomTurn(att.in, room > 0) {
-				room = 0
+			room, paced := wb.startRoom(att.in, wbp, w.maxInflight)
+			if !wb.roomTurn(att.in, room > 0) && room > 0 {
+				room = 0 // a younger big file waits for the older's turn
 			}
 			if room <= 0 {
 				// More than a small file's share to write, and the
@@ -309,9 +328,11 @@ func (wb *Writeback) doAttempt(r *request) error {
 				// written meanwhile does not queue behind this one's
 				// stream.
 				w.res.deferred = true
-				wb.mu.Lock()
-				wb.acct.throttled++
-				wb.mu.Unlock()
+				if !paced {
+					wb.mu.Lock()
+					wb.acct.throttled++
+					wb.mu.Unlock()
+				}
 				return wb.closeCall(r, nil)
 			}
 			if limit := min(w.chunk, room); dirty > limit && !w.fallback {
@@ -352,6 +373,16 @@ func (wb *Writeback) startWriteback(r *request, wins []inode.Window) error {
 	w := r.Owner.call
 	out, err := inode.Write{Windows: wins}.Do(w.f)
 	w.started = out.Started
+	if wb.pace.Rate() > 0 {
+		// What went under writeback: the pages asked for, or the fall
+		// in dirty pages if more (a filesystem with large folios
+		// writes whole folios, past the range asked for).
+		n := w.res.queued
+		if d, _, err := w.f.Cachestat(0, 0); err == nil {
+			n = max(n, w.res.dirtyBefore-min(w.res.dirtyBefore, d))
+		}
+		wb.charge(n)
+	}
 	if err != nil {
 		w.unsupported = blk.IsUnsupported(err)
 		return wb.closeCall(r, err)

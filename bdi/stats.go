@@ -44,7 +44,10 @@ type Stats struct {
 	// InflightWindowBytes is what may be under writeback before big
 	// files, ranges and background work wait (inflightWindow); 0: no bound.
 	InflightWindowBytes uint64
-	Probing             int // 1 while the device is probed with one file per pause (every retry failed with one device-level error)
+	// PaceKBps is the pace flusherd starts writeback at (pacer), kB/s;
+	// 0: none.
+	PaceKBps uint64
+	Probing  int // 1 while the device is probed with one file per pause (every retry failed with one device-level error)
 
 	PlugRequests, PlugMerges, PlugBatches uint64
 	RetryPauseMs                          int64
@@ -144,6 +147,7 @@ func (s *Stats) statsFields() []struct {
 		{"range_writebacks", false, &s.RangeWritebacks, nil, nil},
 		{"inflight_bytes", false, &s.InflightBytes, nil, nil},
 		{"window_bytes", false, &s.InflightWindowBytes, nil, nil},
+		{"pace_kBps", false, &s.PaceKBps, nil, nil},
 		{"probing", false, nil, nil, &s.Probing},
 		{"plug_requests", false, &s.PlugRequests, nil, nil},
 		{"plug_merges", false, &s.PlugMerges, nil, nil},
@@ -238,6 +242,7 @@ func (wb *Writeback) Snapshot() Stats {
 	s.BdiReclaimable, s.BdiWriteback = wb.acct.dirtySum, wb.acct.wbSum
 	s.InflightBytes = wb.acct.wbSum * uint64(os.Getpagesize())
 	s.InflightWindowBytes = uint64(max(wb.window.size(), 0))
+	s.PaceKBps = uint64(wb.pace.Rate() / 1024)
 	s.BackgroundWorks, s.RangeWritebacks = wb.acct.backgroundWorks, wb.acct.rangeWritebacks
 	if wb.probe.on {
 		s.Probing = 1

@@ -31,6 +31,10 @@ func (wb *Writeback) applyConfig() {
 	if cfg != nil {
 		wb.plug.Enabled, wb.plug.MaxPending = cfg.PlugEnabled, cfg.MaxPending
 		wb.window.set(cfg.TargetLatency, cfg.MaxInflight)
+		if cfg.TargetLatency <= 0 {
+			wb.paceCtl.reset()
+			wb.pace.setRate(wb.now(), 0)
+		}
 		chunk := zap.Int64("write_chunk", cfg.WriteChunk)
 		if cfg.WriteChunkAuto {
 			chunk = zap.String("write_chunk", "auto")

@@ -120,9 +120,12 @@ type Writeback struct {
 	// window is what may be under writeback on the device (the
 	// goroutine's; its size is read anywhere).
 	window inflightWindow
-	live   liveness  // the goroutine's signs of life and its wake-up
-	loop   loopState // the goroutine's own
-	plug   blk.Plug[*attempt]
+	pace   pacer
+	// paceCtl sets pace; the device's goroutine owns it.
+	paceCtl paceControl
+	live    liveness  // the goroutine's signs of life and its wake-up
+	loop    loopState // the goroutine's own
+	plug    blk.Plug[*attempt]
 
 	// Hooks are set before Run, or not at all.
 	Hooks Hooks

@@ -86,7 +86,7 @@ func FormatStatus(w io.Writer, st control.Status) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tTRACKED\tDIRTY\tWRITEBACK\tWINDOW\tWRITTEN\tERRORS\tFAILED\tSTUCK\tPROBING\tSWEPT\tFOUND")
+	fmt.Fprintln(tw, "DEVICE\tTRACKED\tDIRTY\tWRITEBACK\tWINDOW\tPACE\tWRITTEN\tERRORS\tFAILED\tSTUCK\tPROBING\tSWEPT\tFOUND")
 	for _, d := range st.Devices {
 		probing := "no"
 		if d.Probing {
@@ -96,8 +96,12 @@ func FormatStatus(w io.Writer, st control.Status) {
 		if d.WindowBytes > 0 {
 			window = sizeOf(d.WindowBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\n", d.Bdi, d.Tracked, sizeOf(d.DirtyBytes), sizeOf(d.WritebackBytes),
-			window, sizeOf(d.WrittenBytes), d.Errors, d.FailedFiles, d.StuckCalls, probing, d.SweepCandidates, d.SweepFound)
+		pace := "-"
+		if d.PaceBytesPerSec > 0 {
+			pace = sizeOf(d.PaceBytesPerSec) + "/s"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\n", d.Bdi, d.Tracked, sizeOf(d.DirtyBytes), sizeOf(d.WritebackBytes),
+			window, pace, sizeOf(d.WrittenBytes), d.Errors, d.FailedFiles, d.StuckCalls, probing, d.SweepCandidates, d.SweepFound)
 	}
 	tw.Flush()
 }

@@ -46,7 +46,7 @@ var exampleStatus = control.Status{
 		{Root: "/srv/spool", Mode: "integrity", ExpireSeconds: 15, Backend: "fanotify", Served: false, Failed: 2},
 	},
 	Devices: []control.DeviceStatus{
-		{Bdi: "7:0", Tracked: 12, DirtyBytes: 5 << 20, WritebackBytes: 64 << 10, WindowBytes: 1 << 20, WrittenBytes: 340 << 20, Errors: 1, FailedFiles: 2,
+		{Bdi: "7:0", Tracked: 12, DirtyBytes: 5 << 20, WritebackBytes: 64 << 10, WindowBytes: 1 << 20, PaceBytesPerSec: 30 << 20, WrittenBytes: 340 << 20, Errors: 1, FailedFiles: 2,
 			SweepCandidates: 3, SweepFound: 1},
 	},
 }

@@ -48,12 +48,15 @@ type DeviceStatus struct {
 	WritebackBytes uint64 `json:"writeback_bytes"`
 	// WindowBytes is what may be under writeback before big files wait
 	// (window_bytes); 0: no bound.
-	WindowBytes  uint64 `json:"window_bytes"`
-	WrittenBytes uint64 `json:"written_bytes"`
-	Errors       uint64 `json:"errors"`
-	FailedFiles  int    `json:"failed_files"`
-	StuckCalls   int    `json:"stuck_calls"`
-	Probing      bool   `json:"probing"`
+	WindowBytes uint64 `json:"window_bytes"`
+	// PaceBytesPerSec is the pace writeback is started at (pace_kBps
+	// in bytes/s); 0: none.
+	PaceBytesPerSec uint64 `json:"pace_bytes_per_sec"`
+	WrittenBytes    uint64 `json:"written_bytes"`
+	Errors          uint64 `json:"errors"`
+	FailedFiles     int    `json:"failed_files"`
+	StuckCalls      int    `json:"stuck_calls"`
+	Probing         bool   `json:"probing"`
 	// SweepCandidates are the files open or mapped in the trees that
 	// the sweep looks at; SweepFound counts those it found dirty
 	// without an event (sweep_candidates, sweep_found).

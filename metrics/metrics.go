@@ -121,6 +121,7 @@ type Collector struct {
 	watchBackend                                                      *prometheus.Desc
 	backgroundWorks, rangeWritebacks, inflight, bandwidth, dirtied    *prometheus.Desc
 	inflightWindow                                                    *prometheus.Desc
+	pace                                                              *prometheus.Desc
 	probing, throttled, detachedCalls, inodesGone                     *prometheus.Desc
 	listLockMax, loopStallMax, sweepCandidates, sweepFound            *prometheus.Desc
 	watchNested, watchUnserved, watchQuieted                          *prometheus.Desc
@@ -177,6 +178,8 @@ func NewCollector(src Source, pageSize int) *Collector {
 			"max_inflight_bytes bounds).", dev...),
 		inflightWindow: d("inflight_window_bytes", "What may be under writeback before big files, ranges and background "+
 			"work wait: writeback.target_latency × the write bandwidth, at most max_inflight_bytes; 0: no bound (window_bytes).", dev...),
+		pace: d("pace_bytes_per_second", "The pace flusherd starts writeback at on the device: a share of its "+
+			"write rate as measured while flusherd's writeback filled the window (writeback.target_latency); 0: none (pace_kBps).", dev...),
 		bandwidth: d("write_bandwidth_bytes_per_second", "The device's completed write bandwidth, smoothed as the "+
 			"kernel's wb_update_write_bandwidth (BdiWriteBandwidth).", dev...),
 		dirtied: d("dirtied_bytes_total", "Data seen newly dirty in tracked files (BdiDirtied).", dev...),
@@ -226,7 +229,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.inodes, c.dirty, c.writeback, c.retryPause, c.maxDirtyAge, c.stuckCalls,
 		c.written, c.plugRequests, c.plugMerges, c.plugBatches, c.wbErrors, c.rescans,
 		c.watchEvents, c.watchOverflows, c.watchRescans, c.watchUnwatched, c.watchBackend,
-		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.inflightWindow, c.bandwidth, c.dirtied, c.probing,
+		c.backgroundWorks, c.rangeWritebacks, c.inflight, c.inflightWindow, c.pace, c.bandwidth, c.dirtied, c.probing,
 		c.throttled, c.detachedCalls, c.inodesGone, c.listLockMax, c.loopStallMax,
 		c.sweepCandidates, c.sweepFound,
 		c.watchNested, c.watchUnserved, c.watchQuieted,
@@ -270,6 +273,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.rangeWritebacks, s.RangeWritebacks, n)
 		gauge(c.inflight, float64(s.InflightBytes), n)
 		gauge(c.inflightWindow, float64(s.InflightWindowBytes), n)
+		gauge(c.pace, float64(s.PaceKBps)*1024, n)
 		gauge(c.bandwidth, float64(s.BdiWriteBandwidth)*1024, n)
 		ch <- prometheus.MustNewConstMetric(c.dirtied, prometheus.CounterValue, bytes(s.BdiDirtied), n)
 		gauge(c.probing, float64(s.Probing), n)

@@ -40,7 +40,7 @@ func StatusOf(reg *bdi.Registry, wat watch.Backend) control.Status {
 		s := reg.Snapshot(wb)
 		st.Devices = append(st.Devices, control.DeviceStatus{Bdi: wb.Name, Tracked: s.Tracked(),
 			DirtyBytes: s.BdiReclaimable * page, WritebackBytes: s.BdiWriteback * page,
-			WindowBytes: s.InflightWindowBytes, WrittenBytes: s.BdiWritten * page,
+			WindowBytes: s.InflightWindowBytes, PaceBytesPerSec: s.PaceKBps * 1024, WrittenBytes: s.BdiWritten * page,
 			Errors: s.WritebackErrors, FailedFiles: s.FailedFiles, StuckCalls: s.StuckCalls, Probing: s.Probing != 0,
 			SweepCandidates: s.SweepCandidates, SweepFound: s.SweepFound})
 	}

@@ -1,0 +1,239 @@
+package bdi
+
+import (
+	"sync"
+	"time"
+)
+
+// Pacing: flusherd starts writeback on a device at a pace below the
+// device's measured write rate, so that the device's queue (and a rate
+// limiter's budget, blk-throttle's 100 ms slice) keeps room for another
+// program's write: the in-flight window bounds how much may wait ahead of
+// that write, the pace how often there is any.
+const (
+	// paceGain is the pace against the estimated device rate (BBR's
+	// pacing_gain below 1: a queue that drains).
+	paceGain = 0.8
+	// paceProbeGain is the pace of a probe, one bandwidth period every
+	// paceProbeEvery of paced writeback: the device may have become
+	// faster (BBR's ProbeBW gain).
+	paceProbeGain  = 1.25
+	paceProbeEvery = time.Minute
+	// paceStart is the first pace (bytes/s), doubled every bandwidth
+	// period the pace held flusherd back until the window does (slow
+	// start) for paceLearn in a row; paceJudge is how long the window
+	// must hold flusherd back, once the estimate is made, for a new one.
+	paceStart = 16 << 20
+	paceLearn = 2 * bandwidthInterval
+	paceJudge = time.Second
+	// paceMin is the slowest pace (bytes/s): writeback is never starved
+	// below it.
+	paceMin = 1 << 20
+	// paceBurst is the bucket's depth in time at the pace: what may start
+	// at once after a pause (at least windowFloor).
+	paceBurst = 50 * time.Millisecond
+)
+
+// pacer is a token bucket on the bytes flusherd puts under writeback on a
+// device: room says how many may start now, take charges what started
+// (which may overdraw it: a small file goes whole). Attempts on workers
+// and range writeback call it; the device's goroutine sets the rate.
+type pacer struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	rate float64 // bytes/s; 0: not pacing
+	// +checklocks:mu
+	tokens float64
+	// +checklocks:mu
+	last time.Duration
+	// full: the bucket was full at some refill since the last drain
+	// (flusherd did not use all the pace allowed).
+	// +checklocks:mu
+	full bool
+	// waited: a start was refused for want of tokens since the last
+	// drain.
+	// +checklocks:mu
+	waited bool
+}
+
+// depthLocked is the bucket's depth in bytes. Preconditions: p.mu held.
+//
+// +checklocks:p.mu
+func (p *pacer) depthLocked() float64 {
+	return max(p.rate*paceBurst.Seconds(), windowFloor)
+}
+
+// +checklocks:p.mu
+func (p *pacer) refillLocked(now time.Duration) {
+	if now > p.last {
+		p.tokens += p.rate * (now - p.last).Seconds()
+		p.last = now
+	}
+	if d := p.depthLocked(); p.tokens >= d {
+		p.tokens, p.full = d, true
+	}
+}
+
+// room is how many bytes may start under writeback at now (daemon
+// clock): the tokens in the bucket, or no bound when not pacing. A start
+// refused (room under a page) is remembered for the controller.
+func (p *pacer) room(now time.Duration) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rate <= 0 {
+		return 1 << 62
+	}
+	p.refillLocked(now)
+	if p.tokens < 4096 {
+		p.waited = true
+		return 0
+	}
+	return int64(p.tokens)
+}
+
+// take charges n bytes started under writeback at now.
+func (p *pacer) take(now time.Duration, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rate <= 0 {
+		return
+	}
+	p.refillLocked(now)
+	p.tokens -= float64(n)
+}
+
+// period reports whether flusherd was held by the pace throughout the
+// period since the last call (a start was refused and the bucket was
+// never full), and starts the next.
+func (p *pacer) period(now time.Duration) (limited bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rate <= 0 {
+		return false
+	}
+	p.refillLocked(now)
+	limited = p.waited && !p.full
+	p.full, p.waited = false, false
+	return limited
+}
+
+// setRate sets the pace (bytes/s; 0: none) from now on.
+func (p *pacer) setRate(now time.Duration, rate float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refillLocked(now)
+	if rate > 0 && p.rate <= 0 {
+		p.tokens, p.last = max(rate*paceBurst.Seconds(), windowFloor), now
+	}
+	p.rate = rate
+}
+
+// Rate is the pace in bytes/s, 0: none.
+func (p *pacer) Rate() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rate
+}
+
+// paceControl sets the pace from what the device delivers, modelled on
+// BBR's bottleneck-bandwidth estimate and pacing gain (and on blk-wbt's
+// aim that another program's write finds the queue short):
+//
+//   - no estimate yet: the pace starts at paceStart and doubles after each
+//     bandwidth period in which it, and not the window, held flusherd back
+//     (TCP's slow start);
+//     once the window has held flusherd back instead for paceLearn in a
+//     row (its writeback waits in the device's queue), the device's rate
+//     over those periods is the estimate;
+//   - then the pace is paceGain × the estimate, at least paceMin;
+//   - periods in which the window, not the pace, held flusherd back (its
+//     writeback waits in the device's queue: the device is slower than the
+//     pace) are averaged; after paceJudge of them in a row, the device's
+//     rate over them is the new estimate;
+//   - every paceProbeEvery of writeback held by the pace, a probe: a
+//     period at paceProbeGain × the estimate. If the device kept up, its
+//     rate is the estimate and the next period probes again from there,
+//     until the window holds flusherd back (a device that became faster is
+//     found in a few periods); that period's rate is the estimate.
+//
+// The device's goroutine owns it.
+type paceControl struct {
+	est float64 // the device's write rate, bytes/s; 0: not known
+	ss  float64 // the slow start's pace while est is not known (0: paceStart)
+	// The periods in a row in which the window held flusherd back: their
+	// length and the bytes the device wrote in them.
+	avgT time.Duration
+	avgB float64
+	// paced: time held by the pace since the last probe; probe: the
+	// current period is a probe.
+	paced time.Duration
+	probe bool
+}
+
+// pace is the pace for the estimate (bytes/s; 0: none).
+func (c *paceControl) pace() float64 {
+	switch {
+	case c.est <= 0:
+		return max(c.ss, paceStart)
+	case c.probe:
+		return max(paceProbeGain*c.est, paceMin)
+	}
+	return max(paceGain*c.est, paceMin)
+}
+
+// update takes a bandwidth period, elapsed long, the device's write rate
+// over it (rate, bytes/s; 0: nothing written), whether flusherd waited
+// for room under the window in it (windowLimited) and whether the pace
+// held it back throughout (paceLimited); it returns the pace for the next
+// period (bytes/s; 0: none).
+func (c *paceControl) update(elapsed time.Duration, rate uint64, windowLimited, paceLimited bool) float64 {
+	r := float64(rate)
+	switch {
+	case c.est <= 0:
+		switch {
+		case windowLimited && !paceLimited && rate > 0:
+			c.avgT += elapsed
+			c.avgB += r * elapsed.Seconds()
+			if c.avgT >= paceLearn {
+				c.est = c.avgB / c.avgT.Seconds()
+				c.avgT, c.avgB = 0, 0
+			}
+		case paceLimited && !windowLimited:
+			c.ss = 2 * c.pace()
+			fallthrough
+		default:
+			c.avgT, c.avgB = 0, 0
+		}
+	case c.probe:
+		c.paced, c.avgT, c.avgB = 0, 0, 0
+		switch {
+		case paceLimited && !windowLimited:
+			// The device kept up with the probe: probe again from there.
+			c.est = max(c.est, r)
+		case windowLimited || paceLimited:
+			c.est = max(c.est, r)
+			c.probe = false
+		default:
+			c.probe = false
+		}
+	case windowLimited && !paceLimited && rate > 0:
+		c.avgT += elapsed
+		c.avgB += r * elapsed.Seconds()
+		if c.avgT >= paceJudge {
+			c.est = max(c.avgB/c.avgT.Seconds(), paceMin/paceGain)
+			c.avgT, c.avgB = 0, 0
+		}
+	default:
+		c.avgT, c.avgB = 0, 0
+		if paceLimited {
+			c.paced += elapsed
+			if c.paced >= paceProbeEvery {
+				c.probe = true
+			}
+		}
+	}
+	return c.pace()
+}
+
+// reset forgets the estimate (target_latency turned off).
+func (c *paceControl) reset() { *c = paceControl{} }
