@@ -236,7 +236,7 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 		room := int64(0)
 		if err == nil && p.streaming && d > 0 && size-off > 2*cfg.RangeBytes {
 			var paced bool
-			room, paced = wb.startRoom(p.in, w, wb.window.size())
+			room, paced = wb.startRoom(p.in, w, wb.window.size(), backgroundCheckInterval)
 			if room <= 0 && !paced {
 				wb.mu.Lock()
 				wb.acct.throttled++

@@ -207,15 +207,15 @@ func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64
 
 // startRoom is how many bytes of in's writeback (wbp pages under
 // writeback as last read) may start now, in whole pages: the room under
-// the window (maxInflight) and the pace's (pacer). paced says the pace
-// alone had none.
-func (wb *Writeback) startRoom(in *inode.Inode, wbp uint64, maxInflight int64) (room int64, paced bool) {
+// the window (maxInflight) and the pace's (pacer.room, for a caller back
+// every span). paced says the pace alone had none.
+func (wb *Writeback) startRoom(in *inode.Inode, wbp uint64, maxInflight int64, span time.Duration) (room int64, paced bool) {
 	page := int64(os.Getpagesize())
 	room = wb.inflightRoom(in, wbp, maxInflight) / page * page
 	if room <= 0 {
 		return 0, false
 	}
-	pace := wb.pace.room(wb.now()) / page * page
+	pace := wb.pace.room(wb.now(), span) / page * page
 	return min(room, pace), pace <= 0
 }
 
@@ -317,7 +317,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 		}
 		page := int64(os.Getpagesize())
 		if dirty := int64(d) * page; !r.Integrity && dirty > smallFile(w.chunk, w.maxInflight) {
-			room, paced := wb.startRoom(att.in, wbp, w.maxInflight)
+			room, paced := wb.startRoom(att.in, wbp, w.maxInflight, 0)
 			if !wb.roomTurn(att.in, room > 0) && room > 0 {
 				room = 0 // a younger big file waits for the older's turn
 			}
@@ -374,12 +374,14 @@ func (wb *Writeback) startWriteback(r *request, wins []inode.Window) error {
 	out, err := inode.Write{Windows: wins}.Do(w.f)
 	w.started = out.Started
 	if wb.pace.Rate() > 0 {
-		// What went under writeback: the pages asked for, or the fall
-		// in dirty pages if more (a filesystem with large folios
-		// writes whole folios, past the range asked for).
+		// What went under writeback: the pages asked for, or for
+		// ranges the fall in dirty pages if more (a filesystem with
+		// large folios writes whole folios, past the range asked for).
 		n := w.res.queued
-		if d, _, err := w.f.Cachestat(0, 0); err == nil {
-			n = max(n, w.res.dirtyBefore-min(w.res.dirtyBefore, d))
+		if len(wins) > 0 {
+			if d, _, err := w.f.Cachestat(0, 0); err == nil {
+				n = max(n, w.res.dirtyBefore-min(w.res.dirtyBefore, d))
+			}
 		}
 		wb.charge(n)
 	}

@@ -75,9 +75,12 @@ func (p *pacer) refillLocked(now time.Duration) {
 }
 
 // room is how many bytes may start under writeback at now (daemon
-// clock): the tokens in the bucket, or no bound when not pacing. A start
-// refused (room under a page) is remembered for the controller.
-func (p *pacer) room(now time.Duration) int64 {
+// clock), for a caller that comes back every span (0: at will): the
+// tokens in the bucket, and for a span past paceBurst the pace of the
+// rest of it, borrowed (the range writeback of a background check would
+// otherwise get at most paceBurst's worth per check); no bound when not
+// pacing. A start refused (no tokens) is remembered for the controller.
+func (p *pacer) room(now, span time.Duration) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.rate <= 0 {
@@ -88,7 +91,7 @@ func (p *pacer) room(now time.Duration) int64 {
 		p.waited = true
 		return 0
 	}
-	return int64(p.tokens)
+	return int64(p.tokens + p.rate*max(span-paceBurst, 0).Seconds())
 }
 
 // take charges n bytes started under writeback at now.

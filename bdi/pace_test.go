@@ -11,7 +11,7 @@ import (
 // period as held back only when a start was refused and it never filled.
 func TestPacerBucket(t *testing.T) {
 	var p pacer
-	if got := p.room(0); got < 1<<60 {
+	if got := p.room(0, 0); got < 1<<60 {
 		t.Fatalf("no pace: room %d, want no bound", got)
 	}
 	const rate = 40 * mib
@@ -34,7 +34,7 @@ func TestPacerBucket(t *testing.T) {
 	}
 	for i, s := range steps {
 		p.take(s.at, s.take)
-		if got := p.room(s.at); got != s.room {
+		if got := p.room(s.at, 0); got != s.room {
 			t.Fatalf("step %d at %v: room %d, want %d", i, s.at, got, s.room)
 		}
 		if s.check {
@@ -43,8 +43,12 @@ func TestPacerBucket(t *testing.T) {
 			}
 		}
 	}
+	// A caller back every 100 ms borrows the 50 ms past the depth.
+	if got, want := p.room(time.Second, 100*time.Millisecond), depth+2*mib; got != want {
+		t.Fatalf("room for a 100 ms span %d, want %d", got, want)
+	}
 	p.setRate(time.Second, 0)
-	if got := p.room(2 * time.Second); got < 1<<60 {
+	if got := p.room(2*time.Second, 0); got < 1<<60 {
 		t.Fatalf("pace off: room %d, want no bound", got)
 	}
 }

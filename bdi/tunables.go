@@ -31,7 +31,9 @@ func (wb *Writeback) applyConfig() {
 	if cfg != nil {
 		wb.plug.Enabled, wb.plug.MaxPending = cfg.PlugEnabled, cfg.MaxPending
 		wb.window.set(cfg.TargetLatency, cfg.MaxInflight)
-		if cfg.TargetLatency <= 0 {
+		if cfg.TargetLatency > 0 {
+			wb.pace.setRate(wb.now(), wb.paceCtl.pace())
+		} else {
 			wb.paceCtl.reset()
 			wb.pace.setRate(wb.now(), 0)
 		}

@@ -100,6 +100,9 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 	}
 	wb.errLog = newSampledLog(log)
 	wb.window.set(cfg.TargetLatency, cfg.MaxInflight)
+	if cfg.TargetLatency > 0 {
+		wb.pace.setRate(now(), wb.paceCtl.pace())
+	}
 	wb.budget = &trackBudget{}
 	wb.syncfs = wb.syncfsOS
 	wb.plug = blk.Plug[*attempt]{Enabled: cfg.PlugEnabled, MaxPending: cfg.MaxPending, Submit: wb.submit}

@@ -105,6 +105,7 @@ type stormOpts struct {
 	maxWait     time.Duration
 	interval    time.Duration
 	wbtLat      int
+	scheduler   string // the loop device's I/O scheduler; "": as attached
 	fConfig     string
 	bin, self   string
 	png         string
@@ -202,6 +203,7 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	maxWait := fl.Duration("max-wait", 180*time.Second, "give up waiting for the burst file to be clean this long after the burst began")
 	interval := fl.Duration("probe-interval", 10*time.Millisecond, "pause between one probe fdatasync's return and the next pwrite")
 	wbtLat := fl.Int("wbt-lat", 75000, "method w: queue/wbt_lat_usec of the loop device, µs")
+	scheduler := fl.String("scheduler", "", "the loop device's I/O scheduler for every method (queue/scheduler: none, mq-deadline, kyber, bfq where built); empty: as attached")
 	fConfig := fl.String("f-config", defaultFConfig, `method f: TOML put first in the daemon's configuration (a literal \n is a newline)`)
 	bin := fl.String("flusherd", "", "flusherd binary (default: go build ./cmd/flusherd into a temporary directory)")
 	png := fl.String("png", "storm.png", "write the plots to this PNG file (empty: none)")
@@ -216,7 +218,7 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	}
 	o := stormOpts{runs: *runs, maxWait: *maxWait, interval: *interval, wbtLat: *wbtLat,
 		fConfig: strings.ReplaceAll(*fConfig, `\n`, "\n"), bin: *bin, png: *png, verbose: *verbose, fsMiB: *fsMiB,
-		pgScale: *pgScale, pgRate: *pgRate, minTime: *minTime}
+		pgScale: *pgScale, pgRate: *pgRate, minTime: *minTime, scheduler: *scheduler}
 	var err error
 	if o.burst, err = parseBytes(*burst); err != nil || (o.burst != 0 && o.burst < writeChunk) {
 		return o, stormFail(2, "--burst %q: want 0 (the probe alone) or at least 1MiB (%v)", *burst, err), false

@@ -122,6 +122,12 @@ func (r *stormRun) once(m byte, run int) (res *stormResult, err error) {
 		return nil, err
 	}
 	defer closeFS(fs, "storm")
+	if r.o.scheduler != "" {
+		// The loop device is this run's: detached with it, nothing to restore.
+		if err := os.WriteFile("/sys/block/"+filepath.Base(fs.Device)+"/queue/scheduler", []byte(r.o.scheduler), 0o644); err != nil {
+			return nil, fmt.Errorf("--scheduler %q on %s: %w", r.o.scheduler, fs.Device, err)
+		}
+	}
 	r.noteQueue(fs.Device)
 	burstPath := filepath.Join(fs.Dir, "burst")
 	probeDir := filepath.Join(fs.Dir, "probe")
