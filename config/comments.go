@@ -24,7 +24,7 @@ var keyComments = map[string]string{
 	"writeback.requeue_blocked":          `"io_wait" (retry with backoff) or "redirty_tail" (legacy)`,
 	"writeback.attempt_timeout":          "a writeback call longer than this counts as blocked (0: no bound)",
 	"writeback.shutdown_timeout":         "bound on the final writeback at SIGTERM",
-	"writeback.target_latency":           `writeback in flight sized so another write waits about this ("0": max_inflight_bytes)`,
+	"writeback.target_latency":           `writeback in flight sized so another write waits about this, and paced below the device's rate ("0": max_inflight_bytes, no pace)`,
 	"writeback.max_tracked_inodes":       `files tracked at once; past it, syncfs passes ("auto": from the memory limit; "unlimited")`,
 	"plug.enabled":                       "batch, sort and merge writeback requests",
 	"plug.max_pending":                   "requests held before a forced flush",

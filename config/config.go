@@ -14,7 +14,7 @@
 //	range_bytes      = "1MiB"         # streaming files: write what lies behind the last range_bytes; "0": off
 //	requeue_blocked  = "io_wait"      # or "redirty_tail"
 //	attempt_timeout  = "10s"          # a longer call counts in stuck_calls; an integrity call is given up on
-//	target_latency   = "25ms"         # writeback in flight per device sized so another write waits about this; "0": max_inflight_bytes
+//	target_latency   = "25ms"         # writeback in flight per device sized so another write waits about this, and paced; "0": max_inflight_bytes, no pace
 //	shutdown_timeout = "30s"          # bound on the final writeback at SIGTERM
 //	max_tracked_inodes = "auto"       # files tracked at once; "auto": from the memory limit; "unlimited"; or a count
 //
