@@ -505,16 +505,19 @@ func TestThrottleRetry(t *testing.T) {
 	for _, tc := range []struct {
 		kBps     uint64
 		inflight int64
+		target   time.Duration
 		want     time.Duration
 	}{
-		{0, 16 << 20, 50 * time.Millisecond},
-		{40 * 1024, 2 << 20, 25 * time.Millisecond},  // 1 MiB at 40 MiB/s
-		{40 * 1024, 16 << 20, 50 * time.Millisecond}, // 200 ms: capped
-		{4 << 20, 2 << 20, 5 * time.Millisecond},     // 4 GiB/s: floor
-		{40 * 1024, 0, 50 * time.Millisecond},        // no bound
+		{0, 16 << 20, 0, 50 * time.Millisecond},
+		{40 * 1024, 2 << 20, 0, 25 * time.Millisecond},      // 1 MiB at 40 MiB/s
+		{40 * 1024, 16 << 20, 0, 50 * time.Millisecond},     // 200 ms: capped
+		{4 << 20, 2 << 20, 0, 5 * time.Millisecond},         // 4 GiB/s: floor
+		{40 * 1024, 0, 0, 50 * time.Millisecond},            // no bound
+		{0, 16 << 20, 25 * time.Millisecond, paceBurst / 2}, // paced: half the bucket
 	} {
 		cfg := testConfig()
 		cfg.MaxInflight = tc.inflight
+		cfg.TargetLatency = tc.target
 		wb := New("7:0", cfg, nil, Files{Opener: newFakeFS(nil)}, nil, nil)
 		wb.mu.Lock()
 		wb.bw.avgKBps.Store(tc.kBps)

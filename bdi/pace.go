@@ -32,6 +32,9 @@ const (
 	// paceBurst is the bucket's depth in time at the pace: what may start
 	// at once after a pause (at least windowFloor).
 	paceBurst = 50 * time.Millisecond
+	// paceOwed is the most of the pace kept for a start that was refused
+	// and has not come back yet.
+	paceOwed = 200 * time.Millisecond
 )
 
 // pacer is a token bucket on the bytes flusherd puts under writeback on a
@@ -51,9 +54,11 @@ type pacer struct {
 	// +checklocks:mu
 	full bool
 	// waited: a start was refused for want of tokens since the last
-	// drain.
+	// drain; owed: since the last take.
 	// +checklocks:mu
 	waited bool
+	// +checklocks:mu
+	owed bool
 }
 
 // depthLocked is the bucket's depth in bytes. Preconditions: p.mu held.
@@ -69,7 +74,14 @@ func (p *pacer) refillLocked(now time.Duration) {
 		p.tokens += p.rate * (now - p.last).Seconds()
 		p.last = now
 	}
-	if d := p.depthLocked(); p.tokens >= d {
+	d := p.depthLocked()
+	if p.owed {
+		// A start refused since the last take: the pace is owed to it,
+		// however late it comes back (a worker delayed by the CPU), up
+		// to paceOwed.
+		d = max(p.rate*paceOwed.Seconds(), d)
+	}
+	if p.tokens >= d {
 		p.tokens, p.full = d, true
 	}
 }
@@ -88,7 +100,7 @@ func (p *pacer) room(now, span time.Duration) int64 {
 	}
 	p.refillLocked(now)
 	if p.tokens < 4096 {
-		p.waited = true
+		p.waited, p.owed = true, true
 		return 0
 	}
 	return int64(p.tokens + p.rate*max(span-paceBurst, 0).Seconds())
@@ -103,6 +115,7 @@ func (p *pacer) take(now time.Duration, n int64) {
 	}
 	p.refillLocked(now)
 	p.tokens -= float64(n)
+	p.owed = false
 }
 
 // period reports whether flusherd was held by the pace throughout the

@@ -43,6 +43,7 @@ func sectorsWritten(t *testing.T, majmin string) uint64 {
 // pace) the same device writes more than twice the pace over the same
 // time, so the bound is the pace's.
 func TestRealPaceBinds(t *testing.T) {
+	testfs.SkipShort(t, "four filesystems, 1.5 s of writeback each")
 	const pace = 8 << 20
 	for _, streaming := range []bool{false, true} {
 		name := "written at once"

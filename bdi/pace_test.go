@@ -53,6 +53,25 @@ func TestPacerBucket(t *testing.T) {
 	}
 }
 
+// TestPacerOwed: a start refused keeps the pace owed to it up to paceOwed
+// however late it comes back; once it takes, the depth is paceBurst again.
+func TestPacerOwed(t *testing.T) {
+	var p pacer
+	const rate = 40 * mib
+	p.setRate(0, rate)
+	p.take(0, int64(rate*paceBurst.Seconds())) // empty
+	if got := p.room(0, 0); got != 0 {
+		t.Fatalf("room %d after taking the bucket, want 0", got)
+	}
+	if got, want := p.room(time.Second, 0), int64(rate*paceOwed.Seconds()); got != want {
+		t.Fatalf("a refused start back after 1 s: room %d, want %d (paceOwed of the pace)", got, want)
+	}
+	p.take(time.Second, 1*mib)
+	if got, want := p.room(2*time.Second, 0), int64(rate*paceBurst.Seconds()); got != want {
+		t.Fatalf("after a take, a second later: room %d, want %d (the depth)", got, want)
+	}
+}
+
 // paceSample is the pace at an update and the device's rate then.
 type paceSample struct {
 	at         time.Duration

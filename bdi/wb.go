@@ -101,7 +101,7 @@ func New(name string, cfg Config, now func() time.Duration, files Files, log *za
 	wb.errLog = newSampledLog(log)
 	wb.window.set(cfg.TargetLatency, cfg.MaxInflight)
 	if cfg.TargetLatency > 0 {
-		wb.pace.setRate(now(), wb.paceCtl.pace())
+		wb.pace.setRate(0, wb.paceCtl.pace()) // (its first refill is at the bucket's depth)
 	}
 	wb.budget = &trackBudget{}
 	wb.syncfs = wb.syncfsOS

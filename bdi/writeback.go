@@ -355,18 +355,23 @@ const (
 // half of max_inflight_bytes at its average write bandwidth, between
 // minThrottleRetry and throttleRetry (throttleRetry while the bandwidth is
 // unknown). A small bound on a fast device is then refilled before it
-// drains, and a slow device is not polled more than it needs.
-// Preconditions: wb.mu held.
+// drains, and a slow device is not polled more than it needs. While
+// paced, at most half the pace's bucket (paceBurst): the tokens a wait
+// longer than the bucket would bring are lost. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
 func (wb *Writeback) throttleRetryLocked() time.Duration {
 	bw := int64(wb.bw.avgKBps.Load()) * 1024 // bytes/s
 	window := wb.window.size()
-	if bw <= 0 || window <= 0 {
-		return throttleRetry
+	d := throttleRetry
+	if bw > 0 && window > 0 {
+		d = time.Duration(float64(window/2) / float64(bw) * float64(time.Second))
+		d = min(max(d, minThrottleRetry), throttleRetry)
 	}
-	d := time.Duration(float64(window/2) / float64(bw) * float64(time.Second))
-	return min(max(d, minThrottleRetry), throttleRetry)
+	if wb.pace.Rate() > 0 {
+		d = min(d, paceBurst/2)
+	}
+	return d
 }
 
 func (p passCounters) progress() bool { return p.pages > 0 || p.cleaned > 0 }
