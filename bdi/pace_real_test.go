@@ -39,9 +39,9 @@ func sectorsWritten(t *testing.T, majmin string) uint64 {
 // by every path: a file written at once (attempts, their chunks and
 // background work: a short expiry and a background threshold) and a
 // streaming writer at 48 MiB/s (range writeback alone: the expiry 30 s
-// away, no background threshold). With no target (no
-// pace) the same device writes more than twice the pace over the same
-// time, so the bound is the pace's.
+// away, no background threshold), and never under the floor (paceMin).
+// With no target (no pace) the same device writes more than twice the
+// pace over the same time, so the bound is the pace's.
 func TestRealPaceBinds(t *testing.T) {
 	testfs.SkipShort(t, "four filesystems, 1.5 s of writeback each")
 	const pace = 8 << 20
@@ -73,8 +73,11 @@ func TestRealPaceBinds(t *testing.T) {
 			if paced > 1.3*pace {
 				t.Errorf("paced at %d MiB/s, the device wrote %.1f MiB/s", pace>>20, paced/(1<<20))
 			}
-			if paced < 0.5*pace {
-				t.Errorf("paced at %d MiB/s, the device wrote only %.1f MiB/s", pace>>20, paced/(1<<20))
+			if paced < paceMin {
+				// (Alone it writes 5-6 MiB/s of 8 here, the first attempt
+				// coming at the expiry; beside the CI's other tests on two
+				// cores, 3 MiB/s.)
+				t.Errorf("paced at %d MiB/s, the device wrote %.1f MiB/s: under the floor of %d MiB/s", pace>>20, paced/(1<<20), paceMin>>20)
 			}
 			if free < 2*pace {
 				t.Errorf("precondition: with no pace the device wrote %.1f MiB/s, under twice the pace: the test cannot tell the pace's bound", free/(1<<20))
