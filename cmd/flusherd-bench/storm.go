@@ -83,8 +83,14 @@ const (
 
 	blkioWriteBPS = "/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device"
 
-	stallOver       = 100 * time.Millisecond // a probe call longer than this is a stall
-	sampleEvery     = 100 * time.Millisecond
+	stallOver   = 100 * time.Millisecond // a probe call longer than this is a stall
+	sampleEvery = 100 * time.Millisecond
+	// estimateEvery is how often the tree's dirty bytes are summed
+	// (a cachestat of every file under the probe's directory) beside
+	// flusherd's estimate, whose stats file is rewritten at most once a
+	// second; done with every method, so that the bench's own load on
+	// the CPU is the same for all.
+	estimateEvery   = time.Second
 	probeLead       = time.Second // the probe starts this long before the burst
 	writeChunk      = 1 << 20
 	probeSize       = 4096

@@ -292,7 +292,7 @@ func printEstimates(w io.Writer, fRuns []*stormResult) {
 		}
 		med, worst := estimateError(res.ests)
 		fmt.Fprintf(w, "\nf run %d: flusherd's dirty bytes (stats file BdiReclaimable, rewritten at most once a second) against cachestat of the tree, %d samples every %v: median error %s MiB, largest %s MiB",
-			res.run, len(res.ests), sampleEvery, mibOf(med), mibOf(worst))
+			res.run, len(res.ests), estimateEvery, mibOf(med), mibOf(worst))
 	}
 	if len(fRuns) > 0 {
 		fmt.Fprintln(w)

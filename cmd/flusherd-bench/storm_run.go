@@ -67,6 +67,7 @@ type estSample struct {
 
 type stormResult struct {
 	ests                 []estSample
+	estAt                int64 // the last sum of the tree's dirty bytes (monotonic ns)
 	method               byte
 	run                  int
 	burstStart, burstEnd int64 // the writer's first write and its end (monotonic ns)

@@ -105,17 +105,22 @@ func (s stormSampler) untilClean(ctx context.Context, res *stormResult, wdone <-
 	}
 }
 
-// sample records the burst file's dirty and writeback bytes at now, the
-// daemon's estimate beside the truth (method f) and the probe's waits.
+// sample records the burst file's dirty and writeback bytes at now, every
+// estimateEvery the tree's dirty bytes (every method) beside the daemon's
+// estimate (method f), and the probe's waits.
 func (s stormSampler) sample(res *stormResult, now int64) (dirty, wb uint64, err error) {
 	dirty, wb, err = cachestatBytes(s.bf)
 	if err != nil {
 		return 0, 0, err
 	}
 	res.samples = append(res.samples, stormSample{at: now, dirty: dirty, wb: wb})
-	if s.d != nil {
-		if est, ok := reclaimable(s.statsFile); ok {
-			res.ests = append(res.ests, estSample{est: est, truth: dirty + dirtyUnder(s.probeDir)})
+	if now-res.estAt >= int64(estimateEvery) {
+		res.estAt = now
+		truth := dirty + dirtyUnder(s.probeDir)
+		if s.d != nil {
+			if est, ok := reclaimable(s.statsFile); ok {
+				res.ests = append(res.ests, estSample{est: est, truth: truth})
+			}
 		}
 	}
 	if s.probePid != 0 {
