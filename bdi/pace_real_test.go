@@ -2,35 +2,25 @@ package bdi
 
 import (
 	"context"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"flusherd/inode"
 	"flusherd/internal/testfs"
+	"flusherd/sysfs"
 	"flusherd/tree"
 )
 
-// sectorsWritten reads the device's completed writes in bytes from
-// /sys/dev/block/<majmin>/stat.
+// sectorsWritten reads the device's completed writes in bytes
+// (sysfs.FS.DiskWritten, the daemon's own reader).
 func sectorsWritten(t *testing.T, majmin string) uint64 {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/sys/dev/block", majmin, "stat"))
+	n, err := sysfs.Default().DiskWritten(majmin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 7 {
-		t.Fatalf("%s stat: %q", majmin, b)
-	}
-	n, err := strconv.ParseUint(f[6], 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n * 512
+	return n
 }
 
 // TestRealPaceBinds: on ext4 (whose large folios write more than a range
