@@ -56,16 +56,18 @@ func (d *Daemon) Readiness() error {
 }
 
 // Start runs the watcher's event loop and watches every root
-// (watch.Backend.WatchRoots). The context it returns ends when the
-// shutdown closes the watcher; serve the control socket and the metrics
-// with it. On error, everything is stopped, the registry too.
-func (d *Daemon) Start() (context.Context, error) {
+// (watch.Backend.WatchRoots), stopping between two roots when stop ends
+// (a signal during start-up: go to Shutdown then, not Ready). The context
+// it returns ends when the shutdown closes the watcher; serve the control
+// socket and the metrics with it. On error, everything is stopped, the
+// registry too.
+func (d *Daemon) Start(stop context.Context) (context.Context, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel, d.watched = cancel, make(chan struct{})
 	// Events are read while the initial scan runs, so the queue cannot
 	// overflow during a long scan.
 	go func() { defer close(d.watched); d.Wat.Run(ctx) }()
-	if err := d.Wat.WatchRoots(); err != nil {
+	if err := d.Wat.WatchRoots(stop); err != nil {
 		cancel()
 		d.Wat.Close()
 		<-d.watched
@@ -124,9 +126,18 @@ func (d *Daemon) Serve(sigs <-chan os.Signal) os.Signal {
 // Shutdown is the stop for sig (Stop.Run): every tracked file written back
 // within shutdown_timeout, or until a second signal on sigs.
 func (d *Daemon) Shutdown(sig os.Signal, sigs <-chan os.Signal) {
+	scanned, stopScan, cut := d.scanned, d.stopScan, error(nil)
+	if scanned == nil {
+		// Stopped during start-up: Ready, and its scan, never ran.
+		done := make(chan struct{})
+		close(done)
+		scanned, stopScan = done, func() {}
+		cut = errors.New("the signal came during start-up, before the initial scan: files dirtied before then are not tracked and may be dirty")
+		d.Log.Info("signal received during start-up; stopping", zap.String("signal", sig.String()))
+	}
 	s := Stop{
 		Timeout: d.Config.Writeback.ShutdownTimeout, Signals: sigs, Notify: d.Notify, Log: d.Log,
-		Scanned: d.scanned, StopScan: d.stopScan, Quiesce: d.Wat.Quiesce, Settle: d.Wat.Settle,
+		Scanned: scanned, StopScan: stopScan, Cut: cut, Quiesce: d.Wat.Quiesce, Settle: d.Wat.Settle,
 		Close:     func() { d.cancel(); d.Wat.Close(); <-d.watched },
 		Writeback: d.Reg.Shutdown,
 		// With the shutdown's rescans.

@@ -1,10 +1,16 @@
 package service
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"flusherd/bdi"
 	"flusherd/config"
@@ -58,4 +64,66 @@ func TestReadiness(t *testing.T) {
 		}
 		cancel()
 	}
+}
+
+// rootsWatcher is a watch.Backend whose WatchRoots waits for its context
+// (a start-up held until a signal), and whose Run waits until Close.
+type rootsWatcher struct {
+	scanWatcher
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (w *rootsWatcher) WatchRoots(ctx context.Context) error { <-ctx.Done(); return nil }
+func (w *rootsWatcher) Run(ctx context.Context)              { <-w.closed }
+func (w *rootsWatcher) Quiesce(context.Context)              {}
+func (w *rootsWatcher) Settle(context.Context) error         { return nil }
+func (w *rootsWatcher) Close() error                         { w.once.Do(func() { close(w.closed) }); return nil }
+
+// TestStopDuringStart: a signal while the roots are being watched (after
+// Track) stops the start-up between two roots; the shutdown then runs
+// without the initial scan, and its last line says that files dirtied
+// before the start may be untracked, not that all is clean.
+func TestStopDuringStart(t *testing.T) {
+	reg := bdi.NewRegistry(bdi.Options{Resolve: func(uint64, string) (string, error) { return "test", nil }})
+	defer reg.Stop()
+	cfg := config.Default()
+	cfg.Stats.Dir = t.TempDir()
+	core, logs := observer.New(zap.InfoLevel)
+	w := &rootsWatcher{closed: make(chan struct{})}
+	d := &Daemon{Config: cfg, Reg: reg, Wat: w, Log: zap.New(core), Notify: NewNotifier(zap.NewNop(), SystemClock)}
+	sigs := make(chan os.Signal, 4)
+	g := GuardStart(sigs, &bytes.Buffer{}, func(int) { t.Error("exit called after Track") })
+	g.SetLog(d.Log)
+	if !g.Track() {
+		t.Fatal("Track = false")
+	}
+	started := make(chan error, 1)
+	go func() { _, err := d.Start(g.Ctx()); started <- err }()
+	select {
+	case err := <-started:
+		t.Fatalf("Start returned (%v) before the signal", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	sigs <- syscall.SIGTERM
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Start did not return within 5 s of SIGTERM")
+	}
+	if g.Stopped() != syscall.SIGTERM {
+		t.Fatalf("Stopped = %v", g.Stopped())
+	}
+	d.Shutdown(d.Serve(g.C), g.C)
+	if logs.FilterMessage("signal received during start-up; stopping").Len() != 1 {
+		t.Error("no log line for the signal during start-up")
+	}
+	last := logs.All()[logs.Len()-1]
+	if last.Message != "exiting: the tracked files are clean, but files in the trees may be dirty and untracked" {
+		t.Errorf("last line %q: want the one that does not say all is clean", last.Message)
+	}
+	close(sigs)
 }

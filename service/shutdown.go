@@ -33,11 +33,15 @@ type Stop struct {
 	Notify  *Notifier
 	Log     *zap.Logger
 
-	Scanned  <-chan struct{}             // closed when the initial scan ended
-	StopScan func()                      // stops the initial scan
-	Quiesce  func(context.Context)       // watch.Backend.Quiesce
-	Settle   func(context.Context) error // watch.Backend.Settle
-	Close    func()                      // ends the watcher and what serves the daemon
+	Scanned  <-chan struct{} // closed when the initial scan ended
+	StopScan func()          // stops the initial scan
+	// Cut, when not nil, says why the trees were not all scanned: the
+	// stop came during start-up, before the initial scan (Scanned is
+	// then closed).
+	Cut     error
+	Quiesce func(context.Context)       // watch.Backend.Quiesce
+	Settle  func(context.Context) error // watch.Backend.Settle
+	Close   func()                      // ends the watcher and what serves the daemon
 	// Writeback writes every tracked file back until ctx ends
 	// (bdi.Registry.Shutdown).
 	Writeback func(context.Context) bdi.ShutdownReport
@@ -52,7 +56,7 @@ func (s *Stop) Run(sig os.Signal) {
 	// scanCut: the initial scan stopped before it reached every
 	// directory, so a dirty file there is not tracked, and the last line
 	// must not say that all is clean.
-	var scanCut error
+	scanCut := s.Cut
 	select {
 	case <-s.Scanned:
 	default:

@@ -254,7 +254,7 @@ func (fa *Fanotify) closeFDs() error {
 
 // Start implements Backend: WatchRoots, then Scan.
 func (fa *Fanotify) Start(ctx context.Context) error {
-	if err := fa.WatchRoots(); err != nil {
+	if err := fa.WatchRoots(ctx); err != nil {
 		return err
 	}
 	fa.Scan(ctx)
@@ -262,8 +262,8 @@ func (fa *Fanotify) Start(ctx context.Context) error {
 }
 
 // WatchRoots implements Backend: the marks exist since NewFanotify; it
-// records the roots' identity.
-func (fa *Fanotify) WatchRoots() error { return fa.recordRoots() }
+// records the roots' identity (a stat each, done whole).
+func (fa *Fanotify) WatchRoots(context.Context) error { return fa.recordRoots() }
 
 // Scan implements Backend.
 func (fa *Fanotify) Scan(ctx context.Context) {

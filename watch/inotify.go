@@ -272,7 +272,7 @@ func (w *Watcher) Close() error { return w.w.Close() }
 
 // Start implements Backend: WatchRoots, then Scan.
 func (w *Watcher) Start(ctx context.Context) error {
-	if err := w.WatchRoots(); err != nil {
+	if err := w.WatchRoots(ctx); err != nil {
 		return err
 	}
 	w.Scan(ctx)
@@ -281,11 +281,14 @@ func (w *Watcher) Start(ctx context.Context) error {
 
 // WatchRoots implements Backend: it records the roots and watches each.
 // A root that cannot be watched is an error.
-func (w *Watcher) WatchRoots() error {
+func (w *Watcher) WatchRoots(ctx context.Context) error {
 	if err := w.recordRoots(); err != nil {
 		return err
 	}
 	for _, t := range w.list() {
+		if ctx.Err() != nil {
+			return nil
+		}
 		if err := w.watchRoot(t.Root); err != nil {
 			return err
 		}

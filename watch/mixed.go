@@ -54,7 +54,7 @@ func (m *Mixed) Name() string {
 
 // Start implements Backend: WatchRoots, then Scan.
 func (m *Mixed) Start(ctx context.Context) error {
-	if err := m.WatchRoots(); err != nil {
+	if err := m.WatchRoots(ctx); err != nil {
 		return err
 	}
 	m.Scan(ctx)
@@ -62,8 +62,8 @@ func (m *Mixed) Start(ctx context.Context) error {
 }
 
 // WatchRoots implements Backend.
-func (m *Mixed) WatchRoots() error {
-	return errors.Join(m.fa.WatchRoots(), m.in.WatchRoots())
+func (m *Mixed) WatchRoots(ctx context.Context) error {
+	return errors.Join(m.fa.WatchRoots(ctx), m.in.WatchRoots(ctx))
 }
 
 // Scan implements Backend.

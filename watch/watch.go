@@ -84,8 +84,9 @@ type Backend interface {
 	Start(ctx context.Context) error
 	// WatchRoots watches or marks every tree's root: from then on, writes
 	// in the trees are seen (or found by Scan). It fails when a root
-	// cannot be watched.
-	WatchRoots() error
+	// cannot be watched. It stops between two roots, with no error, when
+	// ctx ends (a signal during start-up).
+	WatchRoots(ctx context.Context) error
 	// Scan walks the trees (watching their directories, for inotify) and
 	// reports the files cachestat shows dirty; it stops when ctx ends.
 	Scan(ctx context.Context)

@@ -36,6 +36,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	signal.Notify(sigs, earlysig.Signals...)
 	defer signal.Stop(sigs)
+	// Until the first file can be tracked, a SIGTERM or SIGINT ends the
+	// process at once, even in a call that does not return; after that,
+	// it stops the start-up and goes to the shutdown.
+	guard := service.GuardStart(sigs, stderr, os.Exit)
 	fset := cli.NewFlagSet("run", "run [--config FILE] [--watch DIR]... [--stats-dir DIR] [--log-level LEVEL] [--log-format FORMAT]\n\n"+
 		"Watch the trees and write their dirty data back, in the foreground, logging to\n"+
 		"stderr. SIGHUP reloads the configuration (an invalid one is logged and the running\n"+
@@ -80,6 +84,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	log := service.NewLogger(level, cfg.Log.Format, stderr)
 	defer log.Sync()
+	guard.SetLog(log)
 	service.SetMemoryLimit(log)
 	for _, n := range cfg.Notes() {
 		log.Warn("configuration: " + n)
@@ -92,7 +97,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		}
 		return cfg, err
 	}
-	if err := run(cfg, log, level, reload, sigs); err != nil {
+	if err := run(cfg, log, level, reload, guard); err != nil {
 		log.Error("flusherd failed", zap.Error(err))
 		if errors.Is(err, watch.ErrBackendRefused) {
 			return cli.ExitUsage // the configuration asks for what cannot be
@@ -144,8 +149,9 @@ func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 // serves the control socket and the metrics, pings the watchdog while the
 // writeback goroutines are healthy, reloads the configuration on SIGHUP
 // (reload returns the new one, validated), and on SIGTERM or SIGINT writes
-// everything back within shutdown_timeout (service.Daemon).
-func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error), sigs <-chan os.Signal) error {
+// everything back within shutdown_timeout (service.Daemon). The signals
+// come through guard, which serves one during start-up.
+func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error), guard *service.StartGuard) error {
 	n := service.NewNotifier(log, service.SystemClock)
 	if err := service.CheckCachestat(); err != nil {
 		return err
@@ -168,11 +174,21 @@ func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func
 	if err := wire(d, start); err != nil {
 		return err
 	}
-	ctx, err := d.Start()
+	if !guard.Track() {
+		return nil // a signal came: the guard is ending the process
+	}
+	ctx, err := d.Start(guard.Ctx())
 	if err != nil {
 		return err
 	}
 	start.Stop()
+	sigs := guard.C
+	if guard.Stopped() != nil {
+		// A signal during start-up: write back what was tracked
+		// meanwhile (Serve returns the signal at once).
+		d.Shutdown(d.Serve(sigs), sigs)
+		return nil
+	}
 
 	service.WriteWatchStats(cfg.Stats.Dir, d.Wat, log)
 	if ctl := listenControl(cfg.Stats.Dir, d, log); ctl != nil {

@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"flusherd/internal/faultfs"
-
 	"flusherd/internal/testfs"
+	"flusherd/internal/testwait"
 )
 
 // TestShutdownReadOnly: with 200 dirty tracked files and 20 clean ones on
@@ -180,5 +180,39 @@ expire = "100ms"
 	}
 	if strings.Contains(log, "shutdown_timeout (30s) ended") {
 		t.Errorf("the log blames shutdown_timeout")
+	}
+}
+
+// TestTermDuringSlowStart: a SIGTERM while start-up is slow (three trees
+// whose roots are on a FUSE filesystem that takes 3 s to open a
+// directory, each root opened twice: 18 s), before any file is tracked,
+// ends the daemon once the open under way returns, with status 0 and a
+// line saying why, instead of after the whole start-up. (No process can
+// exit sooner: a thread waiting for a FUSE request the server has taken
+// waits it out, SIGKILL or not; fuse's request_wait_answer.)
+func TestTermDuringSlowStart(t *testing.T) {
+	testfs.SkipShort(t, "a start-up slowed to 18 s on FUSE")
+	const roots, delay = 3, 3 * time.Second
+	ffs := faultfs.MountT(t)
+	var conf strings.Builder
+	for i := range roots {
+		r := filepath.Join(ffs.Dir, fmt.Sprint("t", i))
+		if err := os.Mkdir(r, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&conf, "[[watch]]\npath = %q\n", r)
+	}
+	ffs.Set(faultfs.Faults{OpendirDelay: delay})
+	t.Cleanup(func() { ffs.Set(faultfs.Faults{}) })
+	opens := ffs.Count("opendir")
+	d := runDaemon(t, conf.String(), daemonOpts{readyLine: "watching\t", mayExit: true})
+	testwait.For(t, "the daemon in its first OPENDIR", 5*time.Second, func() bool { return ffs.Count("opendir") > opens })
+	took := d.term(t, delay+2*time.Second)
+	t.Logf("exit %d, %s after SIGTERM, %d OPENDIR", d.exitCode(), took.Round(time.Millisecond), ffs.Count("opendir")-opens)
+	if c := d.exitCode(); c != 0 {
+		t.Errorf("exit status %d, want 0", c)
+	}
+	if !strings.Contains(d.log.String(), "signal received during start-up, before any file was tracked") {
+		t.Errorf("the log does not say why it exited:\n%s", d.log.String())
 	}
 }
