@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -72,8 +74,9 @@ type inotifyFD struct {
 	Events chan inotifyEvent
 	Errors chan error
 
-	file  *os.File // the instance, read through the runtime's poller
-	opens bool     // inotifyOpenMask is to be asked for (EnableOpens)
+	file  *os.File      // the instance, read through the runtime's poller
+	opens bool          // inotifyOpenMask is to be asked for (EnableOpens)
+	reads atomic.Uint64 // reads of the queue that returned events
 	done  chan struct{}
 	exit  chan struct{} // closed when the reader has returned
 
@@ -231,30 +234,44 @@ func (in *inotifyFD) read() {
 			}
 			continue
 		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			name := direntName(buf[off+unix.SizeofInotifyEvent : min(n, off+unix.SizeofInotifyEvent+int(raw.Len))])
-			off += unix.SizeofInotifyEvent + int(raw.Len)
-			if raw.Mask&unix.IN_Q_OVERFLOW != 0 {
-				if !in.sendError(errEventOverflow) {
-					return
-				}
-				continue
-			}
-			ev, ok := in.event(raw.Wd, raw.Mask, name)
-			if ok && raw.Mask&(unix.IN_MOVED_FROM|unix.IN_MOVED_TO) != 0 {
-				ev.Cookie = raw.Cookie
-			}
-			if !ok {
-				continue
-			}
-			select {
-			case in.Events <- ev:
-			case <-in.done:
-				return
-			}
+		in.reads.Add(1)
+		if !in.events(buf[:n]) {
+			return
+		}
+		if n < len(buf)/2 {
+			time.Sleep(coalesce) // as Fanotify.Run
 		}
 	}
+}
+
+// events sends the events of one read on Events; false when Close came
+// meanwhile or a send of an overflow found nobody to take it.
+func (in *inotifyFD) events(buf []byte) bool {
+	n := len(buf)
+	for off := 0; off+unix.SizeofInotifyEvent <= n; {
+		raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+		name := direntName(buf[off+unix.SizeofInotifyEvent : min(n, off+unix.SizeofInotifyEvent+int(raw.Len))])
+		off += unix.SizeofInotifyEvent + int(raw.Len)
+		if raw.Mask&unix.IN_Q_OVERFLOW != 0 {
+			if !in.sendError(errEventOverflow) {
+				return false
+			}
+			continue
+		}
+		ev, ok := in.event(raw.Wd, raw.Mask, name)
+		if ok && raw.Mask&(unix.IN_MOVED_FROM|unix.IN_MOVED_TO) != 0 {
+			ev.Cookie = raw.Cookie
+		}
+		if !ok {
+			continue
+		}
+		select {
+		case in.Events <- ev:
+		case <-in.done:
+			return false
+		}
+	}
+	return true
 }
 
 // event turns a queued event of watch wd into an inotifyEvent; false for
