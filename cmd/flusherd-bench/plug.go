@@ -80,14 +80,14 @@ func plugOptions(args []string) (plugOpts, int, bool) {
 	small := fl.Int("small", 20000, "number of 16 KiB files")
 	large := fl.Int("large", 200, "number of 8 MiB files")
 	runs := fl.Int("runs", 3, "runs of each method (the table shows medians)")
-	only := fl.String("methods", "abcdei", "methods to run, of abcdefhipsu (d, syncfs, is always run: the ratios need it)")
+	only := fl.String("methods", "abcdei", "methods to run, of abcdefghipsu (d, syncfs, is always run: the ratios need it)")
 	depth := fl.Int("queue-depth", 8, "flusherd's plug.queue_depth")
 	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile to this file, from the first timed run to the end (the re-dirtying between runs is in it)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return plugOpts{}, code, false
 	}
 	o := plugOpts{fstypes: strings.Split(*fstypes, ","), small: *small, large: *large, runs: *runs, depth: *depth, only: *only, cpuProfile: *cpuProfile}
-	if err := letters("methods", o.only, "abcdefhipsu"); err != nil {
+	if err := letters("methods", o.only, "abcdefghipsu"); err != nil {
 		fmt.Fprintln(os.Stderr, "flusherd-bench plug:", err)
 		return o, 2, false
 	}
@@ -117,6 +117,7 @@ func plugMethods(only string, depth int) []method {
 		{"e", "(e) per-file sync_file_range loop", plain(perFileStartWriteback)},
 		{"f", "(f) per-file write and wait, 8 threads", plain(parallelSyncRange)},
 		{"h", "(h) flusherd's system calls in a loop", engineCalls},
+		{"g", "(g) (h), then each file looked at until clean, as (a) ends", engineCallsUntilClean},
 		{"s", "(s) (h) with one syncfs per 256 files", engineSyncfsCalls},
 		{"p", "(p) (e) on one thread per CPU", plain(parallelStartWriteback)},
 		{"u", "(u) (e) with io_uring, 256 per submit", plain(uringStartWriteback)},
@@ -246,7 +247,7 @@ func (t plugTimes) print(n int, methods []method) {
 	}
 	markdownTable(os.Stdout, []string{"method", "time", "x syncfs", "process CPU µs/file", "machine CPU µs/file", "all runs"}, cells)
 	var ratios []string
-	for _, r := range [][2]string{{"a", "d"}, {"a", "e"}, {"a", "h"}, {"b", "a"}, {"c", "a"}, {"i", "d"}, {"c", "i"}} {
+	for _, r := range [][2]string{{"a", "d"}, {"a", "e"}, {"a", "h"}, {"a", "g"}, {"b", "a"}, {"c", "a"}, {"i", "d"}, {"c", "i"}} {
 		if len(t.times[r[0]]) > 0 && len(t.times[r[1]]) > 0 {
 			ratios = append(ratios, fmt.Sprintf("(%s)/(%s) %.2f", r[0], r[1], med(r[0]).Seconds()/med(r[1]).Seconds()))
 		}

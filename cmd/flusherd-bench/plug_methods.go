@@ -280,6 +280,65 @@ func engineCalls(s *fileSet, _ *plugStat) (func() error, error) {
 	}, nil
 }
 
+// engineCallsUntilClean is engineCalls, then ends as (a) does, with every
+// file clean: each file whose second cachestat still showed pages under
+// writeback is opened again and looked at (open_by_handle_at, cachestat,
+// close) until it shows none, a round over those files at a time.
+func engineCallsUntilClean(s *fileSet, _ *plugStat) (func() error, error) {
+	calls, err := engineTargets(s)
+	if err != nil {
+		return nil, err
+	}
+	h, ts := calls.h, calls.ts
+	look := func(i int) (busy bool, err error) {
+		f, err := h.OpenHandle(ts[i].h, ts[i].key)
+		if err != nil {
+			return false, err
+		}
+		defer f.Close()
+		dirty, wb, err := f.Cachestat(0, 0)
+		return dirty+wb > 0, err
+	}
+	return func() error {
+		var busy []int
+		for i, t := range ts {
+			f, err := h.OpenHandle(t.h, t.key)
+			if err != nil {
+				return err
+			}
+			var dirty, wb uint64
+			_, _, err = f.Cachestat(0, 0)
+			if err == nil {
+				err = f.StartWriteback(0, 0)
+			}
+			if err == nil {
+				dirty, wb, err = f.Cachestat(0, 0)
+			}
+			f.Close()
+			if err != nil {
+				return err
+			}
+			if dirty+wb > 0 {
+				busy = append(busy, i)
+			}
+		}
+		for len(busy) > 0 {
+			next := busy[:0]
+			for _, i := range busy {
+				b, err := look(i)
+				if err != nil {
+					return err
+				}
+				if b {
+					next = append(next, i)
+				}
+			}
+			busy = next
+		}
+		return nil
+	}, nil
+}
+
 // handleTargets are the files of a set as the engine opens them: by
 // handle, through h.
 type handleTargets struct {
