@@ -89,3 +89,44 @@ func TestServeSignalsClosed(t *testing.T) {
 		t.Errorf("SIGINT: %v", sig)
 	}
 }
+
+// TestServeSignalsQueued: SIGHUPs queued together make one reload, and
+// none is made when a SIGTERM is queued behind them (sent during
+// start-up, before Serve reads).
+func TestServeSignalsQueued(t *testing.T) {
+	pauses := func() (time.Duration, time.Duration) { return time.Second, time.Second }
+	for _, c := range []struct {
+		name    string
+		queued  []os.Signal
+		reloads int
+		want    os.Signal
+	}{
+		{"hup then term", []os.Signal{syscall.SIGHUP, syscall.SIGTERM}, 0, syscall.SIGTERM},
+		{"hups then int", []os.Signal{syscall.SIGHUP, syscall.SIGHUP, syscall.SIGINT}, 0, syscall.SIGINT},
+		{"hups", []os.Signal{syscall.SIGHUP, syscall.SIGHUP, syscall.SIGHUP}, 1, syscall.SIGTERM},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sigs := make(chan os.Signal, len(c.queued))
+			for _, s := range c.queued {
+				sigs <- s
+			}
+			reloads := 0
+			reload := func() bool {
+				reloads++
+				if reloads == 1 && c.reloads == 1 {
+					close(sigs) // ends Serve after this reload (SIGTERM)
+				}
+				return false
+			}
+			if c.reloads == 0 {
+				close(sigs)
+			}
+			if got := ServeSignals(SystemClock, sigs, reload, pauses, zap.NewNop()); got != c.want {
+				t.Errorf("returned %v, want %v", got, c.want)
+			}
+			if reloads != c.reloads {
+				t.Errorf("%d reloads, want %d", reloads, c.reloads)
+			}
+		})
+	}
+}
