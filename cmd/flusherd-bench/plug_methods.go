@@ -257,22 +257,9 @@ func engineCalls(s *fileSet, _ *plugStat) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, ts := calls.h, calls.ts
 	return func() error {
-		for _, t := range ts {
-			f, err := h.OpenHandle(t.h, t.key)
-			if err != nil {
-				return err
-			}
-			_, _, err = f.Cachestat(0, 0)
-			if err == nil {
-				err = f.StartWriteback(0, 0)
-			}
-			if err == nil {
-				_, _, err = f.Cachestat(0, 0)
-			}
-			f.Close()
-			if err != nil {
+		for i := range calls.ts {
+			if _, err := calls.attempt(i); err != nil {
 				return err
 			}
 		}
@@ -289,43 +276,21 @@ func engineCallsUntilClean(s *fileSet, _ *plugStat) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, ts := calls.h, calls.ts
-	look := func(i int) (busy bool, err error) {
-		f, err := h.OpenHandle(ts[i].h, ts[i].key)
-		if err != nil {
-			return false, err
-		}
-		defer f.Close()
-		dirty, wb, err := f.Cachestat(0, 0)
-		return dirty+wb > 0, err
-	}
 	return func() error {
 		var busy []int
-		for i, t := range ts {
-			f, err := h.OpenHandle(t.h, t.key)
+		for i := range calls.ts {
+			b, err := calls.attempt(i)
 			if err != nil {
 				return err
 			}
-			var dirty, wb uint64
-			_, _, err = f.Cachestat(0, 0)
-			if err == nil {
-				err = f.StartWriteback(0, 0)
-			}
-			if err == nil {
-				dirty, wb, err = f.Cachestat(0, 0)
-			}
-			f.Close()
-			if err != nil {
-				return err
-			}
-			if dirty+wb > 0 {
+			if b {
 				busy = append(busy, i)
 			}
 		}
 		for len(busy) > 0 {
 			next := busy[:0]
 			for _, i := range busy {
-				b, err := look(i)
+				b, err := calls.look(i)
 				if err != nil {
 					return err
 				}
@@ -337,6 +302,38 @@ func engineCallsUntilClean(s *fileSet, _ *plugStat) (func() error, error) {
 		}
 		return nil
 	}, nil
+}
+
+// attempt makes the engine's whole-file attempt calls on file i
+// (open_by_handle_at, cachestat, sync_file_range, cachestat, close) and
+// reports whether its second cachestat still showed pages dirty or under
+// writeback.
+func (c handleTargets) attempt(i int) (busy bool, err error) {
+	f, err := c.h.OpenHandle(c.ts[i].h, c.ts[i].key)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	if _, _, err := f.Cachestat(0, 0); err != nil {
+		return false, err
+	}
+	if err := f.StartWriteback(0, 0); err != nil {
+		return false, err
+	}
+	dirty, wb, err := f.Cachestat(0, 0)
+	return dirty+wb > 0, err
+}
+
+// look opens file i by handle and reports whether cachestat shows pages
+// dirty or under writeback.
+func (c handleTargets) look(i int) (busy bool, err error) {
+	f, err := c.h.OpenHandle(c.ts[i].h, c.ts[i].key)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	dirty, wb, err := f.Cachestat(0, 0)
+	return dirty+wb > 0, err
 }
 
 // handleTargets are the files of a set as the engine opens them: by
