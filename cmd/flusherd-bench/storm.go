@@ -4,8 +4,13 @@ package main
 // to a small synchronous writer beside it.
 //
 // Each run makes a fresh ext4 on a direct-I/O loop device (testfs), with
-// its (sparse) image in a temporary directory on the root filesystem, of
-// 2.5 × the burst + 512 MiB (--fs-mib): ext4 starts writing back the whole
+// its image in a temporary directory on the root filesystem, written
+// whole before mkfs (--image allocated, the default: a disk has no holes;
+// on a sparse image each first write to a block is an allocation in the
+// host filesystem that the next cache flush, an fsync of the image, must
+// commit, which makes writeback spread over time cost another program's
+// commits more than one dump does), of 2.5 × the burst + 512 MiB
+// (--fs-mib): ext4 starts writing back the whole
 // filesystem itself, and stops delaying allocation, once dirty data passes
 // half of its free space (ext4_nonda_switch, writeback reason
 // fs_free_space), and a filesystem only 1.5 × the burst did that at
@@ -116,7 +121,8 @@ type stormOpts struct {
 	bin, self   string
 	png         string
 	verbose     bool
-	fsMiB       int // 0: sized from the burst
+	fsMiB       int  // 0: sized from the burst
+	allocated   bool // the image written whole before mkfs (--image allocated)
 	probes      []string
 	pgScale     int
 	pgRate      int           // pgbench -R; 0: as fast as it can
@@ -148,7 +154,7 @@ func stormBench(args []string) int {
 			sizeMB += 512 // the cluster: about 160 MiB at scale 10, its WAL
 		}
 	}
-	if err := stormRoom(base, o.burst, sizeMB); err != nil {
+	if err := stormRoom(base, o.burst, sizeMB, o.allocated); err != nil {
 		return stormFail(1, "%v", err)
 	}
 	if slices.Contains(o.methods, 'f') && o.bin == "" {
@@ -214,6 +220,7 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	bin := fl.String("flusherd", "", "flusherd binary (default: go build ./cmd/flusherd into a temporary directory)")
 	png := fl.String("png", "storm.png", "write the plots to this PNG file (empty: none)")
 	verbose := fl.Bool("verbose", false, "also print one row per run")
+	image := fl.String("image", "allocated", "the loop image: allocated (written whole before mkfs, as a disk's blocks are) or sparse (each first write to a block allocates it in the host filesystem)")
 	fsMiB := fl.Int("fs-mib", 0, "filesystem size, MiB (0: 2.5 × the burst + 512 MiB; ext4 writes everything back itself once dirty data passes half its free space)")
 	probes := fl.String("probe", probeFdatasync, "probes, comma-separated, each with every method: fdatasync (4 KiB pwrite + fdatasync), sqlite-wal, sqlite-rollback (sqlite: both; Python's sqlite3, synchronous=FULL, a row per commit), pgbench (PostgreSQL on the throttled filesystem, pgbench -c 2 -j 2 -R --pg-rate)")
 	pgScale := fl.Int("pg-scale", 10, "pgbench probe: the scale of pgbench -i")
@@ -223,7 +230,7 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 		return stormOpts{}, code, false
 	}
 	o := stormOpts{runs: *runs, maxWait: *maxWait, interval: *interval, wbtLat: *wbtLat,
-		fConfig: strings.ReplaceAll(*fConfig, `\n`, "\n"), bin: *bin, png: *png, verbose: *verbose, fsMiB: *fsMiB,
+		fConfig: strings.ReplaceAll(*fConfig, `\n`, "\n"), bin: *bin, png: *png, verbose: *verbose, fsMiB: *fsMiB, allocated: *image == "allocated",
 		pgScale: *pgScale, pgRate: *pgRate, minTime: *minTime, scheduler: *scheduler}
 	var err error
 	if o.burst, err = parseBytes(*burst); err != nil || (o.burst != 0 && o.burst < writeChunk) {
@@ -237,6 +244,9 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	}
 	if o.pgScale < 1 || o.pgRate < 0 || o.minTime < 0 || (o.burst == 0 && o.minTime == 0) {
 		return o, stormFail(2, "need --pg-scale ≥ 1, --pg-rate ≥ 0 and --min-time ≥ 0 (> 0 with --burst 0)"), false
+	}
+	if *image != "sparse" && *image != "allocated" {
+		return o, stormFail(2, "--image %q: want sparse or allocated", *image), false
 	}
 	if err := letters("methods", *methods, "ktwf"); err != nil {
 		return o, stormFail(2, "%v", err), false
@@ -324,9 +334,10 @@ func (r *stormRun) writePlots(results map[byte][]*stormResult) bool {
 	return true
 }
 
-// stormRoom checks that the loop image (sparse, filled by about the burst)
-// fits the free disk under dir and that the burst fits in memory.
-func stormRoom(dir string, burst int64, sizeMB int) error {
+// stormRoom checks that the loop image (sizeMB allocated, or sparse and
+// filled by about the burst) fits the free disk under dir and that the
+// burst fits in memory.
+func stormRoom(dir string, burst int64, sizeMB int, allocated bool) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return err
@@ -335,8 +346,12 @@ func stormRoom(dir string, burst int64, sizeMB int) error {
 		return fmt.Errorf("%s is on tmpfs: the loop image would be held in memory; set TMPDIR to a directory on a disk", dir)
 	}
 	free := int64(st.Bavail) * st.Bsize
-	if need := burst + 256<<20 + 1<<30; free < need {
-		return fmt.Errorf("%s: %d MiB free, need %d MiB (a %d MiB image filled by the burst, and 1 GiB to spare)", dir, free>>20, need>>20, sizeMB)
+	need, what := burst+256<<20+1<<30, fmt.Sprintf("a sparse %d MiB image filled by the burst", sizeMB)
+	if allocated {
+		need, what = int64(sizeMB)<<20+1<<30, fmt.Sprintf("an allocated %d MiB image", sizeMB)
+	}
+	if free < need {
+		return fmt.Errorf("%s: %d MiB free, need %d MiB (%s, and 1 GiB to spare)", dir, free>>20, need>>20, what)
 	}
 	if avail := int64(meminfoKB().available) << 10; avail > 0 && avail < 2*burst+1<<30 {
 		return fmt.Errorf("MemAvailable %d MiB: a %d MiB burst needs at least %d MiB (twice the burst, and 1 GiB)", avail>>20, burst>>20, (2*burst+1<<30)>>20)

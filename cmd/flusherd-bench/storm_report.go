@@ -224,7 +224,11 @@ func (r *stormRun) printSettings(w io.Writer) {
 	if o.rate == 0 {
 		rate = "not throttled"
 	}
-	fmt.Fprintf(w, "\nstorm: a %s on a %d MiB ext4 on a direct-I/O loop device %s\n", burst, r.sizeMB, rate)
+	image := "allocated"
+	if !o.allocated {
+		image = "sparse"
+	}
+	fmt.Fprintf(w, "\nstorm: a %s on a %d MiB ext4 (%s image) on a direct-I/O loop device %s\n", burst, r.sizeMB, image, rate)
 	fmt.Fprintf(w, "machine: Linux %s, %d cores, %.1f GiB RAM; %s\n", unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(),
 		float64(meminfoKB().total)/(1<<20), runtime.Version())
 	fmt.Fprintf(w, "kernel settings (method k): vm.dirty_background_bytes=%s dirty_background_ratio=%s dirty_bytes=%s dirty_ratio=%s dirty_expire_centisecs=%s dirty_writeback_centisecs=%s\n",

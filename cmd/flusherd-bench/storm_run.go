@@ -118,7 +118,7 @@ func (r *stormRun) once(m byte, run int) (res *stormResult, err error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	fs, err := benchFS(testfs.Options{Type: "ext4", SizeMB: r.sizeMB, DirectIO: true, ImageDir: dir})
+	fs, err := benchFS(testfs.Options{Type: "ext4", SizeMB: r.sizeMB, DirectIO: true, ImageDir: dir, Allocated: r.o.allocated})
 	if err != nil {
 		return nil, err
 	}

@@ -75,6 +75,13 @@ type Options struct {
 	// Data is mount(2)'s data: the filesystem's options (e.g.
 	// "barrier=0").
 	Data string
+	// Allocated writes the whole image (zeros, then fsync) before mkfs,
+	// and keeps mkfs from discarding it: every block of the image is then
+	// allocated in the host filesystem, as a disk's are, and a direct-I/O
+	// write through the loop device is a plain overwrite there, not an
+	// allocation that the next cache flush (an fsync of the image) must
+	// commit. ext4 only.
+	Allocated bool
 }
 
 // FS is a mounted test filesystem.
@@ -151,7 +158,13 @@ func Mount(t T, opt Options) *FS {
 	}
 	t.Cleanup(func() { td.run(t) })
 
-	makeImage(t, td.image, size, mkfs, append(mkfsArgs, opt.MkfsArgs...))
+	if opt.Allocated {
+		if typ != "ext4" {
+			t.Fatalf("testfs: Allocated is for ext4 images, not %s", typ)
+		}
+		mkfsArgs[len(mkfsArgs)-1] += ",nodiscard"
+	}
+	makeImage(t, td.image, size, opt.Allocated, mkfs, append(mkfsArgs, opt.MkfsArgs...))
 	attach(t, td, losetup, opt.DirectIO)
 	st := mountAt(t, td, typ, opt.Data)
 	return &FS{
@@ -200,14 +213,19 @@ func mkfsFor(t T, opt Options) (typ string, args []string, size int) {
 	return typ, args, size
 }
 
-// makeImage creates image, sizeMB MiB, and makes a filesystem on it.
-func makeImage(t T, image string, sizeMB int, mkfs string, args []string) {
+// makeImage creates image, sizeMB MiB (written with zeros and synced if
+// allocated, sparse if not), and makes a filesystem on it.
+func makeImage(t T, image string, sizeMB int, allocated bool, mkfs string, args []string) {
 	t.Helper()
 	img, err := os.OpenFile(image, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		t.Fatalf("testfs: create image: %v", err)
 	}
-	err = img.Truncate(int64(sizeMB) << 20)
+	if allocated {
+		err = fillZeros(img, int64(sizeMB)<<20)
+	} else {
+		err = img.Truncate(int64(sizeMB) << 20)
+	}
 	if cerr := img.Close(); err == nil {
 		err = cerr
 	}
@@ -217,6 +235,23 @@ func makeImage(t T, image string, sizeMB int, mkfs string, args []string) {
 	if out, err := exec.Command(mkfs, append(args, image)...).CombinedOutput(); err != nil {
 		t.Fatalf("testfs: %s %s %s: %v\n%s", mkfs, strings.Join(args, " "), image, err, out)
 	}
+}
+
+// fillZeros writes size bytes of zeros to f from offset 0 and syncs it.
+func fillZeros(f *os.File, size int64) error {
+	buf := make([]byte, 8<<20)
+	for off := int64(0); off < size; {
+		n, err := f.WriteAt(buf[:min(int64(len(buf)), size-off)], off)
+		if err != nil {
+			return err
+		}
+		off += int64(n)
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	// Written and synced: the host's cache of it is of no further use.
+	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 }
 
 // attach attaches td's image to a free loop device (with direct I/O if

@@ -74,6 +74,30 @@ func (r *recTB) Errorf(format string, args ...any) {
 	r.TB.Logf("(recorded) "+format, args...)
 }
 
+// TestAllocated: an Allocated image has every block allocated in the
+// host filesystem after mkfs (nothing discarded); a default one is sparse.
+func TestAllocated(t *testing.T) {
+	const sizeMB = 64
+	for _, alloc := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allocated=%v", alloc), func(t *testing.T) {
+			fs := Mount(t, Options{SizeMB: sizeMB, Allocated: alloc, DirectIO: true})
+			checkMounted(t, fs, unix.EXT4_SUPER_MAGIC)
+			var st unix.Stat_t
+			if err := unix.Stat(fs.Image, &st); err != nil {
+				t.Fatal(err)
+			}
+			used := st.Blocks * 512
+			if full := used >= sizeMB<<20; full != alloc {
+				t.Errorf("image %s: %d of %d MiB allocated, want all allocated: %v", fs.Image, used>>20, sizeMB, alloc)
+			}
+		})
+	}
+	if fs, err := New(Options{Type: "xfs", Allocated: true}); err == nil {
+		fs.Close()
+		t.Error("Allocated with xfs: no error")
+	}
+}
+
 // A test that leaves a file open: cleanup must retry, fall back to a lazy
 // umount, say so, and the loop device must go away once the file is closed.
 func TestBusyAtCleanup(t *testing.T) {
