@@ -4,10 +4,10 @@
 // shown below, and unknown keys are errors.
 //
 //	[writeback]
-//	dirty_writeback_interval = "5s"   # kupdate period
-//	dirty_expire_interval    = "30s"  # age at which dirty data is written back
+//	dirty_writeback_interval = "1s"   # kupdate period (the kernel's: 5s)
+//	dirty_expire_interval    = "5s"   # age at which dirty data is written back (the kernel's: 30s)
 //	min_pause        = "10ms"         # first backoff pause for b_more_io_wait
-//	max_pause        = "5s"           # default: the effective dirty_writeback_interval
+//	max_pause        = "1s"           # default: the effective dirty_writeback_interval
 //	write_chunk      = "4MiB"         # most written back per inode per attempt; "auto": half a second of the device's bandwidth
 //	dirty_background_bytes = "0"      # background writeback above this much dirty data per device; "0": off
 //	dirty_background_ratio = 0        # or above this percentage of the kernel's background threshold; 0: off
