@@ -5,12 +5,9 @@ package main
 //
 // Each run makes a fresh ext4 on a direct-I/O loop device (testfs), with
 // its image in a temporary directory on the root filesystem, written
-// whole before mkfs (--image allocated, the default: a disk has no holes;
-// on a sparse image each first write to a block is an allocation in the
-// host filesystem that the next cache flush, an fsync of the image, must
-// commit, which makes writeback spread over time cost another program's
-// commits more than one dump does), of 2.5 × the burst + 512 MiB
-// (--fs-mib): ext4 starts writing back the whole
+// whole before mkfs as a disk's blocks exist (--image allocated; sparse:
+// a thin-provisioned disk), of 2.5 × the burst + 512 MiB (--fs-mib):
+// ext4 starts writing back the whole
 // filesystem itself, and stops delaying allocation, once dirty data passes
 // half of its free space (ext4_nonda_switch, writeback reason
 // fs_free_space), and a filesystem only 1.5 × the burst did that at

@@ -162,7 +162,7 @@ func Mount(t T, opt Options) *FS {
 		if typ != "ext4" {
 			t.Fatalf("testfs: Allocated is for ext4 images, not %s", typ)
 		}
-		mkfsArgs[len(mkfsArgs)-1] += ",nodiscard"
+		mkfsArgs[len(mkfsArgs)-1] += ",nodiscard" // ext4's last argument is -E's list
 	}
 	makeImage(t, td.image, size, opt.Allocated, mkfs, append(mkfsArgs, opt.MkfsArgs...))
 	attach(t, td, losetup, opt.DirectIO)
