@@ -562,6 +562,52 @@ func TestDataLost(t *testing.T) {
 	}, tr.setup, withLogs(zapcore.InfoLevel, &logs))
 }
 
+// TestSyncAfterLoss: a sync request for a file whose data was lost is
+// answered with the loss while nothing was written since, and writes the
+// file when data was (through a shared mmap: no event), which ends the
+// loss.
+func TestSyncAfterLoss(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.MaxPause = 500 * time.Millisecond
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		f := h.fs.add("/a", 1, pg, 1)
+		f.writeErr = syscall.EIO
+		h.mark(f, 0)
+		time.Sleep(1100 * time.Millisecond)
+		synctest.Wait()
+		f.set(func(f *fakeFile) { f.writeErr = nil; clear(f.dirty) }) // the kernel marks the failed pages clean
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if len(h.wb.Failed()) != 1 {
+			t.Fatalf("Failed() = %+v, want /a", h.wb.Failed())
+		}
+		sync := func() error {
+			w := &Work{SyncMode: SyncAll, Reason: "sync", Files: []FileRef{{Key: f.key, Path: f.path, Tree: tree.Tree{Expire: time.Hour}}}}
+			h.wb.Queue(w)
+			<-w.Done()
+			return w.Errs[0]
+		}
+		if err := sync(); !errors.Is(err, syscall.EIO) {
+			t.Errorf("sync, nothing written since the loss: %v, want the loss (EIO)", err)
+		}
+		if len(h.wb.Failed()) != 1 {
+			t.Errorf("after it: Failed() = %+v, want /a", h.wb.Failed())
+		}
+		f.redirty(0)
+		if err := sync(); err != nil {
+			t.Errorf("sync after data written since the loss: %v, want it written", err)
+		}
+		f.fs.mu.Lock()
+		dirty := len(f.dirty)
+		f.fs.mu.Unlock()
+		if dirty != 0 || len(h.wb.Failed()) != 0 || h.wb.Tracked() != 0 {
+			t.Errorf("after that sync: %d dirty pages, Failed() = %+v, tracked %d; want it written and forgotten", dirty, h.wb.Failed(), h.wb.Tracked())
+		}
+	})
+}
+
 // TestErrorBeforeTheDataIsNoLoss: a file whose attempts fail before they
 // reach its data, in the open (EACCES) or the first cachestat (EPERM), and
 // that the kernel then writes back once the cause is gone, is found clean

@@ -1,7 +1,6 @@
 package bdi
 
 import (
-	"fmt"
 	"time"
 
 	"flusherd/inode"
@@ -35,15 +34,11 @@ func (wb *Writeback) syncFiles(w *Work) {
 		first[f.Key] = i
 		now := wb.now()
 		h := wb.lockWithHandle(f.Key, f.Path, "")
-		if in := wb.inodes.Get(f.Key); in != nil && wb.failedLocked(in) {
-			// A sync is not a new write: its data stays lost.
-			w.Errs[i] = fmt.Errorf("%w: the data was dropped after a failed writeback", errnoError(in.LastErr))
-			wb.mu.Unlock()
-			continue
-		}
 		// Tracked from now on, as a write would (no wakeup: this is
-		// the device's goroutine); not a write, though: a loss that a
-		// close took off the failed list (LostBefore) stands.
+		// the device's goroutine); not a write, though: a file whose
+		// data was lost keeps that loss (LostBefore) unless its
+		// attempt finds data written since (through a shared mmap,
+		// which makes no event), which it then writes.
 		wb.markInodeDirtyLocked(f.Key, f.Path, h, f.Tree, now, markClosed|markSync)
 		in := wb.inodes.Get(f.Key)
 		if in.Has(inode.Busy) && !wb.waitUnbusyLocked(in) {

@@ -46,6 +46,7 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 					return control.Response{Error: fmt.Sprintf("dirty: %q is not an absolute path", under[i])}
 				}
 			}
+			fence(ctx, wat)
 			files, total := dirtyFiles(reg, fresh, req.Top, under)
 			return control.Response{OK: true, Dirty: files, DirtyTotal: total}
 		case "status":
@@ -63,6 +64,20 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 		}
 		return control.Response{Error: fmt.Sprintf("unknown op %q (want sync, dirty, stats or status)", req.Op)}
 	}
+}
+
+// fenceTimeout bounds how long a request waits for the events queued
+// before it (fence).
+const fenceTimeout = 2 * time.Second
+
+// fence waits, for a sync or dirty request, until the events queued
+// before it have been handled (watch.Backend.Fence): a file written just
+// before the request is tracked by then. Past fenceTimeout (the watcher
+// is held up) the request goes on with what is tracked.
+func fence(ctx context.Context, wat watch.Backend) {
+	ctx, cancel := context.WithTimeout(ctx, fenceTimeout)
+	defer cancel()
+	wat.Fence(ctx)
 }
 
 // isUnder reports whether path is one of paths or below one of them (all
@@ -138,6 +153,7 @@ func holdsTree(wat watch.Backend, dir string) bool {
 // path is named. A file deleted before its writeback is reported Gone, not
 // failed.
 func Sync(ctx context.Context, reg *bdi.Registry, wat watch.Backend, paths []string) control.Response {
+	fence(ctx, wat)
 	sp := &syncPlan{reg: reg, wat: wat, works: map[*bdi.Writeback]*syncWork{}, named: map[inode.Key]bool{}}
 	if len(paths) == 0 {
 		sp.addUnder("")

@@ -33,6 +33,10 @@ import (
 // every tree's filesystem can be registered.
 type Fanotify struct {
 	base
+	// cursor counts the bytes Run read from the group; handledBytes,
+	// those whose events were handled (Fence).
+	cursor       queueCursor
+	handledBytes atomic.Uint64
 	// nestedFallback serves a mount inside a tree that fanotify cannot
 	// mark (Mixed: the inotify half); nil: such a mount is not served.
 	nestedFallback func(ctx context.Context, t tree.Tree, mountpoint string) bool

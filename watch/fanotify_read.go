@@ -61,7 +61,7 @@ func (fa *Fanotify) Run(ctx context.Context) {
 		if fds[1].Revents != 0 {
 			return // Close, or ctx ended
 		}
-		n, err := unix.Read(fa.fd, fa.buf)
+		n, err := fa.cursor.readQueue(func() (int, error) { return unix.Read(fa.fd, fa.buf) })
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -88,6 +88,7 @@ func (fa *Fanotify) Run(ctx context.Context) {
 			fa.forgetRemovedUpTo(seq)
 		}
 		fa.doneBatches.Add(1)
+		fa.handledBytes.Add(uint64(n))
 		if drained {
 			time.Sleep(coalesce)
 		}
@@ -121,6 +122,16 @@ func (fa *Fanotify) Quiesce(ctx context.Context) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// Fence implements Backend: it returns once every event queued in the
+// group at its call has been read and handled by Run, or ctx's error.
+func (fa *Fanotify) Fence(ctx context.Context) error {
+	t, err := fa.cursor.target(ctx, fa.queued)
+	if err != nil {
+		return err
+	}
+	return waitUntil(ctx, func() bool { return fa.handledBytes.Load() >= t })
 }
 
 // event is one parsed fanotify event. Its byte slices point into the read

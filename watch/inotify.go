@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -37,6 +38,8 @@ type Watcher struct {
 	base
 	w        *inotifyFD
 	interval time.Duration
+	// handledEvents counts the events of w.Events handled (Fence).
+	handledEvents atomic.Uint64
 
 	dmu       sync.Mutex
 	dirs      map[string]inode.Key // watched directories and their identity when watched (zero: unknown), for renames and removals
@@ -460,6 +463,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			w.endMoves()
 			w.touched()
 			w.doneBatches.Add(1)
+			w.handledEvents.Add(uint64(n))
 		case err, ok := <-w.w.Errors:
 			if !ok {
 				return
@@ -728,6 +732,20 @@ func (w *Watcher) Quiesce(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// Fence implements Backend: it returns once every event queued at its
+// call has been read, sent on Events and handled by Run, or ctx's error.
+func (w *Watcher) Fence(ctx context.Context) error {
+	t, err := w.w.cursor.target(ctx, w.w.queued)
+	if err != nil {
+		return err
+	}
+	if err := waitUntil(ctx, func() bool { return w.w.sentBytes.Load() >= t }); err != nil {
+		return err
+	}
+	s := w.w.sent.Load()
+	return waitUntil(ctx, func() bool { return w.handledEvents.Load() >= s })
 }
 
 // Trees implements Backend.

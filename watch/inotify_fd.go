@@ -77,8 +77,14 @@ type inotifyFD struct {
 	file  *os.File      // the instance, read through the runtime's poller
 	opens bool          // inotifyOpenMask is to be asked for (EnableOpens)
 	reads atomic.Uint64 // reads of the queue that returned events
-	done  chan struct{}
-	exit  chan struct{} // closed when the reader has returned
+	// cursor counts the bytes read from the queue; sentBytes, those
+	// whose events are on Events (or were dropped), and sent the events
+	// sent (Watcher.Fence).
+	cursor    queueCursor
+	sentBytes atomic.Uint64
+	sent      atomic.Uint64
+	done      chan struct{}
+	exit      chan struct{} // closed when the reader has returned
 
 	mu sync.Mutex
 	// mask is every new watch's: inotifyMask, and inotifyOpenMask once
@@ -220,12 +226,28 @@ func (in *inotifyFD) read() {
 		close(in.Events)
 	}()
 	buf := make([]byte, unix.SizeofInotifyEvent*4096)
+	rc, err := in.file.SyscallConn()
+	if err != nil {
+		in.sendError(err)
+		return
+	}
 	for {
-		n, err := in.file.Read(buf)
-		switch {
-		case errors.Is(err, os.ErrClosed):
-			return
-		case err == nil && n < unix.SizeofInotifyEvent:
+		// Each read(2) through the runtime's poller, counted (cursor).
+		var n int
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			n, rerr = in.cursor.readQueue(func() (int, error) { return unix.Read(int(fd), buf) })
+			return !errors.Is(rerr, unix.EAGAIN)
+		})
+		if err == nil {
+			err = rerr
+		}
+		select {
+		case <-in.done:
+			return // closed
+		default:
+		}
+		if err == nil && n < unix.SizeofInotifyEvent {
 			err = io.ErrUnexpectedEOF
 		}
 		if err != nil {
@@ -238,6 +260,7 @@ func (in *inotifyFD) read() {
 		if !in.events(buf[:n]) {
 			return
 		}
+		in.sentBytes.Add(uint64(n))
 		if n < len(buf)/2 {
 			time.Sleep(coalesce) // as Fanotify.Run
 		}
@@ -267,11 +290,22 @@ func (in *inotifyFD) events(buf []byte) bool {
 		}
 		select {
 		case in.Events <- ev:
+			in.sent.Add(1)
 		case <-in.done:
 			return false
 		}
 	}
 	return true
+}
+
+// queued returns the bytes of events waiting in the queue (FIONREAD).
+func (in *inotifyFD) queued() (int, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed {
+		return 0, os.ErrClosed
+	}
+	return unix.IoctlGetInt(in.fd, unix.TIOCINQ) // FIONREAD
 }
 
 // event turns a queued event of watch wd into an inotifyEvent; false for

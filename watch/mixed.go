@@ -110,6 +110,14 @@ func (m *Mixed) Run(ctx context.Context) {
 	wg.Wait()
 }
 
+// Fence implements Backend: both halves'.
+func (m *Mixed) Fence(ctx context.Context) error {
+	if err := m.fa.Fence(ctx); err != nil {
+		return err
+	}
+	return m.in.Fence(ctx)
+}
+
 // Quiesce implements Backend.
 func (m *Mixed) Quiesce(ctx context.Context) {
 	m.fa.Quiesce(ctx)

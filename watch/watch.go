@@ -106,6 +106,12 @@ type Backend interface {
 	Served(root string) bool
 	// Run handles events until ctx ends or Close.
 	Run(ctx context.Context)
+	// Fence returns once every event queued when it was called has been
+	// read and handled (its reports have reached the sink), or with ctx's
+	// error: a sync request is ordered after the writes made before it.
+	// Events that come meanwhile are not waited for, and a rescan that
+	// lost events scheduled is not run.
+	Fence(ctx context.Context) error
 	// Quiesce returns once the events queued when it was called have been
 	// handled (or ctx ends): a shutdown calls it before Close, so that a
 	// file written just before SIGTERM is tracked, and written back.
