@@ -11,6 +11,7 @@ package faultfs
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"sync"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"flusherd/internal/testfs"
 )
@@ -64,7 +66,24 @@ type FS struct {
 	faults Faults
 	// Counts of operations seen, by name.
 	counts map[string]int
+
+	// closing ends every delay (Unmount, Abort).
+	closing   chan struct{}
+	closeOnce sync.Once
 }
+
+// delay sleeps d, or until the filesystem is being unmounted or aborted.
+func (f *FS) delay(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-f.closing:
+	}
+}
+
+// endDelays ends the delays under way and those to come.
+func (f *FS) endDelays() { f.closeOnce.Do(func() { close(f.closing) }) }
 
 // Set replaces the faults.
 func (f *FS) Set(fl Faults) {
@@ -92,7 +111,7 @@ func (f *FS) Count(op string) int {
 func Mount(dir, backing string) (*FS, error) { return mount(dir, backing, true) }
 
 func mount(dir, backing string, writebackCache bool) (*FS, error) {
-	f := &FS{Dir: dir, Backing: backing, counts: map[string]int{}}
+	f := &FS{Dir: dir, Backing: backing, counts: map[string]int{}, closing: make(chan struct{})}
 	lroot, err := fs.NewLoopbackRoot(backing)
 	if err != nil {
 		return nil, err
@@ -130,6 +149,7 @@ func mount(dir, backing string, writebackCache bool) (*FS, error) {
 // Unmount unmounts the filesystem, retrying briefly while it is busy.
 func (f *FS) Unmount() error {
 	f.Set(Faults{})
+	f.endDelays()
 	var err error
 	for range 50 {
 		if err = f.server.Unmount(); err == nil {
@@ -189,7 +209,7 @@ func (f *file) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResul
 func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	fl := f.fs.get("write")
 	if fl.WriteDelay > 0 {
-		time.Sleep(fl.WriteDelay)
+		f.fs.delay(fl.WriteDelay)
 	}
 	if fl.WriteErr != 0 {
 		return 0, fl.WriteErr
@@ -204,7 +224,7 @@ func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 
 func (f *file) Flush(ctx context.Context) syscall.Errno {
 	if fl := f.fs.get("flush"); fl.FlushDelay > 0 {
-		time.Sleep(fl.FlushDelay)
+		f.fs.delay(fl.FlushDelay)
 	}
 	return f.FileHandle.(fs.FileFlusher).Flush(ctx)
 }
@@ -244,7 +264,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	fl := n.fs.get("open")
 	if fl.OpenDelay > 0 {
-		time.Sleep(fl.OpenDelay)
+		n.fs.delay(fl.OpenDelay)
 	}
 	if fl.OpenErr != 0 {
 		return nil, 0, fl.OpenErr
@@ -258,7 +278,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if fl := n.fs.get("opendir"); fl.OpendirDelay > 0 {
-		time.Sleep(fl.OpendirDelay)
+		n.fs.delay(fl.OpendirDelay)
 	}
 	return n.LoopbackNode.OpendirHandle(ctx, flags)
 }
@@ -266,7 +286,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
 	fl := n.fs.get("fsync")
 	if fl.FsyncDelay > 0 {
-		time.Sleep(fl.FsyncDelay)
+		n.fs.delay(fl.FsyncDelay)
 	}
 	if fl.FsyncErr != 0 {
 		return fl.FsyncErr
@@ -300,12 +320,63 @@ func mountT(t testing.TB, writebackCache bool) *FS {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The server runs in the test's own process: a request it never
+	// answers (a descriptor of the filesystem closed by a child between
+	// fork and exec flushes its dirty pages) holds that thread in D
+	// state, and the process cannot exit, not even at the test binary's
+	// -timeout. Near that deadline the connection is aborted, so that
+	// the waiting calls fail and the run ends.
+	limit := 10 * time.Minute
+	if fl := flag.Lookup("test.timeout"); fl != nil {
+		if d, err := time.ParseDuration(fl.Value.String()); err == nil && d > 0 {
+			limit = time.Until(loaded.Add(d)) - 20*time.Second
+		}
+	}
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-stop:
+		case <-time.After(limit):
+			err := f.Abort()
+			fmt.Fprintf(os.Stderr, "faultfs: %s was still mounted %s after its mount, near the test binary's deadline: its FUSE connection was aborted (error: %v)\n", f.Dir, limit.Round(time.Second), err)
+		}
+	}()
 	t.Cleanup(func() {
+		defer close(stop)
 		if err := f.Unmount(); err != nil {
 			t.Error(err)
 		}
 	})
 	return f
+}
+
+// loaded is about when the test binary started (its -timeout counts from
+// then).
+var loaded = time.Now()
+
+// fusectlDir is where the fusectl filesystem shows FUSE connections.
+const fusectlDir = "/sys/fs/fuse/connections"
+
+// Abort aborts the filesystem's FUSE connection (fusectl's abort file,
+// mounting fusectl if it is not): every request waiting on the server
+// fails (ECONNABORTED), and later calls on the filesystem fail.
+func (f *FS) Abort() error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(f.Dir, &st); err != nil {
+		return err
+	}
+	// The connection's name is the superblock's dev_t as the kernel
+	// encodes it (MKDEV: major << 20 | minor).
+	dev := uint64(unix.Major(st.Dev))<<20 | uint64(unix.Minor(st.Dev))
+	abort := fmt.Sprintf("%s/%d/abort", fusectlDir, dev)
+	if _, err := os.Stat(abort); err != nil {
+		if merr := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); merr != nil {
+			return fmt.Errorf("faultfs: no %s (%v), and fusectl could not be mounted: %w", abort, err, merr)
+		}
+	}
+	err := os.WriteFile(abort, []byte("1"), 0)
+	f.endDelays() // the server's handlers return (their replies go nowhere)
+	return err
 }
 
 // Available reports whether a faultfs can be mounted here: root and

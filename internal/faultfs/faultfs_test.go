@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,5 +51,39 @@ func TestDirtyPagesAndFaults(t *testing.T) {
 	}
 	if f.Count("open") == 0 || f.Count("fsync") == 0 {
 		t.Errorf("counts: open %d fsync %d", f.Count("open"), f.Count("fsync"))
+	}
+}
+
+// TestAbort: a call waiting on a server that never answers (an fdatasync
+// stalled for an hour) fails once the connection is aborted, and the
+// mount's cleanup still takes it down.
+func TestAbort(t *testing.T) {
+	f := MountT(t)
+	w, err := os.Create(filepath.Join(f.Dir, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write(make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	f.Set(Faults{FsyncDelay: time.Hour})
+	done := make(chan error, 1)
+	go func() { done <- unix.Fdatasync(int(w.Fd())) }()
+	select {
+	case err := <-done:
+		t.Fatalf("fdatasync returned (%v) before the abort; the stall did not hold it", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := f.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("fdatasync succeeded on an aborted connection")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("fdatasync still waiting 10 s after the abort")
 	}
 }
