@@ -211,6 +211,7 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []sampleResult {
 	page := int64(os.Getpagesize())
 	out := make([]sampleResult, 0, len(probes))
+	timed := cfg.TargetLatency <= 0 // one range timed per sample (rangeDrain)
 	for _, p := range probes {
 		r := sampleResult{sampleProbe: p}
 		f, _, err := wb.openFile(p.path, p.key, p.handle)
@@ -234,19 +235,28 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 			off = 0 // truncated
 		}
 		room := int64(0)
+		want := min((size-cfg.RangeBytes)/page*page-off, max(chunk, page)/page*page)
 		if err == nil && p.streaming && d > 0 && size-off > 2*cfg.RangeBytes {
-			var paced bool
-			room, paced = wb.startRoom(p.in, w, wb.window.size(), backgroundCheckInterval)
-			if room <= 0 && !paced {
+			var window int64
+			room, window = wb.startRoom(p.in, w, wb.window.size(), backgroundCheckInterval)
+			switch {
+			case room >= want:
+			case room == window:
+				// Held back by the window (no room, or less than
+				// it wanted): counted, so that the window is
+				// judged.
 				wb.mu.Lock()
 				wb.acct.throttled++
 				wb.mu.Unlock()
+			default:
+				wb.pace.held() // by the pace
 			}
 		}
-		end := min((size-cfg.RangeBytes)/page*page, off+min(max(chunk, page)/page*page, room))
+		end := off + min(want, room)
 		if room > 0 && end > off {
 			rd, _, cerr := f.Cachestat(off, end-off)
 			if cerr == nil {
+				start := wb.now()
 				if err := f.StartWriteback(off, end-off); err == nil {
 					r.rangeEnd, r.ranged = end, rd
 					n := uint64((end - off) / page)
@@ -255,6 +265,10 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 						n = max(n, d-min(d, d2))
 					}
 					wb.charge(n)
+					if !timed && rd > 0 {
+						timed = true
+						r.drain = wb.rangeDrain(f, off, end-off, rd, start, cfg.TargetLatency)
+					}
 				} else if blk.IsUnsupported(err) {
 					r.unsupported = err
 				}
@@ -264,6 +278,38 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 		out = append(out, r)
 	}
 	return out
+}
+
+// rangeDrain measures how long the device takes to write a range that
+// was just put under writeback (at start, daemon clock; pages of
+// [off, off+n) were dirty): it looks at the range again half the target
+// (target_latency) later, and the drain time is the time since start over the part
+// of the pages written by then; all written, it is under that time (half
+// of it is returned); none, twice the target. It is the wait of another
+// program's write queued behind the range, measured rather than taken as
+// the bytes over the device's rate, which on a device that flusherd does
+// not keep busy is the rate flusherd gave it, not what it can do (as
+// blk-wbt times its requests' completions: block/blk-wbt.c,
+// wb_timer_fn). 0: not measured (the look failed).
+func (wb *Writeback) rangeDrain(f inode.File, off, n int64, pages uint64, start, target time.Duration) time.Duration {
+	t := time.NewTimer(target/2 - (wb.now() - start))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wb.live.stopped:
+		return 0
+	}
+	_, left, err := f.Cachestat(off, n)
+	el := wb.now() - start
+	switch {
+	case err != nil || el <= 0:
+		return 0
+	case left == 0:
+		return max(el/2, 1)
+	case left >= pages:
+		return 2 * target
+	}
+	return time.Duration(float64(el) * float64(pages) / float64(pages-left))
 }
 
 // applySampleLocked takes in, at now (daemon clock), a sample's results:
@@ -293,6 +339,7 @@ func (wb *Writeback) applySampleLocked(res []sampleResult, now time.Duration) (u
 			// until its next attempt.
 			wb.setPagesLocked(in, uint64(in.DirtyPages), 0)
 		}
+		wb.bg.drain = max(wb.bg.drain, r.drain)
 		if r.rangeEnd > 0 {
 			wb.bg.rangeOff[r.key] = r.rangeEnd
 			wb.acct.rangeWritebacks++
@@ -321,12 +368,17 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 	wb.mu.Lock()
 	inflight := int64(wb.acct.wbSum) * int64(os.Getpagesize())
 	throttled := wb.acct.throttled
+	drain := wb.bg.drain
+	wb.bg.drain = 0
 	wb.mu.Unlock()
 	windowLimited := throttled != wb.loop.windowThrottled
-	wb.window.update(wb.bw.inst, inflight, windowLimited)
+	_, queued := wb.window.update(wb.bw.inst, inflight, drain, windowLimited)
 	wb.loop.windowThrottled = throttled
 	paceLimited := wb.pace.period(now)
 	if wb.window.target > 0 {
-		wb.pace.setRate(now, wb.paceCtl.update(wb.bw.elapsed, wb.bw.inst, windowLimited, paceLimited))
+		// A period held by a window that drains in under half the
+		// target is not the device's limit: its rate says nothing
+		// of the device's speed.
+		wb.pace.setRate(now, wb.paceCtl.update(wb.bw.elapsed, wb.bw.inst, windowLimited && queued, paceLimited))
 	}
 }

@@ -848,3 +848,43 @@ func TestKupdateLeavesWhatBackgroundWorkLeftOnBIO(t *testing.T) {
 		}
 	}, machineDirty(0))
 }
+
+// TestRangeWritebackWindowGrowsOnAFastDevice: a writer faster than one
+// window per check, on a device that finishes each range at once: the
+// ranges cut short by the window count as held back, the drain the ranges
+// measure is short, so the window grows to its ceiling and the ranges keep
+// up with the writer. On a device that has not finished a range half the
+// target later, the window does not grow.
+func TestRangeWritebackWindowGrowsOnAFastDevice(t *testing.T) {
+	for _, fast := range []bool{true, false} {
+		cfg := testConfig()
+		cfg.RangeBytes, cfg.WriteChunk = 256*pg, 64<<20
+		cfg.TargetLatency, cfg.MaxInflight = 25*time.Millisecond, 16<<20
+		withWB(t, cfg, func(h *harness) {
+			t := h.t
+			f := h.fs.add("/stream", 1, 0, 0)
+			// Slow: what is under writeback completes only at the
+			// writer's next step, 100 ms on.
+			f.fastDevice, f.holdWriteback = fast, !fast
+			for range 30 {
+				f.appendPages(2048) // 8 MiB per 100 ms
+				h.mark(f, time.Hour)
+				time.Sleep(100 * time.Millisecond)
+				f.set(func(f *fakeFile) { f.writeback = 0 })
+			}
+			synctest.Wait()
+			calls := h.fs.callsOf("sync_file_range", "/stream")
+			if len(calls) < 10 {
+				t.Fatalf("fast %v: %d range writebacks, want at least 10", fast, len(calls))
+			}
+			last := calls[len(calls)-1].n
+			window := h.wb.window.size()
+			if fast && (window != 16<<20 || last < 4<<20) {
+				t.Errorf("fast device: window %d, last range %d bytes; want the ceiling (%d) and ranges of the writer's 8 MiB a check", window, last, 16<<20)
+			}
+			if !fast && (window > windowStart || last > windowStart) {
+				t.Errorf("a device that has not finished: window %d, last range %d bytes; want at most %d", window, last, windowStart)
+			}
+		})
+	}
+}

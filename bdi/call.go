@@ -207,16 +207,16 @@ func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64
 
 // startRoom is how many bytes of in's writeback (wbp pages under
 // writeback as last read) may start now, in whole pages: the room under
-// the window (maxInflight) and the pace's (pacer.room, for a caller back
-// every span). paced says the pace alone had none.
-func (wb *Writeback) startRoom(in *inode.Inode, wbp uint64, maxInflight int64, span time.Duration) (room int64, paced bool) {
+// the window (maxInflight), which it also returns (window), and the
+// pace's (pacer.room, for a caller back every span).
+func (wb *Writeback) startRoom(in *inode.Inode, wbp uint64, maxInflight int64, span time.Duration) (room, window int64) {
 	page := int64(os.Getpagesize())
-	room = wb.inflightRoom(in, wbp, maxInflight) / page * page
-	if room <= 0 {
-		return 0, false
+	window = wb.inflightRoom(in, wbp, maxInflight) / page * page
+	if window <= 0 {
+		return 0, window
 	}
 	pace := wb.pace.room(wb.now(), span) / page * page
-	return min(room, pace), pace <= 0
+	return min(window, pace), window
 }
 
 // charge charges the pace with pages put under writeback.
@@ -317,7 +317,8 @@ func (wb *Writeback) doAttempt(r *request) error {
 		}
 		page := int64(os.Getpagesize())
 		if dirty := int64(d) * page; !r.Integrity && dirty > smallFile(w.chunk, w.maxInflight) {
-			room, paced := wb.startRoom(att.in, wbp, w.maxInflight, 0)
+			room, window := wb.startRoom(att.in, wbp, w.maxInflight, 0)
+			paced := window > 0 // (when room is 0: the pace alone had none)
 			if !wb.roomTurn(att.in, room > 0) && room > 0 {
 				room = 0 // a younger big file waits for the older's turn
 			}
@@ -334,6 +335,9 @@ func (wb *Writeback) doAttempt(r *request) error {
 					wb.mu.Unlock()
 				}
 				return wb.closeCall(r, nil)
+			}
+			if dirty > room && room < min(w.chunk, window) {
+				wb.pace.held() // cut short by the pace
 			}
 			if limit := min(w.chunk, room); dirty > limit && !w.fallback {
 				// At most write_chunk, and no more than the room left

@@ -59,6 +59,11 @@ type pacer struct {
 	waited bool
 	// +checklocks:mu
 	owed bool
+	// cut: a start was cut short by the pace since the last drain
+	// (held): the pace was the limit, even though the bucket refills
+	// to full between the checks of a caller that borrows its span.
+	// +checklocks:mu
+	cut bool
 }
 
 // depthLocked is the bucket's depth in bytes. Preconditions: p.mu held.
@@ -106,6 +111,16 @@ func (p *pacer) room(now, span time.Duration) int64 {
 	return int64(p.tokens + p.rate*max(span-paceBurst, 0).Seconds())
 }
 
+// held remembers, for the controller, that a start was cut short by the
+// pace (room gave less than it wanted).
+func (p *pacer) held() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rate > 0 {
+		p.cut = true
+	}
+}
+
 // take charges n bytes started under writeback at now.
 func (p *pacer) take(now time.Duration, n int64) {
 	p.mu.Lock()
@@ -118,9 +133,9 @@ func (p *pacer) take(now time.Duration, n int64) {
 	p.owed = false
 }
 
-// period reports whether flusherd was held by the pace throughout the
-// period since the last call (a start was refused and the bucket was
-// never full), and starts the next.
+// period reports whether flusherd was held by the pace in the period
+// since the last call (a start was refused and the bucket was never full,
+// or a start was cut short: held), and starts the next.
 func (p *pacer) period(now time.Duration) (limited bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -128,8 +143,8 @@ func (p *pacer) period(now time.Duration) (limited bool) {
 		return false
 	}
 	p.refillLocked(now)
-	limited = p.waited && !p.full
-	p.full, p.waited = false, false
+	limited = p.waited && !p.full || p.cut
+	p.full, p.waited, p.cut = false, false, false
 	return limited
 }
 

@@ -53,6 +53,37 @@ func TestPacerBucket(t *testing.T) {
 	}
 }
 
+// TestPacerHeld: a caller back every 100 ms that takes what room gives
+// finds the bucket full at each refill, so a period counts as held by the
+// pace only when a start was cut short (held); no pace, nothing is held.
+func TestPacerHeld(t *testing.T) {
+	var p pacer
+	p.held()
+	if p.period(0) {
+		t.Fatal("no pace: a held start counted")
+	}
+	const rate = 16 * mib
+	p.setRate(0, rate)
+	span := 100 * time.Millisecond
+	at := time.Duration(0)
+	for i := range 3 {
+		at += span
+		p.take(at, p.room(at, span))
+		if p.period(at) {
+			t.Fatalf("check %d: limited without a start cut short", i)
+		}
+	}
+	at += span
+	p.take(at, p.room(at, span))
+	p.held()
+	if !p.period(at) {
+		t.Fatal("a start cut short by the pace: the period is not counted as held by it")
+	}
+	if p.period(at + span) {
+		t.Fatal("the next period, nothing cut: still counted")
+	}
+}
+
 // TestPacerOwed: a start refused keeps the pace owed to it up to paceOwed
 // however late it comes back; once it takes, the depth is paceBurst again.
 func TestPacerOwed(t *testing.T) {

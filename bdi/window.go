@@ -74,21 +74,33 @@ func (w *inflightWindow) size() int64 { return w.cur.Load() }
 
 // update adapts the window to the device's write rate over the last
 // period (bytes/s; 0: not measured), the bytes of flusherd's writeback in
-// flight, and whether an attempt was deferred for want of room since the
-// last update; it returns the new window.
-func (w *inflightWindow) update(rate uint64, inflight int64, deferred bool) int64 {
+// flight, the longest drain time a range writeback measured in the period
+// (measured; 0: none, the drain is taken as inflight over rate), and
+// whether an attempt was deferred for want of room since the last update.
+// It returns the new window, and whether the drain was known and at least
+// half the target: writes queue in the device, whose rate over the period
+// is then its speed.
+func (w *inflightWindow) update(rate uint64, inflight int64, measured time.Duration, deferred bool) (_ int64, queued bool) {
 	cur := w.cur.Load()
 	if w.target <= 0 {
-		return cur
+		return cur, false
 	}
 	drain := time.Duration(-1) // not known
 	switch {
+	case measured > 0:
+		drain = measured
 	case rate > 0 && inflight > 0:
 		drain = time.Duration(float64(inflight) / float64(rate) * float64(time.Second))
 	case inflight > 0:
 		drain = 2 * w.target // nothing written in the period: a stall
 	}
+	queued = drain >= w.target/2
+	// The window that drains in the target: by the measured drain, or
+	// by the rate (Little's law).
 	little := int64(w.target.Seconds() * float64(rate))
+	if measured > 0 {
+		little = int64(float64(cur) * float64(w.target) / float64(measured))
+	}
 	switch {
 	case !deferred:
 		// Not the limit: the rate is what flusherd gave the device, and
@@ -101,5 +113,5 @@ func (w *inflightWindow) update(rate uint64, inflight int64, deferred bool) int6
 		cur = w.clamp(max(min(cur+cur/4, little), cur))
 	}
 	w.cur.Store(cur)
-	return cur
+	return cur, queued
 }

@@ -28,7 +28,7 @@ func simulate(t *testing.T, w *inflightWindow, total time.Duration, rate func(ti
 			time.Sleep(bandwidthInterval)
 			at := time.Since(start)
 			r := rate(at)
-			n := w.update(uint64(r), w.size(), true)
+			n, _ := w.update(uint64(r), w.size(), 0, true)
 			out = append(out, simSample{at: at, window: n, wait: time.Duration(float64(n) / r * float64(time.Second))})
 		}
 	})
@@ -121,7 +121,7 @@ func TestWindowFloorAndCeiling(t *testing.T) {
 		t.Errorf("a 2 GiB/s device: window %d, want the ceiling %d", got, 16*mib)
 	}
 	w.set(0, 16*mib)
-	if w.size() != 16*mib || w.update(40*mib, 16*mib, true) != 16*mib {
+	if got, _ := w.update(40*mib, 16*mib, 0, true); w.size() != 16*mib || got != 16*mib {
 		t.Errorf("no target: window %d, want the ceiling", w.size())
 	}
 	w.set(0, 0)
@@ -143,21 +143,54 @@ func TestWindowFloorAndCeiling(t *testing.T) {
 func TestWindowNotInUse(t *testing.T) {
 	var w inflightWindow
 	w.set(25*time.Millisecond, 16*mib)
-	if got := w.update(100<<10, 0, false); got != windowStart {
+	if got, _ := w.update(100<<10, 0, 0, false); got != windowStart {
 		t.Errorf("idle at 100 KiB/s: %d, want it kept at %d", got, windowStart)
 	}
-	if got := w.update(2<<20, 256<<10, false); got != windowStart {
+	if got, _ := w.update(2<<20, 256<<10, 0, false); got != windowStart {
 		t.Errorf("a range in flight, nothing deferred, at 2 MiB/s: %d, want it kept at %d", got, windowStart)
 	}
-	if got := w.update(0, 0, true); got != 2*windowStart {
+	if got, _ := w.update(0, 0, 0, true); got != 2*windowStart {
 		t.Errorf("deferred, rate unknown: %d, want doubled", got)
 	}
-	if got := w.update(0, 64<<10, true); got != windowStart {
+	if got, _ := w.update(0, 64<<10, 0, true); got != windowStart {
 		t.Errorf("a stall (in flight, nothing written): %d, want halved to %d", got, windowStart)
 	}
 	// A reload with a smaller ceiling keeps the window within it.
 	w.set(25*time.Millisecond, windowFloor)
 	if w.size() != windowFloor {
 		t.Errorf("after a smaller ceiling: %d", w.size())
+	}
+}
+
+// TestWindowMeasuredDrain: with a drain time that a range writeback
+// measured, the window is judged by it and not by the bytes over the
+// rate (which, on a device flusherd does not keep busy, is the rate
+// flusherd gave it); the update says whether writes queue in the device
+// (a drain of at least half the target).
+func TestWindowMeasuredDrain(t *testing.T) {
+	const target = 25 * time.Millisecond
+	for _, c := range []struct {
+		name     string
+		rate     uint64
+		inflight int64
+		measured time.Duration
+		deferred bool
+		want     int64
+		queued   bool
+	}{
+		// 1 MiB just started at 10 MiB/s looks like 100 ms of queue.
+		{"by rate: a range just started", 10 * mib, 1 * mib, 0, true, 512 << 10, true},
+		{"measured: the device wrote it in 3 ms", 10 * mib, 1 * mib, 3 * time.Millisecond, true, 2 * mib, false},
+		{"measured: 20 ms, grows by a quarter at most", 10 * mib, 1 * mib, 20 * time.Millisecond, true, 1*mib + 256<<10, true},
+		{"measured: 40 ms, down to what drains in the target", 10 * mib, 1 * mib, 40 * time.Millisecond, true, 640 << 10, true},
+		{"measured: 200 ms, halved at most", 10 * mib, 1 * mib, 200 * time.Millisecond, true, 512 << 10, true},
+		{"measured, not deferred: kept", 10 * mib, 1 * mib, 3 * time.Millisecond, false, 1 * mib, false},
+	} {
+		var w inflightWindow
+		w.set(target, 16*mib)
+		got, queued := w.update(c.rate, c.inflight, c.measured, c.deferred)
+		if got != c.want || queued != c.queued {
+			t.Errorf("%s: window %d, queued %v; want %d, %v", c.name, got, queued, c.want, c.queued)
+		}
 	}
 }

@@ -160,7 +160,10 @@ type sampling struct {
 	// them again until their writeback is done, so that inflight_bytes
 	// and the room under max_inflight_bytes do not keep a file's count
 	// from the moment after its write while it waits on b_dirty.
-	underWB  map[*inode.Inode]struct{}
+	underWB map[*inode.Inode]struct{}
+	// drain is the longest drain time a range writeback measured since
+	// the window's last update (rangeDrain); 0: none measured.
+	drain    time.Duration
 	sampled  []sampleResult // a finished sample, for the goroutine
 	sampling bool           // a sample call runs
 	// taken holds the inodes an attempt took while a sample was running
@@ -656,6 +659,9 @@ type sampleResult struct {
 	ranged      uint64
 	unsupported error // sync_file_range is not supported there
 	closeErr    error // its close's (FUSE's flush writes the file back)
+	// drain is its range writeback's measured drain time (rangeDrain);
+	// 0: not measured.
+	drain time.Duration
 }
 
 // GivenUp is a file the shutdown gave up on: its filesystem cannot be

@@ -447,3 +447,48 @@ func TestRealBtrfs(t *testing.T) {
 	}
 	checkDirtyLands(t, sub, want)
 }
+
+// TestWbtLatencyLive: for every block device of the live kernel that has
+// a request queue with writeback throttling settings, WbtLatency of its
+// MAJ:MIN is what its queue/wbt_lat_usec says, and each partition gets
+// its disk's.
+func TestWbtLatencyLive(t *testing.T) {
+	fs := Default()
+	disks, err := filepath.Glob("/sys/block/*/queue/wbt_lat_usec")
+	if err != nil || len(disks) == 0 {
+		t.Skipf("no block device with queue/wbt_lat_usec here (%v)", err)
+	}
+	checked := 0
+	for _, f := range disks {
+		disk := filepath.Dir(filepath.Dir(f))
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.TrimSpace(string(raw)) + "µs"
+		devs, _ := filepath.Glob(disk + "/*/partition")
+		names := []string{disk + "/dev"}
+		for _, p := range devs {
+			names = append(names, filepath.Join(filepath.Dir(p), "dev"))
+		}
+		for _, d := range names {
+			dev, err := os.ReadFile(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := strings.TrimSpace(string(dev))
+			got, err := fs.WbtLatency(name)
+			if err != nil {
+				t.Fatalf("WbtLatency(%s) (%s): %v", name, d, err)
+			}
+			if w, _ := time.ParseDuration(want); got != w {
+				t.Errorf("WbtLatency(%s) = %v, want %s (%s)", name, got, want, f)
+			}
+			checked++
+		}
+	}
+	if _, err := fs.WbtLatency("0:1"); err == nil {
+		t.Error("WbtLatency of 0:1 (no block device): no error")
+	}
+	t.Logf("%d devices checked", checked)
+}
