@@ -236,8 +236,12 @@ func (in *inotifyFD) read() {
 		var n int
 		var rerr error
 		err := rc.Read(func(fd uintptr) bool {
-			n, rerr = in.cursor.readQueue(func() (int, error) { return unix.Read(int(fd), buf) })
-			return !errors.Is(rerr, unix.EAGAIN)
+			for {
+				n, rerr = in.cursor.readQueue(func() (int, error) { return unix.Read(int(fd), buf) })
+				if !errors.Is(rerr, unix.EINTR) {
+					return !errors.Is(rerr, unix.EAGAIN)
+				}
+			}
 		})
 		if err == nil {
 			err = rerr
