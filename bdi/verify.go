@@ -2,6 +2,7 @@ package bdi
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"go.uber.org/zap"
@@ -297,6 +298,11 @@ func (wb *Writeback) startCursorReads() {
 	wb.mu.Lock()
 	idle := !wb.hasDirtyIOLocked()
 	early := wb.bDirty.lastDue()-now > verifyBound
+	// Past verifyBound too, not while the device's tracked dirty data
+	// is more than its in-flight window: the syncfs would put all of it
+	// under writeback at once, the storm flusherd's pace avoids.
+	window := wb.window.size()
+	calm := window <= 0 || int64(wb.acct.dirtySum)*int64(os.Getpagesize()) <= window
 	// The syncfs writes back every dirty file of the filesystem, inside
 	// the trees or not: at once only when nothing else is dirty.
 	idle = idle && clean
@@ -305,7 +311,7 @@ func (wb *Writeback) startCursorReads() {
 			delete(wb.verify.fs, dev)
 			continue
 		}
-		if !v.due(now, idle, early) {
+		if !v.due(now, idle, early, calm) {
 			continue
 		}
 		v.reading = true
@@ -388,13 +394,14 @@ func (wb *Writeback) othersClean() bool {
 
 // due reports whether v's cursor is to be read at now (daemon clock):
 // writes not covered by a read await it, none is being read, and the
-// device is idle, or the oldest write has waited verifyBound and the read
-// would write no tracked file far before its expiry (early). A stop does
+// device is idle, or the oldest write has waited verifyBound, the read
+// would write no tracked file far before its expiry (early) and the
+// device's tracked dirty data is within its window (calm). A stop does
 // not hasten it: the syncfs would write the files of the filesystem that
 // flusherd does not manage.
-func (v *fsVerify) due(now time.Duration, idle, early bool) bool {
+func (v *fsVerify) due(now time.Duration, idle, early, calm bool) bool {
 	return !v.reading && v.seq > v.readSeq &&
-		(idle || !early && now-v.oldest >= verifyBound)
+		(idle || !early && calm && now-v.oldest >= verifyBound)
 }
 
 // seenSince returns the writeback error that any syncfs(2) of the

@@ -142,6 +142,38 @@ func TestVerifyBound(t *testing.T) {
 	}, func(h *harness) { h.wb.errs = NewErrWatch() })
 }
 
+// TestVerifyBoundWaitsForCalm: past verifyBound, the read of the error
+// cursor (a syncfs that writes back the whole filesystem) is not made
+// while the device's tracked dirty data is more than its in-flight window
+// (8 MiB stuck dirty against 1 MiB): that syncfs would put it all under
+// writeback at once. Once the data is written, the read is made.
+func TestVerifyBoundWaitsForCalm(t *testing.T) {
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	cfg.TargetLatency, cfg.MaxInflight = 25*time.Millisecond, 16<<20
+	withWB(t, cfg, func(h *harness) {
+		t := h.t
+		time.Sleep(time.Second)
+		big := h.fs.add("/big", 2, 2048*pg, 2048)
+		big.keepDirty = true
+		h.mark(big, time.Second)
+		short := h.fs.add("/short", 1, 4*pg, 4)
+		short.fastDevice = true
+		h.mark(short, time.Second)
+		time.Sleep(verifyBound + 10*time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n != 0 {
+			t.Errorf("%d reads of the error cursor with 8 MiB tracked dirty against a %d-byte window", n, h.wb.window.size())
+		}
+		big.set(func(f *fakeFile) { f.keepDirty = false; f.fastDevice = true })
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if n := len(h.fs.callsOf("cursor_check", "")); n == 0 {
+			t.Errorf("no read of the error cursor once the dirty data was written")
+		}
+	}, func(h *harness) { h.wb.errs = NewErrWatch() })
+}
+
 // TestVerifyBoundSparesLongExpiry: while a file of a tree with an hour's
 // expiry is dirty on the device, the read of the error cursor (a syncfs
 // that would write it) is not made at verifyBound for another file's
