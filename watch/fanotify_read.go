@@ -61,7 +61,7 @@ func (fa *Fanotify) Run(ctx context.Context) {
 		if fds[1].Revents != 0 {
 			return // Close, or ctx ended
 		}
-		n, err := fa.cursor.readQueue(func() (int, error) { return unix.Read(fa.fd, fa.buf) })
+		n, err := fa.cursor.readQueue(fa.fd, fa.buf)
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 			continue
 		}

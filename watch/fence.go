@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // queueCursor counts the bytes a reader took from a notification queue
@@ -16,10 +18,10 @@ type queueCursor struct {
 	read    atomic.Uint64 // bytes read from the queue so far
 }
 
-// readQueue is one non-blocking read(2) of the queue, counted.
-func (c *queueCursor) readQueue(read func() (int, error)) (int, error) {
+// readQueue is one non-blocking read(2) of the queue fd into buf, counted.
+func (c *queueCursor) readQueue(fd int, buf []byte) (int, error) {
 	c.reading.Store(true)
-	n, err := read()
+	n, err := unix.Read(fd, buf)
 	if n > 0 {
 		c.read.Add(uint64(n))
 	}

@@ -237,7 +237,7 @@ func (in *inotifyFD) read() {
 		var rerr error
 		err := rc.Read(func(fd uintptr) bool {
 			for {
-				n, rerr = in.cursor.readQueue(func() (int, error) { return unix.Read(int(fd), buf) })
+				n, rerr = in.cursor.readQueue(int(fd), buf)
 				if !errors.Is(rerr, unix.EINTR) {
 					return !errors.Is(rerr, unix.EAGAIN)
 				}
