@@ -36,7 +36,7 @@ func (wb *Writeback) complete(att *attempt) {
 	ac := wb.accountLocked(att, o, st, now)
 	d := policy.Decide(wb.factsLocked(att, o, st, redirtied, ac.hadIOError))
 	st.err = wb.applyLocked(att, d, st.err, ac.dataErr, now)
-	path, retries := in.Path(), in.Retries
+	path, retries := in.PathRef(), in.Retries
 	wb.gen++
 	wb.mu.Unlock()
 	att.release() // after accountLocked recorded its write (closeReturned)
@@ -44,7 +44,7 @@ func (wb *Writeback) complete(att *attempt) {
 		*att.result = st.err
 	}
 	if wb.Hooks.Trace != nil {
-		wb.Hooks.Trace(path, o, d.Dest, st.err)
+		wb.Hooks.Trace(path.String(), o, d.Dest, st.err)
 	}
 	wb.logAttempt(path, o, d, st, ac.newErr, retries)
 }
@@ -310,28 +310,30 @@ func (wb *Writeback) applyLocked(att *attempt, d policy.Decision, err error, dat
 
 // logAttempt logs what an attempt found, when it is news: a loss, a new
 // error, a file that stays dirty (at 8, 16, 32... attempts), a file gone.
-func (wb *Writeback) logAttempt(path string, o policy.Outcome, d policy.Decision, st afterState, newErr bool, retries uint16) {
-	pathField, err := logpath.String("path", path), st.err
+func (wb *Writeback) logAttempt(path inode.PathRef, o policy.Outcome, d policy.Decision, st afterState, newErr bool, retries uint16) {
+	err := st.err
+	// Built only for a line that is logged (most attempts log none).
+	pathField := func() zap.Field { return logpath.String("path", path.String()) }
 	switch {
 	case d.Dest == policy.Failed && d.StillLost:
-		wb.log.Debug("still failed: reported again, but nothing was written since its data was lost", pathField, zap.Error(err))
+		wb.log.Debug("still failed: reported again, but nothing was written since its data was lost", pathField(), zap.Error(err))
 	case d.Dest == policy.Failed:
 		wb.errLog.Error("data lost: a writeback of this file failed and the kernel dropped its dirty pages; it stays reported as failed until it is written again",
-			pathField, zap.Error(err))
+			pathField(), zap.Error(err))
 	case newErr:
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
-			pathField, zap.Stringer("outcome", o), zap.Stringer("requeue", d.Dest), zap.Error(err))
+			pathField(), zap.Stringer("outcome", o), zap.Stringer("requeue", d.Dest), zap.Error(err))
 	case o == policy.Skipped && retries >= 8 && retries&(retries-1) == 0:
 		wb.errLog.Warn("file still dirty after repeated writeback; it stays tracked and is retried",
-			pathField, zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", st.dirty), zap.Uint64("writeback_pages", st.wbp))
+			pathField(), zap.Uint16("attempts", retries), zap.Uint64("dirty_pages", st.dirty), zap.Uint64("writeback_pages", st.wbp))
 	case o != policy.Gone:
 	case errors.Is(err, unix.ENOENT):
-		wb.log.Debug("file gone; dropped", pathField, zap.Error(err))
+		wb.log.Debug("file gone; dropped", pathField(), zap.Error(err))
 	case errors.Is(err, inode.ErrReplaced) || errors.Is(err, inode.ErrNotRegular):
-		wb.log.Info("the path no longer leads to the tracked file; dropped", pathField, zap.Error(err))
+		wb.log.Info("the path no longer leads to the tracked file; dropped", pathField(), zap.Error(err))
 	default:
 		// ESTALE from its file handle: the inode was deleted.
-		wb.log.Debug("file deleted; dropped", pathField, zap.Error(err))
+		wb.log.Debug("file deleted; dropped", pathField(), zap.Error(err))
 	}
 }
 

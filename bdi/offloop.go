@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"flusherd/inode"
+	"flusherd/lists"
 )
 
 // offLoop is a device's record of the calls that run off its goroutine
@@ -22,7 +23,7 @@ type offLoop struct {
 	// +checklocks:mu
 	seq uint64
 	// +checklocks:mu
-	closeQ []queuedClose // files waiting for the closer
+	closeQ lists.FIFO[queuedClose] // files waiting for the closer
 	// +checklocks:mu
 	closers int // closer goroutines running
 	// +checklocks:mu
@@ -108,7 +109,7 @@ func (o *offLoop) queueClose(f inode.File, n closeNote) (start bool) {
 	defer o.mu.Unlock()
 	now := o.now()
 	id := o.trackLocked(now)
-	o.closeQ = append(o.closeQ, queuedClose{f, id, n})
+	o.closeQ.Push(queuedClose{f, id, n})
 	start = o.closers == 0 || now-o.closeBegan > detachAfter
 	if start {
 		o.closers++
@@ -122,14 +123,11 @@ func (o *offLoop) queueClose(f inode.File, n closeNote) (start bool) {
 func (o *offLoop) nextClose() (c queuedClose, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if len(o.closeQ) == 0 {
-		o.closeQ = nil
+	c, ok = o.closeQ.Pop()
+	if !ok {
 		o.closers--
 		return queuedClose{}, false
 	}
-	c = o.closeQ[0]
-	o.closeQ[0] = queuedClose{}
-	o.closeQ = o.closeQ[1:]
 	o.closeBegan = o.now()
 	return c, true
 }

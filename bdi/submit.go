@@ -116,20 +116,15 @@ func (wb *Writeback) deferComplete(att *attempt) {
 		wb.mu.Unlock()
 		att.counted = true
 	}
-	wb.loop.deferred = append(wb.loop.deferred, att)
+	wb.loop.deferred.Push(att)
 }
 
 // completeDeferred completes the oldest attempt left by deferComplete,
 // and reports whether there was one.
 func (wb *Writeback) completeDeferred() bool {
-	if len(wb.loop.deferred) == 0 {
+	att, ok := wb.loop.deferred.Pop()
+	if !ok {
 		return false
-	}
-	att := wb.loop.deferred[0]
-	wb.loop.deferred[0] = nil
-	wb.loop.deferred = wb.loop.deferred[1:]
-	if len(wb.loop.deferred) == 0 {
-		wb.loop.deferred = nil
 	}
 	wb.complete(att)
 	return true
@@ -482,39 +477,50 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 	}
 }
 
-// writebackSingleInode is __writeback_single_inode under an inner plug: it
-// queues one request for the inode, whose worker (doAttempt) opens the
+// newAttemptLocked begins an attempt on in, tracked under key
+// (writeback_single_inode's start, under the list lock): it takes what
+// the attempt needs of the inode's state (its path and handle, whether an
+// earlier attempt wrote it) and write_chunk, at now (daemon clock). An
+// attempt begun with err set is the report of a detached call of the
+// inode's last attempt that failed (writebackSingleInode). result, if set,
+// receives the attempt's error. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) newAttemptLocked(in *inode.Inode, key inode.Key, result *error, now time.Duration) *attempt {
+	att := &attempt{in: in, result: result, path: in.Path(), wb: wb,
+		handle: in.Handle(), wroteBefore: in.Has(inode.Wrote), began: now}
+	att.callMem.chunk = wb.writeChunkLocked()
+	if len(wb.side.lateErr) > 0 {
+		if late, ok := wb.side.lateErr[key]; ok {
+			att.err = late
+			delete(wb.side.lateErr, key)
+		}
+	}
+	return att
+}
+
+// writebackSingleInode is __writeback_single_inode under an inner plug,
+// for an attempt begun by newAttemptLocked: it queues one request for the
+// inode, whose worker (doAttempt) opens the
 // file safely, reads its page-cache state with cachestat, and writes at
 // most write_chunk of its dirty data (all of it for integrity work, which
 // is one fdatasync). It returns the pages it expects to be written, for
 // the work's budget: the inode's last known dirty count, at most
 // write_chunk. Attempts that need no call are completed at once.
-func (wb *Writeback) writebackSingleInode(in *inode.Inode, path string, key inode.Key, integrity bool, result *error) int64 {
+func (wb *Writeback) writebackSingleInode(att *attempt, key inode.Key, integrity bool) int64 {
 	wb.plug.Start()
 	defer wb.finishPlug()
-	att := &attempt{in: in, result: result, path: path, wb: wb}
-	wb.mu.Lock()
-	att.handle = in.Handle()
-	att.wroteBefore = in.Has(inode.Wrote)
-	att.began = wb.now()
-	var late error
-	failedLate := false
-	if len(wb.side.lateErr) > 0 {
-		late, failedLate = wb.side.lateErr[key]
-		delete(wb.side.lateErr, key)
-	}
-	wb.mu.Unlock()
+	in := att.in
 	att.refs.Store(1)
-	if failedLate {
+	if att.err != nil {
 		// A detached call of its last attempt failed: this attempt
 		// is that failure's report (classified, counted, logged and
 		// requeued as any attempt's error); the next one writes.
-		att.err = late
 		wb.complete(att)
 		return 0
 	}
 	page := int64(os.Getpagesize())
-	chunk := wb.writeChunk()
+	chunk := att.callMem.chunk
 	if dp := int64(in.DirtyPages) * page; !integrity && dp > smallFile(chunk, wb.window.size()) && dp <= chunk && wb.congested(in, 0, wb.window.size()) {
 		// Known to be biggish (its last attempt saw it), and the
 		// device has max_inflight under writeback in other files: it

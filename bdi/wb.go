@@ -224,7 +224,7 @@ func (wb *Writeback) sleepFor() (time.Duration, bool) {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) sleepForLocked(now time.Duration) (time.Duration, bool) {
-	if len(wb.work) > 0 {
+	if wb.work.Len() > 0 {
 		return 0, true
 	}
 	tick := wb.loop.lastOldFlush + wb.cfg.DirtyWritebackInterval - now
@@ -490,7 +490,8 @@ func (wb *Writeback) queueIOLocked(w *Work, now time.Duration) {
 func (wb *Writeback) writebackSBInodes(w *Work) {
 	start := wb.now()
 	for {
-		wb.live.alive(int64(wb.now()))
+		now := wb.now()
+		wb.live.alive(int64(now))
 		wb.mu.Lock()
 		in := wb.BIO.Front()
 		if in == nil {
@@ -537,10 +538,11 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		in.State &^= inode.Redirtied
 		wb.bg.attemptBegins(in)
 		integrity := w.SyncMode == SyncAll || in.Has(inode.Integrity)
-		path, key := in.Path(), in.Key
+		key := in.Key
+		att := wb.newAttemptLocked(in, key, nil, now)
 		wb.mu.Unlock()
 
-		queued := wb.writebackSingleInode(in, path, key, integrity, nil)
+		queued := wb.writebackSingleInode(att, key, integrity)
 		w.NrPages -= queued
 		if w.NrPages <= 0 {
 			return

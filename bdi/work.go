@@ -50,9 +50,9 @@ func (wb *Writeback) syncFiles(w *Work) {
 		in.State |= inode.Sync
 		in.State &^= inode.Redirtied
 		wb.bg.attemptBegins(in)
-		path := in.Path()
+		att := wb.newAttemptLocked(in, f.Key, &w.Errs[i], wb.now())
 		wb.mu.Unlock()
-		wb.writebackSingleInode(in, path, f.Key, true, &w.Errs[i])
+		wb.writebackSingleInode(att, f.Key, true)
 	}
 	wb.plug.Flush()
 	wb.finishPlug()

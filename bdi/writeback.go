@@ -67,7 +67,7 @@ type Writeback struct {
 	// +checklocks:mu
 	bFailed lists.List[*inode.Inode]
 	// +checklocks:mu
-	work []*Work
+	work lists.FIFO[*Work]
 	// +checklocks:mu
 	gen uint64 // bumped on every change, for the stats writer
 	// +checklocks:mu
@@ -313,7 +313,7 @@ func (l *liveness) alive(now int64) {
 type loopState struct {
 	// deferred are the attempts of the last batch whose completion waits
 	// for the next batch's calls (deferComplete).
-	deferred []*attempt
+	deferred lists.FIFO[*attempt]
 	backoff  policy.Backoff
 	// windowThrottled is acct.throttled at the window's last update.
 	windowThrottled uint64
@@ -675,7 +675,7 @@ type GivenUp struct {
 func (wb *Writeback) Queue(w *Work) {
 	w.done = make(chan struct{})
 	wb.mu.Lock()
-	wb.work = append(wb.work, w)
+	wb.work.Push(w)
 	wb.mu.Unlock()
 	wb.live.kick()
 }
@@ -683,19 +683,14 @@ func (wb *Writeback) Queue(w *Work) {
 func (wb *Writeback) dequeue() *Work {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	if len(wb.work) == 0 {
-		return nil
-	}
-	w := wb.work[0]
-	wb.work[0] = nil
-	wb.work = wb.work[1:]
+	w, _ := wb.work.Pop()
 	return w
 }
 
 func (wb *Writeback) workQueued() bool {
 	wb.mu.Lock()
 	defer wb.mu.Unlock()
-	return len(wb.work) > 0
+	return wb.work.Len() > 0
 }
 
 // Files are how a device reaches its files (New).

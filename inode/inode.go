@@ -191,16 +191,29 @@ func (in *Inode) setNames(name, alt string) {
 }
 
 // Path returns the absolute path at which the inode was last seen.
-func (in *Inode) Path() string {
-	name := in.name()
-	if name == "" {
+func (in *Inode) Path() string { return in.PathRef().String() }
+
+// PathRef is the inode's path as Path would return it now, not yet built:
+// taking it allocates nothing, so a caller that may not need the path
+// (a log line at a level that is off) builds it only when it does.
+func (in *Inode) PathRef() PathRef { return PathRef{dir: in.dir, name: in.name()} }
+
+// PathRef is a path taken by Inode.PathRef; its zero value is "".
+type PathRef struct {
+	dir  unique.Handle[string]
+	name string
+}
+
+// String builds the path.
+func (r PathRef) String() string {
+	if r.name == "" {
 		return ""
 	}
-	d := in.dir.Value()
+	d := r.dir.Value()
 	if d == "/" {
-		return "/" + name
+		return "/" + r.name
 	}
-	return d + "/" + name
+	return d + "/" + r.name
 }
 
 // HasPath reports whether path is the inode's path, without building it.

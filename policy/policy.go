@@ -177,6 +177,9 @@ func ClassifyErr(err error) Outcome {
 // A device whose every retry fails so is probed with one file at a time
 // (bdi's probing state) instead of retrying all of them.
 func DeviceLevel(err error) (syscall.Errno, bool) {
+	if err == nil {
+		return 0, false // (errors.As would allocate for errno)
+	}
 	var errno syscall.Errno
 	if !errors.As(err, &errno) {
 		return 0, false
