@@ -124,6 +124,7 @@ type stormOpts struct {
 	pgScale     int
 	pgRate      int           // pgbench -R; 0: as fast as it can
 	minTime     time.Duration // the probe runs at least this long from the burst's start
+	warmup      int64         // method f: bytes written back before the probe starts (warmUp); 0: none
 }
 
 func stormBench(args []string) int {
@@ -223,6 +224,7 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	pgScale := fl.Int("pg-scale", 10, "pgbench probe: the scale of pgbench -i")
 	pgRate := fl.Int("pg-rate", 100, "pgbench probe: transactions per second (pgbench -R); 0: as fast as it can")
 	minTime := fl.Duration("min-time", 0, "the probe runs at least this long from the burst's start, clean or not (the same window for every method; with --burst 0, the probe alone, it must be > 0)")
+	warmup := fl.String("warmup", "0", "method f: bytes written to a file of their own with the throttle on, and waited for until they are written back, before the probe starts, so that the daemon has learnt its pace as one that has run through an earlier burst has (0: none, the run starts with a fresh daemon)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return stormOpts{}, code, false
 	}
@@ -232,6 +234,9 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	var err error
 	if o.burst, err = parseBytes(*burst); err != nil || (o.burst != 0 && o.burst < writeChunk) {
 		return o, stormFail(2, "--burst %q: want 0 (the probe alone) or at least 1MiB (%v)", *burst, err), false
+	}
+	if o.warmup, err = parseBytes(*warmup); err != nil {
+		return o, stormFail(2, "--warmup %q: %v", *warmup, err), false
 	}
 	if o.rate, err = parseBytes(*rate); err != nil || (o.rate != 0 && o.rate < 1<<20) {
 		return o, stormFail(2, "--rate %q: want 0 (not throttled) or at least 1MiB per second (%v)", *rate, err), false

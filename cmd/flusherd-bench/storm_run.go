@@ -230,6 +230,11 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 		defer r.knobs.restore(thr)
 		release = func() { r.knobs.restore(thr) }
 	}
+	if d != nil && r.o.warmup > 0 {
+		if err := warmUp(ctx, filepath.Join(filepath.Dir(burstPath), "warmup"), r.o.warmup, r.o.maxWait); err != nil {
+			return nil, fmt.Errorf("--warmup: %w", err)
+		}
+	}
 	writer, err := r.startWriter(ctx, burstPath)
 	if err != nil {
 		return nil, err
@@ -286,6 +291,49 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 		}
 	}
 	return res, nil
+}
+
+// warmUp writes n bytes to path (1 MiB writes, no sync), waits until
+// cachestat shows none of them dirty or under writeback (the daemon has
+// written them back), at most wait, then removes the file and syncs.
+func warmUp(ctx context.Context, path string, n int64, wait time.Duration) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	buf := bytes.Repeat([]byte{'w'}, writeChunk)
+	for left := n; left > 0; left -= int64(len(buf)) {
+		if _, err := f.Write(buf[:min(left, int64(len(buf)))]); err != nil {
+			return fail(err)
+		}
+	}
+	for end := time.Now().Add(wait); ; {
+		var cs unix.Cachestat_t
+		if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
+			return fail(err)
+		}
+		if cs.Dirty+cs.Writeback == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			return fail(fmt.Errorf("%s: %d pages dirty and %d under writeback after %v", path, cs.Dirty, cs.Writeback, wait))
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return fail(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(path)
+		return err
+	}
+	err = os.Remove(path)
+	unix.Sync()
+	return err
 }
 
 // startWriter starts the bulk writer and waits for it to say it is

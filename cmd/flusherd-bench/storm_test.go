@@ -1,9 +1,16 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestPercentile(t *testing.T) {
@@ -157,5 +164,41 @@ func TestEstimateError(t *testing.T) {
 	os.WriteFile(p, []byte("BdiWriteback:               12 kB\nBdiReclaimable:           4000 kB\n"), 0o644)
 	if n, ok := reclaimable(p); !ok || n != 4000*1024 {
 		t.Errorf("reclaimable = %d, %v; want 4096000, true", n, ok)
+	}
+}
+
+// TestWarmUp: the warm-up waits until its file is written back (here by a
+// sync made meanwhile), removes it, and reports a file still dirty at the
+// end of its wait.
+func TestWarmUp(t *testing.T) {
+	dir := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Type == unix.TMPFS_MAGIC {
+		t.Skip("the temporary directory is on tmpfs, which has no writeback")
+	}
+	path := filepath.Join(dir, "warmup")
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		unix.Sync()
+	}()
+	start := time.Now()
+	if err := warmUp(context.Background(), path, 4<<20, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("returned after %v, before anything wrote the file back", d)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the warm-up file is left: %v", err)
+	}
+	// No wait: the pages just written are still dirty at the first look.
+	if err := warmUp(context.Background(), path, 4<<20, 0); err == nil || !strings.Contains(err.Error(), "dirty") {
+		t.Errorf("a file left dirty: err = %v, want the pages still dirty", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the warm-up file is left after a failure: %v", err)
 	}
 }
