@@ -46,15 +46,6 @@ func (q *FIFO[T]) Pop() (v T, ok bool) {
 	return v, true
 }
 
-// Front is the front element, not taken; ok is false when the queue is
-// empty.
-func (q *FIFO[T]) Front() (v T, ok bool) {
-	if q.n == 0 {
-		return v, false
-	}
-	return q.buf[q.head], true
-}
-
 // grow doubles the buffer (at least 16 slots), the elements in order from
 // its start.
 func (q *FIFO[T]) grow() {

@@ -231,7 +231,7 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 		release = func() { r.knobs.restore(thr) }
 	}
 	if d != nil && r.o.warmup > 0 {
-		if err := warmUp(ctx, filepath.Join(filepath.Dir(burstPath), "warmup"), r.o.warmup, r.o.maxWait); err != nil {
+		if err := warmUp(ctx, d, filepath.Join(filepath.Dir(burstPath), "warmup"), r.o.warmup, r.o.maxWait); err != nil {
 			return nil, fmt.Errorf("--warmup: %w", err)
 		}
 	}
@@ -294,46 +294,37 @@ func (r *stormRun) measure(ctx context.Context, m byte, run int, fs *testfs.FS, 
 }
 
 // warmUp writes n bytes to path (1 MiB writes, no sync), waits until
-// cachestat shows none of them dirty or under writeback (the daemon has
-// written them back), at most wait, then removes the file and syncs.
-func warmUp(ctx context.Context, path string, n int64, wait time.Duration) error {
+// cachestat shows none of them dirty or under writeback (daemon d has
+// written them back), at most wait and while d runs, then removes the
+// file and syncs.
+func warmUp(ctx context.Context, d *daemon, path string, n int64, wait time.Duration) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
 	}
-	fail := func(err error) error {
-		f.Close()
-		os.Remove(path)
-		return err
-	}
+	defer os.Remove(path)
+	defer f.Close()
 	buf := bytes.Repeat([]byte{'w'}, writeChunk)
 	for left := n; left > 0; left -= int64(len(buf)) {
 		if _, err := f.Write(buf[:min(left, int64(len(buf)))]); err != nil {
-			return fail(err)
+			return err
 		}
 	}
-	for end := time.Now().Add(wait); ; {
-		var cs unix.Cachestat_t
-		if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
-			return fail(err)
+	var dirty, wb uint64
+	if !waitFor(ctx, d, wait, func() bool {
+		dirty, wb, err = cachestatBytes(f)
+		return err == nil && dirty+wb == 0
+	}) {
+		if err == nil {
+			err = fmt.Errorf("%s: %d bytes dirty and %d under writeback after %v (or the daemon exited)", path, dirty, wb, wait)
 		}
-		if cs.Dirty+cs.Writeback == 0 {
-			break
-		}
-		if time.Now().After(end) {
-			return fail(fmt.Errorf("%s: %d pages dirty and %d under writeback after %v", path, cs.Dirty, cs.Writeback, wait))
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return fail(err)
-		}
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(path)
 		return err
 	}
-	err = os.Remove(path)
+	if err := os.Remove(path); err != nil {
+		return err
+	}
 	unix.Sync()
-	return err
+	return nil
 }
 
 // startWriter starts the bulk writer and waits for it to say it is

@@ -180,12 +180,13 @@ func TestWarmUp(t *testing.T) {
 		t.Skip("the temporary directory is on tmpfs, which has no writeback")
 	}
 	path := filepath.Join(dir, "warmup")
+	d := &daemon{done: make(chan struct{})} // (running)
 	go func() {
 		time.Sleep(300 * time.Millisecond)
 		unix.Sync()
 	}()
 	start := time.Now()
-	if err := warmUp(context.Background(), path, 4<<20, 20*time.Second); err != nil {
+	if err := warmUp(context.Background(), d, path, 4<<20, 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d < 300*time.Millisecond {
@@ -195,7 +196,7 @@ func TestWarmUp(t *testing.T) {
 		t.Errorf("the warm-up file is left: %v", err)
 	}
 	// No wait: the pages just written are still dirty at the first look.
-	if err := warmUp(context.Background(), path, 4<<20, 0); err == nil || !strings.Contains(err.Error(), "dirty") {
+	if err := warmUp(context.Background(), d, path, 4<<20, 0); err == nil || !strings.Contains(err.Error(), "dirty") {
 		t.Errorf("a file left dirty: err = %v, want the pages still dirty", err)
 	}
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
