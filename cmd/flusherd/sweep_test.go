@@ -253,24 +253,40 @@ func sweepWritesWithoutEvents(t *testing.T, backend string) {
 		}
 		t.Logf("fio libaio: at most %d pages dirty or under writeback (limit %d)", most, limit)
 	})
-	data, err := os.ReadFile(d.devStats(mnt.MajMin))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := bdi.ParseStats(data, os.Getpagesize())
-	if err != nil || st.SweepFound == 0 {
-		t.Errorf("the device's stats count no file found by the sweep (%v):\n%s", err, data)
-	}
-	var out, errb bytes.Buffer
-	if code := Main([]string{"status", "--json", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
-		t.Fatalf("flusherd status: exit %d: %s", code, errb.String())
-	}
+	// The stats file is rewritten at most every stats interval and
+	// status is read live, both from one snapshot function: a sweep
+	// between the two reads makes them differ for one interval. They
+	// must agree once the file is rewritten, and status is never behind.
+	var st bdi.Stats
 	var status control.Status
-	if err := json.Unmarshal(out.Bytes(), &status); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+	var mismatch string
+	agree := func() bool {
+		data, err := os.ReadFile(d.devStats(mnt.MajMin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err = bdi.ParseStats(data, os.Getpagesize()); err != nil {
+			t.Fatalf("%v:\n%s", err, data)
+		}
+		var out, errb bytes.Buffer
+		if code := Main([]string{"status", "--json", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+			t.Fatalf("flusherd status: exit %d: %s", code, errb.String())
+		}
+		status = control.Status{}
+		if err := json.Unmarshal(out.Bytes(), &status); err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		if len(status.Devices) != 1 || status.Devices[0].SweepFound < st.SweepFound {
+			t.Fatalf("flusherd status: devices %+v, want one with sweep_found at least %d, the stats file's read before it", status.Devices, st.SweepFound)
+		}
+		mismatch = fmt.Sprintf("status sweep_found %d, stats file %d", status.Devices[0].SweepFound, st.SweepFound)
+		return status.Devices[0].SweepFound == st.SweepFound
 	}
-	if len(status.Devices) != 1 || status.Devices[0].SweepFound != st.SweepFound {
-		t.Errorf("flusherd status: devices %+v, want one with sweep_found %d as in its stats file", status.Devices, st.SweepFound)
+	if !testwait.Poll(10*time.Second, agree) {
+		t.Errorf("flusherd status and the stats file disagree for 10 s: %s", mismatch)
+	}
+	if st.SweepFound == 0 {
+		t.Errorf("the device's stats count no file found by the sweep: %+v", st)
 	}
 	if !strings.Contains(d.log.String(), "found by the sweep") {
 		t.Errorf("no debug line names a file found by the sweep")
