@@ -5,6 +5,8 @@ import (
 	"os"
 	"time"
 
+	"go.uber.org/zap"
+
 	"flusherd/blk"
 	"flusherd/inode"
 )
@@ -372,6 +374,7 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 	wb.bg.drain = 0
 	wb.mu.Unlock()
 	windowLimited := throttled != wb.loop.windowThrottled
+	window0, pace0 := wb.window.size(), wb.pace.Rate()
 	_, queued := wb.window.update(wb.bw.inst, inflight, drain, windowLimited)
 	wb.loop.windowThrottled = throttled
 	paceLimited := wb.pace.period(now)
@@ -380,5 +383,13 @@ func (wb *Writeback) updateBandwidth(now time.Duration) {
 		// target is not the device's limit: its rate says nothing
 		// of the device's speed.
 		wb.pace.setRate(now, wb.paceCtl.update(wb.bw.elapsed, wb.bw.inst, windowLimited && queued, paceLimited))
+	}
+	if window0 == wb.window.size() && pace0 == wb.pace.Rate() {
+		return
+	}
+	if ce := wb.log.Check(zap.DebugLevel, "in-flight window or pace changed"); ce != nil {
+		ce.Write(zap.Duration("elapsed", wb.bw.elapsed), zap.Uint64("rate", wb.bw.inst), zap.Int64("inflight", inflight),
+			zap.Duration("drain", drain), zap.Bool("window_limited", windowLimited), zap.Bool("queued", queued),
+			zap.Bool("pace_limited", paceLimited), zap.Int64("window", wb.window.size()), zap.Float64("pace", wb.pace.Rate()))
 	}
 }

@@ -26,6 +26,12 @@ const (
 	paceStart = 16 << 20
 	paceLearn = 2 * bandwidthInterval
 	paceJudge = time.Second
+	// paceShort: a period in which flusherd's writeback queued in the
+	// device (the window held it back) and the device wrote less than
+	// this share of the pace shows the device slower than the pace, even
+	// if the pace held flusherd back too (the bucket's bursts fill the
+	// window while the device lags).
+	paceShort = 0.9
 	// paceMin is the slowest pace (bytes/s): writeback is never starved
 	// below it.
 	paceMin = 1 << 20
@@ -170,17 +176,21 @@ func (p *pacer) Rate() float64 {
 // BBR's bottleneck-bandwidth estimate and pacing gain (and on blk-wbt's
 // aim that another program's write finds the queue short):
 //
+//   - the device is the limit in a period in which the window held
+//     flusherd back (its writeback waits in the device's queue) and either
+//     the pace did not, or the device wrote less than paceShort × the pace
+//     (it could not keep up with it);
 //   - no estimate yet: the pace starts at paceStart and doubles after each
 //     bandwidth period in which it, and not the window, held flusherd back
-//     (TCP's slow start);
-//     once the window has held flusherd back instead for paceLearn in a
-//     row (its writeback waits in the device's queue), the device's rate
-//     over those periods is the estimate;
+//     (TCP's slow start); once the device has been the limit for
+//     paceLearn in a row, the device's rate over those periods is the
+//     estimate, or at once when it could not keep up with the pace (the
+//     slow start overshot: every further period at that pace adds to the
+//     queue);
 //   - then the pace is paceGain × the estimate, at least paceMin;
-//   - periods in which the window, not the pace, held flusherd back (its
-//     writeback waits in the device's queue: the device is slower than the
-//     pace) are averaged; after paceJudge of them in a row, the device's
-//     rate over them is the new estimate;
+//   - periods in which the device was the limit are averaged; after
+//     paceJudge of them in a row, the device's rate over them is the new
+//     estimate;
 //   - every paceProbeEvery of writeback held by the pace, a probe: a
 //     period at paceProbeGain × the estimate. If the device kept up, its
 //     rate is the estimate and the next period probes again from there,
@@ -219,10 +229,15 @@ func (c *paceControl) pace() float64 {
 // period (bytes/s; 0: none).
 func (c *paceControl) update(elapsed time.Duration, rate uint64, windowLimited, paceLimited bool) float64 {
 	r := float64(rate)
+	short := windowLimited && rate > 0 && r < paceShort*c.pace()
+	device := windowLimited && rate > 0 && (!paceLimited || short)
 	switch {
 	case c.est <= 0:
 		switch {
-		case windowLimited && !paceLimited && rate > 0:
+		case short:
+			c.est = r
+			c.avgT, c.avgB = 0, 0
+		case device:
 			c.avgT += elapsed
 			c.avgB += r * elapsed.Seconds()
 			if c.avgT >= paceLearn {
@@ -247,7 +262,7 @@ func (c *paceControl) update(elapsed time.Duration, rate uint64, windowLimited, 
 		default:
 			c.probe = false
 		}
-	case windowLimited && !paceLimited && rate > 0:
+	case device:
 		c.avgT += elapsed
 		c.avgB += r * elapsed.Seconds()
 		if c.avgT >= paceJudge {

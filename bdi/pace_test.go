@@ -113,8 +113,9 @@ type paceSample struct {
 // write rate follows capacity(t), flusherd always having more to write than
 // demand(t) allows (0: no end): every bandwidthInterval, a pace over the
 // device's rate (or none) leaves flusherd's writeback waiting in the
-// device's queue (the window holds it back, the device writes at its
-// rate); a pace under it holds flusherd back (the device writes the pace).
+// device's queue (the window holds it back, and every other period the
+// pace too; the device writes at its rate); a pace under it holds
+// flusherd back (the device writes the pace).
 func simulatePace(t *testing.T, total time.Duration, capacity, demand func(time.Duration) float64) []paceSample {
 	t.Helper()
 	var out []paceSample
@@ -134,7 +135,11 @@ func simulatePace(t *testing.T, total time.Duration, capacity, demand func(time.
 			case pace > 0 && pace < cap:
 				rate, pl = pace, true
 			default:
+				// Every other period the pace holds flusherd back too:
+				// its bucket's bursts fill the window while the device
+				// lags (as seen on a throttled loop device).
 				rate, wl = cap, true
+				pl = pace > 0 && int(at/bandwidthInterval)%2 == 0
 			}
 			pace = c.update(bandwidthInterval, uint64(rate), wl, pl)
 			out = append(out, paceSample{at: at, pace: pace, rate: cap})
@@ -159,6 +164,25 @@ func TestPaceConverges(t *testing.T) {
 				t.Errorf("%.0f MiB/s: at %v the pace is %.1f MiB/s, want about %.0f", capMiB, s.at, s.pace/mib, paceGain*capMiB)
 				break
 			}
+		}
+	}
+}
+
+// TestPaceSlowStartOvershoot: the slow start passes the device's rate
+// for one period at most: the first period in which the device could not
+// keep up with the pace makes the estimate, whether or not the pace held
+// flusherd back too.
+func TestPaceSlowStartOvershoot(t *testing.T) {
+	for _, capMiB := range []float64{40, 10, 400} {
+		cap := capMiB * mib
+		over := 0
+		for _, s := range simulatePace(t, 5*time.Second, constant(cap), constant(0)) {
+			if s.pace > cap {
+				over++
+			}
+		}
+		if over > 1 {
+			t.Errorf("%.0f MiB/s: the pace was over the device's rate for %d periods, want at most 1", capMiB, over)
 		}
 	}
 }
@@ -235,12 +259,14 @@ func TestPaceUpdateTable(t *testing.T) {
 	}{
 		{name: "slow start doubles when the pace holds", c: paceControl{}, rate: 16 * mib, pl: true,
 			want: paceControl{ss: 32 * mib}},
-		{name: "slow start stops when the window holds too", c: paceControl{ss: 64 * mib}, rate: 40 * mib, wl: true, pl: true,
-			want: paceControl{ss: 64 * mib}},
-		{name: "first window-held period is not enough", c: paceControl{ss: 64 * mib}, rate: 40 * mib, wl: true,
-			want: paceControl{ss: 64 * mib, avgT: bandwidthInterval, avgB: 8 * mib}},
-		{name: "second makes the estimate", c: paceControl{ss: 64 * mib, avgT: bandwidthInterval, avgB: 6 * mib}, rate: 40 * mib, wl: true,
-			want: paceControl{ss: 64 * mib, est: 35 * mib}},
+		{name: "slow start ends at once when the device cannot keep up with the pace", c: paceControl{ss: 64 * mib}, rate: 40 * mib, wl: true, pl: true,
+			want: paceControl{ss: 64 * mib, est: 40 * mib}},
+		{name: "slow start: window and pace hold, the device keeps up with the pace", c: paceControl{ss: 32 * mib}, rate: 31 * mib, wl: true, pl: true,
+			want: paceControl{ss: 32 * mib}},
+		{name: "first window-held period is not enough", c: paceControl{ss: 40 * mib}, rate: 40 * mib, wl: true,
+			want: paceControl{ss: 40 * mib, avgT: bandwidthInterval, avgB: 8 * mib}},
+		{name: "second makes the estimate", c: paceControl{ss: 40 * mib, avgT: bandwidthInterval, avgB: 6 * mib}, rate: 40 * mib, wl: true,
+			want: paceControl{ss: 40 * mib, est: 35 * mib}},
 		{name: "paced: held by the pace counts toward a probe", c: paceControl{est: 40 * mib}, rate: 32 * mib, pl: true,
 			want: paceControl{est: 40 * mib, paced: bandwidthInterval}},
 		{name: "paced: a probe is due", c: paceControl{est: 40 * mib, paced: paceProbeEvery - bandwidthInterval}, rate: 32 * mib, pl: true,
@@ -253,6 +279,10 @@ func TestPaceUpdateTable(t *testing.T) {
 			want: paceControl{est: 40 * mib}},
 		{name: "window-held second makes a new estimate", c: paceControl{est: 40 * mib, avgT: 4 * bandwidthInterval, avgB: 16 * mib}, rate: 20 * mib, wl: true,
 			want: paceControl{est: 20 * mib}},
+		{name: "window and pace hold, the device short of the pace: counts toward a new estimate", c: paceControl{est: 50 * mib}, rate: 30 * mib, wl: true, pl: true,
+			want: paceControl{est: 50 * mib, avgT: bandwidthInterval, avgB: 6 * mib}},
+		{name: "window and pace hold, the device keeps up with the pace: not a new estimate", c: paceControl{est: 40 * mib}, rate: 33 * mib, wl: true, pl: true,
+			want: paceControl{est: 40 * mib, paced: bandwidthInterval}},
 		{name: "a light period starts the average again", c: paceControl{est: 40 * mib, avgT: 4 * bandwidthInterval, avgB: 16 * mib}, rate: 5 * mib,
 			want: paceControl{est: 40 * mib}},
 	} {

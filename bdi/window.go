@@ -25,7 +25,8 @@ const windowStart = 1 << 20
 //   - the window is looked at only when it was the limit (an attempt was
 //     deferred for want of room since the last update): otherwise the
 //     rate is only what flusherd gave the device, which says nothing of
-//     its speed, and the window stays;
+//     its speed, and the window stays; so it does when the drain is not
+//     known (no range timed, nothing in flight at the update);
 //   - drain time over target: the window comes down to target × rate, at
 //     most halved per update (scale_down); a period in which the device
 //     wrote nothing while flusherd had writeback in flight halves it;
@@ -105,6 +106,10 @@ func (w *inflightWindow) update(rate uint64, inflight int64, measured time.Durat
 	case !deferred:
 		// Not the limit: the rate is what flusherd gave the device, and
 		// the bytes in flight as last seen may be a range just started.
+	case drain < 0:
+		// Nothing in flight as last seen and no range timed: the
+		// moment the window was the limit is gone, and how long its
+		// bytes took is not known (not 0: the window stays).
 	case drain > w.target:
 		cur = w.clamp(max(little, cur/2))
 	case drain < w.target/2:

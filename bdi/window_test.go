@@ -138,8 +138,8 @@ func TestWindowFloorAndCeiling(t *testing.T) {
 // TestWindowNotInUse: a window that is not the limit (nothing deferred)
 // stays, however low the rate and however much was in flight at the last
 // look: a device that writes only what flusherd gives it says nothing of
-// its speed. A period with writeback in flight, attempts deferred and
-// nothing written halves it.
+// its speed, nor does a period whose drain is not known. A period with
+// writeback in flight, attempts deferred and nothing written halves it.
 func TestWindowNotInUse(t *testing.T) {
 	var w inflightWindow
 	w.set(25*time.Millisecond, 16*mib)
@@ -149,11 +149,11 @@ func TestWindowNotInUse(t *testing.T) {
 	if got, _ := w.update(2<<20, 256<<10, 0, false); got != windowStart {
 		t.Errorf("a range in flight, nothing deferred, at 2 MiB/s: %d, want it kept at %d", got, windowStart)
 	}
-	if got, _ := w.update(0, 0, 0, true); got != 2*windowStart {
-		t.Errorf("deferred, rate unknown: %d, want doubled", got)
+	if got, _ := w.update(0, 0, 0, true); got != windowStart {
+		t.Errorf("deferred, rate and drain unknown: %d, want it kept at %d", got, windowStart)
 	}
-	if got, _ := w.update(0, 64<<10, 0, true); got != windowStart {
-		t.Errorf("a stall (in flight, nothing written): %d, want halved to %d", got, windowStart)
+	if got, _ := w.update(0, 64<<10, 0, true); got != windowStart/2 {
+		t.Errorf("a stall (in flight, nothing written): %d, want halved to %d", got, windowStart/2)
 	}
 	// A reload with a smaller ceiling keeps the window within it.
 	w.set(25*time.Millisecond, windowFloor)
@@ -185,6 +185,10 @@ func TestWindowMeasuredDrain(t *testing.T) {
 		{"measured: 40 ms, down to what drains in the target", 10 * mib, 1 * mib, 40 * time.Millisecond, true, 640 << 10, true},
 		{"measured: 200 ms, halved at most", 10 * mib, 1 * mib, 200 * time.Millisecond, true, 512 << 10, true},
 		{"measured, not deferred: kept", 10 * mib, 1 * mib, 3 * time.Millisecond, false, 1 * mib, false},
+		// Deferred earlier in the period, nothing in flight at its end:
+		// how long the bytes took is not known, not 0.
+		{"not measured, nothing in flight: kept", 40 * mib, 0, 0, true, 1 * mib, false},
+		{"not measured, nothing written, nothing in flight: kept", 0, 0, 0, true, 1 * mib, false},
 	} {
 		var w inflightWindow
 		w.set(target, 16*mib)
