@@ -184,9 +184,8 @@ func (p *pacer) Rate() float64 {
 //     bandwidth period in which it, and not the window, held flusherd back
 //     (TCP's slow start); once the device has been the limit for
 //     paceLearn in a row, the device's rate over those periods is the
-//     estimate, or at once when it could not keep up with the pace (the
-//     slow start overshot: every further period at that pace adds to the
-//     queue);
+//     estimate (one period's rate is a noisy sample: a throttle's slices,
+//     a disk's cache);
 //   - then the pace is paceGain × the estimate, at least paceMin;
 //   - periods in which the device was the limit are averaged; after
 //     paceJudge of them in a row, the device's rate over them is the new
@@ -234,9 +233,6 @@ func (c *paceControl) update(elapsed time.Duration, rate uint64, windowLimited, 
 	switch {
 	case c.est <= 0:
 		switch {
-		case short:
-			c.est = r
-			c.avgT, c.avgB = 0, 0
 		case device:
 			c.avgT += elapsed
 			c.avgB += r * elapsed.Seconds()
