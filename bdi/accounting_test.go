@@ -616,3 +616,40 @@ func TestErrLogLeftOut(t *testing.T) {
 		t.Errorf("left-out summary %v, want one line with lines_left_out 3 naming flusherd dirty", left)
 	}
 }
+
+// TestWindowPaceChangeLogged: a bandwidth period that changes the pace
+// (the slow start doubling it) logs one debug line with the period's
+// measurements; a period that changes neither window nor pace logs none.
+func TestWindowPaceChangeLogged(t *testing.T) {
+	cfg := testConfig()
+	cfg.TargetLatency = 25 * time.Millisecond
+	var now time.Duration
+	clock := func() time.Duration { return now }
+	core, logs := observer.New(zap.DebugLevel)
+	wb := New("7:0", cfg, clock, Files{Opener: newFakeFS(clock)}, zap.New(core), nil)
+	var disk uint64
+	wb.bw.diskWritten = func() (uint64, error) { return disk, nil }
+	wb.MarkInodeDirty(inode.Key{Dev: 7, Ino: 1}, "/f", "", tree.Tree{Expire: time.Hour}) // dirty io
+	step := func(held bool) {
+		if held {
+			wb.pace.held()
+		}
+		now += bandwidthInterval
+		disk += 4 << 20
+		wb.updateBandwidth(now)
+	}
+	wb.updateBandwidth(now) // stamp
+	step(false)
+	if n := logs.FilterMessage("in-flight window or pace changed").Len(); n != 0 {
+		t.Fatalf("a period that changed nothing logged %d lines", n)
+	}
+	step(true) // held by the pace: the slow start doubles it
+	got := logs.FilterMessage("in-flight window or pace changed").All()
+	if len(got) != 1 {
+		t.Fatalf("a period that doubled the pace logged %d lines, want 1", len(got))
+	}
+	f := got[0].ContextMap()
+	if got[0].Level != zap.DebugLevel || f["pace"] != float64(2*paceStart) || f["pace_limited"] != true || f["rate"] != uint64(20<<20) {
+		t.Errorf("logged %v %v, want debug with pace %d, pace_limited and rate %d", got[0].Level, f, 2*paceStart, 20<<20)
+	}
+}
