@@ -28,8 +28,9 @@ const windowStart = 1 << 20
 //     its speed, and the window stays; so it does when the drain is not
 //     known (no range timed, nothing in flight at the update);
 //   - drain time over target: the window comes down to target × rate, at
-//     most halved per update (scale_down); a period in which the device
-//     wrote nothing while flusherd had writeback in flight halves it;
+//     most halved per update, and never grows (scale_down); a period in
+//     which the device wrote nothing while flusherd had writeback in
+//     flight halves it;
 //   - drain time under half the target: it doubles, the device has room
 //     to spare (slow start);
 //   - between half the target and the target: it grows by a quarter, at
@@ -111,7 +112,9 @@ func (w *inflightWindow) update(rate uint64, inflight int64, measured time.Durat
 		// moment the window was the limit is gone, and how long its
 		// bytes took is not known (not 0: the window stays).
 	case drain > w.target:
-		cur = w.clamp(max(little, cur/2))
+		// Over the target never grows it: more than the window was in
+		// flight (whole folios, starts racing for the last room).
+		cur = w.clamp(min(cur, max(little, cur/2)))
 	case drain < w.target/2:
 		cur = w.clamp(2 * cur)
 	default:

@@ -184,6 +184,9 @@ func TestWindowMeasuredDrain(t *testing.T) {
 		{"measured: 20 ms, grows by a quarter at most", 10 * mib, 1 * mib, 20 * time.Millisecond, true, 1*mib + 256<<10, true},
 		{"measured: 40 ms, down to what drains in the target", 10 * mib, 1 * mib, 40 * time.Millisecond, true, 640 << 10, true},
 		{"measured: 200 ms, halved at most", 10 * mib, 1 * mib, 200 * time.Millisecond, true, 512 << 10, true},
+		// 4 MiB in flight against a 1 MiB window at 80 MiB/s: 50 ms, over
+		// the target, though 2 MiB would drain in it: kept, not grown.
+		{"by rate: more in flight than the window, over the target", 80 * mib, 4 * mib, 0, true, 1 * mib, true},
 		{"measured, not deferred: kept", 10 * mib, 1 * mib, 3 * time.Millisecond, false, 1 * mib, false},
 		// Deferred earlier in the period, nothing in flight at its end:
 		// how long the bytes took is not known, not 0.
