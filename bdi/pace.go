@@ -1,7 +1,6 @@
 package bdi
 
 import (
-	"slices"
 	"sync"
 	"time"
 )
@@ -25,7 +24,7 @@ const (
 	// start) for paceLearn in a row; paceJudge is how long the window
 	// must hold flusherd back, once the estimate is made, for a new one.
 	paceStart = 16 << 20
-	paceLearn = 3 * bandwidthInterval
+	paceLearn = 2 * bandwidthInterval
 	paceJudge = time.Second
 	// paceShort: a period in which flusherd's writeback queued in the
 	// device (the window held it back) and the device wrote less than
@@ -33,9 +32,6 @@ const (
 	// if the pace held flusherd back too (the bucket's bursts fill the
 	// window while the device lags).
 	paceShort = 0.9
-	// paceSamples is the most period rates kept for an estimate's median
-	// (paceJudge's worth).
-	paceSamples = int(paceJudge / bandwidthInterval)
 	// paceMin is the slowest pace (bytes/s): writeback is never starved
 	// below it.
 	paceMin = 1 << 20
@@ -187,12 +183,13 @@ func (p *pacer) Rate() float64 {
 //   - no estimate yet: the pace starts at paceStart and doubles after each
 //     bandwidth period in which it, and not the window, held flusherd back
 //     (TCP's slow start); once the device has been the limit for
-//     paceLearn in a row, the median of the device's rates in those
-//     periods is the estimate (one period's rate is a noisy sample, and
-//     the first may hold a throttle's slice or a disk cache's burst);
+//     paceLearn in a row, the device's rate over those periods is the
+//     estimate (one period's rate is a noisy sample: a throttle's slices,
+//     a disk's cache);
 //   - then the pace is paceGain × the estimate, at least paceMin;
-//   - after paceJudge of periods in a row in which the device was the
-//     limit, the median of its rates in them is the new estimate;
+//   - periods in which the device was the limit are averaged; after
+//     paceJudge of them in a row, the device's rate over them is the new
+//     estimate;
 //   - every paceProbeEvery of writeback held by the pace, a probe: a
 //     period at paceProbeGain × the estimate. If the device kept up, its
 //     rate is the estimate and the next period probes again from there,
@@ -203,11 +200,10 @@ func (p *pacer) Rate() float64 {
 type paceControl struct {
 	est float64 // the device's write rate, bytes/s; 0: not known
 	ss  float64 // the slow start's pace while est is not known (0: paceStart)
-	// The periods in a row in which the device was the limit: their
-	// length, and the device's rate in each (the first len(rates)).
-	avgT  time.Duration
-	rates [paceSamples]float64
-	n     int
+	// The periods in a row in which the window held flusherd back: their
+	// length and the bytes the device wrote in them.
+	avgT time.Duration
+	avgB float64
 	// paced: time held by the pace since the last probe; probe: the
 	// current period is a probe.
 	paced time.Duration
@@ -238,20 +234,20 @@ func (c *paceControl) update(elapsed time.Duration, rate uint64, windowLimited, 
 	case c.est <= 0:
 		switch {
 		case device:
-			c.sample(elapsed, r)
+			c.avgT += elapsed
+			c.avgB += r * elapsed.Seconds()
 			if c.avgT >= paceLearn {
-				c.est = c.median()
-				c.forget()
+				c.est = c.avgB / c.avgT.Seconds()
+				c.avgT, c.avgB = 0, 0
 			}
 		case paceLimited && !windowLimited:
 			c.ss = 2 * c.pace()
 			fallthrough
 		default:
-			c.forget()
+			c.avgT, c.avgB = 0, 0
 		}
 	case c.probe:
-		c.paced = 0
-		c.forget()
+		c.paced, c.avgT, c.avgB = 0, 0, 0
 		switch {
 		case paceLimited && !windowLimited:
 			// The device kept up with the probe: probe again from there.
@@ -263,13 +259,14 @@ func (c *paceControl) update(elapsed time.Duration, rate uint64, windowLimited, 
 			c.probe = false
 		}
 	case device:
-		c.sample(elapsed, r)
+		c.avgT += elapsed
+		c.avgB += r * elapsed.Seconds()
 		if c.avgT >= paceJudge {
-			c.est = max(c.median(), paceMin/paceGain)
-			c.forget()
+			c.est = max(c.avgB/c.avgT.Seconds(), paceMin/paceGain)
+			c.avgT, c.avgB = 0, 0
 		}
 	default:
-		c.forget()
+		c.avgT, c.avgB = 0, 0
 		if paceLimited {
 			c.paced += elapsed
 			if c.paced >= paceProbeEvery {
@@ -279,31 +276,6 @@ func (c *paceControl) update(elapsed time.Duration, rate uint64, windowLimited, 
 	}
 	return c.pace()
 }
-
-// sample counts a period, elapsed long, in which the device was the
-// limit and wrote at rate r (bytes/s).
-func (c *paceControl) sample(elapsed time.Duration, r float64) {
-	c.avgT += elapsed
-	if c.n < len(c.rates) {
-		c.rates[c.n] = r
-		c.n++
-	}
-}
-
-// median is the median of the rates sampled (the mean of the middle two
-// for an even count): one period's rate is skewed by a rate limiter's
-// slice or a disk's cache, and a median of several ignores it.
-func (c *paceControl) median() float64 {
-	rs := c.rates[:c.n]
-	slices.Sort(rs)
-	if c.n%2 == 1 {
-		return rs[c.n/2]
-	}
-	return (rs[c.n/2-1] + rs[c.n/2]) / 2
-}
-
-// forget drops the periods sampled.
-func (c *paceControl) forget() { c.avgT, c.rates, c.n = 0, [paceSamples]float64{}, 0 }
 
 // reset forgets the estimate (target_latency turned off).
 func (c *paceControl) reset() { *c = paceControl{} }

@@ -248,12 +248,6 @@ func TestPaceLightWriter(t *testing.T) {
 	}
 }
 
-// rates is a paceControl's samples, the rest zero.
-func rates(rs ...float64) (a [paceSamples]float64) {
-	copy(a[:], rs)
-	return a
-}
-
 // TestPaceUpdateTable: single updates from given states.
 func TestPaceUpdateTable(t *testing.T) {
 	for _, tc := range []struct {
@@ -266,15 +260,15 @@ func TestPaceUpdateTable(t *testing.T) {
 		{name: "slow start doubles when the pace holds", c: paceControl{}, rate: 16 * mib, pl: true,
 			want: paceControl{ss: 32 * mib}},
 		{name: "slow start: the device could not keep up with the pace, window and pace held", c: paceControl{ss: 64 * mib}, rate: 40 * mib, wl: true, pl: true,
-			want: paceControl{ss: 64 * mib, avgT: bandwidthInterval, rates: rates(40 * mib), n: 1}},
-		{name: "slow start: a third such period makes the estimate, their median (a throttle's slice in the first)", c: paceControl{ss: 64 * mib, avgT: 2 * bandwidthInterval, rates: rates(70*mib, 38*mib), n: 2}, rate: 30 * mib, wl: true, pl: true,
-			want: paceControl{ss: 64 * mib, est: 38 * mib}},
+			want: paceControl{ss: 64 * mib, avgT: bandwidthInterval, avgB: 8 * mib}},
+		{name: "slow start: a second such period makes the estimate", c: paceControl{ss: 64 * mib, avgT: bandwidthInterval, avgB: 8 * mib}, rate: 30 * mib, wl: true, pl: true,
+			want: paceControl{ss: 64 * mib, est: 35 * mib}},
 		{name: "slow start: window and pace hold, the device keeps up with the pace", c: paceControl{ss: 32 * mib}, rate: 31 * mib, wl: true, pl: true,
 			want: paceControl{ss: 32 * mib}},
 		{name: "first window-held period is not enough", c: paceControl{ss: 40 * mib}, rate: 40 * mib, wl: true,
-			want: paceControl{ss: 40 * mib, avgT: bandwidthInterval, rates: rates(40 * mib), n: 1}},
-		{name: "slow start: a light period starts the samples again", c: paceControl{ss: 40 * mib, avgT: bandwidthInterval, rates: rates(40 * mib), n: 1}, rate: 5 * mib,
-			want: paceControl{ss: 40 * mib}},
+			want: paceControl{ss: 40 * mib, avgT: bandwidthInterval, avgB: 8 * mib}},
+		{name: "second makes the estimate", c: paceControl{ss: 40 * mib, avgT: bandwidthInterval, avgB: 6 * mib}, rate: 40 * mib, wl: true,
+			want: paceControl{ss: 40 * mib, est: 35 * mib}},
 		{name: "paced: held by the pace counts toward a probe", c: paceControl{est: 40 * mib}, rate: 32 * mib, pl: true,
 			want: paceControl{est: 40 * mib, paced: bandwidthInterval}},
 		{name: "paced: a probe is due", c: paceControl{est: 40 * mib, paced: paceProbeEvery - bandwidthInterval}, rate: 32 * mib, pl: true,
@@ -285,13 +279,13 @@ func TestPaceUpdateTable(t *testing.T) {
 			want: paceControl{est: 40 * mib}},
 		{name: "probe with too little to write", c: paceControl{est: 40 * mib, probe: true}, rate: 10 * mib,
 			want: paceControl{est: 40 * mib}},
-		{name: "window-held second makes a new estimate, the median", c: paceControl{est: 40 * mib, avgT: 4 * bandwidthInterval, rates: rates(20*mib, 19*mib, 40*mib, 21*mib), n: 4}, rate: 20 * mib, wl: true,
+		{name: "window-held second makes a new estimate", c: paceControl{est: 40 * mib, avgT: 4 * bandwidthInterval, avgB: 16 * mib}, rate: 20 * mib, wl: true,
 			want: paceControl{est: 20 * mib}},
 		{name: "window and pace hold, the device short of the pace: counts toward a new estimate", c: paceControl{est: 50 * mib}, rate: 30 * mib, wl: true, pl: true,
-			want: paceControl{est: 50 * mib, avgT: bandwidthInterval, rates: rates(30 * mib), n: 1}},
+			want: paceControl{est: 50 * mib, avgT: bandwidthInterval, avgB: 6 * mib}},
 		{name: "window and pace hold, the device keeps up with the pace: not a new estimate", c: paceControl{est: 40 * mib}, rate: 33 * mib, wl: true, pl: true,
 			want: paceControl{est: 40 * mib, paced: bandwidthInterval}},
-		{name: "a light period starts the samples again", c: paceControl{est: 40 * mib, avgT: 4 * bandwidthInterval, rates: rates(20*mib, 20*mib, 20*mib, 20*mib), n: 4}, rate: 5 * mib,
+		{name: "a light period starts the average again", c: paceControl{est: 40 * mib, avgT: 4 * bandwidthInterval, avgB: 16 * mib}, rate: 5 * mib,
 			want: paceControl{est: 40 * mib}},
 	} {
 		c := tc.c
