@@ -20,9 +20,10 @@ const (
 	paceProbeGain  = 1.25
 	paceProbeEvery = time.Minute
 	// paceStart is the first pace (bytes/s), doubled every bandwidth
-	// period the pace held flusherd back until the window does (slow
-	// start) for paceLearn in a row; paceJudge is how long the window
-	// must hold flusherd back, once the estimate is made, for a new one.
+	// period the pace held flusherd back (slow start) until the device
+	// is the limit (see paceControl) for paceLearn in a row; paceJudge
+	// is how long the device must be the limit, once the estimate is
+	// made, for a new one.
 	paceStart = 16 << 20
 	paceLearn = 2 * bandwidthInterval
 	paceJudge = time.Second
