@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 	"unique"
+	"unsafe"
 
 	"flusherd/lists"
 )
@@ -95,8 +96,8 @@ const (
 const ErrnoOther = 255
 
 // Inode is one tracked file. Keep it small: a daemon may track millions.
-// Its fields are ordered so that it has no padding: 96 bytes on 64-bit
-// platforms, one allocation of Go's 96-byte size class (inode_test.go
+// Its fields are ordered so that it has no padding: 80 bytes on 64-bit
+// platforms, one allocation of Go's 80-byte size class (inode_test.go
 // checks it), with one more for its name and handle or other path (see
 // names).
 type Inode struct {
@@ -107,17 +108,18 @@ type Inode struct {
 	// interned (the files of one directory share it), and its name,
 	// held in names: see Path.
 	dir unique.Handle[string]
-	// names holds, in one string (one allocation), the inode's name
-	// and its alt: the uvarint length of the name in bytes
-	// (encoding/binary's encoding: 1 byte for a name shorter than 128
-	// bytes), the name, then alt, which runs to the end. names is ""
-	// when both are empty. alt is the inode's file handle when its
+	// names points to one allocation that holds the inode's name and
+	// its alt: the uvarint lengths of the two in bytes
+	// (encoding/binary's encoding: 1 byte each below 128), then the name,
+	// then alt. names is nil when both are empty. A pointer, not a
+	// string, to save the string's length word: the bytes are never
+	// written once made. alt is the inode's file handle when its
 	// filesystem supports opens by handle (hasHandle is set; such an
 	// inode is opened by handle, so a rename never loses it), else its
 	// other path: the name it was seen under before (a hard link, or the
 	// name before a rename), tried before the inode is dropped when its
 	// path is gone. See Handle and OtherPath.
-	names string
+	names *byte
 	// hnext is the next inode in its Table bucket's chain (nil for the
 	// last, or outside a Table).
 	hnext *Inode
@@ -158,36 +160,48 @@ func (in *Inode) alt() string {
 
 // split decodes names into the name and alt.
 func (in *Inode) split() (name, alt string) {
-	s := in.names
-	var n uint64
-	var shift uint
-	i := 0
-	for i < len(s) {
-		b := s[i]
-		i++
-		n |= uint64(b&0x7f) << shift
-		if b < 0x80 {
-			break
-		}
-		shift += 7
+	p := in.names
+	if p == nil {
+		return "", ""
 	}
-	return s[i : i+int(n)], s[i+int(n):]
+	i := uintptr(0)
+	uvarint := func() int {
+		var n uint64
+		for shift := uint(0); ; shift += 7 {
+			b := *(*byte)(unsafe.Add(unsafe.Pointer(p), i))
+			i++
+			n |= uint64(b&0x7f) << shift
+			if b < 0x80 {
+				return int(n)
+			}
+		}
+	}
+	nn := uvarint()
+	na := uvarint()
+	// (A pointer past the end of the allocation is never made.)
+	if nn > 0 {
+		name = unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(p), i)), nn)
+	}
+	if na > 0 {
+		alt = unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(p), i+uintptr(nn))), na)
+	}
+	return name, alt
 }
 
 // setNames stores name and alt in names, in one new allocation.
 func (in *Inode) setNames(name, alt string) {
 	if name == "" && alt == "" {
-		in.names = ""
+		in.names = nil
 		return
 	}
-	var pre [binary.MaxVarintLen64]byte
+	var pre [2 * binary.MaxVarintLen64]byte
 	k := binary.PutUvarint(pre[:], uint64(len(name)))
-	var b strings.Builder
-	b.Grow(k + len(name) + len(alt))
-	b.Write(pre[:k])
-	b.WriteString(name)
-	b.WriteString(alt)
-	in.names = b.String()
+	k += binary.PutUvarint(pre[k:], uint64(len(alt)))
+	b := make([]byte, 0, k+len(name)+len(alt))
+	b = append(b, pre[:k]...)
+	b = append(b, name...)
+	b = append(b, alt...)
+	in.names = &b[0]
 }
 
 // Path returns the absolute path at which the inode was last seen.

@@ -1,9 +1,12 @@
 // Package lists is an intrusive, circular, doubly linked list modelled on the
 // kernel's struct list_head (include/linux/list.h) and gVisor's pkg/ilist.
 //
-// An element embeds an Entry and is linked by the address of that Entry, so a
-// move between lists allocates nothing and costs O(1): list_move_tail is
-// MoveToBack, list_move is MoveToFront, list_splice_init is SpliceBackInit.
+// An element embeds an Entry as its first field and is linked by the address
+// of that Entry, so a move between lists allocates nothing and costs O(1):
+// list_move_tail is MoveToBack, list_move is MoveToFront, list_splice_init is
+// SpliceBackInit. As list_entry (container_of) does, the element is found from
+// its Entry's address, which is the element's own: an Entry costs two
+// pointers and nothing else.
 //
 // As in the kernel, an entry does not record which list it is on and a list
 // keeps no length: that is what makes a splice O(1). Len walks the list and is
@@ -17,17 +20,27 @@
 // access.
 package lists
 
-// Linker is implemented by the element type: it returns the element's
-// embedded Entry. T is normally a pointer type such as *inode.Inode.
+import "unsafe"
+
+// Linker is implemented by the element type: a pointer to a struct whose
+// first field is an Entry, which Link returns. Adding an element whose Entry
+// is elsewhere panics.
 type Linker[T any] interface {
 	comparable
 	Link() *Entry[T]
 }
 
-// Entry is embedded in an element. Its zero value is "not on any list".
+// Entry is embedded in an element, as its first field. Its zero value is
+// "not on any list".
 type Entry[T any] struct {
 	next, prev *Entry[T]
-	elem       T
+}
+
+// elem returns the element whose Entry is e (list_entry): the pointer to
+// the element has e's address, since the Entry is its first field (checked
+// as each element is added, by checkNew). e must not be a list's root.
+func elem[T any](e *Entry[T]) T {
+	return *(*T)(unsafe.Pointer(&e))
 }
 
 // Linked reports whether the entry is on a list.
@@ -64,7 +77,7 @@ func (l *List[T]) Front() T {
 	if l.Empty() {
 		return zero
 	}
-	return l.root.next.elem
+	return elem(l.root.next)
 }
 
 // Back returns the last element, or the zero T if the list is empty.
@@ -73,7 +86,7 @@ func (l *List[T]) Back() T {
 	if l.Empty() {
 		return zero
 	}
-	return l.root.prev.elem
+	return elem(l.root.prev)
 }
 
 // Next returns the element after x on its list, or the zero T when x is the
@@ -84,7 +97,7 @@ func (l *List[T]) Next(x T) T {
 	if e.next == &l.root {
 		return zero
 	}
-	return e.next.elem
+	return elem(e.next)
 }
 
 // Prev returns the element before x on its list, or the zero T when x is the
@@ -95,7 +108,7 @@ func (l *List[T]) Prev(x T) T {
 	if e.prev == &l.root {
 		return zero
 	}
-	return e.prev.elem
+	return elem(e.prev)
 }
 
 func insert[T any](e, prev, next *Entry[T]) {
@@ -110,7 +123,9 @@ func (l *List[T]) checkNew(x T) *Entry[T] {
 	if e.next != nil {
 		panic("lists: element is already on a list")
 	}
-	e.elem = x
+	if unsafe.Sizeof(x) != unsafe.Sizeof(e) || *(*unsafe.Pointer)(unsafe.Pointer(&x)) != unsafe.Pointer(e) {
+		panic("lists: the element's Entry is not its first field")
+	}
 	l.lazyInit()
 	return e
 }
@@ -211,7 +226,7 @@ func (l *List[T]) All(yield func(T) bool) {
 	}
 	for e := l.root.next; e != &l.root; {
 		next := e.next
-		if !yield(e.elem) {
+		if !yield(elem(e)) {
 			return
 		}
 		e = next

@@ -153,6 +153,24 @@ func TestMisuseIsCaught(t *testing.T) {
 	}
 }
 
+// late is an element whose Entry is not its first field: the list finds
+// an element at its Entry's address, so adding one must panic.
+type late struct {
+	v int
+	Entry[*late]
+}
+
+func (n *late) Link() *Entry[*late] { return &n.Entry }
+
+func TestEntryNotFirstIsCaught(t *testing.T) {
+	var l List[*late]
+	x := &late{v: 1}
+	mustPanic(t, "PushBack of an element whose Entry is not its first field", func() { l.PushBack(x) })
+	if !l.Empty() || x.Link().Linked() {
+		t.Errorf("the refused element was linked")
+	}
+}
+
 func BenchmarkMoveAndSplice(b *testing.B) {
 	ns := nodes(1024)
 	var x, y List[*node]
