@@ -396,11 +396,14 @@ func (s *treeSuite) renameOut(t *testing.T) {
 	base := s.dir(t, "rename-out")
 	tree, outside := filepath.Join(base, "tree"), filepath.Join(base, "outside")
 	mkdirs(t, tree, outside)
-	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	// An expiry of 2s leaves the file dirty well after the daemon has
+	// seen the write (a stats file rewritten every 200 ms says so), on
+	// a loaded machine too.
+	d := s.start(t, treeOpts{}, treeWatch{path: tree, expire: "2s"})
 	in, out := filepath.Join(tree, "f"), filepath.Join(outside, "f")
 	writeDirty(t, in, 64<<10)
 	// Let the daemon see the write before the rename (an event for a
-	// name already gone may be dropped), well before the 1s expiry.
+	// name already gone may be dropped), well before the expiry.
 	d.waitStats(t, cleanBound, "the file written in the tree is tracked", func(s map[string]int64) bool { return tracked(s) >= 1 })
 	rename(t, in, out)
 	mustBeDirty(t, out)
@@ -557,7 +560,9 @@ func (s *treeSuite) hardLinks(t *testing.T) {
 func (s *treeSuite) truncate(t *testing.T) {
 	t.Parallel()
 	tree := s.dir(t, "truncate")
-	d := s.start(t, treeOpts{}, treeWatch{path: tree})
+	// An expiry of 2s: the files are still dirty when they are
+	// truncated, however late the stats file shows them tracked.
+	d := s.start(t, treeOpts{}, treeWatch{path: tree, expire: "2s"})
 	zero, smaller, rewritten := filepath.Join(tree, "zero"), filepath.Join(tree, "smaller"), filepath.Join(tree, "rewritten")
 	for _, p := range []string{zero, smaller} {
 		writeDirty(t, p, 64<<10)
