@@ -132,14 +132,13 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 	wb.bg.streaming = shrink(wb.bg.streaming)
 	var probes []sampleProbe
 	probed := map[*inode.Inode]bool{}
-	rest := wb.bg.touched[:0]
-	for _, in := range wb.bg.touched {
+	for len(probes) < maxSample {
+		in, ok := wb.bg.touched.Pop()
+		if !ok {
+			break
+		}
 		if wb.inodes.Get(in.Key) != in || !in.Has(inode.Touched) {
 			continue // forgotten meanwhile
-		}
-		if len(probes) >= maxSample {
-			rest = append(rest, in)
-			continue
 		}
 		in.State &^= inode.Touched
 		// Written at the last two checks and since: three in a row.
@@ -171,11 +170,6 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		}
 		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(),
 			expire: wb.bDirty.classes[in.Class].expire})
-	}
-	clear(wb.bg.touched[len(rest):])
-	wb.bg.touched = rest
-	if cap(wb.bg.touched) > 4096 && len(rest) < cap(wb.bg.touched)/4 {
-		wb.bg.touched = append([]*inode.Inode(nil), rest...) // a burst's capacity is not kept
 	}
 	if len(probes) == 0 {
 		wb.mu.Unlock()

@@ -389,7 +389,7 @@ func TestCountOnlyWhenChecksOff(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		wb.mu.Lock()
-		n := len(wb.bg.touched)
+		n := wb.bg.touched.Len()
 		wb.mu.Unlock()
 		if s := wb.Snapshot(); n != 0 || s.BdiReclaimable != 40 || len(fs.callsOf("open", "")) != 10 || len(writeOrder(fs)) != 0 {
 			t.Errorf("touched %d, BdiReclaimable %d, %d opens, writes %v; want 0, 40, 10 and none",
@@ -400,6 +400,54 @@ func TestCountOnlyWhenChecksOff(t *testing.T) {
 		synctest.Wait()
 		if wb.live.loops.Load() != loops {
 			t.Errorf("loops %d → %d once the files were counted; want no wakeup before the kupdate tick", loops, wb.live.loops.Load())
+		}
+	})
+}
+
+// TestTouchedBacklog: a burst of more written files than one check
+// samples is counted over several checks, maxSample at most each, in the
+// order they were written, each once; what a check leaves waits in
+// touched for the next.
+func TestTouchedBacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		epoch := time.Now()
+		now := func() time.Duration { return time.Since(epoch) }
+		fs := newFakeFS(now)
+		wb := New("7:0", testConfig(), now, Files{Opener: fs}, nil, nil)
+		const n = 2*maxSample + 100
+		paths := make([]string, n)
+		for i := range n {
+			paths[i] = fmt.Sprintf("/f%05d", i)
+			f := fs.add(paths[i], uint64(i+1), pg, 1)
+			wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Hour})
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go wb.Run(ctx)
+		defer func() { cancel(); <-wb.Stopped() }()
+		var perCheck []int
+		for range 10 {
+			before := len(fs.callsOf("open", ""))
+			time.Sleep(backgroundCheckInterval)
+			synctest.Wait()
+			if d := len(fs.callsOf("open", "")) - before; d > 0 {
+				perCheck = append(perCheck, d)
+			}
+		}
+		wb.mu.Lock()
+		left := wb.bg.touched.Len()
+		wb.mu.Unlock()
+		if want := []int{maxSample, maxSample, 100}; !slices.Equal(perCheck, want) || left != 0 {
+			t.Errorf("files counted per check %v, %d left; want %v, 0", perCheck, left, want)
+		}
+		var order []string
+		for _, c := range fs.callsOf("open", "") {
+			order = append(order, c.path)
+		}
+		if !slices.Equal(order, paths) {
+			t.Errorf("files counted out of the order written (or not once each): %d opens", len(order))
+		}
+		if s := wb.Snapshot(); s.BdiReclaimable != n {
+			t.Errorf("BdiReclaimable %d pages, want %d", s.BdiReclaimable, n)
 		}
 	})
 }

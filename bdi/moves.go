@@ -161,8 +161,8 @@ func (wb *Writeback) touchLocked(in *inode.Inode) bool {
 		return false
 	}
 	in.State |= inode.Touched
-	wb.bg.touched = append(wb.bg.touched, in)
-	return len(wb.bg.touched) == 1
+	wb.bg.touched.Push(in)
+	return wb.bg.touched.Len() == 1
 }
 
 // writeChunk is the most bytes one attempt writes of a file: write_chunk,

@@ -242,7 +242,7 @@ func (wb *Writeback) sleepForLocked(now time.Duration) (time.Duration, bool) {
 	if sweepDue {
 		tick = min(tick, sweep)
 	}
-	if (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0) && !wb.bg.sampling {
+	if (wb.bg.touched.Len() > 0 || len(wb.bg.underWB) > 0) && !wb.bg.sampling {
 		// Freshly written files, or writeback to follow: the next
 		// background check.
 		tick = min(tick, max(wb.loop.lastCheck+backgroundCheckInterval-now, time.Millisecond))
@@ -581,7 +581,7 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 		wb.bg.sampled = nil
 		unsupported = wb.applySampleLocked(res, now)
 	}
-	due := !wb.bg.sampling && (len(wb.bg.touched) > 0 || len(wb.bg.underWB) > 0) &&
+	due := !wb.bg.sampling && (wb.bg.touched.Len() > 0 || len(wb.bg.underWB) > 0) &&
 		now-wb.loop.lastCheck >= backgroundCheckInterval
 	wb.mu.Unlock()
 	for _, r := range unsupported {

@@ -149,9 +149,14 @@ type Hooks struct {
 // of written files. The list lock guards it.
 type sampling struct {
 	// touched holds the inodes marked dirty since the last background
-	// check (each has inode.Touched), and streaming those the last check
-	// took (each has inode.Streaming until a check finds it untouched).
-	touched, streaming []*inode.Inode
+	// check (each has inode.Touched), in order; a check takes them from
+	// the front, at most maxSample probes' worth, so that a backlog (a
+	// burst of new files) costs each check what it takes, not its
+	// length.
+	touched lists.FIFO[*inode.Inode]
+	// streaming holds those the last check took (each has
+	// inode.Streaming until a check finds it untouched).
+	streaming []*inode.Inode
 	// rangeOff is each streaming file's range writeback offset: the
 	// byte up to which its range behind the tail was written.
 	rangeOff map[inode.Key]int64
