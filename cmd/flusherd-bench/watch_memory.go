@@ -193,13 +193,13 @@ func (r *watchRun) memoryRows(backend, label string, n int, m memTrack, ovLog in
 	// entries) weigh on each inode: the cell says so.
 	target, perInode := "none below 1M (fixed costs dominate)", "n/a"
 	if n >= 1000000 {
-		target = "≤ 200 at 1M"
+		target = "≤ 150 at 1M"
 	}
 	if m.got > 0 {
 		per := float64(int64(m.rss)-int64(m.base)) * 1024 / float64(m.got)
 		perInode = fmt.Sprintf("%.0f", per)
 		if n >= 1000000 {
-			perInode += " " + metIf(per <= 200)
+			perInode += " " + metIf(per <= 150)
 		}
 	}
 	r.t.set(2, name("bytes RSS per tracked inode"), target, backend, perInode)

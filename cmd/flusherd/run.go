@@ -73,8 +73,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv("GOGC") == "" {
 		// Most of the heap is the tracked inodes, which live long: a
 		// smaller collection headroom than Go's default 100% keeps the
-		// RSS per tracked file down, for a little more GC work while
-		// files are added. GOGC in the environment overrides it.
+		// RSS per tracked file down, for more GC work while files are
+		// added (docs/benchmarks.md, memory per tracked file). GOGC in
+		// the environment overrides it.
 		debug.SetGCPercent(gcPercent)
 	}
 	level, err := zap.ParseAtomicLevel(cfg.Log.Level)
@@ -128,7 +129,7 @@ func (l logFlags) apply(cfg *config.Config) {
 }
 
 // gcPercent is the daemon's GOGC unless the environment sets one.
-const gcPercent = 50
+const gcPercent = 25
 
 // resolveBdi names the bdi of st_dev dev, opening path O_PATH (no symlink
 // followed, inode.OpenPath) for the filesystems (btrfs) whose name needs a
