@@ -310,9 +310,15 @@ func TestUnderSystemd(t *testing.T) {
 		// file is opened by path, and auto picks inotify.
 		h.dropIn("nodac", "[Service]\nCapabilityBoundingSet=\nCapabilityBoundingSet=CAP_SYS_ADMIN CAP_FOWNER\n")
 		defer h.removeDropIn("nodac")
-		// A sweep every second, in every tree: a candidate let go
-		// lingers until a look finds it clean.
-		h.writeConfig(baseConfig + "\n[watcher]\nsweep_interval = \"1s\"\n")
+		// Two files for the probe below, made and written back before
+		// the daemon starts: clean, so that nothing of the daemon's
+		// opens them while they are held (a close of its own, by an
+		// attempt, a count of a written file or a look of the sweep,
+		// has them probed, and a file only read is let go). The sweep
+		// looks every 3 s: a candidate let go lingers until a look
+		// finds it clean.
+		h.must(h.sh("mkdir -p /srv/data/held && echo r > /srv/data/held/r2 && echo o > /srv/data/held/o2 && sync"))
+		h.writeConfig(baseConfig + "\n[watcher]\nsweep_interval = \"3s\"\n")
 		defer h.writeConfig(baseConfig) // in force at the next restart
 		h.must(h.sh("systemctl restart flusherd"))
 		h.waitActive()
@@ -328,21 +334,13 @@ func TestUnderSystemd(t *testing.T) {
 		// between their opens) whose closes come back to back, merged
 		// into one inotify event: the probe for writers (a read lease)
 		// lets it go as a candidate of the sweep under the sandbox.
-		// The files are dirty in the tree with a 60 s expiry: no
-		// writeback opens them while they are held, and the sweep does
-		// not look at a tracked file (a close of the daemon's own would
-		// have them probed, and let go, before the count is read). Once
-		// written back, the sweep's next look finds them clean and lets
-		// them go.
 		const candidates = "flusherd stats | awk '/^sweep_candidates:/ {n += $2} END {print n + 0}'"
-		held, err := h.sh("echo r > /srv/data/slow/r2 && echo o > /srv/data/slow/o2 && " +
-			"(exec 3</srv/data/slow/r2; exec 4</srv/data/slow/o2; exec 5</srv/data/slow/r2; sleep 1.5; exec 3<&- 5<&-; exec 4<&-) & " +
+		held, err := h.sh("(exec 3</srv/data/held/r2; exec 4</srv/data/held/o2; exec 5</srv/data/held/r2; sleep 1.5; exec 3<&- 5<&-; exec 4<&-) & " +
 			"sleep 1; " + candidates + "; wait")
 		if err != nil || strings.TrimSpace(held) != "2" {
 			t.Errorf("sweep candidates while the two files are held: %q (%v), want 2", held, err)
 		}
-		h.must(h.sh("flusherd sync /srv/data/slow/r2 /srv/data/slow/o2"))
-		h.waitFor("no sweep candidate left (flusherd stats)", 5*time.Second, func() bool {
+		h.waitFor("no sweep candidate left (flusherd stats)", 6*time.Second, func() bool {
 			out, _ := h.sh(candidates)
 			return strings.TrimSpace(out) == "0"
 		})
@@ -479,12 +477,14 @@ func TestUnderSystemd(t *testing.T) {
 		defer ffs.Set(faultfs.Faults{})
 		hung := time.Now()
 		var status string
-		h.waitFor("STATUS= to report the stuck call", 10*time.Second, func() bool {
+		// The attempt starts 3 to 3.5 s after the write, and its call is
+		// stuck once it has run attempt_timeout (6 s).
+		h.waitFor("STATUS= to report the stuck call", 15*time.Second, func() bool {
 			status = h.prop("StatusText")
 			return strings.Contains(status, "stuck")
 		})
-		t.Logf("STATUS= %.2fs after the write: %q", time.Since(hung).Seconds(), status)
-		time.Sleep(time.Until(hung.Add(11 * time.Second))) // over three WatchdogSec while the calls hang
+		t.Logf("STATUS= %.2fs after the faults were set: %q", time.Since(hung).Seconds(), status)
+		time.Sleep(time.Until(hung.Add(13 * time.Second))) // over three WatchdogSec while the calls hang
 		if n, _ := strconv.Atoi(h.prop("NRestarts")); n != before || h.prop("MainPID") != pid || h.prop("ActiveState") != "active" {
 			t.Errorf("a hung filesystem restarted the service: NRestarts %d -> %d, MainPID %s -> %s, %s",
 				before, n, pid, h.prop("MainPID"), h.prop("ActiveState"))
