@@ -409,47 +409,41 @@ func TestCountOnlyWhenChecksOff(t *testing.T) {
 // order they were written, each once; what a check leaves waits in
 // touched for the next.
 func TestTouchedBacklog(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		epoch := time.Now()
-		now := func() time.Duration { return time.Since(epoch) }
-		fs := newFakeFS(now)
-		wb := New("7:0", testConfig(), now, Files{Opener: fs}, nil, nil)
-		const n = 2*maxSample + 100
-		paths := make([]string, n)
+	const n = 2*maxSample + 100
+	paths := make([]string, n)
+	marked := func(h *harness) { // before the device's goroutine runs
 		for i := range n {
 			paths[i] = fmt.Sprintf("/f%05d", i)
-			f := fs.add(paths[i], uint64(i+1), pg, 1)
-			wb.MarkInodeDirty(f.key, f.path, "", tree.Tree{Expire: time.Hour})
+			h.mark(h.fs.add(paths[i], uint64(i+1), pg, 1), time.Hour)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		go wb.Run(ctx)
-		defer func() { cancel(); <-wb.Stopped() }()
+	}
+	withWB(t, testConfig(), func(h *harness) {
 		var perCheck []int
 		for range 10 {
-			before := len(fs.callsOf("open", ""))
+			before := len(h.fs.callsOf("open", ""))
 			time.Sleep(backgroundCheckInterval)
 			synctest.Wait()
-			if d := len(fs.callsOf("open", "")) - before; d > 0 {
+			if d := len(h.fs.callsOf("open", "")) - before; d > 0 {
 				perCheck = append(perCheck, d)
 			}
 		}
-		wb.mu.Lock()
-		left := wb.bg.touched.Len()
-		wb.mu.Unlock()
+		h.wb.mu.Lock()
+		left := h.wb.bg.touched.Len()
+		h.wb.mu.Unlock()
 		if want := []int{maxSample, maxSample, 100}; !slices.Equal(perCheck, want) || left != 0 {
 			t.Errorf("files counted per check %v, %d left; want %v, 0", perCheck, left, want)
 		}
 		var order []string
-		for _, c := range fs.callsOf("open", "") {
+		for _, c := range h.fs.callsOf("open", "") {
 			order = append(order, c.path)
 		}
 		if !slices.Equal(order, paths) {
 			t.Errorf("files counted out of the order written (or not once each): %d opens", len(order))
 		}
-		if s := wb.Snapshot(); s.BdiReclaimable != n {
+		if s := h.wb.Snapshot(); s.BdiReclaimable != n {
 			t.Errorf("BdiReclaimable %d pages, want %d", s.BdiReclaimable, n)
 		}
-	})
+	}, marked)
 }
 
 // TestNoCountWhereCloseWrites: on a filesystem where a close writes the

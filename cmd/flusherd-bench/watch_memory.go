@@ -182,6 +182,10 @@ func (r *watchRun) waitTracked(ctx context.Context, backend string, n int, stats
 	return got, grew, nil
 }
 
+// memTargetPerInode is the most RSS per tracked file, in bytes, at
+// 1,000,000 files.
+const memTargetPerInode = 150
+
 // memoryRows records the memory phase's rows; ovLog is the daemon's
 // overflow log lines now.
 func (r *watchRun) memoryRows(backend, label string, n int, m memTrack, ovLog int) {
@@ -193,13 +197,13 @@ func (r *watchRun) memoryRows(backend, label string, n int, m memTrack, ovLog in
 	// entries) weigh on each inode: the cell says so.
 	target, perInode := "none below 1M (fixed costs dominate)", "n/a"
 	if n >= 1000000 {
-		target = "≤ 150 at 1M"
+		target = fmt.Sprintf("≤ %d at 1M", memTargetPerInode)
 	}
 	if m.got > 0 {
 		per := float64(int64(m.rss)-int64(m.base)) * 1024 / float64(m.got)
 		perInode = fmt.Sprintf("%.0f", per)
 		if n >= 1000000 {
-			perInode += " " + metIf(per <= 150)
+			perInode += " " + metIf(per <= memTargetPerInode)
 		}
 	}
 	r.t.set(2, name("bytes RSS per tracked inode"), target, backend, perInode)
