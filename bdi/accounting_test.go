@@ -39,12 +39,12 @@ func TestCongested(t *testing.T) {
 	cfg := testConfig()
 	cfg.MaxInflight = 10 * pg
 	wb, _, _ := newIdleWB(t, cfg)
-	self := &inode.Inode{Key: inode.Key{Dev: 7, Ino: 1}}
+	self := inode.New(inode.Key{Dev: 7, Ino: 1})
 	wb.mu.Lock()
 	wb.inodes.Set(self)
 	wb.setPagesLocked(self, 0, 100)
 	for ino, pages := range map[uint64]uint64{2: 4, 3: 3} {
-		in := &inode.Inode{Key: inode.Key{Dev: 7, Ino: ino}}
+		in := inode.New(inode.Key{Dev: 7, Ino: ino})
 		wb.inodes.Set(in)
 		wb.setPagesLocked(in, 0, pages)
 	}

@@ -154,7 +154,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 	}
 	if att.res.wrote && !att.res.waited && att.f != nil && wb.verifies() {
 		// Its close is part of its writeback (FUSE's flush).
-		att.note = closeNote{report: true, key: in.Key, path: in.Path(), handle: in.Handle(),
+		att.note = closeNote{report: true, key: in.Key(), path: in.Path(), handle: in.Handle(),
 			expire: wb.bDirty.classes[in.Class].expire, counted: counted}
 	}
 	if att.res.read && err == nil {
@@ -181,9 +181,9 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 		}
 	}
 	if o == policy.IOError {
-		wb.side.setNextRetry(in.Key, now+wb.cfg.MaxPause)
+		wb.side.setNextRetry(in.Key(), now+wb.cfg.MaxPause)
 	} else {
-		wb.side.setNextRetry(in.Key, 0)
+		wb.side.setNextRetry(in.Key(), 0)
 	}
 	wb.verifyCleanLocked(att, &ac, err, now)
 	ac.hadIOError = in.Has(inode.DataError) || (att.res.fsErrAt != 0 && att.res.fsErrAt >= in.DirtiedWhen)
@@ -236,7 +236,7 @@ func (wb *Writeback) ownSyncfsWroteLocked(in *inode.Inode, dirty, wbp uint64, no
 	if dirty != 0 || wbp != 0 || in.DirtyPages == 0 {
 		return
 	}
-	began, ok := wb.side.syncfsBegan[in.Key.Dev]
+	began, ok := wb.side.syncfsBegan[in.Key().Dev]
 	if !ok || in.DirtiedWhen >= began {
 		return
 	}

@@ -137,12 +137,12 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		if !ok {
 			break
 		}
-		if wb.inodes.Get(in.Key) != in || !in.Has(inode.Touched) {
+		if wb.inodes.Get(in.Key()) != in || !in.Has(inode.Touched) {
 			continue // forgotten meanwhile
 		}
 		in.State &^= inode.Touched
 		// Written at the last two checks and since: three in a row.
-		streaming := in.Has(inode.Streaming2) && cfg.RangeBytes > 0 && !wb.loop.fallback[in.Key.Dev]
+		streaming := in.Has(inode.Streaming2) && cfg.RangeBytes > 0 && !wb.loop.fallback[in.Key().Dev]
 		if in.Has(inode.Streaming) {
 			in.State |= inode.Streaming2
 		}
@@ -152,12 +152,12 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 			// Not looked at now (an attempt in flight will read it).
 			continue
 		}
-		if !streaming && !all && wb.bg.closeWrites[in.Key.Dev] {
+		if !streaming && !all && wb.bg.closeWrites[in.Key().Dev] {
 			// Its close would write it back: counted at its attempt.
 			continue
 		}
 		probed[in] = true
-		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.bg.rangeOff[in.Key]})
+		probes = append(probes, sampleProbe{in: in, key: in.Key(), path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.bg.rangeOff[in.Key()]})
 	}
 	// Files whose writeback was in flight at their last look, and that
 	// no attempt looks at now: their count again.
@@ -165,10 +165,10 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		if len(probes) >= maxSample {
 			break
 		}
-		if probed[in] || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.inodes.Get(in.Key) != in {
+		if probed[in] || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.inodes.Get(in.Key()) != in {
 			continue
 		}
-		probes = append(probes, sampleProbe{in: in, key: in.Key, path: in.Path(), handle: in.Handle(),
+		probes = append(probes, sampleProbe{in: in, key: in.Key(), path: in.Path(), handle: in.Handle(),
 			expire: wb.bDirty.classes[in.Class].expire})
 	}
 	if len(probes) == 0 {

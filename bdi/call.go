@@ -197,7 +197,7 @@ func (wb *Writeback) inflightRoom(in *inode.Inode, wbp uint64, maxInflight int64
 	}
 	wb.mu.Lock()
 	sum := wb.acct.wbSum + wbp
-	if in != nil && wb.inodes.Get(in.Key) == in {
+	if in != nil && wb.inodes.Get(in.Key()) == in {
 		sum -= min(sum, uint64(in.WritebackPages))
 	}
 	wb.mu.Unlock()
@@ -254,15 +254,15 @@ func (wb *Writeback) roomTurn(in *inode.Inode, hasRoom bool) bool {
 	if g.valid && now-g.at > roomGateStale {
 		g.valid = false
 	}
-	turn := !g.valid || g.key == in.Key || in.DirtiedWhen < g.when
+	turn := !g.valid || g.key == in.Key() || in.DirtiedWhen < g.when
 	if turn && hasRoom {
-		if g.valid && g.key == in.Key {
+		if g.valid && g.key == in.Key() {
 			g.valid = false
 		}
 		return true
 	}
-	if !g.valid || g.key == in.Key || in.DirtiedWhen < g.when {
-		*g = roomGate{key: in.Key, when: in.DirtiedWhen, at: now, valid: true}
+	if !g.valid || g.key == in.Key() || in.DirtiedWhen < g.when {
+		*g = roomGate{key: in.Key(), when: in.DirtiedWhen, at: now, valid: true}
 	}
 	return false
 }

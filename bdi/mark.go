@@ -79,7 +79,7 @@ func (wb *Writeback) CheckNames(root string) int {
 	for in := range wb.inodes.All {
 		if name := in.Name(); name != "" && (root == "" || in.InDir(root)) {
 			dir := in.Dir()
-			byDir[dir] = append(byDir[dir], named{in.Key, name})
+			byDir[dir] = append(byDir[dir], named{in.Key(), name})
 		}
 	}
 	wb.mu.Unlock()
@@ -345,7 +345,8 @@ func (wb *Writeback) newInodeLocked(key inode.Key, path string, h inode.Handle, 
 		wb.log.Warn("more than 255 distinct expire intervals hold files on this device (reloads); new files share the nearest one",
 			zap.Stringer("expire", t.Expire), zap.Stringer("used", wb.bDirty.classes[class].expire))
 	}
-	in := &inode.Inode{Key: key, Class: class}
+	in := inode.New(key)
+	in.Class = class
 	in.SetPath(path)
 	in.SetHandle(h)
 	if t.Integrity() {

@@ -61,7 +61,7 @@ func (wb *Writeback) requeueInodeLocked(in *inode.Inode, dest policy.Dest, now t
 //
 // +checklocks:wb.mu
 func (wb *Writeback) forgetLocked(in *inode.Inode, gone bool) {
-	if c := wb.sweep.cands[in.Key]; c != nil {
+	if c := wb.sweep.cands[in.Key()]; c != nil {
 		c.clean = max(c.clean, wb.now()) // clean now, or gone
 	}
 	lists.Remove(in)
@@ -126,15 +126,15 @@ func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 // +checklocks:wb.mu
 func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
 	if wb.files.Observer != nil {
-		wb.files.Observer.Forgotten(in.Key)
+		wb.files.Observer.Forgotten(in.Key())
 	}
 	wb.setPagesLocked(in, 0, 0)
-	wb.inodes.Delete(in.Key)
+	wb.inodes.Delete(in.Key())
 	wb.budget.n.Add(-1)
-	delete(wb.side.wbIndex, in.Key)
-	delete(wb.bg.rangeOff, in.Key)
-	delete(wb.side.lateErr, in.Key)
-	delete(wb.side.retryAt, in.Key)
+	delete(wb.side.wbIndex, in.Key())
+	delete(wb.bg.rangeOff, in.Key())
+	delete(wb.side.lateErr, in.Key())
+	delete(wb.side.retryAt, in.Key())
 	wb.bDirty.unref(in.Class)
 	in.State = 0
 }
@@ -199,7 +199,7 @@ func (wb *Writeback) writeChunkLocked() int64 {
 // +checklocks:wb.mu
 func (wb *Writeback) parkFailedLocked(in *inode.Inode) {
 	if wb.files.Observer != nil {
-		wb.files.Observer.Forgotten(in.Key)
+		wb.files.Observer.Forgotten(in.Key())
 	}
 	in.State &^= inode.Dirty | inode.Sync | inode.Redirtied | inode.DataError | inode.Wrote | inode.LostBefore
 	wb.bFailed.MoveToBack(in)

@@ -15,9 +15,9 @@ import (
 func TestRoomTurn(t *testing.T) {
 	withWB(t, testConfig(), func(h *harness) {
 		t := h.t
-		old := &inode.Inode{Key: inode.Key{Dev: 7, Ino: 1}, DirtiedWhen: time.Second}
-		mid := &inode.Inode{Key: inode.Key{Dev: 7, Ino: 2}, DirtiedWhen: 2 * time.Second}
-		young := &inode.Inode{Key: inode.Key{Dev: 7, Ino: 3}, DirtiedWhen: 3 * time.Second}
+		old := dirtiedAt(inode.Key{Dev: 7, Ino: 1}, time.Second)
+		mid := dirtiedAt(inode.Key{Dev: 7, Ino: 2}, 2*time.Second)
+		young := dirtiedAt(inode.Key{Dev: 7, Ino: 3}, 3*time.Second)
 		steps := []struct {
 			name    string
 			in      *inode.Inode
@@ -45,12 +45,19 @@ func TestRoomTurn(t *testing.T) {
 		// young holds the turn: a younger file waits, until the turn
 		// is let go roomGateStale after young was last deferred.
 		h.wb.roomTurn(young, false)
-		if h.wb.roomTurn(&inode.Inode{Key: inode.Key{Dev: 7, Ino: 4}, DirtiedWhen: 4 * time.Second}, true) {
+		if h.wb.roomTurn(dirtiedAt(inode.Key{Dev: 7, Ino: 4}, 4*time.Second), true) {
 			t.Errorf("a younger file took the room while young holds the turn")
 		}
 		time.Sleep(roomGateStale + time.Millisecond)
-		if !h.wb.roomTurn(&inode.Inode{Key: inode.Key{Dev: 7, Ino: 4}, DirtiedWhen: 4 * time.Second}, true) {
+		if !h.wb.roomTurn(dirtiedAt(inode.Key{Dev: 7, Ino: 4}, 4*time.Second), true) {
 			t.Errorf("the turn was not let go %v after its holder was last deferred", roomGateStale)
 		}
 	})
+}
+
+// dirtiedAt returns a new inode with Key k, dirtied at when.
+func dirtiedAt(k inode.Key, when time.Duration) *inode.Inode {
+	in := inode.New(k)
+	in.DirtiedWhen = when
+	return in
 }

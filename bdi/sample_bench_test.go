@@ -55,7 +55,7 @@ func BenchmarkSampleReal(b *testing.B) {
 			wb := New("test", testConfig(), func() time.Duration { return 0 }, Files{Opener: inode.OS{}, Handles: hs}, nil, nil)
 			probes := make([]sampleProbe, n)
 			for i, f := range files {
-				probes[i] = sampleProbe{in: &inode.Inode{Key: f.key}, key: f.key, path: f.path}
+				probes[i] = sampleProbe{in: inode.New(f.key), key: f.key, path: f.path}
 				if byHandle {
 					probes[i].handle = f.h
 				}

@@ -431,7 +431,7 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		closing := att.call.f != nil && wb.verifies()
 		wb.startedLocked(in, w.queued, closing, wb.now())
 		if closing {
-			note = closeNote{report: true, key: in.Key, path: in.Path(), handle: in.Handle(),
+			note = closeNote{report: true, key: in.Key(), path: in.Path(), handle: in.Handle(),
 				expire: wb.bDirty.classes[in.Class].expire, counted: true}
 		}
 	}
@@ -449,13 +449,13 @@ func (wb *Writeback) reqReturnedLocked(r *request, err error) func() {
 		}
 		wb.probe.reprobe[r.Dev] = true
 	}
-	if err != nil && !att.call.unsupported && wb.inodes.Get(in.Key) == in {
+	if err != nil && !att.call.unsupported && wb.inodes.Get(in.Key()) == in {
 		// (An unsupported sync_file_range is the filesystem's, not
 		// the file's: the probe again, and the file is retried.)
 		if wb.side.lateErr == nil {
 			wb.side.lateErr = map[inode.Key]error{}
 		}
-		wb.side.lateErr[in.Key] = err
+		wb.side.lateErr[in.Key()] = err
 	}
 	wb.gen++
 	return func() {

@@ -157,11 +157,11 @@ func (wb *Writeback) startedLocked(in *inode.Inode, pages uint64, closing bool, 
 		wb.wroteLocked(in, pages)
 		return
 	}
-	v := wb.verify.of(in.Key.Dev)
+	v := wb.verify.of(in.Key().Dev)
 	if v.seq == v.readSeq && !v.reading {
 		v.oldest = now // the first write no read covers
 	}
-	w := v.writes[in.Key]
+	w := v.writes[in.Key()]
 	if w == nil && len(v.writes) >= maxUnverified {
 		v.seq++
 		if n := len(v.more); n == 0 || v.more[n-1].sealed {
@@ -177,7 +177,7 @@ func (wb *Writeback) startedLocked(in *inode.Inode, pages uint64, closing bool, 
 	}
 	if w == nil {
 		w = &unverifiedWrite{tc: wb.trees.of(in)}
-		v.writes[in.Key] = w
+		v.writes[in.Key()] = w
 	}
 	w.pages += pages
 	v.seq++

@@ -73,7 +73,7 @@ func (wb *Writeback) RestrictUnder(root string, t tree.Tree, holds func(path str
 	}
 	wb.mu.Lock()
 	for _, in := range held {
-		if wb.inodes.Get(in.Key) == in {
+		if wb.inodes.Get(in.Key()) == in {
 			wb.stricterTreeLocked(in, t)
 		}
 	}
@@ -109,7 +109,7 @@ func (wb *Writeback) RetireUnder(root string, keep func(path string) bool) int {
 	wb.mu.Lock()
 	wb.dropCandidatesLocked(root, keptCands)
 	for in := range leaving {
-		if wb.inodes.Get(in.Key) != in {
+		if wb.inodes.Get(in.Key()) != in {
 			continue // forgotten meanwhile
 		}
 		n++
@@ -219,7 +219,7 @@ func (wb *Writeback) Refs(dir string) []FileRef {
 		if in.Has(inode.Integrity) {
 			t.Mode = tree.ModeIntegrity
 		}
-		out = append(out, FileRef{Key: in.Key, Path: in.Path(), Tree: t})
+		out = append(out, FileRef{Key: in.Key(), Path: in.Path(), Tree: t})
 	}
 	return out
 }
@@ -250,7 +250,7 @@ func (wb *Writeback) Inodes() []InodeInfo {
 	out := make([]InodeInfo, 0, wb.inodes.Len())
 	probing := wb.probe.on
 	add := func(list string, in *inode.Inode) {
-		out = append(out, InodeInfo{Path: in.Path(), Key: in.Key, Handle: in.Handle(), List: list,
+		out = append(out, InodeInfo{Path: in.Path(), Key: in.Key(), Handle: in.Handle(), List: list,
 			DirtiedWhen: in.DirtiedWhen, DirtyPages: in.DirtyPages, WBPages: in.WritebackPages,
 			Retries: in.Retries, Errors: in.Errors, LastErr: in.LastErr, Busy: in.Has(inode.Busy), Probing: probing})
 	}

@@ -515,7 +515,7 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		if w.ForBackground {
 			in.State |= inode.Background
 		}
-		if next := wb.side.nextRetry(in.Key); in.Has(inode.Busy) || (next > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < next) {
+		if next := wb.side.nextRetry(in.Key()); in.Has(inode.Busy) || (next > 0 && w.SyncMode == SyncNone && !w.All && wb.now() < next) {
 			// A call for it is still stuck, or it failed with an I/O
 			// error and waits for max_pause: not now.
 			wb.requeueIOWaitLocked(in)
@@ -538,7 +538,7 @@ func (wb *Writeback) writebackSBInodes(w *Work) {
 		in.State &^= inode.Redirtied
 		wb.bg.attemptBegins(in)
 		integrity := w.SyncMode == SyncAll || in.Has(inode.Integrity)
-		key := in.Key
+		key := in.Key()
 		att := wb.newAttemptLocked(in, key, nil, now)
 		wb.mu.Unlock()
 

@@ -96,18 +96,18 @@ const (
 const ErrnoOther = 255
 
 // Inode is one tracked file. Keep it small: a daemon may track millions.
-// Its fields are ordered so that it has no padding: 80 bytes on 64-bit
-// platforms, one allocation of Go's 80-byte size class (inode_test.go
+// Its fields are ordered so that it has no padding: 64 bytes on 64-bit
+// platforms, one allocation of Go's 64-byte size class (inode_test.go
 // checks it), with one more for its name and handle or other path (see
-// names).
+// names). Make one with New.
 type Inode struct {
 	lists.Entry[*Inode]
 
-	Key Key
-	// The absolute path at which it was last seen is its directory,
-	// interned (the files of one directory share it), and its name,
-	// held in names: see Path.
-	dir unique.Handle[string]
+	ino uint64
+	// loc is the directory of the absolute path at which it was last seen
+	// and its device (Key's Dev), interned: the files of one directory
+	// share it. Its name is held in names: see Path.
+	loc unique.Handle[location]
 	// names points to one allocation that holds the inode's name and
 	// its alt: the uvarint lengths of the two in bytes
 	// (encoding/binary's encoding: 1 byte each below 128), then the name,
@@ -120,9 +120,6 @@ type Inode struct {
 	// name before a rename), tried before the inode is dropped when its
 	// path is gone. See Handle and OtherPath.
 	names *byte
-	// hnext is the next inode in its Table bucket's chain (nil for the
-	// last, or outside a Table).
-	hnext *Inode
 
 	// DirtiedWhen is when the inode went from clean to dirty, on the
 	// daemon's monotonic clock (nanoseconds since its epoch). A re-dirty
@@ -143,6 +140,41 @@ type Inode struct {
 	// LastErr is the last error's errno (0 for none, ErrnoOther for an
 	// error that is not an errno, or an errno above 254).
 	LastErr uint8
+}
+
+// location is an inode's directory (see Inode.loc) and device.
+type location struct {
+	dir string // "" when it has no path
+	dev uint64
+}
+
+// New returns an inode with Key k and no path.
+func New(k Key) *Inode {
+	return &Inode{ino: k.Ino, loc: unique.Make(location{dev: k.Dev})}
+}
+
+// Key returns the inode's Key.
+func (in *Inode) Key() Key {
+	if in.loc == (unique.Handle[location]{}) {
+		return Key{Ino: in.ino} // (a zero Inode)
+	}
+	return Key{Dev: in.loc.Value().dev, Ino: in.ino}
+}
+
+// is reports whether the inode's Key is k (its number compared first).
+func (in *Inode) is(k Key) bool { return in.ino == k.Ino && in.Key() == k }
+
+// dir returns the directory of its path ("" for none).
+func (in *Inode) dir() string {
+	if in.loc == (unique.Handle[location]{}) {
+		return ""
+	}
+	return in.loc.Value().dir
+}
+
+// setDir sets the directory of its path, keeping its device.
+func (in *Inode) setDir(dir string) {
+	in.loc = unique.Make(location{dir: dir, dev: in.Key().Dev})
 }
 
 // name returns the inode's name, the last element of its path ("" for
@@ -210,11 +242,11 @@ func (in *Inode) Path() string { return in.PathRef().String() }
 // PathRef is the inode's path as Path would return it now, not yet built:
 // taking it allocates nothing, so a caller that may not need the path
 // (a log line at a level that is off) builds it only when it does.
-func (in *Inode) PathRef() PathRef { return PathRef{dir: in.dir, name: in.name()} }
+func (in *Inode) PathRef() PathRef { return PathRef{loc: in.loc, name: in.name()} }
 
 // PathRef is a path taken by Inode.PathRef; its zero value is "".
 type PathRef struct {
-	dir  unique.Handle[string]
+	loc  unique.Handle[location]
 	name string
 }
 
@@ -223,7 +255,7 @@ func (r PathRef) String() string {
 	if r.name == "" {
 		return ""
 	}
-	d := r.dir.Value()
+	d := r.loc.Value().dir
 	if d == "/" {
 		return "/" + r.name
 	}
@@ -240,14 +272,14 @@ func (in *Inode) HasPath(path string) bool {
 	if d == "" {
 		d = "/"
 	}
-	return in.dir.Value() == d
+	return in.dir() == d
 }
 
 // SetPath records path, an absolute path, as where the inode was last seen.
 func (in *Inode) SetPath(path string) {
 	i := strings.LastIndexByte(path, '/')
 	if i < 0 {
-		in.dir = unique.Make("")
+		in.setDir("")
 		in.setNames(path, in.alt())
 		return
 	}
@@ -255,13 +287,13 @@ func (in *Inode) SetPath(path string) {
 	if d == "" {
 		d = "/"
 	}
-	in.dir = unique.Make(d)
+	in.setDir(d)
 	in.setNames(path[i+1:], in.alt())
 }
 
 // Dir returns the directory of the inode's path ("" when it has none),
 // without building the path.
-func (in *Inode) Dir() string { return in.dir.Value() }
+func (in *Inode) Dir() string { return in.dir() }
 
 // Name returns the last component of the inode's path ("" when it has
 // none), without building the path.
@@ -270,7 +302,7 @@ func (in *Inode) Name() string { return in.name() }
 // InDir reports whether the inode's path is below the directory dir (an
 // absolute path without a trailing slash), without building the path.
 func (in *Inode) InDir(dir string) bool {
-	d := in.dir.Value()
+	d := in.dir()
 	return d == dir || strings.HasPrefix(d, dir+"/") || (dir == "/" && in.name() != "")
 }
 

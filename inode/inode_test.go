@@ -6,15 +6,15 @@ import (
 	"unsafe"
 )
 
-// TestInodeSize: an Inode is one allocation of the 80-byte size class (a
+// TestInodeSize: an Inode is one allocation of the 64-byte size class (a
 // daemon may track millions). A field that makes it larger moves it to the
-// 96-byte class: 16 more bytes for every tracked file.
+// 80-byte class: 16 more bytes for every tracked file.
 func TestInodeSize(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) != 8 {
 		t.Skip("the size is checked on 64-bit platforms")
 	}
-	if got := unsafe.Sizeof(Inode{}); got != 80 {
-		t.Errorf("unsafe.Sizeof(Inode{}) = %d bytes, want 80", got)
+	if got := unsafe.Sizeof(Inode{}); got != 64 {
+		t.Errorf("unsafe.Sizeof(Inode{}) = %d bytes, want 64", got)
 	}
 }
 
@@ -76,5 +76,22 @@ func TestInodeNamesAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { in.SetPath("/srv/data/d0001/f012346") }); n != 1 {
 		t.Errorf("SetPath of an interned directory: %v allocations, want 1", n)
+	}
+}
+
+// TestInodeKey: an inode keeps its Key, device included, whatever its
+// path; inodes of one directory on two devices are told apart.
+func TestInodeKey(t *testing.T) {
+	a, b := New(Key{Dev: 7, Ino: 12}), New(Key{Dev: 8, Ino: 12})
+	for _, p := range []string{"/srv/f", "/srv/g", "rel", "/"} {
+		a.SetPath(p)
+		b.SetPath(p)
+		if a.Key() != (Key{Dev: 7, Ino: 12}) || b.Key() != (Key{Dev: 8, Ino: 12}) || a.Path() != b.Path() {
+			t.Errorf("SetPath(%q): Keys %v and %v, paths %q and %q", p, a.Key(), b.Key(), a.Path(), b.Path())
+		}
+	}
+	var z Inode
+	if z.Key() != (Key{}) || z.Dir() != "" || z.Path() != "" {
+		t.Errorf("zero Inode: Key %v, Dir %q, Path %q", z.Key(), z.Dir(), z.Path())
 	}
 }
