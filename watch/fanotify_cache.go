@@ -12,9 +12,15 @@ import (
 	"flusherd/policy"
 )
 
-// cacheMax bounds the directory and file caches (entries); a full cache is
-// emptied and refilled.
-const cacheMax = 1 << 16
+// dirCacheMax and fileCacheMax bound the directory and file caches
+// (entries); a full cache is emptied and refilled. A file's entry (about
+// 180 bytes with its key, handle and path) serves the events of a file
+// written again soon; the file cache is the smaller, since a burst of new
+// files fills it with entries no event looks up again.
+const (
+	dirCacheMax  = 1 << 16
+	fileCacheMax = 1 << 14
+)
 
 // fanotifyDir is an entry of the directory cache (dirOf).
 type fanotifyDir struct {
@@ -90,7 +96,7 @@ func (fa *Fanotify) dirOfErr(ev *event) (*fanotifyDir, bool, error) {
 	}
 	d = &fanotifyDir{path: p, prefix: strings.TrimSuffix(p, "/") + "/", tree: fa.treeOfDir(p)}
 	fa.cmu.Lock()
-	if len(fa.dirs) >= cacheMax {
+	if len(fa.dirs) >= dirCacheMax {
 		fa.clearDirsLocked()
 	}
 	fa.dirs[string(k)] = d
@@ -134,7 +140,7 @@ func (fa *Fanotify) target(ev *event) (*fanotifyTarget, bool) {
 	}
 	t = &fanotifyTarget{key: key, regular: regular, handle: h}
 	fa.cmu.Lock()
-	if len(fa.files) >= cacheMax {
+	if len(fa.files) >= fileCacheMax {
 		clear(fa.files)
 	}
 	fa.files[string(k)] = t
