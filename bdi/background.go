@@ -137,12 +137,13 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		if !ok {
 			break
 		}
-		if wb.inodes.Get(in.Key()) != in || !in.Has(inode.Touched) {
+		k := in.Key()
+		if wb.inodes.Get(k) != in || !in.Has(inode.Touched) {
 			continue // forgotten meanwhile
 		}
 		in.State &^= inode.Touched
 		// Written at the last two checks and since: three in a row.
-		streaming := in.Has(inode.Streaming2) && cfg.RangeBytes > 0 && !wb.loop.fallback[in.Key().Dev]
+		streaming := in.Has(inode.Streaming2) && cfg.RangeBytes > 0 && !wb.loop.fallback[k.Dev]
 		if in.Has(inode.Streaming) {
 			in.State |= inode.Streaming2
 		}
@@ -152,12 +153,12 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 			// Not looked at now (an attempt in flight will read it).
 			continue
 		}
-		if !streaming && !all && wb.bg.closeWrites[in.Key().Dev] {
+		if !streaming && !all && wb.bg.closeWrites[k.Dev] {
 			// Its close would write it back: counted at its attempt.
 			continue
 		}
 		probed[in] = true
-		probes = append(probes, sampleProbe{in: in, key: in.Key(), path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.bg.rangeOff[in.Key()]})
+		probes = append(probes, sampleProbe{in: in, key: k, path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.bg.rangeOff[k]})
 	}
 	// Files whose writeback was in flight at their last look, and that
 	// no attempt looks at now: their count again.

@@ -125,16 +125,17 @@ func (wb *Writeback) setPagesLocked(in *inode.Inode, dirty, wbp uint64) {
 //
 // +checklocks:wb.mu
 func (wb *Writeback) dropInodeLocked(in *inode.Inode) {
+	k := in.Key()
 	if wb.files.Observer != nil {
-		wb.files.Observer.Forgotten(in.Key())
+		wb.files.Observer.Forgotten(k)
 	}
 	wb.setPagesLocked(in, 0, 0)
-	wb.inodes.Delete(in.Key())
+	wb.inodes.Delete(k)
 	wb.budget.n.Add(-1)
-	delete(wb.side.wbIndex, in.Key())
-	delete(wb.bg.rangeOff, in.Key())
-	delete(wb.side.lateErr, in.Key())
-	delete(wb.side.retryAt, in.Key())
+	delete(wb.side.wbIndex, k)
+	delete(wb.bg.rangeOff, k)
+	delete(wb.side.lateErr, k)
+	delete(wb.side.retryAt, k)
 	wb.bDirty.unref(in.Class)
 	in.State = 0
 }
