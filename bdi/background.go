@@ -130,8 +130,10 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		}
 	}
 	wb.bg.streaming = shrink(wb.bg.streaming)
-	var probes []sampleProbe
-	probed := map[*inode.Inode]bool{}
+	// The results are made here, probes filled in, and the last
+	// sample's storage is reused: a sample allocates nothing per file.
+	probes := wb.bg.spare[:0]
+	wb.bg.spare = nil
 	for len(probes) < maxSample {
 		in, ok := wb.bg.touched.Pop()
 		if !ok {
@@ -157,11 +159,18 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 			// Its close would write it back: counted at its attempt.
 			continue
 		}
-		probed[in] = true
-		probes = append(probes, sampleProbe{in: in, key: k, path: in.Path(), handle: in.Handle(), streaming: streaming, rangeOff: wb.bg.rangeOff[k]})
+		probes = append(probes, sampleResult{sampleProbe: sampleProbe{in: in, key: k, path: in.PathRef(), handle: in.Handle(),
+			streaming: streaming, rangeOff: wb.bg.rangeOff[k]}})
 	}
 	// Files whose writeback was in flight at their last look, and that
 	// no attempt looks at now: their count again.
+	var probed map[*inode.Inode]bool
+	if len(wb.bg.underWB) > 0 && len(probes) < maxSample {
+		probed = make(map[*inode.Inode]bool, len(probes))
+		for _, p := range probes {
+			probed[p.in] = true
+		}
+	}
 	for in := range wb.bg.underWB {
 		if len(probes) >= maxSample {
 			break
@@ -169,10 +178,11 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		if probed[in] || in.Has(inode.Sync) || in.Has(inode.Busy) || wb.inodes.Get(in.Key()) != in {
 			continue
 		}
-		probes = append(probes, sampleProbe{in: in, key: in.Key(), path: in.Path(), handle: in.Handle(),
-			expire: wb.bDirty.classes[in.Class].expire})
+		probes = append(probes, sampleResult{sampleProbe: sampleProbe{in: in, key: in.Key(), path: in.PathRef(), handle: in.Handle(),
+			expire: wb.bDirty.classes[in.Class].expire}})
 	}
 	if len(probes) == 0 {
+		wb.bg.spare = probes
 		wb.mu.Unlock()
 		return
 	}
@@ -184,7 +194,7 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 		res := wb.runSample(probes, cfg, chunk)
 		for _, r := range res {
 			if r.closeErr != nil && wb.verifies() {
-				wb.closeReturned(closeNote{report: true, key: r.key, path: r.path, handle: r.handle, expire: r.expire}, r.closeErr)
+				wb.closeReturned(closeNote{report: true, key: r.key, path: r.path.String(), handle: r.handle, expire: r.expire}, r.closeErr)
 			}
 		}
 		wb.mu.Lock()
@@ -203,18 +213,17 @@ func (wb *Writeback) startSample(now time.Duration, consecutive bool) {
 // more than the room under max_inflight_bytes (a writer faster than that
 // per check is followed over several checks, and background work takes
 // the rest; with no room it waits for the next check, counted in
-// throttled). Runs off the
-// device's goroutine.
-func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []sampleResult {
+// throttled). It fills in each result of res, whose sampleProbe is set,
+// and returns res. Runs off the device's goroutine.
+func (wb *Writeback) runSample(res []sampleResult, cfg Config, chunk int64) []sampleResult {
 	page := int64(os.Getpagesize())
-	out := make([]sampleResult, 0, len(probes))
 	timed := cfg.TargetLatency <= 0 // one range timed per sample (rangeDrain)
-	for _, p := range probes {
-		r := sampleResult{sampleProbe: p}
-		f, _, err := wb.openFile(p.path, p.key, p.handle)
+	for i := range res {
+		r := &res[i]
+		p := &r.sampleProbe
+		f, _, err := wb.openFileRef(p.path, p.key, p.handle)
 		if err != nil {
-			out = append(out, r) // unknown: left as it was
-			continue
+			continue // unknown: left as it was
 		}
 		d, w, err := f.Cachestat(0, 0)
 		if err == nil {
@@ -272,9 +281,8 @@ func (wb *Writeback) runSample(probes []sampleProbe, cfg Config, chunk int64) []
 			}
 		}
 		r.closeErr = f.Close()
-		out = append(out, r)
 	}
-	return out
+	return res
 }
 
 // rangeDrain measures how long the device takes to write a range that

@@ -15,6 +15,11 @@ func (wb *Writeback) openFile(path string, key inode.Key, h inode.Handle) (f ino
 	return inode.OpenTracked(wb.files.Opener, wb.files.Handles, path, key, h)
 }
 
+// openFileRef is openFile of the path ref names (inode.OpenTrackedRef).
+func (wb *Writeback) openFileRef(ref inode.PathRef, key inode.Key, h inode.Handle) (f inode.File, renewed inode.Handle, err error) {
+	return inode.OpenTrackedRef(wb.files.Opener, wb.files.Handles, ref, key, h)
+}
+
 // smallFile is the most dirty bytes a file may have to be written whole
 // whatever the writeback in flight: a quarter of write_chunk, or of
 // max_inflight_bytes when that is smaller (0: no bound), so that the

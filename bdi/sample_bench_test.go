@@ -55,16 +55,23 @@ func BenchmarkSampleReal(b *testing.B) {
 			wb := New("test", testConfig(), func() time.Duration { return 0 }, Files{Opener: inode.OS{}, Handles: hs}, nil, nil)
 			probes := make([]sampleProbe, n)
 			for i, f := range files {
-				probes[i] = sampleProbe{in: inode.New(f.key), key: f.key, path: f.path}
+				in := inode.New(f.key)
+				in.SetPath(f.path)
+				probes[i] = sampleProbe{in: in, key: f.key, path: in.PathRef()}
 				if byHandle {
 					probes[i].handle = f.h
 				}
 			}
+			res := make([]sampleResult, n)
+			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				for _, r := range wb.runSample(probes, wb.cfg, 4<<20) {
+				for i := range res {
+					res[i] = sampleResult{sampleProbe: probes[i]}
+				}
+				for _, r := range wb.runSample(res, wb.cfg, 4<<20) {
 					if !r.ok {
-						b.Fatalf("%s: not counted", r.path)
+						b.Fatalf("%s: not counted", r.path.String())
 					}
 				}
 			}

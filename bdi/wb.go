@@ -580,6 +580,8 @@ func (wb *Writeback) wbCheckBackgroundFlush() {
 	if res := wb.bg.sampled; res != nil {
 		wb.bg.sampled = nil
 		unsupported = wb.applySampleLocked(res, now)
+		clear(res) // (its inodes and errors are not held)
+		wb.bg.spare = res[:0]
 	}
 	due := !wb.bg.sampling && (wb.bg.touched.Len() > 0 || len(wb.bg.underWB) > 0) &&
 		now-wb.loop.lastCheck >= backgroundCheckInterval

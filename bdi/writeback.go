@@ -168,9 +168,12 @@ type sampling struct {
 	underWB map[*inode.Inode]struct{}
 	// drain is the longest drain time a range writeback measured since
 	// the window's last update (rangeDrain); 0: none measured.
-	drain    time.Duration
-	sampled  []sampleResult // a finished sample, for the goroutine
-	sampling bool           // a sample call runs
+	drain   time.Duration
+	sampled []sampleResult // a finished sample, for the goroutine
+	// spare is the storage of the last sample taken in, cleared, for the
+	// next (startSample).
+	spare    []sampleResult
+	sampling bool // a sample call runs
 	// taken holds the inodes an attempt took while a sample was running
 	// or not yet applied (attemptBegins): that sample's counts of them
 	// are older than the attempt's.
@@ -646,7 +649,7 @@ type statsWriter struct {
 type sampleProbe struct {
 	in        *inode.Inode
 	key       inode.Key
-	path      string
+	path      inode.PathRef // built only to open by path or to report
 	handle    inode.Handle
 	streaming bool          // range writeback may apply
 	rangeOff  int64         // bytes already range-written

@@ -19,16 +19,30 @@ import (
 // opens by handle (EBADF: one inside a tree's, a btrfs subvolume) is
 // opened by path.
 func OpenTracked(open Opener, handles HandleOpener, path string, key Key, h Handle) (f File, renewed Handle, err error) {
+	return openTracked(open, handles, func() string { return path }, key, h)
+}
+
+// OpenTrackedRef is OpenTracked of the path ref names, built only when it
+// is used: with no handle, or when the handle cannot be opened.
+func OpenTrackedRef(open Opener, handles HandleOpener, ref PathRef, key Key, h Handle) (f File, renewed Handle, err error) {
+	return openTracked(open, handles, ref.String, key, h)
+}
+
+func openTracked(open Opener, handles HandleOpener, pathOf func() string, key Key, h Handle) (f File, renewed Handle, err error) {
 	if h == "" || handles == nil {
-		f, err = open.Open(path, key)
+		f, err = open.Open(pathOf(), key)
 		return f, "", err
 	}
 	f, err = handles.OpenHandle(h, key)
+	if err == nil {
+		return f, "", nil
+	}
+	path := pathOf()
 	if errors.Is(err, unix.EBADF) && path != "" {
 		f, err = open.Open(path, key)
 		return f, "", err
 	}
-	if err == nil || path == "" || !errors.Is(err, unix.ESTALE) {
+	if path == "" || !errors.Is(err, unix.ESTALE) {
 		return f, "", err
 	}
 	nh, herr := handles.HandleOf(path, key)

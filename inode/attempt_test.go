@@ -2,6 +2,7 @@ package inode
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -141,6 +142,16 @@ func TestOpenTracked(t *testing.T) {
 		if err == nil {
 			f.Close()
 		}
+		// OpenTrackedRef, the path given as a ref, does the same.
+		in := New(k)
+		in.SetPath(path)
+		f2, renewed2, err2 := OpenTrackedRef(OS{}, hs, in.PathRef(), k, hd)
+		if err2 == nil {
+			f2.Close()
+		}
+		if renewed2 != renewed || fmt.Sprint(err2) != fmt.Sprint(err) {
+			t.Errorf("OpenTrackedRef(%s): renewed %q, %v; OpenTracked: %q, %v", path, renewed2, err2, renewed, err)
+		}
 		return renewed, err
 	}
 	if r, err := open(p, nil, hd); err != nil || r != "" {
@@ -179,5 +190,49 @@ func TestOpenTracked(t *testing.T) {
 	os.Remove(moved)
 	if _, err := open(moved, h, renewed); !errors.Is(err, unix.ESTALE) {
 		t.Errorf("deleted, nothing at its path: %v, want ESTALE", err)
+	}
+}
+
+// TestOpenTrackedRefBuildsNoPath: a file that opens by its handle costs
+// OpenTrackedRef no more allocations than OpenHandle itself: its path is
+// not built.
+func TestOpenTrackedRefBuildsNoPath(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+	h := NewHandles()
+	defer h.Close()
+	if _, err := h.AddMount(mnt.Dir); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(mnt.Dir, "a-directory-name", "a-file-name")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k := key(t, p)
+	hd, err := h.HandleOf(p, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := New(k)
+	in.SetPath(p)
+	ref := in.PathRef()
+	byHandle := testing.AllocsPerRun(100, func() {
+		f, err := h.OpenHandle(hd, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	})
+	byRef := testing.AllocsPerRun(100, func() {
+		f, _, err := OpenTrackedRef(OS{}, h, ref, k, hd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	})
+	if byRef > byHandle {
+		t.Errorf("OpenTrackedRef: %.0f allocations, OpenHandle %.0f: the path was built", byRef, byHandle)
 	}
 }
