@@ -624,8 +624,8 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	// Create of the name (a file moved over it: IN_MOVED_TO) says that
 	// file lost the name; the sink is told (unlinked), so that a deleted
 	// file is forgotten at the next pass, not at its expiry. A name the
-	// cache has lost (a file found by a scan only, or the cache emptied
-	// since) waits for that.
+	// cache has lost (a file found only by the scan at start-up or after
+	// an overflow, or the cache emptied since) waits for that.
 	old, known := w.keys[ev.Name]
 	if !ev.Has(opWrite) {
 		w.forgetKey(ev.Name) // (a Create of a directory clears all of it below)
@@ -704,7 +704,9 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 		}
 		w.addOrNoteFD(ct, name, fd)
 		// Files made in it before the watch existed sent no event.
-		w.scanDir(context.Background(), ct, name, false, func(p string, fd int) { w.addOrNoteFD(ct, p, fd) })
+		// Their names are cached as a Create's are, so that their
+		// Remove, which the watch may well report, is known.
+		w.scanDirFiles(context.Background(), ct, name, false, func(p string, fd int) { w.addOrNoteFD(ct, p, fd) }, w.cacheKey)
 		w.logLimit()
 	case unix.S_IFREG:
 		// Made, linked or moved in: tracked without opening it

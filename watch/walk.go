@@ -36,6 +36,12 @@ import (
 // resource (EMFILE, ENFILE, ENOMEM, EAGAIN, EINTR) makes the scan
 // incomplete, and a rescan is scheduled with backoff (scanIncomplete).
 func (b *base) scanDir(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string, fd int)) {
+	b.scanDirFiles(ctx, t, dir, onlyDirty, onDir, nil)
+}
+
+// scanDirFiles is scanDir that also calls onFile, if set, with each
+// regular file it reports and the file's key, on the calling goroutine.
+func (b *base) scanDirFiles(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string, fd int), onFile func(path string, key inode.Key)) {
 	pfd, err := inode.OpenPath(dir)
 	if err == nil {
 		var fd int
@@ -53,7 +59,7 @@ func (b *base) scanDir(ctx context.Context, t tree.Tree, dir string, onlyDirty b
 			if onlyDirty {
 				ids.mounts, ids.mountsKnown = mountPointsUnder(dir)
 			}
-			b.walk(ctx, t, dir, fd, onlyDirty, onDir, &ids)
+			b.walk(ctx, t, dir, fd, onlyDirty, onDir, onFile, &ids)
 			if ids.mountsKnown && ctx.Err() == nil {
 				b.lookAtNewMounts(t, dir, ids.mounts)
 			}
@@ -138,11 +144,11 @@ func (b *base) dirError(dir string, err error) {
 // longPath): its files could not be opened by path, inotify cannot watch
 // it, and fanotify cannot name its tree; that bounds the depth at about
 // 2,048 levels.
-func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDirty bool, onDir func(string, int), ids *dirIdentity) {
+func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDirty bool, onDir func(string, int), onFile func(string, inode.Key), ids *dirIdentity) {
 	buf := make([]byte, 32<<10)
 	stack := walkStack{{fd: fd, path: dir}}
 	defer func() { stack.closeAll() }()
-	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, ids)
+	stack[0].subdirs = b.readDir(ctx, t, dir, fd, buf, onlyDirty, onFile, ids)
 	for len(stack) > 0 {
 		if ctx.Err() != nil {
 			return
@@ -182,7 +188,7 @@ func (b *base) walk(ctx context.Context, t tree.Tree, dir string, fd int, onlyDi
 		if onDir != nil {
 			onDir(path, cfd)
 		}
-		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, ids)
+		subdirs := b.readDir(ctx, t, path, cfd, buf, onlyDirty, onFile, ids)
 		if len(subdirs) == 0 {
 			unix.Close(cfd) // a leaf: nothing below to open
 			continue
@@ -261,7 +267,7 @@ const heldLevels = 64
 // is first looked up by that number: a file tracked already under its name
 // costs no fstatat. An overflow rescan of a tree whose files are all
 // tracked thus reads directories only.
-func (b *base) readDir(ctx context.Context, t tree.Tree, dir string, fd int, buf []byte, onlyDirty bool, ids *dirIdentity) (subdirs []string) {
+func (b *base) readDir(ctx context.Context, t tree.Tree, dir string, fd int, buf []byte, onlyDirty bool, onFile func(string, inode.Key), ids *dirIdentity) (subdirs []string) {
 	b.dirsScanned.Add(1)
 	looked := false // ids describes fd's filesystem
 	// The root of a non-recursive tree nested in t: its files are that
@@ -317,7 +323,11 @@ func (b *base) readDir(ctx context.Context, t tree.Tree, dir string, fd int, buf
 				switch st.Mode & unix.S_IFMT {
 				case unix.S_IFREG:
 					if !othersFiles {
-						b.report(t, path, inode.Key{Dev: st.Dev, Ino: st.Ino}, onlyDirty)
+						key := inode.Key{Dev: st.Dev, Ino: st.Ino}
+						b.report(t, path, key, onlyDirty)
+						if onFile != nil {
+							onFile(path, key)
+						}
 					}
 					continue
 				case unix.S_IFDIR:

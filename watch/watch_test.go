@@ -771,3 +771,55 @@ func TestInotifyNameUnlinked(t *testing.T) {
 		t.Errorf("deletions told %q, want %q", got, want)
 	}
 }
+
+// TestInotifyNameUnlinkedScanned: the files of a directory that appears in
+// a tree (here moved in, so that no event named them) are found by its
+// scan, and the deletion of their names is told to the sink as a deletion
+// of a name the reader saw made would be, with the keys the scan found, so
+// that a file written and deleted in a directory made a moment before is
+// not listed under its gone name until its expiry.
+func TestInotifyNameUnlinkedScanned(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	src := filepath.Join(outside, "d")
+	if err := os.MkdirAll(filepath.Join(src, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"d/a", "d/sub/b"}
+	for _, name := range names {
+		if err := os.WriteFile(filepath.Join(outside, name), []byte("data"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &nameUnlinkSink{sink: sink{seen: map[string]int{}}}
+	w := startWith(t, root, "inotify", s)
+	if err := os.Rename(src, filepath.Join(root, "d")); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, name := range names {
+		p := filepath.Join(root, name)
+		eventually(t, "the scan's report of "+name, func() bool { return s.has(p) })
+		k, _, err := inode.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, fmt.Sprintf("unlinked %d:%d %s", k.Dev, k.Ino, p))
+	}
+	unlinks := func() []string {
+		var got []string
+		for _, e := range s.entries() {
+			if strings.HasPrefix(e, "unlinked ") {
+				got = append(got, e)
+			}
+		}
+		return got
+	}
+	eventually(t, "the deletions", func() bool { return len(unlinks()) >= len(want) })
+	w.Quiesce(context.Background())
+	if got := unlinks(); !slices.Equal(got, want) {
+		t.Errorf("deletions told %q, want %q", got, want)
+	}
+}
