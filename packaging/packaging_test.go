@@ -597,6 +597,21 @@ func TestMaintainerScripts(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "etc/flusherd/local.toml")); err != nil {
 		t.Errorf("postrm purge removed a file it does not own: %v", err)
 	}
+	// Another daemon's claim on its tree (every daemon's claims are in
+	// /run/flusherd/trees) stays; the rest of /run/flusherd goes.
+	claim := "run/flusherd/trees/8:1:2-0123456789abcdef"
+	mk(claim)
+	mk("run/flusherd/bdi/8:0/stats")
+	mk("run/flusherd/flusherd.sock")
+	run("postrm", "purge")
+	if _, err := os.Stat(filepath.Join(root, claim)); err != nil {
+		t.Errorf("postrm purge removed another daemon's tree claim: %v", err)
+	}
+	for _, p := range []string{"run/flusherd/bdi", "run/flusherd/flusherd.sock"} {
+		if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after postrm purge, /%s: %v; want it gone", p, err)
+		}
+	}
 }
 
 // docKeyTerm is a key's definition in flusherd.toml(5): "**table.key** = ".

@@ -72,6 +72,8 @@ func (e *ClaimError) Unwrap() error { return ErrTreeClaimed }
 // one TreeClaims per process, on one goroutine. A nil *TreeClaims claims
 // nothing.
 type TreeClaims struct {
+	// Swept is the number of stale claim files OpenTreeClaims removed.
+	Swept int
 	dir   string
 	files map[dirKey]*claimFile
 	roots map[string]heldRoot // by root path
@@ -108,7 +110,9 @@ type claimFile struct {
 }
 
 // OpenTreeClaims makes dir (mode 0700) if needed and refuses it unless
-// it is a directory of this user's that others may not write in.
+// it is a directory of this user's that others may not write in. It
+// removes the claim files no process holds (sweepStale): those a daemon
+// that was killed left. Called once per process, before any claim.
 func OpenTreeClaims(dir string) (*TreeClaims, error) {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return nil, err
@@ -123,7 +127,40 @@ func OpenTreeClaims(dir string) (*TreeClaims, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
 		return nil, fmt.Errorf("%s is not a directory of uid %d that only it may write in", dir, os.Geteuid())
 	}
-	return &TreeClaims{dir: dir, files: map[dirKey]*claimFile{}, roots: map[string]heldRoot{}}, nil
+	swept := sweepStale(dir)
+	return &TreeClaims{dir: dir, files: map[dirKey]*claimFile{}, roots: map[string]heldRoot{}, Swept: swept}, nil
+}
+
+// sweepStale removes each claim file of dir that no process has open
+// with a lock, as settle removes one its last holder lets go of: under a
+// write lock of the whole file, taken without waiting. A daemon ended by
+// SIGKILL (or the OOM killer) leaves its files, whose locks the kernel
+// dropped. It reports how many it removed. This process must hold no
+// claim in dir: closing a descriptor drops the process's record locks on
+// the file.
+func sweepStale(dir string) (removed int) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		name := filepath.Join(dir, e.Name())
+		fd, err := unix.Open(name, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		whole := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+		if unix.FcntlFlock(uintptr(fd), unix.F_SETLK, &whole) == nil && sameFile(&claimFile{fd: fd, name: name}) {
+			if unix.Unlink(name) == nil {
+				removed++
+			}
+		}
+		unix.Close(fd)
+	}
+	return removed
 }
 
 // Claim claims root, with its subdirectories when recursive; claimed
@@ -384,6 +421,8 @@ func OpenClaims(dir string, log *zap.Logger) *TreeClaims {
 			lvl = zap.WarnLevel
 		}
 		log.Log(lvl, "the trees are not claimed: another flusherd started over them would not be refused", logpath.String("dir", dir), zap.Error(err))
+	} else if c.Swept > 0 {
+		log.Info("removed the tree claim files of daemons that were killed", logpath.String("dir", dir), zap.Int("files", c.Swept))
 	}
 	return c
 }

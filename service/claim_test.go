@@ -297,3 +297,55 @@ func TestTreeClaimsReusedInode(t *testing.T) {
 		t.Errorf("claim of a new directory with a removed claimed one's inode number: %v", err)
 	}
 }
+
+// TestStaleClaimsSwept: the claim files of a daemon that was killed (its
+// locks gone with it, its files left) are removed when a daemon opens the
+// claim directory; those a live daemon holds are kept, and still refuse
+// its roots.
+func TestStaleClaimsSwept(t *testing.T) {
+	dir, a := claimTree(t)
+	b, x := filepath.Join(a, "b"), filepath.Join(a, "x")
+	killed := startPeer(t, dir)
+	if got := killed.do(t, "claim "+x+" flat"); got != "ok" {
+		t.Fatalf("peer claim %s: %s", x, got)
+	}
+	// The live peer claims b: it shares the files of the directories
+	// above both roots, not x's own.
+	live := startPeer(t, dir)
+	if got := live.do(t, "claim "+b+" flat"); got != "ok" {
+		t.Fatalf("peer claim %s: %s", b, got)
+	}
+	killed.cmd.Process.Kill()
+	killed.cmd.Wait()
+	xKeys, _, err := dirKeys(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func() map[string]bool {
+		ents, _ := os.ReadDir(dir)
+		m := map[string]bool{}
+		for _, e := range ents {
+			m[e.Name()] = true
+		}
+		return m
+	}
+	want := names()
+	if !want[xKeys[0].name()] {
+		t.Fatalf("precondition: the killed peer's claim file of %s is not there: %v", x, want)
+	}
+	delete(want, xKeys[0].name())
+	mine, err := OpenTreeClaims(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+	if got := names(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("claim files after the sweep: %v, want %v", got, want)
+	}
+	if err := mine.Claim(b, false); !errors.Is(err, ErrTreeClaimed) {
+		t.Errorf("claim of the live peer's root after the sweep: %v, want refused", err)
+	}
+	if err := mine.Claim(x, false); err != nil {
+		t.Errorf("claim of the killed peer's root: %v", err)
+	}
+}
