@@ -60,7 +60,7 @@ Example:
   flusherd run --watch /srv/queue --stats-dir /run/flusherd
 
 Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error,
-3 daemon not reachable (sync, dirty).
+3 daemon not reachable (sync, dirty, status).
 `
 
 func main() {
