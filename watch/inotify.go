@@ -58,6 +58,14 @@ type Watcher struct {
 	// cache when it holds maxKeys entries or events were lost (an
 	// overflow).
 	keys map[string]inode.Key
+	// gone holds the names whose Remove the reader matched to a file
+	// (keys), and that file: a writer that opened the file by that name
+	// writes on through it, and its events keep naming it (goneWrite).
+	// The same bounds as keys'.
+	gone map[string]inode.Key
+	// goneMissed holds the gone names whose file no other known name
+	// led to in Run's current batch: looked for once a batch.
+	goneMissed map[string]bool
 
 	// looked holds the roots whose identity Run's current batch of
 	// events has checked (rootMoved), one lstat(2) per tree a batch
@@ -80,7 +88,7 @@ func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, looked: map[string]bool{}}
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, gone: map[string]inode.Key{}, goneMissed: map[string]bool{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
 	iw.statsTrees, iw.statsName = iw.Trees, iw.Name
@@ -444,6 +452,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			// saw was counted.
 			n := 1
 			clear(w.looked)
+			clear(w.goneMissed)
 			w.ctr.Events.Add(1)
 			w.handle(ev)
 		drain:
@@ -632,6 +641,7 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	}
 	if known && ev.Has(opRemove) {
 		w.unlinked(old, ev.Name)
+		w.noteGone(ev.Name, old)
 	}
 	switch {
 	case ev.Has(opCreate):
@@ -639,6 +649,9 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	case ev.Has(opWrite):
 		if known { // (old: the cache's entry, which a Write keeps)
 			w.report(t, ev.Name, old, false)
+			return
+		}
+		if w.goneWrite(ev.Name) {
 			return
 		}
 		if key, ok := w.reportPath(t, ev.Name, false); ok {

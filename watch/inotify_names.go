@@ -21,8 +21,9 @@ func (w *Watcher) cacheKey(path string, key inode.Key) {
 // forgetKey drops what keys knows of path, after an event that says the
 // name may lead elsewhere now: its entry, or the entries below it when
 // path is a watched directory (moved or removed: the paths below it
-// change).
+// change). A name made again is not gone any more.
 func (w *Watcher) forgetKey(path string) {
+	delete(w.gone, path)
 	if _, ok := w.keys[path]; ok {
 		delete(w.keys, path)
 		return
@@ -44,6 +45,50 @@ func (w *Watcher) forgetKeysUnder(dir string) {
 			delete(w.keys, p)
 		}
 	}
+	for p := range w.gone {
+		if strings.HasPrefix(p, prefix) {
+			delete(w.gone, p)
+		}
+	}
+}
+
+// noteGone records that the name path, removed, led to the file key.
+func (w *Watcher) noteGone(path string, key inode.Key) {
+	if len(w.gone) >= maxKeys {
+		clear(w.gone)
+	}
+	w.gone[path] = key
+}
+
+// goneWrite handles a Write reported under a removed name that led to a
+// file (gone): a writer holds the file open by that name. When the file
+// has another name the cache knows, and that name still leads to it
+// (fstatat), the write is reported under it, in its own tree (none: the
+// file is outside the trees now, and not reported); a file with no other
+// name known is left as a file deleted while open is (not tracked). It
+// reports whether path was a gone name.
+func (w *Watcher) goneWrite(path string) bool {
+	key, ok := w.gone[path]
+	if !ok {
+		return false
+	}
+	if w.goneMissed[path] {
+		return true
+	}
+	for name, k := range w.keys {
+		if k != key || name == path {
+			continue
+		}
+		if now, regular, err := inode.Stat(name); err != nil || !regular || now != key {
+			continue
+		}
+		if t, ok := w.TreeOf(name); ok {
+			w.report(t, name, key, false)
+		}
+		return true
+	}
+	w.goneMissed[path] = true
+	return true
 }
 
 // unlinked tells the sink that the file key lost the name path.

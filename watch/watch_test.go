@@ -823,3 +823,58 @@ func TestInotifyNameUnlinkedScanned(t *testing.T) {
 		t.Errorf("deletions told %q, want %q", got, want)
 	}
 }
+
+// TestInotifyWriteThroughRemovedName: a writer holds a file open by a
+// name; the file gets a second name in another directory and the first
+// is removed. Its writes, which inotify keeps reporting under the removed
+// name, are reported under the name the file still has.
+func TestInotifyWriteThroughRemovedName(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"a", "b"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &nameUnlinkSink{sink: sink{seen: map[string]int{}}}
+	w := startWith(t, root, "inotify", s)
+	a, b := filepath.Join(root, "a", "A"), filepath.Join(root, "b", "B")
+	f, err := os.OpenFile(a, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	k, _, err := inode.Stat(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the report of a/A", func() bool { return s.has(a) })
+	if err := os.Link(a, b); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the report of b/B", func() bool { return s.has(b) })
+	if err := os.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	unlinked := fmt.Sprintf("unlinked %d:%d %s", k.Dev, k.Ino, a)
+	eventually(t, "the removal of a/A", func() bool { return slices.Contains(s.entries(), unlinked) })
+	if _, err := f.Write([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	markB := fmt.Sprintf("mark %s %d", b, k.Ino)
+	after := func() bool {
+		log := s.entries()
+		i := slices.Index(log, unlinked)
+		return i >= 0 && slices.Contains(log[i+1:], markB)
+	}
+	eventually(t, "the write after the removal reported under b/B", after)
+	w.Quiesce(context.Background())
+	log := s.entries()
+	for _, e := range log[slices.Index(log, unlinked)+1:] {
+		if strings.HasPrefix(e, "mark "+a+" ") {
+			t.Errorf("a write reported under the removed name: %q", e)
+		}
+	}
+}
