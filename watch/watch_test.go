@@ -666,13 +666,40 @@ func (s *nameUnlinkSink) MarkInodeDirty(path string, key inode.Key, h inode.Hand
 func (s *nameUnlinkSink) NameUnlinked(key inode.Key, path string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.log = append(s.log, fmt.Sprintf("unlinked %d:%d %s", key.Dev, key.Ino, path))
+	s.log = append(s.log, unlinkEntry(key, path))
 }
 
 func (s *nameUnlinkSink) entries() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.log)
+}
+
+// unlinks returns the deletions told, in order.
+func (s *nameUnlinkSink) unlinks() []string {
+	var got []string
+	for _, e := range s.entries() {
+		if strings.HasPrefix(e, "unlinked ") {
+			got = append(got, e)
+		}
+	}
+	return got
+}
+
+// unlinkEntry is the log entry of the deletion of key's name path.
+func unlinkEntry(key inode.Key, path string) string {
+	return fmt.Sprintf("unlinked %d:%d %s", key.Dev, key.Ino, path)
+}
+
+// expectUnlinks waits for as many deletions as want holds, quiesces w and
+// checks that the deletions told are want, in order.
+func expectUnlinks(t *testing.T, w Backend, s *nameUnlinkSink, want []string) {
+	t.Helper()
+	eventually(t, "the deletions", func() bool { return len(s.unlinks()) >= len(want) })
+	w.Quiesce(context.Background())
+	if got := s.unlinks(); !slices.Equal(got, want) {
+		t.Errorf("deletions told %q, want %q", got, want)
+	}
 }
 
 // TestInotifyNameUnlinked: with inotify, the deletion of a file's name
@@ -752,24 +779,11 @@ func TestInotifyNameUnlinked(t *testing.T) {
 	if err := os.Rename(p("moved"), filepath.Join(t.TempDir(), "away")); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{fmt.Sprintf("unlinked %d:%d %s", kOrig.Dev, kOrig.Ino, p("replaced"))}
+	want := []string{unlinkEntry(kOrig, p("replaced"))}
 	for _, name := range []string{"written", "two-b", "made", "replaced"} {
-		want = append(want, fmt.Sprintf("unlinked %d:%d %s", keys[name].Dev, keys[name].Ino, p(name)))
+		want = append(want, unlinkEntry(keys[name], p(name)))
 	}
-	unlinks := func() []string {
-		var got []string
-		for _, e := range s.entries() {
-			if strings.HasPrefix(e, "unlinked ") {
-				got = append(got, e)
-			}
-		}
-		return got
-	}
-	eventually(t, "the deletions", func() bool { return len(unlinks()) >= len(want) })
-	w.Quiesce(context.Background())
-	if got := unlinks(); !slices.Equal(got, want) {
-		t.Errorf("deletions told %q, want %q", got, want)
-	}
+	expectUnlinks(t, w, s, want)
 }
 
 // TestInotifyNameUnlinkedScanned: the files of a directory that appears in
@@ -806,22 +820,9 @@ func TestInotifyNameUnlinkedScanned(t *testing.T) {
 		if err := os.Remove(p); err != nil {
 			t.Fatal(err)
 		}
-		want = append(want, fmt.Sprintf("unlinked %d:%d %s", k.Dev, k.Ino, p))
+		want = append(want, unlinkEntry(k, p))
 	}
-	unlinks := func() []string {
-		var got []string
-		for _, e := range s.entries() {
-			if strings.HasPrefix(e, "unlinked ") {
-				got = append(got, e)
-			}
-		}
-		return got
-	}
-	eventually(t, "the deletions", func() bool { return len(unlinks()) >= len(want) })
-	w.Quiesce(context.Background())
-	if got := unlinks(); !slices.Equal(got, want) {
-		t.Errorf("deletions told %q, want %q", got, want)
-	}
+	expectUnlinks(t, w, s, want)
 }
 
 // TestInotifyWriteThroughRemovedName: a writer holds a file open by a
@@ -858,7 +859,7 @@ func TestInotifyWriteThroughRemovedName(t *testing.T) {
 	if err := os.Remove(a); err != nil {
 		t.Fatal(err)
 	}
-	unlinked := fmt.Sprintf("unlinked %d:%d %s", k.Dev, k.Ino, a)
+	unlinked := unlinkEntry(k, a)
 	eventually(t, "the removal of a/A", func() bool { return slices.Contains(s.entries(), unlinked) })
 	if _, err := f.Write([]byte("after")); err != nil {
 		t.Fatal(err)
