@@ -35,7 +35,13 @@ type fanotifyTarget struct {
 	regular bool
 	handle  inode.Handle
 	path    string // as last reported
-	events  int    // reported since it was last quieted (Run's goroutine only)
+	// alt is another name the file was reported under, before path (a
+	// link written through, or made), "" if none; gone is the last name
+	// of the file deleted while the entry lived (FAN_DELETE), which a
+	// writer that opened it still writes through: its events are
+	// reported under path (namedBy).
+	alt, gone string
+	events    int // reported since it was last quieted (Run's goroutine only)
 }
 
 // clearCaches empties the directory and file caches.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"path/filepath"
 	"strings"
 
 	"go.uber.org/zap"
@@ -68,12 +69,14 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	if !ok || !tg.regular {
 		return false
 	}
-	// The path as last seen, rebuilt only when the name changed.
-	if p := tg.path; len(p) != len(d.prefix)+len(ev.name) || !strings.HasPrefix(p, d.prefix) || p[len(d.prefix):] != string(ev.name) {
-		tg.path = d.prefix + string(ev.name)
+	t := d.tree
+	if !tg.named(d.prefix, ev.name) {
+		if t = fa.namedBy(tg, d, ev); t == nil {
+			return false
+		}
 	}
 	if opens {
-		fa.reportOpen(d, tg, ev.mask)
+		fa.reportOpen(t, tg, ev.mask)
 		if !writes {
 			return false // (not a change of the trees' state: no stats write)
 		}
@@ -86,7 +89,7 @@ func (fa *Fanotify) handle(ctx context.Context, ev *event) bool {
 	}
 	// Closed, with no write (nor a directory entry made) with it.
 	closed := ev.mask&(unix.FAN_MODIFY|unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0
-	return fa.reportTarget(d, tg, closed)
+	return fa.reportTarget(t, tg, closed)
 }
 
 // handleDir handles an event of a directory (FAN_ONDIR): one moved in is
@@ -146,26 +149,56 @@ func (fa *Fanotify) handleDir(ctx context.Context, ev *event) bool {
 	return false
 }
 
+// named reports whether tg was last reported under name in the
+// directory whose path with a trailing slash is prefix.
+func (tg *fanotifyTarget) named(prefix string, name []byte) bool {
+	p := tg.path
+	return len(p) == len(prefix)+len(name) && strings.HasPrefix(p, prefix) && p[len(prefix):] == string(name)
+}
+
+// namedBy handles event ev of file tg under a name of directory d other
+// than the one tg was last reported under. A write through a name deleted
+// since (tg.gone: its writer opened it before) keeps the file's name: it
+// returns the tree of that name's directory, nil if none holds it. Else
+// the event's name becomes the file's, the one before it its other name
+// (alt; not after a move, which took the old name away), and d's tree is
+// returned.
+func (fa *Fanotify) namedBy(tg *fanotifyTarget, d *fanotifyDir, ev *event) *watchedTree {
+	p := d.prefix + string(ev.name)
+	dirent := ev.mask&(unix.FAN_CREATE|unix.FAN_MOVED_TO) != 0
+	if p == tg.gone && !dirent {
+		return fa.treeOfDir(filepath.Dir(tg.path))
+	}
+	tg.alt = tg.path
+	if ev.mask&unix.FAN_MOVED_TO != 0 {
+		tg.alt = ""
+	}
+	tg.path = p
+	if p == tg.gone {
+		tg.gone = "" // a name again
+	}
+	return d.tree
+}
+
 // reportTarget reports file tg, written (or only closed after writing:
-// closed) in directory d of a tree: added to the batch of the read, which
-// flushMarks hands to the sink. It reports whether the report was made.
-func (fa *Fanotify) reportTarget(d *fanotifyDir, tg *fanotifyTarget, closed bool) bool {
+// closed) in tree t: added to the batch of the read, which flushMarks
+// hands to the sink. It reports whether the report was made.
+func (fa *Fanotify) reportTarget(t *watchedTree, tg *fanotifyTarget, closed bool) bool {
 	fa.pending = append(fa.pending, bdi.Mark{Path: tg.path, Key: tg.key, Handle: tg.handle,
-		Tree: d.tree.Tree, Closed: closed})
-	fa.pendingTrees = append(fa.pendingTrees, d.tree)
+		Tree: t.Tree, Closed: closed})
+	fa.pendingTrees = append(fa.pendingTrees, t)
 	if len(fa.pending) >= pendingMax {
 		fa.flushMarks()
 	}
 	return true
 }
 
-// reportOpen reports an open and/or close (mask) of file tg in directory d
-// of a tree: added to the read's batch of opens, which flushMarks hands to
-// the sink.
-func (fa *Fanotify) reportOpen(d *fanotifyDir, tg *fanotifyTarget, mask uint64) {
-	fa.pendingOpens = append(fa.pendingOpens, bdi.Open{Path: tg.path, Key: tg.key, Handle: tg.handle, Tree: d.tree.Tree,
+// reportOpen reports an open and/or close (mask) of file tg in tree t:
+// added to the read's batch of opens, which flushMarks hands to the sink.
+func (fa *Fanotify) reportOpen(t *watchedTree, tg *fanotifyTarget, mask uint64) {
+	fa.pendingOpens = append(fa.pendingOpens, bdi.Open{Path: tg.path, Key: tg.key, Handle: tg.handle, Tree: t.Tree,
 		Open: mask&unix.FAN_OPEN != 0, Closed: mask&(unix.FAN_CLOSE_WRITE|unix.FAN_CLOSE_NOWRITE) != 0})
-	fa.pendingOpenTrees = append(fa.pendingOpenTrees, d.tree)
+	fa.pendingOpenTrees = append(fa.pendingOpenTrees, t)
 	if len(fa.pendingOpens) >= pendingMax {
 		fa.flushMarks()
 	}
@@ -205,14 +238,19 @@ func (fa *Fanotify) flushOpens() {
 // be asked, the inode may be gone (ESTALE). A handle of another layout is
 // not told of (the file waits for its attempt). The reports read before it
 // are handed over first, so that a file written and deleted in one read is
-// tracked before it is told of. The cache entry goes: the handle names a
-// deleted inode, or a file whose next event looks it up again.
+// tracked before it is told of. The cache entry goes, unless the file has
+// a name left to report under (nameDeleted): the handle names a deleted
+// inode, or a file whose next event looks it up again.
 func (fa *Fanotify) unlinked(ev *event) {
-	k := fa.cacheKey(ev.fileFsid, ev.fileType, ev.file)
+	k := string(fa.cacheKey(ev.fileFsid, ev.fileType, ev.file))
 	fa.cmu.Lock()
-	t := fa.files[string(k)]
-	delete(fa.files, string(k))
+	t := fa.files[k]
 	fa.cmu.Unlock()
+	if t == nil || !t.regular || !fa.nameDeleted(t, ev) {
+		fa.cmu.Lock()
+		delete(fa.files, k)
+		fa.cmu.Unlock()
+	}
 	var key inode.Key
 	var h inode.Handle
 	switch {
@@ -231,6 +269,37 @@ func (fa *Fanotify) unlinked(ev *event) {
 	}
 	fa.flushMarks()
 	fa.sink.InodeUnlinked(key, h)
+}
+
+// nameDeleted records that ev (FAN_DELETE) deleted a name of file t, and
+// reports whether t keeps a name to report under: its last reported one,
+// if that is not the one deleted, else its other name (alt), if fstatat
+// finds the file there. The deleted name becomes t.gone. A file's own
+// deletion (FAN_DELETE_SELF) leaves it no name.
+func (fa *Fanotify) nameDeleted(t *fanotifyTarget, ev *event) bool {
+	if ev.mask&unix.FAN_DELETE_SELF != 0 || ev.mask&unix.FAN_DELETE == 0 || ev.dir == nil {
+		return false
+	}
+	d, ok := fa.dirOf(ev)
+	if !ok || t.path == "" {
+		return false
+	}
+	p := d.prefix + string(ev.name)
+	switch {
+	case p != t.path:
+		if t.alt == p {
+			t.alt = ""
+		}
+	case t.alt != "":
+		if k, _, err := inode.Stat(t.alt); err != nil || k != t.key {
+			return false
+		}
+		t.path, t.alt = t.alt, ""
+	default:
+		return false
+	}
+	t.gone = p
+	return true
 }
 
 // pendingMax bounds the reports held before they are handed to the sink.

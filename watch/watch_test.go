@@ -649,8 +649,9 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 	return ma > major || (ma == major && mi >= minor)
 }
 
-// nameUnlinkSink records the reports and the deletions told by name
-// (Sink.NameUnlinked), in order.
+// nameUnlinkSink records the reports and the deletions told, by name
+// (Sink.NameUnlinked) or by handle (Sink.InodeUnlinked, without a path),
+// in order.
 type nameUnlinkSink struct {
 	sink
 	log []string
@@ -667,6 +668,12 @@ func (s *nameUnlinkSink) NameUnlinked(key inode.Key, path string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.log = append(s.log, unlinkEntry(key, path))
+}
+
+func (s *nameUnlinkSink) InodeUnlinked(key inode.Key, _ inode.Handle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.log = append(s.log, unlinkEntry(key, ""))
 }
 
 func (s *nameUnlinkSink) entries() []string {
@@ -825,11 +832,21 @@ func TestInotifyNameUnlinkedScanned(t *testing.T) {
 	expectUnlinks(t, w, s, want)
 }
 
-// TestInotifyWriteThroughRemovedName: a writer holds a file open by a
-// name; the file gets a second name in another directory and the first
-// is removed. Its writes, which inotify keeps reporting under the removed
-// name, are reported under the name the file still has.
-func TestInotifyWriteThroughRemovedName(t *testing.T) {
+// TestWriteThroughRemovedName: a writer holds a file open by a name; the
+// file gets a second name in another directory and the first is removed.
+// Its writes, which the kernel keeps reporting under the removed name
+// (inotify's watch descriptor and name; fanotify's directory and name),
+// are reported under the name the file still has, whether or not the
+// writer wrote between the link and the removal.
+func TestWriteThroughRemovedName(t *testing.T) {
+	for _, b := range []string{"inotify", "fanotify"} {
+		for _, between := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/between=%v", b, between), func(t *testing.T) { testWriteThroughRemovedName(t, b, between) })
+		}
+	}
+}
+
+func testWriteThroughRemovedName(t *testing.T, backend string, between bool) {
 	root := t.TempDir()
 	for _, d := range []string{"a", "b"} {
 		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
@@ -837,34 +854,44 @@ func TestInotifyWriteThroughRemovedName(t *testing.T) {
 		}
 	}
 	s := &nameUnlinkSink{sink: sink{seen: map[string]int{}}}
-	w := startWith(t, root, "inotify", s)
+	w := startWith(t, root, backend, s)
 	a, b := filepath.Join(root, "a", "A"), filepath.Join(root, "b", "B")
 	f, err := os.OpenFile(a, os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.Write([]byte("before")); err != nil {
-		t.Fatal(err)
+	write := func(what string) {
+		t.Helper()
+		if _, err := f.Write([]byte(what)); err != nil {
+			t.Fatal(err)
+		}
 	}
+	write("before")
 	k, _, err := inode.Stat(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the report of a/A", func() bool { return s.has(a) })
+	markA, markB := fmt.Sprintf("mark %s %d", a, k.Ino), fmt.Sprintf("mark %s %d", b, k.Ino)
+	eventually(t, "the report of a/A", func() bool { return slices.Contains(s.entries(), markA) })
 	if err := os.Link(a, b); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the report of b/B", func() bool { return s.has(b) })
+	eventually(t, "the report of b/B", func() bool { return slices.Contains(s.entries(), markB) })
+	if between {
+		n := len(s.entries())
+		write("between")
+		eventually(t, "the write between reported under a/A", func() bool { return slices.Contains(s.entries()[n:], markA) })
+	}
 	if err := os.Remove(a); err != nil {
 		t.Fatal(err)
 	}
 	unlinked := unlinkEntry(k, a)
-	eventually(t, "the removal of a/A", func() bool { return slices.Contains(s.entries(), unlinked) })
-	if _, err := f.Write([]byte("after")); err != nil {
-		t.Fatal(err)
+	if backend == "fanotify" {
+		unlinked = unlinkEntry(k, "") // (told by handle)
 	}
-	markB := fmt.Sprintf("mark %s %d", b, k.Ino)
+	eventually(t, "the removal of a/A", func() bool { return slices.Contains(s.entries(), unlinked) })
+	write("after")
 	after := func() bool {
 		log := s.entries()
 		i := slices.Index(log, unlinked)
