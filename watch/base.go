@@ -86,7 +86,11 @@ type base struct {
 	// (below its root): the backend's own way of seeing its writes.
 	// It reports false, having logged why, when it cannot. Set once by the
 	// backend's constructor.
-	nested    func(ctx context.Context, t tree.Tree, mountpoint string) bool
+	nested func(ctx context.Context, t tree.Tree, mountpoint string) bool
+	// scanned, if set, is told of each regular file a scan (scanDir)
+	// leaves tracked under its name, from the scan's goroutine. Set once
+	// by the backend's constructor.
+	scanned   func(path string, key inode.Key)
 	mountsMu  sync.Mutex
 	mountsMet map[int]*nestedMount // mount IDs seen: handed to nested, or skipped (nil)
 }

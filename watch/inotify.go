@@ -66,6 +66,15 @@ type Watcher struct {
 	// goneMissed holds the gone names whose file no other known name
 	// led to in Run's current batch: looked for once a batch.
 	goneMissed map[string]bool
+	// scannedNames holds the names and files that scans running beside
+	// Run (at start, after an overflow, of unwatched directories) left
+	// tracked, for keys (takeScanned); at most maxKeys.
+	smu sync.Mutex
+	// +checklocks:smu
+	scannedNames []scannedName
+	scannedAny   atomic.Bool   // scannedNames is not empty
+	scanKick     chan struct{} // wakes Run for scannedNames
+	scannedTaken atomic.Uint64 // takeScanned calls done
 
 	// looked holds the roots whose identity Run's current batch of
 	// events has checked (rootMoved), one lstat(2) per tree a batch
@@ -88,9 +97,10 @@ func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, gone: map[string]inode.Key{}, goneMissed: map[string]bool{}, looked: map[string]bool{}}
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, scanKick: make(chan struct{}, 1), gone: map[string]inode.Key{}, goneMissed: map[string]bool{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
+	iw.scanned = iw.noteScanned
 	iw.statsTrees, iw.statsName = iw.Trees, iw.Name
 	return iw, nil
 }
@@ -437,6 +447,8 @@ func (w *Watcher) Run(ctx context.Context) {
 			}
 		case now := <-w.opens.C():
 			w.reportOpens(now)
+		case <-w.scanKick:
+			w.takeScanned()
 		case <-tc:
 			if w.rescanUnwatched(ctx) {
 				tick.Reset(w.interval)
@@ -453,6 +465,9 @@ func (w *Watcher) Run(ctx context.Context) {
 			n := 1
 			clear(w.looked)
 			clear(w.goneMissed)
+			if w.scannedAny.Load() {
+				w.takeScanned()
+			}
 			w.ctr.Events.Add(1)
 			w.handle(ev)
 		drain:
@@ -633,8 +648,8 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	// Create of the name (a file moved over it: IN_MOVED_TO) says that
 	// file lost the name; the sink is told (unlinked), so that a deleted
 	// file is forgotten at the next pass, not at its expiry. A name the
-	// cache has lost (a file found only by the scan at start-up or after
-	// an overflow, or the cache emptied since) waits for that.
+	// cache does not know (emptied when full, or deleted before the
+	// reader took it from a scan: takeScanned) waits for that.
 	old, known := w.keys[ev.Name]
 	if !ev.Has(opWrite) {
 		w.forgetKey(ev.Name) // (a Create of a directory clears all of it below)

@@ -91,5 +91,54 @@ func (w *Watcher) goneWrite(path string) bool {
 	return true
 }
 
+// scannedName is a name a scan left tracked, and its file.
+type scannedName struct {
+	path string
+	key  inode.Key
+}
+
+// noteScanned records, for Run's goroutine (takeScanned, which it
+// wakes), that a scan left the file key tracked under path. Safe for
+// concurrent use.
+func (w *Watcher) noteScanned(path string, key inode.Key) {
+	w.smu.Lock()
+	if len(w.scannedNames) < maxKeys {
+		w.scannedNames = append(w.scannedNames, scannedName{path, key})
+	}
+	w.smu.Unlock()
+	w.scannedAny.Store(true)
+	select {
+	case w.scanKick <- struct{}{}:
+	default:
+	}
+}
+
+// takeScanned caches the names noteScanned recorded, so that the Remove
+// of one is told to the sink: those the cache knows nothing of (an event
+// read since may have said more), and only where the name still leads to
+// the file (fstatat): a name replaced between the scan's look and this one
+// must not be cached with the file it led to before (a name deleted
+// before this look stays unknown: its file is forgotten at its attempt).
+// Run's goroutine only.
+func (w *Watcher) takeScanned() {
+	w.smu.Lock()
+	names := w.scannedNames
+	w.scannedNames = nil
+	w.scannedAny.Store(false)
+	w.smu.Unlock()
+	for _, n := range names {
+		if _, ok := w.keys[n.path]; ok {
+			continue
+		}
+		if _, ok := w.gone[n.path]; ok {
+			continue
+		}
+		if k, regular, err := inode.Stat(n.path); err == nil && regular && k == n.key {
+			w.cacheKey(n.path, n.key)
+		}
+	}
+	w.scannedTaken.Add(1)
+}
+
 // unlinked tells the sink that the file key lost the name path.
 func (w *Watcher) unlinked(key inode.Key, path string) { w.sink.NameUnlinked(key, path) }

@@ -36,11 +36,13 @@ import (
 // resource (EMFILE, ENFILE, ENOMEM, EAGAIN, EINTR) makes the scan
 // incomplete, and a rescan is scheduled with backoff (scanIncomplete).
 func (b *base) scanDir(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string, fd int)) {
-	b.scanDirFiles(ctx, t, dir, onlyDirty, onDir, nil)
+	b.scanDirFiles(ctx, t, dir, onlyDirty, onDir, b.scanned)
 }
 
-// scanDirFiles is scanDir that also calls onFile, if set, with each
-// regular file it reports and the file's key, on the calling goroutine.
+// scanDirFiles is scanDir that calls onFile, if set, in place of
+// b.scanned: with each regular file it leaves tracked under its name
+// (reported, or found tracked already), and the file's key, on the
+// calling goroutine.
 func (b *base) scanDirFiles(ctx context.Context, t tree.Tree, dir string, onlyDirty bool, onDir func(path string, fd int), onFile func(path string, key inode.Key)) {
 	pfd, err := inode.OpenPath(dir)
 	if err == nil {
@@ -307,7 +309,10 @@ func (b *base) readDir(ctx context.Context, t tree.Tree, dir string, fd int, buf
 					looked = true
 					ids.look(fd)
 				}
-				if ids.direct && !ids.mounts[path] && b.sink.Tracks(inode.Key{Dev: ids.dev, Ino: ino}, path) {
+				if key := (inode.Key{Dev: ids.dev, Ino: ino}); ids.direct && !ids.mounts[path] && b.sink.Tracks(key, path) {
+					if onFile != nil {
+						onFile(path, key)
+					}
 					continue
 				}
 			}
@@ -324,8 +329,7 @@ func (b *base) readDir(ctx context.Context, t tree.Tree, dir string, fd int, buf
 				case unix.S_IFREG:
 					if !othersFiles {
 						key := inode.Key{Dev: st.Dev, Ino: st.Ino}
-						b.report(t, path, key, onlyDirty)
-						if onFile != nil {
+						if b.report(t, path, key, onlyDirty) && onFile != nil {
 							onFile(path, key)
 						}
 					}
@@ -431,15 +435,16 @@ func direntName(b []byte) string {
 // writeback attempt finds out. Once t is no longer served (removed by a
 // reload, or its root gone), the file is reported with the tree that
 // holds it now, if any, else as leaving (t removed) or not at all (see
-// fence and retargetLocked).
-func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
+// fence and retargetLocked). It reports whether the file is tracked under
+// path: found so, or reported and taken in a tree served.
+func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) (tracked bool) {
 	if b.noWritebackDev(key.Dev, path) {
-		return // (proc, sysfs, tmpfs...: nothing to write, ever)
+		return false // (proc, sysfs, tmpfs...: nothing to write, ever)
 	}
 	if onlyDirty && b.sink.Tracks(key, path) {
 		// Tracked already: a rescan after lost events has nothing to
 		// add, and opens only the files it does not know.
-		return
+		return true
 	}
 	if onlyDirty && b.sink.TracksKey(key) {
 		// Tracked under another name: moved or linked here (a directory
@@ -452,7 +457,7 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 		// may hold a name the file has been renamed from since, whose
 		// report would put back a name the reader has replaced.
 		if k, _, err := inode.Stat(path); err != nil || k != key {
-			return
+			return false
 		}
 		onlyDirty = false
 	}
@@ -462,10 +467,10 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 			dirty, wb, cerr := f.Cachestat(0, 0)
 			f.Close()
 			if cerr == nil && dirty+wb == 0 {
-				return
+				return false
 			}
 		} else if policy.ClassifyErr(err) == policy.Gone || errors.Is(err, inode.ErrNotRegular) {
-			return
+			return false
 		} else if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
 			// Not unknown: the daemon may not open it, now or at any
 			// attempt, so tracking it could not help (and a shutdown
@@ -474,7 +479,7 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 				b.log.Warn("some files cannot be opened by the daemon (permission denied) and are not served; the shipped unit keeps CAP_DAC_READ_SEARCH and CAP_FOWNER for them",
 					logpath.String("path", path), zap.Error(err))
 			}
-			return
+			return false
 		}
 	}
 	b.reportMu.RLock()
@@ -501,15 +506,17 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) {
 	}
 	b.reportMu.RUnlock()
 	if !served {
-		return // its root or filesystem is gone, and no other tree holds it (fence)
+		return false // its root or filesystem is gone, and no other tree holds it (fence)
 	}
 	if err != nil {
 		if policy.Shortage(err) {
 			b.scanIncomplete(err)
-			return
+			return false
 		}
 		b.log.Warn("cannot track file", logpath.String("path", path), zap.Error(err))
+		return false
 	}
+	return true
 }
 
 // reportPath is report for a path an event named: inode.Stat classifies it

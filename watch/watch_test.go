@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -832,6 +833,104 @@ func TestInotifyNameUnlinkedScanned(t *testing.T) {
 	expectUnlinks(t, w, s, want)
 }
 
+// TestInotifyNameUnlinkedRescanned: the names of the files a scan running
+// beside the event reader leaves tracked are known to the reader, so that
+// their deletion is told to the sink: dirty files found by the scan at
+// start, and tracked files after a queue overflow, which empties the
+// reader's cache (its rescan skips a file tracked under its name, and
+// looks at the others with cachestat).
+func TestInotifyNameUnlinkedRescanned(t *testing.T) {
+	for _, c := range []string{"start", "overflow"} {
+		t.Run(c, func(t *testing.T) {
+			root := t.TempDir()
+			names := []string{"a", "sub/b", "sub/c"}
+			paths := make([]string, len(names))
+			for i, name := range names {
+				paths[i] = filepath.Join(root, name)
+			}
+			write := func() {
+				t.Helper()
+				for _, p := range paths {
+					if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(p, []byte("data"), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			s := &trackingUnlinkSink{nameUnlinkSink: nameUnlinkSink{sink: sink{seen: map[string]int{}}}}
+			if c == "start" {
+				write()
+			}
+			w := startWith(t, root, "inotify", s)
+			if c == "overflow" {
+				write()
+			}
+			for _, p := range paths {
+				eventually(t, "the report of "+p, func() bool { return s.has(p) })
+			}
+			iw := w.(*Watcher)
+			// taken waits for the reader to have taken the names the
+			// scans noted (a name deleted before then stays unknown).
+			taken := func(after uint64) {
+				t.Helper()
+				eventually(t, "the scan's names taken", func() bool {
+					return iw.scannedTaken.Load() > after && !iw.scannedAny.Load()
+				})
+			}
+			if c == "start" {
+				taken(0)
+			}
+			if c == "overflow" {
+				// Tracked: "a" under its name, the others not (their
+				// rescan looks at them with cachestat).
+				s.track(paths[0])
+				w.Quiesce(context.Background())
+				before := iw.scannedTaken.Load()
+				if !iw.w.sendError(errEventOverflow) {
+					t.Fatal("the watcher is closed")
+				}
+				eventually(t, "the overflow's rescan", func() bool {
+					return iw.ctr.Rescans.Load() > 0 && !iw.rescanBusy()
+				})
+				taken(before)
+			}
+			var want []string
+			for _, p := range paths {
+				k, _, err := inode.Stat(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Remove(p); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, unlinkEntry(k, p))
+			}
+			expectUnlinks(t, w, &s.nameUnlinkSink, want)
+		})
+	}
+}
+
+// trackingUnlinkSink is a nameUnlinkSink that tracks the file at one
+// path (Tracks), once set.
+type trackingUnlinkSink struct {
+	nameUnlinkSink
+	tracked string
+}
+
+func (s *trackingUnlinkSink) track(path string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tracked = path
+}
+
+func (s *trackingUnlinkSink) Tracks(_ inode.Key, path string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return path == s.tracked
+}
+
 // TestWriteThroughRemovedName: a writer holds a file open by a name; the
 // file gets a second name in another directory and the first is removed.
 // Its writes, which the kernel keeps reporting under the removed name
@@ -904,5 +1003,41 @@ func testWriteThroughRemovedName(t *testing.T, backend string, between bool) {
 		if strings.HasPrefix(e, "mark "+a+" ") {
 			t.Errorf("a write reported under the removed name: %q", e)
 		}
+	}
+}
+
+// TestInotifyTakeScanned: the reader caches a name a scan noted only if
+// the cache knows nothing of it, the name was not deleted since (gone),
+// and it still leads to the file the scan found.
+func TestInotifyTakeScanned(t *testing.T) {
+	root := t.TempDir()
+	s := &sink{seen: map[string]int{}}
+	w, err := NewInotify([]tree.Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	p := func(name string) string { return filepath.Join(root, name) }
+	for _, name := range []string{"same", "replaced", "known", "gone", "other"} {
+		if err := os.WriteFile(p(name), []byte("data"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := keyOf(t, p("other"))
+	cached := inode.Key{Dev: other.Dev, Ino: 1}
+	w.keys[p("known")] = cached
+	w.gone[p("gone")] = cached
+	w.noteScanned(p("same"), keyOf(t, p("same")))
+	w.noteScanned(p("replaced"), other) // (the scan's look came before a rename over it)
+	w.noteScanned(p("known"), keyOf(t, p("known")))
+	w.noteScanned(p("gone"), keyOf(t, p("gone")))
+	w.noteScanned(p("deleted"), other)
+	w.takeScanned()
+	want := map[string]inode.Key{p("same"): keyOf(t, p("same")), p("known"): cached}
+	if !maps.Equal(w.keys, want) {
+		t.Errorf("cache %v, want %v", w.keys, want)
+	}
+	if w.scannedAny.Load() || len(w.scannedNames) != 0 {
+		t.Error("names left after takeScanned")
 	}
 }
