@@ -26,11 +26,15 @@ import (
 // (Closed) the file Key of Tree at Path, Handle its file handle ("" if
 // unknown).
 type Open struct {
-	Path         string
-	Key          inode.Key
-	Handle       inode.Handle
-	Tree         tree.Tree
-	Open, Closed bool
+	Path   string
+	Key    inode.Key
+	Handle inode.Handle
+	Tree   tree.Tree
+	Open   bool
+	// Closes is the closes the report carries: 1, or 2 when the kernel
+	// merged a close of a descriptor open for writing and one of a
+	// read-only one into one event (FAN_CLOSE_WRITE|FAN_CLOSE_NOWRITE).
+	Closes int
 	// Linger: the count may be low (inotify names no process, and its
 	// queue merges two like events in a row, the daemon's own open with
 	// another's): a candidate whose count falls to 0 is kept until a
@@ -102,9 +106,9 @@ func (wb *Writeback) Opened(reports []Open) {
 		if c != nil {
 			n = c.opens
 		}
-		n = policy.Opens(n, o.Open, o.Closed)
+		n, low := policy.Opens(n, o.Open, o.Closes)
 		switch {
-		case n == 0 && c != nil && o.Linger:
+		case n == 0 && c != nil && (o.Linger || low):
 			c.opens = 0 // let go by the first look that finds it clean
 		case n == 0 && c != nil:
 			delete(wb.sweep.cands, o.Key)

@@ -23,8 +23,16 @@ func sweepConfig() Config {
 	return cfg
 }
 
+// closesOf is the Closes of a report that carries a close or none.
+func closesOf(closed bool) int {
+	if closed {
+		return 1
+	}
+	return 0
+}
+
 func (h *harness) opened(f *fakeFile, expire time.Duration, open, closed bool) {
-	h.wb.Opened([]Open{{Path: f.path, Key: f.key, Tree: tree.Tree{Root: "/", Expire: expire}, Open: open, Closed: closed}})
+	h.wb.Opened([]Open{{Path: f.path, Key: f.key, Tree: tree.Tree{Root: "/", Expire: expire}, Open: open, Closes: closesOf(closed)}})
 }
 
 // TestSweepFindsMappedWrites: a file open in a tree (a candidate) whose
@@ -173,7 +181,7 @@ func TestRegistryInodesOpened(t *testing.T) {
 		r, _, _ := newTestRegistry(t, cfg, map[uint64]string{10: "8:0", 11: "8:16"})
 		tr := tree.Tree{Root: "/a", Expire: time.Second}
 		open := func(dev, ino uint64, path string, o, c bool) Open {
-			return Open{Path: path, Key: inode.Key{Dev: dev, Ino: ino}, Tree: tr, Open: o, Closed: c}
+			return Open{Path: path, Key: inode.Key{Dev: dev, Ino: ino}, Tree: tr, Open: o, Closes: closesOf(c)}
 		}
 		r.InodesOpened([]Open{open(11, 1, "/b/x", false, true)})
 		if len(r.Devices()) != 0 {
@@ -213,7 +221,7 @@ func TestOpenedLinger(t *testing.T) {
 		t := h.t
 		f := h.fs.add("/m", 1, pg, 0)
 		linger := func(open, closed bool) {
-			h.wb.Opened([]Open{{Path: f.path, Key: f.key, Tree: tree.Tree{Root: "/", Expire: expire}, Open: open, Closed: closed, Linger: true}})
+			h.wb.Opened([]Open{{Path: f.path, Key: f.key, Tree: tree.Tree{Root: "/", Expire: expire}, Open: open, Closes: closesOf(closed), Linger: true}})
 		}
 		linger(true, false)
 		linger(false, true) // its count 0: the merged open of another writer may be missing

@@ -20,18 +20,17 @@ func SweepEvery(configured, expire time.Duration) time.Duration {
 }
 
 // Opens is a file's open count after an event that carries an open
-// (FAN_OPEN, IN_OPEN) and/or a close (FAN_CLOSE_WRITE, FAN_CLOSE_NOWRITE):
-// one more for an open, one fewer for a close, unchanged for an event
-// that carries both (the kernel merged an open and a close of one process
-// into it), never below 0 (a close of an open made before the watch).
-func Opens(n int, open, closed bool) int {
-	switch {
-	case open && !closed:
-		return n + 1
-	case closed && !open:
-		return max(n-1, 0)
+// (FAN_OPEN, IN_OPEN) and/or closes (FAN_CLOSE_WRITE, FAN_CLOSE_NOWRITE:
+// both, merged into one event, are two): one more for an open, one fewer
+// per close, never below 0 (a close of an open made before the watch).
+// An event that carries an open and closes was merged by the kernel from
+// events of one process, whose number it does not keep: maybeLow says the
+// count may be lower than the opens left (two opens merged into one).
+func Opens(n int, open bool, closes int) (count int, maybeLow bool) {
+	if open {
+		n++
 	}
-	return n
+	return max(n-closes, 0), open && closes > 0
 }
 
 // Writers is what a probe for writers of a file found (inode.HeldForWrite).

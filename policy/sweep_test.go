@@ -24,21 +24,30 @@ func TestSweepEvery(t *testing.T) {
 
 func TestOpens(t *testing.T) {
 	for _, c := range []struct {
-		n            int
-		open, closed bool
-		want         int
+		n      int
+		open   bool
+		closes int
+		want   int
+		low    bool
 	}{
-		{0, true, false, 1},
-		{1, true, false, 2},
-		{2, false, true, 1},
-		{1, false, true, 0},
-		{0, false, true, 0}, // a close of an open made before the watch
-		{1, true, true, 1},  // merged open and close
-		{0, true, true, 0},
-		{3, false, false, 3},
+		{0, true, 0, 1, false},
+		{1, true, 0, 2, false},
+		{2, false, 1, 1, false},
+		{1, false, 1, 0, false},
+		{0, false, 1, 0, false}, // a close of an open made before the watch
+		{3, false, 2, 1, false}, // a writer's and a reader's close merged
+		{1, false, 2, 0, false},
+		{1, true, 1, 1, true}, // merged open and close
+		{0, true, 1, 0, true},
+		// Written, closed, opened to read and closed, the last three
+		// merged: the writer's open was counted before.
+		{1, true, 2, 0, true},
+		{0, true, 2, 0, true}, // (all of it merged)
+		{3, false, 0, 3, false},
 	} {
-		if got := Opens(c.n, c.open, c.closed); got != c.want {
-			t.Errorf("Opens(%d, open %v, closed %v) = %d, want %d", c.n, c.open, c.closed, got, c.want)
+		got, low := Opens(c.n, c.open, c.closes)
+		if got != c.want || low != c.low {
+			t.Errorf("Opens(%d, open %v, closes %d) = %d, %v, want %d, %v", c.n, c.open, c.closes, got, low, c.want, c.low)
 		}
 	}
 }

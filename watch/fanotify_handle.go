@@ -197,11 +197,25 @@ func (fa *Fanotify) reportTarget(t *watchedTree, tg *fanotifyTarget, closed bool
 // added to the read's batch of opens, which flushMarks hands to the sink.
 func (fa *Fanotify) reportOpen(t *watchedTree, tg *fanotifyTarget, mask uint64) {
 	fa.pendingOpens = append(fa.pendingOpens, bdi.Open{Path: tg.path, Key: tg.key, Handle: tg.handle, Tree: t.Tree,
-		Open: mask&unix.FAN_OPEN != 0, Closed: mask&(unix.FAN_CLOSE_WRITE|unix.FAN_CLOSE_NOWRITE) != 0})
+		Open: mask&unix.FAN_OPEN != 0, Closes: closes(mask)})
 	fa.pendingOpenTrees = append(fa.pendingOpenTrees, t)
 	if len(fa.pendingOpens) >= pendingMax {
 		fa.flushMarks()
 	}
+}
+
+// closes returns the closes an event's mask carries: a close of a
+// descriptor open for writing and one of a read-only descriptor, merged
+// into one event, are two.
+func closes(mask uint64) int {
+	n := 0
+	if mask&unix.FAN_CLOSE_WRITE != 0 {
+		n++
+	}
+	if mask&unix.FAN_CLOSE_NOWRITE != 0 {
+		n++
+	}
+	return n
 }
 
 // flushOpens hands the pending open and close reports to the sink, but

@@ -54,18 +54,19 @@ func TestFanotifyOpens(t *testing.T) {
 		pid        int32
 		mask       uint64
 		wantOpen   bool
-		wantClosed bool
+		wantCloses int
 		reported   bool
 		writes     int
 	}{
-		{"open", true, other, unix.FAN_OPEN, true, false, true, 0},
-		{"close-nowrite", true, other, unix.FAN_CLOSE_NOWRITE, false, true, true, 0},
-		{"close-write", true, other, unix.FAN_CLOSE_WRITE, false, true, true, 1},
-		{"open-and-close merged", true, other, unix.FAN_OPEN | unix.FAN_CLOSE_NOWRITE, true, true, true, 0},
-		{"own open", true, daemon, unix.FAN_OPEN | unix.FAN_CLOSE_NOWRITE, false, false, false, 0},
-		{"own close-write", true, daemon, unix.FAN_CLOSE_WRITE, false, false, false, 1},
-		{"opens off", false, other, unix.FAN_OPEN, false, false, false, 0},
-		{"modify", true, other, unix.FAN_MODIFY, false, false, false, 1},
+		{"open", true, other, unix.FAN_OPEN, true, 0, true, 0},
+		{"close-nowrite", true, other, unix.FAN_CLOSE_NOWRITE, false, 1, true, 0},
+		{"close-write", true, other, unix.FAN_CLOSE_WRITE, false, 1, true, 1},
+		{"open-and-close merged", true, other, unix.FAN_OPEN | unix.FAN_CLOSE_NOWRITE, true, 1, true, 0},
+		{"both closes merged", true, other, unix.FAN_CLOSE_WRITE | unix.FAN_OPEN | unix.FAN_CLOSE_NOWRITE, true, 2, true, 1},
+		{"own open", true, daemon, unix.FAN_OPEN | unix.FAN_CLOSE_NOWRITE, false, 0, false, 0},
+		{"own close-write", true, daemon, unix.FAN_CLOSE_WRITE, false, 0, false, 1},
+		{"opens off", false, other, unix.FAN_OPEN, false, 0, false, 0},
+		{"modify", true, other, unix.FAN_MODIFY, false, 0, false, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := &openSink{}
@@ -89,7 +90,7 @@ func TestFanotifyOpens(t *testing.T) {
 			for i, o := range s.opens {
 				want := bdi.Open{Path: "/srv/data/d0/f" + string(rune('0'+i)), Key: inode.Key{Dev: 42, Ino: uint64(i)},
 					Handle: inode.MakeHandle(1, binary.NativeEndian.AppendUint64(nil, uint64(i))), Tree: tr,
-					Open: c.wantOpen, Closed: c.wantClosed}
+					Open: c.wantOpen, Closes: c.wantCloses}
 				if o != want {
 					t.Errorf("report %d: %+v, want %+v", i, o, want)
 				}

@@ -223,7 +223,7 @@ func (w *Watcher) dropOpen(name string, c *openCount) {
 		delete(w.opens.names, name)
 	}
 	if c.reported {
-		w.sink.InodesOpened([]bdi.Open{{Path: name, Key: c.key, Tree: c.tree, Closed: true, Linger: true}})
+		w.sink.InodesOpened([]bdi.Open{{Path: name, Key: c.key, Tree: c.tree, Closes: 1, Linger: true}})
 	}
 }
 

@@ -64,7 +64,7 @@ func TestInotifyOpens(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if o, ok := got[held]; !ok || !o.Open || o.Closed || !o.Linger || o.Key != heldKey || o.Tree.Root != dir {
+		if o, ok := got[held]; !ok || !o.Open || o.Closes == 1 || !o.Linger || o.Key != heldKey || o.Tree.Root != dir {
 			t.Errorf("held open past the grace: report %+v (ok %v), want an open with its key, tree and Linger", o, ok)
 		}
 		for _, p := range []string{short, sub, filepath.Join(dir, "never")} {
@@ -85,7 +85,7 @@ func TestInotifyOpens(t *testing.T) {
 		w.reportOpens(time.Now())
 		closed := map[string]bool{}
 		for _, o := range s.opens {
-			if !o.Closed || o.Open || !o.Linger {
+			if o.Closes != 1 || o.Open || !o.Linger {
 				t.Errorf("report %+v, want a close that lingers", o)
 			}
 			closed[o.Path] = true
@@ -97,14 +97,14 @@ func TestInotifyOpens(t *testing.T) {
 		ev(twice, opClose)
 		time.Sleep(openGrace)
 		w.reportOpens(time.Now())
-		if len(s.opens) != 1 || s.opens[0].Path != twice || !s.opens[0].Closed {
+		if len(s.opens) != 1 || s.opens[0].Path != twice || s.opens[0].Closes != 1 {
 			t.Errorf("after the second close of twice: %+v", s.opens)
 		}
 		// (Last: a rename's other handling looks at the tree's root,
 		// which this watcher, never started, does not know.)
 		s.opens = nil
 		ev(moved, opRename)
-		if len(s.opens) != 1 || s.opens[0].Path != moved || !s.opens[0].Closed || !s.opens[0].Linger {
+		if len(s.opens) != 1 || s.opens[0].Path != moved || s.opens[0].Closes != 1 || !s.opens[0].Linger {
 			t.Errorf("after a rename of an open name: %+v, want it closed", s.opens)
 		}
 	})
@@ -149,7 +149,7 @@ func TestInotifyOpensRenamed(t *testing.T) {
 			paths[o.Path] = o
 		}
 		for _, p := range []string{a2, filepath.Join(sub2, "b")} {
-			if o, ok := paths[p]; !ok || o.Open || o.Closed {
+			if o, ok := paths[p]; !ok || o.Open || o.Closes == 1 {
 				t.Errorf("%s: report %+v (ok %v), want its new path, neither open nor closed", p, o, ok)
 			}
 		}
@@ -158,7 +158,7 @@ func TestInotifyOpensRenamed(t *testing.T) {
 		}
 		s.opens = nil
 		w.endMoves()
-		if len(s.opens) != 1 || !s.opens[0].Closed {
+		if len(s.opens) != 1 || s.opens[0].Closes != 1 {
 			t.Errorf("after the batch: %+v, want the file moved out reported closed", s.opens)
 		}
 		s.opens = nil
@@ -166,7 +166,7 @@ func TestInotifyOpensRenamed(t *testing.T) {
 		w.openEvent(tr, inotifyEvent{Name: filepath.Join(sub2, "b"), Op: opClose})
 		time.Sleep(openGrace)
 		w.reportOpens(time.Now())
-		if len(s.opens) != 2 || !s.opens[0].Closed || !s.opens[1].Closed {
+		if len(s.opens) != 2 || s.opens[0].Closes != 1 || s.opens[1].Closes != 1 {
 			t.Errorf("closes under the new names: %+v, want both closed", s.opens)
 		}
 		if n := len(w.opens.names); n != 0 {
@@ -225,7 +225,7 @@ func TestInotifyOpensProbed(t *testing.T) {
 		ev(readers, opClose) // one of two merged closes
 		ev(writer, opClose)  // the reader's close
 		settle()
-		if len(s.opens) != 1 || s.opens[0].Path != readers || !s.opens[0].Closed {
+		if len(s.opens) != 1 || s.opens[0].Path != readers || s.opens[0].Closes != 1 {
 			t.Errorf("after the probes: %+v, want readers closed and writer kept", s.opens)
 		}
 		if c := w.opens.names[writer]; c == nil || c.n != 1 || !c.settled {
@@ -252,7 +252,7 @@ func TestInotifyOpensProbed(t *testing.T) {
 		s.opens = nil
 		w.dropOpens()
 		settle()
-		if len(s.opens) != 1 || s.opens[0].Path != other || !s.opens[0].Closed {
+		if len(s.opens) != 1 || s.opens[0].Path != other || s.opens[0].Closes != 1 {
 			t.Errorf("after events were lost: %+v, want other closed and writer kept", s.opens)
 		}
 		if c := w.opens.names[writer]; c == nil || c.n != 1 {
@@ -265,7 +265,7 @@ func TestInotifyOpensProbed(t *testing.T) {
 		}
 		ev(writer, opClose|opCloseWrite)
 		settle()
-		if len(s.opens) != 1 || s.opens[0].Path != writer || !s.opens[0].Closed {
+		if len(s.opens) != 1 || s.opens[0].Path != writer || s.opens[0].Closes != 1 {
 			t.Errorf("after the writer's close: %+v, want writer closed", s.opens)
 		}
 		if n := len(w.opens.names); n != 0 {
