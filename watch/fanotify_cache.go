@@ -3,6 +3,7 @@ package watch
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strings"
 
 	"go.uber.org/zap"
@@ -35,13 +36,32 @@ type fanotifyTarget struct {
 	regular bool
 	handle  inode.Handle
 	path    string // as last reported
+	// pathGen is the directory cache's generation (dirGen) when path was
+	// last known to lead to the file.
+	pathGen uint64
 	// alt is another name the file was reported under, before path (a
-	// link written through, or made), "" if none; gone is the last name
-	// of the file deleted while the entry lived (FAN_DELETE), which a
-	// writer that opened it still writes through: its events are
-	// reported under path (namedBy).
-	alt, gone string
-	events    int // reported since it was last quieted (Run's goroutine only)
+	// link written through, or made), "" if none.
+	alt string
+	// gone holds the names the file lost while the entry lived (deleted:
+	// FAN_DELETE; or found leading elsewhere), the latest last, at most
+	// goneMax: a writer that opened the file by one writes on through it,
+	// and its events are reported under path (namedBy).
+	gone   []string
+	events int // reported since it was last quieted (Run's goroutine only)
+}
+
+// goneMax bounds fanotifyTarget.gone.
+const goneMax = 4
+
+// lost records that the file no longer has the name p.
+func (tg *fanotifyTarget) lost(p string) {
+	if slices.Contains(tg.gone, p) {
+		return
+	}
+	if len(tg.gone) == goneMax {
+		tg.gone = slices.Delete(tg.gone, 0, 1)
+	}
+	tg.gone = append(tg.gone, p)
 }
 
 // clearCaches empties the directory and file caches.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"go.uber.org/zap"
@@ -157,27 +158,68 @@ func (tg *fanotifyTarget) named(prefix string, name []byte) bool {
 }
 
 // namedBy handles event ev of file tg under a name of directory d other
-// than the one tg was last reported under. A write through a name deleted
-// since (tg.gone: its writer opened it before) keeps the file's name: it
-// returns the tree of that name's directory, nil if none holds it. Else
-// the event's name becomes the file's, the one before it its other name
-// (alt; not after a move, which took the old name away), and d's tree is
-// returned.
+// than the one tg was last reported under, and returns the tree to report
+// it in (nil: none). A directory entry made (a link, a move in) names the
+// file. A write or close under a name the file has lost (deleted, or
+// leading to another file now, fstatat: the writer opened the file by it
+// before) keeps the file's live name (liveTree). Else the event's name
+// becomes the file's, and the one before it its other name (alt; not
+// after a move, which took the old name away).
 func (fa *Fanotify) namedBy(tg *fanotifyTarget, d *fanotifyDir, ev *event) *watchedTree {
 	p := d.prefix + string(ev.name)
-	dirent := ev.mask&(unix.FAN_CREATE|unix.FAN_MOVED_TO) != 0
-	if p == tg.gone && !dirent {
-		return fa.treeOfDir(filepath.Dir(tg.path))
+	if ev.mask&(unix.FAN_CREATE|unix.FAN_MOVED_TO) == 0 && tg.path != "" && (slices.Contains(tg.gone, p) || !fa.leadsTo(p, tg)) {
+		tg.lost(p)
+		return fa.liveTree(tg)
 	}
 	tg.alt = tg.path
 	if ev.mask&unix.FAN_MOVED_TO != 0 {
 		tg.alt = ""
 	}
-	tg.path = p
-	if p == tg.gone {
-		tg.gone = "" // a name again
-	}
+	tg.path, tg.pathGen = p, fa.dirGen.Load()
+	tg.gone = slices.DeleteFunc(tg.gone, func(g string) bool { return g == p }) // a name again
 	return d.tree
+}
+
+// leadsTo reports whether path p leads to file tg (fstatat, no symlink
+// followed), or cannot be told (an error other than the name's absence).
+func (fa *Fanotify) leadsTo(p string, tg *fanotifyTarget) bool {
+	k, _, err := inode.Stat(p)
+	if err != nil {
+		return policy.ClassifyErr(err) != policy.Gone && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP)
+	}
+	return k == tg.key
+}
+
+// liveTree returns the tree of the directory of tg's live name (nil:
+// none holds it). Once a directory has moved or gone since tg.path was
+// known (dirGen), the name is looked at again: kept if it still leads to
+// the file, else its other name (alt) if that does, else the path of the
+// file's handle (/proc/self/fd) if that does; with none, tg.path stays.
+func (fa *Fanotify) liveTree(tg *fanotifyTarget) *watchedTree {
+	if gen := fa.dirGen.Load(); tg.pathGen != gen {
+		switch {
+		case fa.leadsTo(tg.path, tg):
+		case tg.alt != "" && fa.leadsTo(tg.alt, tg):
+			tg.path, tg.alt = tg.alt, ""
+		default:
+			if p, ok := fa.pathOfFile(tg); ok {
+				tg.path = p
+			}
+		}
+		tg.pathGen = gen
+	}
+	return fa.treeOfDir(filepath.Dir(tg.path))
+}
+
+// pathOfFile returns a live name of file tg read from its handle's
+// descriptor (/proc/self/fd), if one leads to it: the kernel may give the
+// deleted name a writer holds ("... (deleted)"), which is refused.
+func (fa *Fanotify) pathOfFile(tg *fanotifyTarget) (string, bool) {
+	p, ok, err := fa.handles.PathOfHandle(tg.key.Dev, tg.handle)
+	if err != nil || !ok || strings.HasSuffix(p, " (deleted)") || !fa.leadsTo(p, tg) {
+		return "", false
+	}
+	return p, true
 }
 
 // reportTarget reports file tg, written (or only closed after writing:
@@ -288,7 +330,7 @@ func (fa *Fanotify) unlinked(ev *event) {
 // nameDeleted records that ev (FAN_DELETE) deleted a name of file t, and
 // reports whether t keeps a name to report under: its last reported one,
 // if that is not the one deleted, else its other name (alt), if fstatat
-// finds the file there. The deleted name becomes t.gone. A file's own
+// finds the file there. The deleted name joins t.gone. A file's own
 // deletion (FAN_DELETE_SELF) leaves it no name.
 func (fa *Fanotify) nameDeleted(t *fanotifyTarget, ev *event) bool {
 	if ev.mask&unix.FAN_DELETE_SELF != 0 || ev.mask&unix.FAN_DELETE == 0 || ev.dir == nil {
@@ -304,15 +346,12 @@ func (fa *Fanotify) nameDeleted(t *fanotifyTarget, ev *event) bool {
 		if t.alt == p {
 			t.alt = ""
 		}
-	case t.alt != "":
-		if k, _, err := inode.Stat(t.alt); err != nil || k != t.key {
-			return false
-		}
+	case t.alt != "" && fa.leadsTo(t.alt, t):
 		t.path, t.alt = t.alt, ""
 	default:
 		return false
 	}
-	t.gone = p
+	t.lost(p)
 	return true
 }
 

@@ -58,14 +58,18 @@ type Watcher struct {
 	// cache when it holds maxKeys entries or events were lost (an
 	// overflow).
 	keys map[string]inode.Key
-	// gone holds the names whose Remove the reader matched to a file
-	// (keys), and that file: a writer that opened the file by that name
-	// writes on through it, and its events keep naming it (goneWrite).
-	// The same bounds as keys'.
-	gone map[string]inode.Key
-	// goneMissed holds the gone names whose file no other known name
-	// led to in Run's current batch: looked for once a batch.
-	goneMissed map[string]bool
+	// gone holds the names the reader saw a file lose (a Remove of a
+	// name keys knew, a name made again or renamed over while its file
+	// has another name), and that file: a writer that opened the file by
+	// that name writes on through it, and its events keep naming it
+	// (goneWrite). The same bounds as keys'. A directory renamed within
+	// the trees takes the gone names below it along (goneMoving, by the
+	// rename's cookie, for the batch).
+	gone       map[string]*goneName
+	goneMoving map[uint32][]movedGone
+	// goneLooked holds the gone names looked at in Run's current batch:
+	// once a batch.
+	goneLooked map[string]bool
 	// scannedNames holds the names and files that scans running beside
 	// Run (at start, after an overflow, of unwatched directories) left
 	// tracked, for keys (takeScanned); at most maxKeys.
@@ -97,7 +101,7 @@ func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, scanKick: make(chan struct{}, 1), gone: map[string]inode.Key{}, goneMissed: map[string]bool{}, looked: map[string]bool{}}
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, scanKick: make(chan struct{}, 1), gone: map[string]*goneName{}, goneLooked: map[string]bool{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
 	iw.scanned = iw.noteScanned
@@ -464,7 +468,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			// saw was counted.
 			n := 1
 			clear(w.looked)
-			clear(w.goneMissed)
+			clear(w.goneLooked)
 			if w.scannedAny.Load() {
 				w.takeScanned()
 			}
@@ -485,6 +489,7 @@ func (w *Watcher) Run(ctx context.Context) {
 				}
 			}
 			w.endMoves()
+			clear(w.goneMoving) // (renamed out of the trees)
 			w.touched()
 			w.doneBatches.Add(1)
 			w.handledEvents.Add(uint64(n))
@@ -651,8 +656,11 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	// cache does not know (emptied when full, or deleted before the
 	// reader took it from a scan: takeScanned) waits for that.
 	old, known := w.keys[ev.Name]
+	if ev.Dir && ev.Has(opRename) && ev.Cookie != 0 {
+		w.goneMovedFrom(ev.Name, ev.Cookie) // (before forgetKey drops them)
+	}
 	if !ev.Has(opWrite) {
-		w.forgetKey(ev.Name) // (a Create of a directory clears all of it below)
+		w.forgetKey(ev.Name, ev.Has(opCreate)) // (a Create of a directory clears all of it below)
 	}
 	if known && ev.Has(opRemove) {
 		w.unlinked(old, ev.Name)
@@ -661,12 +669,22 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	switch {
 	case ev.Has(opCreate):
 		w.created(t, ev.Name, old, known)
+		if ev.Cookie != 0 {
+			w.goneMovedTo(ev.Name, ev.Cookie)
+		}
 	case ev.Has(opWrite):
+		if g := w.gone[ev.Name]; g != nil {
+			// A writer of the file that lost the name: reported
+			// under its live name; if the name leads to a file
+			// again, that one is reported too (the events of both
+			// name it).
+			w.goneWrite(ev.Name, g)
+			if !g.reborn {
+				return
+			}
+		}
 		if known { // (old: the cache's entry, which a Write keeps)
 			w.report(t, ev.Name, old, false)
-			return
-		}
-		if w.goneWrite(ev.Name) {
 			return
 		}
 		if key, ok := w.reportPath(t, ev.Name, false); ok {
@@ -713,6 +731,10 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 	}
 	if known && (err != nil || (inode.Key{Dev: st.Dev, Ino: st.Ino}) != old) {
 		w.unlinked(old, name)
+		w.noteGone(name, old) // (it may live on under another name)
+		if err == nil {
+			w.gone[name].reborn = true
+		}
 	}
 	if err != nil {
 		if policy.Shortage(err) {

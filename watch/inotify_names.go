@@ -21,9 +21,12 @@ func (w *Watcher) cacheKey(path string, key inode.Key) {
 // forgetKey drops what keys knows of path, after an event that says the
 // name may lead elsewhere now: its entry, or the entries below it when
 // path is a watched directory (moved or removed: the paths below it
-// change). A name made again is not gone any more.
-func (w *Watcher) forgetKey(path string) {
-	delete(w.gone, path)
+// change). A gone name made again (made) is one again, but stays gone for
+// the file that lost it: its writer's events still name it.
+func (w *Watcher) forgetKey(path string, made bool) {
+	if g := w.gone[path]; g != nil {
+		g.reborn = made
+	}
 	if _, ok := w.keys[path]; ok {
 		delete(w.keys, path)
 		return
@@ -36,8 +39,8 @@ func (w *Watcher) forgetKey(path string) {
 	}
 }
 
-// forgetKeysUnder drops the entries of keys below the directory dir: a
-// walk of the cache (at most maxKeys entries), as emptying it is.
+// forgetKeysUnder drops the entries of keys and gone below the directory
+// dir: a walk of each (at most maxKeys entries), as emptying it is.
 func (w *Watcher) forgetKeysUnder(dir string) {
 	prefix := dir + "/"
 	for p := range w.keys {
@@ -52,43 +55,87 @@ func (w *Watcher) forgetKeysUnder(dir string) {
 	}
 }
 
-// noteGone records that the name path, removed, led to the file key.
+// goneName is an entry of Watcher.gone: the file key that lost the name,
+// the other name found to lead to it (alias, "" until looked for), and
+// whether the name leads to a file again (reborn).
+type goneName struct {
+	key    inode.Key
+	alias  string
+	reborn bool
+}
+
+// movedGone is a gone name below a directory being renamed, relative to
+// it.
+type movedGone struct {
+	rel string
+	g   *goneName
+}
+
+// noteGone records that the name path no longer leads to the file key.
 func (w *Watcher) noteGone(path string, key inode.Key) {
 	if len(w.gone) >= maxKeys {
 		clear(w.gone)
 	}
-	w.gone[path] = key
+	w.gone[path] = &goneName{key: key}
 }
 
-// goneWrite handles a Write reported under a removed name that led to a
-// file (gone): a writer holds the file open by that name. When the file
-// has another name the cache knows, and that name still leads to it
-// (fstatat), the write is reported under it, in its own tree (none: the
-// file is outside the trees now, and not reported); a file with no other
-// name known is left as a file deleted while open is (not tracked). It
-// reports whether path was a gone name.
-func (w *Watcher) goneWrite(path string) bool {
-	key, ok := w.gone[path]
-	if !ok {
-		return false
-	}
-	if w.goneMissed[path] {
-		return true
-	}
-	for name, k := range w.keys {
-		if k != key || name == path {
-			continue
+// goneMovedFrom keeps the gone names below directory dir, renamed (the
+// IN_MOVED_FROM of the rename cookie), for goneMovedTo.
+func (w *Watcher) goneMovedFrom(dir string, cookie uint32) {
+	prefix := dir + "/"
+	for p, g := range w.gone {
+		if rel, ok := strings.CutPrefix(p, prefix); ok {
+			if w.goneMoving == nil {
+				w.goneMoving = map[uint32][]movedGone{}
+			}
+			w.goneMoving[cookie] = append(w.goneMoving[cookie], movedGone{rel, g})
 		}
-		if now, regular, err := inode.Stat(name); err != nil || !regular || now != key {
-			continue
-		}
-		if t, ok := w.TreeOf(name); ok {
-			w.report(t, name, key, false)
-		}
-		return true
 	}
-	w.goneMissed[path] = true
-	return true
+}
+
+// goneMovedTo puts the gone names goneMovedFrom kept for cookie below
+// dir, the directory's new name: its writers' events name them there.
+func (w *Watcher) goneMovedTo(dir string, cookie uint32) {
+	for _, m := range w.goneMoving[cookie] {
+		w.gone[joinPath(dir, m.rel)] = m.g
+	}
+	delete(w.goneMoving, cookie)
+}
+
+// goneWrite handles a Write reported under gone name path, once a batch:
+// a writer holds the file g.key open by that name. When the file has
+// another name that leads to it (fstatat), the one found before or one
+// the cache knows, the write is reported under it, in its own tree (none:
+// the file is outside the trees now, and not reported). A file with no
+// other name known is left as a file deleted while open is (not tracked);
+// a name that leads to a file again then stops being looked at.
+func (w *Watcher) goneWrite(path string, g *goneName) {
+	if w.goneLooked[path] {
+		return
+	}
+	w.goneLooked[path] = true
+	leads := func(name string) bool {
+		k, regular, err := inode.Stat(name)
+		return err == nil && regular && k == g.key
+	}
+	if g.alias == "" || !leads(g.alias) {
+		g.alias = ""
+		for name, k := range w.keys {
+			if k == g.key && name != path && leads(name) {
+				g.alias = name
+				break
+			}
+		}
+	}
+	if g.alias == "" {
+		if g.reborn {
+			delete(w.gone, path)
+		}
+		return
+	}
+	if t, ok := w.TreeOf(g.alias); ok {
+		w.report(t, g.alias, g.key, false)
+	}
 }
 
 // scannedName is a name a scan left tracked, and its file.

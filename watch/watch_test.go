@@ -1026,7 +1026,7 @@ func TestInotifyTakeScanned(t *testing.T) {
 	other := keyOf(t, p("other"))
 	cached := inode.Key{Dev: other.Dev, Ino: 1}
 	w.keys[p("known")] = cached
-	w.gone[p("gone")] = cached
+	w.gone[p("gone")] = &goneName{key: cached}
 	w.noteScanned(p("same"), keyOf(t, p("same")))
 	w.noteScanned(p("replaced"), other) // (the scan's look came before a rename over it)
 	w.noteScanned(p("known"), keyOf(t, p("known")))
@@ -1039,5 +1039,95 @@ func TestInotifyTakeScanned(t *testing.T) {
 	}
 	if w.scannedAny.Load() || len(w.scannedNames) != 0 {
 		t.Error("names left after takeScanned")
+	}
+}
+
+// TestWriteThroughLostName: a writer holds a file open by a name (a/A) the
+// file then loses while it keeps another in the tree; the writer's later
+// writes, which the kernel reports under the lost name, are reported under
+// the file's live name and under no other, however the name was lost.
+func TestWriteThroughLostName(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		steps []string // shell-like steps, run in the tree
+		live  string
+	}{
+		{"second name removed", []string{"ln a/A b/B", "ln a/A b/C", "rm a/A", "rm b/C"}, "b/B"},
+		{"temporary link", []string{"ln a/A b/B", "rm a/A", "ln b/B b/tmp", "rm b/tmp"}, "b/B"},
+		{"renamed over", []string{"ln a/A b/B", "mv a/X a/A"}, "b/B"},
+		{"made again", []string{"ln a/A b/B", "rm a/A", "new a/A"}, "b/B"},
+		{"its directory renamed", []string{"ln a/A b/B", "rm a/A", "mv a c"}, "b/B"},
+		{"the live name's directory renamed", []string{"ln a/A b/B", "rm a/A", "mv b d"}, "d/B"},
+	} {
+		for _, backend := range []string{"inotify", "fanotify"} {
+			t.Run(backend+"/"+c.name, func(t *testing.T) { testWriteThroughLostName(t, backend, c.steps, c.live) })
+		}
+	}
+}
+
+func testWriteThroughLostName(t *testing.T, backend string, steps []string, live string) {
+	root := t.TempDir()
+	p := func(name string) string { return filepath.Join(root, name) }
+	for _, d := range []string{"a", "b"} {
+		if err := os.Mkdir(p(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(p("a/X"), []byte("other"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &nameUnlinkSink{sink: sink{seen: map[string]int{}}}
+	w := startWith(t, root, backend, s)
+	f, err := os.OpenFile(p("a/A"), os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	k := keyOf(t, p("a/A"))
+	write := func() {
+		t.Helper()
+		if _, err := f.Write([]byte("data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fence := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := w.Fence(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	fence()
+	for _, step := range steps {
+		var err error
+		switch f := strings.Fields(step); f[0] {
+		case "ln":
+			err = os.Link(p(f[1]), p(f[2]))
+		case "rm":
+			err = os.Remove(p(f[1]))
+		case "mv":
+			err = os.Rename(p(f[1]), p(f[2]))
+		case "new":
+			err = os.WriteFile(p(f[1]), []byte("new"), 0o644)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		fence()
+	}
+	n := len(s.entries())
+	write()
+	fence()
+	want := fmt.Sprintf("mark %s %d", p(live), k.Ino)
+	got := s.entries()[n:]
+	if !slices.Contains(got, want) {
+		t.Errorf("the write after %q: reports %q, want %q among them", steps, got, want)
+	}
+	for _, e := range got {
+		if strings.HasPrefix(e, "mark ") && strings.HasSuffix(e, fmt.Sprintf(" %d", k.Ino)) && e != want {
+			t.Errorf("the write after %q reported under a name the file does not have: %q", steps, e)
+		}
 	}
 }
