@@ -391,35 +391,71 @@ func Load(path string) (*Config, error) { return load(path, true) }
 // or missing.
 func LoadValues(path string) (*Config, error) { return load(path, false) }
 
+// LoadClient is LoadValues for the client commands, which read stats.dir
+// only: a file that reads and parses, and whose stats.dir has no problem,
+// gives its values, the keys with a problem left at their defaults, and
+// those problems in others (a file a reload refused still names the
+// daemon's directory). A problem of stats.dir, or a file that cannot be
+// read or parsed, is err.
+func LoadClient(path string) (c *Config, others error, err error) {
+	c, checkErr, err := loadChecked(path, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	var es Errors
+	var e *Error
+	switch {
+	case errors.As(checkErr, &es):
+	case errors.As(checkErr, &e):
+		es = Errors{e}
+	}
+	for _, e := range es {
+		if e.Key == "stats.dir" {
+			return nil, nil, checkErr
+		}
+	}
+	return c, checkErr, nil
+}
+
 // load reads, parses and checks the file at path and its drop-ins (the
 // *.toml files of DropInDir(path), in lexical order); stat adds the file
 // system checks of the watch paths. The value and file system checks run
 // together: every problem is reported at once.
 func load(path string, stat bool) (*Config, error) {
-	data, err := readConfigFile(path)
+	c, checkErr, err := loadChecked(path, stat)
 	if err != nil {
 		return nil, err
+	}
+	if checkErr != nil {
+		return nil, checkErr
+	}
+	return c, nil
+}
+
+// loadChecked is load, with the checks' problems (checkErr) apart from
+// the errors that leave no configuration (err).
+func loadChecked(path string, stat bool) (c *Config, checkErr, err error) {
+	data, err := readConfigFile(path)
+	if err != nil {
+		return nil, nil, err
 	}
 	files := []file{{path, data}}
 	names, err := dropIns(DropInDir(path))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, n := range names {
 		data, err := readConfigFile(n)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		files = append(files, file{n, data})
 	}
 	c, decodeErrs, err := parseFiles(files)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := c.check(stat, decodeErrs); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return c, c.check(stat, decodeErrs), nil
 }
 
 // MaxFileSize is the largest configuration file Load reads, in bytes.

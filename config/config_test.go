@@ -1416,3 +1416,50 @@ func TestLoadEveryError(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadClient: the client commands take stats.dir from a file whose
+// problems are elsewhere (reported apart), but not from one whose
+// stats.dir has a problem or that does not parse.
+func TestLoadClient(t *testing.T) {
+	for _, c := range []struct {
+		src, dir string // dir "": an error
+		others   []string
+	}{
+		{"[stats]\ndir = \"/run/x\"\n", "/run/x", nil},
+		{"[writeback]\nbogus = 1\nmin_pause = \"-1s\"\n[stats]\ndir = \"/run/x\"\n", "/run/x", []string{"writeback.bogus", "writeback.min_pause"}},
+		{"[writeback]\nbogus = 1\n", "/run/flusherd", []string{"writeback.bogus"}},
+		{"[writeback]\nbogus = 1\n[stats]\ndir = \"\"\n", "", nil},
+		{"[stats]\ndir = 5\n", "", nil},
+		{"[stats\n", "", nil},
+	} {
+		p := filepath.Join(t.TempDir(), "c.toml")
+		if err := os.WriteFile(p, []byte(c.src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, others, err := LoadClient(p)
+		if c.dir == "" {
+			if err == nil {
+				t.Errorf("%q: no error (stats.dir %q)", c.src, cfg.Stats.Dir)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.src, err)
+			continue
+		}
+		if cfg.Stats.Dir != c.dir {
+			t.Errorf("%q: stats.dir %q, want %q", c.src, cfg.Stats.Dir, c.dir)
+		}
+		var got []string
+		es, _ := errors.AsType[Errors](others)
+		if e, ok := errors.AsType[*Error](others); ok && es == nil {
+			es = Errors{e}
+		}
+		for _, e := range es {
+			got = append(got, e.Key)
+		}
+		if !slices.Equal(got, c.others) {
+			t.Errorf("%q: others %q, want %q", c.src, got, c.others)
+		}
+	}
+}

@@ -199,3 +199,33 @@ func TestCheckConfigVerdict(t *testing.T) {
 		}
 	}
 }
+
+// TestClientConfigProblems: the client commands read stats.dir from a
+// configuration file whose other keys have problems (a file a reload
+// refused, which the daemon runs without), warning of them, and reach for
+// the daemon there; a problem of stats.dir itself is a usage error, and
+// --stats-dir reads no file.
+func TestClientConfigProblems(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(bad, []byte("[writeback]\nbogus = 1\n[stats]\ndir = \""+run+"\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	badDir := filepath.Join(dir, "baddir.toml")
+	if err := os.WriteFile(badDir, []byte("[stats]\ndir = \"\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"status", "dirty", "sync", "stats"} {
+		code, out := runAs(t, nil, cmd, "--config", bad)
+		if code == cli.ExitUsage || !strings.Contains(out, "warning") || !strings.Contains(out, "writeback.bogus") || !strings.Contains(out, run) {
+			t.Errorf("%s with a file whose other keys have problems: exit %d, output %q; want a warning naming writeback.bogus and a look in %s", cmd, code, out, run)
+		}
+		if code, out := runAs(t, nil, cmd, "--config", badDir); code != cli.ExitUsage || !strings.Contains(out, "stats.dir") {
+			t.Errorf("%s with a bad stats.dir: exit %d, output %q; want %d naming stats.dir", cmd, code, out, cli.ExitUsage)
+		}
+		if code, out := runAs(t, nil, cmd, "--config", badDir, "--stats-dir", run); code == cli.ExitUsage || strings.Contains(out, "warning") {
+			t.Errorf("%s with --stats-dir: exit %d, output %q; want the file not read", cmd, code, out)
+		}
+	}
+}

@@ -45,7 +45,7 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "flusherd dirty: --top must not be negative")
 		return cli.ExitUsage
 	}
-	cfg, err := c.LoadClient()
+	cfg, err := c.LoadClient("dirty", stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
 		return cli.ExitUsage

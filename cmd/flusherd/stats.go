@@ -29,7 +29,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 	if len(pos) == 1 {
 		dev = pos[0]
 	}
-	cfg, err := c.LoadClient()
+	cfg, err := c.LoadClient("stats", stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd stats: %v\n", err)
 		return cli.ExitUsage

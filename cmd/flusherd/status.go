@@ -29,7 +29,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	if code, stop := cli.ParseFlags(fset, args); stop {
 		return code
 	}
-	cfg, err := c.LoadClient()
+	cfg, err := c.LoadClient("status", stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd status: %v\n", err)
 		return cli.ExitUsage

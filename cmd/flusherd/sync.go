@@ -34,7 +34,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cli.ParseExit(err)
 	}
-	cfg, err := c.LoadClient()
+	cfg, err := c.LoadClient("sync", stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "flusherd sync: %v\n", err)
 		return cli.ExitUsage

@@ -3,6 +3,8 @@ package cli
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -44,11 +46,25 @@ func (c *ConfigFlags) Load(watches []string) (*config.Config, error) {
 	return c.load(config.Load, watches)
 }
 
-// LoadClient is Load for the client commands (stats, dirty, sync, status):
-// the watch paths are not looked at (config.LoadValues), so they work
-// while a watched filesystem is dead, which is when they are needed.
-func (c *ConfigFlags) LoadClient() (*config.Config, error) {
-	return c.load(config.LoadValues, nil)
+// LoadClient is Load for the client commands (stats, dirty, sync, status),
+// which read stats.dir only: with --stats-dir no file is read; the watch
+// paths are not looked at, so they work while a watched filesystem is
+// dead, which is when they are needed; and a file whose problems are
+// outside stats.dir (one a reload refused, which the daemon still runs
+// without) gives its stats.dir, its problems written to warn after
+// "flusherd cmd: warning:" (config.LoadClient).
+func (c *ConfigFlags) LoadClient(cmd string, warn io.Writer) (*config.Config, error) {
+	if c.StatsDir != "" {
+		return c.load(func(string) (*config.Config, error) { return config.Default(), nil }, nil)
+	}
+	return c.load(func(path string) (*config.Config, error) {
+		cfg, others, err := config.LoadClient(path)
+		if err == nil && others != nil {
+			fmt.Fprintf(warn, "flusherd %s: warning: %s has problems (see check-config; the daemon will not load it as it is); its stats.dir, %s, is used:\n%s\n",
+				cmd, path, cfg.Stats.Dir, others)
+		}
+		return cfg, err
+	}, nil)
 }
 
 func (c *ConfigFlags) load(load func(string) (*config.Config, error), watches []string) (*config.Config, error) {
