@@ -58,6 +58,9 @@ type Watcher struct {
 	// cache when it holds maxKeys entries or events were lost (an
 	// overflow).
 	keys map[string]inode.Key
+	// keyNames counts keys' names of each file, so that a file with no
+	// other name known costs goneWrite no walk of keys.
+	keyNames map[inode.Key]int32
 	// gone holds the names the reader saw a file lose (a Remove of a
 	// name keys knew, a name made again or renamed over while its file
 	// has another name), and that file: a writer that opened the file by
@@ -101,7 +104,7 @@ func NewInotify(trees []tree.Tree, sink Sink, opt Options) (*Watcher, error) {
 	if iv <= 0 {
 		iv = 30 * time.Second
 	}
-	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, scanKick: make(chan struct{}, 1), gone: map[string]*goneName{}, goneLooked: map[string]bool{}, looked: map[string]bool{}}
+	iw := &Watcher{w: w, interval: iv, dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, kick: make(chan struct{}, 1), keys: map[string]inode.Key{}, keyNames: map[inode.Key]int32{}, scanKick: make(chan struct{}, 1), gone: map[string]*goneName{}, goneLooked: map[string]bool{}, looked: map[string]bool{}}
 	iw.init(trees, sink, opt)
 	iw.nested = iw.nestedMount
 	iw.scanned = iw.noteScanned
@@ -502,7 +505,7 @@ func (w *Watcher) Run(ctx context.Context) {
 				w.logOverflow("inotify")
 				// The names the lost events changed may lead
 				// elsewhere now.
-				clear(w.keys)
+				w.clearKeys()
 				w.dropOpens()
 				w.overflowRescan(ctx, func() {
 					if n := w.dropMovedWatches(); n > 0 {
@@ -731,9 +734,9 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 	}
 	if known && (err != nil || (inode.Key{Dev: st.Dev, Ino: st.Ino}) != old) {
 		w.unlinked(old, name)
-		w.noteGone(name, old) // (it may live on under another name)
-		if err == nil {
-			w.gone[name].reborn = true
+		if w.keyNames[old] > 0 { // (it lives on under another name)
+			w.noteGone(name, old)
+			w.gone[name].reborn = err == nil
 		}
 	}
 	if err != nil {

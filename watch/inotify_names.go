@@ -13,22 +13,60 @@ const maxKeys = 16384
 // keys first when it holds maxKeys entries.
 func (w *Watcher) cacheKey(path string, key inode.Key) {
 	if len(w.keys) >= maxKeys {
-		clear(w.keys)
+		w.clearKeys()
+	}
+	if old, ok := w.keys[path]; ok {
+		if old == key {
+			return
+		}
+		w.countKey(old, -1)
 	}
 	w.keys[path] = key
+	w.countKey(key, 1)
+}
+
+// dropKey drops keys' entry of path, if any.
+func (w *Watcher) dropKey(path string) {
+	if k, ok := w.keys[path]; ok {
+		delete(w.keys, path)
+		w.countKey(k, -1)
+	}
+}
+
+// clearKeys empties keys.
+func (w *Watcher) clearKeys() {
+	clear(w.keys)
+	clear(w.keyNames)
+}
+
+// countKey adds d to the number of keys' names of key.
+func (w *Watcher) countKey(key inode.Key, d int32) {
+	if n := w.keyNames[key] + d; n > 0 {
+		w.keyNames[key] = n
+	} else {
+		delete(w.keyNames, key)
+	}
 }
 
 // forgetKey drops what keys knows of path, after an event that says the
 // name may lead elsewhere now: its entry, or the entries below it when
 // path is a watched directory (moved or removed: the paths below it
 // change). A gone name made again (made) is one again, but stays gone for
-// the file that lost it: its writer's events still name it.
+// the file that lost it, if another name of that file is known: its
+// writer's events still name it.
 func (w *Watcher) forgetKey(path string, made bool) {
 	if g := w.gone[path]; g != nil {
-		g.reborn = made
+		switch {
+		case !made:
+			g.reborn = false
+		case w.keyNames[g.key] > 0:
+			g.reborn = true
+		default:
+			delete(w.gone, path)
+		}
 	}
 	if _, ok := w.keys[path]; ok {
-		delete(w.keys, path)
+		w.dropKey(path)
 		return
 	}
 	w.dmu.Lock()
@@ -45,7 +83,7 @@ func (w *Watcher) forgetKeysUnder(dir string) {
 	prefix := dir + "/"
 	for p := range w.keys {
 		if strings.HasPrefix(p, prefix) {
-			delete(w.keys, p)
+			w.dropKey(p)
 		}
 	}
 	for p := range w.gone {
@@ -120,6 +158,15 @@ func (w *Watcher) goneWrite(path string, g *goneName) {
 	}
 	if g.alias == "" || !leads(g.alias) {
 		g.alias = ""
+		if w.keyNames[g.key] == 0 {
+			// No other name known: left as a file deleted while
+			// open is; a name that leads to a file again stops
+			// being looked at.
+			if g.reborn {
+				delete(w.gone, path)
+			}
+			return
+		}
 		for name, k := range w.keys {
 			if k == g.key && name != path && leads(name) {
 				g.alias = name

@@ -358,7 +358,7 @@ func TestInotifyProbeRefused(t *testing.T) {
 // opensWatcher is an inotify Watcher, never started, of tree tr with
 // opts (Opens: true for these tests), reporting to s.
 func opensWatcher(tr tree.Tree, s *openSink, opts Options) *Watcher {
-	w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, gone: map[string]*goneName{}, goneLooked: map[string]bool{}, looked: map[string]bool{}}
+	w := &Watcher{dirs: map[string]inode.Key{}, unwatched: map[string]tree.Tree{}, keys: map[string]inode.Key{}, keyNames: map[inode.Key]int32{}, gone: map[string]*goneName{}, goneLooked: map[string]bool{}, looked: map[string]bool{}}
 	w.init([]tree.Tree{tr}, sinkOf(s), opts)
 	return w
 }

@@ -1025,7 +1025,7 @@ func TestInotifyTakeScanned(t *testing.T) {
 	}
 	other := keyOf(t, p("other"))
 	cached := inode.Key{Dev: other.Dev, Ino: 1}
-	w.keys[p("known")] = cached
+	w.cacheKey(p("known"), cached)
 	w.gone[p("gone")] = &goneName{key: cached}
 	w.noteScanned(p("same"), keyOf(t, p("same")))
 	w.noteScanned(p("replaced"), other) // (the scan's look came before a rename over it)
@@ -1130,4 +1130,39 @@ func testWriteThroughLostName(t *testing.T, backend string, steps []string, live
 			t.Errorf("the write after %q reported under a name the file does not have: %q", steps, e)
 		}
 	}
+}
+
+// TestInotifyKeyNames: keyNames counts the cached names of each file
+// through caching, replacing, dropping and emptying.
+func TestInotifyKeyNames(t *testing.T) {
+	w, err := NewInotify([]tree.Tree{{Root: t.TempDir(), Recursive: true}}, sinkOf(&sink{seen: map[string]int{}}), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	a, b := inode.Key{Dev: 1, Ino: 1}, inode.Key{Dev: 1, Ino: 2}
+	check := func(when string) {
+		t.Helper()
+		want := map[inode.Key]int32{}
+		for _, k := range w.keys {
+			want[k]++
+		}
+		if !maps.Equal(w.keyNames, want) {
+			t.Errorf("%s: keyNames %v, want %v", when, w.keyNames, want)
+		}
+	}
+	w.cacheKey("/t/x", a)
+	w.cacheKey("/t/y", a)
+	w.cacheKey("/t/d/z", b)
+	w.cacheKey("/t/y", a)
+	check("cached")
+	w.cacheKey("/t/y", b)
+	check("replaced")
+	w.dropKey("/t/x")
+	w.dropKey("/t/none")
+	check("dropped")
+	w.forgetKeysUnder("/t/d")
+	check("below a directory")
+	w.clearKeys()
+	check("emptied")
 }
