@@ -28,6 +28,9 @@ func Dirty(statsDir string, under []string, top int, asJSON bool, stdout, stderr
 		fmt.Fprintf(stderr, "flusherd dirty: %s\n", resp.Error)
 		return cli.ExitFailed
 	}
+	for _, p := range resp.Outside {
+		fmt.Fprintf(stderr, "flusherd dirty: note: %s is not in a watched tree\n", strconv.Quote(string(p)))
+	}
 	if more := resp.DirtyTotal - len(resp.Dirty); more > 0 {
 		// On stderr: the list on stdout stays what it was (a table, or
 		// a JSON array), and a count of it does not go unexplained.

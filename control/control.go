@@ -128,9 +128,12 @@ type Response struct {
 	Dirty []DirtyFile  `json:"dirty,omitempty"`
 	// DirtyTotal is the number of tracked files a "dirty" answer was
 	// chosen from (Dirty holds the oldest Top of them).
-	DirtyTotal int           `json:"dirty_total,omitempty"`
-	Devices    []DeviceStats `json:"devices,omitempty"`
-	Status     *Status       `json:"status,omitempty"`
+	DirtyTotal int `json:"dirty_total,omitempty"`
+	// Outside holds the paths a "dirty" request named that are in no
+	// served tree and hold none below them: no file there is tracked.
+	Outside []Name        `json:"outside,omitempty"`
+	Devices []DeviceStats `json:"devices,omitempty"`
+	Status  *Status       `json:"status,omitempty"`
 }
 
 // Handler answers requests.

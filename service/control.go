@@ -48,7 +48,13 @@ func ControlHandler(reg *bdi.Registry, wat watch.Backend) control.Handler {
 			}
 			fence(ctx, wat)
 			files, total := dirtyFiles(reg, fresh, req.Top, under)
-			return control.Response{OK: true, Dirty: files, DirtyTotal: total}
+			var outside []control.Name
+			for _, p := range under {
+				if _, ok := wat.TreeOf(p); !ok && !holdsTree(wat, filepath.Clean(p)) {
+					outside = append(outside, control.Name(p))
+				}
+			}
+			return control.Response{OK: true, Dirty: files, DirtyTotal: total, Outside: outside}
 		case "status":
 			st := StatusOf(reg, wat)
 			return control.Response{OK: true, Status: &st}

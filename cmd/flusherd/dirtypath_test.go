@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,5 +66,19 @@ func TestDirtyUnderPaths(t *testing.T) {
 	t.Chdir(mnt.Dir)
 	if got := list("b"); !slices.Equal(got, []string{"b/4"}) {
 		t.Errorf("flusherd dirty b (relative): %q, want [b/4]", got)
+	}
+	// A path in no tree: nothing listed, and a note says why; a
+	// directory above the tree holds it, and is not outside.
+	for _, c := range []struct {
+		path    string
+		outside bool
+	}{{"/etc", true}, {filepath.Dir(mnt.Dir), false}, {filepath.Join(mnt.Dir, "nothing"), false}} {
+		var out, errb bytes.Buffer
+		if code := Main([]string{"dirty", "--stats-dir", d.statsDir, c.path}, &out, &errb); code != 0 {
+			t.Fatalf("flusherd dirty %s: exit %d: %s", c.path, code, errb.String())
+		}
+		if got := strings.Contains(errb.String(), "not in a watched tree"); got != c.outside {
+			t.Errorf("flusherd dirty %s: stderr %q; a note that it is in no tree: %v, want %v", c.path, errb.String(), got, c.outside)
+		}
 	}
 }
