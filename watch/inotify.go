@@ -67,9 +67,10 @@ type Watcher struct {
 	// that name writes on through it, and its events keep naming it
 	// (goneWrite). The same bounds as keys'. A directory renamed within
 	// the trees takes the gone names below it along (goneMoving, by the
-	// rename's cookie, for the batch).
+	// rename's cookie, until the end of the batch after the one of its
+	// IN_MOVED_FROM: the reader may split the pair of events).
 	gone       map[string]*goneName
-	goneMoving map[uint32][]movedGone
+	goneMoving map[uint32]*movingGone
 	// goneLooked holds the gone names looked at in Run's current batch:
 	// once a batch.
 	goneLooked map[string]bool
@@ -492,7 +493,7 @@ func (w *Watcher) Run(ctx context.Context) {
 				}
 			}
 			w.endMoves()
-			clear(w.goneMoving) // (renamed out of the trees)
+			w.endGoneMoves()
 			w.touched()
 			w.doneBatches.Add(1)
 			w.handledEvents.Add(uint64(n))

@@ -109,6 +109,13 @@ type movedGone struct {
 	g   *goneName
 }
 
+// movingGone is the gone names of a directory's rename, waiting for its
+// IN_MOVED_TO; aged: a batch has ended since its IN_MOVED_FROM.
+type movingGone struct {
+	names []movedGone
+	aged  bool
+}
+
 // noteGone records that the name path no longer leads to the file key.
 func (w *Watcher) noteGone(path string, key inode.Key) {
 	if len(w.gone) >= maxKeys {
@@ -124,9 +131,27 @@ func (w *Watcher) goneMovedFrom(dir string, cookie uint32) {
 	for p, g := range w.gone {
 		if rel, ok := strings.CutPrefix(p, prefix); ok {
 			if w.goneMoving == nil {
-				w.goneMoving = map[uint32][]movedGone{}
+				w.goneMoving = map[uint32]*movingGone{}
 			}
-			w.goneMoving[cookie] = append(w.goneMoving[cookie], movedGone{rel, g})
+			m := w.goneMoving[cookie]
+			if m == nil {
+				m = &movingGone{}
+				w.goneMoving[cookie] = m
+			}
+			m.names = append(m.names, movedGone{rel, g})
+		}
+	}
+}
+
+// endGoneMoves ends a batch for goneMoving: the renames whose IN_MOVED_TO
+// has not come by the end of the batch after their IN_MOVED_FROM's went
+// out of the trees, and their gone names go.
+func (w *Watcher) endGoneMoves() {
+	for cookie, m := range w.goneMoving {
+		if m.aged {
+			delete(w.goneMoving, cookie)
+		} else {
+			m.aged = true
 		}
 	}
 }
@@ -134,10 +159,12 @@ func (w *Watcher) goneMovedFrom(dir string, cookie uint32) {
 // goneMovedTo puts the gone names goneMovedFrom kept for cookie below
 // dir, the directory's new name: its writers' events name them there.
 func (w *Watcher) goneMovedTo(dir string, cookie uint32) {
-	for _, m := range w.goneMoving[cookie] {
-		w.gone[joinPath(dir, m.rel)] = m.g
+	if m := w.goneMoving[cookie]; m != nil {
+		for _, n := range m.names {
+			w.gone[joinPath(dir, n.rel)] = n.g
+		}
+		delete(w.goneMoving, cookie)
 	}
-	delete(w.goneMoving, cookie)
 }
 
 // goneWrite handles a Write reported under gone name path, once a batch:
