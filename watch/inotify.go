@@ -768,7 +768,17 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 		// stall every tree); the writeback attempt, which has a
 		// timeout, finds out whether it is dirty.
 		key := inode.Key{Dev: st.Dev, Ino: st.Ino}
-		w.report(t, name, key, false)
+		var h inode.Handle
+		if w.handles != nil && w.sink.TracksKey(key) {
+			// A number tracked already: the same file, linked or
+			// moved, or a new file that took the number of one
+			// deleted unseen (no Remove matched it). Its handle
+			// tells them apart: the registry drops a deleted
+			// file whose handle differs, rather than open the
+			// new one by the old handle (ESTALE: forgotten).
+			h, _ = w.handles.HandleOf(name, key)
+		}
+		w.reportHandle(t, name, key, h, false)
 		w.cacheKey(name, key)
 	}
 }

@@ -438,6 +438,11 @@ func direntName(b []byte) string {
 // fence and retargetLocked). It reports whether the file is tracked under
 // path: found so, or reported and taken in a tree served.
 func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) (tracked bool) {
+	return b.reportHandle(t, path, key, "", onlyDirty)
+}
+
+// reportHandle is report with the file's handle h ("": none known).
+func (b *base) reportHandle(t tree.Tree, path string, key inode.Key, h inode.Handle, onlyDirty bool) (tracked bool) {
 	if b.noWritebackDev(key.Dev, path) {
 		return false // (proc, sysfs, tmpfs...: nothing to write, ever)
 	}
@@ -498,11 +503,11 @@ func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) (
 		// tracked since (an event, under a name newer than the one this
 		// scan read from its directory), it keeps its name. A report
 		// made with a tree a reload removed: written once more.
-		ms := [1]bdi.Mark{{Path: path, Key: key, Tree: settings, KeepName: onlyDirty, Leaving: leaving}}
+		ms := [1]bdi.Mark{{Path: path, Key: key, Handle: h, Tree: settings, KeepName: onlyDirty, Leaving: leaving}}
 		b.sink.MarkInodesDirty(ms[:])
 		err = ms[0].Err
 	default:
-		err = b.sink.MarkInodeDirty(path, key, "", settings)
+		err = b.sink.MarkInodeDirty(path, key, h, settings)
 	}
 	b.reportMu.RUnlock()
 	if !served {

@@ -1166,3 +1166,54 @@ func TestInotifyKeyNames(t *testing.T) {
 	w.clearKeys()
 	check("emptied")
 }
+
+// madeHandleSink records, by path, whether a report came with a handle;
+// with tracksAll, every inode number is tracked already (TracksKey).
+type madeHandleSink struct {
+	sink
+	tracksAll bool
+	handles   map[string]bool
+}
+
+func (s *madeHandleSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
+	s.mu.Lock()
+	s.handles[path] = s.handles[path] || h != ""
+	s.mu.Unlock()
+	return s.sink.MarkInodeDirty(path, key, h, t)
+}
+
+func (s *madeHandleSink) TracksKey(inode.Key) bool { return s.tracksAll }
+
+func (s *madeHandleSink) withHandle(path string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.handles[path]
+}
+
+// TestInotifyCreateTrackedNumber: with inotify, a file made under an
+// inode number tracked already (a link or move of a tracked file, or a new
+// file that took the number of one whose deletion went unseen) is reported
+// with its handle, so that the registry can tell a new file from the old
+// one; one made under an untracked number costs no handle.
+func TestInotifyCreateTrackedNumber(t *testing.T) {
+	for _, tracked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tracked=%v", tracked), func(t *testing.T) {
+			root := t.TempDir()
+			s := &madeHandleSink{sink: sink{seen: map[string]int{}}, tracksAll: tracked, handles: map[string]bool{}}
+			w := startWith(t, root, "inotify", s)
+			// (The daemon registers the trees' filesystems with the
+			// opener; Handles gives none for another.)
+			if _, err := w.(*Watcher).handles.AddMount(root); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(root, "made")
+			if err := os.WriteFile(p, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the report of the file made", func() bool { return s.has(p) })
+			if got := s.withHandle(p); got != tracked {
+				t.Errorf("reported with a handle: %v, want %v", got, tracked)
+			}
+		})
+	}
+}
