@@ -395,8 +395,8 @@ func LoadValues(path string) (*Config, error) { return load(path, false) }
 // only: a file that reads and parses, and whose stats.dir has no problem,
 // gives its values, the keys with a problem left at their defaults, and
 // those problems in others (a file a reload refused still names the
-// daemon's directory). A problem of stats.dir, or a file that cannot be
-// read or parsed, is err.
+// daemon's directory). A problem in [stats] (a misspelt key may be meant
+// for dir), or a file that cannot be read or parsed, is err.
 func LoadClient(path string) (c *Config, others error, err error) {
 	c, checkErr, err := loadChecked(path, false)
 	if err != nil {
@@ -410,7 +410,9 @@ func LoadClient(path string) (c *Config, others error, err error) {
 		es = Errors{e}
 	}
 	for _, e := range es {
-		if e.Key == "stats.dir" {
+		// Any problem in [stats] (a misspelt dir included) leaves
+		// stats.dir in doubt.
+		if e.Key == "stats" || strings.HasPrefix(e.Key, "stats.") {
 			return nil, nil, checkErr
 		}
 	}

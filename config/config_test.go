@@ -1430,6 +1430,8 @@ func TestLoadClient(t *testing.T) {
 		{"[writeback]\nbogus = 1\n", "/run/flusherd", []string{"writeback.bogus"}},
 		{"[writeback]\nbogus = 1\n[stats]\ndir = \"\"\n", "", nil},
 		{"[stats]\ndir = 5\n", "", nil},
+		{"[stats]\ndri = \"/run/x\"\n", "", nil}, // (meant for dir)
+		{"stats = 5\n", "", nil},
 		{"[stats\n", "", nil},
 	} {
 		p := filepath.Join(t.TempDir(), "c.toml")
