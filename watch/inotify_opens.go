@@ -58,8 +58,9 @@ type inotifyOpens struct {
 	// moving holds the counts of a name renamed away (IN_MOVED_FROM),
 	// by the rename's cookie, for its IN_MOVED_TO: under the new name
 	// the file is still open. Let go (closed) at the end of the batch
-	// if no IN_MOVED_TO came (moved out of the trees).
-	moving map[uint32][]movedOpen
+	// after the IN_MOVED_FROM's if no IN_MOVED_TO came by then (moved
+	// out of the trees; the reader may split the pair of events).
+	moving map[uint32]*movingOpens
 	timer  *time.Timer
 	due    time.Time // when timer fires; zero: not armed
 	// probe looks for the writers of a file (probeWriters; tests
@@ -264,22 +265,34 @@ func (w *Watcher) openMovedFrom(ev inotifyEvent) {
 		return
 	}
 	if w.opens.moving == nil {
-		w.opens.moving = map[uint32][]movedOpen{}
+		w.opens.moving = map[uint32]*movingOpens{}
 	}
-	w.opens.moving[ev.Cookie] = append(w.opens.moving[ev.Cookie], moved...)
+	m := w.opens.moving[ev.Cookie]
+	if m == nil {
+		m = &movingOpens{}
+		w.opens.moving[ev.Cookie] = m
+	}
+	m.moved = append(m.moved, moved...)
+}
+
+// movingOpens is the counts of a rename waiting for its IN_MOVED_TO;
+// aged: a batch has ended since its IN_MOVED_FROM.
+type movingOpens struct {
+	moved []movedOpen
+	aged  bool
 }
 
 // openMovedTo puts the counts a rename took (openMovedFrom, by ev's
 // cookie) under the new name ev (in tree t), and tells the sink the new
 // path of those reported (a report that neither opens nor closes).
 func (w *Watcher) openMovedTo(t tree.Tree, ev inotifyEvent) {
-	moved, ok := w.opens.moving[ev.Cookie]
+	mv, ok := w.opens.moving[ev.Cookie]
 	if !ok || ev.Cookie == 0 {
 		return
 	}
 	delete(w.opens.moving, ev.Cookie)
 	var reports []bdi.Open
-	for _, m := range moved {
+	for _, m := range mv.moved {
 		name := ev.Name
 		if m.rel != "" {
 			name = ev.Name + "/" + m.rel
@@ -298,11 +311,16 @@ func (w *Watcher) openMovedTo(t tree.Tree, ev inotifyEvent) {
 	}
 }
 
-// endMoves lets go of the counts of names renamed out of the trees (no
-// IN_MOVED_TO came in the batch): reported closed.
+// endMoves ends a batch for the renames: it lets go of the counts of
+// names renamed out of the trees (no IN_MOVED_TO came by the end of the
+// batch after their IN_MOVED_FROM's), reported closed.
 func (w *Watcher) endMoves() {
-	for cookie, moved := range w.opens.moving {
-		for _, m := range moved {
+	for cookie, mv := range w.opens.moving {
+		if !mv.aged {
+			mv.aged = true
+			continue
+		}
+		for _, m := range mv.moved {
 			w.dropOpen(m.rel, m.c)
 		}
 		delete(w.opens.moving, cookie)
