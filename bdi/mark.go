@@ -158,11 +158,13 @@ const (
 	markLeaving
 	// markSync: a sync request's file, tracked whatever the budget.
 	markSync
+	// markMade: a directory entry made for the file (Mark.Made).
+	markMade
 )
 
 func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t tree.Tree, how markHow) {
 	now := wb.now()
-	h = wb.lockWithHandle(key, path, h)
+	h = wb.lockWithHandle(key, path, h, how)
 	wasIdle := wb.markInodeDirtyLocked(key, path, h, t, now, how)
 	wb.mu.Unlock()
 	if wasIdle {
@@ -181,7 +183,10 @@ func (wb *Writeback) mark(key inode.Key, path string, h inode.Handle, t tree.Tre
 // Leaving, the report was made with a tree that a reload has removed since
 // (no other tree holds the file): the file is tracked as RetireUnder
 // leaves the removed tree's files, written back once more at the next
-// pass and then forgotten.
+// pass and then forgotten. With Made, the report is of a directory entry
+// made for the file (created, linked or moved in): a tracked inode of that
+// number may be a file deleted unseen, so a report without a handle asks
+// the opener for one (wantsHandleLocked), which tells them apart.
 type Mark struct {
 	Path     string
 	Key      inode.Key
@@ -190,6 +195,7 @@ type Mark struct {
 	Closed   bool
 	KeepName bool
 	Leaving  bool
+	Made     bool
 	Err      error
 }
 
@@ -204,6 +210,9 @@ func (m *Mark) how() markHow {
 	}
 	if m.Leaving {
 		how |= markLeaving
+	}
+	if m.Made {
+		how |= markMade
 	}
 	return how
 }
@@ -229,7 +238,7 @@ func (wb *Writeback) markBatch(ms []Mark) {
 		wb.mu.Lock()
 		for end := min(i+markBatchMax, len(ms)); i < end; i++ {
 			m := &ms[i]
-			if alone = opens && wb.wantsHandleLocked(m.Key, m.Handle); alone {
+			if alone = opens && wb.wantsHandleLocked(m.Key, m.Handle, m.how()); alone {
 				break
 			}
 			if wb.markInodeDirtyLocked(m.Key, m.Path, m.Handle, m.Tree, now, m.how()) {
@@ -248,17 +257,17 @@ func (wb *Writeback) markBatch(ms []Mark) {
 	}
 }
 
-// lockWithHandle takes the list lock and returns h, or, for an inode not
-// tracked yet (or told deleted since it was last reported: inode.Unlinked)
-// and no h, the handle the opener gives for path
+// lockWithHandle takes the list lock and returns h, or, for a report
+// without h that wants one (wantsHandleLocked: how), the handle the opener
+// gives for path
 // (inode.HandleOpener; "" when it has none). The opener is asked with the
 // lock released (HandleOf is a system call), so a tracked inode, the usual
 // case, costs one lock acquisition.
 //
 // +checklocksacquire:wb.mu
-func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) inode.Handle {
+func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle, how markHow) inode.Handle {
 	wb.mu.Lock()
-	if !wb.wantsHandleLocked(key, h) {
+	if !wb.wantsHandleLocked(key, h, how) {
 		return h
 	}
 	if wb.files.Handles == nil {
@@ -271,18 +280,19 @@ func (wb *Writeback) lockWithHandle(key inode.Key, path string, h inode.Handle) 
 }
 
 // wantsHandleLocked reports whether a report of key without a handle (h
-// "") is to ask the opener for one: the inode is not tracked, or a
-// deletion was told since its last report (inode.Unlinked), so that the
-// report may be of a new file that took its number. Preconditions: wb.mu
-// held.
+// "") is to ask the opener for one: the inode is not tracked, or the
+// report may be of a new file that took its number: a deletion was told
+// since its last report (inode.Unlinked), or the report is of a directory
+// entry made (markMade: the deletion may have gone unseen). Preconditions:
+// wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) wantsHandleLocked(key inode.Key, h inode.Handle) bool {
+func (wb *Writeback) wantsHandleLocked(key inode.Key, h inode.Handle, how markHow) bool {
 	if h != "" {
 		return false
 	}
 	in := wb.inodes.Get(key)
-	return in == nil || in.Has(inode.Unlinked)
+	return in == nil || in.Has(inode.Unlinked) || how&markMade != 0
 }
 
 // markInodeDirtyLocked is MarkInodeDirty's work under the list lock, at

@@ -852,6 +852,38 @@ func TestNewFileTakesNumber(t *testing.T) {
 	})
 }
 
+// TestMadeReportTakesHandle: a report without a handle of a directory
+// entry made (Mark.Made) under a tracked inode's number asks the opener
+// for the file's handle: a new file that took the number of a tracked one
+// deleted unseen (no deletion told) is tracked as itself, the old one
+// forgotten as gone. The same report not made keeps the tracked handle.
+func TestMadeReportTakesHandle(t *testing.T) {
+	for _, made := range []bool{false, true} {
+		t.Run(fmt.Sprintf("made=%v", made), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r, fs := oneDeviceRegistry(t)
+				tr := tree.Tree{Expire: time.Hour}
+				old := fs.add("/d/log", 1, pg, 1)
+				old.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino1gen1")) })
+				if err := r.MarkInodeDirty(old.path, old.key, old.handle, tr); err != nil {
+					t.Fatal(err)
+				}
+				fs.remove(old.path) // (no deletion told)
+				nf := fs.add("/d/log", 1, pg, 1)
+				nf.set(func(f *fakeFile) { f.handle = inode.MakeHandle(1, []byte("ino1gen2")) })
+				r.MarkInodesDirty([]Mark{{Path: nf.path, Key: nf.key, Tree: tr, Made: made}})
+				s := onlyDeviceStats(t, r)
+				if want := map[bool]uint64{false: 0, true: 1}[made]; s.InodesGone != want {
+					t.Errorf("inodes_gone %d, want %d", s.InodesGone, want)
+				}
+				if !r.Tracks(nf.key, nf.path) {
+					t.Errorf("not tracked under %s", nf.path)
+				}
+			})
+		})
+	}
+}
+
 // TestRegistryObserve: the observer Registry.Observe subscribes is told
 // of each device's attempts' opens and forgotten inodes; after
 // Observe(nil) it is told nothing.

@@ -33,7 +33,7 @@ func (wb *Writeback) syncFiles(w *Work) {
 		}
 		first[f.Key] = i
 		now := wb.now()
-		h := wb.lockWithHandle(f.Key, f.Path, "")
+		h := wb.lockWithHandle(f.Key, f.Path, "", 0)
 		// Tracked from now on, as a write would (no wakeup: this is
 		// the device's goroutine); not a write, though: a file whose
 		// data was lost keeps that loss (LostBefore) unless its

@@ -767,18 +767,14 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 		// here (an open can hang on a sick filesystem and would
 		// stall every tree); the writeback attempt, which has a
 		// timeout, finds out whether it is dirty.
+		// Reported as made: under a number tracked already, it
+		// is the same file (linked, moved) or a new one that took
+		// the number of a file deleted unseen (no Remove matched
+		// it), and the registry takes its handle to tell them
+		// apart, rather than open a new file by a deleted one's
+		// handle (ESTALE: forgotten with its data dirty).
 		key := inode.Key{Dev: st.Dev, Ino: st.Ino}
-		var h inode.Handle
-		if w.handles != nil && w.sink.TracksKey(key) {
-			// A number tracked already: the same file, linked or
-			// moved, or a new file that took the number of one
-			// deleted unseen (no Remove matched it). Its handle
-			// tells them apart: the registry drops a deleted
-			// file whose handle differs, rather than open the
-			// new one by the old handle (ESTALE: forgotten).
-			h, _ = w.handles.HandleOf(name, key)
-		}
-		w.reportHandle(t, name, key, h, false)
+		w.reportAs(t, name, key, false, true)
 		w.cacheKey(name, key)
 	}
 }

@@ -438,11 +438,12 @@ func direntName(b []byte) string {
 // fence and retargetLocked). It reports whether the file is tracked under
 // path: found so, or reported and taken in a tree served.
 func (b *base) report(t tree.Tree, path string, key inode.Key, onlyDirty bool) (tracked bool) {
-	return b.reportHandle(t, path, key, "", onlyDirty)
+	return b.reportAs(t, path, key, onlyDirty, false)
 }
 
-// reportHandle is report with the file's handle h ("": none known).
-func (b *base) reportHandle(t tree.Tree, path string, key inode.Key, h inode.Handle, onlyDirty bool) (tracked bool) {
+// reportAs is report; made says the report is of a directory entry made
+// for the file (bdi.Mark.Made).
+func (b *base) reportAs(t tree.Tree, path string, key inode.Key, onlyDirty, made bool) (tracked bool) {
 	if b.noWritebackDev(key.Dev, path) {
 		return false // (proc, sysfs, tmpfs...: nothing to write, ever)
 	}
@@ -498,16 +499,16 @@ func (b *base) reportHandle(t tree.Tree, path string, key inode.Key, h inode.Han
 	var err error
 	switch {
 	case !served:
-	case onlyDirty || leaving:
+	case onlyDirty || leaving || made:
 		// A scan's look at a file not tracked when it looked: were it
 		// tracked since (an event, under a name newer than the one this
 		// scan read from its directory), it keeps its name. A report
 		// made with a tree a reload removed: written once more.
-		ms := [1]bdi.Mark{{Path: path, Key: key, Handle: h, Tree: settings, KeepName: onlyDirty, Leaving: leaving}}
+		ms := [1]bdi.Mark{{Path: path, Key: key, Tree: settings, KeepName: onlyDirty, Leaving: leaving, Made: made}}
 		b.sink.MarkInodesDirty(ms[:])
 		err = ms[0].Err
 	default:
-		err = b.sink.MarkInodeDirty(path, key, h, settings)
+		err = b.sink.MarkInodeDirty(path, key, "", settings)
 	}
 	b.reportMu.RUnlock()
 	if !served {

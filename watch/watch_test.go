@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"flusherd/bdi"
 	"flusherd/inode"
 	"flusherd/internal/testfs"
 	"flusherd/internal/testwait"
@@ -1167,53 +1168,57 @@ func TestInotifyKeyNames(t *testing.T) {
 	check("emptied")
 }
 
-// madeHandleSink records, by path, whether a report came with a handle;
-// with tracksAll, every inode number is tracked already (TracksKey).
-type madeHandleSink struct {
+// madeSink records, by path, whether a report said the file's directory
+// entry was made (bdi.Mark.Made).
+type madeSink struct {
 	sink
-	tracksAll bool
-	handles   map[string]bool
+	made map[string]bool
 }
 
-func (s *madeHandleSink) MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error {
+func (s *madeSink) MarkInodesDirty(ms []bdi.Mark) {
 	s.mu.Lock()
-	s.handles[path] = s.handles[path] || h != ""
+	for _, m := range ms {
+		s.made[m.Path] = s.made[m.Path] || m.Made
+		s.seen[m.Path]++
+	}
 	s.mu.Unlock()
-	return s.sink.MarkInodeDirty(path, key, h, t)
 }
 
-func (s *madeHandleSink) TracksKey(inode.Key) bool { return s.tracksAll }
-
-func (s *madeHandleSink) withHandle(path string) bool {
+func (s *madeSink) wasMade(path string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.handles[path]
+	return s.made[path]
 }
 
-// TestInotifyCreateTrackedNumber: with inotify, a file made under an
-// inode number tracked already (a link or move of a tracked file, or a new
-// file that took the number of one whose deletion went unseen) is reported
-// with its handle, so that the registry can tell a new file from the old
-// one; one made under an untracked number costs no handle.
-func TestInotifyCreateTrackedNumber(t *testing.T) {
-	for _, tracked := range []bool{false, true} {
-		t.Run(fmt.Sprintf("tracked=%v", tracked), func(t *testing.T) {
-			root := t.TempDir()
-			s := &madeHandleSink{sink: sink{seen: map[string]int{}}, tracksAll: tracked, handles: map[string]bool{}}
-			w := startWith(t, root, "inotify", s)
-			// (The daemon registers the trees' filesystems with the
-			// opener; Handles gives none for another.)
-			if _, err := w.(*Watcher).handles.AddMount(root); err != nil {
-				t.Fatal(err)
-			}
-			p := filepath.Join(root, "made")
-			if err := os.WriteFile(p, nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			eventually(t, "the report of the file made", func() bool { return s.has(p) })
-			if got := s.withHandle(p); got != tracked {
-				t.Errorf("reported with a handle: %v, want %v", got, tracked)
-			}
-		})
+// TestInotifyCreateReportedMade: with inotify, a file made (created,
+// linked or moved in) is reported as made, so that the registry can tell
+// a new file that took the number of a tracked one deleted unseen from
+// that one (it takes the new file's handle); a write is not.
+func TestInotifyCreateReportedMade(t *testing.T) {
+	root := t.TempDir()
+	old := filepath.Join(root, "old")
+	if err := os.WriteFile(old, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &madeSink{sink: sink{seen: map[string]int{}}, made: map[string]bool{}}
+	startWith(t, root, "inotify", s)
+	made, linked := filepath.Join(root, "made"), filepath.Join(root, "linked")
+	if err := os.WriteFile(made, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(made, linked); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(old, []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{made, linked, old} {
+		eventually(t, "the report of "+p, func() bool { return s.has(p) })
+	}
+	if !s.wasMade(made) || !s.wasMade(linked) {
+		t.Errorf("a file made or linked not reported as made: %v", s.made)
+	}
+	if s.wasMade(old) {
+		t.Error("a write to a file made before reported as made")
 	}
 }
