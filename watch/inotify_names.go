@@ -179,11 +179,7 @@ func (w *Watcher) goneWrite(path string, g *goneName) {
 		return
 	}
 	w.goneLooked[path] = true
-	leads := func(name string) bool {
-		k, regular, err := inode.Stat(name)
-		return err == nil && regular && k == g.key
-	}
-	if g.alias == "" || !leads(g.alias) {
+	if g.alias == "" || !namesFile(g.alias, g.key) {
 		g.alias = ""
 		if w.keyNames[g.key] == 0 {
 			// No other name known: left as a file deleted while
@@ -195,7 +191,7 @@ func (w *Watcher) goneWrite(path string, g *goneName) {
 			return
 		}
 		for name, k := range w.keys {
-			if k == g.key && name != path && leads(name) {
+			if k == g.key && name != path && namesFile(name, g.key) {
 				g.alias = name
 				break
 			}
@@ -254,7 +250,7 @@ func (w *Watcher) takeScanned() {
 		if _, ok := w.gone[n.path]; ok {
 			continue
 		}
-		if k, regular, err := inode.Stat(n.path); err == nil && regular && k == n.key {
+		if namesFile(n.path, n.key) {
 			w.cacheKey(n.path, n.key)
 		}
 	}

@@ -417,6 +417,13 @@ func (b *base) longPath(path string) {
 	}
 }
 
+// namesFile reports whether path leads to the regular file key now
+// (fstatat, no symlink followed in any component); an error says no.
+func namesFile(path string, key inode.Key) bool {
+	k, regular, err := inode.Stat(path)
+	return err == nil && regular && k == key
+}
+
 // direntName returns the NUL-terminated name at the start of b.
 func direntName(b []byte) string {
 	for i, c := range b {
@@ -462,7 +469,7 @@ func (b *base) reportAs(t tree.Tree, path string, key inode.Key, onlyDirty, made
 		// that runs beside the event reader (an overflow's rescan)
 		// may hold a name the file has been renamed from since, whose
 		// report would put back a name the reader has replaced.
-		if k, _, err := inode.Stat(path); err != nil || k != key {
+		if !namesFile(path, key) {
 			return false
 		}
 		onlyDirty = false

@@ -700,6 +700,21 @@ func unlinkEntry(key inode.Key, path string) string {
 	return fmt.Sprintf("unlinked %d:%d %s", key.Dev, key.Ino, path)
 }
 
+// removeFiles removes the files paths and returns the log entries of
+// their deletions (unlinkEntry), in order.
+func removeFiles(t *testing.T, paths ...string) []string {
+	t.Helper()
+	var entries []string
+	for _, p := range paths {
+		k := keyOf(t, p)
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, unlinkEntry(k, p))
+	}
+	return entries
+}
+
 // expectUnlinks waits for as many deletions as want holds, quiesces w and
 // checks that the deletions told are want, in order.
 func expectUnlinks(t *testing.T, w Backend, s *nameUnlinkSink, want []string) {
@@ -822,14 +837,7 @@ func TestInotifyNameUnlinkedScanned(t *testing.T) {
 	for _, name := range names {
 		p := filepath.Join(root, name)
 		eventually(t, "the scan's report of "+name, func() bool { return s.has(p) })
-		k, _, err := inode.Stat(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Remove(p); err != nil {
-			t.Fatal(err)
-		}
-		want = append(want, unlinkEntry(k, p))
+		want = append(want, removeFiles(t, p)...)
 	}
 	expectUnlinks(t, w, s, want)
 }
@@ -897,18 +905,7 @@ func TestInotifyNameUnlinkedRescanned(t *testing.T) {
 				})
 				taken(before)
 			}
-			var want []string
-			for _, p := range paths {
-				k, _, err := inode.Stat(p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := os.Remove(p); err != nil {
-					t.Fatal(err)
-				}
-				want = append(want, unlinkEntry(k, p))
-			}
-			expectUnlinks(t, w, &s.nameUnlinkSink, want)
+			expectUnlinks(t, w, &s.nameUnlinkSink, removeFiles(t, paths...))
 		})
 	}
 }
