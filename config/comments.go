@@ -48,17 +48,19 @@ var keyComments = map[string]string{
 // [[watch]] entry's keys as "watch.path"), "" for an unknown key.
 func KeyComment(key string) string { return keyComments[key] }
 
-// follows are the keys whose default is another key's value.
+// follows are the keys whose default follows another key's value, with
+// what they follow as the printed files say it.
 var follows = map[string]string{
-	"writeback.max_pause": "dirty_writeback_interval",
-	"watch.expire":        "[writeback] dirty_expire_interval",
+	"writeback.max_pause":     "as dirty_writeback_interval",
+	"plug.max_inflight_bytes": "16MiB, or write_chunk when that is larger",
+	"watch.expire":            "as [writeback] dirty_expire_interval",
 }
 
 // WriteDefault writes the built-in defaults as a configuration file that
 // Load accepts unchanged, each key with its comment (KeyComment): its one
 // [[watch]] is /var/log, which every Linux system has. The keys whose
-// default follows another key (max_pause, a tree's expire) are written
-// commented out, so that changing the key they follow changes them too.
+// default follows another key (follows) are written commented out, so
+// that changing the key they follow changes them too.
 func WriteDefault(w io.Writer) error {
 	cfg := Default()
 	cfg.Watch = []Watch{{Tree: tree.Tree{Root: "/var/log", Recursive: true, Mode: tree.ModeWriteback, Expire: cfg.Writeback.DirtyExpireInterval}}}
@@ -66,25 +68,60 @@ func WriteDefault(w io.Writer) error {
 	if err := cfg.Encode(&buf); err != nil {
 		return err
 	}
+	head := "# flusherd's built-in defaults, with one [[watch]] entry as an example (the\n# defaults watch nothing): replace it with your trees. Durations need a\n# unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB. Commented keys\n# follow another key unless set.\n"
+	_, err := io.WriteString(w, head+annotate(buf.String(), true, func(string) bool { return false }))
+	return err
+}
+
+// EncodeEffective is Encode for showing a loaded configuration
+// (check-config): the keys whose default follows another key (follows)
+// and that the files did not set are written commented out, with their
+// effective value, so that the output saved as a file does not pin them.
+func (c *Config) EncodeEffective(w io.Writer) error {
+	var buf bytes.Buffer
+	if err := c.Encode(&buf); err != nil {
+		return err
+	}
+	set := func(key string) bool {
+		if key == "plug.max_inflight_bytes" {
+			key = c.src.inflightKey()
+		}
+		return c.src.line(key) > 0
+	}
+	_, err := io.WriteString(w, annotate(buf.String(), false, set))
+	return err
+}
+
+// annotate rewrites Encode's output: with describe, each key gets its
+// comment (KeyComment); a key in follows that set does not report is
+// written commented out under a line saying what it follows. set takes
+// the key as a source numbers it ("watch[1].expire").
+func annotate(encoded string, describe bool, set func(key string) bool) string {
 	var out strings.Builder
-	out.WriteString("# flusherd's built-in defaults, with one [[watch]] entry as an example (the\n# defaults watch nothing): replace it with your trees. Durations need a\n# unit (\"500ms\", \"5s\"); sizes take B, KiB, MiB or GiB. Commented keys\n# follow another key unless set.\n")
-	table := ""
-	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+	table, watches := "", -1
+	for _, line := range strings.SplitAfter(encoded, "\n") {
 		switch t := strings.TrimSpace(line); {
 		case strings.HasPrefix(t, "["):
 			table = strings.Trim(t, "[]")
+			if table == "watch" {
+				watches++
+			}
 		case strings.Contains(t, " = "):
 			key, _, _ := strings.Cut(t, " = ")
-			if c := KeyComment(table + "." + key); c != "" {
+			dotted := table + "." + key
+			if c := KeyComment(dotted); describe && c != "" {
 				line = fmt.Sprintf("%-36s # %s\n", t, c)
 			}
-			if f, ok := follows[table+"."+key]; ok {
-				fmt.Fprintf(&out, "# default: as %s\n# %s", f, line)
+			numbered := dotted
+			if table == "watch" {
+				numbered = fmt.Sprintf("watch[%d].%s", watches, key)
+			}
+			if f, ok := follows[dotted]; ok && !set(numbered) {
+				fmt.Fprintf(&out, "# default: %s\n# %s", f, line)
 				continue
 			}
 		}
 		out.WriteString(line)
 	}
-	_, err := io.WriteString(w, out.String())
-	return err
+	return out.String()
 }

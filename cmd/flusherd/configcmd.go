@@ -13,14 +13,15 @@ import (
 )
 
 // cmdCheckConfig validates a configuration file the way `run` would and
-// prints the effective configuration (defaults filled in) as TOML, then a
+// prints the effective configuration (config.EncodeEffective), then a
 // verdict line on stderr; on errors it prints every one and exits 2.
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	fset := cli.NewFlagSet("check-config", "check-config FILE | check-config --config FILE\n\n"+
 		"Checks a configuration file as `run` would read it: the syntax, every key and\n"+
 		"value, and that each watched directory exists. Prints the effective\n"+
-		"configuration (defaults filled in) on stdout and a verdict on stderr; on\n"+
-		"errors, prints every one (file:line: key: problem) and exits 2.", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
+		"configuration (defaults filled in; keys that follow another key and are\n"+
+		"not set, commented out) on stdout and a verdict on stderr; on errors,\n"+
+		"prints every one (file:line: key: problem) and exits 2.", "flusherd check-config /etc/flusherd/flusherd.toml", stdout, stderr)
 	file := fset.String("config", "", "the configuration `file` (as the other commands take it; or give it as the argument)")
 	pos, err := cli.ParseArgs(fset, args)
 	if err != nil {
@@ -63,7 +64,7 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 				w.Root, where, setting, strings.TrimSuffix(setting, "=yes"))
 		}
 	}
-	if err := cfg.Encode(stdout); err != nil {
+	if err := cfg.EncodeEffective(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)
 		return cli.ExitFailed
 	}

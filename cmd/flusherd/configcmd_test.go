@@ -17,10 +17,10 @@ import (
 
 // TestPrintDefaultConfigRoundTrip: print-default-config is accepted
 // unchanged by check-config (its watch is /var/log), which prints the same
-// configuration back, with the keys it printed commented out (their
-// default follows another key) set; every key has a comment; and in the
-// printed file, changing the
-// kupdate interval and the expiry changes max_pause and the tree's expire
+// configuration back without the keys' comments, the keys whose default
+// follows another key still commented out; every key has a comment; and
+// in the printed file, changing the kupdate interval, the expiry and
+// write_chunk changes max_pause, the tree's expire and max_inflight_bytes
 // with them, as they would without a file.
 func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 	var out, errb bytes.Buffer
@@ -54,19 +54,19 @@ func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 				line = m[1] + m[2] + "\n"
 			}
 		}
-		switch {
-		case strings.HasPrefix(line, "# default: as "):
-		case strings.HasPrefix(line, "# "):
-			want.WriteString(strings.TrimPrefix(line, "# "))
-		default:
-			want.WriteString(line)
-		}
+		want.WriteString(line)
 	}
 	if checked.String() != want.String() {
 		t.Errorf("check-config printed\n%s\nwant\n%s", checked.String(), want.String())
 	}
-	kernel := strings.Replace(strings.Replace(text, `dirty_expire_interval = "5s"`, `dirty_expire_interval = "30s"`, 1),
-		`dirty_writeback_interval = "1s"`, `dirty_writeback_interval = "5s"`, 1)
+	for _, key := range []string{"max_pause", "max_inflight_bytes", "expire"} {
+		if !regexp.MustCompile(`(?m)^# default: .*\n# ` + key + ` = `).MatchString(checked.String()) {
+			t.Errorf("check-config of the defaults: %s not commented out under its default", key)
+		}
+	}
+	kernel := strings.NewReplacer(`dirty_expire_interval = "5s"`, `dirty_expire_interval = "30s"`,
+		`dirty_writeback_interval = "1s"`, `dirty_writeback_interval = "5s"`,
+		`write_chunk = "4MiB"`, `write_chunk = "32MiB"`).Replace(text)
 	if err := os.WriteFile(file, []byte(kernel), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +74,75 @@ func TestPrintDefaultConfigRoundTrip(t *testing.T) {
 	if code := Main([]string{"check-config", file}, &checked, &errb); code != cli.ExitOK {
 		t.Fatalf("check-config with the kernel's intervals: exit %d: %s", code, errb.String())
 	}
-	for _, line := range []string{`max_pause = "5s"`, `expire = "30s"`} {
+	for _, line := range []string{`# max_pause = "5s"`, `# expire = "30s"`, `# max_inflight_bytes = "32MiB"`} {
 		if !strings.Contains(checked.String(), "\n"+line+"\n") {
-			t.Errorf("the printed defaults with the kernel's intervals give\n%s\nwant %s", checked.String(), line)
+			t.Errorf("the printed defaults with the kernel's intervals and a 32MiB write_chunk give\n%s\nwant %s", checked.String(), line)
 		}
+	}
+}
+
+// TestCheckConfigOutputFollows: check-config's output saved as a file is
+// the same configuration, and keeps following where the checked file
+// did: a key that follows another is printed as set only where the file
+// (or a second [[watch]] entry, or the old name of max_inflight_bytes)
+// set it, so that changing the key it follows in the saved file changes
+// it as in the original.
+func TestCheckConfigOutputFollows(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	cases := []struct{ name, file string }{
+		{"none set", fmt.Sprintf("[[watch]]\npath = %q\n", a)},
+		{"all set", fmt.Sprintf("[writeback]\nmax_pause = \"3s\"\n[plug]\nmax_inflight_bytes = \"8MiB\"\n[[watch]]\npath = %q\nexpire = \"7s\"\n", a)},
+		{"second watch sets expire", fmt.Sprintf("[[watch]]\npath = %q\n[[watch]]\npath = %q\nexpire = \"9s\"\n", a, b)},
+		{"old name", fmt.Sprintf("[writeback]\nmax_inflight = \"8MiB\"\n[[watch]]\npath = %q\n", a)},
+	}
+	// change sets the keys that others follow, in a file that may or may
+	// not have a [writeback] table and may set them already.
+	change := func(text string) string {
+		text = regexp.MustCompile(`(?m)^(dirty_writeback_interval|dirty_expire_interval|write_chunk) = .*\n`).ReplaceAllString(text, "")
+		keys := "dirty_writeback_interval = \"4s\"\ndirty_expire_interval = \"40s\"\nwrite_chunk = \"64MiB\"\n"
+		if strings.Contains(text, "[writeback]\n") {
+			return strings.Replace(text, "[writeback]\n", "[writeback]\n"+keys, 1)
+		}
+		return "[writeback]\n" + keys + text
+	}
+	dir := t.TempDir()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			orig := filepath.Join(dir, "orig.toml")
+			if err := os.WriteFile(orig, []byte(c.file), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var out, errb bytes.Buffer
+			if code := Main([]string{"check-config", orig}, &out, &errb); code != cli.ExitOK {
+				t.Fatalf("check-config: exit %d: %s", code, errb.String())
+			}
+			saved := filepath.Join(dir, "saved.toml")
+			if err := os.WriteFile(saved, out.Bytes(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, edit := range []func(string) string{func(s string) string { return s }, change} {
+				if err := os.WriteFile(orig, []byte(edit(c.file)), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(saved, []byte(edit(out.String())), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				want, err := config.Load(orig)
+				if err != nil {
+					t.Fatalf("the original, edited: %v", err)
+				}
+				got, err := config.Load(saved)
+				if err != nil {
+					t.Fatalf("check-config's output, edited: %v\n%s", err, edit(out.String()))
+				}
+				var w, g bytes.Buffer
+				want.Encode(&w)
+				got.Encode(&g)
+				if w.String() != g.String() {
+					t.Errorf("check-config's output read back as\n%s\nthe file as\n%s", g.String(), w.String())
+				}
+			}
+		})
 	}
 }
 
