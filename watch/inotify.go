@@ -71,6 +71,12 @@ type Watcher struct {
 	// IN_MOVED_FROM: the reader may split the pair of events).
 	gone       map[string]*goneName
 	goneMoving map[uint32]*movingGone
+	// keysMoving holds the cached names of a file or directory renamed
+	// (those below a directory), by the rename's cookie, until its
+	// IN_MOVED_TO has looked at the new name (the files not found there
+	// are told to the sink as unlinked: keysMovedTo), or the batch after
+	// the IN_MOVED_FROM's has ended.
+	keysMoving map[uint32]*movingKeys
 	// goneLooked holds the gone names looked at in Run's current batch:
 	// once a batch.
 	goneLooked map[string]bool
@@ -494,6 +500,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			}
 			w.endMoves()
 			w.endGoneMoves()
+			w.endKeyMoves()
 			w.touched()
 			w.doneBatches.Add(1)
 			w.handledEvents.Add(uint64(n))
@@ -660,8 +667,12 @@ func (w *Watcher) handle(ev inotifyEvent) {
 	// cache does not know (emptied when full, or deleted before the
 	// reader took it from a scan: takeScanned) waits for that.
 	old, known := w.keys[ev.Name]
-	if ev.Dir && ev.Has(opRename) && ev.Cookie != 0 {
-		w.goneMovedFrom(ev.Name, ev.Cookie) // (before forgetKey drops them)
+	if ev.Has(opRename) && ev.Cookie != 0 {
+		// (Before forgetKey drops them.)
+		if ev.Dir {
+			w.goneMovedFrom(ev.Name, ev.Cookie)
+		}
+		w.keysMovedFrom(ev.Name, ev.Dir, ev.Cookie)
 	}
 	if !ev.Has(opWrite) {
 		w.forgetKey(ev.Name, ev.Has(opCreate)) // (a Create of a directory clears all of it below)
@@ -675,6 +686,7 @@ func (w *Watcher) handle(ev inotifyEvent) {
 		w.created(t, ev.Name, old, known)
 		if ev.Cookie != 0 {
 			w.goneMovedTo(ev.Name, ev.Cookie)
+			w.keysMovedTo(ev.Name, ev.Cookie)
 		}
 	case ev.Has(opWrite):
 		if g := w.gone[ev.Name]; g != nil {

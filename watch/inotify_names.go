@@ -167,6 +167,90 @@ func (w *Watcher) goneMovedTo(dir string, cookie uint32) {
 	}
 }
 
+// movingKeys are the cached names of a rename: the file renamed, or those
+// below the directory renamed, with the old name and each name relative
+// to it ("": the file itself); aged: a batch has ended since its
+// IN_MOVED_FROM.
+type movingKeys struct {
+	from  string
+	names []movedKey
+	aged  bool
+}
+
+type movedKey struct {
+	rel string
+	key inode.Key
+}
+
+// at is the name of n below (or, rel "", as) name.
+func (n movedKey) at(name string) string {
+	if n.rel == "" {
+		return name
+	}
+	return joinPath(name, n.rel)
+}
+
+// keysMovedFrom keeps the cached name of name, renamed (the IN_MOVED_FROM
+// of the rename cookie), and with dir those below it, for keysMovedTo: the
+// cache drops them, and the look at the new name (created) finds those
+// still there.
+func (w *Watcher) keysMovedFrom(name string, dir bool, cookie uint32) {
+	m := &movingKeys{from: name}
+	if key, ok := w.keys[name]; ok {
+		m.names = append(m.names, movedKey{"", key})
+	}
+	if dir {
+		prefix := name + "/"
+		for p, key := range w.keys {
+			if rel, ok := strings.CutPrefix(p, prefix); ok {
+				m.names = append(m.names, movedKey{rel, key})
+			}
+		}
+	}
+	if len(m.names) == 0 {
+		return
+	}
+	if w.keysMoving == nil {
+		w.keysMoving = map[uint32]*movingKeys{}
+	}
+	w.keysMoving[cookie] = m
+}
+
+// keysMovedTo ends the rename cookie of a file or directory now named
+// name, whose IN_MOVED_TO has been handled (created looked at name and
+// walked a directory): a file not found under its new name (renamed
+// again, deleted, or the look failed) is told to the sink as unlinked
+// under its old name, which the sink may still list it by (a file found
+// is listed under its new name, and the sink leaves it alone). Its next
+// pass looks at it.
+func (w *Watcher) keysMovedTo(name string, cookie uint32) {
+	m := w.keysMoving[cookie]
+	if m == nil {
+		return
+	}
+	delete(w.keysMoving, cookie)
+	for _, n := range m.names {
+		if w.keys[n.at(name)] != n.key {
+			w.unlinked(n.key, n.at(m.from))
+		}
+	}
+}
+
+// endKeyMoves ends a batch for keysMoving: a rename whose IN_MOVED_TO has
+// not come by the end of the batch after its IN_MOVED_FROM's took its
+// directory out of the trees, and its names are dropped, as those of a
+// file renamed out of the trees are (the sink keeps the files under
+// their old names until their attempts).
+func (w *Watcher) endKeyMoves() {
+	for cookie, m := range w.keysMoving {
+		if m.aged {
+			delete(w.keysMoving, cookie)
+		} else {
+			m.aged = true
+		}
+	}
+}
+
 // goneWrite handles a Write reported under gone name path, once a batch:
 // a writer holds the file g.key open by that name. When the file has
 // another name that leads to it (fstatat), the one found before or one
@@ -234,8 +318,10 @@ func (w *Watcher) noteScanned(path string, key inode.Key) {
 // of one is told to the sink: those the cache knows nothing of (an event
 // read since may have said more), and only where the name still leads to
 // the file (fstatat): a name replaced between the scan's look and this one
-// must not be cached with the file it led to before (a name deleted
-// before this look stays unknown: its file is forgotten at its attempt).
+// must not be cached with the file it led to before. A name that no
+// longer leads to its file is told to the sink as unlinked: the file is
+// looked at in its next pass (forgotten if gone, written back if
+// renamed), not left listed under that name until its expiry.
 // Run's goroutine only.
 func (w *Watcher) takeScanned() {
 	w.smu.Lock()
@@ -252,6 +338,14 @@ func (w *Watcher) takeScanned() {
 		}
 		if namesFile(n.path, n.key) {
 			w.cacheKey(n.path, n.key)
+		} else {
+			// The name lost the file since the scan (deleted,
+			// renamed, or a directory above it renamed, maybe
+			// again before the new one's scan): its event may be
+			// read already, or name the file where the cache does
+			// not know it. The sink looks at the file at its next
+			// pass if it is tracked under this name.
+			w.unlinked(n.key, n.path)
 		}
 	}
 	w.scannedTaken.Add(1)

@@ -842,6 +842,99 @@ func TestInotifyNameUnlinkedScanned(t *testing.T) {
 	expectUnlinks(t, w, s, want)
 }
 
+// TestInotifyRenamedDeleted: files reported below a directory that is
+// renamed, and renamed again below, faster than the reader walks the new
+// names, then deleted, and files renamed twice and deleted as fast: each
+// file's deletion is told to the sink under the name the sink last had it
+// by (the looks found some under a name between, or none), not left
+// listed under a name that no longer leads to it until its expiry. A
+// directory renamed once, its files still in it, and a file renamed once
+// tell of no deletion.
+func TestInotifyRenamedDeleted(t *testing.T) {
+	root := t.TempDir()
+	s := &nameUnlinkSink{sink: sink{seen: map[string]int{}}}
+	w := startWith(t, root, "inotify", s)
+	p := func(name string) string { return filepath.Join(root, name) }
+	if err := os.MkdirAll(p("a/b/c"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"kept", "s", "s2"} {
+		if err := os.MkdirAll(p(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var files, kept []string
+	for i := range 20 {
+		files = append(files, p(fmt.Sprintf("a/b/c/f%d", i)), p(fmt.Sprintf("s/g%d", i)))
+		kept = append(kept, p(fmt.Sprintf("kept/f%d", i)))
+	}
+	kept = append(kept, p("s/k"))
+	for _, f := range append(slices.Clone(files), kept...) {
+		if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := map[inode.Key]bool{}
+	for _, f := range files {
+		keys[keyOf(t, f)] = true
+		eventually(t, "the report of "+f, func() bool { return s.has(f) })
+	}
+	for _, f := range kept {
+		eventually(t, "the report of "+f, func() bool { return s.has(f) })
+	}
+	moves := [][2]string{{"kept", "kept2"}, {"s/k", "s/k2"}, {"a", "x"}, {"x/b", "x/y"}, {"x/y/c", "x/z"}, {"x/z", "w"}}
+	for i := range 20 {
+		moves = append(moves, [2]string{fmt.Sprintf("s/g%d", i), fmt.Sprintf("s/h%d", i)}, [2]string{fmt.Sprintf("s/h%d", i), fmt.Sprintf("s2/g%d", i)})
+	}
+	for _, mv := range moves {
+		if err := os.Rename(p(mv[0]), p(mv[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 20 {
+		for _, f := range []string{fmt.Sprintf("w/f%d", i), fmt.Sprintf("s2/g%d", i)} {
+			if err := os.Remove(p(f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// told reports the files whose deletion was told under the name of
+	// their last report before it.
+	told := func() map[inode.Key]bool {
+		last := map[uint64]string{}
+		done := map[inode.Key]bool{}
+		for _, e := range s.entries() {
+			var path string
+			var ino uint64
+			var k inode.Key
+			switch {
+			case strings.HasPrefix(e, "mark "):
+				fmt.Sscanf(e, "mark %s %d", &path, &ino)
+				last[ino] = path
+			case strings.HasPrefix(e, "unlinked "):
+				fmt.Sscanf(e, "unlinked %d:%d %s", &k.Dev, &k.Ino, &path)
+				if keys[k] && last[k.Ino] == path {
+					done[k] = true
+				}
+			}
+		}
+		return done
+	}
+	eventually(t, "the deletions told under the names last reported", func() bool { return len(told()) == len(keys) })
+	w.Quiesce(context.Background())
+	for _, e := range s.unlinks() {
+		if strings.Contains(e, "/kept") || strings.Contains(e, "/s/k") {
+			t.Errorf("a file renamed once, or one of a directory renamed once, was told deleted: %s", e)
+		}
+	}
+	for _, f := range kept {
+		f = strings.Replace(strings.Replace(f, "/kept/", "/kept2/", 1), "/s/k", "/s/k2", 1)
+		if !s.has(f) {
+			t.Errorf("%s not reported under its new name", f)
+		}
+	}
+}
+
 // TestInotifyNameUnlinkedRescanned: the names of the files a scan running
 // beside the event reader leaves tracked are known to the reader, so that
 // their deletion is told to the sink: dirty files found by the scan at
@@ -1006,10 +1099,12 @@ func testWriteThroughRemovedName(t *testing.T, backend string, between bool) {
 
 // TestInotifyTakeScanned: the reader caches a name a scan noted only if
 // the cache knows nothing of it, the name was not deleted since (gone),
-// and it still leads to the file the scan found.
+// and it still leads to the file the scan found; a name that no longer
+// does (renamed over, deleted) is told to the sink as unlinked from the
+// file the scan found.
 func TestInotifyTakeScanned(t *testing.T) {
 	root := t.TempDir()
-	s := &sink{seen: map[string]int{}}
+	s := &nameUnlinkSink{sink: sink{seen: map[string]int{}}}
 	w, err := NewInotify([]tree.Tree{{Root: root, Recursive: true}}, sinkOf(s), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -1037,6 +1132,9 @@ func TestInotifyTakeScanned(t *testing.T) {
 	}
 	if w.scannedAny.Load() || len(w.scannedNames) != 0 {
 		t.Error("names left after takeScanned")
+	}
+	if got, want := s.unlinks(), []string{unlinkEntry(other, p("replaced")), unlinkEntry(other, p("deleted"))}; !slices.Equal(got, want) {
+		t.Errorf("deletions told %q, want %q", got, want)
 	}
 }
 
