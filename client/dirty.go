@@ -38,7 +38,11 @@ func Dirty(statsDir string, under []string, top int, asJSON bool, stdout, stderr
 		if more == 1 {
 			files = "file"
 		}
-		fmt.Fprintf(stderr, "flusherd dirty: %d more tracked %s not shown (the %d oldest are; --top 0 shows all)\n", more, files, len(resp.Dirty))
+		shown := fmt.Sprintf("the %d oldest are", len(resp.Dirty))
+		if len(resp.Dirty) == 1 {
+			shown = "the oldest is"
+		}
+		fmt.Fprintf(stderr, "flusherd dirty: %d more tracked %s not shown (%s; --top 0 shows all)\n", more, files, shown)
 	}
 	if asJSON {
 		files := resp.Dirty

@@ -74,6 +74,9 @@ func Sync(statsDir string, paths []string, timeout time.Duration, stdout, stderr
 	case gone > 1:
 		fmt.Fprintf(stdout, "; %d deleted before their writeback (nothing to write)", gone)
 	}
+	if failed > 0 {
+		fmt.Fprintf(stdout, "; %d failed (above)", failed)
+	}
 	fmt.Fprintln(stdout)
 	if failed > 0 || !resp.OK {
 		return cli.ExitFailed

@@ -22,7 +22,7 @@ var keyComments = map[string]string{
 	"writeback.dirty_background_ratio":   "the same, as a percentage of the kernel's background threshold (0: off)",
 	"writeback.range_bytes":              `streaming files: write back what lies behind their last range_bytes ("0": off)`,
 	"writeback.requeue_blocked":          `"io_wait" (retry with backoff) or "redirty_tail" (legacy)`,
-	"writeback.attempt_timeout":          "a writeback call longer than this counts as blocked (0: no bound)",
+	"writeback.attempt_timeout":          "a writeback call longer than this counts as blocked (at least 10ms)",
 	"writeback.shutdown_timeout":         "bound on the final writeback at SIGTERM",
 	"writeback.target_latency":           `writeback in flight sized so another write waits about this, and paced below the device's rate ("0": max_inflight_bytes, no pace)`,
 	"writeback.max_tracked_inodes":       `files tracked at once; past it, syncfs passes ("auto": from the memory limit; "unlimited")`,

@@ -118,7 +118,7 @@ expire = "100ms"
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "AGE") || !strings.Contains(lines[1], older) {
 		t.Errorf("flusherd dirty --top 1:\n%s", out.String())
 	}
-	if !strings.Contains(errb.String(), "2 more tracked files not shown") {
+	if !strings.Contains(errb.String(), "2 more tracked files not shown (the oldest is;") {
 		t.Errorf("flusherd dirty --top 1 of 3: stderr %q, want the 2 left out counted", errb.String())
 	}
 	// The whole table: the blocked file's pages shown as unknown.
@@ -412,7 +412,7 @@ func TestDirtyTopSaysMore(t *testing.T) {
 		if code := Main(append(args, "--stats-dir", dir), &out, &errb); code != 0 {
 			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
 		}
-		if want := "3 more tracked files not shown"; !strings.Contains(errb.String(), want) {
+		if want := "3 more tracked files not shown (the 2 oldest are;"; !strings.Contains(errb.String(), want) {
 			t.Errorf("%v: stderr %q, want %q", args, errb.String(), want)
 		}
 		if strings.Contains(out.String(), "more tracked") {

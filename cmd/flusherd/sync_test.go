@@ -407,8 +407,9 @@ func TestSyncBelowFlatTree(t *testing.T) {
 	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\nrecursive = false\n", tree))
 	for _, p := range []string{sub, f} {
 		code, out := runSync(t, d, p)
-		if code != cli.ExitFailed || !strings.Contains(out, "not in a watched tree") || !strings.Contains(out, "recursive = false") {
-			t.Errorf("sync %s: exit %d, %q; want exit 1, not in a watched tree, recursive = false", p, code, out)
+		if code != cli.ExitFailed || !strings.Contains(out, "not in a watched tree") || !strings.Contains(out, "recursive = false") ||
+			!strings.Contains(out, "0 files written back; 1 failed (above)") {
+			t.Errorf("sync %s: exit %d, %q; want exit 1, not in a watched tree, recursive = false, and the failure counted", p, code, out)
 		}
 	}
 	if code, out := runSync(t, d, tree, top); code != 0 {
