@@ -129,10 +129,17 @@ type Handles struct {
 }
 
 type mount struct {
-	dirs    []string // directories on the filesystem, tried in order
-	fd      int      // -1 when closed
+	dirs []string // directories on the filesystem, tried in order
+	// retired are directories Demote took out of dirs, tried after them.
+	retired []string
+	fd      int    // -1 when closed
+	fdDir   string // the directory fd is open on
 	refs    int
 	lastUse time.Time
+	// demoted: fd is open on a directory Demote moved back; it is
+	// closed at its last release, so that the next open takes the
+	// first directory.
+	demoted bool
 }
 
 // NewHandles returns a Handles with no filesystem registered.
@@ -155,9 +162,7 @@ func (h *Handles) AddMount(dir string) (dev uint64, err error) {
 	}
 	h.mu.Lock()
 	if m := h.mounts[st.Dev]; m != nil {
-		if !slices.Contains(m.dirs, dir) {
-			m.dirs = append(m.dirs, dir)
-		}
+		m.add(dir)
 		h.mu.Unlock()
 		return st.Dev, nil
 	}
@@ -174,11 +179,22 @@ func (h *Handles) AddMount(dir string) (dev uint64, err error) {
 	h.mu.Lock()
 	if m := h.mounts[st.Dev]; m == nil {
 		h.mounts[st.Dev] = &mount{dirs: []string{dir}, fd: -1}
-	} else if !slices.Contains(m.dirs, dir) {
-		m.dirs = append(m.dirs, dir)
+	} else {
+		m.add(dir)
 	}
 	h.mu.Unlock()
 	return st.Dev, nil
+}
+
+// add registers dir after the other served directories (one Demote
+// retired is served again).
+func (m *mount) add(dir string) {
+	if i := slices.Index(m.retired, dir); i >= 0 {
+		m.retired = slices.Delete(m.retired, i, i+1)
+	}
+	if !slices.Contains(m.dirs, dir) {
+		m.dirs = append(m.dirs, dir)
+	}
 }
 
 // Has reports whether filesystem dev is registered.
@@ -211,9 +227,9 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 		h.mu.Unlock()
 		return m.fd, nil
 	}
-	dirs := slices.Clone(m.dirs)
+	dirs := slices.Concat(m.dirs, m.retired)
 	h.mu.Unlock()
-	fd := -1
+	fd, fdDir := -1, ""
 	var shortage error // a failure that says nothing of the filesystem
 	var failing error  // the filesystem's own failure (ENOTCONN, EIO)
 	for _, dir := range dirs {
@@ -235,7 +251,7 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 			unix.Close(d)
 			continue
 		}
-		fd = d
+		fd, fdDir = d, dir
 		break
 	}
 	h.mu.Lock()
@@ -262,7 +278,7 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 			}
 			return -1, unix.ENODEV
 		}
-		m.fd = fd
+		m.fd, m.fdDir = fd, fdDir
 		if h.timer == nil {
 			h.timer = time.AfterFunc(h.idle(), h.closeIdle)
 		} else {
@@ -278,8 +294,43 @@ func (h *Handles) release(dev uint64) {
 	if m := h.mounts[dev]; m != nil {
 		m.refs--
 		m.lastUse = time.Now()
+		if m.refs == 0 && m.demoted {
+			unix.Close(m.fd)
+			m.fd, m.demoted = -1, false
+		}
 	}
 	h.mu.Unlock()
+}
+
+// Demote moves dir, a directory AddMount registered, behind the others of
+// its filesystem, those registered later included (until AddMount
+// registers it again): it roots no tree any more (a reload retired it),
+// but stays for the opens of its last files if the filesystem has no
+// other.
+// A file opened by handle is named (its /proc/self/fd link) through the
+// mount of the directory its open went through, so a tree on another
+// mount of the same filesystem (a bind mount) is otherwise named through
+// the retired root's mount, outside the tree. The descriptor open on dir
+// is closed at once, or at its last release if in use.
+func (h *Handles) Demote(dir string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range h.mounts {
+		i := slices.Index(m.dirs, dir)
+		if i < 0 {
+			continue
+		}
+		m.dirs = slices.Delete(m.dirs, i, i+1)
+		m.retired = append(m.retired, dir)
+		if m.fd >= 0 && m.fdDir == dir {
+			if m.refs == 0 {
+				unix.Close(m.fd)
+				m.fd = -1
+			} else {
+				m.demoted = true
+			}
+		}
+	}
 }
 
 func (h *Handles) idle() time.Duration {

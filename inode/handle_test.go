@@ -199,3 +199,90 @@ func TestHandleIno(t *testing.T) {
 		}
 	}
 }
+
+// TestDemote: with two directories of one filesystem registered, the first
+// on its own mount and the second a bind mount of a subdirectory, a file
+// under the bind mount opened by handle is named through the first
+// directory's mount until Demote moves it back (a reload retired its
+// tree); then through the bind mount, also when the descriptor on the
+// demoted directory was in use at the Demote.
+func TestDemote(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+	retired, sub := filepath.Join(mnt.Dir, "retired"), filepath.Join(mnt.Dir, "sub")
+	for _, d := range []string{retired, sub} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := filepath.Join(sub, "f")
+	if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bind := t.TempDir()
+	if err := unix.Mount(sub, bind, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := testfs.UnmountRetry(bind); err != nil {
+			t.Errorf("unmount %s: %v", bind, err)
+		}
+	})
+	for _, c := range []struct{ inUse, addedAfter bool }{{false, false}, {true, false}, {false, true}} {
+		inUse := c.inUse
+		h := NewHandles()
+		dev, err := h.AddMount(retired)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.addedAfter {
+			if _, err := h.AddMount(bind); err != nil {
+				t.Fatal(err)
+			}
+		}
+		key, _, err := Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd, err := h.HandleOf(f, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := func() string {
+			t.Helper()
+			p, ok, err := h.PathOfHandle(dev, hd)
+			if err != nil || !ok {
+				t.Fatalf("PathOfHandle: %q, %v, %v", p, ok, err)
+			}
+			return p
+		}
+		if got := name(); got != f {
+			t.Errorf("before Demote: named %q, want %q (through the first directory's mount)", got, f)
+		}
+		if c.addedAfter {
+			// A reload: the retired root goes first, then the new
+			// root is registered.
+			h.Demote(retired)
+			if _, err := h.AddMount(bind); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if inUse {
+			if _, err := h.acquire(dev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.Demote(retired)
+		if inUse {
+			h.release(dev)
+		}
+		if got, want := name(), filepath.Join(bind, "f"); got != want {
+			t.Errorf("after Demote (descriptor in use: %v, the other directory registered after: %v): named %q, want %q", inUse, c.addedAfter, got, want)
+		}
+		h.AddMount(retired) // served again
+		h.Demote(bind)
+		if got := name(); got != f {
+			t.Errorf("a demoted directory registered again: named %q, want %q", got, f)
+		}
+		h.Close()
+	}
+}

@@ -196,6 +196,9 @@ func (d *Daemon) applyPlan(plan TreePlan) (served []tree.Tree, added int, short 
 		wat.RemoveTree(t.Root)
 		d.Errs.Remove(t.Root)
 		d.Claims.Release(t.Root)
+		// Files are named through the trees served, not the retired
+		// root's mount (a tree on a bind mount of its filesystem).
+		d.Handles.Demote(t.Root)
 	}
 	for _, t := range plan.Retire {
 		k := d.Reg.TreeRemoved(t.Root, func(p string) bool { _, in := wat.TreeOf(p); return in })
