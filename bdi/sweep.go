@@ -314,6 +314,27 @@ func (wb *Writeback) dropCandidatesLocked(root string, keep map[string]bool) {
 	}
 }
 
+// retreeCandidatesLocked gives the candidates at paths the tree t (a
+// reload's), and the sweep interval of its expire from now (daemon clock)
+// where that is sooner than their next look. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) retreeCandidatesLocked(paths map[string]bool, t tree.Tree, now time.Duration) {
+	every := wb.cfg.SweepInterval
+	for _, c := range wb.sweep.cands {
+		if !paths[c.path] {
+			continue
+		}
+		c.tree = t
+		if due := now + policy.SweepEvery(every, t.Expire); due < c.due {
+			c.due = due
+			if due < wb.sweep.next {
+				wb.sweep.next = due
+			}
+		}
+	}
+}
+
 // candidatesUnder returns the paths of the candidates below root.
 func (wb *Writeback) candidatesUnder(root string) []string {
 	wb.mu.Lock()

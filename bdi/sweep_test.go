@@ -250,3 +250,32 @@ func TestOpenedLinger(t *testing.T) {
 		}
 	})
 }
+
+// TestSweepCandidateReloaded: a candidate opened under a tree with a 20 s
+// expire (a sweep every 10 s), whose tree a reload makes an integrity tree
+// with a 1 s expire (RestrictUnder), is looked at on the new tree's
+// interval, and data dirtied through its mapping after the reload is
+// found and made durable (fdatasync) within the new expire + sweep +
+// kupdate period, not on the old tree's schedule with sync_file_range.
+func TestSweepCandidateReloaded(t *testing.T) {
+	withWB(t, sweepConfig(), func(h *harness) {
+		t := h.t
+		f := h.fs.add("/m", 1, 16*pg, 0)
+		h.opened(f, 20*time.Second, true, false)
+		time.Sleep(time.Second)
+		newTree := tree.Tree{Root: "/", Expire: time.Second, Mode: tree.ModeIntegrity}
+		h.wb.RestrictUnder("/", newTree, func(string) bool { return true })
+		f.redirty(0) // through the mapping: no report
+		dirtied := h.now()
+		bound := dirtied + time.Second + 500*time.Millisecond + 500*time.Millisecond
+		time.Sleep(bound - h.now() + 10*time.Millisecond)
+		synctest.Wait()
+		if w := h.fs.callsOf("fdatasync", "/m"); len(w) == 0 {
+			t.Errorf("not made durable by %v (dirtied at %v; the reloaded tree: integrity, 1 s expire); sync_file_range calls: %d",
+				bound, dirtied, len(h.fs.callsOf("sync_file_range", "/m")))
+		}
+		if w := h.fs.callsOf("sync_file_range", "/m"); len(w) > 0 {
+			t.Errorf("written with sync_file_range at %v: the tree before the reload", w[0].at)
+		}
+	})
+}

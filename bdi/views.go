@@ -61,8 +61,11 @@ func (wb *Writeback) under(root string) []tracked {
 // under root that the tree holds (holds: the deepest tree of the path is
 // this one): each takes the shorter expire class, keeping its
 // dirtiedWhen, and the integrity mode (stricterTreeLocked). Looser
-// settings apply to data dirtied from then on. It returns how many files
-// it looked at; holds is called without the list lock.
+// settings apply to data dirtied from then on, as all of them do to the
+// sweep's candidates the tree holds (data a sweep finds was dirtied since
+// it was last known clean): they take the tree, and a shorter sweep
+// interval from now on. It returns how many tracked files it looked at;
+// holds is called without the list lock.
 func (wb *Writeback) RestrictUnder(root string, t tree.Tree, holds func(path string) bool) int {
 	cands := wb.under(root)
 	var held []*inode.Inode
@@ -71,12 +74,20 @@ func (wb *Writeback) RestrictUnder(root string, t tree.Tree, holds func(path str
 			held = append(held, c.in)
 		}
 	}
+	heldCands := map[string]bool{}
+	for _, p := range wb.candidatesUnder(root) {
+		if holds(p) {
+			heldCands[p] = true
+		}
+	}
+	now := wb.now()
 	wb.mu.Lock()
 	for _, in := range held {
 		if wb.inodes.Get(in.Key()) == in {
 			wb.stricterTreeLocked(in, t)
 		}
 	}
+	wb.retreeCandidatesLocked(heldCands, t, now)
 	wb.gen++
 	wb.mu.Unlock()
 	wb.live.kick()
