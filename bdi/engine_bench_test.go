@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"flusherd/inode"
+	"flusherd/lists"
 	"flusherd/policy"
 	"flusherd/tree"
 )
@@ -123,4 +124,126 @@ func BenchmarkCheckNames(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/file")
+}
+
+// BenchmarkRestrictUnder measures a reload that shortens a tree's expire
+// (RestrictUnder) over 20,000 inodes tracked on b_dirty under the old,
+// longer one: "batch" as the reload does it, one walk of b_dirty for all
+// of them, against "perInode", stricterTreeLocked for each, which walks
+// its class's list each time. It reports ms per reload; the list lock is
+// held throughout either way.
+func BenchmarkRestrictUnder(b *testing.B) {
+	const n = 20000
+	for _, mode := range []string{"batch", "perInode"} {
+		b.Run(mode, func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				reg := NewRegistry(Options{
+					Config:  Config{DirtyWritebackInterval: time.Hour, MinPause: time.Millisecond, MaxPause: time.Second, WriteChunk: 4 << 20, Requeue: policy.IOWait, AttemptTimeout: time.Minute},
+					Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil },
+					Opener:  nopOpener{},
+				})
+				for i := range n {
+					if err := reg.MarkInodeDirty(fmt.Sprintf("/bench/f%06d", i), inode.Key{Dev: 7, Ino: uint64(i + 1)}, "", tree.Tree{Root: "/bench", Expire: 10 * time.Minute}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				t := tree.Tree{Root: "/bench", Expire: time.Second}
+				wb := reg.Devices()[0]
+				var ins []*inode.Inode
+				for _, c := range wb.under("/bench") {
+					ins = append(ins, c.in)
+				}
+				b.StartTimer()
+				switch mode {
+				case "batch":
+					if got := wb.RestrictUnder("/bench", t, func(string) bool { return true }); got != n {
+						b.Fatalf("RestrictUnder looked at %d files, want %d", got, n)
+					}
+				case "perInode":
+					wb.mu.Lock()
+					for _, in := range ins {
+						wb.stricterTreeLocked(in, t)
+					}
+					wb.mu.Unlock()
+				}
+				b.StopTimer()
+				wb.mu.Lock()
+				for _, in := range ins {
+					if wb.bDirty.classes[in.Class].expire != time.Second {
+						b.Fatalf("%v: class expire %v after the reload, want 1s", in.Key(), wb.bDirty.classes[in.Class].expire)
+					}
+				}
+				if got := wb.bDirty.classes[ins[0].Class].list.Len(); got != n {
+					b.Fatalf("%d inodes on the 1 s class's b_dirty, want %d", got, n)
+				}
+				wb.mu.Unlock()
+				reg.Stop()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/reload")
+		})
+	}
+}
+
+// TestRestrictUnderBatch: a reload that shortens the expire of a tree of
+// 500 files, marked in a shuffled order of names (so not in the order
+// under returns them) and some taken off b_dirty onto b_io, moves every
+// one to the shorter class: those on b_dirty onto its FIFO in dirtiedWhen
+// order, the others left where they are with the new class.
+func TestRestrictUnderBatch(t *testing.T) {
+	const n = 500
+	reg := NewRegistry(Options{
+		Config:  Config{DirtyWritebackInterval: time.Hour, MinPause: time.Millisecond, MaxPause: time.Second, WriteChunk: 4 << 20, Requeue: policy.IOWait, AttemptTimeout: time.Minute},
+		Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil },
+		Opener:  nopOpener{},
+	})
+	defer reg.Stop()
+	for i := range n {
+		j := (i * 7919) % n
+		if err := reg.MarkInodeDirty(fmt.Sprintf("/t/f%04d", j), inode.Key{Dev: 7, Ino: uint64(j + 1)}, "", tree.Tree{Root: "/t", Expire: 10 * time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wb := reg.Devices()[0]
+	wb.mu.Lock()
+	var off []*inode.Inode
+	for x := range wb.bDirty.classes[wb.inodes.Get(inode.Key{Dev: 7, Ino: 1}).Class].list.All {
+		if len(off) == 10 {
+			break
+		}
+		off = append(off, x)
+	}
+	for _, x := range off {
+		lists.Remove(x)
+		wb.BIO.PushBack(x)
+	}
+	wb.mu.Unlock()
+	if got := wb.RestrictUnder("/t", tree.Tree{Root: "/t", Expire: time.Second}, func(string) bool { return true }); got != n {
+		t.Fatalf("RestrictUnder looked at %d files, want %d", got, n)
+	}
+	wb.mu.Lock()
+	defer wb.mu.Unlock()
+	for i := range n {
+		in := wb.inodes.Get(inode.Key{Dev: 7, Ino: uint64(i + 1)})
+		if in == nil || wb.bDirty.classes[in.Class].expire != time.Second {
+			t.Fatalf("file %d: %+v, want the 1 s class", i, in)
+		}
+	}
+	c := wb.inodes.Get(inode.Key{Dev: 7, Ino: 1}).Class
+	var prev time.Duration
+	k := 0
+	for x := range wb.bDirty.classes[c].list.All {
+		if x.DirtiedWhen < prev {
+			t.Fatalf("the 1 s class's FIFO is out of dirtiedWhen order at its entry %d", k)
+		}
+		prev = x.DirtiedWhen
+		k++
+	}
+	if k != n-len(off) {
+		t.Errorf("%d on the 1 s class's FIFO, want %d (the %d on b_io stay there)", k, n-len(off), len(off))
+	}
+	if got := wb.BIO.Len(); got != len(off) {
+		t.Errorf("b_io holds %d, want %d", got, len(off))
+	}
 }

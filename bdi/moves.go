@@ -1,8 +1,10 @@
 package bdi
 
 import (
+	"cmp"
 	"errors"
 	"math"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -265,27 +267,78 @@ const (
 //
 // +checklocks:wb.mu
 func (wb *Writeback) stricterTreeLocked(in *inode.Inode, t tree.Tree) {
-	if t.Integrity() && !in.Has(inode.Integrity) {
-		in.State |= inode.Integrity
-	}
-	old := in.Class
-	if t.Expire >= wb.bDirty.classes[old].expire {
+	c, move := wb.stricterClassLocked(in, t)
+	if !move {
 		return
 	}
-	c, exact := wb.bDirty.class(t.Expire)
-	if !exact && wb.bDirty.classes[c].expire >= wb.bDirty.classes[old].expire {
-		wb.bDirty.unref(c) // no class closer to t's expiry than its own
-		return
-	}
-	// On its class's FIFO (b_dirty) it moves to the new one; on another
-	// list it goes back to b_dirty by its class later.
 	onDirty := false
-	for x := range wb.bDirty.classes[old].list.All {
+	for x := range wb.bDirty.classes[in.Class].list.All {
 		if x == in {
 			onDirty = true
 			break
 		}
 	}
+	wb.moveClassLocked(in, c, onDirty)
+}
+
+// stricterTreesLocked is stricterTreeLocked for many inodes (a reload's),
+// with one walk of b_dirty to find which are on it, not one walk each,
+// taken oldest first, so that each one moved goes in at its new class's
+// newest end (insertByAge) rather than after a search. It reorders ins.
+// Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) stricterTreesLocked(ins []*inode.Inode, t tree.Tree) {
+	if len(ins) == 0 {
+		return
+	}
+	slices.SortFunc(ins, func(a, b *inode.Inode) int { return cmp.Compare(a.DirtiedWhen, b.DirtiedWhen) })
+	onDirty := make(map[*inode.Inode]bool, len(ins))
+	for _, in := range ins {
+		onDirty[in] = false
+	}
+	for _, c := range wb.bDirty.classes {
+		for x := range c.list.All {
+			if _, ok := onDirty[x]; ok {
+				onDirty[x] = true
+			}
+		}
+	}
+	for _, in := range ins {
+		if c, move := wb.stricterClassLocked(in, t); move {
+			wb.moveClassLocked(in, c, onDirty[in])
+		}
+	}
+}
+
+// stricterClassLocked gives in tree t's integrity mode, and returns the
+// class of t's expiry when it is shorter than in's own (move; the class
+// is then referenced). Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) stricterClassLocked(in *inode.Inode, t tree.Tree) (c uint8, move bool) {
+	if t.Integrity() && !in.Has(inode.Integrity) {
+		in.State |= inode.Integrity
+	}
+	old := in.Class
+	if t.Expire >= wb.bDirty.classes[old].expire {
+		return 0, false
+	}
+	c, exact := wb.bDirty.class(t.Expire)
+	if !exact && wb.bDirty.classes[c].expire >= wb.bDirty.classes[old].expire {
+		wb.bDirty.unref(c) // no class closer to t's expiry than its own
+		return 0, false
+	}
+	return c, true
+}
+
+// moveClassLocked moves in to class c: on its class's FIFO (onDirty:
+// b_dirty) it moves to the new one, by age; on another list it goes back
+// to b_dirty by its class later. Preconditions: wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) moveClassLocked(in *inode.Inode, c uint8, onDirty bool) {
+	old := in.Class
 	if onDirty {
 		lists.Remove(in)
 	}

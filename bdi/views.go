@@ -82,11 +82,13 @@ func (wb *Writeback) RestrictUnder(root string, t tree.Tree, holds func(path str
 	}
 	now := wb.now()
 	wb.mu.Lock()
+	live := held[:0]
 	for _, in := range held {
 		if wb.inodes.Get(in.Key()) == in {
-			wb.stricterTreeLocked(in, t)
+			live = append(live, in)
 		}
 	}
+	wb.stricterTreesLocked(live, t)
 	wb.retreeCandidatesLocked(heldCands, t, now)
 	wb.gen++
 	wb.mu.Unlock()
