@@ -86,16 +86,43 @@ func fence(ctx context.Context, wat watch.Backend) {
 	wat.Fence(ctx)
 }
 
-// isUnder reports whether path is one of paths or below one of them (all
-// absolute; compared as cleaned names, without resolving links).
-func isUnder(path string, paths []string) bool {
+// pathSet is a set of absolute paths, compared as cleaned names without
+// resolving links, for under: a lookup costs the depth of the path looked
+// up, not the number of paths (a dirty request may name thousands).
+type pathSet struct {
+	all bool // "/" is one of them
+	set map[string]bool
+}
+
+// newPathSet returns the set of paths (absolute).
+func newPathSet(paths []string) pathSet {
+	s := pathSet{set: make(map[string]bool, len(paths))}
 	for _, p := range paths {
 		p = filepath.Clean(p)
-		if path == p || p == "/" || strings.HasPrefix(path, p+"/") {
+		if p == "/" {
+			s.all = true
+		}
+		s.set[p] = true
+	}
+	return s
+}
+
+// under reports whether path (absolute, clean) is one of the set's paths
+// or below one of them.
+func (s pathSet) under(path string) bool {
+	if s.all {
+		return true
+	}
+	for p := path; ; {
+		if s.set[p] {
 			return true
 		}
+		i := strings.LastIndexByte(p, '/')
+		if i <= 0 {
+			return false
+		}
+		p = p[:i]
 	}
-	return false
 }
 
 // linkHint names the path in a watched tree that the symbolic links in p
@@ -368,9 +395,10 @@ func dirtyFiles(reg *bdi.Registry, fresh *freshReads, top int, under []string) (
 		in bdi.InodeInfo
 	}
 	var all []entry
+	set := newPathSet(under)
 	for _, wb := range reg.Devices() {
 		for _, in := range wb.Inodes() {
-			if len(under) == 0 || isUnder(in.Path, under) {
+			if len(under) == 0 || set.under(in.Path) {
 				all = append(all, entry{wb, in})
 			}
 		}
