@@ -195,25 +195,25 @@ func (n movedKey) at(name string) string {
 // cache drops them, and the look at the new name (created) finds those
 // still there.
 func (w *Watcher) keysMovedFrom(name string, dir bool, cookie uint32) {
-	m := &movingKeys{from: name}
+	var names []movedKey
 	if key, ok := w.keys[name]; ok {
-		m.names = append(m.names, movedKey{"", key})
+		names = append(names, movedKey{"", key})
 	}
 	if dir {
 		prefix := name + "/"
 		for p, key := range w.keys {
 			if rel, ok := strings.CutPrefix(p, prefix); ok {
-				m.names = append(m.names, movedKey{rel, key})
+				names = append(names, movedKey{rel, key})
 			}
 		}
 	}
-	if len(m.names) == 0 {
+	if len(names) == 0 {
 		return
 	}
 	if w.keysMoving == nil {
 		w.keysMoving = map[uint32]*movingKeys{}
 	}
-	w.keysMoving[cookie] = m
+	w.keysMoving[cookie] = &movingKeys{from: name, names: names}
 }
 
 // keysMovedTo ends the rename cookie of a file or directory now named
