@@ -288,6 +288,11 @@ func (sp *syncPlan) addPath(p string) {
 	case unix.S_IFDIR:
 		sp.addUnder(p)
 	case unix.S_IFREG:
+		if kind, ok := watch.NoWriteback(filepath.Dir(p)); ok {
+			// (No device is made for it: nothing there is tracked.)
+			sp.fail(p, "on "+kind+", a filesystem without writeback: nothing to write back")
+			return
+		}
 		key := inode.Key{Dev: st.Dev, Ino: st.Ino}
 		wb, err := sp.reg.Device(key.Dev, p)
 		if err != nil {

@@ -241,6 +241,22 @@ func TestMountsInsideTree(t *testing.T) {
 					t.Errorf("log lacks %q:\n%s", want, log)
 				}
 			}
+			// A sync of a file on the tmpfs is refused with the reason,
+			// and makes no device for the tmpfs.
+			shmFile := filepath.Join(shm, "t")
+			if err := os.WriteFile(shmFile, []byte("hi"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if code, out := runSync(t, d, shmFile); code != cli.ExitFailed || !strings.Contains(out, "on tmpfs, a filesystem without writeback") {
+				t.Errorf("sync %s: exit %d, %q; want exit 1 and the tmpfs named", shmFile, code, out)
+			}
+			var shmSt unix.Stat_t
+			if err := unix.Stat(shm, &shmSt); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(d.statsDir, "bdi", fmt.Sprintf("%d:%d", unix.Major(shmSt.Dev), unix.Minor(shmSt.Dev)))); err == nil {
+				t.Errorf("a device was made for the tmpfs by the sync of a file on it")
+			}
 
 			// The early filesystem unmounted altogether while a file on
 			// it is tracked: the file is forgotten (the unmount wrote
