@@ -113,7 +113,7 @@ type movedGone struct {
 // IN_MOVED_TO; aged: a batch has ended since its IN_MOVED_FROM.
 type movingGone struct {
 	names []movedGone
-	aged  bool
+	batchAge
 }
 
 // noteGone records that the name path no longer leads to the file key.
@@ -146,15 +146,7 @@ func (w *Watcher) goneMovedFrom(dir string, cookie uint32) {
 // endGoneMoves ends a batch for goneMoving: the renames whose IN_MOVED_TO
 // has not come by the end of the batch after their IN_MOVED_FROM's went
 // out of the trees, and their gone names go.
-func (w *Watcher) endGoneMoves() {
-	for cookie, m := range w.goneMoving {
-		if m.aged {
-			delete(w.goneMoving, cookie)
-		} else {
-			m.aged = true
-		}
-	}
-}
+func (w *Watcher) endGoneMoves() { endPairs(w.goneMoving, nil) }
 
 // goneMovedTo puts the gone names goneMovedFrom kept for cookie below
 // dir, the directory's new name: its writers' events name them there.
@@ -174,7 +166,7 @@ func (w *Watcher) goneMovedTo(dir string, cookie uint32) {
 type movingKeys struct {
 	from  string
 	names []movedKey
-	aged  bool
+	batchAge
 }
 
 type movedKey struct {
@@ -241,12 +233,33 @@ func (w *Watcher) keysMovedTo(name string, cookie uint32) {
 // directory out of the trees, and its names are dropped, as those of a
 // file renamed out of the trees are (the sink keeps the files under
 // their old names until their attempts).
-func (w *Watcher) endKeyMoves() {
-	for cookie, m := range w.keysMoving {
-		if m.aged {
-			delete(w.keysMoving, cookie)
-		} else {
-			m.aged = true
+func (w *Watcher) endKeyMoves() { endPairs(w.keysMoving, nil) }
+
+// batchAge is the age of a rename's IN_MOVED_FROM, kept by its cookie
+// until its IN_MOVED_TO: aged once a batch has ended since (the reader may
+// split the pair across two batches, not more).
+type batchAge struct{ aged bool }
+
+// ended ends a batch for it: true when one had ended before (the rename
+// took its name out of the trees), else it is aged now.
+func (a *batchAge) ended() bool {
+	if a.aged {
+		return true
+	}
+	a.aged = true
+	return false
+}
+
+// endPairs ends a batch for the renames waiting for their IN_MOVED_TO in
+// m, by cookie: each whose batch had ended before is deleted, and handed
+// to gone (if not nil).
+func endPairs[T interface{ ended() bool }](m map[uint32]T, gone func(T)) {
+	for cookie, v := range m {
+		if v.ended() {
+			delete(m, cookie)
+			if gone != nil {
+				gone(v)
+			}
 		}
 	}
 }

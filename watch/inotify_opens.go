@@ -279,7 +279,7 @@ func (w *Watcher) openMovedFrom(ev inotifyEvent) {
 // aged: a batch has ended since its IN_MOVED_FROM.
 type movingOpens struct {
 	moved []movedOpen
-	aged  bool
+	batchAge
 }
 
 // openMovedTo puts the counts a rename took (openMovedFrom, by ev's
@@ -315,16 +315,11 @@ func (w *Watcher) openMovedTo(t tree.Tree, ev inotifyEvent) {
 // names renamed out of the trees (no IN_MOVED_TO came by the end of the
 // batch after their IN_MOVED_FROM's), reported closed.
 func (w *Watcher) endMoves() {
-	for cookie, mv := range w.opens.moving {
-		if !mv.aged {
-			mv.aged = true
-			continue
-		}
+	endPairs(w.opens.moving, func(mv *movingOpens) {
 		for _, m := range mv.moved {
 			w.dropOpen(m.rel, m.c)
 		}
-		delete(w.opens.moving, cookie)
-	}
+	})
 }
 
 // dropOpens drops every count (events were lost): a name not reported
