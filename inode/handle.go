@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"flusherd/policy"
@@ -210,9 +211,11 @@ func (h *Handles) Has(dev uint64) bool {
 // failed for want of a resource (policy.Shortage: EMFILE, ENFILE, ENOMEM,
 // ...), so that the caller retries rather than drops; the open's own error
 // when the filesystem itself fails (ENOTCONN from a FUSE server that died,
-// EIO); ENODEV when none of its directories can be opened on dev any more
-// (removed, unmounted): the filesystem is unavailable, which says nothing
-// of the file itself. The
+// EIO); ENODEV when neither its directories nor its mount points open on
+// dev any more (unmounted): the filesystem is unavailable, which says
+// nothing of the file itself. A filesystem whose directories are all gone
+// from view but which is still mounted is opened at a mount point, read
+// from /proc/self/mountinfo, its root first. The
 // directories are opened without h.mu held: an open can hang on a sick
 // filesystem, and must not stall the opens of the others.
 func (h *Handles) acquire(dev uint64) (int, error) {
@@ -229,30 +232,19 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 	}
 	dirs := slices.Concat(m.dirs, m.retired)
 	h.mu.Unlock()
-	fd, fdDir := -1, ""
-	var shortage error // a failure that says nothing of the filesystem
-	var failing error  // the filesystem's own failure (ENOTCONN, EIO)
-	for _, dir := range dirs {
-		d, err := OpenDir(dir)
-		if err != nil {
-			switch {
-			case policy.Shortage(err):
-				shortage = err
-			case !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP):
-				failing = err
-			}
-			continue
+	fd, fdDir, shortage, failing := openOn(dev, dirs)
+	if fd < 0 && shortage == nil && failing == nil {
+		// No directory leads to the filesystem any more (removed,
+		// renamed, mounted over; after ext4 aborted its journal, one
+		// not yet on disk is not found once its dentry is evicted),
+		// but the filesystem may still be mounted: its mount points.
+		var mps []string
+		mps, shortage = mountPoints(dev)
+		if shortage == nil {
+			fd, fdDir, shortage, _ = openOn(dev, slices.DeleteFunc(mps, func(mp string) bool {
+				return slices.Contains(dirs, mp)
+			}))
 		}
-		var st unix.Stat_t
-		if err := unix.Fstat(d, &st); err != nil || st.Dev != dev {
-			if policy.Shortage(err) {
-				shortage = err
-			}
-			unix.Close(d)
-			continue
-		}
-		fd, fdDir = d, dir
-		break
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -287,6 +279,72 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 	}
 	m.refs++
 	return m.fd, nil
+}
+
+// openOn opens the first of dirs that opens as a directory on filesystem
+// dev. When none does, shortage is the last failure for want of a resource
+// (policy.Shortage) and failing the last of the filesystem's own (not
+// ENOENT, ENOTDIR or ELOOP, which say the directory is gone from view).
+func openOn(dev uint64, dirs []string) (fd int, dir string, shortage, failing error) {
+	for _, dir := range dirs {
+		d, err := OpenDir(dir)
+		if err != nil {
+			switch {
+			case policy.Shortage(err):
+				shortage = err
+			case !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP):
+				failing = err
+			}
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(d, &st); err != nil || st.Dev != dev {
+			if policy.Shortage(err) {
+				shortage = err
+			}
+			unix.Close(d)
+			continue
+		}
+		return d, dir, nil, nil
+	}
+	return -1, "", shortage, failing
+}
+
+// mountPoints returns the mount points of filesystem dev in this mount
+// namespace, those of its root directory first. The error is the mount
+// table's only when it is a shortage (policy.Shortage); otherwise none
+// are returned.
+func mountPoints(dev uint64) ([]string, error) {
+	infos, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
+		return unix.Mkdev(uint32(i.Major), uint32(i.Minor)) != dev, false
+	})
+	if err != nil {
+		if policy.Shortage(err) {
+			return nil, err
+		}
+		return nil, nil
+	}
+	slices.SortStableFunc(infos, func(a, b *mountinfo.Info) int {
+		return cmpBool(a.Root != "/", b.Root != "/")
+	})
+	mps := make([]string, 0, len(infos))
+	for _, i := range infos {
+		if !slices.Contains(mps, i.Mountpoint) {
+			mps = append(mps, i.Mountpoint)
+		}
+	}
+	return mps, nil
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case !a:
+		return -1
+	}
+	return 1
 }
 
 func (h *Handles) release(dev uint64) {

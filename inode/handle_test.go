@@ -286,3 +286,114 @@ func TestDemote(t *testing.T) {
 		h.Close()
 	}
 }
+
+// TestAcquireMountPoint opens files by handle when every registered
+// directory of their filesystem is gone from view but the filesystem is
+// still mounted: through a mount point from the mount table. Once the
+// filesystem is mounted nowhere, the error is ENODEV.
+func TestAcquireMountPoint(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+	cases := []struct {
+		name string
+		// hide makes dir lead elsewhere, or nowhere.
+		hide func(t *testing.T, dir string)
+	}{
+		{"renamed", func(t *testing.T, dir string) {
+			if err := os.Rename(dir, dir+".moved"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"mounted over", func(t *testing.T, dir string) {
+			if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+				testfs.Missing(t, "mount tmpfs: %v", err)
+			}
+			t.Cleanup(func() {
+				if err := testfs.UnmountRetry(dir); err != nil {
+					t.Errorf("unmount %s: %v", dir, err)
+				}
+			})
+		}},
+		{"bind mount unmounted", func(t *testing.T, dir string) {
+			if err := testfs.UnmountRetry(dir); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(mnt.Dir, filepath.Base(t.Name()))
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			f := filepath.Join(dir, "f")
+			if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			registered := dir
+			if c.name == "bind mount unmounted" {
+				registered = t.TempDir()
+				if err := unix.Mount(dir, registered, "", unix.MS_BIND, ""); err != nil {
+					t.Fatalf("bind mount: %v", err)
+				}
+			}
+			h := NewHandles()
+			defer h.Close()
+			dev, err := h.AddMount(registered)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key, _, err := Stat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hd, err := h.HandleOf(f, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.hide(t, registered)
+			if st, err := StatPath(registered); err == nil && st.Dev == dev {
+				t.Fatalf("%s still leads to the filesystem", registered)
+			}
+			file, err := h.OpenHandle(hd, key)
+			if err != nil {
+				t.Fatalf("OpenHandle with %s %s: %v, want the file opened through %s", registered, c.name, err, mnt.Dir)
+			}
+			file.Close()
+			h.mu.Lock()
+			fdDir := h.mounts[dev].fdDir
+			h.mu.Unlock()
+			if fdDir != mnt.Dir {
+				t.Errorf("opened through %q, want the mount point %q", fdDir, mnt.Dir)
+			}
+		})
+	}
+	t.Run("unmounted", func(t *testing.T) {
+		other := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+		f := filepath.Join(other.Dir, "f")
+		if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		h := NewHandles()
+		defer h.Close()
+		if _, err := h.AddMount(other.Dir); err != nil {
+			t.Fatal(err)
+		}
+		key, _, err := Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd, err := h.HandleOf(f, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Unmount(); err != nil {
+			t.Fatal(err)
+		}
+		if file, err := h.OpenHandle(hd, key); !errors.Is(err, unix.ENODEV) {
+			if err == nil {
+				file.Close()
+			}
+			t.Errorf("OpenHandle on an unmounted filesystem: %v, want ENODEV", err)
+		}
+	})
+}
