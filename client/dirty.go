@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -28,8 +30,13 @@ func Dirty(statsDir string, under []string, top int, asJSON bool, stdout, stderr
 		fmt.Fprintf(stderr, "flusherd dirty: %s\n", resp.Error)
 		return cli.ExitFailed
 	}
-	for _, p := range resp.Outside {
-		fmt.Fprintf(stderr, "flusherd dirty: note: %s is not in a watched tree\n", strconv.Quote(string(p)))
+	for _, p := range under {
+		if slices.Contains(resp.Outside, control.Name(p)) {
+			fmt.Fprintf(stderr, "flusherd dirty: note: %s is not in a watched tree\n", strconv.Quote(p))
+		} else if _, err := os.Lstat(p); err != nil {
+			// Still listed: a tracked file may have been deleted.
+			fmt.Fprintf(stderr, "flusherd dirty: note: %v (listing the tracked files under that name)\n", err)
+		}
 	}
 	if more := resp.DirtyTotal - len(resp.Dirty); more > 0 {
 		// On stderr: the list on stdout stays what it was (a table, or

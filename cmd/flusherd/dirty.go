@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 
 	"flusherd/client"
@@ -35,10 +34,6 @@ func cmdDirty(args []string, stdout, stderr io.Writer) int {
 		if pos[i], err = filepath.Abs(p); err != nil {
 			fmt.Fprintf(stderr, "flusherd dirty: %v\n", err)
 			return cli.ExitUsage
-		}
-		if _, err := os.Lstat(pos[i]); err != nil {
-			// Still listed: a tracked file may have been deleted.
-			fmt.Fprintf(stderr, "flusherd dirty: note: %v (listing the tracked files under that name)\n", err)
 		}
 	}
 	if *top < 0 {

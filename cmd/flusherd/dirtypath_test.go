@@ -68,17 +68,30 @@ func TestDirtyUnderPaths(t *testing.T) {
 		t.Errorf("flusherd dirty b (relative): %q, want [b/4]", got)
 	}
 	// A path in no tree: nothing listed, and a note says why; a
-	// directory above the tree holds it, and is not outside.
+	// directory above the tree holds it, and is not outside. A path that
+	// does not exist gets one note: that it is in no tree, or, in a
+	// tree, that it is listed by name.
 	for _, c := range []struct {
-		path    string
-		outside bool
-	}{{"/etc", true}, {filepath.Dir(mnt.Dir), false}, {filepath.Join(mnt.Dir, "nothing"), false}} {
+		path             string
+		outside, missing bool
+	}{
+		{"/etc", true, false},
+		{filepath.Dir(mnt.Dir), false, false},
+		{filepath.Join(mnt.Dir, "nothing"), false, true},
+		{filepath.Join(t.TempDir(), "nothing"), true, false},
+	} {
 		var out, errb bytes.Buffer
 		if code := Main([]string{"dirty", "--stats-dir", d.statsDir, c.path}, &out, &errb); code != 0 {
 			t.Fatalf("flusherd dirty %s: exit %d: %s", c.path, code, errb.String())
 		}
 		if got := strings.Contains(errb.String(), "not in a watched tree"); got != c.outside {
 			t.Errorf("flusherd dirty %s: stderr %q; a note that it is in no tree: %v, want %v", c.path, errb.String(), got, c.outside)
+		}
+		if got := strings.Contains(errb.String(), "listing the tracked files under that name"); got != c.missing {
+			t.Errorf("flusherd dirty %s: stderr %q; a note that it is listed by name: %v, want %v", c.path, errb.String(), got, c.missing)
+		}
+		if n := strings.Count(errb.String(), "note:"); n > 1 {
+			t.Errorf("flusherd dirty %s: %d notes: %q", c.path, n, errb.String())
 		}
 	}
 }
