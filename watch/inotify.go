@@ -793,12 +793,13 @@ func (w *Watcher) created(t tree.Tree, name string, old inode.Key, known bool) {
 
 // Quiesce implements Backend. inotifyFD reads the inotify queue on a
 // goroutine of its own, so this waits until no event has been handled for
-// 50ms and none waits in its channel.
+// 50ms, none waits in its channel, and no name a scan found waits for the
+// cache (takeScanned).
 func (w *Watcher) Quiesce(ctx context.Context) {
 	last, since := w.doneBatches.Load(), time.Now()
 	for ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
-		if n := w.doneBatches.Load(); n != last || len(w.w.Events) > 0 || w.rescanBusy() {
+		if n := w.doneBatches.Load(); n != last || len(w.w.Events) > 0 || w.rescanBusy() || w.scannedAny.Load() {
 			last, since = n, time.Now()
 			continue
 		}
