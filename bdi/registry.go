@@ -3,6 +3,7 @@ package bdi
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -348,18 +349,39 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 	if wb == nil {
 		return
 	}
-	r.wg.Go(func() { r.retire(dev, wb) })
+	r.wg.Go(func() { r.retire(dev, wb, nil) })
 }
 
-// retire waits until wb tracks nothing, then stops it and removes it and
-// its stats file.
-func (r *Registry) retire(dev uint64, wb *Writeback) {
+// Retire retires the device of st_dev dev, whose last tree a reload took
+// out (Writeback.RetireUnder writes its files back once more), once it
+// tracks nothing, as TreeGone does, unless unused, called then without
+// any lock of the registry's held, says it is used again (a tree on it
+// added meanwhile). The filesystem's handle registration is kept.
+func (r *Registry) Retire(dev uint64, unused func() bool) {
+	if wb := r.known(dev); wb != nil {
+		r.wg.Go(func() { r.retire(dev, wb, unused) })
+	}
+}
+
+// StDevs returns the st_devs the registry has a device for, sorted.
+func (r *Registry) StDevs() []uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(maps.Keys(r.byDev))
+}
+
+// retire waits until wb tracks nothing, then, unless unused (if not nil)
+// says otherwise, stops it and removes it and its stats file.
+func (r *Registry) retire(dev uint64, wb *Writeback, unused func() bool) {
 	for wb.Tracked() > 0 {
 		select {
 		case <-r.ctx.Done():
 			return
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+	if unused != nil && !unused() {
+		return
 	}
 	r.mu.Lock()
 	if r.byDev[dev] != wb {

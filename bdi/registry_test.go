@@ -176,6 +176,58 @@ func TestRegistryTreeGone(t *testing.T) {
 	})
 }
 
+// TestRegistryRetire: Retire, after a reload took out the last tree on a
+// device, stops it once the retired tree's files are written back and
+// forgotten, and removes its stats directory; not while one is tracked,
+// and not when unused says the device is used again.
+func TestRegistryRetire(t *testing.T) {
+	for _, used := range []bool{false, true} {
+		t.Run(fmt.Sprintf("used=%v", used), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r, fs, dir := newTestRegistry(t, testConfig(), map[uint64]string{10: "8:0"})
+				f := fs.add("/a/f", 1, pg, 1)
+				f.key.Dev = 10
+				if err := r.MarkInodeDirty(f.path, f.key, "", tree.Tree{Expire: time.Hour}); err != nil {
+					t.Fatal(err)
+				}
+				a, _ := r.Device(10, "/a")
+				synctest.Wait()
+				stats := filepath.Join(dir, "bdi", "8:0", "stats")
+				asked := 0
+				r.Retire(10, func() bool { asked++; return !used })
+				time.Sleep(time.Second)
+				synctest.Wait()
+				select {
+				case <-a.Stopped():
+					t.Fatal("a device with a file tracked was stopped")
+				default:
+				}
+				if asked != 0 {
+					t.Errorf("unused asked %d times while a file is tracked", asked)
+				}
+				if n := r.TreeRemoved("/a", func(string) bool { return false }); n != 1 {
+					t.Fatalf("TreeRemoved: %d files, want 1", n)
+				}
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if got := fs.dirtyFiles(); len(got) != 0 {
+					t.Errorf("dirty after the retired tree's writeback: %q", got)
+				}
+				stopped := false
+				select {
+				case <-a.Stopped():
+					stopped = true
+				default:
+				}
+				_, err := os.Stat(filepath.Dir(stats))
+				if stopped == used || os.IsNotExist(err) == used || asked != 1 {
+					t.Errorf("used again: %v; stopped: %v, stats directory: %v, unused asked %d times", used, stopped, err, asked)
+				}
+			})
+		})
+	}
+}
+
 // TestRegistryShutdown: Shutdown drains every device within ctx, reports
 // what its filesystem would not take (given up), what was lost earlier,
 // and what was left when ctx ended, then stops the goroutines; a device is

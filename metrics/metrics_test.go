@@ -232,6 +232,7 @@ func (b *fakeBackend) Quiesce(context.Context)         {}
 func (b *fakeBackend) Settle(context.Context) error    { return nil }
 func (b *fakeBackend) TreeOf(string) (tree.Tree, bool) { return tree.Tree{}, false }
 func (b *fakeBackend) Trees() []watch.TreeUse          { return nil }
+func (b *fakeBackend) OnDevice(uint64) bool            { return false }
 
 // TestServe: Serve answers on an ephemeral port with the flusherd, Go and
 // process metrics, and stops, closing the listener and leaving no

@@ -28,6 +28,7 @@ func (w *scanWatcher) Name() string              { return "fanotify" }
 func (w *scanWatcher) ScannedDirs() uint64       { return 0 }
 func (w *scanWatcher) Counters() *watch.Counters { return &watch.Counters{} }
 func (w *scanWatcher) Trees() []watch.TreeUse    { return nil }
+func (w *scanWatcher) OnDevice(uint64) bool      { return false }
 func (w *scanWatcher) Scan(ctx context.Context) {
 	select {
 	case <-w.release:

@@ -186,7 +186,8 @@ func keepStartOnly(old, cfg *config.Config, log *zap.Logger) {
 }
 
 // applyPlan carries out a reload's tree changes: a retired root's files
-// are written back once and forgotten; replaced and new roots are added.
+// are written back once and forgotten; replaced and new roots are added;
+// a device no tree is on any more is retired (Registry.Retire).
 // short: a shortage kept a root out (the retried reload adds it).
 func (d *Daemon) applyPlan(plan TreePlan) (served []tree.Tree, added int, short bool) {
 	log, wat := d.Log, d.Wat
@@ -249,6 +250,16 @@ func (d *Daemon) applyPlan(plan TreePlan) (served []tree.Tree, added int, short 
 		default:
 			log.Info("watch root added", fields...)
 			added++
+		}
+	}
+	if len(plan.Retire) > 0 || len(plan.Replace) > 0 {
+		// A device no tree is on any more goes once its files are
+		// written back, as one whose trees are gone.
+		for _, dev := range d.Reg.StDevs() {
+			unused := func() bool { return !wat.OnDevice(dev) }
+			if unused() {
+				d.Reg.Retire(dev, unused)
+			}
 		}
 	}
 	return served, added, short

@@ -151,6 +151,9 @@ func (m *Mixed) TreeOf(path string) (tree.Tree, bool) {
 	return b, okB
 }
 
+// OnDevice implements Backend: either half's.
+func (m *Mixed) OnDevice(dev uint64) bool { return m.fa.OnDevice(dev) || m.in.OnDevice(dev) }
+
 // Trees implements Backend: the fanotify half's trees, then the inotify
 // half's.
 func (m *Mixed) Trees() []TreeUse { return append(m.fa.Trees(), m.in.Trees()...) }

@@ -27,6 +27,24 @@ func (b *base) treeUses(kind string) []TreeUse {
 	return out
 }
 
+// OnDevice implements Backend.
+func (b *base) OnDevice(dev uint64) bool {
+	b.mu.Lock()
+	on := slices.ContainsFunc(b.trees, func(t *watchedTree) bool { return !t.gone && t.rootKey().Dev == dev })
+	b.mu.Unlock()
+	if on {
+		return true
+	}
+	b.mountsMu.Lock()
+	defer b.mountsMu.Unlock()
+	for _, nm := range b.mountsMet {
+		if nm != nil && nm.dev == dev {
+			return true
+		}
+	}
+	return false
+}
+
 // list returns the current trees; the slice must not be changed. Its
 // capacity is its length: an append to it copies it.
 func (b *base) list() []*watchedTree {

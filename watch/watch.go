@@ -127,6 +127,9 @@ type Backend interface {
 	TreeOf(path string) (tree.Tree, bool)
 	// Trees says which backend serves each tree, for watch/stats.
 	Trees() []TreeUse
+	// OnDevice reports whether the root of a served tree, or a
+	// filesystem mounted inside one and served, is on st_dev dev.
+	OnDevice(dev uint64) bool
 }
 
 // TreeUse is one tree of a backend: its root, the backend serving it

@@ -1322,3 +1322,43 @@ func TestInotifyCreateReportedMade(t *testing.T) {
 		t.Error("a write to a file made before reported as made")
 	}
 }
+
+// TestOnDevice: OnDevice says whether a served tree's root, or a
+// filesystem mounted inside a tree and served, is on an st_dev; a tree
+// removed no longer counts.
+func TestOnDevice(t *testing.T) {
+	for _, b := range backends[:2] {
+		t.Run(b, func(t *testing.T) {
+			root := t.TempDir()
+			w, _ := start(t, root, b)
+			dev := keyOf(t, root).Dev
+			if !w.OnDevice(dev) || w.OnDevice(dev+1) {
+				t.Errorf("OnDevice: %v for the root's st_dev, %v for another; want true, false", w.OnDevice(dev), w.OnDevice(dev+1))
+			}
+			var bs *base
+			switch x := w.(type) {
+			case *Watcher:
+				bs = &x.base
+			case *Fanotify:
+				bs = &x.base
+			default:
+				t.Fatalf("backend %T", w)
+			}
+			bs.mountsMu.Lock()
+			if bs.mountsMet == nil {
+				bs.mountsMet = map[int]*nestedMount{}
+			}
+			bs.mountsMet[-1] = &nestedMount{mountpoint: filepath.Join(root, "mnt"), dev: dev + 1}
+			bs.mountsMu.Unlock()
+			if !w.OnDevice(dev + 1) {
+				t.Error("OnDevice is false for a filesystem served inside the tree")
+			}
+			if !w.RemoveTree(root) {
+				t.Fatal("RemoveTree: not removed")
+			}
+			if w.OnDevice(dev) {
+				t.Error("OnDevice is true for the root of a removed tree")
+			}
+		})
+	}
+}

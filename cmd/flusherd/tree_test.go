@@ -1275,3 +1275,80 @@ func (s *treeSuite) deletedLongExpire(t *testing.T) {
 	mustBeDirty(t, saved)
 	d.mustRun(t)
 }
+
+// TestReloadRetiresDevice: a reload that takes out the last tree on a
+// filesystem writes its dirty files back once more, then retires the
+// device: its stats directory goes, and `flusherd status` no longer
+// lists it. The device of the tree that stays is kept, as is one whose
+// tree a reload replaces (a changed expire).
+func TestReloadRetiresDevice(t *testing.T) {
+	t.Parallel()
+	testfs.SkipShort(t, "the daemon reloaded without the tree of a loop-mounted ext4")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	mntA, treeA := mountTree(t, "ext4")
+	mntB, treeB := mountTree(t, "ext4")
+	conf := func(expireB string, trees ...string) string {
+		c := "[writeback]\ndirty_writeback_interval = \"200ms\"\n"
+		for _, tr := range trees {
+			expire := "1s"
+			if tr == treeB {
+				expire = expireB
+			}
+			c += fmt.Sprintf("[[watch]]\npath = %q\nexpire = %q\n", tr, expire)
+		}
+		return c
+	}
+	d := startDaemon(t, conf("1s", treeA, treeB))
+	for _, tr := range []string{treeA, treeB} {
+		writeDirty(t, filepath.Join(tr, "first"), 64<<10)
+	}
+	waitAllClean(t, 5*time.Second, filepath.Join(treeA, "first"), filepath.Join(treeB, "first"))
+	for _, m := range []*testfs.FS{mntA, mntB} {
+		if _, err := os.Stat(d.devStats(m.MajMin)); err != nil {
+			t.Fatalf("device %s: %v", m.MajMin, err)
+		}
+	}
+	// A file still dirty when the reload takes its tree out: written
+	// back once more, then the device goes.
+	d.reload(t, conf("1h", treeA, treeB))
+	if !poll(5*time.Second, func() bool { return strings.Count(d.log.String(), "configuration reloaded") == 1 }) {
+		t.Fatalf("the first reload did not complete:\n%s", d.log.String())
+	}
+	last := filepath.Join(treeB, "last")
+	writeDirty(t, last, 64<<10)
+	if !poll(5*time.Second, func() bool { return strings.Contains(dirtyList(t, d), last) }) {
+		t.Fatalf("%s is not tracked:\n%s", last, dirtyList(t, d))
+	}
+	d.reload(t, conf("1h", treeA))
+	waitAllClean(t, 5*time.Second, last)
+	statusDevs := func() string {
+		var out, errb bytes.Buffer
+		if code := Main([]string{"status", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+			t.Fatalf("flusherd status: exit %d: %s", code, errb.String())
+		}
+		return out.String()
+	}
+	gone := func() bool {
+		_, err := os.Stat(filepath.Dir(d.devStats(mntB.MajMin)))
+		return os.IsNotExist(err) && !strings.Contains(statusDevs(), mntB.MajMin+" ")
+	}
+	if !poll(5*time.Second, gone) {
+		t.Fatalf("device %s of the tree the reload took out is still there:\n%s\nlog:\n%s", mntB.MajMin, statusDevs(), d.log.String())
+	}
+	if _, err := os.Stat(d.devStats(mntA.MajMin)); err != nil {
+		t.Errorf("the device of the tree that stays: %v", err)
+	}
+	if !strings.Contains(statusDevs(), mntA.MajMin+" ") {
+		t.Errorf("status no longer lists %s, whose tree stays:\n%s", mntA.MajMin, statusDevs())
+	}
+	// The filesystem served again: a new device, which writes.
+	d.reload(t, conf("1s", treeA, treeB))
+	again := filepath.Join(treeB, "again")
+	writeDirty(t, again, 64<<10)
+	waitAllClean(t, 5*time.Second, again)
+	if !poll(3*time.Second, func() bool { return readStats(t, d.devStats(mntB.MajMin))["BdiDirtied"] > 0 }) {
+		t.Errorf("device %s, served again, has no stats of its writeback", mntB.MajMin)
+	}
+}
