@@ -25,6 +25,9 @@ type fakeFS struct {
 	// handles numbers the files' handles (handleFS).
 	handles   int
 	syncfsErr error
+	// cursorOpenErr: while set, an error cursor does not open
+	// (Files.DirCursor fails with it).
+	cursorOpenErr error
 	// cursorErr: the next check of an error cursor (ErrCursor.Check)
 	// reports it, once (a writeback error since the cursor was sampled).
 	cursorErr error
@@ -154,9 +157,13 @@ func (h *fakeHandle) Close() error {
 
 // dirCursor is an error cursor of the fake filesystem, opened on a
 // directory (Files.DirCursor).
-func (fs *fakeFS) dirCursor(string) (inode.ErrCursor, error) {
+func (fs *fakeFS) dirCursor(string, uint64) (inode.ErrCursor, error) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	fs.record("cursor_open", "", 0, 0)
+	if fs.cursorOpenErr != nil {
+		return nil, fs.cursorOpenErr
+	}
 	fs.cursors++
 	return fakeCursor{fs}, nil
 }

@@ -1,11 +1,13 @@
 package bdi
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
 	"flusherd/internal/logpath"
@@ -60,6 +62,10 @@ type fsVerify struct {
 	seq     uint64
 	readSeq uint64 // the last write covered by a read of the cursor
 	reading bool   // a read of the cursor runs
+	// retryAt: a read could not tell (cursorUnknownLocked); none is
+	// due before then (daemon clock). unknown: that was logged.
+	retryAt time.Duration
+	unknown bool
 	// more counts the writes past maxUnverified, not kept file by file,
 	// in buckets: a read or pass that starts seals the last (seal), so
 	// that it covers that bucket whole. A read that covers a bucket
@@ -119,17 +125,17 @@ type closeNote struct {
 // ErrWatch was given).
 func (wb *Writeback) verifies() bool { return wb.errs != nil }
 
-// openCursor opens the error cursor of the filesystem of dir
-// (Files.DirCursor, or inode.DirCursor). A description opened now sees
+// openCursor opens the error cursor of filesystem dev at dir, or at a
+// mount point of dev if dir is gone (Files.DirCursor, or inode.DirCursor). A description opened now sees
 // every error no one has seen yet (errseq_sample): the cursor need not be
 // held from before the writes it covers, so nothing keeps the filesystem
 // busy between reads. An error that another syncfs(2) caller saw first is
 // missed.
-func (wb *Writeback) openCursor(dir string) (inode.ErrCursor, error) {
+func (wb *Writeback) openCursor(dir string, dev uint64) (inode.ErrCursor, error) {
 	if wb.files.DirCursor != nil {
-		return wb.files.DirCursor(dir)
+		return wb.files.DirCursor(dir, dev)
 	}
-	return inode.DirCursor(dir)
+	return inode.DirCursor(dir, dev)
 }
 
 // of returns dev's state, made if need be.
@@ -322,17 +328,25 @@ func (wb *Writeback) startCursorReads() {
 	for _, r := range reads {
 		id := wb.calls.track(now)
 		go func() {
+			// unknown: the read cannot tell whether the writes
+			// failed: no directory of the filesystem opens (it is
+			// shut down or unmounted), or syncfs failed for the
+			// filesystem's state (EROFS after ext4's journal
+			// aborted), which it returns in place of the cursor's
+			// error, consumed unseen.
+			var unknown error
 			if _, _, watched := wb.errs.LastError(r.dev, now); !watched {
-				c, err := wb.openCursor(r.dir)
+				c, err := wb.openCursor(r.dir, r.dev)
 				if err == nil {
 					err = c.Check()
 					c.Close()
-					wb.errs.Record(r.dev, wb.now(), err)
+					if errors.Is(err, unix.EROFS) || errors.Is(err, unix.ESHUTDOWN) {
+						unknown = err
+					} else {
+						wb.errs.Record(r.dev, wb.now(), err)
+					}
 				} else {
-					// Its directory is gone (the filesystem
-					// unmounted, which wrote everything): what
-					// other reads saw decides.
-					wb.log.Debug("cannot open the filesystem's writeback error cursor", logpath.String("dir", r.dir), zap.Error(err))
+					unknown = err
 				}
 			}
 			err := wb.seenSince(r.dev, r.oldest)
@@ -340,7 +354,11 @@ func (wb *Writeback) startCursorReads() {
 			wb.mu.Lock()
 			var lines []func()
 			if wb.verify.fs[r.dev] == r.v {
-				lines = wb.cursorReadLocked(r.dev, r.v, r.seq, err, true)
+				if unknown != nil && err == nil {
+					lines = wb.cursorUnknownLocked(r.dev, r.v, r.dir, unknown)
+				} else {
+					lines = wb.cursorReadLocked(r.dev, r.v, r.seq, err, true)
+				}
 			}
 			wb.gen++
 			wb.mu.Unlock()
@@ -360,7 +378,7 @@ func (vs *verifying) nextRead() (at time.Duration, ok bool) {
 		if v.reading || v.seq <= v.readSeq {
 			continue
 		}
-		if t := v.oldest + verifyBound; !ok || t < at {
+		if t := max(v.oldest+verifyBound, v.retryAt); !ok || t < at {
 			at, ok = t, true
 		}
 	}
@@ -400,7 +418,7 @@ func (wb *Writeback) othersClean() bool {
 // not hasten it: the syncfs would write the files of the filesystem that
 // flusherd does not manage.
 func (v *fsVerify) due(now time.Duration, idle, early, calm bool) bool {
-	return !v.reading && v.seq > v.readSeq &&
+	return !v.reading && v.seq > v.readSeq && now >= v.retryAt &&
 		(idle || !early && calm && now-v.oldest >= verifyBound)
 }
 
@@ -433,6 +451,31 @@ func (wb *Writeback) passCoveredLocked(dev, seq uint64, oldest time.Duration) []
 	return wb.cursorReadLocked(dev, v, seq, wb.seenSince(dev, oldest), false)
 }
 
+// cursorUnknownLocked applies a read of v's error cursor (dir) that could
+// not tell (err): its writes are neither counted as written nor reported
+// as failed; they await a read tried again verifyBound later, and are
+// named as of unknown outcome at a stop or when their tree goes. It
+// returns the log line, the first time since a read told. Preconditions:
+// wb.mu held.
+//
+// +checklocks:wb.mu
+func (wb *Writeback) cursorUnknownLocked(dev uint64, v *fsVerify, dir string, err error) []func() {
+	v.reading = false
+	v.retryAt = wb.now() + verifyBound
+	if v.unknown {
+		return nil
+	}
+	v.unknown = true
+	files := uint64(len(v.writes))
+	for _, b := range v.more {
+		files += b.files
+	}
+	return []func(){func() {
+		wb.log.Warn("cannot read the filesystem's writeback error cursor: whether flusherd's writes since it was last read reached the disk is not known; they are not counted as written, and the read is tried again",
+			zap.Uint64("dev", dev), logpath.String("dir", dir), zap.Uint64("files", files), zap.Stringer("retry_in", verifyBound), zap.Error(err))
+	}}
+}
+
 // cursorReadLocked applies a read of v's error cursor begun after the
 // write numbered seq was recorded that returned err: each write up to seq
 // is verified by it (and counted once its close has returned) or, on an
@@ -446,6 +489,7 @@ func (wb *Writeback) cursorReadLocked(dev uint64, v *fsVerify, seq uint64, err e
 	if own {
 		v.reading = false
 	}
+	v.unknown, v.retryAt = false, 0
 	if err != nil {
 		seq = v.seq
 	}

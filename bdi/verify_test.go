@@ -97,6 +97,65 @@ func TestWritebackModeVerified(t *testing.T) {
 	}
 }
 
+// TestVerifyUnknown: a read of the error cursor that cannot tell (no
+// directory of the filesystem opens; syncfs fails with EROFS, the
+// filesystem's state, in place of the cursor's error) neither counts the
+// writes nor reports them failed: they stay unverified, and the read is
+// tried again verifyBound later, which counts them once it can tell.
+func TestVerifyUnknown(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		openErr, checkErr error
+	}{
+		{"no-directory", syscall.ENODEV, nil},
+		{"syncfs-erofs", nil, syscall.EROFS},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.DirtyWritebackInterval = time.Second
+			withWB(t, cfg, func(h *harness) {
+				t := h.t
+				time.Sleep(time.Second)
+				var files []*fakeFile
+				for i := range 3 {
+					f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
+					f.fastDevice = true
+					files = append(files, f)
+				}
+				h.fs.mu.Lock()
+				h.fs.cursorOpenErr, h.fs.cursorErr = c.openErr, c.checkErr
+				h.fs.mu.Unlock()
+				for _, f := range files {
+					h.mark(f, time.Second)
+				}
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				s := h.wb.Snapshot()
+				if s.BdiWritten != 0 || s.WritebackErrors != 0 || s.FailedFiles != 0 || len(h.wb.Unverified()) != 3 {
+					t.Errorf("after a read that cannot tell: BdiWritten %d pages, writeback_errors %d, failed %d, unverified %d; want 0, 0, 0, 3",
+						s.BdiWritten, s.WritebackErrors, s.FailedFiles, len(h.wb.Unverified()))
+				}
+				if n := len(h.fs.callsOf("cursor_open", "")); n != 1 {
+					t.Errorf("%d opens of the error cursor, want 1 before verifyBound", n)
+				}
+				h.fs.mu.Lock()
+				h.fs.cursorOpenErr = nil
+				h.fs.mu.Unlock()
+				time.Sleep(verifyBound)
+				synctest.Wait()
+				s = h.wb.Snapshot()
+				if s.BdiWritten != 12 || s.FailedFiles != 0 || len(h.wb.Unverified()) != 0 {
+					t.Errorf("after the read tried again: BdiWritten %d pages, failed %d, unverified %d; want 12, 0, 0",
+						s.BdiWritten, s.FailedFiles, len(h.wb.Unverified()))
+				}
+				if n := len(h.fs.callsOf("cursor_open", "")); n != 2 {
+					t.Errorf("%d opens of the error cursor, want 2", n)
+				}
+			}, func(h *harness) { h.wb.errs = NewErrWatch() })
+		})
+	}
+}
+
 // TestVerifyBound: on a device that never goes quiet (a file whose pages
 // stay dirty), the error cursor of another file's writes is still read,
 // verifyBound after the oldest, and the writes it covers count.

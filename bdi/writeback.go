@@ -710,9 +710,9 @@ type Files struct {
 	// Observer, if set, is told of the attempts' opens, the background
 	// checks and the forgotten inodes.
 	Observer AttemptObserver
-	// DirCursor opens a directory as an error cursor of its filesystem;
+	// DirCursor opens a directory as an error cursor of filesystem dev;
 	// nil: inode.DirCursor.
-	DirCursor func(dir string) (inode.ErrCursor, error)
+	DirCursor func(dir string, dev uint64) (inode.ErrCursor, error)
 }
 
 // Handles opens files by handle on the filesystems registered with it

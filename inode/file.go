@@ -170,20 +170,35 @@ func (f *OSFile) Syncfs() error {
 // Close implements File.
 func (f *OSFile) Close() error { return unix.Close(f.fd) }
 
-// DirCursor opens the directory dir (no symlink in any component:
-// OpenPath, then a reopen of /proc/self/fd/N read-only) as an error
-// cursor of its filesystem. Errors are *os.PathError.
-func DirCursor(dir string) (ErrCursor, error) {
-	pfd, err := OpenPath(dir)
-	if err != nil {
+// DirCursor opens the directory dir (no symlink in any component) as an
+// error cursor of filesystem dev (st_dev). When dir is gone from view
+// (ENOENT, ENOTDIR, ELOOP) or is on another filesystem, a mount point of
+// dev is opened instead (Handles.acquire's fallback). Errors are
+// *os.PathError: the open's (dir's own when it is on dev), or ENODEV when
+// no directory on dev opens.
+func DirCursor(dir string, dev uint64) (ErrCursor, error) {
+	fd, err := OpenDir(dir)
+	if err == nil {
+		var st unix.Stat_t
+		if err = unix.Fstat(fd, &st); err == nil && st.Dev == dev {
+			return fdCursor(fd), nil
+		}
+		unix.Close(fd)
+		if err == nil {
+			err = unix.ENODEV
+		}
+	}
+	if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENODEV) {
 		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	defer unix.Close(pfd)
-	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	mps, merr := mountPoints(dev)
+	if merr != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: merr}
 	}
-	return fdCursor(fd), nil
+	if fd, _, _, _ := openOn(dev, mps); fd >= 0 {
+		return fdCursor(fd), nil
+	}
+	return nil, &os.PathError{Op: "open", Path: dir, Err: unix.ENODEV}
 }
 
 // fdCursor is an ErrCursor on a descriptor.

@@ -287,10 +287,11 @@ func TestDemote(t *testing.T) {
 	}
 }
 
-// TestAcquireMountPoint opens files by handle when every registered
-// directory of their filesystem is gone from view but the filesystem is
-// still mounted: through a mount point from the mount table. Once the
-// filesystem is mounted nowhere, the error is ENODEV.
+// TestAcquireMountPoint opens files by handle, and error cursors
+// (DirCursor), when every registered directory of their filesystem is
+// gone from view but the filesystem is still mounted: through a mount
+// point from the mount table. Once the filesystem is mounted nowhere, the
+// error is ENODEV.
 func TestAcquireMountPoint(t *testing.T) {
 	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
 	cases := []struct {
@@ -365,6 +366,14 @@ func TestAcquireMountPoint(t *testing.T) {
 			if fdDir != mnt.Dir {
 				t.Errorf("opened through %q, want the mount point %q", fdDir, mnt.Dir)
 			}
+			c2, err := DirCursor(registered, dev)
+			if err != nil {
+				t.Fatalf("DirCursor with %s %s: %v, want one at the mount point", registered, c.name, err)
+			}
+			if err := c2.Check(); err != nil {
+				t.Errorf("the error cursor's check: %v", err)
+			}
+			c2.Close()
 		})
 	}
 	t.Run("unmounted", func(t *testing.T) {
@@ -386,8 +395,15 @@ func TestAcquireMountPoint(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		dev := key.Dev
 		if err := other.Unmount(); err != nil {
 			t.Fatal(err)
+		}
+		if c, err := DirCursor(other.Dir, dev); !errors.Is(err, unix.ENODEV) {
+			if err == nil {
+				c.Close()
+			}
+			t.Errorf("DirCursor on an unmounted filesystem: %v, want ENODEV", err)
 		}
 		if file, err := h.OpenHandle(hd, key); !errors.Is(err, unix.ENODEV) {
 			if err == nil {

@@ -833,10 +833,29 @@ expire = "200ms"
 // in BdiWritten nor forget the file as clean: the read of the
 // filesystem's error cursor (syncfs) reports it failed, in flusherd dirty,
 // failed_files, writeback_errors and the log, and the shutdown does not
-// say clean; the application's fsync still gets the error.
+// say clean; the application's fsync still gets the error. In the case
+// dir-removed, the directory of the last file written (where the cursor
+// is opened) is removed before the read: it is read at a mount point of
+// the filesystem, not skipped (which counted every write as written).
 func TestWritebackModeThinDeviceFull(t *testing.T) {
 	t.Parallel()
 	testfs.SkipShort(t, "mounts a tmpfs and an ext4 on a loop device")
+	for _, c := range []string{"file", "dir-removed"} {
+		t.Run(c, func(t *testing.T) {
+			t.Parallel()
+			testThinDeviceFull(t, c == "dir-removed")
+		})
+	}
+}
+
+func testThinDeviceFull(t *testing.T, dirRemoved bool) {
+	if dirRemoved {
+		// Something dirty elsewhere, so that the cursor is read 30 s
+		// after the write, not as soon as the device is idle: after the
+		// directory is removed.
+		other := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+		writeDirty(t, filepath.Join(other.Dir, "dirty"), 1<<20)
+	}
 	thin := t.TempDir()
 	if err := unix.Mount("tmpfs", thin, "tmpfs", 0, "size=24m"); err != nil {
 		testfs.Missing(t, "mount tmpfs: %v", err)
@@ -878,6 +897,17 @@ expire = "200ms"
 	defer w.Close()
 	if _, err := w.Write(make([]byte, 256<<10)); err != nil {
 		t.Fatal(err)
+	}
+	if dirRemoved {
+		waitAllClean(t, 5*time.Second, p)
+		sub := filepath.Join(tree, "sub")
+		mkdirs(t, sub)
+		q := filepath.Join(sub, "q")
+		writeDirty(t, q, 4<<10)
+		waitAllClean(t, 5*time.Second, q)
+		if err := os.RemoveAll(sub); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Reported when the filesystem's error cursor is read: at once if
 	// nothing else in the system is dirty, else 30 s (bdi's verifyBound)
