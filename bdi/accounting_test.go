@@ -597,7 +597,9 @@ func TestStaleInflightCountFollowed(t *testing.T) {
 // TestErrLogLeftOut: per-file error lines past errLog's sampling (5 of a
 // kind per 10 s) are not lost without a word: logSuppressed says how many
 // were left out and where every file is listed, once, then nothing until
-// more are left out.
+// more are left out, and then at most once per sampleTick (a probe
+// failing each pass left one line out each pass, and its summary
+// replaced it one for one), except at the end.
 func TestErrLogLeftOut(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	var now time.Duration
@@ -606,14 +608,30 @@ func TestErrLogLeftOut(t *testing.T) {
 	for range 8 {
 		wb.errLog.Error("data lost: a writeback of this file failed")
 	}
-	wb.logSuppressed()
-	wb.logSuppressed()
+	wb.logSuppressed(false)
+	wb.logSuppressed(false)
 	if n := logs.FilterMessageSnippet("data lost").Len(); n != 5 {
 		t.Errorf("%d data-lost lines logged, want the sampler's 5", n)
 	}
 	left := logs.FilterMessageSnippet("left out of the log").All()
 	if len(left) != 1 || left[0].ContextMap()["lines_left_out"] != uint64(3) || !strings.Contains(left[0].Message, "flusherd dirty") {
 		t.Errorf("left-out summary %v, want one line with lines_left_out 3 naming flusherd dirty", left)
+	}
+	// One more left out at each of 10 passes a second apart: no line
+	// until sampleTick has passed since the last, which counts them all.
+	for range 10 {
+		now += time.Second
+		wb.errLog.suppressed.Add(1) // as the sampler's hook does
+		wb.logSuppressed(false)
+	}
+	left = logs.FilterMessageSnippet("left out of the log").All()
+	if len(left) != 2 || left[1].ContextMap()["lines_left_out"] != uint64(10) {
+		t.Errorf("left-out summaries %v, want a second one, after sampleTick, with lines_left_out 10", left)
+	}
+	wb.errLog.suppressed.Add(1)
+	wb.logSuppressed(true)
+	if n := logs.FilterMessageSnippet("left out of the log").Len(); n != 3 {
+		t.Errorf("%d left-out summaries after the last pass, want 3", n)
 	}
 }
 

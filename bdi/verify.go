@@ -499,6 +499,7 @@ func (wb *Writeback) cursorReadLocked(dev uint64, v *fsVerify, seq uint64, err e
 		err = fmt.Errorf("the filesystem's writeback error cursor: %w", err)
 	}
 	left := time.Duration(-1)
+	failed := 0
 	for key, w := range v.writes {
 		if w.seq > seq {
 			if left < 0 || w.at < left {
@@ -509,6 +510,7 @@ func (wb *Writeback) cursorReadLocked(dev uint64, v *fsVerify, seq uint64, err e
 		switch {
 		case err != nil:
 			delete(v.writes, key)
+			failed++
 			l := wb.writeFailedLocked(key, w, err,
 				"writeback may have failed: the filesystem reported a writeback error since flusherd started writing this file; its data may be lost; it is reported as failed until it is written again")
 			if len(lines) < 5 {
@@ -544,8 +546,8 @@ func (wb *Writeback) cursorReadLocked(dev uint64, v *fsVerify, seq uint64, err e
 	if err != nil {
 		n := len(lines)
 		lines = append(lines, func() {
-			wb.errLog.Error("a writeback error on the filesystem: every file flusherd started writing since its error cursor was last read is reported as failed",
-				zap.Uint64("dev", dev), zap.Int("files_logged", n), zap.Uint64("files_not_named", unnamed), zap.Error(err))
+			wb.errLog.Error("a writeback error on the filesystem: every file flusherd started writing since its error cursor was last read is reported as failed (flusherd dirty lists them)",
+				zap.Uint64("dev", dev), zap.Uint64("files", uint64(failed)+unnamed), zap.Int("files_logged", n), zap.Uint64("files_not_named", unnamed), zap.Error(err))
 		})
 	}
 	if left >= 0 {
@@ -608,7 +610,7 @@ func (wb *Writeback) UnverifiedCount() int {
 
 // dropUnverifiedUnder forgets the writes in writeback mode awaiting a read
 // of the cursor whose files are under root (a tree that is gone: its
-// filesystem's cursor can no longer be read), and, with all, every write
+// files are no longer tracked, nor their writes verified), and, with all, every write
 // of the device's filesystems awaiting one (its last tree), unnamed ones
 // included. They are not counted in BdiWritten: whether they failed is
 // not known. It returns the paths of the named ones and how many files

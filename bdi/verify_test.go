@@ -8,6 +8,9 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestWritebackModeVerified: a write made in writeback mode
@@ -154,6 +157,38 @@ func TestVerifyUnknown(t *testing.T) {
 			}, func(h *harness) { h.wb.errs = NewErrWatch() })
 		})
 	}
+}
+
+// TestVerifyErrorLogCounts: the log line of an error on the cursor
+// counts every file reported failed, not only the 5 it names.
+func TestVerifyErrorLogCounts(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := testConfig()
+	cfg.DirtyWritebackInterval = time.Second
+	withWB(t, cfg, func(h *harness) {
+		time.Sleep(time.Second)
+		h.fs.mu.Lock()
+		h.fs.cursorErr = syscall.ENOSPC
+		h.fs.mu.Unlock()
+		for i := range 8 {
+			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
+			f.fastDevice = true
+			h.mark(f, time.Second)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		lines := logs.FilterMessageSnippet("a writeback error on the filesystem").All()
+		if len(lines) != 1 {
+			h.t.Fatalf("%d lines of the cursor's error, want 1", len(lines))
+		}
+		if m := lines[0].ContextMap(); m["files"] != uint64(8) || m["files_logged"] != int64(5) {
+			h.t.Errorf("the cursor's error line: files %v, files_logged %v; want 8, 5", m["files"], m["files_logged"])
+		}
+	}, func(h *harness) {
+		h.wb.errs = NewErrWatch()
+		h.wb.log = zap.New(core)
+		h.wb.errLog = newSampledLog(h.wb.log)
+	})
 }
 
 // TestVerifyBound: on a device that never goes quiet (a file whose pages

@@ -133,7 +133,7 @@ func (wb *Writeback) Run(ctx context.Context) {
 		wb.budgetStep()
 		wb.startCursorReads()
 		wb.writeStats(false)
-		wb.logSuppressed()
+		wb.logSuppressed(false)
 		d, arm := wb.sleepFor()
 		if arm && d <= 0 {
 			continue // more to do now; the loop checks ctx first
@@ -158,14 +158,20 @@ func (wb *Writeback) Run(ctx context.Context) {
 	wb.running = false
 	wb.mu.Unlock()
 	wb.writeStats(true)
-	wb.logSuppressed()
+	wb.logSuppressed(true)
 }
 
 // logSuppressed says how many per-file error lines errLog's sampling has
 // left out since it last said so (at most 5 of one message per 10 s are
-// logged), and where every file is listed. Called at the end of each pass.
-func (wb *Writeback) logSuppressed() {
+// logged), and where every file is listed: at most once per sampleTick,
+// unless final (the goroutine ends). Called at the end of each pass.
+func (wb *Writeback) logSuppressed(final bool) {
+	now := wb.now()
+	if !final && wb.errLog.said && now-wb.errLog.saidAt < sampleTick {
+		return
+	}
 	if n := wb.errLog.suppressed.Swap(0); n > 0 {
+		wb.errLog.saidAt, wb.errLog.said = now, true
 		wb.log.Warn("more per-file error lines of the same kind were left out of the log (at most 5 of one kind per 10 s are written); flusherd dirty lists every failing file, with its error, and the stats count them",
 			zap.Uint64("lines_left_out", n))
 	}
