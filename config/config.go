@@ -144,6 +144,9 @@ type Config struct {
 	// src records where the configuration came from, so that Validate can
 	// report file lines. nil for configurations not parsed from a file.
 	src *source
+	// keep, set by LoadKeeping, says which watch paths whose root cannot
+	// be reached are not a problem (Validate too).
+	keep func(root string, err error) bool
 }
 
 // Writeback is the [writeback] table: timing and sizing of writeback.
@@ -382,14 +385,14 @@ func Default() *Config {
 //
 // Load does not require at least one watch, so that command-line flags can
 // add watches afterwards; call [Config.Validate] on the final configuration.
-func Load(path string) (*Config, error) { return load(path, true) }
+func Load(path string) (*Config, error) { return load(path, true, nil) }
 
 // LoadValues is Load without the file system checks of the watch paths:
 // the file is read, parsed and its values checked. It is for the client
 // commands (stats, dirty, sync), which need stats.dir and must work while
 // a watched filesystem is dead (a stat of its root fails with ENOTCONN)
 // or missing.
-func LoadValues(path string) (*Config, error) { return load(path, false) }
+func LoadValues(path string) (*Config, error) { return load(path, false, nil) }
 
 // LoadClient is LoadValues for the client commands, which read stats.dir
 // only: a file that reads and parses, and whose stats.dir has no problem,
@@ -398,7 +401,7 @@ func LoadValues(path string) (*Config, error) { return load(path, false) }
 // daemon's directory). A problem in [stats] (a misspelt key may be meant
 // for dir), or a file that cannot be read or parsed, is err.
 func LoadClient(path string) (c *Config, others error, err error) {
-	c, checkErr, err := loadChecked(path, false)
+	c, checkErr, err := loadChecked(path, false, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -423,8 +426,8 @@ func LoadClient(path string) (c *Config, others error, err error) {
 // *.toml files of DropInDir(path), in lexical order); stat adds the file
 // system checks of the watch paths. The value and file system checks run
 // together: every problem is reported at once.
-func load(path string, stat bool) (*Config, error) {
-	c, checkErr, err := loadChecked(path, stat)
+func load(path string, stat bool, keep func(string, error) bool) (*Config, error) {
+	c, checkErr, err := loadChecked(path, stat, keep)
 	if err != nil {
 		return nil, err
 	}
@@ -434,9 +437,23 @@ func load(path string, stat bool) (*Config, error) {
 	return c, nil
 }
 
+// LoadKeeping is Load for a reload: a watch path whose root cannot be
+// reached for its filesystem's sake (a stat failing with an error other
+// than ENOENT, ENOTDIR, ELOOP or ENAMETOOLONG: ENOTCONN from a FUSE
+// server that died, EIO from a filesystem shut down) is not a problem where keep, called with the
+// cleaned path and the error, says so: the running daemon serves it
+// already. Validate on the result does the same.
+func LoadKeeping(path string, keep func(root string, err error) bool) (*Config, error) {
+	return load(path, true, keep)
+}
+
+// SetKeep sets, on a configuration not loaded with LoadKeeping (the
+// default one), which unreachable watch paths Validate lets through.
+func (c *Config) SetKeep(keep func(root string, err error) bool) { c.keep = keep }
+
 // loadChecked is load, with the checks' problems (checkErr) apart from
 // the errors that leave no configuration (err).
-func loadChecked(path string, stat bool) (c *Config, checkErr, err error) {
+func loadChecked(path string, stat bool, keep func(string, error) bool) (c *Config, checkErr, err error) {
 	data, err := readConfigFile(path)
 	if err != nil {
 		return nil, nil, err
@@ -457,6 +474,7 @@ func loadChecked(path string, stat bool) (c *Config, checkErr, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	c.keep = keep
 	return c, c.check(stat, decodeErrs), nil
 }
 

@@ -1465,3 +1465,30 @@ func TestLoadClient(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadKeeping: LoadKeeping consults keep only for a watch path whose
+// stat fails with something other than a missing or misnamed path, and
+// not for a path that does not exist, a symlink loop or a file: those
+// stay problems, as with Load.
+func TestLoadKeeping(t *testing.T) {
+	dir := t.TempDir()
+	loop := filepath.Join(dir, "loop")
+	if err := os.Symlink(loop, loop); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(dir, "missing"), filepath.Join(loop, "x"), filepath.Join(file, "x"), file} {
+		path := filepath.Join(t.TempDir(), "flusherd.toml")
+		if err := os.WriteFile(path, fmt.Appendf(nil, "[[watch]]\npath = %q\n", p), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		asked := 0
+		_, err := LoadKeeping(path, func(string, error) bool { asked++; return true })
+		if err == nil || asked != 0 {
+			t.Errorf("LoadKeeping with the watch path %s: %v, keep asked %d times; want an error, keep not asked", p, err, asked)
+		}
+	}
+}

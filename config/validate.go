@@ -308,6 +308,10 @@ func (ch *checker) tree(i int, w Watch) {
 func (ch *checker) treeOnDisk(i int, pkey, p string, dupName bool) {
 	fi, err := os.Stat(p)
 	switch {
+	case err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) &&
+		!errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENAMETOOLONG) &&
+		ch.c.keep != nil && ch.c.keep(p, err):
+		// Served already, its filesystem dead (LoadKeeping).
 	case errors.Is(err, fs.ErrNotExist):
 		e := ch.s.errorf(pkey, "%q does not exist", p)
 		e.err = err

@@ -25,9 +25,12 @@ import (
 // its trees, and the parts it drives. cmd/flusherd builds the parts; the
 // calls go Start, Ready, Serve, Shutdown, on one goroutine.
 type Daemon struct {
-	Config  *config.Config
-	Trees   []tree.Tree                    // served, as resolved when added
-	Load    func() (*config.Config, error) // reads and validates the configuration (SIGHUP)
+	Config *config.Config
+	Trees  []tree.Tree // served, as resolved when added
+	// Load reads and validates the configuration (SIGHUP); a watch path
+	// whose root cannot be reached for its filesystem's sake is not a
+	// problem where keep says so (config.LoadKeeping).
+	Load    func(keep func(root string, err error) bool) (*config.Config, error)
 	Reg     *bdi.Registry
 	Wat     watch.Backend
 	Handles *inode.Handles
@@ -195,10 +198,19 @@ func WriteWatchStats(dir string, wat watch.Backend, log *zap.Logger) {
 
 // TreesOf resolves the configuration's watch roots (symlinks in them are
 // resolved once, here).
-func TreesOf(cfg *config.Config) ([]tree.Tree, error) {
+func TreesOf(cfg *config.Config) ([]tree.Tree, error) { return treesOf(cfg, nil) }
+
+// treesOf is TreesOf; the roots in asIs (served already, and that cannot
+// be reached) are taken as they are.
+func treesOf(cfg *config.Config, asIs map[string]error) ([]tree.Tree, error) {
 	trees := make([]tree.Tree, 0, len(cfg.Watch))
 	for _, w := range cfg.Watch {
 		t := w.Tree
+		if _, ok := asIs[filepath.Clean(t.Root)]; ok {
+			t.Root = filepath.Clean(t.Root)
+			trees = append(trees, t)
+			continue
+		}
 		root, err := filepath.EvalSymlinks(t.Root)
 		if err != nil {
 			return nil, fmt.Errorf("watch %s: %w", strconv.Quote(t.Root), err)

@@ -113,10 +113,34 @@ func (d *Daemon) reloadConfig() (_ *config.Config, _ []tree.Tree, short bool) {
 	log, running := d.Log, d.Trees
 	d.Notify.Send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", d.Clock.MonotonicUsec()))
 	defer d.Notify.Send("READY=1")
-	cfg, err := d.Load()
+	// A tree served now whose root cannot be reached (its FUSE server
+	// died, its filesystem was shut down) does not make the new
+	// configuration invalid, as it does at start-up: it is kept as it
+	// runs, and the rest is applied.
+	unreachable := map[string]error{}
+	cfg, err := d.Load(func(root string, err error) bool {
+		if !slices.ContainsFunc(running, func(t tree.Tree) bool { return t.Root == root }) {
+			return false
+		}
+		unreachable[root] = err
+		return true
+	})
 	var trees []tree.Tree
 	if err == nil {
-		trees, err = TreesOf(cfg)
+		trees, err = treesOf(cfg, unreachable)
+	}
+	if err == nil {
+		for i, t := range trees {
+			rerr, ok := unreachable[t.Root]
+			if !ok {
+				continue
+			}
+			j := slices.IndexFunc(running, func(r tree.Tree) bool { return r.Root == t.Root })
+			changed := trees[i] != running[j]
+			trees[i] = running[j]
+			log.Warn("a watched tree's root cannot be reached; the tree is kept as it runs, and the rest of the configuration applied",
+				logpath.String("root", t.Root), zap.Bool("settings_changed_not_applied", changed), zap.Error(rerr))
+		}
 	}
 	if err != nil {
 		if policy.Shortage(err) {

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -931,5 +932,62 @@ expire = "200ms"
 	d.stop(t)
 	if log := d.log.String(); strings.Contains(log, "every tracked file is clean") {
 		t.Errorf("the shutdown says every tracked file is clean, with %s failed:\n%s", p, log)
+	}
+}
+
+// TestReloadWithDeadTree: a reload while one watched filesystem is dead
+// (an xfs shut down: a stat of its root fails with EIO) applies the rest
+// of the configuration and keeps that tree as it runs; it was rejected
+// whole, so no other tree could be changed until the daemon was
+// restarted, which then refused to start.
+func TestReloadWithDeadTree(t *testing.T) {
+	t.Parallel()
+	testfs.SkipShort(t, "mounts an xfs and an ext4 on loop devices")
+	dead, deadTree := mountTree(t, "xfs")
+	_, tree := mountTree(t, "ext4")
+	conf := func(expire string) string {
+		return fmt.Sprintf("[writeback]\ndirty_writeback_interval = \"200ms\"\n[[watch]]\npath = %q\nexpire = %q\n[[watch]]\npath = %q\nexpire = \"1h\"\n",
+			tree, expire, deadTree)
+	}
+	d := startDaemon(t, conf("1h"))
+	// XFS_IOC_GOINGDOWN, XFS_FSOP_GOING_FLAGS_NOLOGFLUSH: the
+	// filesystem shut down, as after a metadata I/O error.
+	fd, err := unix.Open(dead.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := uint32(2)
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), 0x8004587d, uintptr(unsafe.Pointer(&flags)))
+	unix.Close(fd)
+	if errno != 0 {
+		t.Fatalf("shut down %s: %v", dead.Dir, errno)
+	}
+	if _, err := os.Stat(deadTree); !errors.Is(err, unix.EIO) {
+		t.Fatalf("stat of the shut-down xfs's tree: %v, want EIO", err)
+	}
+	f := filepath.Join(tree, "f")
+	writeDirty(t, f, 64<<10)
+	if !poll(5*time.Second, func() bool { return strings.Contains(dirtyList(t, d), f) }) {
+		t.Fatalf("%s is not tracked:\n%s", f, dirtyList(t, d))
+	}
+	d.reload(t, conf("1s"))
+	if !poll(5*time.Second, func() bool {
+		l := d.log.String()
+		return strings.Contains(l, "configuration reloaded") || strings.Contains(l, "reload rejected")
+	}) {
+		t.Fatalf("the reload did not end:\n%s", d.log.String())
+	}
+	l := d.log.String()
+	if strings.Contains(l, "reload rejected") || !strings.Contains(l, "root cannot be reached; the tree is kept") {
+		t.Fatalf("the reload with a dead tree: want it applied, the dead tree kept and said so; log:\n%s", l)
+	}
+	// The other tree's new expire applies to its tracked file.
+	waitAllClean(t, 5*time.Second, f)
+	var out, errb bytes.Buffer
+	if code := Main([]string{"status", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+		t.Fatalf("flusherd status: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), strconv.Quote(deadTree)) {
+		t.Errorf("status no longer lists the dead tree:\n%s", out.String())
 	}
 }

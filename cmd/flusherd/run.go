@@ -90,8 +90,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	for _, n := range cfg.Notes() {
 		log.Warn("configuration: " + n)
 	}
-	reload := func() (*config.Config, error) {
-		cfg, err := c.Load(watches)
+	reload := func(keep func(root string, err error) bool) (*config.Config, error) {
+		cfg, err := c.LoadKeeping(watches, keep)
 		if err == nil {
 			lf.apply(cfg)
 			err = cfg.Validate()
@@ -152,7 +152,7 @@ func resolveBdi(sys sysfs.FS) func(dev uint64, path string) (string, error) {
 // (reload returns the new one, validated), and on SIGTERM or SIGINT writes
 // everything back within shutdown_timeout (service.Daemon). The signals
 // come through guard, which serves one during start-up.
-func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func() (*config.Config, error), guard *service.StartGuard) error {
+func run(cfg *config.Config, log *zap.Logger, level zap.AtomicLevel, reload func(keep func(string, error) bool) (*config.Config, error), guard *service.StartGuard) error {
 	n := service.NewNotifier(log, service.SystemClock)
 	if err := service.CheckCachestat(); err != nil {
 		return err

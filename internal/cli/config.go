@@ -46,6 +46,18 @@ func (c *ConfigFlags) Load(watches []string) (*config.Config, error) {
 	return c.load(config.Load, watches)
 }
 
+// LoadKeeping is Load for a reload (config.LoadKeeping): a watch path
+// whose root cannot be reached for its filesystem's sake is not a problem
+// where keep says so, in the file and among watches; the result's
+// Validate does the same.
+func (c *ConfigFlags) LoadKeeping(watches []string, keep func(root string, err error) bool) (*config.Config, error) {
+	cfg, err := c.load(func(path string) (*config.Config, error) { return config.LoadKeeping(path, keep) }, watches)
+	if err == nil {
+		cfg.SetKeep(keep)
+	}
+	return cfg, err
+}
+
 // LoadClient is Load for the client commands (stats, dirty, sync, status),
 // which read stats.dir only: with --stats-dir no file is read; the watch
 // paths are not looked at, so they work while a watched filesystem is
