@@ -126,11 +126,11 @@ type closeNote struct {
 func (wb *Writeback) verifies() bool { return wb.errs != nil }
 
 // openCursor opens the error cursor of filesystem dev at dir, or at a
-// mount point of dev if dir is gone (Files.DirCursor, or inode.DirCursor). A description opened now sees
-// every error no one has seen yet (errseq_sample): the cursor need not be
-// held from before the writes it covers, so nothing keeps the filesystem
-// busy between reads. An error that another syncfs(2) caller saw first is
-// missed.
+// mount point of dev if dir is gone (Files.DirCursor, or
+// inode.DirCursor). A description opened now sees every error no one has
+// seen yet (errseq_sample): the cursor need not be held from before the
+// writes it covers, so nothing keeps the filesystem busy between reads.
+// An error that another syncfs(2) caller saw first is missed.
 func (wb *Writeback) openCursor(dir string, dev uint64) (inode.ErrCursor, error) {
 	if wb.files.DirCursor != nil {
 		return wb.files.DirCursor(dir, dev)
