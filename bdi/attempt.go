@@ -158,7 +158,7 @@ func (wb *Writeback) accountLocked(att *attempt, o policy.Outcome, st afterState
 			expire: wb.bDirty.classes[in.Class].expire, counted: counted}
 	}
 	if att.res.read && err == nil {
-		wb.ownSyncfsWroteLocked(in, att.res.dirtyBefore, att.res.wbBefore, now)
+		wb.ownSyncfsWroteLocked(in, att.res.dirtyBefore, att.res.wbBefore, att.res.looked, now)
 	}
 	if (att.res.dirtyBefore != 0 || att.res.wbBefore != 0) && !att.counted {
 		// What its worker saw before writing: the growth since it was
@@ -224,20 +224,23 @@ func (wb *Writeback) verifyCleanLocked(att *attempt, ac *accounted, err error, n
 
 // ownSyncfsWroteLocked counts the pages of in that a syncfs of
 // flusherd's own wrote back: its last known dirty pages, when it is found
-// clean (dirty and wbp, just read, are 0) and was dirtied before the last
-// successful syncfs of its filesystem began (an integrity batch's, or an
-// error check's: sideState.syncfsBegan). They count in BdiWritten and its
+// clean (dirty and wbp, read from looked on, are 0) and was dirtied
+// before a successful syncfs of its filesystem began (an integrity
+// batch's, or an error check's: sideState.syncfsBetween) that began by
+// the look: one begun after found it clean already (another program's
+// sync wrote it; an integrity attempt that found it so then checks the
+// filesystem's error cursor with a syncfs). They count in BdiWritten and its
 // tree's written pages, and that syncfs's start is when flusherd began
 // writing its data (its tree's exposure). Call it before setPagesLocked
 // records the new counts. Preconditions: wb.mu held.
 //
 // +checklocks:wb.mu
-func (wb *Writeback) ownSyncfsWroteLocked(in *inode.Inode, dirty, wbp uint64, now time.Duration) {
+func (wb *Writeback) ownSyncfsWroteLocked(in *inode.Inode, dirty, wbp uint64, looked, now time.Duration) {
 	if dirty != 0 || wbp != 0 || in.DirtyPages == 0 {
 		return
 	}
-	began, ok := wb.side.syncfsBegan[in.Key().Dev]
-	if !ok || in.DirtiedWhen >= began {
+	began, ok := wb.side.syncfsBetween(in.Key().Dev, in.DirtiedWhen, looked)
+	if !ok {
 		return
 	}
 	wb.wroteLocked(in, uint64(in.DirtyPages))

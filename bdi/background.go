@@ -334,7 +334,7 @@ func (wb *Writeback) applySampleLocked(res []sampleResult, now time.Duration) (u
 		}
 		switch {
 		case r.ok:
-			wb.ownSyncfsWroteLocked(in, r.before, r.wbp, now)
+			wb.ownSyncfsWroteLocked(in, r.before, r.wbp, now, now)
 			wb.setPagesLocked(in, r.before, r.wbp) // the growth before the range writeback counts in BdiDirtied
 			wb.setPagesLocked(in, r.dirty, r.wbp)
 		case !r.streaming && in.WritebackPages > 0:

@@ -310,6 +310,7 @@ func (wb *Writeback) doAttempt(r *request) error {
 			wb.files.Observer.Opened(key, f) // before its state is read
 		}
 		w.f, w.res.renewed = f, renewed
+		w.res.looked = wb.now()
 		d, wbp, err := f.Cachestat(0, 0)
 		if err != nil {
 			w.res.unread = true

@@ -196,3 +196,58 @@ func TestRealIntegrityCopy(t *testing.T) {
 	}
 	t.Logf("BdiWritten %d kB, %d batch syncfs, %d error checks, %d fdatasync", written, batch, checks, op.datasyncs.Load())
 }
+
+// TestRealIntegrityOthersSync: an integrity file that another program's
+// syncfs wrote back before flusherd's attempt does not count in
+// BdiWritten: the attempt found it clean, and the error check's syncfs it
+// then made began after that look. Its last known dirty pages counted as
+// that syncfs's.
+func TestRealIntegrityOthersSync(t *testing.T) {
+	mnt := testfs.Mount(t, testfs.Options{Type: "ext4", SizeMB: 64})
+	errs := NewErrWatch()
+	defer errs.Close()
+	if _, err := errs.Add(mnt.Dir); err != nil {
+		t.Fatal(err)
+	}
+	epoch := time.Now()
+	wb := New("test", realConfig(), func() time.Duration { return time.Since(epoch) }, Files{Opener: &syncOpener{}}, nil, nil)
+	wb.errs = errs
+	ctx, cancel := context.WithCancel(context.Background())
+	go wb.Run(ctx)
+	defer func() { cancel(); <-wb.Stopped() }()
+	p := filepath.Join(mnt.Dir, "f")
+	if err := os.WriteFile(p, make([]byte, 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := inode.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wb.MarkInodeDirty(key, p, "", tree.Tree{Expire: 2 * time.Second, Mode: tree.ModeIntegrity})
+	deadline := time.Now().Add(time.Second)
+	for wb.Snapshot().BdiReclaimable == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if wb.Snapshot().BdiReclaimable == 0 {
+		t.Fatal("precondition: the file's dirty pages were not counted")
+	}
+	fd, err := unix.Open(mnt.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = unix.Syncfs(fd) // another program's sync
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for wb.Tracked() != 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if wb.Tracked() != 0 {
+		t.Fatal("the file is still tracked after 10 s")
+	}
+	if s := wb.Snapshot(); s.BdiWritten != 0 {
+		t.Errorf("BdiWritten %d pages for a file another program's syncfs wrote, want 0", s.BdiWritten)
+	}
+}

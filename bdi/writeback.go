@@ -1,6 +1,7 @@
 package bdi
 
 import (
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -208,23 +209,43 @@ func (s *sampling) attemptBegins(in *inode.Inode) {
 // index, the byte offset its next attempt starts at
 // (mapping->writeback_index); lateErr is the error of a detached call, for
 // the inode's next attempt. Beside them, syncfsBegan holds per
-// filesystem (st_dev) when flusherd's last successful syncfs of it began
-// (an integrity batch's, or an error check's; daemon clock). The list
-// lock guards it.
+// filesystem (st_dev) when flusherd's last successful syncfs calls of it
+// began (an integrity batch's, or an error check's; daemon clock), the
+// latest maxSyncfsBegan, oldest first. The list lock guards it.
 type sideState struct {
 	retryAt     map[inode.Key]time.Duration
 	wbIndex     map[inode.Key]int64
 	lateErr     map[inode.Key]error
-	syncfsBegan map[uint64]time.Duration
+	syncfsBegan map[uint64][]time.Duration
 }
+
+// maxSyncfsBegan is how many syncfs starts sideState keeps a filesystem.
+const maxSyncfsBegan = 8
 
 // syncfsDone records that a syncfs of filesystem dev, begun at began,
 // succeeded.
 func (s *sideState) syncfsDone(dev uint64, began time.Duration) {
 	if s.syncfsBegan == nil {
-		s.syncfsBegan = map[uint64]time.Duration{}
+		s.syncfsBegan = map[uint64][]time.Duration{}
 	}
-	s.syncfsBegan[dev] = max(s.syncfsBegan[dev], began)
+	b := s.syncfsBegan[dev]
+	i, _ := slices.BinarySearch(b, began)
+	b = slices.Insert(b, i, began)
+	if len(b) > maxSyncfsBegan {
+		b = slices.Delete(b, 0, len(b)-maxSyncfsBegan)
+	}
+	s.syncfsBegan[dev] = b
+}
+
+// syncfsBetween returns the earliest start of a syncfs of filesystem dev
+// that succeeded and began after after and at or before upTo.
+func (s *sideState) syncfsBetween(dev uint64, after, upTo time.Duration) (time.Duration, bool) {
+	for _, b := range s.syncfsBegan[dev] {
+		if b > after && b <= upTo {
+			return b, true
+		}
+	}
+	return 0, false
 }
 
 // nextRetry is the earliest time (daemon clock) of k's next attempt, 0
@@ -456,6 +477,8 @@ type callResult struct {
 	// afterKnown (read by the worker, or nothing was written).
 	dirtyBefore, wbBefore, dirtyAfter, wbAfter uint64
 	wrote, afterKnown                          bool
+	// looked is when (daemon clock) the worker began reading dirtyBefore.
+	looked time.Duration
 	// chunkUsed: write_chunk was used up with more dirty (a file holding
 	// more than write_chunk); merged counts the windows folded into
 	// their neighbours (plug_merges).
