@@ -25,11 +25,10 @@ func StatusOf(reg *bdi.Registry, wat watch.Backend) control.Status {
 		ts := control.TreeStatus{Root: control.Name(u.Root), Backend: u.Backend, Served: u.Served,
 			Tracked: t.Tracked, Dirty: t.Dirty, DirtyBytes: t.DirtyPages * page, WritebackBytes: t.WritebackPages * page,
 			WrittenBytes: t.Written * page, Errors: t.Errors, Blocked: t.Blocked, Failed: t.Failed}
-		if tr, ok := wat.TreeOf(u.Root); ok {
-			ts.Mode, ts.ExpireSeconds = string(tr.Mode), tr.Expire.Seconds()
-			if ts.Mode == "" {
-				ts.Mode = "writeback"
-			}
+		// Its own settings, a tree whose root is gone's too.
+		ts.Mode, ts.ExpireSeconds = string(u.Tree.Mode), u.Tree.Expire.Seconds()
+		if ts.Mode == "" {
+			ts.Mode = "writeback"
 		}
 		ts.OldestDirtySeconds = t.OldestAge(now).Seconds()
 		e := t.Exposure(now)

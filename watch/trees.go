@@ -22,7 +22,7 @@ func (b *base) treeUses(kind string) []TreeUse {
 	defer b.mu.Unlock()
 	out := make([]TreeUse, 0, len(b.trees))
 	for _, t := range b.trees {
-		out = append(out, TreeUse{Root: t.Root, Backend: kind, Served: !t.gone})
+		out = append(out, TreeUse{Root: t.Root, Backend: kind, Served: !t.gone, Tree: t.Tree})
 	}
 	return out
 }

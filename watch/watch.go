@@ -138,6 +138,7 @@ type Backend interface {
 type TreeUse struct {
 	Root, Backend string
 	Served        bool
+	Tree          tree.Tree // its settings
 }
 
 // Counters are a backend's statistics, published in <stats.dir>/watch/stats.

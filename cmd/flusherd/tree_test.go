@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"flusherd/control"
 	"flusherd/internal/testfs"
 	"flusherd/internal/testwait"
 )
@@ -636,6 +639,19 @@ func (s *treeSuite) rootRemoved(t *testing.T) {
 	}
 	if !poll(cleanBound, func() bool { _, ok := d.logLineSince(from, "root", doomed); return ok }) {
 		t.Errorf("no log message containing \"root\" and the root's path within %v of the removal of the tree's root; log since: %q", cleanBound, d.log.String()[from:])
+	}
+	// status still shows the gone tree's settings.
+	var out, errb bytes.Buffer
+	if code := Main([]string{"status", "--json", "--stats-dir", d.statsDir}, &out, &errb); code != 0 {
+		t.Fatalf("flusherd status: exit %d: %s", code, errb.String())
+	}
+	var st control.Status
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(st.Trees, func(ts control.TreeStatus) bool { return string(ts.Root) == doomed })
+	if i < 0 || st.Trees[i].Served || st.Trees[i].Mode != "writeback" || st.Trees[i].ExpireSeconds != 2 {
+		t.Errorf("status of the gone tree %s: %+v; want it not served, mode writeback, expire 2 s", doomed, st.Trees)
 	}
 	d.mustRun(t)
 	d.waitDrained(t, cleanBound)
