@@ -224,7 +224,7 @@ func (wb *Writeback) verifyCleanLocked(att *attempt, ac *accounted, err error, n
 
 // ownSyncfsWroteLocked counts the pages of in that a syncfs of
 // flusherd's own wrote back: its last known dirty pages, when it is found
-// clean (dirty and wbp, read from looked on, are 0) and was dirtied
+// clean (dirty and wbp, read by looked, are 0) and was dirtied
 // before a successful syncfs of its filesystem began (an integrity
 // batch's, or an error check's: sideState.syncfsBetween) that began by
 // the look: one begun after found it clean already (another program's

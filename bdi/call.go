@@ -310,11 +310,13 @@ func (wb *Writeback) doAttempt(r *request) error {
 			wb.files.Observer.Opened(key, f) // before its state is read
 		}
 		w.f, w.res.renewed = f, renewed
-		w.res.looked = wb.now()
 		d, wbp, err := f.Cachestat(0, 0)
 		if err != nil {
 			w.res.unread = true
 			return wb.closeCall(r, err)
+		}
+		if d == 0 && wbp == 0 {
+			w.res.looked = wb.now() // (a clock read only where it is used)
 		}
 		w.res.dirtyBefore, w.res.wbBefore, w.res.read = d, wbp, true
 		if _, write := policy.BeforeWrite(d, wbp, r.Integrity); !write {

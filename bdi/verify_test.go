@@ -41,12 +41,7 @@ func TestWritebackModeVerified(t *testing.T) {
 			withWB(t, cfg, func(h *harness) {
 				t := h.t
 				time.Sleep(time.Second)
-				var files []*fakeFile
-				for i := range 3 {
-					f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
-					f.fastDevice = true
-					files = append(files, f)
-				}
+				files := fastFiles(h, 3)
 				for _, f := range files {
 					h.mark(f, time.Second)
 				}
@@ -119,12 +114,7 @@ func TestVerifyUnknown(t *testing.T) {
 			withWB(t, cfg, func(h *harness) {
 				t := h.t
 				time.Sleep(time.Second)
-				var files []*fakeFile
-				for i := range 3 {
-					f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
-					f.fastDevice = true
-					files = append(files, f)
-				}
+				files := fastFiles(h, 3)
 				h.fs.mu.Lock()
 				h.fs.cursorOpenErr, h.fs.cursorErr = c.openErr, c.checkErr
 				h.fs.mu.Unlock()
@@ -170,9 +160,7 @@ func TestVerifyErrorLogCounts(t *testing.T) {
 		h.fs.mu.Lock()
 		h.fs.cursorErr = syscall.ENOSPC
 		h.fs.mu.Unlock()
-		for i := range 8 {
-			f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
-			f.fastDevice = true
+		for _, f := range fastFiles(h, 8) {
 			h.mark(f, time.Second)
 		}
 		time.Sleep(3 * time.Second)
@@ -510,4 +498,16 @@ func TestVerifyTreeGone(t *testing.T) {
 			t.Errorf("BdiWritten %d pages for writes whose outcome is not known, want 0", s.BdiWritten)
 		}
 	}, func(h *harness) { h.wb.errs = NewErrWatch() })
+}
+
+// fastFiles adds n files /f0... of 4 dirty pages each on a device that
+// finishes writeback at once.
+func fastFiles(h *harness, n int) []*fakeFile {
+	var files []*fakeFile
+	for i := range n {
+		f := h.fs.add(fmt.Sprintf("/f%d", i), uint64(i+1), 4*pg, 4)
+		f.fastDevice = true
+		files = append(files, f)
+	}
+	return files
 }

@@ -477,7 +477,8 @@ type callResult struct {
 	// afterKnown (read by the worker, or nothing was written).
 	dirtyBefore, wbBefore, dirtyAfter, wbAfter uint64
 	wrote, afterKnown                          bool
-	// looked is when (daemon clock) the worker began reading dirtyBefore.
+	// looked is when (daemon clock) the worker had read dirtyBefore and
+	// wbBefore, both 0 (ownSyncfsWroteLocked); else 0.
 	looked time.Duration
 	// chunkUsed: write_chunk was used up with more dirty (a file holding
 	// more than write_chunk); merged counts the windows folded into

@@ -1,6 +1,7 @@
 package inode
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -177,28 +178,11 @@ func (f *OSFile) Close() error { return unix.Close(f.fd) }
 // *os.PathError: the open's (dir's own when it is on dev), or ENODEV when
 // no directory on dev opens.
 func DirCursor(dir string, dev uint64) (ErrCursor, error) {
-	fd, err := OpenDir(dir)
-	if err == nil {
-		var st unix.Stat_t
-		if err = unix.Fstat(fd, &st); err == nil && st.Dev == dev {
-			return fdCursor(fd), nil
-		}
-		unix.Close(fd)
-		if err == nil {
-			err = unix.ENODEV
-		}
-	}
-	if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENODEV) {
-		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
-	}
-	mps, merr := mountPoints(dev)
-	if merr != nil {
-		return nil, &os.PathError{Op: "open", Path: dir, Err: merr}
-	}
-	if fd, _, _, _ := openOn(dev, mps); fd >= 0 {
+	fd, _, shortage, failing := openOnMounted(dev, []string{dir})
+	if fd >= 0 {
 		return fdCursor(fd), nil
 	}
-	return nil, &os.PathError{Op: "open", Path: dir, Err: unix.ENODEV}
+	return nil, &os.PathError{Op: "open", Path: dir, Err: cmp.Or(shortage, failing, error(unix.ENODEV))}
 }
 
 // fdCursor is an ErrCursor on a descriptor.

@@ -232,20 +232,7 @@ func (h *Handles) acquire(dev uint64) (int, error) {
 	}
 	dirs := slices.Concat(m.dirs, m.retired)
 	h.mu.Unlock()
-	fd, fdDir, shortage, failing := openOn(dev, dirs)
-	if fd < 0 && shortage == nil && failing == nil {
-		// No directory leads to the filesystem any more (removed,
-		// renamed, mounted over; after ext4 aborted its journal, one
-		// not yet on disk is not found once its dentry is evicted),
-		// but the filesystem may still be mounted: its mount points.
-		var mps []string
-		mps, shortage = mountPoints(dev)
-		if shortage == nil {
-			fd, fdDir, shortage, _ = openOn(dev, slices.DeleteFunc(mps, func(mp string) bool {
-				return slices.Contains(dirs, mp)
-			}))
-		}
-	}
+	fd, fdDir, shortage, failing := openOnMounted(dev, dirs)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.mounts[dev] != m {
@@ -308,6 +295,25 @@ func openOn(dev uint64, dirs []string) (fd int, dir string, shortage, failing er
 		return d, dir, nil, nil
 	}
 	return -1, "", shortage, failing
+}
+
+// openOnMounted is openOn of dirs, then, when none leads to the
+// filesystem any more and none failed otherwise (removed, renamed,
+// mounted over; after ext4 aborted its journal, one not yet on disk is
+// not found once its dentry is evicted), of dev's mount points
+// (mountPoints): the filesystem may still be mounted. Their failures
+// other than a shortage are not reported.
+func openOnMounted(dev uint64, dirs []string) (fd int, dir string, shortage, failing error) {
+	fd, dir, shortage, failing = openOn(dev, dirs)
+	if fd >= 0 || shortage != nil || failing != nil {
+		return fd, dir, shortage, failing
+	}
+	mps, err := mountPoints(dev)
+	if err != nil {
+		return -1, "", err, nil
+	}
+	fd, dir, shortage, _ = openOn(dev, slices.DeleteFunc(mps, func(mp string) bool { return slices.Contains(dirs, mp) }))
+	return fd, dir, shortage, nil
 }
 
 // mountPoints returns the mount points of filesystem dev in this mount

@@ -239,14 +239,7 @@ func TestDemote(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		key, _, err := Stat(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hd, err := h.HandleOf(f, key)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, hd := handleOf(t, h, f)
 		name := func() string {
 			t.Helper()
 			p, ok, err := h.PathOfHandle(dev, hd)
@@ -343,14 +336,7 @@ func TestAcquireMountPoint(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			key, _, err := Stat(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			hd, err := h.HandleOf(f, key)
-			if err != nil {
-				t.Fatal(err)
-			}
+			key, hd := handleOf(t, h, f)
 			c.hide(t, registered)
 			if st, err := StatPath(registered); err == nil && st.Dev == dev {
 				t.Fatalf("%s still leads to the filesystem", registered)
@@ -387,14 +373,7 @@ func TestAcquireMountPoint(t *testing.T) {
 		if _, err := h.AddMount(other.Dir); err != nil {
 			t.Fatal(err)
 		}
-		key, _, err := Stat(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hd, err := h.HandleOf(f, key)
-		if err != nil {
-			t.Fatal(err)
-		}
+		key, hd := handleOf(t, h, f)
 		dev := key.Dev
 		if err := other.Unmount(); err != nil {
 			t.Fatal(err)
@@ -412,4 +391,18 @@ func TestAcquireMountPoint(t *testing.T) {
 			t.Errorf("OpenHandle on an unmounted filesystem: %v, want ENODEV", err)
 		}
 	})
+}
+
+// handleOf returns the key of file f and its handle from h.
+func handleOf(t *testing.T, h *Handles, f string) (Key, Handle) {
+	t.Helper()
+	key, _, err := Stat(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hd, err := h.HandleOf(f, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, hd
 }
