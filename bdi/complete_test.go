@@ -187,7 +187,7 @@ func TestCompleteRouting(t *testing.T) {
 			outside := h.fs.add("/u/c", 3, pg, 1)
 			h.mark(outside, time.Hour)
 			dropped := 0
-			f.onWrite = func() { dropped = h.wb.DropUnder("/t") }
+			f.onWrite = func() { dropped = h.wb.DropUnder("/t").Files }
 			h.mark(f, 0)
 			time.Sleep(2 * time.Second)
 			synctest.Wait()
@@ -243,6 +243,7 @@ func TestCompleteRouting(t *testing.T) {
 		{syscall.EPERM, true, policy.Forget, "the daemon may not open it"},
 		{syscall.EAGAIN, false, policy.MoreIOWait, "blocked: retried until shutdown_timeout"},
 		{syscall.EIO, false, policy.MoreIOWait, "an I/O error: retried until shutdown_timeout"},
+		{&os.PathError{Op: "open_by_handle_at", Path: "h", Err: syscall.EIO}, true, policy.Forget, "its filesystem fails to open it (shut down)"},
 		{syscall.ENOENT, false, policy.Drop, "gone: not a file given up"},
 	} {
 		t.Run("shutting down, "+c.err.Error(), func(t *testing.T) {

@@ -332,8 +332,17 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 	}
 	wb := r.known(dev)
 	if wb != nil {
-		n := wb.DropUnder(root)
-		r.opt.Log.Info("dropped the files of a tree that is gone", logpath.String("root", root), zap.Int("files", n), zap.String("bdi", wb.Name))
+		d := wb.DropUnder(root)
+		if d.Tracked > 0 {
+			// Renamed or mounted over, the files are still there and
+			// may be dirty; removed, their data went with them;
+			// unmounted, the unmount wrote them back.
+			r.opt.Log.Warn("dropped the files of a tree that is gone; those tracked as dirty are left to the kernel's flusher",
+				logpath.String("root", root), zap.Int("files", d.Files), zap.Int("tracked", d.Tracked),
+				zap.Uint64("dirty_pages_last_seen", d.DirtyPages), zap.String("bdi", wb.Name))
+		} else {
+			r.opt.Log.Info("dropped the files of a tree that is gone", logpath.String("root", root), zap.Int("files", d.Files), zap.String("bdi", wb.Name))
+		}
 		if paths, files := wb.dropUnverifiedUnder(root, lastOnDev); files > 0 {
 			slices.Sort(paths)
 			r.opt.Log.Warn("files of a tree that is gone were written back in writeback mode and their outcome is not known: no read of the filesystem's writeback error cursor covered their writes before the tree went; if their writeback failed, their data is lost",
@@ -612,12 +621,21 @@ func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 	}
 }
 
-// TrackedPaths returns the paths of the tracked inodes, sorted.
-func (wb *Writeback) TrackedPaths() []string {
+// leftPaths returns the paths of the tracked inodes, sorted, less those
+// on bFailed, which Shutdown reports as lost instead.
+func (wb *Writeback) leftPaths() []string {
 	wb.mu.Lock()
-	out := make([]string, 0, wb.inodes.Len())
+	// (Gathered first: the body of a range over Table.All is a function
+	// literal, in which checklocks does not see wb.mu held.)
+	all := make([]*inode.Inode, 0, wb.inodes.Len())
 	for in := range wb.inodes.All {
-		out = append(out, in.Path())
+		all = append(all, in)
+	}
+	out := make([]string, 0, len(all))
+	for _, in := range all {
+		if !wb.failedLocked(in) {
+			out = append(out, in.Path())
+		}
 	}
 	wb.mu.Unlock()
 	slices.Sort(out)
@@ -653,8 +671,8 @@ type Unverified struct {
 
 // Shutdown drains every device (Drain) within ctx, giving up at once on
 // files whose filesystem cannot be written (EROFS, ESHUTDOWN, ENODEV,
-// ENXIO: policy.FSUnavailable) or that the daemon may not open (EACCES,
-// EPERM), stops the goroutines, and reports what is
+// ENXIO: policy.FSUnavailable), whose open fails with EIO, or that the
+// daemon may not open (EACCES, EPERM), stops the goroutines, and reports what is
 // left. Files already clean are forgotten at their first attempt, so they
 // are never waited on.
 func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
@@ -675,7 +693,7 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 			unv := Unverified{Paths: wb.Unverified(), Files: wb.UnverifiedCount()}
 			var left []string
 			if err != nil {
-				left = wb.TrackedPaths()
+				left = wb.leftPaths()
 				for _, root := range wb.Uncovered() {
 					left = append(left, root+" (files not tracked over the tracked-inode budget: their syncfs pass did not complete)")
 				}

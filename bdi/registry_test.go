@@ -229,8 +229,8 @@ func TestRegistryRetire(t *testing.T) {
 }
 
 // TestRegistryShutdown: Shutdown drains every device within ctx, reports
-// what its filesystem would not take (given up), what was lost earlier,
-// and what was left when ctx ended, then stops the goroutines; a device is
+// what its filesystem would not take or open (given up: EROFS, an open's
+// EIO), what was lost, and what else was left when ctx ended, then stops the goroutines; a device is
 // not made after it.
 func TestRegistryShutdown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -247,20 +247,37 @@ func TestRegistryShutdown(t *testing.T) {
 		}
 		mark("/a/ok", 10, 1, func(f *fakeFile) {})
 		mark("/a/ro", 10, 2, func(f *fakeFile) { f.openErr = syscall.EROFS })
+		mark("/a/shut", 10, 4, func(f *fakeFile) {
+			f.openErr = &os.PathError{Op: "open_by_handle_at", Path: "h", Err: syscall.EIO} // a filesystem shut down
+		})
 		mark("/b/stuck", 11, 3, func(f *fakeFile) { f.writeErr = syscall.EAGAIN })
+		var lost *fakeFile
+		mark("/b/lost", 11, 5, func(f *fakeFile) { f.writeErr, lost = syscall.EIO, f })
+		go func() {
+			// The kernel marks the failed pages clean: the data is lost.
+			time.Sleep(time.Second)
+			lost.set(func(f *fakeFile) { f.writeErr = nil; clear(f.dirty) })
+		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		rep := r.Shutdown(ctx)
-		if g := rep.GivenUp["8:0"]; len(g) != 1 || g[0].Path != "/a/ro" || !errors.Is(g[0].Err, syscall.EROFS) {
-			t.Errorf("given up on 8:0: %+v, want /a/ro with EROFS", g)
+		given := map[string]error{}
+		for _, g := range rep.GivenUp["8:0"] {
+			given[g.Path] = g.Err
+		}
+		if len(given) != 2 || !errors.Is(given["/a/ro"], syscall.EROFS) || !errors.Is(given["/a/shut"], syscall.EIO) {
+			t.Errorf("given up on 8:0: %v, want /a/ro with EROFS and /a/shut with EIO", given)
 		}
 		if _, ok := rep.Left["8:0"]; ok {
 			t.Errorf("8:0 drained, yet reported left: %v", rep.Left["8:0"])
 		}
 		if l := rep.Left["8:16"]; len(l) != 1 || l[0] != "/b/stuck" {
-			t.Errorf("left on 8:16: %v, want [/b/stuck]", l)
+			t.Errorf("left on 8:16: %v, want [/b/stuck] (a lost file is reported lost, not left)", l)
 		}
-		if len(rep.GivenUp) != 1 || len(rep.Left) != 1 {
+		if l := rep.Lost["8:16"]; len(l) != 1 || l[0].Path != "/b/lost" || !errors.Is(l[0].Err, syscall.EIO) {
+			t.Errorf("lost on 8:16: %+v, want /b/lost with EIO", l)
+		}
+		if len(rep.GivenUp) != 1 || len(rep.Left) != 1 || len(rep.Lost) != 1 {
 			t.Errorf("report %+v, want one device in each part", rep)
 		}
 		for _, wb := range r.Devices() {
@@ -962,6 +979,46 @@ func TestRegistryObserve(t *testing.T) {
 		}
 		if got := slices.Compact(ob.all()); len(got) != 2 {
 			t.Errorf("after Observe(nil), the observer was told %v, want only the first file's", got)
+		}
+	})
+}
+
+// TestTreeGoneTrackedWarned: a tree that is gone with files tracked as
+// dirty is warned of, with their count and dirty pages at the last look
+// (a renamed or mounted-over tree's files are still dirty, now the kernel
+// flusher's); one whose files are all clean is an info line.
+func TestTreeGoneTrackedWarned(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		core, logs := observer.New(zapcore.InfoLevel)
+		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
+		r := NewRegistry(Options{Config: testConfig(), Opener: fs, Handles: fs, Log: zap.New(core),
+			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
+		t.Cleanup(r.Stop)
+		for i, p := range []string{"/t/a", "/t/b"} {
+			f := fs.add(p, uint64(i+1), 3*pg, 3)
+			if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree.Tree{Expire: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			afterSample(t, fs.fakeFS, f)
+		}
+		clean := fs.add("/u/c", 3, pg, 0)
+		if err := r.MarkInodeDirty(clean.path, clean.key, clean.handle, tree.Tree{Expire: 0}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(6 * time.Second) // a kupdate pass finds /u/c clean
+		synctest.Wait()
+		r.TreeGone("/t", clean.key.Dev, false)
+		r.TreeGone("/u", clean.key.Dev, false)
+		w := logs.FilterMessageSnippet("those tracked as dirty are left to the kernel's flusher").All()
+		if len(w) != 1 || w[0].Level != zapcore.WarnLevel {
+			t.Fatalf("warnings %+v, want one for /t", w)
+		}
+		f := w[0].ContextMap()
+		if f["root"] != "/t" || f["files"] != int64(2) || f["tracked"] != int64(2) || f["dirty_pages_last_seen"] != uint64(6) {
+			t.Errorf("warning's fields %v, want root /t, 2 files tracked, 6 dirty pages", f)
+		}
+		if i := logs.FilterMessage("dropped the files of a tree that is gone").All(); len(i) != 1 || i[0].ContextMap()["root"] != "/u" {
+			t.Errorf("info lines %+v, want one for /u", i)
 		}
 	})
 }

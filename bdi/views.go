@@ -176,9 +176,11 @@ func (wb *Writeback) MaxDirtyAge() time.Duration {
 
 // DropUnder forgets every tracked inode whose path is below root (its tree
 // is gone: removed or unmounted); one under an attempt is dropped when the
-// attempt completes. It returns the number dropped or marked.
-func (wb *Writeback) DropUnder(root string) int {
-	n := 0
+// attempt completes. It returns the number dropped or marked, and of those
+// not failed (tracked as dirty) how many and their dirty pages at their
+// last look.
+func (wb *Writeback) DropUnder(root string) Dropped {
+	var d Dropped
 	wb.mu.Lock()
 	// The inodes are gathered first, then dropped: the body of a range
 	// over Table.All is a function literal, in which checklocks does not
@@ -191,7 +193,11 @@ func (wb *Writeback) DropUnder(root string) int {
 	}
 	wb.dropCandidatesLocked(root, nil)
 	for _, in := range under {
-		n++
+		d.Files++
+		if !wb.failedLocked(in) {
+			d.Tracked++
+			d.DirtyPages += uint64(in.DirtyPages)
+		}
 		if in.Has(inode.Sync) {
 			in.State |= inode.Dropped
 			continue
@@ -206,7 +212,14 @@ func (wb *Writeback) DropUnder(root string) int {
 	wb.gen++
 	wb.mu.Unlock()
 	wb.live.kick()
-	return n
+	return d
+}
+
+// Dropped is what DropUnder dropped: Files in all, Tracked of them not
+// failed, and the dirty pages those had at their last look.
+type Dropped struct {
+	Files, Tracked int
+	DirtyPages     uint64
 }
 
 // Tracked returns the number of tracked (dirty) inodes.

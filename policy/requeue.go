@@ -30,8 +30,9 @@ type Facts struct {
 	// OtherPath: the inode has another name (a hard link) to try.
 	OtherPath bool
 	// ShuttingDown: the daemon is stopping; Denied: the attempt failed
-	// with EACCES or EPERM.
-	ShuttingDown, Denied bool
+	// with EACCES or EPERM; OpenFailed: its open failed with EIO (a
+	// filesystem shut down or failing: DeviceLevel's EIO).
+	ShuttingDown, Denied, OpenFailed bool
 }
 
 // Decision is where an inode goes after an attempt and what changes with
@@ -84,7 +85,7 @@ func Decide(f Facts) Decision {
 	case d.Dest == Drop && f.OtherPath:
 		d.Dest, d.TakeOtherPath = MoreIOWait, true
 	}
-	if f.ShuttingDown && d.Dest != Drop && d.Dest != Failed && (f.Outcome == FSUnavailable || f.Denied) {
+	if f.ShuttingDown && d.Dest != Drop && d.Dest != Failed && (f.Outcome == FSUnavailable || f.Denied || f.OpenFailed) {
 		d.Dest, d.GiveUp = Forget, true
 	}
 	return d

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -83,6 +84,72 @@ expire = "1h"
 	}
 	if strings.Contains(log, "every tracked file is clean") {
 		t.Errorf("shutdown claims every tracked file is clean on a read-only filesystem:\n%s", log)
+	}
+}
+
+// TestShutdownShutDownFS: with 50 dirty tracked files on an xfs or ext4
+// that was shut down (XFS_IOC_GOINGDOWN, EXT4_IOC_SHUTDOWN: the same
+// ioctl, as after a metadata I/O error; every open fails with EIO), SIGTERM
+// does not wait out shutdown_timeout: the files are given up at once,
+// named with EIO and the reason, and none is also counted still dirty.
+func TestShutdownShutDownFS(t *testing.T) {
+	t.Parallel()
+	testfs.SkipShort(t, "shuts down loop-mounted xfs and ext4")
+	for _, typ := range []string{"xfs", "ext4"} {
+		t.Run(typ, func(t *testing.T) {
+			t.Parallel()
+			mnt, tree := mountTree(t, typ)
+			d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+shutdown_timeout = "30s"
+[[watch]]
+path = %q
+expire = "1h"
+`, tree))
+			for i := range 50 {
+				writeDirty(t, filepath.Join(tree, fmt.Sprintf("d%02d", i)), 4096)
+			}
+			stats := d.devStats(mnt.MajMin)
+			if !poll(10*time.Second, func() bool { return tracked(readStats(t, stats)) >= 50 }) {
+				t.Fatalf("the 50 files were not all tracked: %v", readStats(t, stats))
+			}
+			mustBeDirty(t, filepath.Join(tree, "d00"))
+			shutDownFS(t, mnt.Dir)
+			// The daemon's handles to the tree idle out (200 ms), so
+			// that each attempt opens the filesystem anew.
+			time.Sleep(time.Second)
+			from := len(d.log.String())
+			took := d.term(t, 60*time.Second)
+			log := d.log.String()[from:]
+			t.Logf("exit %s after SIGTERM", took.Round(10*time.Millisecond))
+			if took > 15*time.Second {
+				t.Errorf("shutdown took %s: it waited for files on a shut-down filesystem (shutdown_timeout is 30s)", took)
+			}
+			if !strings.Contains(log, "files given up, their filesystem fails to open them with EIO") || !strings.Contains(log, `"given_up": 50`) {
+				t.Errorf("the 50 files are not given up with EIO and the reason:\n%s", log)
+			}
+			if strings.Contains(log, "still dirty") || !strings.Contains(log, `"still_dirty": 0`) || strings.Contains(log, "every tracked file is clean") {
+				t.Errorf("files on the shut-down filesystem also reported still dirty, or all clean:\n%s", log)
+			}
+		})
+	}
+}
+
+// shutDownFS shuts down the xfs or ext4 mounted at dir without flushing
+// its log (XFS_IOC_GOINGDOWN and EXT4_IOC_SHUTDOWN share the number, and
+// their NOLOGFLUSH flag, 2); opens on it then fail with EIO.
+func shutDownFS(t *testing.T, dir string) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := uint32(2)
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), 0x8004587d, uintptr(unsafe.Pointer(&flags)))
+	unix.Close(fd)
+	if errno != 0 {
+		t.Fatalf("shut down %s: %v", dir, errno)
 	}
 }
 
