@@ -17,7 +17,9 @@ import (
 // number: it is opened by its own handle, returned as renewed for the
 // inode to keep; renewed is "" otherwise. A filesystem not registered for
 // opens by handle (EBADF: one inside a tree's, a btrfs subvolume) is
-// opened by path.
+// opened by path; so is one none of whose directories opens (ENODEV: a
+// deleted subvolume, an unmounted filesystem), and a file no longer at its
+// path is gone (ENOENT, ESTALE), not its filesystem unavailable.
 func OpenTracked(open Opener, handles HandleOpener, path string, key Key, h Handle) (f File, renewed Handle, err error) {
 	return openTracked(open, handles, func() string { return path }, key, h)
 }
@@ -41,6 +43,18 @@ func openTracked(open Opener, handles HandleOpener, pathOf func() string, key Ke
 	if errors.Is(err, unix.EBADF) && path != "" {
 		f, err = open.Open(path, key)
 		return f, "", err
+	}
+	if errors.Is(err, unix.ENODEV) && path != "" {
+		// No directory of the handle's filesystem opens (a btrfs
+		// subvolume deleted, a filesystem unmounted): the path says
+		// whether the file is still there. Gone from it, the file is
+		// gone (ENOENT, ESTALE: another file there); found, it is
+		// written by path.
+		f, perr := open.Open(path, key)
+		if perr == nil || errors.Is(perr, unix.ENOENT) || errors.Is(perr, unix.ESTALE) || errors.Is(perr, unix.ENOTDIR) {
+			return f, "", perr
+		}
+		return nil, "", err
 	}
 	if path == "" || !errors.Is(err, unix.ESTALE) {
 		return f, "", err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -234,5 +235,60 @@ func TestOpenTrackedRefBuildsNoPath(t *testing.T) {
 	})
 	if byRef > byHandle {
 		t.Errorf("OpenTrackedRef: %.0f allocations, OpenHandle %.0f: the path was built", byRef, byHandle)
+	}
+}
+
+// TestOpenTrackedFilesystemGone: a file whose handle no directory of its
+// filesystem opens any more (ENODEV) is looked for at its path: a file of
+// a deleted btrfs subvolume, or of an unmounted filesystem, is gone
+// (ENOENT), not its filesystem unavailable.
+func TestOpenTrackedFilesystemGone(t *testing.T) {
+	if _, err := exec.LookPath("btrfs"); err != nil {
+		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
+	}
+	for _, c := range []string{"subvolume deleted", "unmounted"} {
+		t.Run(c, func(t *testing.T) {
+			mnt := testfs.Mount(t, testfs.Options{Type: "btrfs"})
+			dir := filepath.Join(mnt.Dir, "sv")
+			if out, err := exec.Command("btrfs", "subvolume", "create", dir).CombinedOutput(); err != nil {
+				t.Fatalf("btrfs subvolume create: %v\n%s", err, out)
+			}
+			if c == "unmounted" {
+				dir = mnt.Dir
+			}
+			f := filepath.Join(dir, "f")
+			if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			h := NewHandles()
+			defer h.Close()
+			if _, err := h.AddMount(dir); err != nil {
+				t.Fatal(err)
+			}
+			k, hd := handleOf(t, h, f)
+			if c == "unmounted" {
+				if err := mnt.Unmount(); err != nil {
+					t.Fatal(err)
+				}
+			} else if out, err := exec.Command("btrfs", "subvolume", "delete", dir).CombinedOutput(); err != nil {
+				t.Fatalf("btrfs subvolume delete: %v\n%s", err, out)
+			}
+			// Once the held directory idles out (200 ms), the handle
+			// opens through none.
+			testwait.For(t, "the handle to fail with ENODEV", 5*time.Second, func() bool {
+				file, err := h.OpenHandle(hd, k)
+				if err == nil {
+					file.Close()
+				}
+				return errors.Is(err, unix.ENODEV)
+			})
+			file, renewed, err := OpenTracked(OS{}, h, f, k, hd)
+			if err == nil {
+				file.Close()
+			}
+			if !errors.Is(err, unix.ENOENT) || renewed != "" {
+				t.Errorf("OpenTracked: renewed %q, %v; want ENOENT", renewed, err)
+			}
+		})
 	}
 }

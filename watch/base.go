@@ -35,6 +35,9 @@ type base struct {
 	// data back (not noWriteback): uint64 -> true (noWritebackDev).
 	devWritesBack  sync.Map
 	longPathWarned atomic.Bool // a path longer than PATH_MAX was logged (longPath)
+	// rootCheckEvery is the period of watchMounts' checks of every root
+	// (Options.RescanInterval, at least 1 s; defaultRootCheck).
+	rootCheckEvery time.Duration
 
 	// An overflow rescan running (overflowRescan), and one more asked
 	// for.
@@ -135,6 +138,7 @@ func (b *base) init(trees []tree.Tree, sink Sink, opt Options) {
 	b.ctr = &Counters{}
 	b.retry.min, b.retry.max = cmp.Or(opt.RetryMin, defaultRetryMin), cmp.Or(opt.RetryMax, defaultRetryMax)
 	b.retry.max = max(b.retry.max, b.retry.min)
+	b.rootCheckEvery = max(cmp.Or(opt.RescanInterval, defaultRootCheck), time.Second)
 	b.mu.Lock()
 	for _, t := range trees {
 		b.listTreeLocked(&watchedTree{Tree: t})

@@ -15,8 +15,10 @@ import (
 // changes (poll(2) on /proc/self/mountinfo reports POLLPRI), checks the
 // roots at or below each mount point mounted or unmounted since
 // (checkRootsUnder: a mount elsewhere costs O(depth), not O(trees)), and
-// calls checkMounts, until ctx ends. It blocks in poll, not on a timer:
-// no wakeups while nothing changes.
+// calls checkMounts, until ctx ends. Every rootCheckEvery without a
+// change it checks every root (checkRoots): a root can go without any
+// event or mount change (a btrfs subvolume deleted), and one that could
+// not be reached may be reachable again.
 func (b *base) watchMounts(ctx context.Context) {
 	mi, err := unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -41,13 +43,17 @@ func (b *base) watchMounts(ctx context.Context) {
 	b.checkMounts(ctx, infos, err)
 	for {
 		fds[0].Revents, fds[1].Revents = 0, 0
-		_, err := unix.Poll(fds, -1)
+		n, err := unix.Poll(fds, int(b.rootCheckEvery.Milliseconds()))
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			b.log.Warn("poll on the mount table failed", zap.Error(err))
 			return
 		}
 		if fds[1].Revents != 0 || ctx.Err() != nil {
 			return
+		}
+		if n == 0 && err == nil {
+			b.checkRoots()
+			continue
 		}
 		if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0 {
 			now, err := mountinfo.GetMounts(nil)

@@ -225,6 +225,9 @@ func (b *base) Settle(ctx context.Context) error {
 const (
 	defaultRetryMin = time.Second
 	defaultRetryMax = 30 * time.Second
+	// defaultRootCheck is the period of the check of every root when
+	// Options.RescanInterval is 0 (watcher.rescan_interval's default).
+	defaultRootCheck = 30 * time.Second
 )
 
 // retryState is the rescan-after-shortage schedule of a base.

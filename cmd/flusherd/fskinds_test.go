@@ -92,6 +92,57 @@ func TestBtrfsSubvolumeRoot(t *testing.T) {
 	}
 }
 
+// TestBtrfsSubvolumeRootDeleted: a tree whose root is a btrfs subvolume,
+// deleted with a dirty file tracked in it (no event tells the watcher, no
+// mount changes): the tree is found gone by the periodic check of the
+// roots (rescan_interval), its file dropped, and the shutdown neither
+// waits for it nor says its data cannot reach the disk.
+func TestBtrfsSubvolumeRootDeleted(t *testing.T) {
+	t.Parallel()
+	testfs.SkipShort(t, "the daemon on loop-mounted btrfs")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	if _, err := exec.LookPath("btrfs"); err != nil {
+		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
+	}
+	mnt := testfs.Mount(t, testfs.Options{Type: "btrfs"})
+	sv := filepath.Join(mnt.Dir, "sv")
+	makeSubvolume(t, sv)
+	d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+shutdown_timeout = "20s"
+[watcher]
+backend = "inotify"
+rescan_interval = "1s"
+[[watch]]
+path = %q
+expire = "1h"
+`, sv))
+	f := filepath.Join(sv, "f")
+	writeDirty(t, f, 1<<20)
+	if !poll(5*time.Second, func() bool { return strings.Contains(dirtyList(t, d), f) }) {
+		t.Fatalf("%s is not tracked:\n%s", f, dirtyList(t, d))
+	}
+	if out, err := exec.Command("btrfs", "subvolume", "delete", sv).CombinedOutput(); err != nil {
+		t.Fatalf("btrfs subvolume delete: %v\n%s", err, out)
+	}
+	if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), "a watched tree's root is gone") }) {
+		t.Fatalf("the deleted subvolume's tree is not found gone within 5 s (rescan_interval 1s):\n%s", d.log.String())
+	}
+	if l := dirtyList(t, d); l != "" {
+		t.Errorf("files of the deleted subvolume still tracked:\n%s", l)
+	}
+	from := len(d.log.String())
+	if took := d.term(t, 30*time.Second); took > 10*time.Second {
+		t.Errorf("shutdown took %s", took)
+	}
+	if log := d.log.String()[from:]; !strings.Contains(log, "every tracked file is clean") {
+		t.Errorf("the shutdown did not end clean:\n%s", log)
+	}
+}
+
 // TestOverlayRefused: a tree on overlayfs cannot be served (an overlay
 // file's dirty pages belong to its upper layer's inode, which cachestat and
 // sync_file_range on the overlay's descriptor do not see), so it is refused
