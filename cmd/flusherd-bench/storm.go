@@ -26,7 +26,7 @@ package main
 //     stall delays the probes after it instead of piling them up. It
 //     starts 1 s before the burst and runs until the burst file is clean;
 //   - 1 s later, a bulk writer (the hidden "storm-writer" command) writes
-//     --burst bytes (1 GiB) into one new file in 1 MiB write(2) calls as
+//     --burst bytes (1 GiB) into one new file in --write-size (1 MiB) write(2) calls as
 //     fast as it can and exits, without fsync;
 //   - the bench samples the burst file's dirty and writeback pages
 //     (cachestat(2) over the whole file) every 100 ms, and the kernel
@@ -94,7 +94,7 @@ const (
 	// the CPU is the same for all.
 	estimateEvery   = time.Second
 	probeLead       = time.Second // the probe starts this long before the burst
-	writeChunk      = 1 << 20
+	writeChunk      = 1 << 20     // the default --write-size
 	probeSize       = 4096
 	tunedBackground = 64 << 20 // method t's vm.dirty_background_bytes
 )
@@ -108,6 +108,7 @@ const notClean = time.Duration(math.MaxInt64)
 
 type stormOpts struct {
 	burst, rate int64
+	writeSize   int64 // the bulk writer's write(2) size: the page cache's folios are made this large, up to 2 MiB
 	runs        int
 	methods     []byte
 	maxWait     time.Duration
@@ -201,6 +202,14 @@ func stormFail(code int, format string, a ...any) int {
 	return code
 }
 
+// because is " (err)", or "" for a nil err.
+func because(err error) string {
+	if err == nil {
+		return ""
+	}
+	return " (" + err.Error() + ")"
+}
+
 // stormOptions parses and checks storm's flags and that it can run here
 // (root, blkio throttling). It reports false, with the exit code, when
 // the bench is not to run.
@@ -224,6 +233,7 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 	pgScale := fl.Int("pg-scale", 10, "pgbench probe: the scale of pgbench -i")
 	pgRate := fl.Int("pg-rate", 100, "pgbench probe: transactions per second (pgbench -R); 0: as fast as it can")
 	minTime := fl.Duration("min-time", 0, "the probe runs at least this long from the burst's start, clean or not (the same window for every method; with --burst 0, the probe alone, it must be > 0)")
+	writeSize := fl.String("write-size", "1MiB", "the bulk writer's write(2) size, 4KiB to 16MiB: the page cache makes its folios this large (up to the filesystem's largest, 2 MiB on ext4), and writeback writes whole folios")
 	warmup := fl.String("warmup", "0", "method f: bytes written to a file of their own with the throttle on, and waited for until they are written back, before the probe starts, so that the daemon has learnt its pace as one that has run through an earlier burst has (0: none, the run starts with a fresh daemon)")
 	if code, ok := parseFlags(fl, args); !ok {
 		return stormOpts{}, code, false
@@ -233,13 +243,16 @@ func stormOptions(args []string) (stormOpts, int, bool) {
 		pgScale: *pgScale, pgRate: *pgRate, minTime: *minTime, scheduler: *scheduler}
 	var err error
 	if o.burst, err = parseBytes(*burst); err != nil || (o.burst != 0 && o.burst < writeChunk) {
-		return o, stormFail(2, "--burst %q: want 0 (the probe alone) or at least 1MiB (%v)", *burst, err), false
+		return o, stormFail(2, "--burst %q: want 0 (the probe alone) or at least 1MiB%s", *burst, because(err)), false
+	}
+	if o.writeSize, err = parseBytes(*writeSize); err != nil || o.writeSize < 4096 || o.writeSize > 16<<20 || o.writeSize%4096 != 0 {
+		return o, stormFail(2, "--write-size %q: want a multiple of 4KiB from 4KiB to 16MiB%s", *writeSize, because(err)), false
 	}
 	if o.warmup, err = parseBytes(*warmup); err != nil {
 		return o, stormFail(2, "--warmup %q: %v", *warmup, err), false
 	}
 	if o.rate, err = parseBytes(*rate); err != nil || (o.rate != 0 && o.rate < 1<<20) {
-		return o, stormFail(2, "--rate %q: want 0 (not throttled) or at least 1MiB per second (%v)", *rate, err), false
+		return o, stormFail(2, "--rate %q: want 0 (not throttled) or at least 1MiB per second%s", *rate, because(err)), false
 	}
 	if o.probes, err = parseProbes(*probes); err != nil {
 		return o, stormFail(2, "%v", err), false

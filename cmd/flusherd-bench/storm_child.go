@@ -146,14 +146,15 @@ func (c *stormChild) kill() {
 }
 
 // stormWriter is the bulk writer: it creates --file, says "ready", waits
-// for a line on stdin, writes --bytes in 1 MiB write(2) calls, closes the
+// for a line on stdin, writes --bytes in --size write(2) calls, closes the
 // file (no fsync), and prints "w START NS" per call and "done FIRST END"
 // (CLOCK_MONOTONIC ns).
 func stormWriter(args []string) int {
 	fl := flag.NewFlagSet(stormWriterCmd, flag.ContinueOnError)
 	path := fl.String("file", "", "file to create")
 	total := fl.Int64("bytes", 0, "bytes to write")
-	if err := fl.Parse(args); err != nil || *path == "" || *total <= 0 {
+	size := fl.Int64("size", writeChunk, "bytes per write(2)")
+	if err := fl.Parse(args); err != nil || *path == "" || *total <= 0 || *size <= 0 {
 		return 2
 	}
 	debug.SetGCPercent(-1)
@@ -162,11 +163,11 @@ func stormWriter(args []string) int {
 		fmt.Fprintf(os.Stderr, "storm-writer: %s: %v\n", *path, err)
 		return 1
 	}
-	buf := make([]byte, writeChunk)
+	buf := make([]byte, *size)
 	for i := range buf {
 		buf[i] = byte(i*31 + 7)
 	}
-	n := int(*total/writeChunk) + 1
+	n := int(*total / *size) + 1
 	starts, lats := make([]int64, 0, n), make([]int64, 0, n)
 	fmt.Println("ready")
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {

@@ -217,7 +217,7 @@ func (r *stormRun) printSettings(w io.Writer) {
 	var u unix.Utsname
 	unix.Uname(&u)
 	o := r.o
-	burst, rate := sizeString(o.burst)+" burst (1 MiB write() calls, no fsync)", "throttled to "+sizeString(o.rate)+"/s (blkio, root cgroup)"
+	burst, rate := sizeString(o.burst)+" burst ("+sizeString(o.writeSize)+" write() calls, no fsync)", "throttled to "+sizeString(o.rate)+"/s (blkio, root cgroup)"
 	if o.burst == 0 {
 		burst = fmt.Sprintf("probe alone for %v (no burst)", o.minTime)
 	}
@@ -347,6 +347,8 @@ func sizeString(n int64) string {
 		return fmt.Sprintf("%d GiB", n>>30)
 	case n%(1<<20) == 0:
 		return fmt.Sprintf("%d MiB", n>>20)
+	case n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
 	}
 	return fmt.Sprintf("%d bytes", n)
 }

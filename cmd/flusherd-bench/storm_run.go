@@ -334,7 +334,7 @@ func (r *stormRun) startWriter(ctx context.Context, burstPath string) (*stormChi
 	if r.o.burst == 0 {
 		return nil, writeSynced(burstPath, 0)
 	}
-	writer, err := startStormChild(r.o.self, stormWriterCmd, "--file", burstPath, "--bytes", strconv.FormatInt(r.o.burst, 10))
+	writer, err := startStormChild(r.o.self, stormWriterCmd, "--file", burstPath, "--bytes", strconv.FormatInt(r.o.burst, 10), "--size", strconv.FormatInt(r.o.writeSize, 10))
 	if err != nil {
 		return nil, err
 	}

@@ -203,3 +203,25 @@ func TestWarmUp(t *testing.T) {
 		t.Errorf("the warm-up file is left after a failure: %v", err)
 	}
 }
+
+// TestStormWriteSize: --write-size is the bulk writer's write(2) size, a
+// multiple of 4 KiB from 4 KiB to 16 MiB; anything else is a usage error
+// (exit 2), and the default is 1 MiB.
+func TestStormWriteSize(t *testing.T) {
+	for _, c := range []struct {
+		arg  string
+		want int64
+	}{{"", writeChunk}, {"128KiB", 128 << 10}, {"4KiB", 4096}, {"16MiB", 16 << 20}, {"3000", 0}, {"0", 0}, {"32MiB", 0}, {"6KiB", 0}, {"x", 0}} {
+		args := []string{"--methods", "f"}
+		if c.arg != "" {
+			args = append(args, "--write-size", c.arg)
+		}
+		o, code, _ := stormOptions(args)
+		switch {
+		case c.want == 0 && code != 2:
+			t.Errorf("--write-size %q: exit %d, want 2", c.arg, code)
+		case c.want != 0 && (code == 2 || o.writeSize != c.want):
+			t.Errorf("--write-size %q: exit %d, size %d; want %d", c.arg, code, o.writeSize, c.want)
+		}
+	}
+}
