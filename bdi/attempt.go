@@ -266,15 +266,8 @@ func (wb *Writeback) factsLocked(att *attempt, o policy.Outcome, st afterState, 
 		OtherPath:    in.OtherPath() != "",
 		ShuttingDown: wb.stop.on,
 		Denied:       errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM),
-		OpenFailed:   openEIO(err),
+		OpenFailed:   policy.OpenFailed(err),
 	}
-}
-
-// openEIO reports whether err is an open that failed with EIO
-// (policy.DeviceLevel's EIO): the filesystem shut down or failing.
-func openEIO(err error) bool {
-	e, ok := policy.DeviceLevel(err)
-	return ok && e == unix.EIO
 }
 
 // applyLocked carries out decision d for an attempt's inode and returns

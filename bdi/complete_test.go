@@ -243,7 +243,8 @@ func TestCompleteRouting(t *testing.T) {
 		{syscall.EPERM, true, policy.Forget, "the daemon may not open it"},
 		{syscall.EAGAIN, false, policy.MoreIOWait, "blocked: retried until shutdown_timeout"},
 		{syscall.EIO, false, policy.MoreIOWait, "an I/O error: retried until shutdown_timeout"},
-		{&os.PathError{Op: "open_by_handle_at", Path: "h", Err: syscall.EIO}, true, policy.Forget, "its filesystem fails to open it (shut down)"},
+		{&os.PathError{Op: "open_by_handle_at", Path: "h", Err: syscall.EIO}, true, policy.Forget, "its filesystem refuses to open it (shut down)"},
+		{&os.PathError{Op: "open", Path: "/a", Err: syscall.EUCLEAN}, true, policy.Forget, "its filesystem refuses to open it (corrupted)"},
 		{syscall.ENOENT, false, policy.Drop, "gone: not a file given up"},
 	} {
 		t.Run("shutting down, "+c.err.Error(), func(t *testing.T) {

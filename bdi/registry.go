@@ -671,8 +671,9 @@ type Unverified struct {
 
 // Shutdown drains every device (Drain) within ctx, giving up at once on
 // files whose filesystem cannot be written (EROFS, ESHUTDOWN, ENODEV,
-// ENXIO: policy.FSUnavailable), whose open fails with EIO, or that the
-// daemon may not open (EACCES, EPERM), stops the goroutines, and reports what is
+// ENXIO: policy.FSUnavailable), whose open the filesystem refuses (EIO,
+// EUCLEAN, EBADMSG: policy.OpenFailed), or that the daemon may not open
+// (EACCES, EPERM), stops the goroutines, and reports what is
 // left. Files already clean are forgotten at their first attempt, so they
 // are never waited on.
 func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {

@@ -267,8 +267,9 @@ func (s *sideState) setNextRetry(k inode.Key, at time.Duration) {
 
 // shutdown: the daemon is exiting (Registry.Shutdown, on); a file whose
 // filesystem cannot be written (FSUnavailable: EROFS, ESHUTDOWN, ENODEV,
-// ENXIO), whose open fails with EIO (a filesystem shut down), or that the
-// daemon may not open (EACCES, EPERM), is given up at once and recorded in givenUp instead of being retried until
+// ENXIO), whose open the filesystem refuses (policy.OpenFailed: EIO from
+// one shut down, EUCLEAN, EBADMSG), or that the daemon may not open
+// (EACCES, EPERM), is given up at once and recorded in givenUp instead of being retried until
 // shutdown_timeout. The list lock guards it.
 type shutdown struct {
 	on      bool

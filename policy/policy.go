@@ -196,6 +196,19 @@ func DeviceLevel(err error) (syscall.Errno, bool) {
 	return 0, false
 }
 
+// OpenFailed reports whether err is an open (an *os.PathError whose Op
+// begins with "open", such as open_by_handle_at) that the filesystem
+// refused with an I/O-class error (IOError: EIO from a filesystem shut
+// down or failing, EUCLEAN or EBADMSG from a corrupted inode), which a
+// retry within the shutdown's wait will not get past.
+func OpenFailed(err error) bool {
+	if ClassifyErr(err) != IOError {
+		return false
+	}
+	var pe *os.PathError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Op, "open")
+}
+
 // Shortage reports whether err says that a resource ran out for a moment
 // or the call was interrupted: EMFILE, ENFILE (descriptors), ENOMEM,
 // ENOBUFS (memory), EAGAIN, EINTR, matched with errors.Is. Retrying later

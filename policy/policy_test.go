@@ -220,6 +220,27 @@ func TestLost(t *testing.T) {
 	}
 }
 
+func TestOpenFailed(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&os.PathError{Op: "open_by_handle_at", Path: "h", Err: syscall.EIO}, true},
+		{&os.PathError{Op: "open", Path: "/f", Err: syscall.EUCLEAN}, true},
+		{fmt.Errorf("attempt: %w", &os.PathError{Op: "open", Path: "/f", Err: syscall.EBADMSG}), true},
+		{&os.PathError{Op: "open", Path: "/f", Err: syscall.EAGAIN}, false},
+		{&os.PathError{Op: "open", Path: "/f", Err: syscall.EROFS}, false},
+		{&os.PathError{Op: "open", Path: "/f", Err: syscall.ENOENT}, false},
+		{&os.PathError{Op: "sync_file_range", Path: "/f", Err: syscall.EIO}, false},
+		{syscall.EIO, false},
+		{nil, false},
+	} {
+		if got := OpenFailed(tc.err); got != tc.want {
+			t.Errorf("OpenFailed(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
 func TestDeviceLevel(t *testing.T) {
 	for _, tc := range []struct {
 		err   error

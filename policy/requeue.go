@@ -30,8 +30,8 @@ type Facts struct {
 	// OtherPath: the inode has another name (a hard link) to try.
 	OtherPath bool
 	// ShuttingDown: the daemon is stopping; Denied: the attempt failed
-	// with EACCES or EPERM; OpenFailed: its open failed with EIO (a
-	// filesystem shut down or failing: DeviceLevel's EIO).
+	// with EACCES or EPERM; OpenFailed: the filesystem refused its open
+	// (OpenFailed: EIO from one shut down, EUCLEAN, EBADMSG).
 	ShuttingDown, Denied, OpenFailed bool
 }
 

@@ -65,7 +65,7 @@ func TestDecide(t *testing.T) {
 		// Shutdown.
 		{"shutdown: unreachable", Facts{Outcome: FSUnavailable, Err: true, ShuttingDown: true}, Decision{Dest: Forget, GiveUp: true}},
 		{"shutdown: denied", Facts{Outcome: IOError, Err: true, ShuttingDown: true, Denied: true}, Decision{Dest: Forget, GiveUp: true}},
-		{"shutdown: open failed (EIO)", Facts{Outcome: IOError, Err: true, ShuttingDown: true, OpenFailed: true}, Decision{Dest: Forget, GiveUp: true}},
+		{"shutdown: open refused (EIO)", Facts{Outcome: IOError, Err: true, ShuttingDown: true, OpenFailed: true}, Decision{Dest: Forget, GiveUp: true}},
 		{"shutdown: EIO of a write is retried", Facts{Outcome: IOError, Err: true, Read: true, ShuttingDown: true}, Decision{Dest: MoreIOWait}},
 		{"running: open failed (EIO) is retried", Facts{Outcome: IOError, Err: true, OpenFailed: true}, Decision{Dest: MoreIOWait}},
 		{"shutdown: blocked is retried", Facts{Outcome: Blocked, Err: true, ShuttingDown: true}, Decision{Dest: MoreIOWait}},

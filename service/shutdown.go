@@ -15,6 +15,7 @@ import (
 
 	"flusherd/bdi"
 	"flusherd/internal/logpath"
+	"flusherd/policy"
 )
 
 // QuiesceTimeout bounds the handling of the events queued at the stop.
@@ -126,8 +127,8 @@ func LogShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled 
 		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
 			return "shutdown: files given up, the daemon may not open or inspect them (whatever dirty data they hold is left to the kernel's flusher)"
 		}
-		if errors.Is(err, syscall.EIO) {
-			return "shutdown: files given up, their filesystem fails to open them with EIO (shut down or failing: their dirty data may not reach the disk)"
+		if policy.OpenFailed(err) {
+			return "shutdown: files given up, their filesystem refuses to open them (EIO: shut down or failing; EUCLEAN, EBADMSG: corrupted): their dirty data may not reach the disk"
 		}
 		return "shutdown: files given up, their filesystem cannot be written (their dirty data cannot reach the disk)"
 	})

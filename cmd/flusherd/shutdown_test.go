@@ -126,7 +126,7 @@ expire = "1h"
 			if took > 15*time.Second {
 				t.Errorf("shutdown took %s: it waited for files on a shut-down filesystem (shutdown_timeout is 30s)", took)
 			}
-			if !strings.Contains(log, "files given up, their filesystem fails to open them with EIO") || !strings.Contains(log, `"given_up": 50`) {
+			if !strings.Contains(log, "files given up, their filesystem refuses to open them") || !strings.Contains(log, `"given_up": 50`) {
 				t.Errorf("the 50 files are not given up with EIO and the reason:\n%s", log)
 			}
 			if strings.Contains(log, "still dirty") || !strings.Contains(log, `"still_dirty": 0`) || strings.Contains(log, "every tracked file is clean") {
