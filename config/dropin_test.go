@@ -116,3 +116,37 @@ func TestDropInDir(t *testing.T) {
 		}
 	}
 }
+
+// TestDropInDuplicate: a drop-in's tree that another file already watches
+// is an error at the drop-in's line that names the other entry by its
+// file, line and the key as that file numbers it (a duplicate within one
+// file names the line only: TestParseErrors).
+func TestDropInDuplicate(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"a", "b"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	main := filepath.Join(dir, "flusherd.toml")
+	writeFiles(t, dir, map[string]string{
+		"flusherd.toml":        "# main\n[[watch]]\npath = \"" + dir + "/b\"\n[[watch]]\npath = \"" + dir + "/a\"\n",
+		"flusherd.d/10-x.toml": "[[watch]]\npath = \"" + dir + "/a\"\n[[watch]]\npath = \"" + dir + "/a/\"\n",
+	})
+	_, err := Load(main)
+	var es Errors
+	if !errors.As(err, &es) || len(es) != 2 {
+		t.Fatalf("Load: %v, want two errors", err)
+	}
+	want := []string{
+		"10-x.toml:2: watch[0].path: \"" + dir + "/a\" is already watched by watch[1] (" + main + ":5)",
+		"10-x.toml:4: watch[1].path: \"" + dir + "/a\" is already watched by watch[1] (" + main + ":5)",
+	}
+	var got []string
+	for _, e := range es {
+		got = append(got, fmt.Sprintf("%s:%d: %s: %s", filepath.Base(e.File), e.Line, e.Key, e.Msg))
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+}

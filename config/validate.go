@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -235,20 +236,24 @@ func (ch *checker) trees() {
 }
 
 // ref names watch[j] with its line, for "already watched" errors.
-func (ch *checker) ref(j int) string {
+func (ch *checker) ref(j, from int) string {
 	s := ch.s
 	if f := ch.c.Watch[j].Flag; f != "" {
 		return fmt.Sprintf("%s %q", f, ch.c.Watch[j].Root)
 	}
 	r := fmt.Sprintf("watch[%d]", j)
-	if l := s.line(r + ".path"); l > 0 {
-		r += fmt.Sprintf(" (line %d)", l)
-		if s.name() != "" && ch.fromFlag {
-			// The error names no file: the reference does.
-			r = fmt.Sprintf("watch[%d] (%s:%d)", j, s.name(), l)
-		}
+	l, ok := s.loc(r + ".path")
+	if !ok || l.line == 0 {
+		return r
 	}
-	return r
+	here, _ := s.loc(fmt.Sprintf("watch[%d].path", from))
+	switch {
+	case ch.fromFlag || l.file != here.file:
+		// The error names no file, or another: the reference does,
+		// with the entry as that file numbers it.
+		return fmt.Sprintf("%s (%s:%d)", strings.TrimSuffix(l.key, ".path"), displayPath(cmp.Or(l.file, s.name())), l.line)
+	}
+	return r + fmt.Sprintf(" (line %d)", l.line)
 }
 
 // statsInside reports the stats dir inside a watched tree: on stats.dir
@@ -289,7 +294,7 @@ func (ch *checker) tree(i int, w Watch) {
 	p := filepath.Clean(w.Root)
 	j, dupName := ch.seen[p]
 	if dupName {
-		ch.add(pkey, "%q is already watched by %s", p, ch.ref(j))
+		ch.add(pkey, "%q is already watched by %s", p, ch.ref(j, i))
 	} else {
 		ch.seen[p] = i
 	}
@@ -371,20 +376,20 @@ func (ch *checker) sameTree(i int, pkey, p string, dupName bool, fi fs.FileInfo)
 		// Said already, by name.
 	} else if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
 		if j, dup := ch.resolved[r]; dup {
-			ch.add(pkey, "%q is %q, already watched by %s", p, r, ch.ref(j))
+			ch.add(pkey, "%q is %q, already watched by %s", p, r, ch.ref(j, i))
 		} else if j, dup := ch.seen[r]; dup && j != i {
-			ch.add(pkey, "%q is %q, already watched by %s", p, r, ch.ref(j))
+			ch.add(pkey, "%q is %q, already watched by %s", p, r, ch.ref(j, i))
 		}
 		ch.resolved[r] = i
 	} else if j, dup := ch.resolved[p]; dup {
-		ch.add(pkey, "%q is already watched by %s, through a symlink", p, ch.ref(j))
+		ch.add(pkey, "%q is already watched by %s, through a symlink", p, ch.ref(j, i))
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		id := [2]uint64{uint64(st.Dev), uint64(st.Ino)}
 		if j, dup := ch.sameDir[id]; !dup {
 			ch.sameDir[id] = i
 		} else if !dupName && len(ch.errs) == before {
-			ch.add(pkey, "%q is the directory %s watches, under another name (a bind mount): it would be watched twice, its files reported under one name and with that tree's settings", p, ch.ref(j))
+			ch.add(pkey, "%q is the directory %s watches, under another name (a bind mount): it would be watched twice, its files reported under one name and with that tree's settings", p, ch.ref(j, i))
 		}
 	}
 }
