@@ -164,3 +164,25 @@ func StatPath(path string) (unix.Stat_t, error) {
 	}
 	return st, nil
 }
+
+// StatPathHandle is StatPath with the inode's file handle
+// (name_to_handle_at(2) of the same descriptor), which tells a directory
+// from another made with its inode number (ext4 reuses one at once; a
+// btrfs subvolume made again gets the deleted one's st_dev and root
+// inode): "" where the filesystem gives none.
+func StatPathHandle(path string) (unix.Stat_t, Handle, error) {
+	var st unix.Stat_t
+	fd, err := OpenPath(path)
+	if err != nil {
+		return st, "", &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := unix.Fstat(fd, &st); err != nil {
+		return st, "", &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	fh, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return st, "", nil
+	}
+	return st, MakeHandle(fh.Type(), fh.Bytes()), nil
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"flusherd/inode"
 	"flusherd/tree"
@@ -98,12 +99,32 @@ type base struct {
 	mountsMet map[int]*nestedMount // mount IDs seen: handed to nested, or skipped (nil)
 }
 
-// rootKey returns the root's identity as last recorded (zero before).
+// rootKey returns the root's (st_dev, st_ino) as last recorded (zero
+// before).
 func (t *watchedTree) rootKey() inode.Key {
-	if k := t.rootID.Load(); k != nil {
-		return *k
+	if id := t.rootID.Load(); id != nil {
+		return id.key
 	}
 	return inode.Key{}
+}
+
+// rootIdentity is a root directory's identity: its key and, where the
+// filesystem gives one, its file handle.
+type rootIdentity struct {
+	key    inode.Key
+	handle inode.Handle
+}
+
+// isRoot reports whether st and h (inode.StatPathHandle) are of the
+// directory recorded as t's root: the same key, and the same handle where
+// both are known (a directory removed and made again can have the same
+// key).
+func (t *watchedTree) isRoot(st unix.Stat_t, h inode.Handle) bool {
+	id := t.rootID.Load()
+	if id == nil || st.Dev != id.key.Dev || st.Ino != id.key.Ino {
+		return false
+	}
+	return h == "" || id.handle == "" || h == id.handle
 }
 
 // watchedTree is a watched tree and its state.
@@ -111,7 +132,7 @@ type watchedTree struct {
 	tree.Tree
 	// rootID is the root's identity when watched (record), read by the
 	// event readers while WatchRoots records it again: an atomic.
-	rootID atomic.Pointer[inode.Key]
+	rootID atomic.Pointer[rootIdentity]
 	gone   bool // guarded by base.mu: its root is gone, it is no longer served
 	// failing, guarded by base.mu: its root could not be reached at
 	// the last checkRoots (logged once).

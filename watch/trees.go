@@ -203,14 +203,14 @@ func (b *base) rootOf(dir string, t tree.Tree) (root, recursive bool) {
 
 // record notes the root's identity, for checkRoots.
 func (t *watchedTree) record() error {
-	st, err := inode.StatPath(t.Root)
+	st, h, err := inode.StatPathHandle(t.Root)
 	if err != nil {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("watch root %s: not a directory", strconv.Quote(t.Root))
 	}
-	t.rootID.Store(&inode.Key{Dev: st.Dev, Ino: st.Ino})
+	t.rootID.Store(&rootIdentity{key: inode.Key{Dev: st.Dev, Ino: st.Ino}, handle: h})
 	return nil
 }
 
@@ -251,8 +251,8 @@ func (b *base) checkRootsUnder(dir string) {
 		if gone {
 			continue
 		}
-		st, err := inode.StatPath(t.Root)
-		if err == nil && st.Dev == t.rootKey().Dev && st.Ino == t.rootKey().Ino {
+		st, h, err := inode.StatPathHandle(t.Root)
+		if err == nil && t.isRoot(st, h) {
 			b.mu.Lock()
 			t.failing = false
 			b.mu.Unlock()
@@ -322,9 +322,9 @@ func (b *base) rootMoved(root string) bool {
 	if t == nil || t.Root != root {
 		return false
 	}
-	st, err := inode.StatPath(root)
+	st, h, err := inode.StatPathHandle(root)
 	if err != nil && !rootGone(err) {
 		return false // unreachable, not moved (checkRoots says which)
 	}
-	return err != nil || st.Dev != t.rootKey().Dev || st.Ino != t.rootKey().Ino
+	return err != nil || !t.isRoot(st, h)
 }

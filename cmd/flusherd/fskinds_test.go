@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"os"
@@ -140,6 +141,76 @@ expire = "1h"
 	}
 	if log := d.log.String()[from:]; !strings.Contains(log, "every tracked file is clean") {
 		t.Errorf("the shutdown did not end clean:\n%s", log)
+	}
+}
+
+// TestRootMadeAgain: a tree's root removed and made again at once, with
+// the same st_dev and inode number (ext4 gives a freed number to the next
+// directory; a btrfs subvolume made again gets the deleted one's st_dev
+// and root inode), is found gone, not taken for the root it watched:
+// inotify's watches went with the old directory, and the new one's files
+// would go untracked while status showed the tree served.
+func TestRootMadeAgain(t *testing.T) {
+	t.Parallel()
+	testfs.SkipShort(t, "the daemon on loop-mounted ext4 and btrfs")
+	if _, err := exec.LookPath("btrfs"); err != nil {
+		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
+	}
+	for _, c := range []struct{ fs, backend string }{{"ext4", "inotify"}, {"ext4", "fanotify"}, {"btrfs", "auto"}} {
+		t.Run(c.fs+"/"+c.backend, func(t *testing.T) {
+			t.Parallel()
+			mnt := testfs.Mount(t, testfs.Options{Type: c.fs})
+			root := filepath.Join(mnt.Dir, "t")
+			remake := func() {
+				if err := os.RemoveAll(root); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Mkdir(root, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.fs == "btrfs" {
+				makeSubvolume(t, root)
+				remake = func() {
+					for _, op := range []string{"delete", "create"} {
+						if out, err := exec.Command("btrfs", "subvolume", op, root).CombinedOutput(); err != nil {
+							t.Fatalf("btrfs subvolume %s: %v\n%s", op, err, out)
+						}
+					}
+				}
+			} else if err := os.Mkdir(root, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			d := startDaemon(t, fmt.Sprintf(`
+[writeback]
+dirty_writeback_interval = "200ms"
+[watcher]
+backend = %q
+rescan_interval = "1s"
+[[watch]]
+path = %q
+expire = "1h"
+`, c.backend, root))
+			var before unix.Stat_t
+			if err := unix.Stat(root, &before); err != nil {
+				t.Fatal(err)
+			}
+			remake()
+			var after unix.Stat_t
+			if err := unix.Stat(root, &after); err != nil {
+				t.Fatal(err)
+			}
+			if after.Dev != before.Dev || after.Ino != before.Ino {
+				t.Fatalf("precondition: the root made again is (%d, %d), was (%d, %d): want the same key", after.Dev, after.Ino, before.Dev, before.Ino)
+			}
+			if !poll(5*time.Second, func() bool { return strings.Contains(d.log.String(), "a watched tree's root is gone") }) {
+				t.Fatalf("the root made again is not found gone within 5 s (rescan_interval 1s):\n%s", d.log.String())
+			}
+			var out, errb bytes.Buffer
+			if code := Main([]string{"status", "--stats-dir", d.statsDir}, &out, &errb); code != 0 || !strings.Contains(out.String(), strconv.Quote(root)+" (gone)") {
+				t.Errorf("status: exit %d, want the tree shown gone:\n%s%s", code, out.String(), errb.String())
+			}
+		})
 	}
 }
 
