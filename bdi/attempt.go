@@ -324,6 +324,9 @@ func (wb *Writeback) logAttempt(path inode.PathRef, o policy.Outcome, d policy.D
 	case d.Dest == policy.Failed:
 		wb.errLog.Error("data lost: a writeback of this file failed and the kernel dropped its dirty pages; it stays reported as failed until it is written again",
 			pathField(), zap.Error(err))
+	case d.GiveUp:
+		// The shutdown's report names it, with files of the same error.
+		wb.log.Debug("writeback failed at shutdown; the file is given up", pathField(), zap.Stringer("outcome", o), zap.Error(err))
 	case newErr:
 		wb.errLog.Warn("writeback failed; the file stays tracked and is retried",
 			pathField(), zap.Stringer("outcome", o), zap.Stringer("requeue", d.Dest), zap.Error(err))

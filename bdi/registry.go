@@ -621,6 +621,28 @@ func (wb *Writeback) Drain(ctx context.Context, reason string) error {
 	}
 }
 
+// without returns u less the files that given, lost or left name: the
+// report says they were not written (or not all), which an "outcome not
+// known, clean" line would contradict.
+func (u Unverified) without(given, lost []GivenUp, left []string) Unverified {
+	named := make(map[string]bool, len(given)+len(lost)+len(left))
+	for _, g := range slices.Concat(given, lost) {
+		named[g.Path] = true
+	}
+	for _, p := range left {
+		named[p] = true
+	}
+	out := Unverified{Files: u.Files}
+	for _, p := range u.Paths {
+		if named[p] {
+			out.Files--
+			continue
+		}
+		out.Paths = append(out.Paths, p)
+	}
+	return out
+}
+
 // leftPaths returns the paths of the tracked inodes, sorted, less those
 // on bFailed, which Shutdown reports as lost instead.
 func (wb *Writeback) leftPaths() []string {
@@ -699,6 +721,7 @@ func (r *Registry) Shutdown(ctx context.Context) ShutdownReport {
 					left = append(left, root+" (files not tracked over the tracked-inode budget: their syncfs pass did not complete)")
 				}
 			}
+			unv = unv.without(given, lost, left)
 			mu.Lock()
 			if err != nil {
 				rep.Left[wb.Name] = left

@@ -1022,3 +1022,17 @@ func TestTreeGoneTrackedWarned(t *testing.T) {
 		}
 	})
 }
+
+// TestUnverifiedWithout: the shutdown's unverified writes leave out the
+// files the report names given up, lost or left (an "outcome not known,
+// clean" line would contradict it), from the named paths and the count.
+func TestUnverifiedWithout(t *testing.T) {
+	u := Unverified{Paths: []string{"/a", "/b", "/c", "/d"}, Files: 10}
+	got := u.without([]GivenUp{{Path: "/a"}}, []GivenUp{{Path: "/c"}}, []string{"/d", "/x"})
+	if want := (Unverified{Paths: []string{"/b"}, Files: 7}); !gocmp.Equal(got, want) {
+		t.Errorf("without: %+v, want %+v", got, want)
+	}
+	if got := u.without(nil, nil, nil); !gocmp.Equal(got, u) {
+		t.Errorf("without nothing: %+v, want %+v", got, u)
+	}
+}

@@ -3,6 +3,7 @@ package service
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,8 +16,9 @@ import (
 
 // TestLogShutdownWording: files given up for a missing permission are not
 // blamed on their filesystem; files left at the timeout are not said to
-// have had their writeback started (their attempts may have failed); a
-// cut scan or lost events turn "every tracked file is clean" into an error.
+// have had their writeback started (their attempts may have failed); files
+// given up for one errno share a line; a cut scan or lost events turn
+// "every tracked file is clean" into an error.
 func TestLogShutdownWording(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	rep := bdi.ShutdownReport{
@@ -33,10 +35,10 @@ func TestLogShutdownWording(t *testing.T) {
 			msgs[s] = e.Message
 		}
 	}
-	if m := msgs["cachestat: operation not permitted"]; !strings.Contains(m, "may not open or inspect") || strings.Contains(m, "filesystem") {
+	if m := msgs["operation not permitted"]; !strings.Contains(m, "may not open or inspect") || strings.Contains(m, "filesystem") {
 		t.Errorf("EPERM given up: %q", m)
 	}
-	if m := msgs["sync_file_range: read-only file system"]; !strings.Contains(m, "their filesystem cannot be written") {
+	if m := msgs["read-only file system"]; !strings.Contains(m, "their filesystem cannot be written") {
 		t.Errorf("EROFS given up: %q", m)
 	}
 	if n := logs.FilterMessageSnippet("when shutdown_timeout (1s) ended").Len(); n != 1 {
@@ -63,6 +65,21 @@ func TestLogShutdownWording(t *testing.T) {
 	m := last.ContextMap()
 	if _, ok := m["ended_by"]; ok || m["data_lost"] != int64(1) || m["given_up"] != int64(1) || m["still_dirty"] != int64(0) {
 		t.Errorf("last line's fields %v: want data_lost 1, given_up 1, still_dirty 0, no ended_by", m)
+	}
+
+	// Files given up for one errno, each with its own text (an open by
+	// handle names the handle): one line for the three, with the first's
+	// whole error.
+	core, logs = observer.New(zap.InfoLevel)
+	var shut []bdi.GivenUp
+	for i := range 3 {
+		shut = append(shut, bdi.GivenUp{Path: fmt.Sprintf("/t/%d", i), Err: &os.PathError{Op: "open_by_handle_at", Path: fmt.Sprintf("file handle 81%d", i), Err: syscall.EIO}})
+	}
+	LogShutdown(zap.New(core), bdi.ShutdownReport{GivenUp: map[string][]bdi.GivenUp{"7:0": shut}}, "shutdown_timeout (1s) ended", nil)
+	g := logs.FilterMessageSnippet("files given up").All()
+	if len(g) != 1 || g[0].ContextMap()["files"] != int64(3) || g[0].ContextMap()["error"] != "input/output error" ||
+		g[0].ContextMap()["first_error"] != "open_by_handle_at file handle 810: input/output error" || !strings.Contains(g[0].Message, "refuses to open them") {
+		t.Errorf("three files given up with EIO: %v", logs.All())
 	}
 
 	core, logs = observer.New(zap.InfoLevel)

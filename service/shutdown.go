@@ -161,22 +161,36 @@ func LogShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled 
 }
 
 // logByError logs files by device and error, one line each, with the
-// message msg gives for the error; it returns how many files.
+// message msg gives for the error; it returns how many files. Errors are
+// grouped by their errno where they have one (the text of an open by
+// handle names the handle, which differs file by file); the line gives
+// the errno's text and the first file's whole error.
 func logByError(log *zap.Logger, files map[string][]bdi.GivenUp, msg func(error) string) int {
 	n := 0
 	for dev, g := range files {
 		n += len(g)
 		paths := map[string][]string{}
 		first := map[string]error{}
+		var order []string
 		for _, f := range g {
 			e := f.Err.Error()
-			paths[e] = append(paths[e], f.Path)
+			var errno syscall.Errno
+			if errors.As(f.Err, &errno) {
+				e = errno.Error()
+			}
 			if first[e] == nil {
 				first[e] = f.Err
+				order = append(order, e)
 			}
+			paths[e] = append(paths[e], f.Path)
 		}
-		for e, ps := range paths {
-			log.Error(msg(first[e]), zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(ps)), logpath.Strings("first", ps[:min(len(ps), 20)]))
+		for _, e := range order {
+			ps := paths[e]
+			fields := []zap.Field{zap.String("bdi", dev), zap.String("error", e), zap.Int("files", len(ps)), logpath.Strings("first", ps[:min(len(ps), 20)])}
+			if full := first[e].Error(); full != e {
+				fields = append(fields, zap.String("first_error", full))
+			}
+			log.Error(msg(first[e]), fields...)
 		}
 	}
 	return n

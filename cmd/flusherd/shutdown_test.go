@@ -91,7 +91,8 @@ expire = "1h"
 // that was shut down (XFS_IOC_GOINGDOWN, EXT4_IOC_SHUTDOWN: the same
 // ioctl, as after a metadata I/O error; every open fails with EIO), SIGTERM
 // does not wait out shutdown_timeout: the files are given up at once,
-// named with EIO and the reason, and none is also counted still dirty.
+// named with EIO and the reason in one line, and none is also counted
+// still dirty.
 func TestShutdownShutDownFS(t *testing.T) {
 	t.Parallel()
 	testfs.SkipShort(t, "shuts down loop-mounted xfs and ext4")
@@ -128,6 +129,9 @@ expire = "1h"
 			}
 			if !strings.Contains(log, "files given up, their filesystem refuses to open them") || !strings.Contains(log, `"given_up": 50`) {
 				t.Errorf("the 50 files are not given up with EIO and the reason:\n%s", log)
+			}
+			if n := strings.Count(log, "files given up"); n != 1 || !strings.Contains(log, `"files": 50`) {
+				t.Errorf("%d lines name the files given up, want one for the 50:\n%s", n, log)
 			}
 			if strings.Contains(log, "still dirty") || !strings.Contains(log, `"still_dirty": 0`) || strings.Contains(log, "every tracked file is clean") {
 				t.Errorf("files on the shut-down filesystem also reported still dirty, or all clean:\n%s", log)
