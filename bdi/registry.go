@@ -337,7 +337,7 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 			// Renamed or mounted over, the files are still there and
 			// may be dirty; removed, their data went with them;
 			// unmounted, the unmount wrote them back.
-			r.opt.Log.Warn("dropped the files of a tree that is gone; those tracked as dirty are left to the kernel's flusher",
+			r.opt.Log.Warn("dropped the files of a tree that is gone, some tracked as dirty: if the tree was renamed or mounted over, their dirty data is left to the kernel's flusher (removed, it went with them)",
 				logpath.String("root", root), zap.Int("files", d.Files), zap.Int("tracked", d.Tracked),
 				zap.Uint64("dirty_pages_last_seen", d.DirtyPages), zap.String("bdi", wb.Name))
 		} else {
