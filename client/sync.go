@@ -34,8 +34,10 @@ func unreachableHint(cmd, statsDir string) string {
 
 // Sync asks the daemon whose stats directory is statsDir for integrity
 // writeback of paths (absolute; none: every tracked file), waits for it
-// at most timeout (0: no bound), prints the files that failed and a
-// summary, and returns the exit code.
+// at most timeout (0: no bound), prints the files that failed and the
+// paths refused, and a summary, and returns the exit code: ExitFailed for
+// a failed writeback, else ExitUsage for a path refused (outside the
+// trees, not there, ...).
 func Sync(statsDir string, paths []string, timeout time.Duration, stdout, stderr io.Writer) int {
 	resp, err := control.Call(control.SocketPath(statsDir), control.Request{Op: "sync", Paths: control.Names(paths)}, timeout)
 	switch {
@@ -49,9 +51,12 @@ func Sync(statsDir string, paths []string, timeout time.Duration, stdout, stderr
 	if err != nil {
 		return callFailed("sync", statsDir, err, stderr)
 	}
-	failed, gone := 0, 0
+	failed, gone, refused := 0, 0, 0
 	for _, f := range resp.Files {
 		switch {
+		case f.Refused:
+			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", strconv.Quote(string(f.Path)), f.Error)
+			refused++
 		case f.Error != "":
 			fmt.Fprintf(stderr, "flusherd sync: %s: %s\n", strconv.Quote(string(f.Path)), f.Error)
 			failed++
@@ -63,7 +68,7 @@ func Sync(statsDir string, paths []string, timeout time.Duration, stdout, stderr
 		fmt.Fprintf(stderr, "flusherd sync: %s\n", resp.Error)
 		return cli.ExitFailed
 	}
-	if ok := len(resp.Files) - failed - gone; ok == 1 {
+	if ok := len(resp.Files) - failed - gone - refused; ok == 1 {
 		fmt.Fprint(stdout, "1 file written back")
 	} else {
 		fmt.Fprintf(stdout, "%d files written back", ok)
@@ -77,9 +82,15 @@ func Sync(statsDir string, paths []string, timeout time.Duration, stdout, stderr
 	if failed > 0 {
 		fmt.Fprintf(stdout, "; %d failed (above)", failed)
 	}
+	if refused > 0 {
+		fmt.Fprintf(stdout, "; %d %s refused, nothing to write (above)", refused, map[bool]string{true: "path", false: "paths"}[refused == 1])
+	}
 	fmt.Fprintln(stdout)
-	if failed > 0 || !resp.OK {
+	switch {
+	case failed > 0 || !resp.OK:
 		return cli.ExitFailed
+	case refused > 0:
+		return cli.ExitUsage
 	}
 	return cli.ExitOK
 }

@@ -117,6 +117,11 @@ type FileResult struct {
 	// or its path now names another file): it had nothing left to
 	// write, which is no failure.
 	Gone bool `json:"gone,omitempty"`
+	// Refused: the path named is no file sync can write (not absolute,
+	// not there, through a symbolic link, outside the trees, on a
+	// filesystem without writeback, not a regular file or directory):
+	// a bad argument, with Error saying why; nothing was attempted.
+	Refused bool `json:"refused,omitempty"`
 }
 
 // Response is the answer to a Request. Empty fields are left out of its

@@ -242,12 +242,18 @@ func (sp *syncPlan) fail(p, msg string) {
 	sp.files = append(sp.files, control.FileResult{Path: control.Name(p), Error: msg})
 }
 
+// refuse records a path named that is no file sync can write (a bad
+// argument), with the reason.
+func (sp *syncPlan) refuse(p, msg string) {
+	sp.files = append(sp.files, control.FileResult{Path: control.Name(p), Error: msg, Refused: true})
+}
+
 // addPath adds what a named path asks for: a regular file in a tree, the
 // tracked files under a directory of a tree or above trees; anything else
 // is a failure with its reason.
 func (sp *syncPlan) addPath(p string) {
 	if !filepath.IsAbs(p) {
-		sp.fail(p, "not an absolute path")
+		sp.refuse(p, "not an absolute path")
 		return
 	}
 	p = filepath.Clean(p)
@@ -255,11 +261,15 @@ func (sp *syncPlan) addPath(p string) {
 	// outside the trees through one), and nothing is opened for I/O.
 	st, err := inode.StatPath(p)
 	if errors.Is(err, unix.ELOOP) {
-		sp.fail(p, "a directory in the path is a symbolic link, which is not followed ("+linkHint(sp.wat, p, "give the path without it")+")")
+		sp.refuse(p, "a directory in the path is a symbolic link, which is not followed ("+linkHint(sp.wat, p, "give the path without it")+")")
 		return
 	}
 	if err != nil {
-		sp.fail(p, reason(err))
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENAMETOOLONG) {
+			sp.refuse(p, reason(err))
+		} else {
+			sp.fail(p, reason(err))
+		}
 		return
 	}
 	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
@@ -276,12 +286,12 @@ func (sp *syncPlan) addPath(p string) {
 		} else if root := flatAbove(sp.wat, p); root != "" {
 			msg += " (" + flatHint(root) + ")"
 		}
-		sp.fail(p, msg)
+		sp.refuse(p, msg)
 		return
 	case isDir && !tree.Recursive && p != tree.Root && !holdsTree(sp.wat, p):
 		// A subdirectory of a tree without recursion: none of the
 		// files below it is the tree's.
-		sp.fail(p, "not in a watched tree ("+flatHint(tree.Root)+")")
+		sp.refuse(p, "not in a watched tree ("+flatHint(tree.Root)+")")
 		return
 	}
 	switch st.Mode & unix.S_IFMT {
@@ -290,7 +300,7 @@ func (sp *syncPlan) addPath(p string) {
 	case unix.S_IFREG:
 		if kind, ok := watch.NoWriteback(filepath.Dir(p)); ok {
 			// (No device is made for it: nothing there is tracked.)
-			sp.fail(p, "on "+kind+", a filesystem without writeback: nothing to write back")
+			sp.refuse(p, "on "+kind+", a filesystem without writeback: nothing to write back")
 			return
 		}
 		key := inode.Key{Dev: st.Dev, Ino: st.Ino}
@@ -301,9 +311,9 @@ func (sp *syncPlan) addPath(p string) {
 		}
 		sp.add(wb, bdi.FileRef{Key: key, Path: p, Tree: tree})
 	case unix.S_IFLNK:
-		sp.fail(p, "a symbolic link: not followed (name the file it points to)")
+		sp.refuse(p, "a symbolic link: not followed (name the file it points to)")
 	default:
-		sp.fail(p, "not a regular file or directory")
+		sp.refuse(p, "not a regular file or directory")
 	}
 }
 
@@ -332,9 +342,9 @@ func (sp *syncPlan) run(ctx context.Context) control.Response {
 			}
 		}
 	}
-	ok := true
+	ok := true // no writeback failed (a path refused is not one)
 	for _, f := range sp.files {
-		if f.Error != "" {
+		if f.Error != "" && !f.Refused {
 			ok = false
 		}
 	}

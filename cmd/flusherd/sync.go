@@ -22,7 +22,8 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 		"file in a watched tree, and is written whether or not it is tracked; a directory means\n"+
 		"every tracked file under it; no PATH means every tracked file. Flags may come after\n"+
 		"the paths. A file deleted before its writeback is counted, not failed. Exit 1\n"+
-		"naming each file that failed, 3 if no daemon answers. When --timeout passes first,\n"+
+		"naming each file that failed, 2 for a path refused (outside the trees, missing, not a\n"+
+		"regular file or directory) when none failed, 3 if no daemon answers. When --timeout passes first,\n"+
 		"the command gives up (exit 1) and the daemon finishes the sync anyway.",
 		"flusherd sync /srv/db/wal /srv/db/data.1\n  flusherd sync /srv/spool        # every tracked file under it\n  flusherd sync                    # every tracked file", stdout, stderr)
 	var c cli.ConfigFlags
@@ -51,7 +52,7 @@ func cmdSync(args []string, stdout, stderr io.Writer) int {
 			// "file/" is ENOTDIR, as for any other command.
 			if _, err := os.Stat(p); errors.Is(err, syscall.ENOTDIR) {
 				fmt.Fprintf(stderr, "flusherd sync: %s: not a directory\n", strconv.Quote(p))
-				return cli.ExitFailed
+				return cli.ExitUsage
 			}
 		}
 		abs, err := filepath.Abs(p)

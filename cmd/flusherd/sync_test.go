@@ -125,7 +125,8 @@ expire = "1h"
 // its fdatasync fails (a FUSE filesystem returning EIO), still after the
 // fault is lifted (the failed writeback took the data; nothing is left to
 // write), and exits 0 once the file was written again and written back; a
-// path outside the watched trees is refused by name.
+// path outside the watched trees is refused by name (exit 2), and one
+// refused beside a failure leaves the exit 1.
 func TestSyncReportsIOError(t *testing.T) {
 	t.Parallel()
 	ffs := faultfs.MountT(t)
@@ -156,6 +157,11 @@ path = %q
 	if code, out := runSync(t, d, p); code != 1 || !strings.Contains(out, "dropped after a failed writeback") {
 		t.Fatalf("a second sync before a new write: exit %d: %s; want the loss again", code, out)
 	}
+	// With a path refused beside it, the failure still sets the exit.
+	missing := filepath.Join(ffs.Dir, "missing")
+	if code, out := runSync(t, d, p, missing); code != 1 || !strings.Contains(out, "1 failed (above); 1 path refused") {
+		t.Fatalf("sync of the lost file and a missing one: exit %d: %s; want 1, one failed and one refused", code, out)
+	}
 	// Written again: the new data is written and the file is clean.
 	if _, err := f.WriteAt(make([]byte, 8192), 0); err != nil {
 		t.Fatal(err)
@@ -165,7 +171,7 @@ path = %q
 	}
 	outside := filepath.Join(t.TempDir(), "elsewhere")
 	writeDirty(t, outside, 10)
-	if code, out := runSync(t, d, outside); code != 1 || !strings.Contains(out, "not in a watched tree") {
+	if code, out := runSync(t, d, outside); code != cli.ExitUsage || !strings.Contains(out, "not in a watched tree") {
 		t.Fatalf("sync of a file outside the trees: exit %d: %s", code, out)
 	}
 	d.stop(t)
@@ -279,7 +285,7 @@ func TestSyncTimeoutFlagErrors(t *testing.T) {
 
 // TestSyncPathErrors: an empty path is a usage error, not the current
 // directory; a regular file named with a trailing slash is not a
-// directory (exit 1), before any daemon is asked.
+// directory (exit 2), before any daemon is asked.
 func TestSyncPathErrors(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
@@ -291,7 +297,7 @@ func TestSyncPathErrors(t *testing.T) {
 		want string
 	}{
 		{"", cli.ExitUsage, "an empty path"},
-		{f + "/", cli.ExitFailed, "not a directory"},
+		{f + "/", cli.ExitUsage, "not a directory"},
 	} {
 		var out bytes.Buffer
 		code := Main([]string{"sync", "--stats-dir", t.TempDir(), tc.arg}, &out, &out)
@@ -343,8 +349,8 @@ func TestSyncSpecialFiles(t *testing.T) {
 		go func() { done <- Main([]string{"sync", "--stats-dir", d.statsDir, c.path}, &out, &out) }()
 		select {
 		case code := <-done:
-			if code != cli.ExitFailed || !strings.Contains(out.String(), c.want) {
-				t.Errorf("sync %s: exit %d, %q; want exit 1 and %q", c.path, code, out.String(), c.want)
+			if code != cli.ExitUsage || !strings.Contains(out.String(), c.want) || !strings.Contains(out.String(), "1 path refused") {
+				t.Errorf("sync %s: exit %d, %q; want exit 2, %q and the path counted refused", c.path, code, out.String(), c.want)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("sync %s hung", c.path)
@@ -380,8 +386,8 @@ func TestSyncAboveTreesAndTwice(t *testing.T) {
 	}
 	bad := filepath.Join(tree, "\xff")
 	code, out := runSync(t, d, bad)
-	if code != cli.ExitFailed || !strings.Contains(out, strconv.Quote(bad)) || strings.Contains(out, "\xff") || strings.ContainsRune(out, utf8.RuneError) {
-		t.Errorf("sync of a missing non-UTF-8 name: exit %d, %q; want exit 1, the name quoted and no raw byte (nor U+FFFD, what JSON makes of one)", code, out)
+	if code != cli.ExitUsage || !strings.Contains(out, strconv.Quote(bad)) || strings.Contains(out, "\xff") || strings.ContainsRune(out, utf8.RuneError) {
+		t.Errorf("sync of a missing non-UTF-8 name: exit %d, %q; want exit 2, the name quoted and no raw byte (nor U+FFFD, what JSON makes of one)", code, out)
 	}
 }
 
@@ -407,9 +413,9 @@ func TestSyncBelowFlatTree(t *testing.T) {
 	d := startDaemon(t, fmt.Sprintf("[[watch]]\npath = %q\nrecursive = false\n", tree))
 	for _, p := range []string{sub, f} {
 		code, out := runSync(t, d, p)
-		if code != cli.ExitFailed || !strings.Contains(out, "not in a watched tree") || !strings.Contains(out, "recursive = false") ||
-			!strings.Contains(out, "0 files written back; 1 failed (above)") {
-			t.Errorf("sync %s: exit %d, %q; want exit 1, not in a watched tree, recursive = false, and the failure counted", p, code, out)
+		if code != cli.ExitUsage || !strings.Contains(out, "not in a watched tree") || !strings.Contains(out, "recursive = false") ||
+			!strings.Contains(out, "0 files written back; 1 path refused, nothing to write (above)") {
+			t.Errorf("sync %s: exit %d, %q; want exit 2, not in a watched tree, recursive = false, and the path counted refused", p, code, out)
 		}
 	}
 	if code, out := runSync(t, d, tree, top); code != 0 {
