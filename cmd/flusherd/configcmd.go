@@ -49,6 +49,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 	if len(cfg.Watch) == 0 {
 		fmt.Fprintln(stderr, "flusherd check-config: note: no [[watch]] entries; the daemon will start idle until one is added and the configuration reloaded")
 	}
+	// One note per sandbox setting, naming every tree it hides.
+	private := map[string][]string{} // setting -> "root" is under dir
+	var settings []string
 	for _, w := range cfg.Watch {
 		if kind, ok := watch.NoWriteback(w.Root); ok {
 			fmt.Fprintf(stderr, "flusherd check-config: note: %q is on %s, a filesystem without writeback: nothing there is ever written back\n", w.Root, kind)
@@ -59,10 +62,20 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) int {
 			if w.Root == d {
 				where = "is " + d
 			}
-			fmt.Fprintf(stderr, "flusherd check-config: note: %q %s, which the shipped systemd unit replaces with a private one (%s): under the unit this tree is not there; "+
-				"to watch it there, set %s=no in a drop-in (/etc/systemd/system/flusherd.service.d/*.conf), which gives up that part of the sandbox\n",
-				w.Root, where, setting, strings.TrimSuffix(setting, "=yes"))
+			if private[setting] == nil {
+				settings = append(settings, setting)
+			}
+			private[setting] = append(private[setting], fmt.Sprintf("%q %s", w.Root, where))
 		}
+	}
+	for _, setting := range settings {
+		trees, which := private[setting], "this tree is"
+		if len(trees) > 1 {
+			which = "these trees are"
+		}
+		fmt.Fprintf(stderr, "flusherd check-config: note: %s, which the shipped systemd unit replaces with a private one (%s): under the unit %s not there; "+
+			"to watch it there, set %s=no in a drop-in (/etc/systemd/system/flusherd.service.d/*.conf), which gives up that part of the sandbox\n",
+			strings.Join(trees, ", "), setting, which, strings.TrimSuffix(setting, "=yes"))
 	}
 	if err := cfg.EncodeEffective(stdout); err != nil {
 		fmt.Fprintf(stderr, "flusherd check-config: %v\n", err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -240,6 +241,39 @@ func TestCheckConfigPrivateDirs(t *testing.T) {
 		// The note says how to watch it under the unit after all.
 		if off := strings.TrimSuffix(c.note, "=yes") + "=no in a drop-in"; c.note != "" && !strings.Contains(errb.String(), off) {
 			t.Errorf("%s: the note does not say %q: %s", c.path, off, errb.String())
+		}
+	}
+}
+
+// TestCheckConfigPrivateDirsOnce: several trees under /tmp and /var/tmp
+// get one note for PrivateTmp=yes, naming each of them.
+func TestCheckConfigPrivateDirsOnce(t *testing.T) {
+	dir := t.TempDir()
+	if !strings.HasPrefix(dir, "/tmp/") {
+		t.Skip("the test directory is not under /tmp")
+	}
+	var conf strings.Builder
+	roots := []string{filepath.Join(dir, "a"), filepath.Join(dir, "b"), "/var/tmp"}
+	for _, r := range roots {
+		if err := os.MkdirAll(r, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&conf, "[[watch]]\npath = %q\n", r)
+	}
+	cfgPath := filepath.Join(dir, "c.toml")
+	if err := os.WriteFile(cfgPath, []byte(conf.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := Main([]string{"check-config", cfgPath}, &out, &errb); code != cli.ExitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if n := strings.Count(errb.String(), "replaces with a private one (PrivateTmp=yes)"); n != 1 || !strings.Contains(errb.String(), "these trees are not there") {
+		t.Errorf("%d notes for PrivateTmp=yes, want one for the three trees: %s", n, errb.String())
+	}
+	for _, r := range roots {
+		if !strings.Contains(errb.String(), strconv.Quote(r)) {
+			t.Errorf("the note does not name %s: %s", r, errb.String())
 		}
 	}
 }
