@@ -345,7 +345,7 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 		}
 		if paths, files := wb.dropUnverifiedUnder(root, lastOnDev); files > 0 {
 			slices.Sort(paths)
-			r.opt.Log.Warn("files of a tree that is gone were written back in writeback mode and their outcome is not known: no read of the filesystem's writeback error cursor covered their writes before the tree went; if their writeback failed, their data is lost",
+			r.opt.Log.Warn("files of a tree that is gone whose writeback flusherd started without waiting for it (writeback mode, or a range writeback) have an outcome not known: no read of the filesystem's writeback error cursor covered their writes before the tree went; if their writeback failed, their data is lost",
 				logpath.String("root", root), zap.String("bdi", wb.Name), zap.Int("files", files), logpath.Strings("first", paths[:min(len(paths), 20)]))
 		}
 	}

@@ -134,7 +134,7 @@ func LogShutdown(log *zap.Logger, rep bdi.ShutdownReport, end string, unsettled 
 	})
 	for dev, u := range rep.Unverified {
 		slices.Sort(u.Paths)
-		log.Warn("shutdown: files written back in writeback mode whose outcome is not known: clean, but no read of the filesystem's writeback error cursor (a syncfs, which would write files flusherd does not manage) has covered their writes since",
+		log.Warn("shutdown: files whose writeback flusherd started without waiting for it (writeback mode, or a range writeback) and whose outcome is not known: clean, but no read of the filesystem's writeback error cursor (a syncfs, which would write files flusherd does not manage) has covered their writes since",
 			zap.String("bdi", dev), zap.Int("files", u.Files), logpath.Strings("first", u.Paths[:min(len(u.Paths), 20)]))
 	}
 	left := 0
