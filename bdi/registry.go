@@ -317,12 +317,13 @@ func (r *Registry) Rescanned(dev uint64) {
 	wb.mu.Unlock()
 }
 
-// TreeGone drops the inodes of a tree whose root is gone (watch.Sink), and
+// TreeGone drops the inodes of a tree whose root is gone (watch.Sink;
+// unmounted: its filesystem was unmounted, which wrote them back), and
 // lets go of its filesystem's error cursor (Options.Errs).
 // When it was the last tree on its filesystem (lastOnDev), the device is
 // retired once nothing of it is tracked: its goroutine ends, its stats
 // file is removed, and the filesystem's handle registration is dropped.
-func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
+func (r *Registry) TreeGone(root string, dev uint64, lastOnDev, unmounted bool) {
 	if r.opt.Errs != nil {
 		// Its filesystem's error cursor is let go with it: the held
 		// root would keep a lazily unmounted filesystem, and its loop
@@ -333,7 +334,7 @@ func (r *Registry) TreeGone(root string, dev uint64, lastOnDev bool) {
 	wb := r.known(dev)
 	if wb != nil {
 		d := wb.DropUnder(root)
-		if d.Tracked > 0 {
+		if d.Tracked > 0 && !unmounted {
 			// Renamed or mounted over, the files are still there and
 			// may be dirty; removed, their data went with them;
 			// unmounted, the unmount wrote them back.

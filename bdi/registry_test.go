@@ -147,7 +147,7 @@ func TestRegistryTreeGone(t *testing.T) {
 		if _, err := os.Stat(stats); err != nil {
 			t.Fatalf("no stats file for a running device: %v", err)
 		}
-		r.TreeGone("/a", 10, true)
+		r.TreeGone("/a", 10, true, false)
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
 		select {
@@ -165,7 +165,7 @@ func TestRegistryTreeGone(t *testing.T) {
 			t.Error("a retired device's st_dev did not get a new Writeback")
 		}
 		// One of btrfs-1's two st_devs goes: the device stays.
-		r.TreeGone("/b/sub", 12, true)
+		r.TreeGone("/b/sub", 12, true, false)
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
 		select {
@@ -986,7 +986,8 @@ func TestRegistryObserve(t *testing.T) {
 // TestTreeGoneTrackedWarned: a tree that is gone with files tracked as
 // dirty is warned of, with their count and dirty pages at the last look
 // (a renamed or mounted-over tree's files are still dirty, now the kernel
-// flusher's); one whose files are all clean is an info line.
+// flusher's); one whose files are all clean, or whose filesystem was
+// unmounted (which wrote them back), is an info line.
 func TestTreeGoneTrackedWarned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		core, logs := observer.New(zapcore.InfoLevel)
@@ -994,21 +995,22 @@ func TestTreeGoneTrackedWarned(t *testing.T) {
 		r := NewRegistry(Options{Config: testConfig(), Opener: fs, Handles: fs, Log: zap.New(core),
 			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
 		t.Cleanup(r.Stop)
-		for i, p := range []string{"/t/a", "/t/b"} {
+		for i, p := range []string{"/t/a", "/t/b", "/v/a"} {
 			f := fs.add(p, uint64(i+1), 3*pg, 3)
 			if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree.Tree{Expire: time.Hour}); err != nil {
 				t.Fatal(err)
 			}
 			afterSample(t, fs.fakeFS, f)
 		}
-		clean := fs.add("/u/c", 3, pg, 0)
+		clean := fs.add("/u/c", 4, pg, 0)
 		if err := r.MarkInodeDirty(clean.path, clean.key, clean.handle, tree.Tree{Expire: 0}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(6 * time.Second) // a kupdate pass finds /u/c clean
 		synctest.Wait()
-		r.TreeGone("/t", clean.key.Dev, false)
-		r.TreeGone("/u", clean.key.Dev, false)
+		r.TreeGone("/t", clean.key.Dev, false, false)
+		r.TreeGone("/u", clean.key.Dev, false, false)
+		r.TreeGone("/v", clean.key.Dev, false, true) // unmounted: written back
 		w := logs.FilterMessageSnippet("some tracked as dirty: if the tree was renamed or mounted over").All()
 		if len(w) != 1 || w[0].Level != zapcore.WarnLevel {
 			t.Fatalf("warnings %+v, want one for /t", w)
@@ -1017,8 +1019,8 @@ func TestTreeGoneTrackedWarned(t *testing.T) {
 		if f["root"] != "/t" || f["files"] != int64(2) || f["tracked"] != int64(2) || f["dirty_pages_last_seen"] != uint64(6) {
 			t.Errorf("warning's fields %v, want root /t, 2 files tracked, 6 dirty pages", f)
 		}
-		if i := logs.FilterMessage("dropped the files of a tree that is gone").All(); len(i) != 1 || i[0].ContextMap()["root"] != "/u" {
-			t.Errorf("info lines %+v, want one for /u", i)
+		if i := logs.FilterMessage("dropped the files of a tree that is gone").All(); len(i) != 2 || i[0].ContextMap()["root"] != "/u" || i[1].ContextMap()["root"] != "/v" {
+			t.Errorf("info lines %+v, want one for /u and one for /v", i)
 		}
 	})
 }

@@ -11,7 +11,7 @@ type partialSink interface {
 	MarkInodeDirty(path string, key inode.Key, h inode.Handle, t tree.Tree) error
 	Tracks(key inode.Key, path string) bool
 	Rescanned(dev uint64)
-	TreeGone(root string, dev uint64, lastOnDev bool)
+	TreeGone(root string, dev uint64, lastOnDev, unmounted bool)
 }
 
 // sinkOf makes the fake s a Sink. The methods s lacks answer as the

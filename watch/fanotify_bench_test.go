@@ -22,9 +22,9 @@ func (s *nopSink) MarkInodeDirty(string, inode.Key, inode.Handle, tree.Tree) err
 	s.n++
 	return nil
 }
-func (s *nopSink) Tracks(inode.Key, string) bool { return false }
-func (s *nopSink) Rescanned(uint64)              {}
-func (s *nopSink) TreeGone(string, uint64, bool) {}
+func (s *nopSink) Tracks(inode.Key, string) bool       { return false }
+func (s *nopSink) Rescanned(uint64)                    {}
+func (s *nopSink) TreeGone(string, uint64, bool, bool) {}
 
 // fanEvent encodes one FAN_MODIFY event as the kernel reports it with
 // FAN_REPORT_DFID_NAME|FAN_REPORT_FID: metadata, a DFID_NAME record and a

@@ -288,6 +288,6 @@ func (b *base) forgetUnmounted(present map[int]bool, devs map[uint64]string) {
 			b.mu.Unlock()
 			b.fence()
 		}
-		b.sink.TreeGone(nm.mountpoint, nm.dev, last)
+		b.sink.TreeGone(nm.mountpoint, nm.dev, last, true)
 	}
 }

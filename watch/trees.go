@@ -299,7 +299,7 @@ func (b *base) checkRootsUnder(dir string) {
 		b.log.Error("a watched tree's root is gone; its files are no longer tracked (once it is back, a reload (SIGHUP, systemctl reload flusherd) serves it again)",
 			logpath.String("root", t.Root), zap.String("how", how))
 		b.fence()
-		b.sink.TreeGone(t.Root, t.rootKey().Dev, last)
+		b.sink.TreeGone(t.Root, t.rootKey().Dev, last, false)
 		b.touched() // watch/stats marks it gone
 	}
 }

@@ -42,8 +42,9 @@ type Sink interface {
 	Rescanned(dev uint64)
 	// TreeGone reports that a tree's root was removed, renamed or
 	// unmounted: its inodes are to be dropped; lastOnDev is set when no
-	// other tree is on that filesystem.
-	TreeGone(root string, dev uint64, lastOnDev bool)
+	// other tree is on that filesystem; unmounted, when it is known that
+	// the filesystem was unmounted (which wrote its files back).
+	TreeGone(root string, dev uint64, lastOnDev, unmounted bool)
 	// MarkInodesDirty takes reports of files with dirty data in a batch
 	// (a read of fanotify's events, a scan's look); a report not taken
 	// gets its error in its Err.

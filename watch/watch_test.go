@@ -35,9 +35,9 @@ func (s *sink) MarkInodeDirty(path string, key inode.Key, _ inode.Handle, t tree
 	return nil
 }
 
-func (s *sink) Tracks(inode.Key, string) bool                    { return false }
-func (s *sink) Rescanned(dev uint64)                             {}
-func (s *sink) TreeGone(root string, dev uint64, lastOnDev bool) {}
+func (s *sink) Tracks(inode.Key, string) bool                               { return false }
+func (s *sink) Rescanned(dev uint64)                                        {}
+func (s *sink) TreeGone(root string, dev uint64, lastOnDev, unmounted bool) {}
 
 func (s *sink) has(path string) bool {
 	s.mu.Lock()
@@ -528,7 +528,7 @@ type goneSink struct {
 	gone []string
 }
 
-func (s *goneSink) TreeGone(root string, dev uint64, lastOnDev bool) {
+func (s *goneSink) TreeGone(root string, dev uint64, lastOnDev, unmounted bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gone = append(s.gone, root)

@@ -369,8 +369,8 @@ func TestMountsInsideTree(t *testing.T) {
 			if err := os.WriteFile(shmFile, []byte("hi"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if code, out := runSync(t, d, shmFile); code != cli.ExitFailed || !strings.Contains(out, "on tmpfs, a filesystem without writeback") {
-				t.Errorf("sync %s: exit %d, %q; want exit 1 and the tmpfs named", shmFile, code, out)
+			if code, out := runSync(t, d, shmFile); code != cli.ExitUsage || !strings.Contains(out, "on tmpfs, a filesystem without writeback") {
+				t.Errorf("sync %s: exit %d, %q; want exit 2 (refused) and the tmpfs named", shmFile, code, out)
 			}
 			var shmSt unix.Stat_t
 			if err := unix.Stat(shm, &shmSt); err != nil {
