@@ -177,9 +177,13 @@ func SetUpTrees(trees []tree.Tree, handles *inode.Handles, errs *bdi.ErrWatch, s
 }
 
 // WatchErrors holds the filesystem of an integrity tree open for its
-// writeback errors (bdi.ErrWatch).
+// writeback errors (bdi.ErrWatch), unless it has no writeback (a tmpfs:
+// watch.NoWriteback), which would only keep it from being unmounted.
 func WatchErrors(errs *bdi.ErrWatch, t tree.Tree, log *zap.Logger) {
 	if !t.Integrity() {
+		return
+	}
+	if _, none := watch.NoWriteback(t.Root); none {
 		return
 	}
 	if _, err := errs.Add(t.Root); err != nil {
