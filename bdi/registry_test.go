@@ -826,17 +826,24 @@ func TestNumberTakenDuringAttempt(t *testing.T) {
 	})
 }
 
+// observedRegistry is a Registry of one device, 7:0, over a fake
+// filesystem with opens by handle, logging at info level to logs.
+func observedRegistry(t *testing.T) (*Registry, *handleFS, *observer.ObservedLogs) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
+	r := NewRegistry(Options{Config: testConfig(), Opener: fs, Handles: fs, Log: zap.New(core),
+		Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
+	t.Cleanup(r.Stop)
+	return r, fs, logs
+}
+
 // TestDeletionDuringIdlePass: a deletion told during a pass whose only
 // attempt makes no progress (a blocked file) puts the deleted file on
 // b_more_io; the pass is not taken for a busy loop (no warning), and
 // another pass of the same work forgets the deleted file.
 func TestDeletionDuringIdlePass(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		core, logs := observer.New(zapcore.InfoLevel)
-		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
-		r := NewRegistry(Options{Config: testConfig(), Opener: fs, Handles: fs, Log: zap.New(core),
-			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
-		t.Cleanup(r.Stop)
+		r, fs, logs := observedRegistry(t)
 		gone := fs.add("/d/gone", 2, pg, 1)
 		if err := r.MarkInodeDirty(gone.path, gone.key, gone.handle, tree.Tree{Expire: time.Hour}); err != nil {
 			t.Fatal(err)
@@ -990,11 +997,7 @@ func TestRegistryObserve(t *testing.T) {
 // unmounted (which wrote them back), is an info line.
 func TestTreeGoneTrackedWarned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		core, logs := observer.New(zapcore.InfoLevel)
-		fs := &handleFS{fakeFS: newFakeFS(func() time.Duration { return 0 })}
-		r := NewRegistry(Options{Config: testConfig(), Opener: fs, Handles: fs, Log: zap.New(core),
-			Resolve: func(dev uint64, path string) (string, error) { return "7:0", nil }})
-		t.Cleanup(r.Stop)
+		r, fs, logs := observedRegistry(t)
 		for i, p := range []string{"/t/a", "/t/b", "/v/a"} {
 			f := fs.add(p, uint64(i+1), 3*pg, 3)
 			if err := r.MarkInodeDirty(f.path, f.key, f.handle, tree.Tree{Expire: time.Hour}); err != nil {

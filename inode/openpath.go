@@ -153,16 +153,26 @@ func OpenDir(path string) (int, error) {
 // without following a symlink, and nothing left open. Errors are
 // *os.PathError with Op "open" or "fstat".
 func StatPath(path string) (unix.Stat_t, error) {
+	fd, st, err := openStat(path)
+	if err == nil {
+		unix.Close(fd)
+	}
+	return st, err
+}
+
+// openStat opens path with OpenPath and fstats it; the descriptor is the
+// caller's to close when err is nil.
+func openStat(path string) (int, unix.Stat_t, error) {
 	var st unix.Stat_t
 	fd, err := OpenPath(path)
 	if err != nil {
-		return st, &os.PathError{Op: "open", Path: path, Err: err}
+		return -1, st, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer unix.Close(fd)
 	if err := unix.Fstat(fd, &st); err != nil {
-		return st, &os.PathError{Op: "fstat", Path: path, Err: err}
+		unix.Close(fd)
+		return -1, st, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
-	return st, nil
+	return fd, st, nil
 }
 
 // StatPathHandle is StatPath with the inode's file handle
@@ -171,15 +181,11 @@ func StatPath(path string) (unix.Stat_t, error) {
 // btrfs subvolume made again gets the deleted one's st_dev and root
 // inode): "" where the filesystem gives none.
 func StatPathHandle(path string) (unix.Stat_t, Handle, error) {
-	var st unix.Stat_t
-	fd, err := OpenPath(path)
+	fd, st, err := openStat(path)
 	if err != nil {
-		return st, "", &os.PathError{Op: "open", Path: path, Err: err}
+		return st, "", err
 	}
 	defer unix.Close(fd)
-	if err := unix.Fstat(fd, &st); err != nil {
-		return st, "", &os.PathError{Op: "fstat", Path: path, Err: err}
-	}
 	fh, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
 	if err != nil {
 		return st, "", nil

@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -950,18 +949,7 @@ func TestReloadWithDeadTree(t *testing.T) {
 			tree, expire, deadTree)
 	}
 	d := startDaemon(t, conf("1h"))
-	// XFS_IOC_GOINGDOWN, XFS_FSOP_GOING_FLAGS_NOLOGFLUSH: the
-	// filesystem shut down, as after a metadata I/O error.
-	fd, err := unix.Open(dead.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	flags := uint32(2)
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), 0x8004587d, uintptr(unsafe.Pointer(&flags)))
-	unix.Close(fd)
-	if errno != 0 {
-		t.Fatalf("shut down %s: %v", dead.Dir, errno)
-	}
+	shutDownFS(t, dead.Dir) // as after a metadata I/O error
 	if _, err := os.Stat(deadTree); !errors.Is(err, unix.EIO) {
 		t.Fatalf("stat of the shut-down xfs's tree: %v, want EIO", err)
 	}

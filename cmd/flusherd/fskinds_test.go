@@ -25,13 +25,7 @@ import (
 // does not wait for it. Both backends.
 func TestBtrfsSubvolume(t *testing.T) {
 	t.Parallel()
-	testfs.SkipShort(t, "the daemon on loop-mounted btrfs")
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop mounts")
-	}
-	if _, err := exec.LookPath("btrfs"); err != nil {
-		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
-	}
+	needBtrfs(t)
 	for _, backend := range []string{"fanotify", "inotify"} {
 		t.Run(backend, func(t *testing.T) {
 			mnt := testfs.Mount(t, testfs.Options{Type: "btrfs"})
@@ -58,16 +52,7 @@ func TestBtrfsSubvolume(t *testing.T) {
 // refuses, the start fails as a configuration error (exit 2) naming the
 // tree and suggesting "auto".
 func TestBtrfsSubvolumeRoot(t *testing.T) {
-	testfs.SkipShort(t, "the daemon on loop-mounted btrfs")
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop mounts")
-	}
-	if _, err := exec.LookPath("btrfs"); err != nil {
-		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
-	}
-	mnt := testfs.Mount(t, testfs.Options{Type: "btrfs"})
-	sv := filepath.Join(mnt.Dir, "sv")
-	makeSubvolume(t, sv)
+	sv := btrfsSubvolume(t)
 	conf := func(backend string) string { return oneTree(backend, sv) }
 	for _, backend := range []string{"auto", "inotify", "fanotify"} {
 		t.Run(backend, func(t *testing.T) {
@@ -100,16 +85,7 @@ func TestBtrfsSubvolumeRoot(t *testing.T) {
 // waits for it nor says its data cannot reach the disk.
 func TestBtrfsSubvolumeRootDeleted(t *testing.T) {
 	t.Parallel()
-	testfs.SkipShort(t, "the daemon on loop-mounted btrfs")
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop mounts")
-	}
-	if _, err := exec.LookPath("btrfs"); err != nil {
-		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
-	}
-	mnt := testfs.Mount(t, testfs.Options{Type: "btrfs"})
-	sv := filepath.Join(mnt.Dir, "sv")
-	makeSubvolume(t, sv)
+	sv := btrfsSubvolume(t)
 	d := startDaemon(t, fmt.Sprintf(`
 [writeback]
 dirty_writeback_interval = "200ms"
@@ -152,10 +128,7 @@ expire = "1h"
 // would go untracked while status showed the tree served.
 func TestRootMadeAgain(t *testing.T) {
 	t.Parallel()
-	testfs.SkipShort(t, "the daemon on loop-mounted ext4 and btrfs")
-	if _, err := exec.LookPath("btrfs"); err != nil {
-		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
-	}
+	needBtrfs(t)
 	for _, c := range []struct{ fs, backend string }{{"ext4", "inotify"}, {"ext4", "fanotify"}, {"btrfs", "auto"}} {
 		t.Run(c.fs+"/"+c.backend, func(t *testing.T) {
 			t.Parallel()
@@ -269,6 +242,29 @@ backend = %q
 [[watch]]
 path = %q
 `, backend, root)
+}
+
+// needBtrfs skips t in the fast lane or without root, and fails or skips
+// it (testfs.Missing) without btrfs-progs.
+func needBtrfs(t *testing.T) {
+	t.Helper()
+	testfs.SkipShort(t, "the daemon on loop-mounted btrfs")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop mounts")
+	}
+	if _, err := exec.LookPath("btrfs"); err != nil {
+		testfs.Missing(t, "btrfs (btrfs-progs) not found: %v", err)
+	}
+}
+
+// btrfsSubvolume mounts a btrfs (needBtrfs) and returns the path of a
+// subvolume made at its top, sv.
+func btrfsSubvolume(t *testing.T) string {
+	t.Helper()
+	needBtrfs(t)
+	sv := filepath.Join(testfs.Mount(t, testfs.Options{Type: "btrfs"}).Dir, "sv")
+	makeSubvolume(t, sv)
+	return sv
 }
 
 // makeSubvolume makes a btrfs subvolume at path and deletes it at cleanup.
